@@ -25,3 +25,5 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 )
+
+tool github.com/cilium/ebpf/cmd/bpf2go

@@ -1,0 +1,30 @@
+# The one place the BPF toolchain is pinned. CI, the Vagrantfile and the docs use it.
+CLANG ?= clang-19
+STRIP ?= llvm-strip-19
+ARCH_INCLUDE ?= /usr/include/$(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+CFLAGS := -O2 -g -Wall -Werror -mcpu=v3 -I$(ARCH_INCLUDE)
+
+export BPF_CLANG := $(CLANG)
+export BPF_STRIP := $(STRIP)
+export BPF_CFLAGS := $(CFLAGS)
+
+.PHONY: help generate build test bench lint demo
+
+help: ## Show this help.
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+generate: ## Compile the BPF program and regenerate the Go bindings (needs clang-19).
+	go generate ./...
+
+build: ## Build edgectl into ./bin.
+	go build -o bin/edgectl ./cmd/edgectl
+
+test: ## Run every test (root needed for the BPF and netns tiers).
+	go test -count=1 -timeout 30m ./...
+
+bench: ## Run the data-plane and L7 benchmarks.
+	bash bench/run.sh
+
+lint: ## go vet and gofmt.
+	go vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Map definitions. Sizes here are defaults for tests; the Go loader sets
+ * every max_entries at load time from the policy's table sizes.
+ */
+#pragma once
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "edgeguard_types.h"
+
+#ifndef EG_DEFAULT_MAX_RULES
+#define EG_DEFAULT_MAX_RULES 1024
+#endif
+#ifndef EG_DEFAULT_SRC_ENTRIES
+#define EG_DEFAULT_SRC_ENTRIES 65536
+#endif
+#ifndef EG_DEFAULT_AGG_ENTRIES
+#define EG_DEFAULT_AGG_ENTRIES 16384
+#endif
+#ifndef EG_DEFAULT_PREFIX_ENTRIES
+#define EG_DEFAULT_PREFIX_ENTRIES 16384
+#endif
+#ifndef EG_DEFAULT_LIST_ENTRIES
+#define EG_DEFAULT_LIST_ENTRIES 16384
+#endif
+#ifndef EG_DEFAULT_L4_ENTRIES
+#define EG_DEFAULT_L4_ENTRIES 1024
+#endif
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct eg_active);
+} active SEC(".maps");
+
+/* One config per generation, indexed by gen. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct eg_config);
+} configs SEC(".maps");
+
+/* Rules of both generations: index gen * max_rules + rule_id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * EG_DEFAULT_MAX_RULES);
+	__type(key, __u32);
+	__type(value, struct eg_rule);
+} rules SEC(".maps");
+
+/* Deny and allow lists, with expiry; changed entry by entry at run time. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, EG_DEFAULT_LIST_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct eg_lpm_key);
+	__type(value, struct eg_list_val);
+} lists SEC(".maps");
+
+/* Prefix facts (rule, ASN, country) per generation: the control plane builds
+ * a whole new trie, puts it into the inactive slot, then flips the gen. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+		__uint(max_entries, EG_DEFAULT_PREFIX_ENTRIES);
+		__uint(map_flags, BPF_F_NO_PREALLOC);
+		__type(key, struct eg_lpm_key);
+		__type(value, struct eg_prefix_val);
+	});
+} prefix_gens SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2 * EG_DEFAULT_L4_ENTRIES);
+	__type(key, struct eg_l4_key);
+	__type(value, __u32);
+} l4_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, EG_DEFAULT_SRC_ENTRIES);
+	__type(key, struct eg_src_key);
+	__type(value, struct eg_bucket);
+} src_buckets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, EG_DEFAULT_AGG_ENTRIES);
+	__type(key, struct eg_agg_key);
+	__type(value, struct eg_bucket);
+} agg_buckets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EG_GLOBAL_SLOTS);
+	__type(key, __u32);
+	__type(value, struct eg_bucket);
+} global_buckets SEC(".maps");
+
+/* Counters by action and reason: index action * EG_R_MAX + reason. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EG_ACT_MAX * EG_R_MAX);
+	__type(key, __u32);
+	__type(value, struct eg_counter);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EG_DEFAULT_MAX_RULES);
+	__type(key, __u32);
+	__type(value, struct eg_rule_counters);
+} rule_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} samples SEC(".maps");
+
+/* Only read when the program was loaded with eg_test_clock set. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} test_clock SEC(".maps");

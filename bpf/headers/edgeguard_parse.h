@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Cursor-style packet parsing: each helper bounds-checks, advances the cursor
+ * and reports the next protocol (after xdp-tools' parsing_helpers.h).
+ */
+#pragma once
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include "edgeguard_types.h"
+
+/* Two tags: 802.1ad outer + 802.1Q inner (QinQ). A third tag is malformed. */
+#define EG_MAX_VLAN_TAGS 2
+
+/* IPv6 extension headers walked before giving up on finding L4. Real
+ * traffic carries at most two or three; the bound keeps the verifier happy
+ * and stops an attacker from making us walk a long chain. Past it the packet
+ * is still limited by source, without L4 fields. */
+#define EG_MAX_IPV6_EXT 6
+
+struct cursor {
+	void *pos;
+	void *end;
+};
+
+struct vlan_hdr {
+	__be16 tci;
+	__be16 encap_proto;
+};
+
+struct ipv6_ext {
+	__u8 nexthdr;
+	__u8 hdrlen;
+};
+
+struct ipv6_frag {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off;
+	__be32 id;
+};
+
+/* What the decision needs from a packet. */
+struct pkt_info {
+	__u8 addr[16];
+	__u32 len;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 has_l4;
+};
+
+static __always_inline int is_vlan(__u16 h_proto)
+{
+	return h_proto == bpf_htons(ETH_P_8021Q) || h_proto == bpf_htons(ETH_P_8021AD);
+}
+
+/* parse_eth returns the EtherType after up to two VLAN tags (network order),
+ * or a negative eg_reason on malformed input. */
+static __always_inline int parse_eth(struct cursor *c, __u16 *proto)
+{
+	struct ethhdr *eth = c->pos;
+	__u16 p;
+
+	if ((void *)(eth + 1) > c->end)
+		return -EG_R_BAD_ETH;
+	c->pos = eth + 1;
+	p = eth->h_proto;
+
+#pragma unroll
+	for (int i = 0; i < EG_MAX_VLAN_TAGS; i++) {
+		struct vlan_hdr *vh = c->pos;
+
+		if (!is_vlan(p))
+			break;
+		if ((void *)(vh + 1) > c->end)
+			return -EG_R_BAD_VLAN;
+		c->pos = vh + 1;
+		p = vh->encap_proto;
+	}
+	if (is_vlan(p))
+		return -EG_R_BAD_VLAN;
+	*proto = p;
+	return 0;
+}
+
+/* parse_ipv4 fills the v4-mapped source and returns the L4 protocol, or -1
+ * for a non-first fragment (no L4 header), or a negative reason. */
+static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
+{
+	struct iphdr *iph = c->pos;
+	__u32 hlen;
+
+	if ((void *)(iph + 1) > c->end)
+		return -EG_R_BAD_IPV4;
+	if (iph->version != 4 || iph->ihl < 5)
+		return -EG_R_BAD_IPV4;
+	hlen = iph->ihl * 4;
+	if (c->pos + hlen > c->end)
+		return -EG_R_BAD_IPV4;
+	c->pos += hlen;
+
+	__builtin_memset(pi->addr, 0, 10);
+	pi->addr[10] = 0xff;
+	pi->addr[11] = 0xff;
+	__builtin_memcpy(&pi->addr[12], &iph->saddr, 4);
+	pi->proto = iph->protocol;
+
+	/* Non-first fragments have no L4 header; they are still limited by
+	 * source, under rules that do not need ports. */
+	if (iph->frag_off & bpf_htons(0x1fff))
+		return -1;
+	return iph->protocol;
+}
+
+static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
+{
+	struct ipv6hdr *ip6h = c->pos;
+	__u8 next;
+
+	if ((void *)(ip6h + 1) > c->end)
+		return -EG_R_BAD_IPV6;
+	if (ip6h->version != 6)
+		return -EG_R_BAD_IPV6;
+	c->pos = ip6h + 1;
+	__builtin_memcpy(pi->addr, &ip6h->saddr, 16);
+	next = ip6h->nexthdr;
+
+#pragma unroll
+	for (int i = 0; i < EG_MAX_IPV6_EXT; i++) {
+		struct ipv6_ext *ext = c->pos;
+
+		switch (next) {
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+			if ((void *)(ext + 1) > c->end)
+				return -EG_R_BAD_IPV6;
+			next = ext->nexthdr;
+			c->pos += (ext->hdrlen + 1) * 8;
+			break;
+		case IPPROTO_AH:
+			if ((void *)(ext + 1) > c->end)
+				return -EG_R_BAD_IPV6;
+			next = ext->nexthdr;
+			c->pos += (ext->hdrlen + 2) * 4;
+			break;
+		case IPPROTO_FRAGMENT: {
+			struct ipv6_frag *fh = c->pos;
+
+			if ((void *)(fh + 1) > c->end)
+				return -EG_R_BAD_IPV6;
+			c->pos = fh + 1;
+			next = fh->nexthdr;
+			pi->proto = next;
+			if (fh->frag_off & bpf_htons(0xfff8))
+				return -1; /* non-first fragment */
+			break;
+		}
+		default:
+			pi->proto = next;
+			return next;
+		}
+		if (c->pos > c->end)
+			return -EG_R_BAD_IPV6;
+	}
+	/* Chain longer than we walk: limit by source, without L4 fields. */
+	pi->proto = next;
+	return -1;
+}
+
+/* parse_l4 reads ports (ICMP: type as dport). Returns 0 or a negative reason.
+ * Unknown protocols have no ports and are not an error. */
+static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int proto)
+{
+	switch (proto) {
+	case IPPROTO_TCP: {
+		struct tcphdr *th = c->pos;
+
+		if ((void *)(th + 1) > c->end)
+			return -EG_R_BAD_L4;
+		pi->sport = bpf_ntohs(th->source);
+		pi->dport = bpf_ntohs(th->dest);
+		pi->has_l4 = 1;
+		return 0;
+	}
+	case IPPROTO_UDP: {
+		struct udphdr *uh = c->pos;
+
+		if ((void *)(uh + 1) > c->end)
+			return -EG_R_BAD_L4;
+		pi->sport = bpf_ntohs(uh->source);
+		pi->dport = bpf_ntohs(uh->dest);
+		pi->has_l4 = 1;
+		return 0;
+	}
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6: {
+		/* type, code, checksum, and 4 bytes of rest-of-header */
+		__u8 *h = c->pos;
+
+		if ((void *)(h + 8) > c->end)
+			return -EG_R_BAD_L4;
+		pi->dport = h[0];
+		pi->has_l4 = 1;
+		return 0;
+	}
+	}
+	return 0;
+}

@@ -1,0 +1,218 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Types shared by the XDP program and the Go control plane. This file is the
+ * single source of truth: bpf2go generates the Go types from it (-type flags
+ * in generate.go), nobody mirrors these structs by hand.
+ *
+ * Addresses are 16 bytes in network byte order; IPv4 is stored as the
+ * IPv4-mapped IPv6 address ::ffff:a.b.c.d so one code path serves both
+ * families. Prefix lengths inside the data plane are always in that 128-bit
+ * space (an IPv4 /24 is 96+24 = 120).
+ */
+#pragma once
+
+#include <linux/types.h>
+
+/* Time in the data plane is kept in ticks of 1/16 ns (ktime_ns << 4): the
+ * extra bits keep GCRA emission intervals exact to 0.1% up to 60 Mpps per
+ * bucket while a u64 still spans 36 years of uptime. */
+#define EG_TICK_SHIFT 4
+
+/* Byte costs are (len * byte_t) >> EG_BYTE_SHIFT ticks, so byte_t can express
+ * fractions of a tick per byte (100 Gbit/s is 1.28 ticks per byte). */
+#define EG_BYTE_SHIFT 16
+
+/* "Never expires" for list entries. */
+#define EG_FOREVER 0xffffffffffffffffULL
+
+enum eg_action {
+	EG_ACT_PASS = 0,
+	EG_ACT_DROP = 1,
+	EG_ACT_WOULD_DROP = 2, /* dry-run: counted as a drop, passed */
+	EG_ACT_MAX = 3,
+};
+
+/* Why a packet got its verdict. Every packet is counted under exactly one
+ * (action, reason) pair. */
+enum eg_reason {
+	EG_R_OK = 0,         /* passed every limit of its rule */
+	EG_R_NON_IP = 1,     /* ARP, LLDP, ...: always passed, never limited */
+	EG_R_NO_POLICY = 2,  /* no policy loaded yet: passed */
+	EG_R_ALLOW = 3,      /* allow list: passed without limiting */
+	EG_R_DENY = 4,       /* deny list */
+	EG_R_SRC_LIMIT = 5,  /* per-source bucket empty */
+	EG_R_PREFIX_LIMIT = 6, /* prefix aggregate bucket empty */
+	EG_R_ASN_LIMIT = 7,  /* ASN aggregate bucket empty */
+	EG_R_GLOBAL_LIMIT = 8, /* global bucket empty */
+	EG_R_BAD_ETH = 9,    /* frame shorter than an Ethernet header */
+	EG_R_BAD_VLAN = 10,  /* truncated VLAN tag, or more than two tags */
+	EG_R_BAD_IPV4 = 11,  /* truncated IPv4 header, IHL < 5, bad version */
+	EG_R_BAD_IPV6 = 12,  /* truncated IPv6 header or extension header */
+	EG_R_BAD_L4 = 13,    /* truncated TCP/UDP/ICMP header */
+	EG_R_MAX = 14,
+};
+
+enum eg_mode {
+	EG_MODE_INHERIT = 0, /* rules only: use the global mode */
+	EG_MODE_ENFORCE = 1,
+	EG_MODE_DRY_RUN = 2,
+};
+
+enum eg_agg_mode {
+	EG_AGG_NONE = 0,
+	EG_AGG_WHOLE = 1,   /* all sources of the rule share one bucket */
+	EG_AGG_DERIVED = 2, /* every source masked to agg_len gets a bucket */
+};
+
+enum eg_agg_kind {
+	EG_AGG_KIND_PREFIX = 1,
+	EG_AGG_KIND_ASN = 2,
+};
+
+enum eg_l4_dir {
+	EG_L4_ANY = 0, /* protocol alone */
+	EG_L4_SRC = 1, /* source port */
+	EG_L4_DST = 2, /* destination port (ICMP: the type) */
+};
+
+/* Key of both LPM tries (lists and prefix facts). */
+struct eg_lpm_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* Lists trie value. The control plane folds inheritance in: an entry under a
+ * deny ancestor carries that ancestor's deny_until, so the most specific
+ * match is always the whole answer. 0 = not set, EG_FOREVER = no expiry,
+ * else CLOCK_MONOTONIC ns. */
+struct eg_list_val {
+	__u64 deny_until;
+	__u64 allow_until;
+	__u32 origin; /* who added it: policy, cli, l7 (see eg_origin) */
+	__u32 _pad;
+};
+
+enum eg_origin {
+	EG_ORIGIN_POLICY = 0,
+	EG_ORIGIN_CLI = 1,
+	EG_ORIGIN_L7 = 2,
+};
+
+/* Prefix facts trie value: everything the control plane knows about a
+ * source prefix, most specific wins (rule prefix, ASN range, country). */
+struct eg_prefix_val {
+	__u32 rule_id;
+	__u32 asn;
+	__u16 country; /* two ASCII letters, first in the high byte; 0 = unknown */
+	__u16 _pad0;
+	__u32 _pad1;
+};
+
+struct eg_l4_key {
+	__u8 gen;
+	__u8 proto; /* IPPROTO_* */
+	__u8 dir;   /* enum eg_l4_dir */
+	__u8 _pad0;
+	__u16 port; /* host byte order */
+	__u16 _pad1;
+};
+
+/* GCRA parameters of one bucket. pkt_t: ticks per packet; byte_t: ticks per
+ * byte << EG_BYTE_SHIFT; *_tau: burst tolerance in ticks (burst * t). A zero
+ * t means "no limit" for that dimension. */
+struct eg_bucket_cfg {
+	__u64 pkt_t;
+	__u64 pkt_tau;
+	__u64 byte_t;
+	__u64 byte_tau;
+};
+
+struct eg_rule {
+	struct eg_bucket_cfg src;
+	struct eg_bucket_cfg agg;
+	struct eg_bucket_cfg asn;
+	__u32 id;
+	__u8 src_len4; /* per-source key length, 0-32 */
+	__u8 src_len6; /* 0-128, default 64 */
+	__u8 agg_len4;
+	__u8 agg_len6;
+	__u8 agg_mode; /* enum eg_agg_mode */
+	__u8 mode;     /* enum eg_mode */
+	__u8 valid;
+	__u8 _pad[5];
+};
+
+/* Settings of one policy generation. */
+struct eg_config {
+	struct eg_bucket_cfg global;
+	struct eg_bucket_cfg sample; /* drop-sample ring buffer budget (pkt_t/pkt_tau) */
+	__u8 mode;              /* enum eg_mode: ENFORCE or DRY_RUN */
+	__u8 malformed_verdict; /* enum eg_action: PASS or DROP */
+	__u8 l4_protos;         /* bit per protocol with L4 rules (EG_L4P_*) */
+	__u8 valid;
+	__u32 _pad;
+};
+
+#define EG_L4P_TCP (1 << 0)
+#define EG_L4P_UDP (1 << 1)
+#define EG_L4P_ICMP (1 << 2)
+#define EG_L4P_ICMPV6 (1 << 3)
+
+/* Which generation is live; flipped last, after the new generation's rules,
+ * config, L4 entries and prefix trie are all in place. */
+struct eg_active {
+	__u32 gen;
+	__u32 _pad;
+};
+
+/* Bucket state: GCRA theoretical arrival times, in ticks. */
+struct eg_bucket {
+	__u64 pkt_tat;
+	__u64 byte_tat;
+};
+
+struct eg_src_key {
+	__u32 rule_id;
+	__u32 _pad;
+	__u8 addr[16];
+};
+
+struct eg_agg_key {
+	__u32 rule_id;
+	__u8 kind; /* enum eg_agg_kind */
+	__u8 len;  /* prefix length in the 128-bit space, 0 for WHOLE and ASN */
+	__u16 _pad0;
+	__u32 asn;
+	__u32 _pad1;
+	__u8 addr[16];
+};
+
+enum eg_global_slot {
+	EG_GLOBAL_BUCKET = 0,
+	EG_SAMPLE_BUCKET = 1,
+	EG_GLOBAL_SLOTS = 2,
+};
+
+struct eg_counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct eg_rule_counters {
+	struct eg_counter by_action[EG_ACT_MAX];
+};
+
+/* One dropped (or would-drop) packet, for top-talker reports. */
+struct eg_sample {
+	__u64 ktime_ns;
+	__u8 addr[16];
+	__u32 asn;
+	__u32 rule_id;
+	__u16 len;
+	__u16 dport;
+	__u16 sport;
+	__u8 proto;
+	__u8 reason;
+	__u8 action;
+	__u8 _pad[7];
+};

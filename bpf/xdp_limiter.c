@@ -1,0 +1,438 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Edgeguard XDP limiter.
+ *
+ * Per packet, in this order, every step counted:
+ *   parse → lists trie (deny drops, allow passes) → prefix facts trie (rule,
+ *   ASN, country) → L4 rule override → buckets: per source, prefix aggregate,
+ *   ASN aggregate, global → verdict (pass, drop, or dry-run "would drop").
+ *
+ * Lookups are hash, array and LPM only: the cost does not grow with the
+ * number of rules. Every verdict leaves through finish(), which records it.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "edgeguard_types.h"
+#include "edgeguard_maps.h"
+#include "edgeguard_parse.h"
+#include "edgeguard_gcra.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Set by the loader before the program is loaded. */
+volatile const __u32 eg_max_rules = EG_DEFAULT_MAX_RULES;
+/* Tests set this to read time from the test_clock map instead of the kernel
+ * clock; the verifier removes the branch not taken. */
+volatile const __u8 eg_test_clock = 0;
+
+/* BTF anchor: types that no map or global names directly (enums, the ring
+ * buffer sample, the inner trie's value) are referenced here so clang emits
+ * their full BTF, which bpf2go turns into Go types and the loader needs to
+ * create inner maps. Never read. */
+struct eg_btf_anchor {
+	enum eg_action action;
+	enum eg_reason reason;
+	enum eg_mode mode;
+	enum eg_agg_mode agg_mode;
+	enum eg_agg_kind agg_kind;
+	enum eg_l4_dir l4_dir;
+	enum eg_origin origin;
+	enum eg_global_slot global_slot;
+	struct eg_prefix_val prefix_val;
+	struct eg_sample sample;
+};
+volatile const struct eg_btf_anchor eg_btf_anchor;
+
+struct verdict {
+	__u32 action;
+	__u32 reason;
+	__u32 rule_id;
+	__u32 asn;
+	__u8 counted_rule;
+};
+
+static __always_inline __u64 now_ticks(void)
+{
+	__u64 ns;
+
+	if (eg_test_clock) {
+		__u32 zero = 0;
+		__u64 *t = bpf_map_lookup_elem(&test_clock, &zero);
+
+		ns = t ? *t : 0;
+	} else {
+		ns = bpf_ktime_get_ns();
+	}
+	return ns << EG_TICK_SHIFT;
+}
+
+static __always_inline void count(__u32 action, __u32 reason, __u32 len)
+{
+	__u32 idx = action * EG_R_MAX + reason;
+	struct eg_counter *c = bpf_map_lookup_elem(&stats, &idx);
+
+	if (c) {
+		c->packets++;
+		c->bytes += len;
+	}
+}
+
+static __always_inline void count_rule(__u32 rule_id, __u32 action, __u32 len)
+{
+	struct eg_rule_counters *rc = bpf_map_lookup_elem(&rule_stats, &rule_id);
+
+	if (rc && action < EG_ACT_MAX) {
+		rc->by_action[action].packets++;
+		rc->by_action[action].bytes += len;
+	}
+}
+
+/* sample sends a drop sample to user space, within its own budget so a flood
+ * cannot flood the ring buffer or the reader. */
+static __always_inline void sample(const struct verdict *v, const struct pkt_info *pi,
+				   const struct eg_config *cfg, __u64 now)
+{
+	__u32 slot = EG_SAMPLE_BUCKET;
+	struct eg_bucket *b;
+	struct eg_sample *s;
+
+	if (!cfg || !cfg->sample.pkt_t)
+		return;
+	b = bpf_map_lookup_elem(&global_buckets, &slot);
+	if (!b || !gcra_take(&b->pkt_tat, now, cfg->sample.pkt_t, cfg->sample.pkt_tau))
+		return;
+	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+	if (!s)
+		return;
+	s->ktime_ns = now >> EG_TICK_SHIFT;
+	__builtin_memcpy(s->addr, pi->addr, 16);
+	s->asn = v->asn;
+	s->rule_id = v->rule_id;
+	s->len = pi->len > 0xffff ? 0xffff : pi->len;
+	s->sport = pi->sport;
+	s->dport = pi->dport;
+	s->proto = pi->proto;
+	s->reason = v->reason;
+	s->action = v->action;
+	__builtin_memset(s->_pad, 0, sizeof(s->_pad));
+	bpf_ringbuf_submit(s, 0);
+}
+
+/* finish is the one exit: it records the verdict and turns it into an XDP
+ * action. */
+static __always_inline int finish(const struct verdict *v, const struct pkt_info *pi,
+				  const struct eg_config *cfg, __u64 now)
+{
+	count(v->action, v->reason, pi->len);
+	if (v->counted_rule)
+		count_rule(v->rule_id, v->action, pi->len);
+	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY && now)
+		sample(v, pi, cfg, now);
+	return v->action == EG_ACT_DROP ? XDP_DROP : XDP_PASS;
+}
+
+/* mask_addr keeps the first len bits (0-128) of a 16-byte address. */
+static __always_inline void mask_addr(__u8 *dst, const __u8 *src, __u32 len)
+{
+	__u64 hi, lo;
+
+	__builtin_memcpy(&hi, src, 8);
+	__builtin_memcpy(&lo, src + 8, 8);
+	hi = __builtin_bswap64(hi);
+	lo = __builtin_bswap64(lo);
+	if (len == 0) {
+		hi = 0;
+		lo = 0;
+	} else if (len < 64) {
+		hi &= ~((1ULL << (64 - len)) - 1);
+		lo = 0;
+	} else if (len == 64) {
+		lo = 0;
+	} else if (len < 128) {
+		lo &= ~((1ULL << (128 - len)) - 1);
+	}
+	hi = __builtin_bswap64(hi);
+	lo = __builtin_bswap64(lo);
+	__builtin_memcpy(dst, &hi, 8);
+	__builtin_memcpy(dst + 8, &lo, 8);
+}
+
+static __always_inline int is_v4_mapped(const __u8 *a)
+{
+	__u64 hi;
+	__u32 mid;
+
+	__builtin_memcpy(&hi, a, 8);
+	__builtin_memcpy(&mid, a + 8, 4);
+	return hi == 0 && mid == bpf_htonl(0x0000ffff);
+}
+
+static __always_inline __u32 l4_proto_bit(__u8 proto)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		return EG_L4P_TCP;
+	case IPPROTO_UDP:
+		return EG_L4P_UDP;
+	case IPPROTO_ICMP:
+		return EG_L4P_ICMP;
+	case IPPROTO_ICMPV6:
+		return EG_L4P_ICMPV6;
+	}
+	return 0;
+}
+
+/* l4_rule finds a rule matching protocol and ports: source port first (the
+ * reflection case), then destination port, then the protocol alone. */
+static __always_inline int l4_rule(const struct pkt_info *pi, __u32 gen, __u32 *rule_id)
+{
+	struct eg_l4_key k = { .gen = gen, .proto = pi->proto };
+	__u32 *id;
+
+	if (pi->has_l4) {
+		k.dir = EG_L4_SRC;
+		k.port = pi->sport;
+		id = bpf_map_lookup_elem(&l4_rules, &k);
+		if (id)
+			goto found;
+		k.dir = EG_L4_DST;
+		k.port = pi->dport;
+		id = bpf_map_lookup_elem(&l4_rules, &k);
+		if (id)
+			goto found;
+	}
+	k.dir = EG_L4_ANY;
+	k.port = 0;
+	id = bpf_map_lookup_elem(&l4_rules, &k);
+	if (!id)
+		return 0;
+found:
+	*rule_id = *id;
+	return 1;
+}
+
+static __always_inline void agg_prefix_key(struct eg_agg_key *k, const struct eg_rule *r, const struct pkt_info *pi,
+					   int v4)
+{
+	__u32 len = 0;
+
+	__builtin_memset(k, 0, sizeof(*k));
+	k->rule_id = r->id;
+	k->kind = EG_AGG_KIND_PREFIX;
+	if (r->agg_mode == EG_AGG_DERIVED) {
+		len = v4 ? 96 + (r->agg_len4 > 32 ? 32 : r->agg_len4) : (r->agg_len6 > 128 ? 128 : r->agg_len6);
+		mask_addr(k->addr, pi->addr, len);
+	}
+	k->len = len;
+}
+
+static __always_inline void agg_asn_key(struct eg_agg_key *k, const struct eg_rule *r, __u32 asn)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->rule_id = r->id;
+	k->kind = EG_AGG_KIND_ASN;
+	k->asn = asn;
+}
+
+/* lookup_or_create finds a bucket, inserting a fresh (full) one if absent.
+ * A concurrent insert by another CPU wins; we use theirs. */
+static __always_inline struct eg_bucket *lookup_or_create(void *map, const void *key)
+{
+	struct eg_bucket *b = bpf_map_lookup_elem(map, key);
+	struct eg_bucket fresh = {};
+
+	if (b)
+		return b;
+	bpf_map_update_elem(map, key, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, key);
+}
+
+SEC("xdp")
+int xdp_limiter(struct xdp_md *ctx)
+{
+	struct cursor c = { .pos = (void *)(long)ctx->data, .end = (void *)(long)ctx->data_end };
+	struct verdict v = { .action = EG_ACT_PASS, .reason = EG_R_OK };
+	struct pkt_info pi = {};
+	struct eg_config *cfg = NULL;
+	struct eg_active *act;
+	struct eg_rule *rule = NULL;
+	struct eg_list_val *lv;
+	struct eg_prefix_val *pv;
+	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL, *sb;
+	struct eg_agg_key ak, nk;
+	struct eg_src_key sk;
+	struct eg_lpm_key lk;
+	__u32 zero = 0, gen, idx, slot;
+	__u64 now = 0;
+	__u16 l3;
+	void *trie;
+	int ret, v4, dry;
+
+	pi.len = ctx->data_end - ctx->data;
+
+	ret = parse_eth(&c, &l3);
+	if (ret < 0)
+		goto malformed;
+	if (l3 == bpf_htons(ETH_P_IP)) {
+		ret = parse_ipv4(&c, &pi);
+	} else if (l3 == bpf_htons(ETH_P_IPV6)) {
+		ret = parse_ipv6(&c, &pi);
+	} else {
+		v.reason = EG_R_NON_IP;
+		return finish(&v, &pi, cfg, now);
+	}
+	if (ret < -1)
+		goto malformed;
+	if (ret >= 0) {
+		ret = parse_l4(&c, &pi, ret);
+		if (ret < 0)
+			goto malformed;
+	}
+
+	act = bpf_map_lookup_elem(&active, &zero);
+	if (!act)
+		goto no_policy;
+	gen = act->gen & 1;
+	cfg = bpf_map_lookup_elem(&configs, &gen);
+	if (!cfg || !cfg->valid)
+		goto no_policy;
+
+	now = now_ticks();
+
+	/* 1. Lists: deny, then allow. Inheritance is folded in by the control
+	 * plane, so the most specific entry answers both. */
+	lk.prefixlen = 128;
+	__builtin_memcpy(lk.addr, pi.addr, 16);
+	lv = bpf_map_lookup_elem(&lists, &lk);
+	if (lv) {
+		__u64 ns = now >> EG_TICK_SHIFT;
+
+		if (lv->deny_until > ns) {
+			v.action = EG_ACT_DROP;
+			v.reason = EG_R_DENY;
+			goto verdict;
+		}
+		if (lv->allow_until > ns) {
+			v.reason = EG_R_ALLOW;
+			return finish(&v, &pi, cfg, now);
+		}
+	}
+
+	/* 2. Prefix facts: rule, ASN, country; most specific wins. */
+	v.rule_id = 0;
+	trie = bpf_map_lookup_elem(&prefix_gens, &gen);
+	if (trie) {
+		pv = bpf_map_lookup_elem(trie, &lk);
+		if (pv) {
+			v.rule_id = pv->rule_id;
+			v.asn = pv->asn;
+		}
+	}
+
+	/* 3. L4 rules override the prefix rule (reflection, per-protocol). */
+	if (cfg->l4_protos & l4_proto_bit(pi.proto))
+		l4_rule(&pi, gen, &v.rule_id);
+
+	if (v.rule_id >= eg_max_rules)
+		goto no_policy;
+	idx = gen * eg_max_rules + v.rule_id;
+	rule = bpf_map_lookup_elem(&rules, &idx);
+	if (!rule || !rule->valid)
+		goto no_policy;
+	v.counted_rule = 1;
+	v4 = is_v4_mapped(pi.addr);
+
+	/* 4. Buckets. First look, without touching per-source state, whether
+	 * an aggregate above this source is already empty: then drop at once.
+	 * This is what keeps the per-source table from being churned by a
+	 * spoofed flood whose aggregate is over budget. */
+	if (bucket_limited(&cfg->global)) {
+		slot = EG_GLOBAL_BUCKET;
+		gb = bpf_map_lookup_elem(&global_buckets, &slot);
+		if (gb && !bucket_would_admit(gb, &cfg->global, now, pi.len)) {
+			v.reason = EG_R_GLOBAL_LIMIT;
+			goto limited;
+		}
+	}
+	if (v.asn && bucket_limited(&rule->asn)) {
+		agg_asn_key(&nk, rule, v.asn);
+		nb = bpf_map_lookup_elem(&agg_buckets, &nk);
+		if (nb && !bucket_would_admit(nb, &rule->asn, now, pi.len)) {
+			v.reason = EG_R_ASN_LIMIT;
+			goto limited;
+		}
+	}
+	if (rule->agg_mode != EG_AGG_NONE && bucket_limited(&rule->agg)) {
+		agg_prefix_key(&ak, rule, &pi, v4);
+		ab = bpf_map_lookup_elem(&agg_buckets, &ak);
+		if (ab && !bucket_would_admit(ab, &rule->agg, now, pi.len)) {
+			v.reason = EG_R_PREFIX_LIMIT;
+			goto limited;
+		}
+	}
+
+	/* Then charge, most specific first: a packet dropped by a more
+	 * specific bucket never consumes tokens of the aggregates above it. */
+	if (bucket_limited(&rule->src)) {
+		__builtin_memset(&sk, 0, sizeof(sk));
+		sk.rule_id = rule->id;
+		mask_addr(sk.addr, pi.addr,
+			  v4 ? 96 + (rule->src_len4 > 32 ? 32 : rule->src_len4)
+			     : (rule->src_len6 > 128 ? 128 : rule->src_len6));
+		sb = lookup_or_create(&src_buckets, &sk);
+		if (sb && !bucket_take(sb, &rule->src, now, pi.len)) {
+			v.reason = EG_R_SRC_LIMIT;
+			goto limited;
+		}
+	}
+	if (rule->agg_mode != EG_AGG_NONE && bucket_limited(&rule->agg)) {
+		if (!ab)
+			ab = lookup_or_create(&agg_buckets, &ak);
+		if (ab && !bucket_take(ab, &rule->agg, now, pi.len)) {
+			v.reason = EG_R_PREFIX_LIMIT;
+			goto limited;
+		}
+	}
+	if (v.asn && bucket_limited(&rule->asn)) {
+		if (!nb)
+			nb = lookup_or_create(&agg_buckets, &nk);
+		if (nb && !bucket_take(nb, &rule->asn, now, pi.len)) {
+			v.reason = EG_R_ASN_LIMIT;
+			goto limited;
+		}
+	}
+	if (gb && !bucket_take(gb, &cfg->global, now, pi.len)) {
+		v.reason = EG_R_GLOBAL_LIMIT;
+		goto limited;
+	}
+	return finish(&v, &pi, cfg, now);
+
+limited:
+	v.action = EG_ACT_DROP;
+verdict:
+	dry = cfg->mode == EG_MODE_DRY_RUN;
+	if (v.reason != EG_R_DENY && rule && rule->mode != EG_MODE_INHERIT)
+		dry = rule->mode == EG_MODE_DRY_RUN;
+	if (dry)
+		v.action = EG_ACT_WOULD_DROP;
+	return finish(&v, &pi, cfg, now);
+
+malformed:
+	v.reason = -ret;
+	cfg = bpf_map_lookup_elem(&configs, &zero);
+	act = bpf_map_lookup_elem(&active, &zero);
+	if (act) {
+		gen = act->gen & 1;
+		cfg = bpf_map_lookup_elem(&configs, &gen);
+	}
+	if (cfg && cfg->valid && cfg->malformed_verdict == EG_ACT_DROP)
+		v.action = cfg->mode == EG_MODE_DRY_RUN ? EG_ACT_WOULD_DROP : EG_ACT_DROP;
+	return finish(&v, &pi, NULL, 0);
+
+no_policy:
+	v.reason = EG_R_NO_POLICY;
+	v.counted_rule = 0;
+	return finish(&v, &pi, cfg, 0);
+}

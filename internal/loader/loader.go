@@ -1,0 +1,258 @@
+// Package loader loads Edgeguard's XDP program into the kernel, attaches it
+// to interfaces through BPF links, and pins links and maps under a bpffs
+// directory so that a restarted daemon re-opens them and enforcement never
+// stops. It is the only package that holds the compiled objects.
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// DefaultPinDir is where a daemon pins its maps and links.
+const DefaultPinDir = "/sys/fs/bpf/edgeguard"
+
+// Sizes are the table sizes fixed at load time. Zero fields take defaults.
+type Sizes struct {
+	MaxRules      uint32 // rule ids are 0..MaxRules-1
+	SrcEntries    uint32 // per-source buckets (LRU)
+	AggEntries    uint32 // prefix and ASN aggregate buckets (LRU)
+	PrefixEntries uint32 // prefix-facts trie entries, per generation
+	ListEntries   uint32 // deny/allow list entries
+	L4Entries     uint32 // L4 rule entries, per generation
+}
+
+// DefaultSizes are sized for a busy edge host: 1M sources take ~130 MiB.
+var DefaultSizes = Sizes{
+	MaxRules:      1024,
+	SrcEntries:    1 << 20,
+	AggEntries:    1 << 18,
+	PrefixEntries: 1 << 20,
+	ListEntries:   1 << 16,
+	L4Entries:     1024,
+}
+
+func (s Sizes) withDefaults() Sizes {
+	d := DefaultSizes
+	if s.MaxRules != 0 {
+		d.MaxRules = s.MaxRules
+	}
+	if s.SrcEntries != 0 {
+		d.SrcEntries = s.SrcEntries
+	}
+	if s.AggEntries != 0 {
+		d.AggEntries = s.AggEntries
+	}
+	if s.PrefixEntries != 0 {
+		d.PrefixEntries = s.PrefixEntries
+	}
+	if s.ListEntries != 0 {
+		d.ListEntries = s.ListEntries
+	}
+	if s.L4Entries != 0 {
+		d.L4Entries = s.L4Entries
+	}
+	return d
+}
+
+// Options configure Load.
+type Options struct {
+	Sizes Sizes
+	// PinDir, if set, is a bpffs directory holding the maps (PinDir/maps)
+	// and links (PinDir/links). Existing pins are re-opened, so state and
+	// enforcement survive a restart.
+	PinDir string
+	// TestClock makes the program read time from the test_clock map.
+	TestClock bool
+	Logger    *slog.Logger
+}
+
+// Datapath is a loaded XDP limiter: its program and maps.
+type Datapath struct {
+	Objects LimiterObjects
+	Sizes   Sizes
+	pinDir  string
+	log     *slog.Logger
+}
+
+// ErrIncompatiblePins means the pinned maps were made by a different version
+// or with different table sizes.
+var ErrIncompatiblePins = errors.New("pinned maps are incompatible with this program")
+
+// pinned are the maps that must survive a restart of the daemon.
+var pinned = []string{
+	LimiterMapActive, LimiterMapConfigs, LimiterMapRules, LimiterMapLists,
+	LimiterMapPrefixGens, LimiterMapL4Rules, LimiterMapSrcBuckets,
+	LimiterMapAggBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
+	LimiterMapRuleStats, LimiterMapSamples,
+}
+
+// Spec returns the collection spec with sizes and constants applied.
+func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
+	spec, err := LoadLimiter()
+	if err != nil {
+		return nil, fmt.Errorf("parse embedded bpf object: %w", err)
+	}
+	s := sizes.withDefaults()
+	set := map[string]uint32{
+		LimiterMapRules:      2 * s.MaxRules,
+		LimiterMapRuleStats:  s.MaxRules,
+		LimiterMapSrcBuckets: s.SrcEntries,
+		LimiterMapAggBuckets: s.AggEntries,
+		LimiterMapLists:      s.ListEntries,
+		LimiterMapL4Rules:    2 * s.L4Entries,
+	}
+	for name, n := range set {
+		m, ok := spec.Maps[name]
+		if !ok {
+			return nil, fmt.Errorf("map %s missing from bpf object", name)
+		}
+		m.MaxEntries = n
+	}
+	spec.Maps[LimiterMapPrefixGens].InnerMap.MaxEntries = s.PrefixEntries
+	if err := spec.Variables["eg_max_rules"].Set(s.MaxRules); err != nil {
+		return nil, fmt.Errorf("set eg_max_rules: %w", err)
+	}
+	if testClock {
+		if err := spec.Variables["eg_test_clock"].Set(uint8(1)); err != nil {
+			return nil, fmt.Errorf("set eg_test_clock: %w", err)
+		}
+	}
+	return spec, nil
+}
+
+// Load loads the program and its maps. With a PinDir, pinned maps are
+// re-opened (keeping all state) or, on first use, created and pinned
+// atomically: they are pinned into a temporary directory that is renamed
+// into place only once everything loaded.
+func Load(opts Options) (_ *Datapath, err error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	spec, err := Spec(opts.Sizes, opts.TestClock)
+	if err != nil {
+		return nil, err
+	}
+	d := &Datapath{Sizes: opts.Sizes.withDefaults(), pinDir: opts.PinDir, log: log}
+
+	var collOpts ebpf.CollectionOptions
+	var tmp string
+	if opts.PinDir != "" {
+		if err := checkBPFFS(filepath.Dir(opts.PinDir)); err != nil {
+			return nil, err
+		}
+		mapDir := filepath.Join(opts.PinDir, "maps")
+		if _, statErr := os.Stat(mapDir); statErr == nil {
+			collOpts.Maps.PinPath = mapDir
+			log.Info("re-opening pinned maps", "dir", mapDir)
+		} else {
+			if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
+				return nil, fmt.Errorf("create pin dir: %w", err)
+			}
+			tmp, err = os.MkdirTemp(opts.PinDir, ".maps-")
+			if err != nil {
+				return nil, fmt.Errorf("create temporary pin dir: %w", err)
+			}
+			defer func() {
+				if tmp != "" {
+					os.RemoveAll(tmp)
+				}
+			}()
+			collOpts.Maps.PinPath = tmp
+		}
+		for _, name := range pinned {
+			spec.Maps[name].Pinning = ebpf.PinByName
+		}
+	}
+
+	if err := spec.LoadAndAssign(&d.Objects, &collOpts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("%w (table sizes or program version changed): %w; "+
+				"to start over run 'edgectl detach --unpin', which drops all state", ErrIncompatiblePins, err)
+		}
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load xdp program: %+v", ve)
+		}
+		return nil, fmt.Errorf("load xdp program: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			d.Objects.Close()
+		}
+	}()
+
+	if err := d.ensurePrefixTries(spec); err != nil {
+		return nil, err
+	}
+	if tmp != "" {
+		if err := os.Rename(tmp, filepath.Join(opts.PinDir, "maps")); err != nil {
+			return nil, fmt.Errorf("move pinned maps into place: %w", err)
+		}
+		tmp = ""
+		// The maps' pin paths moved with the directory; nothing else to do:
+		// pins are inodes, the rename keeps them.
+	}
+	return d, nil
+}
+
+// ensurePrefixTries fills empty slots of prefix_gens with new, empty tries.
+func (d *Datapath) ensurePrefixTries(spec *ebpf.CollectionSpec) error {
+	for gen := uint32(0); gen < 2; gen++ {
+		var id ebpf.MapID
+		if err := d.Objects.PrefixGens.Lookup(gen, &id); err == nil {
+			continue
+		}
+		inner, err := ebpf.NewMap(spec.Maps[LimiterMapPrefixGens].InnerMap)
+		if err != nil {
+			return fmt.Errorf("create prefix trie for generation %d: %w", gen, err)
+		}
+		err = d.Objects.PrefixGens.Put(gen, inner)
+		inner.Close()
+		if err != nil {
+			return fmt.Errorf("install prefix trie for generation %d: %w", gen, err)
+		}
+	}
+	return nil
+}
+
+// NewPrefixTrie makes an empty prefix-facts trie of the loaded size, to be
+// filled and then swapped into a generation slot.
+func (d *Datapath) NewPrefixTrie() (*ebpf.Map, error) {
+	spec, err := Spec(d.Sizes, false)
+	if err != nil {
+		return nil, err
+	}
+	m, err := ebpf.NewMap(spec.Maps[LimiterMapPrefixGens].InnerMap)
+	if err != nil {
+		return nil, fmt.Errorf("create prefix trie: %w", err)
+	}
+	return m, nil
+}
+
+// PinDir is where this datapath's maps and links are pinned, or "".
+func (d *Datapath) PinDir() string { return d.pinDir }
+
+// Close releases the file descriptors. Pinned maps and links stay in the
+// kernel and keep enforcing.
+func (d *Datapath) Close() error {
+	return d.Objects.Close()
+}
+
+// Unpin removes every pin of this datapath (maps and links). Once the last
+// file descriptor closes, the program detaches and all state is gone.
+func Unpin(pinDir string) error {
+	if pinDir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(pinDir); err != nil {
+		return fmt.Errorf("remove pins under %s: %w", pinDir, err)
+	}
+	return nil
+}
