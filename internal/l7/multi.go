@@ -1,0 +1,88 @@
+package l7
+
+// MaxChecks is the most limits TakeAll checks at once.
+const MaxChecks = 16
+
+// Check is one limit of a multi-limit request: n units of key in store.
+type Check struct {
+	Store *Store
+	Key   uint64
+	N     int64
+}
+
+// TakeAll applies several limits all-or-nothing: the request is charged on
+// every check only if every check allows it; if any rejects, nothing is
+// charged anywhere. It locks every shard involved (in a global order: store
+// id, then shard, so concurrent TakeAll calls cannot deadlock), decides and
+// writes under those locks, and rolls back on failure, so two concurrent
+// requests can neither lose an update nor observe a charge that is later
+// undone. out[i] receives the decision of checks[i]; for a rejected request
+// the decisions of the checks that passed report their uncharged state.
+// len(checks) must be at most MaxChecks and len(out) at least len(checks).
+func TakeAll(now int64, checks []Check, out []Decision) bool {
+	if len(checks) > MaxChecks {
+		panic("l7: TakeAll: more than MaxChecks checks")
+	}
+	type lockRef struct {
+		id    uint64
+		shard int
+		sh    *storeShard
+	}
+	var locks [MaxChecks]lockRef
+	var shards [MaxChecks]*storeShard
+	var keys [MaxChecks]uint64
+	nlocks := 0
+	for i, c := range checks {
+		keys[i] = normKey(c.Key)
+		idx := c.Store.shardIndex(keys[i])
+		sh := &c.Store.shards[idx]
+		shards[i] = sh
+		ref := lockRef{id: c.Store.id, shard: idx, sh: sh}
+		// Insertion sort by (id, shard), dropping duplicates.
+		j := nlocks
+		dup := false
+		for j > 0 {
+			p := locks[j-1]
+			if p.sh == sh {
+				dup = true
+				break
+			}
+			if p.id < ref.id || (p.id == ref.id && p.shard < ref.shard) {
+				break
+			}
+			j--
+		}
+		if dup {
+			continue
+		}
+		copy(locks[j+1:nlocks+1], locks[j:nlocks])
+		locks[j] = ref
+		nlocks++
+	}
+	for i := range nlocks {
+		locks[i].sh.mu.Lock()
+	}
+	var undos [MaxChecks]undo
+	allowed := true
+	for i, c := range checks {
+		var ok bool
+		out[i], ok = c.Store.takeLocked(shards[i], keys[i], now, c.N, &undos[i])
+		if !ok || !out[i].Allowed {
+			allowed = false
+		}
+	}
+	if !allowed {
+		for i := len(checks) - 1; i >= 0; i-- {
+			undos[i].rollback()
+		}
+		for i, c := range checks {
+			if out[i].Allowed {
+				out[i], _ = c.Store.takeLocked(shards[i], keys[i], now, 0, nil)
+			}
+		}
+	}
+	for i := nlocks - 1; i >= 0; i-- {
+		locks[i].sh.mu.Unlock()
+	}
+	return allowed
+}

@@ -1,0 +1,286 @@
+package l7
+
+import (
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// Limiter applies an Algorithm to one key (one State) behind a mutex.
+type Limiter struct {
+	alg   Algorithm
+	clock Clock
+
+	mu    sync.Mutex
+	state State
+}
+
+// NewLimiter returns a single-key limiter.
+func NewLimiter(alg Algorithm, clock Clock) *Limiter { return &Limiter{alg: alg, clock: clock} }
+
+// Allow takes one unit now.
+func (l *Limiter) Allow() Decision { return l.TakeAt(l.clock.Now(), 1) }
+
+// TakeAt takes n units at time now.
+func (l *Limiter) TakeAt(now, n int64) Decision {
+	l.mu.Lock()
+	st, d := l.alg.Take(l.state, now, n)
+	if d.Allowed {
+		l.state = st
+	}
+	l.mu.Unlock()
+	return d
+}
+
+// StoreConfig sizes a Store.
+type StoreConfig struct {
+	// Capacity is the hard maximum number of keys, fixed at creation: the
+	// store allocates 24 bytes per key slot up front and never grows. Size
+	// it about 1.25x the expected number of concurrently active keys: keys
+	// live in 8-way buckets, and a bucket full of active keys cannot take
+	// another (see FailClosed).
+	Capacity int
+	// Shards is the number of independently locked shards, a power of two
+	// (0 means 256, fewer for tiny stores).
+	Shards int
+	// FailClosed rejects a new key that finds its bucket full of active
+	// keys (RetryAfter = Window, not exact). The default admits it without
+	// tracking it and counts it in StoreStats.Full: an attacker spraying
+	// keys then gets through this rule, never evicts a limited key.
+	FailClosed bool
+}
+
+// StoreStats are a Store's counters.
+type StoreStats struct {
+	Keys      int64 // occupied slots (idle keys stay until reused or swept)
+	Capacity  int64 // slots allocated
+	Evictions int64 // idle keys replaced by new ones or swept
+	Full      int64 // new keys that found their bucket full of active keys
+}
+
+const bucketWays = 8
+
+// bucket is 8 keys (one cache line) then their 8 states: 192 bytes, 24 per key.
+type bucket struct {
+	keys   [bucketWays]uint64 // 0 marks an empty slot
+	states [bucketWays]State
+}
+
+type storeShard struct {
+	mu        sync.Mutex
+	buckets   []bucket
+	keys      int64
+	evictions int64
+	full      int64
+	_         [8]byte // pad to a cache line against false sharing
+}
+
+// Store applies one Algorithm to millions of keys in a fixed amount of
+// memory: keys are 64-bit hashes (KeyHash), sharded by their top bits, each
+// shard an array of 8-way buckets behind its own mutex (no global lock).
+// Idle keys (Algorithm.Idle: indistinguishable from fresh) are replaced when
+// a new key needs their slot, so eviction never resets a limited key.
+//
+// Two distinct clients whose 64-bit hashes collide share one state; with k
+// active keys the chance of any collision is about k^2/2^65 (1e6 keys:
+// 3e-8).
+type Store struct {
+	alg        Algorithm
+	id         uint64 // random; orders shard locks across stores in TakeAll
+	shift      uint
+	failClosed bool
+	shards     []storeShard
+}
+
+// NewStore returns a keyed store for alg.
+func NewStore(alg Algorithm, cfg StoreConfig) (*Store, error) {
+	if alg == nil {
+		return nil, fmt.Errorf("store: nil algorithm: %w", ErrInvalidLimit)
+	}
+	if cfg.Capacity < 1 {
+		return nil, fmt.Errorf("store: capacity %d: must be at least 1: %w", cfg.Capacity, ErrInvalidLimit)
+	}
+	nbuckets := (cfg.Capacity + bucketWays - 1) / bucketWays
+	shards := cfg.Shards
+	if shards == 0 {
+		shards = 256
+		for shards > 1 && shards > nbuckets {
+			shards /= 2
+		}
+	}
+	if shards < 1 || shards&(shards-1) != 0 || shards > 1<<16 {
+		return nil, fmt.Errorf("store: %d shards: must be a power of two up to 65536: %w", shards, ErrInvalidLimit)
+	}
+	perShard := (nbuckets + shards - 1) / shards
+	bits := uint(0)
+	for 1<<bits < shards {
+		bits++
+	}
+	s := &Store{
+		alg:        alg,
+		id:         maphash.Comparable(maphash.MakeSeed(), 0),
+		shift:      64 - bits,
+		failClosed: cfg.FailClosed,
+		shards:     make([]storeShard, shards),
+	}
+	if bits == 0 {
+		s.shift = 63 // key>>63 is 0 or 1; mask below keeps shard 0
+	}
+	for i := range s.shards {
+		s.shards[i].buckets = make([]bucket, perShard)
+	}
+	return s, nil
+}
+
+// Algorithm returns the store's algorithm.
+func (s *Store) Algorithm() Algorithm { return s.alg }
+
+func (s *Store) shardIndex(key uint64) int {
+	return int(key>>s.shift) & (len(s.shards) - 1)
+}
+
+func (sh *storeShard) bucketFor(key uint64) *bucket {
+	// Lemire's multiply-shift range reduction on the low 32 bits.
+	return &sh.buckets[(key&0xffffffff)*uint64(len(sh.buckets))>>32]
+}
+
+func normKey(key uint64) uint64 {
+	if key == 0 {
+		return 1
+	}
+	return key
+}
+
+// Take takes n units for key at time now.
+func (s *Store) Take(key uint64, now, n int64) Decision {
+	key = normKey(key)
+	sh := &s.shards[s.shardIndex(key)]
+	sh.mu.Lock()
+	d, _ := s.takeLocked(sh, key, now, n, nil)
+	sh.mu.Unlock()
+	return d
+}
+
+// Peek reports key's state at now without taking anything.
+func (s *Store) Peek(key uint64, now int64) Decision { return s.Take(key, now, 0) }
+
+// undo records a slot's previous content so TakeAll can roll back.
+type undo struct {
+	b     *bucket
+	i     int
+	key   uint64
+	state State
+	sh    *storeShard
+	keys  int64
+	evict int64
+}
+
+// takeLocked decides and, when allowed, writes. If u is not nil the slot's
+// previous content is saved in it (u.b == nil when nothing was written).
+func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (Decision, bool) {
+	b := sh.bucketFor(key)
+	for i := range b.keys {
+		if b.keys[i] == key {
+			st, d := s.alg.Take(b.states[i], now, n)
+			if d.Allowed && st != b.states[i] {
+				if u != nil {
+					*u = undo{b: b, i: i, key: key, state: b.states[i], sh: sh, keys: sh.keys, evict: sh.evictions}
+				}
+				b.states[i] = st
+			}
+			return d, true
+		}
+	}
+	st, d := s.alg.Take(State{}, now, n)
+	if !d.Allowed || st == (State{}) {
+		return d, true
+	}
+	free := -1
+	for i := range b.keys {
+		if b.keys[i] == 0 {
+			free = i
+			break
+		}
+	}
+	evict := false
+	if free < 0 {
+		for i := range b.keys {
+			if s.alg.Idle(b.states[i], now) {
+				free, evict = i, true
+				break
+			}
+		}
+	}
+	if free < 0 {
+		sh.full++
+		if s.failClosed {
+			return Decision{Limit: d.Limit, Window: d.Window, RetryAfter: d.Window, Reset: d.Window}, false
+		}
+		return d, true
+	}
+	if u != nil {
+		*u = undo{b: b, i: free, key: b.keys[free], state: b.states[free], sh: sh, keys: sh.keys, evict: sh.evictions}
+	}
+	if evict {
+		sh.evictions++
+	} else {
+		sh.keys++
+	}
+	b.keys[free] = key
+	b.states[free] = st
+	return d, true
+}
+
+func (u *undo) rollback() {
+	if u.b == nil {
+		return
+	}
+	u.b.keys[u.i] = u.key
+	u.b.states[u.i] = u.state
+	u.sh.keys = u.keys
+	u.sh.evictions = u.evict
+}
+
+// Sweep empties the slots of idle keys and returns how many it freed. The
+// store works without it; call it to make StoreStats.Keys count only
+// non-idle keys. It locks one shard at a time.
+func (s *Store) Sweep(now int64) int {
+	freed := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for j := range sh.buckets {
+			b := &sh.buckets[j]
+			for k := range b.keys {
+				if b.keys[k] != 0 && s.alg.Idle(b.states[k], now) {
+					b.keys[k], b.states[k] = 0, State{}
+					sh.keys--
+					sh.evictions++
+					freed++
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return freed
+}
+
+// Stats returns the store's counters, locking one shard at a time.
+func (s *Store) Stats() StoreStats {
+	var st StoreStats
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Keys += sh.keys
+		st.Capacity += int64(len(sh.buckets) * bucketWays)
+		st.Evictions += sh.evictions
+		st.Full += sh.full
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// Window returns the store algorithm's window (for callers building
+// headers).
+func (s *Store) Window() time.Duration { return s.alg.Window() }
