@@ -94,22 +94,18 @@ type LimiterEgBucket struct {
 	ByteTat uint64
 }
 
+type LimiterEgBucketCfg struct {
+	_       structs.HostLayout
+	PktT    uint64
+	PktTau  uint64
+	ByteT   uint64
+	ByteTau uint64
+}
+
 type LimiterEgConfig struct {
-	_      structs.HostLayout
-	Global struct {
-		_       structs.HostLayout
-		PktT    uint64
-		PktTau  uint64
-		ByteT   uint64
-		ByteTau uint64
-	}
-	Sample struct {
-		_       structs.HostLayout
-		PktT    uint64
-		PktTau  uint64
-		ByteT   uint64
-		ByteTau uint64
-	}
+	_                structs.HostLayout
+	Global           LimiterEgBucketCfg
+	Sample           LimiterEgBucketCfg
 	Mode             uint8
 	MalformedVerdict uint8
 	L4Protos         uint8
@@ -179,6 +175,15 @@ const (
 	LimiterEgOriginEG_ORIGIN_L7     LimiterEgOrigin = 2
 )
 
+type LimiterEgPrefixVal struct {
+	_       structs.HostLayout
+	RuleId  uint32
+	Asn     uint32
+	Country uint16
+	Pad0    uint16
+	Pad1    uint32
+}
+
 type LimiterEgReason uint32
 
 const (
@@ -200,28 +205,10 @@ const (
 )
 
 type LimiterEgRule struct {
-	_   structs.HostLayout
-	Src struct {
-		_       structs.HostLayout
-		PktT    uint64
-		PktTau  uint64
-		ByteT   uint64
-		ByteTau uint64
-	}
-	Agg struct {
-		_       structs.HostLayout
-		PktT    uint64
-		PktTau  uint64
-		ByteT   uint64
-		ByteTau uint64
-	}
-	Asn struct {
-		_       structs.HostLayout
-		PktT    uint64
-		PktTau  uint64
-		ByteT   uint64
-		ByteTau uint64
-	}
+	_       structs.HostLayout
+	Src     LimiterEgBucketCfg
+	Agg     LimiterEgBucketCfg
+	Asn     LimiterEgBucketCfg
 	Id      uint32
 	SrcLen4 uint8
 	SrcLen6 uint8

@@ -1,0 +1,170 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Mode is how the program attaches to an interface.
+type Mode string
+
+const (
+	// ModeAuto tries native (driver) mode and falls back to generic.
+	ModeAuto Mode = "auto"
+	// ModeNative attaches in the driver's receive path, or fails.
+	ModeNative Mode = "native"
+	// ModeGeneric attaches after the skb is built; works everywhere, slower.
+	ModeGeneric Mode = "generic"
+)
+
+// ParseMode parses "auto", "native" or "generic".
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeAuto, ModeNative, ModeGeneric:
+		return m, nil
+	case "":
+		return ModeAuto, nil
+	}
+	return "", fmt.Errorf("unknown xdp mode %q: use auto, native or generic", s)
+}
+
+// Attachment is the program attached to one interface through a BPF link.
+type Attachment struct {
+	Iface string
+	Mode  Mode // the mode actually in use
+	Link  link.Link
+}
+
+// ErrOtherProgram means another XDP program is attached to the interface.
+var ErrOtherProgram = errors.New("another xdp program is attached")
+
+func (d *Datapath) linkPin(iface string) string {
+	if d.pinDir == "" {
+		return ""
+	}
+	return filepath.Join(d.pinDir, "links", iface)
+}
+
+// Attach attaches the program to iface. If a link pinned by an earlier run
+// exists, its program is swapped for this one with an atomic link update, so
+// there is no moment without enforcement. Attach never replaces a program
+// that is not ours.
+func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return nil, fmt.Errorf("attach to %s: %w", iface, err)
+	}
+	if pin := d.linkPin(iface); pin != "" {
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			if err := l.Update(d.Objects.XdpLimiter); err != nil {
+				l.Close()
+				return nil, fmt.Errorf("update pinned xdp link on %s: %w", iface, err)
+			}
+			d.log.Info("took over pinned xdp link", "iface", iface)
+			return &Attachment{Iface: iface, Mode: pinnedMode(ifc.Index), Link: l}, nil
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open pinned xdp link %s: %w", pin, err)
+		}
+	}
+	if err := checkNoOtherXDP(ifc); err != nil {
+		return nil, err
+	}
+
+	try := []Mode{mode}
+	if mode == ModeAuto {
+		try = []Mode{ModeNative, ModeGeneric}
+	}
+	var l link.Link
+	var used Mode
+	for _, m := range try {
+		flags := link.XDPDriverMode
+		if m == ModeGeneric {
+			flags = link.XDPGenericMode
+		}
+		l, err = link.AttachXDP(link.XDPOptions{Program: d.Objects.XdpLimiter, Interface: ifc.Index, Flags: flags})
+		if err == nil {
+			used = m
+			break
+		}
+		d.log.Debug("xdp attach failed", "iface", iface, "mode", m, "err", err)
+	}
+	if err != nil {
+		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("attach to %s: %w", iface, checkNoOtherXDP(ifc))
+		}
+		return nil, fmt.Errorf("attach xdp to %s in %s mode: %w", iface, mode, err)
+	}
+	if pin := d.linkPin(iface); pin != "" {
+		if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("create link pin dir: %w", err)
+		}
+		if err := l.Pin(pin); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("pin xdp link on %s: %w", iface, err)
+		}
+	}
+	return &Attachment{Iface: iface, Mode: used, Link: l}, nil
+}
+
+// checkNoOtherXDP returns ErrOtherProgram, with what is there and how to
+// proceed, if some XDP program is attached to the interface.
+func checkNoOtherXDP(ifc *net.Interface) error {
+	nl, err := netlink.LinkByIndex(ifc.Index)
+	if err != nil {
+		return fmt.Errorf("inspect %s: %w", ifc.Name, err)
+	}
+	x := nl.Attrs().Xdp
+	if x == nil || !x.Attached || x.ProgId == 0 {
+		return nil
+	}
+	name := "?"
+	if p, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId)); err == nil {
+		if info, err := p.Info(); err == nil {
+			name = info.Name
+		}
+		p.Close()
+	}
+	return fmt.Errorf("%w on %s: program id %d (%s), attach mode %d; "+
+		"Edgeguard never replaces it: detach it first (ip link set dev %s xdp off, or its owner's tool), "+
+		"or chain both with a dispatcher such as libxdp", ErrOtherProgram, ifc.Name, x.ProgId, name, x.AttachMode, ifc.Name)
+}
+
+func pinnedMode(ifindex int) Mode {
+	nl, err := netlink.LinkByIndex(ifindex)
+	if err != nil || nl.Attrs().Xdp == nil {
+		return ModeAuto
+	}
+	switch nl.Attrs().Xdp.AttachMode {
+	case 1: // XDP_ATTACHED_DRV
+		return ModeNative
+	case 2: // XDP_ATTACHED_SKB
+		return ModeGeneric
+	}
+	return ModeAuto
+}
+
+// Detach removes the link's pin and closes it: the program leaves the
+// interface.
+func (a *Attachment) Detach() error {
+	if err := a.Link.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("unpin xdp link on %s: %w", a.Iface, err)
+	}
+	if err := a.Link.Close(); err != nil {
+		return fmt.Errorf("close xdp link on %s: %w", a.Iface, err)
+	}
+	return nil
+}
+
+// Release closes the link's file descriptor; a pinned link keeps enforcing.
+func (a *Attachment) Release() error {
+	return a.Link.Close()
+}

@@ -1,0 +1,261 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+)
+
+// Maps is a typed view of a loaded datapath's maps.
+type Maps struct {
+	d *loader.Datapath
+	o *loader.LimiterMaps
+}
+
+// New wraps a loaded datapath.
+func New(d *loader.Datapath) *Maps {
+	return &Maps{d: d, o: &d.Objects.LimiterMaps}
+}
+
+// Addr16 returns the data plane's 16-byte form of an address: IPv4 as
+// IPv4-mapped IPv6.
+func Addr16(a netip.Addr) [16]byte {
+	return a.Unmap().As16()
+}
+
+// LPMKey returns the trie key of a prefix; IPv4 lengths move up by 96.
+func LPMKey(p netip.Prefix) loader.LimiterEgLpmKey {
+	p = p.Masked()
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	return loader.LimiterEgLpmKey{Prefixlen: uint32(bits), Addr: Addr16(p.Addr())}
+}
+
+// PrefixFromKey is the inverse of LPMKey.
+func PrefixFromKey(k loader.LimiterEgLpmKey) netip.Prefix {
+	a := netip.AddrFrom16(k.Addr)
+	bits := int(k.Prefixlen)
+	if a.Is4In6() && bits >= 96 {
+		return netip.PrefixFrom(a.Unmap(), bits-96)
+	}
+	return netip.PrefixFrom(a, bits)
+}
+
+// ActiveGen returns the generation the program is using.
+func (m *Maps) ActiveGen() (uint32, error) {
+	var a loader.LimiterEgActive
+	if err := m.o.Active.Lookup(uint32(0), &a); err != nil {
+		return 0, fmt.Errorf("read active generation: %w", err)
+	}
+	return a.Gen & 1, nil
+}
+
+func (r Rule) compile() (loader.LimiterEgRule, error) {
+	out := loader.LimiterEgRule{
+		Id: r.ID, SrcLen4: r.SrcLen4, SrcLen6: r.SrcLen6,
+		AggLen4: r.AggLen4, AggLen6: r.AggLen6,
+		AggMode: uint8(r.AggMode), Mode: uint8(r.Mode), Valid: 1,
+	}
+	var err error
+	if out.Src, err = r.Src.Cfg(); err != nil {
+		return out, fmt.Errorf("rule %d per-source: %w", r.ID, err)
+	}
+	if out.Agg, err = r.Agg.Cfg(); err != nil {
+		return out, fmt.Errorf("rule %d prefix aggregate: %w", r.ID, err)
+	}
+	if out.Asn, err = r.ASN.Cfg(); err != nil {
+		return out, fmt.Errorf("rule %d asn aggregate: %w", r.ID, err)
+	}
+	if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
+		return out, fmt.Errorf("rule %d: key length out of range", r.ID)
+	}
+	return out, nil
+}
+
+func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
+	c := loader.LimiterEgConfig{Mode: uint8(s.Mode), MalformedVerdict: uint8(s.Malformed), L4Protos: l4protos, Valid: 1}
+	if s.Mode != ModeEnforce && s.Mode != ModeDryRun {
+		return c, fmt.Errorf("global mode must be enforce or dry-run")
+	}
+	var err error
+	if c.Global, err = s.Global.Cfg(); err != nil {
+		return c, fmt.Errorf("global bucket: %w", err)
+	}
+	if s.Samples.Limited() {
+		if c.Sample, err = (Bucket{Packets: s.Samples}).Cfg(); err != nil {
+			return c, fmt.Errorf("sample budget: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func l4Bit(proto uint8) uint8 {
+	switch proto {
+	case 6:
+		return 1 << 0
+	case 17:
+		return 1 << 1
+	case 1:
+		return 1 << 2
+	case 58:
+		return 1 << 3
+	}
+	return 0
+}
+
+// Apply makes g the live policy, atomically: the inactive generation's
+// rules, settings, L4 entries and prefix trie are written first, then the
+// active generation flips. Bucket state is keyed by rule id, so rules whose
+// id survives keep their state. On error the live policy is unchanged.
+func (m *Maps) Apply(g Generation) error {
+	cur, err := m.ActiveGen()
+	if err != nil {
+		return err
+	}
+	next := cur ^ 1
+	maxRules := m.d.Sizes.MaxRules
+
+	// Rules: the whole half of the next generation is rewritten, so ids
+	// that disappeared become invalid.
+	keys := make([]uint32, maxRules)
+	vals := make([]loader.LimiterEgRule, maxRules)
+	for i := range keys {
+		keys[i] = next*maxRules + uint32(i)
+	}
+	for _, r := range g.Rules {
+		if r.ID >= maxRules {
+			return fmt.Errorf("rule id %d out of range: the table holds %d rules", r.ID, maxRules)
+		}
+		if vals[r.ID].Valid != 0 {
+			return fmt.Errorf("rule id %d used twice", r.ID)
+		}
+		if vals[r.ID], err = r.compile(); err != nil {
+			return err
+		}
+	}
+	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
+		return fmt.Errorf("write rules of generation %d: %w", next, err)
+	}
+
+	var protos uint8
+	for _, l := range g.L4 {
+		if l.RuleID >= maxRules || vals[l.RuleID].Valid == 0 {
+			return fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Proto, l.Port, l.RuleID)
+		}
+		if l4Bit(l.Proto) == 0 {
+			return fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Proto)
+		}
+		protos |= l4Bit(l.Proto)
+	}
+	cfg, err := g.Settings.compile(protos)
+	if err != nil {
+		return err
+	}
+	if err := m.replaceL4(uint8(next), g.L4); err != nil {
+		return err
+	}
+
+	trie, err := m.d.NewPrefixTrie()
+	if err != nil {
+		return err
+	}
+	defer trie.Close()
+	if err := fillPrefixTrie(trie, g.Prefixes); err != nil {
+		return err
+	}
+	if err := m.o.PrefixGens.Put(next, trie); err != nil {
+		return fmt.Errorf("install prefix trie of generation %d: %w", next, err)
+	}
+	if err := m.o.Configs.Put(next, cfg); err != nil {
+		return fmt.Errorf("write settings of generation %d: %w", next, err)
+	}
+	// The flip: from here on every packet sees the new generation.
+	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: next}); err != nil {
+		return fmt.Errorf("activate generation %d: %w", next, err)
+	}
+	return nil
+}
+
+func (m *Maps) replaceL4(gen uint8, want []L4Match) error {
+	var k loader.LimiterEgL4Key
+	var v uint32
+	var stale []loader.LimiterEgL4Key
+	it := m.o.L4Rules.Iterate()
+	for it.Next(&k, &v) {
+		if k.Gen == gen {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list l4 rules: %w", err)
+	}
+	for _, k := range stale {
+		if err := m.o.L4Rules.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete stale l4 rule: %w", err)
+		}
+	}
+	for _, l := range want {
+		key := loader.LimiterEgL4Key{Gen: gen, Proto: l.Proto, Dir: uint8(l.Dir), Port: l.Port}
+		if l.Dir == L4Any {
+			key.Port = 0
+		}
+		if err := m.o.L4Rules.Put(key, l.RuleID); err != nil {
+			return fmt.Errorf("write l4 rule proto %d port %d: %w", l.Proto, l.Port, err)
+		}
+	}
+	return nil
+}
+
+func fillPrefixTrie(trie *ebpf.Map, facts []PrefixFact) error {
+	if len(facts) == 0 {
+		return nil
+	}
+	if uint32(len(facts)) > trie.MaxEntries() {
+		return fmt.Errorf("prefix trie holds %d entries, policy needs %d: raise tables.prefixes", trie.MaxEntries(), len(facts))
+	}
+	keys := make([]loader.LimiterEgLpmKey, len(facts))
+	vals := make([]loader.LimiterEgPrefixVal, len(facts))
+	for i, f := range facts {
+		if !f.Prefix.IsValid() {
+			return fmt.Errorf("invalid prefix in prefix facts")
+		}
+		keys[i] = LPMKey(f.Prefix)
+		vals[i] = loader.LimiterEgPrefixVal{RuleId: f.RuleID, Asn: f.ASN, Country: uint16(f.Country[0])<<8 | uint16(f.Country[1])}
+	}
+	if err := batchUpdate(trie, keys, vals); err != nil {
+		return fmt.Errorf("fill prefix trie: %w", err)
+	}
+	return nil
+}
+
+// batchUpdate writes keys and values in one syscall where the kernel can,
+// element by element where it cannot.
+func batchUpdate[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := m.BatchUpdate(keys, vals, nil)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, ebpf.ErrNotSupported) {
+		return err
+	}
+	for i := range keys {
+		if err := m.Put(keys[i], vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetTestClock sets the time a program loaded with TestClock sees, in ns.
+func (m *Maps) SetTestClock(ns uint64) error {
+	return m.o.TestClock.Put(uint32(0), ns)
+}

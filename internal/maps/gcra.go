@@ -1,0 +1,106 @@
+package maps
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+)
+
+// TickShift and ByteShift mirror EG_TICK_SHIFT and EG_BYTE_SHIFT in
+// bpf/headers/edgeguard_types.h.
+const (
+	TickShift = 4
+	ByteShift = 16
+)
+
+// BucketCfg is the data plane's GCRA parameter block.
+type BucketCfg = loader.LimiterEgBucketCfg
+
+// mulDivCeil returns ceil(a*b/c) or an error on overflow.
+func mulDivCeil(a, b, c uint64) (uint64, error) {
+	hi, lo := bits.Mul64(a, b)
+	if hi >= c {
+		return 0, fmt.Errorf("rate parameters overflow")
+	}
+	q, r := bits.Div64(hi, lo, c)
+	if r != 0 {
+		q++
+	}
+	return q, nil
+}
+
+// Cfg turns a Bucket into GCRA parameters. The emission interval is rounded
+// up to the next tick, so the data plane never admits more than the rate;
+// the shortfall is below one tick (1/16 ns) per event.
+func (b Bucket) Cfg() (BucketCfg, error) {
+	var c BucketCfg
+	if b.Packets.Limited() {
+		if err := b.Packets.check("packets"); err != nil {
+			return c, err
+		}
+		t, err := mulDivCeil(uint64(b.Packets.Per), 1<<TickShift, b.Packets.Count)
+		if err != nil {
+			return c, err
+		}
+		tau, err := mulDivCeil(t, b.Packets.Burst, 1)
+		if err != nil {
+			return c, fmt.Errorf("packet burst too large: %w", err)
+		}
+		c.PktT, c.PktTau = t, tau
+	}
+	if b.Bytes.Limited() {
+		if err := b.Bytes.check("bytes"); err != nil {
+			return c, err
+		}
+		t, err := mulDivCeil(uint64(b.Bytes.Per), 1<<(TickShift+ByteShift), b.Bytes.Count)
+		if err != nil {
+			return c, err
+		}
+		tau, err := mulDivCeil(t, b.Bytes.Burst, 1<<ByteShift)
+		if err != nil {
+			return c, fmt.Errorf("byte burst too large: %w", err)
+		}
+		c.ByteT, c.ByteTau = t, tau
+	}
+	return c, nil
+}
+
+func (r Rate) check(what string) error {
+	if r.Per <= 0 {
+		return fmt.Errorf("%s rate: period must be positive", what)
+	}
+	if r.Burst < 1 {
+		return fmt.Errorf("%s rate: burst must be at least 1", what)
+	}
+	if r.Burst > math.MaxUint32*uint64(1024) {
+		return fmt.Errorf("%s rate: burst %d too large", what, r.Burst)
+	}
+	return nil
+}
+
+// GCRA is the Go mirror of the data plane's per-dimension GCRA
+// (bpf/headers/edgeguard_gcra.h), for tests and the reference model.
+type GCRA struct{ TAT uint64 }
+
+// Take admits an event of cost inc at now (ticks) iff it fits the tolerance
+// tau, and then charges it; a rejected event changes nothing.
+func (g *GCRA) Take(now, inc, tau uint64) bool {
+	base := max(g.TAT, now)
+	if base+inc-now > tau {
+		return false
+	}
+	g.TAT = base + inc
+	return true
+}
+
+// WouldAdmit is Take without the charge.
+func (g GCRA) WouldAdmit(now, inc, tau uint64) bool {
+	return max(g.TAT, now)+inc-now <= tau
+}
+
+// ByteCost is the tick cost of a packet of len bytes.
+func ByteCost(c BucketCfg, length uint32) uint64 {
+	return (uint64(length) * c.ByteT) >> ByteShift
+}

@@ -1,0 +1,162 @@
+// Package maps gives typed Go views of every map of the XDP limiter. It is
+// the only package that knows byte layouts: callers pass netip values and
+// plain Go structs, per-CPU values come back summed.
+package maps
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+)
+
+// Action is a verdict of the data plane.
+type Action = loader.LimiterEgAction
+
+// Reason says why a packet got its verdict.
+type Reason = loader.LimiterEgReason
+
+// Verdict actions.
+const (
+	ActPass      = loader.LimiterEgActionEG_ACT_PASS
+	ActDrop      = loader.LimiterEgActionEG_ACT_DROP
+	ActWouldDrop = loader.LimiterEgActionEG_ACT_WOULD_DROP
+	numActions   = int(loader.LimiterEgActionEG_ACT_MAX)
+	numReasons   = int(loader.LimiterEgReasonEG_R_MAX)
+)
+
+// Reasons, as counted by the data plane.
+const (
+	ReasonOK          = loader.LimiterEgReasonEG_R_OK
+	ReasonNonIP       = loader.LimiterEgReasonEG_R_NON_IP
+	ReasonNoPolicy    = loader.LimiterEgReasonEG_R_NO_POLICY
+	ReasonAllow       = loader.LimiterEgReasonEG_R_ALLOW
+	ReasonDeny        = loader.LimiterEgReasonEG_R_DENY
+	ReasonSrcLimit    = loader.LimiterEgReasonEG_R_SRC_LIMIT
+	ReasonPrefixLimit = loader.LimiterEgReasonEG_R_PREFIX_LIMIT
+	ReasonASNLimit    = loader.LimiterEgReasonEG_R_ASN_LIMIT
+	ReasonGlobalLimit = loader.LimiterEgReasonEG_R_GLOBAL_LIMIT
+	ReasonBadEth      = loader.LimiterEgReasonEG_R_BAD_ETH
+	ReasonBadVLAN     = loader.LimiterEgReasonEG_R_BAD_VLAN
+	ReasonBadIPv4     = loader.LimiterEgReasonEG_R_BAD_IPV4
+	ReasonBadIPv6     = loader.LimiterEgReasonEG_R_BAD_IPV6
+	ReasonBadL4       = loader.LimiterEgReasonEG_R_BAD_L4
+)
+
+var actionNames = [...]string{"pass", "drop", "would_drop"}
+
+var reasonNames = [...]string{
+	"ok", "non_ip", "no_policy", "allow_list", "deny_list", "source_limit", "prefix_limit",
+	"asn_limit", "global_limit", "bad_ethernet", "bad_vlan", "bad_ipv4", "bad_ipv6", "bad_l4",
+}
+
+// ActionName is the metric label of an action.
+func ActionName(a Action) string {
+	if int(a) < len(actionNames) {
+		return actionNames[a]
+	}
+	return fmt.Sprintf("action_%d", a)
+}
+
+// ReasonName is the metric label of a reason.
+func ReasonName(r Reason) string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason_%d", r)
+}
+
+// Mode is enforce or dry-run (rules may also inherit the global mode).
+type Mode = loader.LimiterEgMode
+
+// Modes.
+const (
+	ModeInherit = loader.LimiterEgModeEG_MODE_INHERIT
+	ModeEnforce = loader.LimiterEgModeEG_MODE_ENFORCE
+	ModeDryRun  = loader.LimiterEgModeEG_MODE_DRY_RUN
+)
+
+// AggMode says how a rule's prefix aggregate is keyed.
+type AggMode = loader.LimiterEgAggMode
+
+// Aggregate modes.
+const (
+	AggNone    = loader.LimiterEgAggModeEG_AGG_NONE
+	AggWhole   = loader.LimiterEgAggModeEG_AGG_WHOLE
+	AggDerived = loader.LimiterEgAggModeEG_AGG_DERIVED
+)
+
+// L4Dir says which port an L4 match looks at.
+type L4Dir = loader.LimiterEgL4Dir
+
+// L4 match directions.
+const (
+	L4Any = loader.LimiterEgL4DirEG_L4ANY
+	L4Src = loader.LimiterEgL4DirEG_L4SRC
+	L4Dst = loader.LimiterEgL4DirEG_L4DST
+)
+
+// Rate is Count events per Per, with a burst of Burst events. A zero Count
+// means no limit.
+type Rate struct {
+	Count uint64
+	Per   time.Duration
+	Burst uint64
+}
+
+// Limited reports whether the rate limits anything.
+func (r Rate) Limited() bool { return r.Count != 0 }
+
+// Bucket limits packets and bytes; either may be unlimited.
+type Bucket struct {
+	Packets Rate
+	Bytes   Rate
+}
+
+// Rule is one compiled rule as the data plane sees it.
+type Rule struct {
+	ID      uint32
+	Src     Bucket
+	Agg     Bucket
+	ASN     Bucket
+	SrcLen4 uint8 // per-source key length for IPv4 (default 32)
+	SrcLen6 uint8 // for IPv6 (default 64)
+	AggMode AggMode
+	AggLen4 uint8
+	AggLen6 uint8
+	Mode    Mode
+}
+
+// Settings are the global, per-generation settings.
+type Settings struct {
+	Mode      Mode   // ModeEnforce or ModeDryRun
+	Malformed Action // ActPass or ActDrop
+	Global    Bucket
+	Samples   Rate // drop samples per second sent to user space
+}
+
+// PrefixFact says what is known about a source prefix.
+type PrefixFact struct {
+	Prefix  netip.Prefix
+	RuleID  uint32
+	ASN     uint32
+	Country [2]byte
+}
+
+// L4Match sends packets of a protocol (and port) to a rule.
+type L4Match struct {
+	Proto  uint8
+	Dir    L4Dir
+	Port   uint16
+	RuleID uint32
+}
+
+// Generation is a whole policy as the data plane sees it. Applying one is
+// atomic: packets see either the old generation or the new one.
+type Generation struct {
+	Settings Settings
+	Rules    []Rule
+	Prefixes []PrefixFact
+	L4       []L4Match
+}
