@@ -1,0 +1,249 @@
+// Package policy is Edgeguard's policy file: the model, the YAML parser with
+// positioned validation, the compiler that turns a policy into the entries
+// the data plane's maps hold, and a human-readable diff between two compiled
+// policies. Everything here is pure: no kernel, no network, no clock.
+package policy
+
+import (
+	"net/netip"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// APIVersion is the only policy file version this package reads.
+const APIVersion = "edgeguard/v1"
+
+// DefaultRuleName is the name of the rule that applies to traffic no other
+// rule matches. Its id is always 0.
+const DefaultRuleName = "default"
+
+// DefaultMetricsListen is where metrics are served unless the file says otherwise.
+const DefaultMetricsListen = "127.0.0.1:9469"
+
+// Pos is a position in the policy file (1-based).
+type Pos struct {
+	Line, Column int
+}
+
+// Policy is a parsed, validated policy file. A *Policy returned by Load or
+// Parse is valid: every field has been checked.
+type Policy struct {
+	File       string
+	APIVersion string
+	Interfaces []Interface
+	Mode       Mode
+	Malformed  Verdict
+	// Defaults are the limits of the default rule, and what a rule inherits
+	// for each section it leaves out.
+	Defaults Limits
+	Global   Bucket
+	Deny     []ListEntry
+	Allow    []ListEntry
+	Rules    []Rule
+	Tables   Tables
+	Metrics  Metrics
+	ASNData  ASNData
+	// L7 is the raw l7: section, kept with its position for the L7 stage to
+	// decode and validate. Nil when the file has no l7: section.
+	L7 *yaml.Node
+}
+
+// Interface is one network interface the XDP program attaches to.
+type Interface struct {
+	Name    string
+	XDPMode XDPMode
+	Pos     Pos
+}
+
+// XDPMode is how the XDP program is attached.
+type XDPMode string
+
+// XDP attach modes.
+const (
+	XDPNative  XDPMode = "native"
+	XDPGeneric XDPMode = "generic"
+	XDPAuto    XDPMode = "auto"
+)
+
+// Mode is the global verdict mode.
+type Mode string
+
+// Global modes.
+const (
+	ModeEnforce Mode = "enforce"
+	ModeDryRun  Mode = "dry-run"
+)
+
+// RuleMode is a rule's verdict mode: enforce, dry-run, or the global mode.
+type RuleMode string
+
+// Rule modes.
+const (
+	RuleModeInherit RuleMode = "inherit"
+	RuleModeEnforce RuleMode = "enforce"
+	RuleModeDryRun  RuleMode = "dry-run"
+)
+
+// Verdict is what happens to a malformed packet.
+type Verdict string
+
+// Malformed-packet verdicts.
+const (
+	VerdictPass Verdict = "pass"
+	VerdictDrop Verdict = "drop"
+)
+
+// Action is what a rule does with the packets it matches.
+type Action string
+
+// Rule actions.
+const (
+	// ActionLimit applies the rule's token buckets.
+	ActionLimit Action = "limit"
+	// ActionDrop drops every matching packet.
+	ActionDrop Action = "drop"
+	// ActionPass passes every matching packet without limits.
+	ActionPass Action = "pass"
+)
+
+// Bucket is one token bucket's two dimensions. Either may be unset.
+type Bucket struct {
+	Packets Limit
+	Bytes   Limit
+}
+
+// IsSet reports whether either dimension is limited.
+func (b Bucket) IsSet() bool { return b.Packets.IsSet() || b.Bytes.IsSet() }
+
+// KeyBits are prefix lengths applied to a source address, per family.
+type KeyBits struct {
+	V4, V6 uint8
+}
+
+// PerSource limits each source address, masked to Key.
+type PerSource struct {
+	Bucket
+	Key KeyBits
+}
+
+// PerPrefix limits the rule's sources together: all in one bucket (Whole),
+// or one bucket per source masked to Derive (like hashlimit's srcmask).
+type PerPrefix struct {
+	Bucket
+	Whole  bool
+	Derive KeyBits
+}
+
+// Limits are the buckets a rule applies.
+type Limits struct {
+	PerSource PerSource
+	PerPrefix PerPrefix
+	PerASN    Bucket
+}
+
+// Rule is one prefix, ASN, country or L4 rule.
+type Rule struct {
+	Name   string
+	Pos    Pos
+	Action Action
+	Mode   RuleMode
+	Match  Match
+	// Limits are complete: sections the file leaves out are copied from
+	// the policy's defaults.
+	Limits Limits
+}
+
+// MatchKind says which of its match forms a rule uses (exactly one).
+type MatchKind uint8
+
+// Match kinds.
+const (
+	MatchPrefix MatchKind = iota + 1
+	MatchASN
+	MatchCountry
+	MatchL4
+)
+
+func (k MatchKind) String() string {
+	switch k {
+	case MatchPrefix:
+		return "prefixes"
+	case MatchASN:
+		return "asns"
+	case MatchCountry:
+		return "countries"
+	case MatchL4:
+		return "protocol"
+	}
+	return "none"
+}
+
+// Country is an ISO 3166-1 alpha-2 code in upper case, as asn.Entry holds it.
+type Country [2]byte
+
+func (c Country) String() string { return string(c[:]) }
+
+// Match is what a rule matches. Exactly one of Prefixes, ASNs, Countries or
+// Protocol is set.
+type Match struct {
+	Kind      MatchKind
+	Prefixes  []netip.Prefix
+	ASNs      []uint32
+	Countries []Country
+	// Protocol is an IP protocol number; SrcPorts and DstPorts are only
+	// allowed for TCP, UDP and SCTP. No ports means the protocol alone.
+	Protocol uint8
+	SrcPorts []uint16
+	DstPorts []uint16
+}
+
+// ListEntry is one deny or allow list entry.
+type ListEntry struct {
+	Prefix netip.Prefix
+	// Expires is when the entry stops applying; zero means never.
+	Expires time.Time
+	// Source says where the entry was written: "file:line:col".
+	Source string
+}
+
+// Tables are the capacities of the data plane's maps, in entries.
+type Tables struct {
+	PerSourceEntries uint32
+	AggregateEntries uint32
+	PrefixEntries    uint32
+	ListEntries      uint32
+	MaxRules         uint32
+}
+
+// DefaultTables returns the capacities used for fields the file leaves out.
+func DefaultTables() Tables {
+	return Tables{
+		PerSourceEntries: 1 << 20,
+		AggregateEntries: 1 << 16,
+		PrefixEntries:    1 << 20,
+		ListEntries:      1 << 16,
+		MaxRules:         1 << 10,
+	}
+}
+
+// Metrics configures the Prometheus endpoint.
+type Metrics struct {
+	// Listen is host:port; empty disables the endpoint.
+	Listen string
+}
+
+// ASNFormat is the format of the IP-to-ASN data file.
+type ASNFormat string
+
+// ASN data formats.
+const (
+	ASNFormatIPToASN ASNFormat = "iptoasn"
+	ASNFormatMMDB    ASNFormat = "mmdb"
+)
+
+// ASNData is where IP-to-ASN (and country) data comes from.
+type ASNData struct {
+	Path   string
+	Format ASNFormat
+}

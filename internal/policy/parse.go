@@ -1,0 +1,889 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Load reads and validates the policy file at path. List files named in it
+// are read relative to the policy file's directory. On any problem it returns
+// a *ValidationError listing all of them, and no policy.
+func Load(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load policy: %w", err)
+	}
+	return Parse(path, data, os.ReadFile)
+}
+
+// Parse validates a policy held in memory. file names it in messages and
+// anchors relative list-file paths; readFile reads list files (os.ReadFile
+// in production, a map in tests).
+func Parse(file string, data []byte, readFile func(string) ([]byte, error)) (*Policy, error) {
+	ps := &parser{file: file, readFile: readFile}
+	p := ps.parse(data)
+	if len(ps.problems) > 0 {
+		sort.SliceStable(ps.problems, func(i, j int) bool {
+			a, b := ps.problems[i], ps.problems[j]
+			if a.File != b.File {
+				return a.File == file // the policy file first, then list files
+			}
+			if a.Pos.Line != b.Pos.Line {
+				return a.Pos.Line < b.Pos.Line
+			}
+			return a.Pos.Column < b.Pos.Column
+		})
+		return nil, &ValidationError{File: file, Problems: ps.problems}
+	}
+	return p, nil
+}
+
+// RuleID is a rule's stable id: a 32-bit FNV-1a hash of its name, so a rule
+// keeps its id (and the data plane keeps its bucket state) across reloads as
+// long as its name is unchanged. The default rule is 0.
+func RuleID(name string) uint32 {
+	if name == DefaultRuleName {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return h.Sum32()
+}
+
+type parser struct {
+	file     string
+	readFile func(string) ([]byte, error)
+	problems []Problem
+	// claimed records which rule (and where) first matched each prefix,
+	// ASN, country and L4 key, to report overlaps at the second one.
+	claimed map[string]claim
+}
+
+type claim struct {
+	where string
+	pos   Pos
+}
+
+// claim reports a problem if key was claimed by an earlier match.
+func (ps *parser) claim(n *yaml.Node, key, what, where string) bool {
+	if ps.claimed == nil {
+		ps.claimed = map[string]claim{}
+	}
+	if prev, dup := ps.claimed[key]; dup {
+		ps.errorf(n, "%s: %s is already matched by %s (line %d:%d); each one may belong to only one rule", where, what, prev.where, prev.pos.Line, prev.pos.Column)
+		return false
+	}
+	ps.claimed[key] = claim{where: where, pos: posOf(n)}
+	return true
+}
+
+func posOf(n *yaml.Node) Pos { return Pos{Line: n.Line, Column: n.Column} }
+
+func (ps *parser) errorf(n *yaml.Node, format string, args ...any) {
+	pos := Pos{}
+	if n != nil {
+		pos = posOf(n)
+	}
+	ps.problems = append(ps.problems, Problem{File: ps.file, Pos: pos, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (ps *parser) errorAt(file string, pos Pos, format string, args ...any) {
+	ps.problems = append(ps.problems, Problem{File: file, Pos: pos, Msg: fmt.Sprintf(format, args...)})
+}
+
+var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+func (ps *parser) parse(data []byte) *Policy {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			if m := yamlLineRE.FindStringSubmatch(line); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				ps.errorAt(ps.file, Pos{Line: n}, "yaml syntax: %s", m[2])
+			} else {
+				ps.errorAt(ps.file, Pos{}, "yaml syntax: %s", strings.TrimPrefix(line, "yaml: "))
+			}
+		}
+		return nil
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		ps.errorAt(ps.file, Pos{}, "empty policy file; it needs at least apiVersion: %s", APIVersion)
+		return nil
+	}
+	root := resolve(doc.Content[0])
+	p := &Policy{
+		File:      ps.file,
+		Mode:      ModeEnforce,
+		Malformed: VerdictPass,
+		Defaults: Limits{
+			PerSource: PerSource{Key: KeyBits{V4: 32, V6: 64}},
+		},
+		Tables:  DefaultTables(),
+		Metrics: Metrics{Listen: DefaultMetricsListen},
+	}
+	f := ps.fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "defaults", "global",
+		"lists", "rules", "tables", "metrics", "asn_data", "l7")
+	if f == nil {
+		return nil
+	}
+	if n, ok := f["apiVersion"]; !ok {
+		ps.errorf(root, "missing apiVersion; allowed: %s", APIVersion)
+	} else if v, ok := ps.scalar(n, "apiVersion"); ok {
+		if v != APIVersion {
+			ps.errorf(n, "unsupported apiVersion %q; allowed: %s", v, APIVersion)
+		}
+		p.APIVersion = v
+	}
+	if n, ok := f["interfaces"]; ok {
+		p.Interfaces = ps.interfaces(n)
+	}
+	if n, ok := f["mode"]; ok {
+		p.Mode = Mode(ps.enum(n, "mode", string(p.Mode), string(ModeEnforce), string(ModeDryRun)))
+	}
+	if n, ok := f["malformed"]; ok {
+		p.Malformed = Verdict(ps.enum(n, "malformed", string(p.Malformed), string(VerdictPass), string(VerdictDrop)))
+	}
+	if n, ok := f["defaults"]; ok {
+		p.Defaults = ps.limits(n, "defaults", p.Defaults, true)
+	}
+	if n, ok := f["global"]; ok {
+		p.Global = ps.bucket(n, "global")
+	}
+	var listsNode *yaml.Node
+	if n, ok := f["lists"]; ok {
+		listsNode = n
+		p.Deny, p.Allow = ps.lists(n)
+	}
+	var rulesNode *yaml.Node
+	if n, ok := f["rules"]; ok {
+		rulesNode = n
+		p.Rules = ps.rules(n, p.Defaults)
+	}
+	tablesNode := root
+	if n, ok := f["tables"]; ok {
+		tablesNode = n
+		p.Tables = ps.tables(n, p.Tables)
+	}
+	if n, ok := f["metrics"]; ok {
+		p.Metrics = ps.metrics(n, p.Metrics)
+	}
+	if n, ok := f["asn_data"]; ok {
+		p.ASNData = ps.asnData(n)
+	}
+	if n, ok := f["l7"]; ok {
+		p.L7 = n
+	}
+	ps.crossCheck(p, root, listsNode, rulesNode, tablesNode)
+	return p
+}
+
+// resolve follows YAML aliases to the node they name.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	return n
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "empty"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "something else"
+}
+
+// fields checks n is a mapping with only the allowed keys, each once, and
+// returns the value nodes by key. It returns nil if n is not a mapping.
+func (ps *parser) fields(n *yaml.Node, where string, allowed ...string) map[string]*yaml.Node {
+	n = resolve(n)
+	if n.Kind != yaml.MappingNode {
+		ps.errorf(n, "%s must be a mapping, got %s", where, kindName(n))
+		return nil
+	}
+	out := make(map[string]*yaml.Node, len(n.Content)/2)
+	keyPos := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if !contains(allowed, k.Value) {
+			ps.errorf(k, "unknown field %q in %s; allowed: %s", k.Value, where, strings.Join(allowed, ", "))
+			continue
+		}
+		if prev, dup := keyPos[k.Value]; dup {
+			ps.errorf(k, "field %q in %s is already set at line %d", k.Value, where, prev.Line)
+			continue
+		}
+		keyPos[k.Value] = k
+		out[k.Value] = v
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (ps *parser) scalar(n *yaml.Node, where string) (string, bool) {
+	n = resolve(n)
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		ps.errorf(n, "%s must be a single value, got %s", where, kindName(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+// enum returns n's value if it is one of allowed, else reports it and returns def.
+func (ps *parser) enum(n *yaml.Node, where, def string, allowed ...string) string {
+	v, ok := ps.scalar(n, where)
+	if !ok {
+		return def
+	}
+	if !contains(allowed, v) {
+		ps.errorf(n, "%s %q is not allowed; allowed: %s", where, v, strings.Join(allowed, ", "))
+		return def
+	}
+	return v
+}
+
+func (ps *parser) uintIn(n *yaml.Node, where string, lo, hi uint64) (uint64, bool) {
+	v, ok := ps.scalar(n, where)
+	if !ok {
+		return 0, false
+	}
+	u, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || u < lo || u > hi {
+		ps.errorf(n, "%s %q must be a whole number from %d to %d", where, v, lo, hi)
+		return 0, false
+	}
+	return u, true
+}
+
+// seq returns the items of a list; a single scalar is accepted as a list of one.
+func (ps *parser) seq(n *yaml.Node, where string) []*yaml.Node {
+	n = resolve(n)
+	switch {
+	case n.Kind == yaml.SequenceNode:
+		out := make([]*yaml.Node, len(n.Content))
+		for i, c := range n.Content {
+			out[i] = resolve(c)
+		}
+		return out
+	case n.Kind == yaml.ScalarNode && n.Tag != "!!null":
+		return []*yaml.Node{n}
+	}
+	ps.errorf(n, "%s must be a list, got %s", where, kindName(n))
+	return nil
+}
+
+var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
+
+func (ps *parser) interfaces(n *yaml.Node) []Interface {
+	var out []Interface
+	seen := map[string]Pos{}
+	for _, item := range ps.seq(n, "interfaces") {
+		itf := Interface{XDPMode: XDPAuto, Pos: posOf(item)}
+		nameNode := item
+		if item.Kind == yaml.MappingNode {
+			f := ps.fields(item, "an interface", "name", "xdp_mode")
+			if m, ok := f["xdp_mode"]; ok {
+				itf.XDPMode = XDPMode(ps.enum(m, "xdp_mode", string(XDPAuto), string(XDPNative), string(XDPGeneric), string(XDPAuto)))
+			}
+			var ok bool
+			if nameNode, ok = f["name"]; !ok {
+				ps.errorf(item, "interface needs a name")
+				continue
+			}
+		}
+		name, ok := ps.scalar(nameNode, "interface name")
+		if !ok {
+			continue
+		}
+		if !ifaceNameRE.MatchString(name) || name == "." || name == ".." {
+			ps.errorf(nameNode, "interface name %q is not a Linux interface name (1-15 characters, no spaces, / or :)", name)
+			continue
+		}
+		if prev, dup := seen[name]; dup {
+			ps.errorf(nameNode, "interface %q is already listed at line %d", name, prev.Line)
+			continue
+		}
+		seen[name] = posOf(nameNode)
+		itf.Name = name
+		out = append(out, itf)
+	}
+	return out
+}
+
+// limits parses per_source / per_prefix / per_asn sections on top of base.
+// A section that is present replaces the base section's limits; keys and
+// groups it leaves out are inherited.
+func (ps *parser) limits(n *yaml.Node, where string, base Limits, isDefaults bool) Limits {
+	f := ps.fields(n, where, "per_source", "per_prefix", "per_asn")
+	return ps.limitSections(f, where, base, isDefaults)
+}
+
+func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limits, isDefaults bool) Limits {
+	out := base
+	if n, ok := f["per_source"]; ok {
+		sf := ps.fields(n, where+".per_source", "packets", "bytes", "key")
+		out.PerSource = PerSource{Bucket: ps.bucketFields(sf, where+".per_source"), Key: base.PerSource.Key}
+		if k, ok := sf["key"]; ok {
+			out.PerSource.Key = ps.keyBits(k, where+".per_source.key", base.PerSource.Key)
+		}
+	}
+	if n, ok := f["per_prefix"]; ok {
+		where := where + ".per_prefix"
+		sf := ps.fields(n, where, "packets", "bytes", "group")
+		out.PerPrefix = PerPrefix{Bucket: ps.bucketFields(sf, where), Whole: base.PerPrefix.Whole, Derive: base.PerPrefix.Derive}
+		if g, ok := sf["group"]; ok {
+			if g.Kind == yaml.ScalarNode && g.Value == "whole" {
+				out.PerPrefix.Whole, out.PerPrefix.Derive = true, KeyBits{}
+			} else if g.Kind == yaml.MappingNode {
+				out.PerPrefix.Whole = false
+				out.PerPrefix.Derive = ps.keyBits(g, where+".group", KeyBits{})
+			} else {
+				ps.errorf(g, "%s.group must be whole or {ipv4: N, ipv6: N}, got %s", where, kindName(g))
+			}
+		}
+		if out.PerPrefix.IsSet() && !out.PerPrefix.Whole && out.PerPrefix.Derive == (KeyBits{}) && sf != nil {
+			if isDefaults {
+				ps.errorf(n, "%s has limits but no group; add group: whole (one bucket for all sources) or group: {ipv4: 24, ipv6: 48} (one bucket per /24 and /48)", where)
+			} else {
+				ps.errorf(n, "%s has limits but no group, and defaults.per_prefix has none to inherit; add group: whole or group: {ipv4: 24, ipv6: 48}", where)
+			}
+		}
+	}
+	if n, ok := f["per_asn"]; ok {
+		out.PerASN = ps.bucket(n, where+".per_asn")
+	}
+	return out
+}
+
+func (ps *parser) keyBits(n *yaml.Node, where string, base KeyBits) KeyBits {
+	out := base
+	f := ps.fields(n, where, "ipv4", "ipv6")
+	if v, ok := f["ipv4"]; ok {
+		if u, ok := ps.uintIn(v, where+".ipv4", 1, 32); ok {
+			out.V4 = uint8(u)
+		}
+	}
+	if v, ok := f["ipv6"]; ok {
+		if u, ok := ps.uintIn(v, where+".ipv6", 1, 128); ok {
+			out.V6 = uint8(u)
+		}
+	}
+	if f != nil && base == (KeyBits{}) && (out.V4 == 0 || out.V6 == 0) {
+		ps.errorf(n, "%s needs both ipv4 and ipv6 prefix lengths", where)
+	}
+	return out
+}
+
+func (ps *parser) bucket(n *yaml.Node, where string) Bucket {
+	return ps.bucketFields(ps.fields(n, where, "packets", "bytes"), where)
+}
+
+func (ps *parser) bucketFields(f map[string]*yaml.Node, where string) Bucket {
+	var b Bucket
+	if n, ok := f["packets"]; ok {
+		b.Packets = ps.limit(n, where+".packets", Packets)
+	}
+	if n, ok := f["bytes"]; ok {
+		b.Bytes = ps.limit(n, where+".bytes", Bytes)
+	}
+	return b
+}
+
+// limit parses "100/s" or {rate: 100/s, burst: 200}. Without a burst the
+// bucket holds one period's worth (the rate's count).
+func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
+	rateNode, burstNode := n, (*yaml.Node)(nil)
+	if n.Kind == yaml.MappingNode {
+		f := ps.fields(n, where, "rate", "burst")
+		var ok bool
+		if rateNode, ok = f["rate"]; !ok {
+			if f != nil {
+				ps.errorf(n, "%s needs a rate, e.g. rate: 100/s", where)
+			}
+			return Limit{}
+		}
+		burstNode = f["burst"]
+	}
+	s, ok := ps.scalar(rateNode, where+" rate")
+	if !ok {
+		return Limit{}
+	}
+	r, u, err := ParseRate(s)
+	if err != nil {
+		ps.errorf(rateNode, "%s: %v", where, err)
+		return Limit{}
+	}
+	if u != unit {
+		ps.errorf(rateNode, "%s: %q is a %s rate; %s takes a %s rate", where, s, u, where, unit)
+		return Limit{}
+	}
+	l := Limit{Rate: r, Burst: r.Count}
+	if burstNode != nil {
+		bs, ok := ps.scalar(burstNode, where+" burst")
+		if !ok {
+			return Limit{}
+		}
+		b, err := ParseBurst(bs, unit)
+		if err != nil {
+			ps.errorf(burstNode, "%s: %v", where, err)
+			return Limit{}
+		}
+		l.Burst = b
+	}
+	return l
+}
+
+// ParsePrefix parses a CIDR or a bare address (a host prefix). It rejects
+// host bits below the mask, zones and IPv4-mapped IPv6 (write IPv4 as IPv4).
+func ParsePrefix(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	var p netip.Prefix
+	if strings.Contains(s, "/") {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			cause := err.Error()
+			if i := strings.LastIndex(cause, "): "); i >= 0 {
+				cause = cause[i+3:]
+			}
+			return netip.Prefix{}, fmt.Errorf("bad CIDR %q (%s): want an address/length like 192.0.2.0/24 or 2001:db8::/32", s, cause)
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return netip.Prefix{}, fmt.Errorf("bad CIDR %q: want an address/length like 192.0.2.0/24 or 2001:db8::/32", s)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("bad CIDR %q: IPv4-mapped IPv6 is not allowed; write the IPv4 form", s)
+	}
+	if m := p.Masked(); m != p {
+		return netip.Prefix{}, fmt.Errorf("bad CIDR %q: host bits are set below the /%d mask; did you mean %s?", s, p.Bits(), m)
+	}
+	return p, nil
+}
+
+func (ps *parser) lists(n *yaml.Node) (deny, allow []ListEntry) {
+	f := ps.fields(n, "lists", "deny", "allow")
+	if d, ok := f["deny"]; ok {
+		deny = ps.list(d, "lists.deny")
+	}
+	if a, ok := f["allow"]; ok {
+		allow = ps.list(a, "lists.allow")
+	}
+	return deny, allow
+}
+
+func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
+	var out []ListEntry
+	for _, item := range ps.seq(n, where) {
+		src := fmt.Sprintf("%s:%d:%d", ps.file, item.Line, item.Column)
+		if item.Kind == yaml.ScalarNode {
+			if p, err := ParsePrefix(item.Value); err != nil {
+				ps.errorf(item, "%s: %v", where, err)
+			} else {
+				out = append(out, ListEntry{Prefix: p, Source: src})
+			}
+			continue
+		}
+		f := ps.fields(item, where+" entry", "cidr", "expires", "file")
+		if f == nil {
+			continue
+		}
+		c, hasCIDR := f["cidr"]
+		file, hasFile := f["file"]
+		switch {
+		case hasCIDR && hasFile:
+			ps.errorf(item, "%s entry has both cidr and file; use one", where)
+		case hasFile:
+			if e, ok := f["expires"]; ok {
+				ps.errorf(e, "%s: expires applies to a cidr entry, not to a file", where)
+			}
+			out = append(out, ps.listFile(file, where)...)
+		case hasCIDR:
+			s, ok := ps.scalar(c, where+" cidr")
+			if !ok {
+				continue
+			}
+			p, err := ParsePrefix(s)
+			if err != nil {
+				ps.errorf(c, "%s: %v", where, err)
+				continue
+			}
+			e := ListEntry{Prefix: p, Source: src}
+			if x, ok := f["expires"]; ok {
+				e.Expires = ps.timestamp(x, where+" expires")
+			}
+			out = append(out, e)
+		default:
+			ps.errorf(item, "%s entry needs cidr or file", where)
+		}
+	}
+	return out
+}
+
+func (ps *parser) timestamp(n *yaml.Node, where string) time.Time {
+	s, ok := ps.scalar(n, where)
+	if !ok {
+		return time.Time{}
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.UTC()
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t.UTC()
+	}
+	ps.errorf(n, "%s %q: want an RFC 3339 time like 2026-12-31T23:59:00Z or a date like 2026-12-31 (UTC midnight)", where, s)
+	return time.Time{}
+}
+
+func (ps *parser) listFile(n *yaml.Node, where string) []ListEntry {
+	name, ok := ps.scalar(n, where+" file")
+	if !ok {
+		return nil
+	}
+	path := name
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(filepath.Dir(ps.file), path)
+	}
+	if ps.readFile == nil {
+		ps.errorf(n, "%s file %q: no way to read list files here", where, name)
+		return nil
+	}
+	data, err := ps.readFile(path)
+	if err != nil {
+		ps.errorf(n, "%s file %q: %v", where, path, err)
+		return nil
+	}
+	entries, err := ParseCIDRList(path, bytes.NewReader(data))
+	var verr *ValidationError
+	if errors.As(err, &verr) {
+		ps.problems = append(ps.problems, verr.Problems...)
+	} else if err != nil {
+		ps.errorf(n, "%s file %q: %v", where, path, err)
+	}
+	return entries
+}
+
+var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
+	var out []Rule
+	for _, item := range ps.seq(n, "rules") {
+		f := ps.fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn")
+		if f == nil {
+			continue
+		}
+		r := Rule{Pos: posOf(item), Action: ActionLimit, Mode: RuleModeInherit}
+		if nn, ok := f["name"]; !ok {
+			ps.errorf(item, "rule needs a name")
+		} else if name, ok := ps.scalar(nn, "rule name"); ok {
+			switch {
+			case name == DefaultRuleName:
+				ps.errorf(nn, "rule name %q is reserved for the default rule; set its limits under defaults:", name)
+			case !ruleNameRE.MatchString(name):
+				ps.errorf(nn, "rule name %q: use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+			default:
+				r.Name = name
+				r.Pos = posOf(nn)
+			}
+		}
+		where := fmt.Sprintf("the rule at line %d", item.Line)
+		if r.Name != "" {
+			where = "rule " + r.Name
+		}
+		if a, ok := f["action"]; ok {
+			r.Action = Action(ps.enum(a, where+" action", string(ActionLimit), string(ActionLimit), string(ActionDrop), string(ActionPass)))
+		}
+		if m, ok := f["mode"]; ok {
+			r.Mode = RuleMode(ps.enum(m, where+" mode", string(RuleModeInherit), string(RuleModeInherit), string(RuleModeEnforce), string(RuleModeDryRun)))
+		}
+		if m, ok := f["match"]; !ok {
+			ps.errorf(item, "%s needs a match (prefixes, asns, countries or protocol)", where)
+		} else {
+			r.Match = ps.match(m, where)
+		}
+		if r.Action != ActionLimit {
+			for _, k := range []string{"per_source", "per_prefix", "per_asn"} {
+				if v, ok := f[k]; ok {
+					ps.errorf(v, "%s: %s only applies with action: limit (this rule's action is %s)", where, k, r.Action)
+				}
+			}
+		}
+		r.Limits = ps.limitSections(f, where, defaults, false)
+		out = append(out, r)
+	}
+	return out
+}
+
+// Protocols that a rule may match, by name.
+func protocolNumbers() map[string]uint8 {
+	return map[string]uint8{"icmp": 1, "tcp": 6, "udp": 17, "gre": 47, "esp": 50, "icmpv6": 58, "sctp": 132}
+}
+
+// ProtocolName returns the name of an IP protocol number a rule may match.
+func ProtocolName(n uint8) string {
+	for name, v := range protocolNumbers() {
+		if v == n {
+			return name
+		}
+	}
+	return strconv.Itoa(int(n))
+}
+
+func hasPorts(proto uint8) bool { return proto == 6 || proto == 17 || proto == 132 }
+
+func (ps *parser) match(n *yaml.Node, rule string) Match {
+	where := rule + " match"
+	f := ps.fields(n, where, "prefixes", "asns", "countries", "protocol", "src_ports", "dst_ports")
+	if f == nil {
+		return Match{}
+	}
+	var m Match
+	var kinds []string
+	for _, k := range []string{"prefixes", "asns", "countries", "protocol"} {
+		if _, ok := f[k]; ok {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) != 1 {
+		if len(kinds) == 0 {
+			ps.errorf(n, "%s needs exactly one of prefixes, asns, countries or protocol", where)
+		} else {
+			ps.errorf(n, "%s has %s; a rule matches by exactly one of prefixes, asns, countries or protocol (split it into several rules)", where, strings.Join(kinds, " and "))
+		}
+		return Match{}
+	}
+	_, hasProto := f["protocol"]
+	for _, k := range []string{"src_ports", "dst_ports"} {
+		if v, ok := f[k]; ok && !hasProto {
+			ps.errorf(v, "%s: %s needs protocol (tcp, udp or sctp)", where, k)
+		}
+	}
+	switch kinds[0] {
+	case "prefixes":
+		m.Kind = MatchPrefix
+		items := ps.seq(f["prefixes"], where+" prefixes")
+		if len(items) == 0 && f["prefixes"].Kind == yaml.SequenceNode {
+			ps.errorf(f["prefixes"], "%s prefixes is empty", where)
+		}
+		for _, it := range items {
+			s, ok := ps.scalar(it, where+" prefix")
+			if !ok {
+				continue
+			}
+			p, err := ParsePrefix(s)
+			if err != nil {
+				ps.errorf(it, "%s: %v", where, err)
+				continue
+			}
+			if ps.claim(it, "prefix "+p.String(), "prefix "+p.String(), rule) {
+				m.Prefixes = append(m.Prefixes, p)
+			}
+		}
+	case "asns":
+		m.Kind = MatchASN
+		items := ps.seq(f["asns"], where+" asns")
+		if len(items) == 0 && f["asns"].Kind == yaml.SequenceNode {
+			ps.errorf(f["asns"], "%s asns is empty", where)
+		}
+		for _, it := range items {
+			s, ok := ps.scalar(it, where+" asn")
+			if !ok {
+				continue
+			}
+			a, err := ParseASN(s)
+			if err != nil {
+				ps.errorf(it, "%s: %v", where, err)
+				continue
+			}
+			if ps.claim(it, "asn "+strconv.FormatUint(uint64(a), 10), "AS"+strconv.FormatUint(uint64(a), 10), rule) {
+				m.ASNs = append(m.ASNs, a)
+			}
+		}
+	case "countries":
+		m.Kind = MatchCountry
+		items := ps.seq(f["countries"], where+" countries")
+		if len(items) == 0 && f["countries"].Kind == yaml.SequenceNode {
+			ps.errorf(f["countries"], "%s countries is empty", where)
+		}
+		for _, it := range items {
+			s, ok := ps.scalar(it, where+" country")
+			if !ok {
+				continue
+			}
+			c, err := ParseCountry(s)
+			if err != nil {
+				ps.errorf(it, "%s: %v", where, err)
+				continue
+			}
+			if ps.claim(it, "country "+c.String(), "country "+c.String(), rule) {
+				m.Countries = append(m.Countries, c)
+			}
+		}
+	case "protocol":
+		m.Kind = MatchL4
+		pn := f["protocol"]
+		s, ok := ps.scalar(pn, where+" protocol")
+		if !ok {
+			return m
+		}
+		num, known := protocolNumbers()[strings.ToLower(s)]
+		if !known {
+			ps.errorf(pn, "%s: unknown protocol %q; allowed: tcp, udp, sctp, icmp, icmpv6, gre, esp", where, s)
+			return m
+		}
+		m.Protocol = num
+		for _, k := range []string{"src_ports", "dst_ports"} {
+			v, ok := f[k]
+			if !ok {
+				continue
+			}
+			if !hasPorts(num) {
+				ps.errorf(v, "%s: %s has no ports; ports apply to tcp, udp and sctp", where, s)
+				continue
+			}
+			items := ps.seq(v, where+" "+k)
+			if len(items) == 0 && v.Kind == yaml.SequenceNode {
+				ps.errorf(v, "%s %s is empty; leave it out to match the protocol alone", where, k)
+			}
+			for _, it := range items {
+				u, ok := ps.uintIn(it, where+" port", 1, 65535)
+				if !ok {
+					continue
+				}
+				dir := strings.TrimSuffix(k, "_ports")
+				key := fmt.Sprintf("%s %s port %d", s, dir, u)
+				if !ps.claim(it, "l4 "+key, key, rule) {
+					continue
+				}
+				if k == "src_ports" {
+					m.SrcPorts = append(m.SrcPorts, uint16(u))
+				} else {
+					m.DstPorts = append(m.DstPorts, uint16(u))
+				}
+			}
+		}
+		if _, src := f["src_ports"]; !src {
+			if _, dst := f["dst_ports"]; !dst {
+				ps.claim(pn, "l4 "+s+" any", "protocol "+s+" (without ports)", rule)
+			}
+		}
+	}
+	return m
+}
+
+var asnRE = regexp.MustCompile(`^(?i:as)?([0-9]+)$`)
+
+// ParseASN parses "64500" or "AS64500" (any case). 0 is reserved and refused.
+func ParseASN(s string) (uint32, error) {
+	s = strings.TrimSpace(s)
+	m := asnRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("bad ASN %q: write 64500 or AS64500 (asdot like 1.10 is not accepted)", s)
+	}
+	v, err := strconv.ParseUint(m[1], 10, 32)
+	if err != nil || v == 0 {
+		return 0, fmt.Errorf("bad ASN %q: must be from 1 to 4294967295", s)
+	}
+	return uint32(v), nil
+}
+
+// ParseCountry parses an ISO 3166-1 alpha-2 code ("DE", "de").
+func ParseCountry(s string) (Country, error) {
+	u := strings.ToUpper(strings.TrimSpace(s))
+	if len(u) != 2 || u[0] < 'A' || u[0] > 'Z' || u[1] < 'A' || u[1] > 'Z' {
+		return Country{}, fmt.Errorf("bad country code %q: want two letters (ISO 3166-1 alpha-2), e.g. DE", s)
+	}
+	return Country{u[0], u[1]}, nil
+}
+
+func (ps *parser) tables(n *yaml.Node, base Tables) Tables {
+	out := base
+	f := ps.fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules")
+	set := func(key string, dst *uint32) {
+		if v, ok := f[key]; ok {
+			if u, ok := ps.uintIn(v, "tables."+key, 1, 1<<26); ok {
+				*dst = uint32(u)
+			}
+		}
+	}
+	set("per_source_entries", &out.PerSourceEntries)
+	set("aggregate_entries", &out.AggregateEntries)
+	set("prefix_entries", &out.PrefixEntries)
+	set("list_entries", &out.ListEntries)
+	set("max_rules", &out.MaxRules)
+	return out
+}
+
+func (ps *parser) metrics(n *yaml.Node, base Metrics) Metrics {
+	out := base
+	f := ps.fields(n, "metrics", "listen")
+	if v, ok := f["listen"]; ok {
+		v = resolve(v)
+		if v.Kind == yaml.ScalarNode && v.Value == "" {
+			return Metrics{}
+		}
+		s, ok := ps.scalar(v, "metrics.listen")
+		if !ok {
+			return out
+		}
+		host, port, err := net.SplitHostPort(s)
+		pn, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil || pn == 0 || host == "" {
+			ps.errorf(v, "metrics.listen %q: want host:port like 127.0.0.1:9469 or [::1]:9469, or \"\" to disable", s)
+			return out
+		}
+		out.Listen = s
+	}
+	return out
+}
+
+func (ps *parser) asnData(n *yaml.Node) ASNData {
+	var out ASNData
+	f := ps.fields(n, "asn_data", "path", "format")
+	if f == nil {
+		return out
+	}
+	if v, ok := f["path"]; ok {
+		out.Path, _ = ps.scalar(v, "asn_data.path")
+	} else {
+		ps.errorf(n, "asn_data needs a path (an iptoasn TSV such as ip2asn-combined.tsv, or a .mmdb file)")
+	}
+	out.Format = ASNFormatIPToASN
+	if strings.HasSuffix(strings.ToLower(out.Path), ".mmdb") {
+		out.Format = ASNFormatMMDB
+	}
+	if v, ok := f["format"]; ok {
+		out.Format = ASNFormat(ps.enum(v, "asn_data.format", string(out.Format), string(ASNFormatIPToASN), string(ASNFormatMMDB)))
+	}
+	return out
+}
