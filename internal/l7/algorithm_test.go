@@ -136,7 +136,6 @@ func TestSlidingLogExact(t *testing.T) {
 	}
 }
 
-
 func TestLeakyBucketQueue(t *testing.T) {
 	b, err := NewLeakyBucket(10, time.Second, 3, 0) // I = 100ms, up to 3 waiting
 	if err != nil {
@@ -153,7 +152,7 @@ func TestLeakyBucketQueue(t *testing.T) {
 		{0, true, 200 * time.Millisecond},
 		{0, true, 300 * time.Millisecond},
 		{0, false, 0},
-		{50 * ms, false, 0}, // slots 100, 200, 300ms are waiting: full
+		{50 * ms, false, 0},                      // slots 100, 200, 300ms are waiting: full
 		{100 * ms, true, 300 * time.Millisecond}, // slot 100ms released
 		{100 * ms, false, 0},
 		{1000 * ms, true, 0},
