@@ -1,0 +1,275 @@
+package redislimit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/l7"
+)
+
+// hybridRule decides a hot SlidingWindow rule from local leases. Each
+// instance holds, per key, a grant of requests it may admit without asking
+// Redis until the lease expires (SyncInterval) or runs out. A sync sends the
+// count admitted since the last one (a fact, added unconditionally) and
+// receives a new grant of min(MaxLease, ⌈remaining/Share⌉), not charged.
+//
+// Overshoot bound (fixed timeline, N instances, grants ≤ L): let j be the
+// instance whose last sync s_j came last. Redis had every other instance's
+// counts up to its own last sync, so admitted ≤ C(s_j) + g_j + Σ_{i≠j} g_i
+// ≤ C(s_j) + (limit − C(s_j)) + (N−1)·L = limit + (N−1)·L.
+type hybridRule struct {
+	rule  Rule
+	index int
+	share int64
+
+	mu     sync.Mutex
+	leases map[string]*lease
+}
+
+// lease is one key's local allowance (about 100 bytes with its map entry).
+type lease struct {
+	grant, used int64 // admitted under this grant
+	unsynced    int64 // admitted and not yet reported to Redis
+	remaining   int64 // Redis's remaining at the last sync
+	reset       int64 // Redis's reset (ns) at the last sync
+	retry       int64 // Redis's retry-after (ns) when grant is 0
+	syncedAt    int64
+	expires     int64
+	syncing     chan struct{} // closed when the sync in flight ends
+}
+
+func newHybridRule(r Rule, index int) *hybridRule {
+	return &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{}}
+}
+
+// leaseReply is one sync's outcome.
+type leaseReply struct {
+	grant, remaining, retry, reset int64
+	err                            error
+}
+
+// hybridReserve takes one request from key's lease, syncing first when the
+// lease has expired or run out. The returned refund gives the request back
+// if another rule refuses; it is nil when nothing was taken.
+func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string) (RuleDecision, func(), error) {
+	r := h.rule
+	rd := RuleDecision{Rule: r.Name, Source: SourceLease}
+	for {
+		now := l.cfg.Clock.Now()
+		h.mu.Lock()
+		ls := h.leases[key]
+		if ls == nil {
+			ls = &lease{}
+			h.leases[key] = ls
+		}
+		if ch := ls.syncing; ch != nil {
+			h.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return rd, nil, fmt.Errorf("redis limiter: wait for hybrid sync: %w", ctx.Err())
+			}
+		}
+		if now < ls.expires && (ls.used < ls.grant || ls.grant == 0) {
+			d := l7.Decision{Limit: r.Limit, Window: r.Window, Reset: time.Duration(max(ls.reset-(now-ls.syncedAt), 0))}
+			verdict := "deny"
+			var refund func()
+			if ls.used < ls.grant {
+				ls.used++
+				ls.unsynced++
+				d.Allowed = true
+				d.Remaining = max(ls.remaining-ls.used, 0)
+				verdict = "allow"
+				refund = func() { h.giveBack(ls) }
+			} else {
+				d.RetryAfter = time.Duration(max(ls.retry-(now-ls.syncedAt), 1))
+			}
+			h.mu.Unlock()
+			l.metrics.hybridLocal.WithLabelValues(r.Name, verdict).Inc()
+			rd.Decision = d
+			return rd, refund, nil
+		}
+		ch := make(chan struct{})
+		ls.syncing = ch
+		used := ls.unsynced
+		ls.unsynced = 0
+		h.mu.Unlock()
+
+		rep := l.syncOne(ctx, h, key, used)
+		h.mu.Lock()
+		h.applySync(ls, used, rep, l.cfg.Clock.Now())
+		h.mu.Unlock()
+		if rep.err != nil {
+			if ctx.Err() != nil {
+				return rd, nil, fmt.Errorf("redis limiter: hybrid sync: %w", ctx.Err())
+			}
+			return l.hybridFallback(h, key, rep.err)
+		}
+	}
+}
+
+// giveBack returns a reserved request to its lease.
+func (h *hybridRule) giveBack(ls *lease) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ls.used > 0 && ls.unsynced > 0 {
+		ls.used--
+		ls.unsynced--
+	}
+}
+
+// applySync installs a sync's outcome; the caller holds h.mu. On failure
+// the counts stay unsynced (they are not lost) and the lease is void.
+func (h *hybridRule) applySync(ls *lease, used int64, rep leaseReply, now int64) {
+	close(ls.syncing)
+	ls.syncing = nil
+	if rep.err != nil {
+		ls.unsynced += used
+		ls.grant, ls.used, ls.expires = 0, 0, 0
+		return
+	}
+	ls.grant, ls.used = rep.grant, 0
+	ls.remaining, ls.retry, ls.reset, ls.syncedAt = rep.remaining, rep.retry, rep.reset, now
+	ls.expires = now + int64(h.rule.Hybrid.SyncInterval)
+	if rep.grant == 0 && rep.retry > 0 {
+		ls.expires = now + min(int64(h.rule.Hybrid.SyncInterval), rep.retry)
+	}
+}
+
+func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error) (RuleDecision, func(), error) {
+	r := h.rule
+	rd := RuleDecision{Rule: r.Name}
+	var refund func()
+	switch r.Failure {
+	case FailOpen:
+		rd.Source = SourceFailOpen
+		rd.Decision = l7.Decision{Allowed: true, Limit: r.Limit, Window: r.Window, Remaining: r.Limit}
+	case FailClosed:
+		rd.Source = SourceFailClosed
+		rd.Decision = l7.Decision{Limit: r.Limit, Window: r.Window, RetryAfter: max(l.breaker.retryIn(), l.cfg.Breaker.OpenFor)}
+	case Degrade:
+		lr := l.local[h.index]
+		lr.mu.Lock()
+		c := lr.check(key, l.cfg.Clock.Now())
+		if c.decision.Allowed {
+			c.commit()
+			refund = func() { lr.uncharge(key, c.idx) }
+		}
+		lr.mu.Unlock()
+		rd.Source = SourceLocal
+		rd.Decision = c.decision
+	}
+	verdict := "allow"
+	if !rd.Decision.Allowed {
+		verdict = "deny"
+	}
+	l.metrics.fallback.WithLabelValues(r.Name, r.Failure.String(), verdict).Inc()
+	l.warn.warn("redis limiter: deciding without redis", "cause", cause.Error(), "breaker", l.breaker.State().String())
+	return rd, refund, nil
+}
+
+// syncOne sends one key's count and asks for a new grant.
+func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used int64) leaseReply {
+	ok, probe := l.breaker.allow()
+	if probe {
+		l.startProbe()
+	}
+	if !ok {
+		l.metrics.errors.WithLabelValues("lease", "breaker_open").Inc()
+		return leaseReply{err: ErrBreakerOpen}
+	}
+	c := l.leaseCall(h, key, used)
+	l.runBatch([]*call{c}, "lease")
+	return decodeLease(c)
+}
+
+func (l *Limiter) leaseCall(h *hybridRule, key string, used int64) *call {
+	r := h.rule
+	return &call{
+		script: l.leaseSH, src: leaseSource,
+		keys: []string{redisKey(l.cfg.Prefix, key, r.Name)},
+		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, used, r.Hybrid.MaxLease, h.share}),
+	}
+}
+
+func decodeLease(c *call) leaseReply {
+	if c.err != nil {
+		return leaseReply{err: c.err}
+	}
+	v, err := intReply(c.reply, 4)
+	if err != nil {
+		return leaseReply{err: err}
+	}
+	return leaseReply{grant: v[0], remaining: v[1], retry: v[2], reset: v[3]}
+}
+
+// Sync reports every hybrid key's unsynced count to Redis now, in pipelined
+// batches of MaxBatch, and renews those keys' leases. Idle expired leases
+// are dropped. The background loop calls it every SyncEvery.
+func (l *Limiter) Sync(ctx context.Context) {
+	if ok, probe := l.breaker.allow(); !ok {
+		if probe {
+			l.startProbe()
+		}
+		return // counts stay unsynced until Redis is back
+	}
+	for _, h := range l.hybrid {
+		type pending struct {
+			key  string
+			ls   *lease
+			used int64
+		}
+		var todo []pending
+		now := l.cfg.Clock.Now()
+		h.mu.Lock()
+		for key, ls := range h.leases {
+			switch {
+			case ls.syncing != nil:
+			case ls.unsynced > 0:
+				ls.syncing = make(chan struct{})
+				todo = append(todo, pending{key, ls, ls.unsynced})
+				ls.unsynced = 0
+			case now >= ls.expires:
+				delete(h.leases, key)
+			}
+		}
+		h.mu.Unlock()
+		for start := 0; start < len(todo); start += l.cfg.MaxBatch {
+			part := todo[start:min(start+l.cfg.MaxBatch, len(todo))]
+			calls := make([]*call, len(part))
+			for i, p := range part {
+				calls[i] = l.leaseCall(h, p.key, p.used)
+			}
+			if ctx.Err() == nil {
+				l.runBatch(calls, "lease")
+			} else {
+				for _, c := range calls {
+					c.err = ctx.Err()
+				}
+			}
+			now := l.cfg.Clock.Now()
+			h.mu.Lock()
+			for i, p := range part {
+				h.applySync(p.ls, p.used, decodeLease(calls[i]), now)
+			}
+			h.mu.Unlock()
+		}
+	}
+}
+
+func (l *Limiter) syncLoop(every time.Duration) {
+	defer l.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			l.Sync(l.ctx)
+		case <-l.ctx.Done():
+			return
+		}
+	}
+}

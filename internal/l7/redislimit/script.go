@@ -1,0 +1,216 @@
+package redislimit
+
+import "github.com/redis/go-redis/v9"
+
+// Time inside the scripts. Redis numbers in Lua are IEEE doubles, exact for
+// integers below 2^53. An absolute time in nanoseconds (1.8e18) is not, so:
+//   - GCRA keeps its theoretical arrival time (TAT) as "sec:nsec" and works on
+//     d = TAT - now in nanoseconds, which is small (at most burst × interval).
+//   - The sliding window counter works in microseconds since the Unix epoch
+//     (1.8e15 < 2^53, exact) and checks limit × window_us < 2^53 in Go.
+//
+// Every quantity the scripts compute is an integer; divisions go through
+// fdiv, which corrects the rounded quotient so the floor is exact.
+//
+// ARGV[1], ARGV[2]: "" and "" to read the server's clock with TIME (normal
+// operation), or unix seconds and nanoseconds to script a timeline in tests.
+const luaPrelude = `
+redis.replicate_commands()
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
+  return q
+end
+local now_s, now_ns
+if ARGV[1] == "" then
+  local t = redis.call("TIME")
+  now_s = tonumber(t[1])
+  now_ns = tonumber(t[2]) * 1000
+else
+  now_s = tonumber(ARGV[1])
+  now_ns = tonumber(ARGV[2])
+end
+local now_us = now_s * 1000000 + fdiv(now_ns, 1000)
+
+-- swc_load reads a sliding-window-counter state "idx:prev:curr" for the
+-- window of length W (µs) that contains now. prev is the count of window
+-- idx-1, curr of window idx; r is the position of now inside window idx.
+local function swc_load(v, W)
+  local idx = fdiv(now_us, W)
+  local r = now_us - idx * W
+  local prev, curr = 0, 0
+  if v then
+    local si, sp, sc = string.match(v, "^(%-?%d+):(%d+):(%d+)$")
+    if si then
+      si = tonumber(si)
+      if si == idx then
+        prev = tonumber(sp)
+        curr = tonumber(sc)
+      elseif si == idx - 1 then
+        prev = tonumber(sc)
+      end
+    end
+  end
+  return idx, r, prev, curr
+end
+
+-- swc_remaining is limit minus the estimate prev × (W - r) / W + curr,
+-- rounded so that the estimate is never under-counted.
+local function swc_remaining(limit, W, r, prev, curr)
+  return fdiv(limit * W - prev * (W - r), W) - curr
+end
+
+local function swc_store(key, W, idx, r, prev, curr)
+  redis.call("SET", key, idx .. ":" .. prev .. ":" .. curr, "PX", math.ceil((2 * W - r) / 1000))
+end
+`
+
+// decideSource is the all-or-nothing decision over every limit of one
+// request. KEYS[i] is the state of limit i; ARGV[3+4(i-1) .. 6+4(i-1)] are
+// its algorithm (1 GCRA, 2 sliding window counter), two parameters and its
+// cost:
+//
+//	GCRA: emission interval T (ns), burst B (requests)
+//	SWC:  window W (µs), limit L (requests)
+//
+// Phase one computes every limit without writing; phase two writes the new
+// states only if every limit allows, so a rejected request charges nothing.
+//
+// Reply: {committed, then per key: allowed, remaining, reset_ns, retry_ns}.
+// When nothing was committed, remaining and reset describe the state as it
+// is (not charged) and retry_ns is set for the limits that refused.
+const decideSource = luaPrelude + `
+local n = #KEYS
+local all = 1
+local out = {}
+local writes = {}
+for i = 1, n do
+  local o = 2 + (i - 1) * 4
+  local alg = tonumber(ARGV[o + 1])
+  local a = tonumber(ARGV[o + 2])
+  local b = tonumber(ARGV[o + 3])
+  local cost = tonumber(ARGV[o + 4])
+  local v = redis.call("GET", KEYS[i])
+  if alg == 1 then
+    local T, burst = a, b
+    local d = 0
+    if v then
+      local ts, tn = string.match(v, "^(%-?%d+):(%d+)$")
+      if ts then
+        d = (tonumber(ts) - now_s) * 1000000000 + (tonumber(tn) - now_ns)
+      end
+    end
+    if d < 0 then d = 0 end
+    local nd = d + T * cost
+    local wait = nd - burst * T
+    local rem_before = fdiv(burst * T - d, T)
+    if rem_before < 0 then rem_before = 0 end
+    if wait > 0 then
+      all = 0
+      out[i] = {0, rem_before, d, wait, rem_before, d}
+    else
+      out[i] = {1, fdiv(-wait, T), nd, 0, rem_before, d}
+      writes[i] = nd
+    end
+  else
+    local W, limit = a, b
+    local idx, r, prev, curr = swc_load(v, W)
+    local rem = swc_remaining(limit, W, r, prev, curr)
+    local function reset_us(c)
+      if c > 0 then return (W - r) + W end
+      if prev > 0 then return W - r end
+      return 0
+    end
+    if rem < cost then
+      all = 0
+      local retry
+      local avail = limit - curr - cost
+      if avail >= 0 then
+        retry = W - fdiv(avail * W, prev) - r
+      elseif curr <= limit - cost then
+        retry = W - r
+      else
+        retry = (W - r) + W - fdiv((limit - cost) * W, curr)
+      end
+      if rem < 0 then rem = 0 end
+      out[i] = {0, rem, reset_us(curr) * 1000, retry * 1000, rem, reset_us(curr) * 1000}
+    else
+      out[i] = {1, rem - cost, reset_us(curr + cost) * 1000, 0, rem, reset_us(curr) * 1000}
+      writes[i] = {idx, r, prev, curr + cost, W}
+    end
+  end
+end
+local reply = {all}
+for i = 1, n do
+  local e = out[i]
+  if all == 1 then
+    local w = writes[i]
+    if type(w) == "table" then
+      swc_store(KEYS[i], w[5], w[1], w[2], w[3], w[4])
+    else
+      local t = now_ns + w
+      local ts = now_s + fdiv(t, 1000000000)
+      local tn = t - fdiv(t, 1000000000) * 1000000000
+      redis.call("SET", KEYS[i], ts .. ":" .. tn, "PX", math.max(1, math.ceil(w / 1000000)))
+    end
+    reply[#reply + 1] = 1
+    reply[#reply + 1] = e[2]
+    reply[#reply + 1] = e[3]
+    reply[#reply + 1] = 0
+  else
+    reply[#reply + 1] = e[1]
+    reply[#reply + 1] = e[5]
+    reply[#reply + 1] = e[6]
+    reply[#reply + 1] = e[4]
+  end
+end
+return reply
+`
+
+// leaseSource syncs one hybrid-mode instance with the shared sliding window
+// counter of one key and grants it a new local allowance.
+//
+// KEYS[1]: the same state a plain sliding-window rule uses.
+// ARGV[3] W (µs), ARGV[4] limit, ARGV[5] used: requests this instance admitted
+// since its last sync (a count, added unconditionally: they happened),
+// ARGV[6] max lease L, ARGV[7] share S.
+//
+// The grant is min(L, ceil(remaining / S)) and is not charged: it is paid for
+// by the counts the next sync brings.
+// Reply: {grant, remaining, retry_ns, reset_ns}.
+const leaseSource = luaPrelude + `
+local W = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local used = tonumber(ARGV[5])
+local maxLease = tonumber(ARGV[6])
+local share = tonumber(ARGV[7])
+local idx, r, prev, curr = swc_load(redis.call("GET", KEYS[1]), W)
+if used > 0 then
+  curr = curr + used
+  swc_store(KEYS[1], W, idx, r, prev, curr)
+end
+local rem = swc_remaining(limit, W, r, prev, curr)
+if rem <= 0 then
+  local retry
+  local avail = limit - curr - 1
+  if avail >= 0 then
+    retry = W - fdiv(avail * W, prev) - r
+  elseif curr <= limit - 1 then
+    retry = W - r
+  else
+    retry = (W - r) + W - fdiv((limit - 1) * W, curr)
+  end
+  return {0, 0, retry * 1000, (2 * W - r) * 1000}
+end
+local reset = 0
+if curr > 0 then reset = 2 * W - r elseif prev > 0 then reset = W - r end
+local grant = fdiv(rem + share - 1, share)
+if grant > maxLease then grant = maxLease end
+return {grant, rem, 0, reset * 1000}
+`
+
+var (
+	decideScript = redis.NewScript(decideSource)
+	leaseScript  = redis.NewScript(leaseSource)
+)
