@@ -155,7 +155,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 			if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
 				return nil, fmt.Errorf("create pin dir: %w", err)
 			}
-			tmp, err = os.MkdirTemp(opts.PinDir, ".maps-")
+			tmp, err = os.MkdirTemp(opts.PinDir, "maps-new-")
 			if err != nil {
 				return nil, fmt.Errorf("create temporary pin dir: %w", err)
 			}
@@ -196,8 +196,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 			return nil, fmt.Errorf("move pinned maps into place: %w", err)
 		}
 		tmp = ""
-		// The maps' pin paths moved with the directory; nothing else to do:
-		// pins are inodes, the rename keeps them.
+		// Pins are inodes: the rename keeps them and the maps behind them.
 	}
 	return d, nil
 }
