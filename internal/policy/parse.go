@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/big"
 	"net"
 	"net/netip"
 	"os"
@@ -417,8 +418,22 @@ func (ps *parser) bucketFields(f map[string]*yaml.Node, where string) Bucket {
 	return b
 }
 
+// defaultBurst is one second's worth of the rate, rounded up, at least 1:
+// 100/s -> 100, 60M/min -> 1M, 3/min -> 1.
+func defaultBurst(r Rate) uint64 {
+	n := new(big.Int).Mul(new(big.Int).SetUint64(r.Count), big.NewInt(int64(time.Second)))
+	q, m := new(big.Int).QuoRem(n, big.NewInt(int64(r.Per)), new(big.Int))
+	if m.Sign() != 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if q.Sign() == 0 || !q.IsUint64() {
+		return max(1, r.Count)
+	}
+	return q.Uint64()
+}
+
 // limit parses "100/s" or {rate: 100/s, burst: 200}. Without a burst the
-// bucket holds one period's worth (the rate's count).
+// bucket holds one second's worth (see defaultBurst).
 func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
 	rateNode, burstNode := n, (*yaml.Node)(nil)
 	if n.Kind == yaml.MappingNode {
@@ -445,7 +460,7 @@ func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
 		ps.errorf(rateNode, "%s: %q is a %s rate; %s takes a %s rate", where, s, u, where, unit)
 		return Limit{}
 	}
-	l := Limit{Rate: r, Burst: r.Count}
+	l := Limit{Rate: r, Burst: defaultBurst(r)}
 	if burstNode != nil {
 		bs, ok := ps.scalar(burstNode, where+" burst")
 		if !ok {

@@ -254,6 +254,9 @@ func FormatBurst(n uint64, unit Unit) string {
 			return strconv.FormatUint(n/p.m, 10) + p.s + "B"
 		}
 	}
+	if n >= 1000 && n%1000 == 0 {
+		return siString(n) + "B"
+	}
 	return strconv.FormatUint(n, 10) + "B"
 }
 
