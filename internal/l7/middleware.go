@@ -1,0 +1,490 @@
+package l7
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Rule is one limit the middleware applies.
+type Rule struct {
+	// Name identifies the rule in RateLimit headers, the problem body and
+	// metrics: 1-64 characters of [A-Za-z0-9_.-], unique in a Config.
+	Name string
+	// Key extracts the rule's key; a request without the key skips the rule.
+	Key KeyFunc
+	// Algorithm is the limit. Default for new rules: GCRA or SlidingWindow.
+	Algorithm Algorithm
+	// Cost is the units one request takes (0 means 1).
+	Cost int64
+	// Shadow counts the requests the rule would reject and never rejects
+	// them. A shadow rule is charged on its own, outside the all-or-nothing
+	// group, and is left out of the response headers.
+	Shadow bool
+	// Store sizes the rule's keyed store (Capacity 0 means 1<<20 keys,
+	// 24 MiB).
+	Store StoreConfig
+}
+
+// Tier is a named set of extra rules (free, pro, enterprise), applied on
+// top of Config.Rules to the requests SelectTier assigns to it.
+type Tier struct {
+	Name  string
+	Rules []Rule
+}
+
+// HeaderVersion selects the RateLimit header format.
+type HeaderVersion int
+
+const (
+	// HeadersDraft10 writes RateLimit-Policy and RateLimit as in
+	// draft-ietf-httpapi-ratelimit-headers-10. It is the default.
+	HeadersDraft10 HeaderVersion = iota
+	// HeadersNone writes no RateLimit fields (Retry-After is still written
+	// on 429).
+	HeadersNone
+)
+
+// Config configures a Middleware.
+type Config struct {
+	// Rules apply to every limited request.
+	Rules []Rule
+	// Tiers add rules per tier; SelectTier picks the tier by name (a
+	// header, an API-key lookup: see TierByHeader, TierByKey). A request
+	// whose tier is "" or unknown gets DefaultTier, or no tier rules if
+	// DefaultTier is "".
+	Tiers       []Tier
+	SelectTier  func(r *http.Request) string
+	DefaultTier string
+	// SkipPaths are URL paths never limited (health checks); Skip, if set,
+	// exempts more requests.
+	SkipPaths []string
+	Skip      func(r *http.Request) bool
+	// Headers selects the RateLimit header format.
+	Headers HeaderVersion
+	// LegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (delta-seconds, not an epoch) for the most
+	// restrictive applicable rule.
+	LegacyHeaders bool
+	// RetryJitter adds a uniform random 0..ceil(RetryJitter) seconds to
+	// Retry-After so rejected clients do not return in lockstep.
+	RetryJitter time.Duration
+	// Clock times every decision (default NewSystemClock()).
+	Clock Clock
+}
+
+// ErrInvalidConfig is wrapped by NewMiddleware's configuration errors.
+var ErrInvalidConfig = errors.New("invalid rate-limit configuration")
+
+type ruleCounters struct {
+	allowed        atomic.Int64
+	rejected       atomic.Int64
+	shadowRejected atomic.Int64
+	_              [40]byte // one cache line per rule
+}
+
+type rule struct {
+	name    string
+	tier    string
+	key     KeyFunc
+	store   *Store
+	cost    int64
+	shadow  bool
+	policy  string // `"name";q=100;w=60`
+	counter *ruleCounters
+}
+
+type tier struct {
+	name      string
+	rules     []*rule
+	policy    []string // RateLimit-Policy when every enforced rule applies
+	nEnforced int
+}
+
+// Middleware is net/http rate-limiting middleware: Wrap it around a handler
+// (plain mux, chi, echo.WrapMiddleware, gin via adapter).
+type Middleware struct {
+	clock      Clock
+	skip       map[string]struct{}
+	skipFn     func(*http.Request) bool
+	selectTier func(*http.Request) string
+	tiers      map[string]*tier
+	base       *tier // Config.Rules only
+	deflt      *tier // base plus DefaultTier's rules
+	all        []*rule
+	headers    HeaderVersion
+	legacy     bool
+	jitterSec  int64
+	descs      metricDescs
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// NewMiddleware validates cfg and builds one keyed store per rule.
+func NewMiddleware(cfg Config) (*Middleware, error) {
+	m := &Middleware{
+		clock:      cfg.Clock,
+		skip:       make(map[string]struct{}, len(cfg.SkipPaths)),
+		skipFn:     cfg.Skip,
+		selectTier: cfg.SelectTier,
+		tiers:      make(map[string]*tier, len(cfg.Tiers)),
+		headers:    cfg.Headers,
+		legacy:     cfg.LegacyHeaders,
+		jitterSec:  ceilDiv(int64(cfg.RetryJitter), int64(time.Second)),
+		descs:      newMetricDescs(),
+	}
+	if m.clock == nil {
+		m.clock = NewSystemClock()
+	}
+	if cfg.Headers != HeadersDraft10 && cfg.Headers != HeadersNone {
+		return nil, fmt.Errorf("middleware: header version %d: %w", cfg.Headers, ErrInvalidConfig)
+	}
+	for _, p := range cfg.SkipPaths {
+		m.skip[p] = struct{}{}
+	}
+	names := map[string]bool{}
+	build := func(tierName string, rs []Rule) ([]*rule, error) {
+		out := make([]*rule, 0, len(rs))
+		for _, rc := range rs {
+			r, err := newRule(tierName, rc)
+			if err != nil {
+				return nil, err
+			}
+			if names[r.name] {
+				return nil, fmt.Errorf("middleware: rule %q defined twice: %w", r.name, ErrInvalidConfig)
+			}
+			names[r.name] = true
+			m.all = append(m.all, r)
+			out = append(out, r)
+		}
+		return out, nil
+	}
+	base, err := build("", cfg.Rules)
+	if err != nil {
+		return nil, err
+	}
+	m.base = newTier("", base)
+	for _, tc := range cfg.Tiers {
+		if !validName(tc.Name) {
+			return nil, fmt.Errorf("middleware: tier name %q: want 1-64 of [A-Za-z0-9_.-]: %w", tc.Name, ErrInvalidConfig)
+		}
+		if m.tiers[tc.Name] != nil {
+			return nil, fmt.Errorf("middleware: tier %q defined twice: %w", tc.Name, ErrInvalidConfig)
+		}
+		rs, err := build(tc.Name, tc.Rules)
+		if err != nil {
+			return nil, err
+		}
+		t := newTier(tc.Name, append(append([]*rule{}, base...), rs...))
+		if len(t.rules) > MaxChecks {
+			return nil, fmt.Errorf("middleware: tier %q has %d rules, at most %d: %w", tc.Name, len(t.rules), MaxChecks, ErrInvalidConfig)
+		}
+		m.tiers[tc.Name] = t
+	}
+	if len(base) > MaxChecks {
+		return nil, fmt.Errorf("middleware: %d rules, at most %d: %w", len(base), MaxChecks, ErrInvalidConfig)
+	}
+	m.deflt = m.base
+	if cfg.DefaultTier != "" {
+		if m.deflt = m.tiers[cfg.DefaultTier]; m.deflt == nil {
+			return nil, fmt.Errorf("middleware: default tier %q not defined: %w", cfg.DefaultTier, ErrInvalidConfig)
+		}
+	}
+	return m, nil
+}
+
+func newRule(tierName string, rc Rule) (*rule, error) {
+	if !validName(rc.Name) {
+		return nil, fmt.Errorf("middleware: rule name %q: want 1-64 of [A-Za-z0-9_.-]: %w", rc.Name, ErrInvalidConfig)
+	}
+	if rc.Key == nil || rc.Algorithm == nil {
+		return nil, fmt.Errorf("middleware: rule %q: key and algorithm are required: %w", rc.Name, ErrInvalidConfig)
+	}
+	cost := rc.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	if _, d := rc.Algorithm.Take(State{}, 0, cost); cost < 0 || !d.Allowed {
+		return nil, fmt.Errorf("middleware: rule %q: cost %d never fits the limit: %w", rc.Name, cost, ErrInvalidConfig)
+	}
+	sc := rc.Store
+	if sc.Capacity == 0 {
+		sc.Capacity = 1 << 20
+	}
+	store, err := NewStore(rc.Algorithm, sc)
+	if err != nil {
+		return nil, fmt.Errorf("middleware: rule %q: %w", rc.Name, err)
+	}
+	w := ceilDiv(int64(rc.Algorithm.Window()), int64(time.Second))
+	return &rule{
+		name:    rc.Name,
+		tier:    tierName,
+		key:     rc.Key,
+		store:   store,
+		cost:    cost,
+		shadow:  rc.Shadow,
+		policy:  fmt.Sprintf("%q;q=%d;w=%d", rc.Name, rc.Algorithm.Limit(), w),
+		counter: new(ruleCounters),
+	}, nil
+}
+
+func newTier(name string, rules []*rule) *tier {
+	t := &tier{name: name, rules: rules}
+	v := ""
+	for _, r := range rules {
+		if r.shadow {
+			continue
+		}
+		if t.nEnforced > 0 {
+			v += ", "
+		}
+		v += r.policy
+		t.nEnforced++
+	}
+	if v != "" {
+		t.policy = []string{v}
+	}
+	return t
+}
+
+// Wrap returns next behind the limiter; it has the shape of chi, echo and
+// net/http middleware: func(http.Handler) http.Handler.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.serve(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+func (m *Middleware) tierFor(r *http.Request) *tier {
+	if m.selectTier == nil {
+		return m.deflt
+	}
+	if t := m.tiers[m.selectTier(r)]; t != nil {
+		return t
+	}
+	return m.deflt
+}
+
+// serve decides for r, writes the headers, and the 429 if rejected. It
+// returns whether to call the next handler.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
+	if _, ok := m.skip[r.URL.Path]; ok {
+		return true
+	}
+	if m.skipFn != nil && m.skipFn(r) {
+		return true
+	}
+	t := m.tierFor(r)
+	now := m.clock.Now()
+	var checks [MaxChecks]Check
+	var out [MaxChecks]Decision
+	var applied [MaxChecks]*rule
+	n := 0
+	for _, ru := range t.rules {
+		key, ok := ru.key(r)
+		if !ok {
+			continue
+		}
+		if ru.shadow {
+			if !ru.store.Take(key, now, ru.cost).Allowed {
+				ru.counter.shadowRejected.Add(1)
+			}
+			continue
+		}
+		checks[n] = Check{Store: ru.store, Key: key, N: ru.cost}
+		applied[n] = ru
+		n++
+	}
+	if n == 0 {
+		return true
+	}
+	allowed := TakeAll(now, checks[:n], out[:n])
+	for i := range n {
+		switch {
+		case allowed:
+			applied[i].counter.allowed.Add(1)
+		case !out[i].Allowed:
+			applied[i].counter.rejected.Add(1)
+		}
+	}
+	m.writeHeaders(w, t, applied[:n], out[:n], n == t.nEnforced)
+	if allowed {
+		return true
+	}
+	var retry int64
+	violated := make([]string, 0, 2)
+	for i := range n {
+		if !out[i].Allowed {
+			violated = append(violated, applied[i].name)
+			retry = max(retry, retrySeconds(out[i].RetryAfter))
+		}
+	}
+	if m.jitterSec > 0 {
+		retry += rand.Int64N(m.jitterSec + 1)
+	}
+	WriteProblem(w, Problem{
+		Type:             ProblemTypeQuotaExceeded,
+		Title:            "Request cannot be satisfied as assigned quota has been exceeded",
+		Status:           http.StatusTooManyRequests,
+		ViolatedPolicies: violated,
+	}, retry)
+	return false
+}
+
+// retrySeconds rounds up to whole seconds, at least 1: a client retrying
+// then is never early.
+func retrySeconds(d time.Duration) int64 {
+	return max(1, ceilDiv(int64(d), int64(time.Second)))
+}
+
+// headerBlock holds one response's dynamic header values: one allocation
+// for all of them. The strings point into buf, which is never written again
+// after they are made.
+type headerBlock struct {
+	vals [5]string
+	buf  [320]byte
+}
+
+// writeHeaders writes RateLimit-Policy and RateLimit (and the legacy
+// fields). For a rejected rule, t is the time until this request would be
+// admitted (equal to Retry-After before jitter); otherwise t is the time
+// until the rule's quota is fully restored. Values are whole seconds,
+// rounded up.
+func (m *Middleware) writeHeaders(w http.ResponseWriter, t *tier, rules []*rule, ds []Decision, allApply bool) {
+	if m.headers == HeadersNone && !m.legacy {
+		return
+	}
+	hb := new(headerBlock)
+	buf := hb.buf[:0]
+	h := w.Header()
+	nv := 0
+	emit := func(name string, start int) {
+		s := buf[start:]
+		hb.vals[nv] = unsafe.String(unsafe.SliceData(s), len(s))
+		h[name] = hb.vals[nv : nv+1 : nv+1]
+		nv++
+	}
+	if m.headers == HeadersDraft10 {
+		if allApply {
+			h["Ratelimit-Policy"] = t.policy
+		} else {
+			start := len(buf)
+			for i, r := range rules {
+				if i > 0 {
+					buf = append(buf, ", "...)
+				}
+				buf = append(buf, r.policy...)
+			}
+			emit("Ratelimit-Policy", start)
+		}
+		start := len(buf)
+		for i, r := range rules {
+			if i > 0 {
+				buf = append(buf, ", "...)
+			}
+			buf = append(buf, '"')
+			buf = append(buf, r.name...)
+			buf = append(buf, `";r=`...)
+			buf = strconv.AppendInt(buf, max(0, ds[i].Remaining), 10)
+			buf = append(buf, ";t="...)
+			buf = strconv.AppendInt(buf, resetSeconds(ds[i]), 10)
+		}
+		emit("Ratelimit", start)
+	}
+	if m.legacy {
+		// The most restrictive rule: a rejected one with the longest wait,
+		// else the one with the fewest remaining units.
+		best := 0
+		for i := 1; i < len(ds); i++ {
+			if less(ds[i], ds[best]) {
+				best = i
+			}
+		}
+		d := ds[best]
+		start := len(buf)
+		buf = strconv.AppendInt(buf, d.Limit, 10)
+		emit("X-Ratelimit-Limit", start)
+		start = len(buf)
+		buf = strconv.AppendInt(buf, max(0, d.Remaining), 10)
+		emit("X-Ratelimit-Remaining", start)
+		start = len(buf)
+		buf = strconv.AppendInt(buf, resetSeconds(d), 10)
+		emit("X-Ratelimit-Reset", start)
+	}
+}
+
+// less orders decisions from most to least restrictive.
+func less(a, b Decision) bool {
+	if a.Allowed != b.Allowed {
+		return !a.Allowed
+	}
+	if !a.Allowed {
+		return a.RetryAfter > b.RetryAfter
+	}
+	return a.Remaining < b.Remaining
+}
+
+func resetSeconds(d Decision) int64 {
+	if !d.Allowed {
+		return retrySeconds(d.RetryAfter)
+	}
+	return ceilDiv(int64(d.Reset), int64(time.Second))
+}
+
+// RuleStats are one rule's counters.
+type RuleStats struct {
+	Rule           string
+	Tier           string // "" for rules applied to every tier
+	Algorithm      string
+	Shadow         bool
+	Allowed        int64 // requests this rule let through (whole request passed)
+	Rejected       int64 // requests this rule rejected (429)
+	ShadowRejected int64 // requests a shadow rule would have rejected
+	Store          StoreStats
+}
+
+// Stats returns every rule's counters.
+func (m *Middleware) Stats() []RuleStats {
+	out := make([]RuleStats, 0, len(m.all))
+	for _, r := range m.all {
+		out = append(out, RuleStats{
+			Rule:           r.name,
+			Tier:           r.tier,
+			Algorithm:      r.store.Algorithm().Name(),
+			Shadow:         r.shadow,
+			Allowed:        r.counter.allowed.Load(),
+			Rejected:       r.counter.rejected.Load(),
+			ShadowRejected: r.counter.shadowRejected.Load(),
+			Store:          r.store.Stats(),
+		})
+	}
+	return out
+}
+
+// Sweep frees the idle keys of every rule's store (see Store.Sweep).
+func (m *Middleware) Sweep() int {
+	now := m.clock.Now()
+	n := 0
+	for _, r := range m.all {
+		n += r.store.Sweep(now)
+	}
+	return n
+}
