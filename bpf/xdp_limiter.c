@@ -40,6 +40,7 @@ struct eg_btf_anchor {
 	enum eg_l4_dir l4_dir;
 	enum eg_origin origin;
 	enum eg_global_slot global_slot;
+	enum eg_rule_action rule_action;
 	struct eg_prefix_val prefix_val;
 	struct eg_sample sample;
 };
@@ -342,6 +343,15 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (!rule || !rule->valid)
 		goto no_policy;
 	v.counted_rule = 1;
+	if (rule->action == EG_RULE_PASS) {
+		v.reason = EG_R_RULE_PASS;
+		return finish(&v, &pi, cfg, now);
+	}
+	if (rule->action == EG_RULE_DROP) {
+		v.action = EG_ACT_DROP;
+		v.reason = EG_R_RULE_DROP;
+		goto verdict;
+	}
 	v4 = is_v4_mapped(pi.addr);
 
 	/* 4. Buckets. First look, without touching per-source state, whether

@@ -49,13 +49,21 @@ enum eg_reason {
 	EG_R_BAD_IPV4 = 11,  /* truncated IPv4 header, IHL < 5, bad version */
 	EG_R_BAD_IPV6 = 12,  /* truncated IPv6 header or extension header */
 	EG_R_BAD_L4 = 13,    /* truncated TCP/UDP/ICMP header */
-	EG_R_MAX = 14,
+	EG_R_RULE_DROP = 14, /* the rule's action is drop */
+	EG_R_RULE_PASS = 15, /* the rule's action is pass: no limiting */
+	EG_R_MAX = 16,
 };
 
 enum eg_mode {
 	EG_MODE_INHERIT = 0, /* rules only: use the global mode */
 	EG_MODE_ENFORCE = 1,
 	EG_MODE_DRY_RUN = 2,
+};
+
+enum eg_rule_action {
+	EG_RULE_LIMIT = 0, /* apply the rule's buckets */
+	EG_RULE_DROP = 1,  /* drop every packet of the rule */
+	EG_RULE_PASS = 2,  /* pass every packet of the rule, unlimited */
 };
 
 enum eg_agg_mode {
@@ -139,7 +147,8 @@ struct eg_rule {
 	__u8 agg_mode; /* enum eg_agg_mode */
 	__u8 mode;     /* enum eg_mode */
 	__u8 valid;
-	__u8 _pad[5];
+	__u8 action; /* enum eg_rule_action */
+	__u8 _pad[4];
 };
 
 /* Settings of one policy generation. */

@@ -64,6 +64,7 @@ type LimiterEgBtfAnchor struct {
 	L4Dir      uint32
 	Origin     uint32
 	GlobalSlot uint32
+	RuleAction uint32
 	PrefixVal  struct {
 		_       structs.HostLayout
 		RuleId  uint32
@@ -72,6 +73,7 @@ type LimiterEgBtfAnchor struct {
 		Pad0    uint16
 		Pad1    uint32
 	}
+	_      [4]byte
 	Sample struct {
 		_       structs.HostLayout
 		KtimeNs uint64
@@ -201,7 +203,9 @@ const (
 	LimiterEgReasonEG_R_BAD_IPV4     LimiterEgReason = 11
 	LimiterEgReasonEG_R_BAD_IPV6     LimiterEgReason = 12
 	LimiterEgReasonEG_R_BAD_L4       LimiterEgReason = 13
-	LimiterEgReasonEG_R_MAX          LimiterEgReason = 14
+	LimiterEgReasonEG_R_RULE_DROP    LimiterEgReason = 14
+	LimiterEgReasonEG_R_RULE_PASS    LimiterEgReason = 15
+	LimiterEgReasonEG_R_MAX          LimiterEgReason = 16
 )
 
 type LimiterEgRule struct {
@@ -217,8 +221,17 @@ type LimiterEgRule struct {
 	AggMode uint8
 	Mode    uint8
 	Valid   uint8
-	Pad     [5]uint8
+	Action  uint8
+	Pad     [4]uint8
 }
+
+type LimiterEgRuleAction uint32
+
+const (
+	LimiterEgRuleActionEG_RULE_LIMIT LimiterEgRuleAction = 0
+	LimiterEgRuleActionEG_RULE_DROP  LimiterEgRuleAction = 1
+	LimiterEgRuleActionEG_RULE_PASS  LimiterEgRuleAction = 2
+)
 
 type LimiterEgRuleCounters struct {
 	_        structs.HostLayout

@@ -60,7 +60,7 @@ func (r Rule) compile() (loader.LimiterEgRule, error) {
 	out := loader.LimiterEgRule{
 		Id: r.ID, SrcLen4: r.SrcLen4, SrcLen6: r.SrcLen6,
 		AggLen4: r.AggLen4, AggLen6: r.AggLen6,
-		AggMode: uint8(r.AggMode), Mode: uint8(r.Mode), Valid: 1,
+		AggMode: uint8(r.AggMode), Mode: uint8(r.Mode), Valid: 1, Action: uint8(r.Action),
 	}
 	var err error
 	if out.Src, err = r.Src.Cfg(); err != nil {

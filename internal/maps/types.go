@@ -42,6 +42,8 @@ const (
 	ReasonBadIPv4     = loader.LimiterEgReasonEG_R_BAD_IPV4
 	ReasonBadIPv6     = loader.LimiterEgReasonEG_R_BAD_IPV6
 	ReasonBadL4       = loader.LimiterEgReasonEG_R_BAD_L4
+	ReasonRuleDrop    = loader.LimiterEgReasonEG_R_RULE_DROP
+	ReasonRulePass    = loader.LimiterEgReasonEG_R_RULE_PASS
 )
 
 var actionNames = [...]string{"pass", "drop", "would_drop"}
@@ -49,6 +51,7 @@ var actionNames = [...]string{"pass", "drop", "would_drop"}
 var reasonNames = [...]string{
 	"ok", "non_ip", "no_policy", "allow_list", "deny_list", "source_limit", "prefix_limit",
 	"asn_limit", "global_limit", "bad_ethernet", "bad_vlan", "bad_ipv4", "bad_ipv6", "bad_l4",
+	"rule_drop", "rule_pass",
 }
 
 // ActionName is the metric label of an action.
@@ -75,6 +78,16 @@ const (
 	ModeInherit = loader.LimiterEgModeEG_MODE_INHERIT
 	ModeEnforce = loader.LimiterEgModeEG_MODE_ENFORCE
 	ModeDryRun  = loader.LimiterEgModeEG_MODE_DRY_RUN
+)
+
+// RuleAction is what a rule does: limit, drop or pass.
+type RuleAction = loader.LimiterEgRuleAction
+
+// Rule actions.
+const (
+	RuleLimit = loader.LimiterEgRuleActionEG_RULE_LIMIT
+	RuleDrop  = loader.LimiterEgRuleActionEG_RULE_DROP
+	RulePass  = loader.LimiterEgRuleActionEG_RULE_PASS
 )
 
 // AggMode says how a rule's prefix aggregate is keyed.
@@ -126,6 +139,7 @@ type Rule struct {
 	AggLen4 uint8
 	AggLen6 uint8
 	Mode    Mode
+	Action  RuleAction
 }
 
 // Settings are the global, per-generation settings.
