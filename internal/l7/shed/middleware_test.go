@@ -1,0 +1,205 @@
+package shed
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+)
+
+// blockingHandler holds every request until released, and reports entries.
+type blockingHandler struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newBlockingHandler() *blockingHandler {
+	return &blockingHandler{entered: make(chan struct{}, 100), release: make(chan struct{})}
+}
+
+func (h *blockingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.entered <- struct{}{}
+	<-h.release
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// startHeld sends a request that the handler will hold, and waits for it to
+// be inside the handler. The returned func waits for its response and
+// returns its status.
+func startHeld(t *testing.T, c *http.Client, h *blockingHandler, req *http.Request) func() int {
+	t.Helper()
+	var resp *http.Response
+	var err error
+	var wg sync.WaitGroup
+	wg.Go(func() { resp, err = c.Do(req) })
+	select {
+	case <-h.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("held request never reached the handler")
+	}
+	return func() int {
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("held request: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+}
+
+func get(t *testing.T, url string, header ...string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	return req
+}
+
+// checkShed asserts the complete 503 answer.
+func checkShed(t *testing.T, resp *http.Response, retryAfter string, reason Reason) {
+	t.Helper()
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status = %d, want 503", resp.StatusCode)
+	}
+	for name, want := range map[string]string{
+		"Content-Type":  "application/problem+json",
+		"Retry-After":   retryAfter,
+		"Cache-Control": "no-store",
+	} {
+		if got := resp.Header.Get(name); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p Problem
+	if err := json.Unmarshal(raw, &p); err != nil {
+		t.Fatalf("body %q: %v", raw, err)
+	}
+	if p.Type != ProblemType || p.Status != 503 || p.Title == "" || p.Reason != reason.String() {
+		t.Fatalf("problem = %+v, want type %s, status 503, reason %s", p, ProblemType, reason)
+	}
+}
+
+func TestMiddlewareAnswers503ProblemOverTheLimit(t *testing.T) {
+	for _, tc := range []struct {
+		retryAfter time.Duration
+		want       string
+	}{{0, "1"}, {10 * time.Millisecond, "1"}, {1500 * time.Millisecond, "2"}, {30 * time.Second, "30"}} {
+		l, err := New(Config{MaxInFlight: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := newBlockingHandler()
+		srv := httptest.NewServer(Middleware(l, MiddlewareOptions{RetryAfter: tc.retryAfter})(h))
+		c := srv.Client()
+
+		wait := startHeld(t, c, h, get(t, srv.URL))
+		resp, err := c.Do(get(t, srv.URL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkShed(t, resp, tc.want, ReasonAtLimit)
+
+		close(h.release)
+		if code := wait(); code != http.StatusNoContent {
+			t.Fatalf("held request status = %d", code)
+		}
+		if got := l.InFlight(); got != 0 {
+			t.Fatalf("in flight after the handler returned = %d, want 0", got)
+		}
+		srv.Close()
+	}
+}
+
+func TestMiddlewarePriorityFromRequest(t *testing.T) {
+	// Limit 2 with a 50% reserve: default may hold 1 slot, critical 2.
+	l, err := New(Config{MaxInFlight: 2, CriticalReservePercent: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newBlockingHandler()
+	opts := MiddlewareOptions{Priority: func(r *http.Request) Priority {
+		if r.Header.Get("X-Priority") == "critical" {
+			return PriorityCritical
+		}
+		return PriorityDefault
+	}}
+	srv := httptest.NewServer(Middleware(l, opts)(h))
+	defer srv.Close()
+	c := srv.Client()
+
+	waitDefault := startHeld(t, c, h, get(t, srv.URL))
+	resp, err := c.Do(get(t, srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkShed(t, resp, "1", ReasonAtLimit)
+	waitCritical := startHeld(t, c, h, get(t, srv.URL, "X-Priority", "critical"))
+	close(h.release)
+	waitDefault()
+	waitCritical()
+	s := l.Stats()
+	if s.Admitted[PriorityCritical] != 1 || s.Admitted[PriorityDefault] != 1 || s.Shed[ReasonAtLimit][PriorityDefault] != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestKeyedMiddlewareLimitsEachKeyAlone(t *testing.T) {
+	k, err := NewKeyed(KeyedConfig{PerKey: Config{MaxInFlight: 1}, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newBlockingHandler()
+	key := func(r *http.Request) string { return r.Header.Get("X-Tenant") }
+	srv := httptest.NewServer(KeyedMiddleware(k, key, MiddlewareOptions{})(h))
+	defer srv.Close()
+	c := srv.Client()
+
+	waitA := startHeld(t, c, h, get(t, srv.URL, "X-Tenant", "a"))
+	resp, err := c.Do(get(t, srv.URL, "X-Tenant", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkShed(t, resp, "1", ReasonAtLimit)
+	waitB := startHeld(t, c, h, get(t, srv.URL, "X-Tenant", "b"))
+	close(h.release)
+	waitA()
+	waitB()
+	if got := k.Keys(); got != 2 {
+		t.Fatalf("keys = %d, want 2", got)
+	}
+}
+
+// A request that waits in the queue past QueueTimeout gets the 503 too. The
+// timeout runs on real timers here; nothing is asserted about how long it
+// took.
+func TestMiddlewareQueueTimeoutAnswers503(t *testing.T) {
+	l, err := New(Config{MaxInFlight: 1, MaxQueue: 1, QueueTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newBlockingHandler()
+	srv := httptest.NewServer(Middleware(l, MiddlewareOptions{})(h))
+	defer srv.Close()
+	c := srv.Client()
+	wait := startHeld(t, c, h, get(t, srv.URL))
+	resp, err := c.Do(get(t, srv.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkShed(t, resp, "1", ReasonQueueTimeout)
+	close(h.release)
+	wait()
+}
