@@ -95,12 +95,13 @@ func (s *redisServer) restart() { s.start() }
 // client returns a pooled client with short timeouts, closed in Cleanup.
 func (s *redisServer) client(t testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{
-		Addr:         s.addr(),
-		DialTimeout:  200 * time.Millisecond,
-		ReadTimeout:  200 * time.Millisecond,
-		WriteTimeout: 200 * time.Millisecond,
-		MaxRetries:   -1,
-		PoolSize:     64,
+		Addr:          s.addr(),
+		DialTimeout:   200 * time.Millisecond,
+		ReadTimeout:   200 * time.Millisecond,
+		WriteTimeout:  200 * time.Millisecond,
+		MaxRetries:    -1, // the breaker decides; no retry storms
+		DialerRetries: 1,
+		PoolSize:      64,
 	})
 	t.Cleanup(func() { _ = c.Close() })
 	return c

@@ -1,0 +1,185 @@
+package redislimit
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/edgeguard/edgeguard/internal/l7"
+)
+
+// syncBuffer is a log destination safe for the probe goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// roundTrips counts decide round trips attempted (the latency histogram).
+func roundTrips(t *testing.T, reg *prometheus.Registry, op string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgeguard_l7_redis_roundtrip_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelIs(m, "op", op) {
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
+}
+
+func labelIs(m *dto.Metric, name, value string) bool {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == name && lp.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor polls cond for up to 10s of real time (the probe is a real
+// network round trip); it asserts an outcome, not a speed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRedisKilledAndRestarted(t *testing.T) {
+	f := newFixture(t)
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewTextHandler(logs, nil))
+	// A: fail-open and degrade (10 per second ÷ 2 instances = 5 locally).
+	regA := prometheus.NewRegistry()
+	a := f.limiter(t, Config{Registerer: regA, Logger: logger, Rules: []Rule{
+		{Name: "open", Algorithm: GCRA, Limit: 1000, Window: time.Second},
+		{Name: "degrade", Algorithm: SlidingWindow, Limit: 10, Window: time.Second, Failure: Degrade, DegradeShards: 2},
+	}})
+	// B: fail-closed.
+	b := f.limiter(t, Config{Registerer: prometheus.NewRegistry(), Rules: []Rule{
+		{Name: "closed", Algorithm: GCRA, Limit: 1000, Window: time.Second, Failure: FailClosed},
+	}})
+	for _, l := range []*Limiter{a, b} {
+		if res := allow(t, l, "client-1"); !res.Decision.Allowed || res.Rules[0].Source != SourceRedis {
+			t.Fatalf("healthy: %+v", res)
+		}
+	}
+
+	f.srv.stop()
+
+	// The breaker opens after Failures (3) consecutive failed round trips.
+	for i := range 3 {
+		if st := a.BreakerState(); st != BreakerClosed {
+			t.Fatalf("breaker %s after %d failures, want closed until 3", st, i)
+		}
+		res := allow(t, a, "client-1")
+		if res.Rules[0].Source != SourceFailOpen || res.Rules[1].Source != SourceLocal {
+			t.Fatalf("failure %d: sources %s/%s, want fail_open/local", i, res.Rules[0].Source, res.Rules[1].Source)
+		}
+	}
+	if st := a.BreakerState(); st != BreakerOpen {
+		t.Fatalf("breaker %s after 3 failures, want open", st)
+	}
+	// Local limit is 5 per window; 3 were charged above.
+	trips := roundTrips(t, regA, "decide")
+	for i := range 100 {
+		res := allow(t, a, "client-1")
+		wantAllowed := i < 2
+		if res.Decision.Allowed != wantAllowed || res.Rules[0].Source != SourceFailOpen || res.Rules[1].Source != SourceLocal {
+			t.Fatalf("open breaker, request %d: %+v, want allowed=%v by the local limit", i, res, wantAllowed)
+		}
+	}
+	if got := roundTrips(t, regA, "decide"); got != trips {
+		t.Fatalf("open breaker still attempted %d round trips", got-trips)
+	}
+	for range 3 {
+		allow(t, b, "client-1")
+	}
+	res := allow(t, b, "client-1")
+	wantDecision(t, "fail-closed", res.Decision, l7.Decision{Limit: 1000, Window: time.Second, RetryAfter: 500 * time.Millisecond})
+
+	// First probe at the end of the open period fails: open twice as long.
+	f.advance(500 * time.Millisecond)
+	allow(t, a, "client-1")
+	waitFor(t, "the failed probe to reopen the breaker", func() bool { return a.BreakerState() == BreakerOpen })
+	if d := a.breaker.retryIn(); d != time.Second {
+		t.Fatalf("after a failed probe the breaker reopens for %s, want 1s", d)
+	}
+
+	f.srv.restart()
+	f.advance(time.Second)
+	res = allow(t, a, "client-1") // starts the probe, decides without Redis
+	if res.Rules[0].Source == SourceRedis {
+		t.Fatal("decided by Redis before the probe closed the breaker")
+	}
+	waitFor(t, "the probe to close the breaker", func() bool { return a.BreakerState() == BreakerClosed })
+	res = allow(t, a, "client-1")
+	if res.Rules[0].Source != SourceRedis || res.Rules[1].Source != SourceRedis || !res.Decision.Allowed {
+		t.Fatalf("after recovery: %+v, want Redis deciding again (scripts reloaded after restart)", res)
+	}
+
+	// Observable: state gauge, errors by kind, a few log lines, no client key.
+	srv := httptest.NewServer(promhttp.HandlerFor(regA, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{
+		"edgeguard_l7_redis_breaker_state 0",
+		`edgeguard_l7_redis_breaker_transitions_total{to="open"} 2`,
+		`edgeguard_l7_redis_breaker_transitions_total{to="closed"} 1`,
+		`edgeguard_l7_redis_errors_total{kind="breaker_open",op="decide"}`,
+		// Local limit 5: 3+2 allowed, 98 refused while open, 1 refused at the
+		// failed probe (same window), 1 allowed at the successful probe.
+		`edgeguard_l7_redis_fallback_decisions_total{policy="degrade",rule="degrade",verdict="allow"} 6`,
+		`edgeguard_l7_redis_fallback_decisions_total{policy="degrade",rule="degrade",verdict="deny"} 99`,
+		`edgeguard_l7_redis_roundtrip_seconds_bucket{op="decide"`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "client-1") {
+		t.Error("a metric label carries the client key")
+	}
+	if n := strings.Count(logs.String(), "deciding without redis"); n < 1 || n > 2 {
+		t.Errorf("%d 'deciding without redis' lines for ~110 fallbacks in <10s, want 1 (rate-limited)\n%s", n, logs.String())
+	}
+}
