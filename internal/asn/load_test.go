@@ -230,7 +230,7 @@ func TestLoadProgressAndCancel(t *testing.T) {
 	}
 	var calls [][2]int64
 	_, err := Load(t.Context(), []string{p, dir + "/asn.tsv.gz"}, Options{
-		Progress: func(done, total int64) { calls = append(calls, [2]int64{done, total}) },
+		Progress:    func(done, total int64) { calls = append(calls, [2]int64{done, total}) },
 		MaxProblems: 1,
 	})
 	// The two files carry the same ranges: the load is rejected for overlaps,
