@@ -38,7 +38,13 @@ type Frame struct {
 	FragOffset     uint16 // in 8-byte units; non-zero: a non-first fragment
 	MoreFragments  bool
 	IPv6Ext        []uint8 // extension header types inserted before L4 (0, 43, 60, 44, 51)
-	TCPFlags       uint8
+	// IPv6ExtLen, if set, gives each extension header's length field
+	// (parallel to IPv6Ext): 8-byte units minus one for hop-by-hop, routing
+	// and destination options, 4-byte units minus two for AH (at least 1).
+	// Missing entries take the smallest valid length. Fragment headers
+	// ignore it.
+	IPv6ExtLen []uint8
+	TCPFlags   uint8
 }
 
 // Build returns the frame's bytes.
@@ -130,10 +136,13 @@ func (f Frame) ipv6(l4 []byte) []byte {
 			}
 			binary.BigEndian.PutUint16(e[2:], fo)
 		case 51: // AH: length in 4-byte units minus 2
-			e = make([]byte, 12)
-			e[1] = 1
+			n := max(f.extLen(i), 1)
+			e = make([]byte, (int(n)+2)*4)
+			e[1] = n
 		default: // hop-by-hop, routing, destination options: 8-byte units minus 1
-			e = make([]byte, 8)
+			n := f.extLen(i)
+			e = make([]byte, (int(n)+1)*8)
+			e[1] = n
 		}
 		e[0] = next
 		next = t
@@ -153,6 +162,13 @@ func (f Frame) ipv6(l4 []byte) []byte {
 	copy(h[24:], d[:])
 	h = append(h, ext...)
 	return append(h, l4...)
+}
+
+func (f Frame) extLen(i int) uint8 {
+	if i < len(f.IPv6ExtLen) {
+		return f.IPv6ExtLen[i]
+	}
+	return 0
 }
 
 func checksum(b []byte) uint16 {

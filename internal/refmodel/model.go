@@ -1,0 +1,483 @@
+// Package refmodel is a Go reference model of the XDP limiter's whole
+// per-packet decision (bpf/xdp_limiter.c): parse the frame, consult the
+// lists, find the prefix facts by longest prefix match, let L4 rules
+// override the rule, peek and then charge the buckets, and count the
+// verdict. State lives in Go maps and time is an explicit clock in ns, so
+// tests can run the same packet sequence through the model and through the
+// program (BPF_PROG_TEST_RUN) and require the same verdicts, counters and
+// bucket states.
+//
+// The model is written from the C, statement by statement, not from the
+// documentation: where the two disagree the model follows the program, and
+// tests that check the documented behaviour live next to the program.
+// Drop samples (the ring buffer) are not modelled: they change no verdict.
+package refmodel
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// Key and state types are the ones bpf2go generated from the C, so a model
+// state compares directly with a map dump.
+type (
+	// SrcKey keys a per-source bucket.
+	SrcKey = loader.LimiterEgSrcKey
+	// AggKey keys a prefix or ASN aggregate bucket.
+	AggKey = loader.LimiterEgAggKey
+	// Bucket is the GCRA state of one bucket (packet and byte TATs, ticks).
+	Bucket = loader.LimiterEgBucket
+)
+
+// Aggregate kinds (enum eg_agg_kind).
+const (
+	AggKindPrefix = uint8(loader.LimiterEgAggKindEG_AGG_KIND_PREFIX)
+	AggKindASN    = uint8(loader.LimiterEgAggKindEG_AGG_KIND_ASN)
+)
+
+// Verdict is the model's answer for one packet.
+type Verdict struct {
+	Action maps.Action
+	Reason maps.Reason
+	RuleID uint32 // the rule the packet was charged under, when Counted
+	// Counted says the packet went to the rule's counters.
+	Counted bool
+}
+
+// Passes reports whether the program would return XDP_PASS.
+func (v Verdict) Passes() bool { return v.Action != maps.ActDrop }
+
+func (v Verdict) String() string {
+	s := maps.ActionName(v.Action) + "/" + maps.ReasonName(v.Reason)
+	if v.Counted {
+		s += fmt.Sprintf(" rule %d", v.RuleID)
+	}
+	return s
+}
+
+type rule struct {
+	id                    uint32
+	src, agg, asn         maps.BucketCfg
+	srcLen4, srcLen6      uint8
+	aggLen4, aggLen6      uint8
+	aggMode               maps.AggMode
+	mode                  maps.Mode
+	action                maps.RuleAction
+	srcLim, aggLim, asLim bool
+}
+
+type l4Key struct {
+	proto uint8
+	dir   maps.L4Dir
+	port  uint16
+}
+
+type prefixKey struct {
+	addr [16]byte
+	bits int // in the 128-bit space
+}
+
+type fact struct {
+	ruleID, asn uint32
+}
+
+type generation struct {
+	mode      maps.Mode
+	malformed maps.Action
+	global    maps.BucketCfg
+	globalLim bool
+	l4Protos  uint8
+	rules     map[uint32]rule
+	l4        map[l4Key]uint32
+	prefixes  map[prefixKey]fact
+}
+
+// Model is the reference model of one loaded program: its policy, lists,
+// bucket tables and counters. It is not safe for concurrent use.
+type Model struct {
+	maxRules uint32
+	gen      *generation // nil until the first Apply
+	lists    map[prefixKey]maps.ListEntry
+	src      map[SrcKey]Bucket
+	agg      map[AggKey]Bucket
+	global   Bucket
+	counters maps.Counters
+	rules    map[uint32]maps.RuleCounters
+}
+
+// New returns a model of a program loaded with room for maxRules rules
+// (loader.Sizes.MaxRules), with no policy, empty lists and empty tables.
+func New(maxRules uint32) *Model {
+	return &Model{
+		maxRules: maxRules,
+		lists:    map[prefixKey]maps.ListEntry{},
+		src:      map[SrcKey]Bucket{},
+		agg:      map[AggKey]Bucket{},
+		rules:    map[uint32]maps.RuleCounters{},
+	}
+}
+
+// ErrInvalidGeneration wraps every reason Apply refuses a generation.
+var ErrInvalidGeneration = errors.New("invalid generation")
+
+func l4Bit(proto uint8) uint8 {
+	switch proto {
+	case protoTCP:
+		return 1 << 0
+	case protoUDP:
+		return 1 << 1
+	case protoICMP:
+		return 1 << 2
+	case protoICMPv6:
+		return 1 << 3
+	}
+	return 0
+}
+
+// Apply makes g the live policy, as maps.Maps.Apply does: rules, settings,
+// L4 matches and prefix facts are replaced together; bucket state, lists
+// and counters stay. It refuses what maps.Maps.Apply refuses.
+func (m *Model) Apply(g maps.Generation) error {
+	n := &generation{
+		mode: g.Settings.Mode, malformed: g.Settings.Malformed,
+		rules: map[uint32]rule{}, l4: map[l4Key]uint32{}, prefixes: map[prefixKey]fact{},
+	}
+	for _, r := range g.Rules {
+		if r.ID >= m.maxRules {
+			return fmt.Errorf("%w: rule id %d out of range %d", ErrInvalidGeneration, r.ID, m.maxRules)
+		}
+		if _, dup := n.rules[r.ID]; dup {
+			return fmt.Errorf("%w: rule id %d used twice", ErrInvalidGeneration, r.ID)
+		}
+		c := rule{id: r.ID, srcLen4: r.SrcLen4, srcLen6: r.SrcLen6, aggLen4: r.AggLen4, aggLen6: r.AggLen6,
+			aggMode: r.AggMode, mode: r.Mode, action: r.Action}
+		var err error
+		if c.src, err = r.Src.Cfg(); err != nil {
+			return fmt.Errorf("%w: rule %d per-source: %w", ErrInvalidGeneration, r.ID, err)
+		}
+		if c.agg, err = r.Agg.Cfg(); err != nil {
+			return fmt.Errorf("%w: rule %d prefix aggregate: %w", ErrInvalidGeneration, r.ID, err)
+		}
+		if c.asn, err = r.ASN.Cfg(); err != nil {
+			return fmt.Errorf("%w: rule %d asn aggregate: %w", ErrInvalidGeneration, r.ID, err)
+		}
+		if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
+			return fmt.Errorf("%w: rule %d: key length out of range", ErrInvalidGeneration, r.ID)
+		}
+		c.srcLim, c.aggLim, c.asLim = limited(c.src), limited(c.agg), limited(c.asn)
+		n.rules[r.ID] = c
+	}
+	for _, l := range g.L4 {
+		if _, ok := n.rules[l.RuleID]; !ok {
+			return fmt.Errorf("%w: l4 match names unknown rule %d", ErrInvalidGeneration, l.RuleID)
+		}
+		if l4Bit(l.Proto) == 0 {
+			return fmt.Errorf("%w: l4 match: protocol %d", ErrInvalidGeneration, l.Proto)
+		}
+		n.l4Protos |= l4Bit(l.Proto)
+		k := l4Key{proto: l.Proto, dir: l.Dir, port: l.Port}
+		if l.Dir == maps.L4Any {
+			k.port = 0
+		}
+		n.l4[k] = l.RuleID
+	}
+	if g.Settings.Mode != maps.ModeEnforce && g.Settings.Mode != maps.ModeDryRun {
+		return fmt.Errorf("%w: global mode must be enforce or dry-run", ErrInvalidGeneration)
+	}
+	var err error
+	if n.global, err = g.Settings.Global.Cfg(); err != nil {
+		return fmt.Errorf("%w: global bucket: %w", ErrInvalidGeneration, err)
+	}
+	n.globalLim = limited(n.global)
+	for _, f := range g.Prefixes {
+		if !f.Prefix.IsValid() {
+			return fmt.Errorf("%w: invalid prefix in prefix facts", ErrInvalidGeneration)
+		}
+		n.prefixes[keyOf(f.Prefix)] = fact{ruleID: f.RuleID, asn: f.ASN}
+	}
+	m.gen = n
+	return nil
+}
+
+// SetLists makes the lists hold exactly want, as maps.Maps.SetLists does.
+func (m *Model) SetLists(want []maps.ListEntry) error {
+	next := make(map[prefixKey]maps.ListEntry, len(want))
+	for _, e := range want {
+		k := keyOf(e.Prefix)
+		if _, dup := next[k]; dup {
+			return fmt.Errorf("list entry %s given twice", e.Prefix.Masked())
+		}
+		next[k] = e
+	}
+	m.lists = next
+	return nil
+}
+
+func keyOf(p netip.Prefix) prefixKey {
+	k := maps.LPMKey(p)
+	return prefixKey{addr: k.Addr, bits: int(k.Prefixlen)}
+}
+
+// lpm returns the longest key of table covering addr, as an LPM trie
+// lookup with a /128 key does.
+func lpm[V any](table map[prefixKey]V, addr [16]byte) (V, bool) {
+	var best V
+	bestBits, found := -1, false
+	for k, v := range table {
+		if k.bits > bestBits && maskAddr(addr, k.bits) == maskAddr(k.addr, k.bits) {
+			best, bestBits, found = v, k.bits, true
+		}
+	}
+	return best, found
+}
+
+// maskAddr keeps the first n bits (0-128) of a 16-byte address.
+func maskAddr(a [16]byte, n int) [16]byte {
+	var out [16]byte
+	for i := range 16 {
+		switch {
+		case n >= 8*(i+1):
+			out[i] = a[i]
+		case n > 8*i:
+			out[i] = a[i] & ^byte(0xff>>(n-8*i))
+		}
+	}
+	return out
+}
+
+func isV4Mapped(a [16]byte) bool {
+	return a == [16]byte{10: 0xff, 11: 0xff, 12: a[12], 13: a[13], 14: a[14], 15: a[15]}
+}
+
+func limited(c maps.BucketCfg) bool { return c.PktT != 0 || c.ByteT != 0 }
+
+func wouldAdmit(b Bucket, c maps.BucketCfg, now uint64, n uint32) bool {
+	if c.PktT != 0 && !(maps.GCRA{TAT: b.PktTat}).WouldAdmit(now, c.PktT, c.PktTau) {
+		return false
+	}
+	if c.ByteT != 0 && !(maps.GCRA{TAT: b.ByteTat}).WouldAdmit(now, maps.ByteCost(c, n), c.ByteTau) {
+		return false
+	}
+	return true
+}
+
+// take charges both dimensions or neither, with the program's refund: a
+// packet the byte dimension rejects gives back its packet charge by
+// subtraction (which leaves max(old TAT, now), not the old TAT).
+func take(b *Bucket, c maps.BucketCfg, now uint64, n uint32) bool {
+	pkt, byt := maps.GCRA{TAT: b.PktTat}, maps.GCRA{TAT: b.ByteTat}
+	if c.PktT != 0 && !pkt.Take(now, c.PktT, c.PktTau) {
+		return false
+	}
+	b.PktTat = pkt.TAT
+	if c.ByteT != 0 && !byt.Take(now, maps.ByteCost(c, n), c.ByteTau) {
+		if c.PktT != 0 {
+			b.PktTat -= c.PktT
+		}
+		return false
+	}
+	b.ByteTat = byt.TAT
+	return true
+}
+
+// Run decides one frame at time nowNS (the test clock), updates the state
+// and counters, and returns the verdict.
+func (m *Model) Run(frame []byte, nowNS uint64) Verdict {
+	v := m.decide(frame, nowNS)
+	n := uint64(len(frame))
+	c := &m.counters[v.Action][v.Reason]
+	c.Packets++
+	c.Bytes += n
+	if v.Counted {
+		rc := m.rules[v.RuleID]
+		rc[v.Action].Packets++
+		rc[v.Action].Bytes += n
+		m.rules[v.RuleID] = rc
+	}
+	return v
+}
+
+func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
+	pi, reason := Parse(frame)
+	switch reason {
+	case maps.ReasonOK:
+	case maps.ReasonNonIP:
+		return Verdict{Action: maps.ActPass, Reason: maps.ReasonNonIP}
+	default:
+		v := Verdict{Action: maps.ActPass, Reason: reason}
+		if g := m.gen; g != nil && g.malformed == maps.ActDrop {
+			v.Action = maps.ActDrop
+			if g.mode == maps.ModeDryRun {
+				v.Action = maps.ActWouldDrop
+			}
+		}
+		return v
+	}
+	g := m.gen
+	if g == nil {
+		return Verdict{Action: maps.ActPass, Reason: maps.ReasonNoPolicy}
+	}
+	now := nowNS << maps.TickShift
+
+	// 1. Lists: the most specific entry answers.
+	if e, ok := lpm(m.lists, pi.Addr); ok {
+		if e.DenyUntil > nowNS {
+			v := Verdict{Action: maps.ActDrop, Reason: maps.ReasonDeny}
+			if g.mode == maps.ModeDryRun {
+				v.Action = maps.ActWouldDrop
+			}
+			return v
+		}
+		if e.AllowUntil > nowNS {
+			return Verdict{Action: maps.ActPass, Reason: maps.ReasonAllow}
+		}
+	}
+
+	// 2. Prefix facts, 3. L4 override.
+	f, _ := lpm(g.prefixes, pi.Addr)
+	ruleID, asn := f.ruleID, f.asn
+	if g.l4Protos&l4Bit(pi.Proto) != 0 {
+		if id, ok := g.l4Rule(pi); ok {
+			ruleID = id
+		}
+	}
+	r, ok := g.rules[ruleID]
+	if ruleID >= m.maxRules || !ok {
+		return Verdict{Action: maps.ActPass, Reason: maps.ReasonNoPolicy}
+	}
+	v := Verdict{Action: maps.ActPass, Reason: maps.ReasonOK, RuleID: ruleID, Counted: true}
+	switch r.action {
+	case maps.RulePass:
+		v.Reason = maps.ReasonRulePass
+		return v
+	case maps.RuleDrop:
+		return m.limited(v, maps.ReasonRuleDrop, &r)
+	}
+	v4 := isV4Mapped(pi.Addr)
+
+	// 4. Peek at the aggregates without creating anything.
+	var ak, nk AggKey
+	if g.globalLim && !wouldAdmit(m.global, g.global, now, pi.Len) {
+		return m.limited(v, maps.ReasonGlobalLimit, &r)
+	}
+	if asn != 0 && r.asLim {
+		nk = AggKey{RuleId: r.id, Kind: AggKindASN, Asn: asn}
+		if nb, ok := m.agg[nk]; ok && !wouldAdmit(nb, r.asn, now, pi.Len) {
+			return m.limited(v, maps.ReasonASNLimit, &r)
+		}
+	}
+	if r.aggMode != maps.AggNone && r.aggLim {
+		ak = AggKey{RuleId: r.id, Kind: AggKindPrefix}
+		if r.aggMode == maps.AggDerived {
+			n := int(min(r.aggLen6, 128))
+			if v4 {
+				n = 96 + int(min(r.aggLen4, 32))
+			}
+			ak.Addr = maskAddr(pi.Addr, n)
+			ak.Len = uint8(n)
+		}
+		if ab, ok := m.agg[ak]; ok && !wouldAdmit(ab, r.agg, now, pi.Len) {
+			return m.limited(v, maps.ReasonPrefixLimit, &r)
+		}
+	}
+
+	// Then charge, most specific first. A created bucket starts at TAT 0.
+	if r.srcLim {
+		n := int(min(r.srcLen6, 128))
+		if v4 {
+			n = 96 + int(min(r.srcLen4, 32))
+		}
+		sk := SrcKey{RuleId: r.id, Addr: maskAddr(pi.Addr, n)}
+		b := m.src[sk]
+		ok := take(&b, r.src, now, pi.Len)
+		m.src[sk] = b
+		if !ok {
+			return m.limited(v, maps.ReasonSrcLimit, &r)
+		}
+	}
+	if r.aggMode != maps.AggNone && r.aggLim {
+		b := m.agg[ak]
+		ok := take(&b, r.agg, now, pi.Len)
+		m.agg[ak] = b
+		if !ok {
+			return m.limited(v, maps.ReasonPrefixLimit, &r)
+		}
+	}
+	if asn != 0 && r.asLim {
+		b := m.agg[nk]
+		ok := take(&b, r.asn, now, pi.Len)
+		m.agg[nk] = b
+		if !ok {
+			return m.limited(v, maps.ReasonASNLimit, &r)
+		}
+	}
+	if g.globalLim && !take(&m.global, g.global, now, pi.Len) {
+		return m.limited(v, maps.ReasonGlobalLimit, &r)
+	}
+	return v
+}
+
+// limited turns v into a drop, or a would-drop when the rule (or, if it
+// inherits, the global setting) is dry-run.
+func (m *Model) limited(v Verdict, reason maps.Reason, r *rule) Verdict {
+	v.Reason = reason
+	v.Action = maps.ActDrop
+	dry := m.gen.mode == maps.ModeDryRun
+	if r.mode != maps.ModeInherit {
+		dry = r.mode == maps.ModeDryRun
+	}
+	if dry {
+		v.Action = maps.ActWouldDrop
+	}
+	return v
+}
+
+func (g *generation) l4Rule(pi Packet) (uint32, bool) {
+	if pi.HasL4 {
+		if id, ok := g.l4[l4Key{proto: pi.Proto, dir: maps.L4Src, port: pi.SrcPort}]; ok {
+			return id, true
+		}
+		if id, ok := g.l4[l4Key{proto: pi.Proto, dir: maps.L4Dst, port: pi.DstPort}]; ok {
+			return id, true
+		}
+	}
+	id, ok := g.l4[l4Key{proto: pi.Proto, dir: maps.L4Any}]
+	return id, ok
+}
+
+// Counters returns the global counters by action and reason.
+func (m *Model) Counters() maps.Counters { return m.counters }
+
+// RuleCounters returns the counters of every rule that counted a packet.
+func (m *Model) RuleCounters() map[uint32]maps.RuleCounters {
+	out := make(map[uint32]maps.RuleCounters, len(m.rules))
+	for id, c := range m.rules {
+		out[id] = c
+	}
+	return out
+}
+
+// SrcBuckets returns the per-source bucket table.
+func (m *Model) SrcBuckets() map[SrcKey]Bucket {
+	out := make(map[SrcKey]Bucket, len(m.src))
+	for k, b := range m.src {
+		out[k] = b
+	}
+	return out
+}
+
+// AggBuckets returns the prefix and ASN aggregate bucket table.
+func (m *Model) AggBuckets() map[AggKey]Bucket {
+	out := make(map[AggKey]Bucket, len(m.agg))
+	for k, b := range m.agg {
+		out[k] = b
+	}
+	return out
+}
+
+// GlobalBucket returns the global bucket's state.
+func (m *Model) GlobalBucket() Bucket { return m.global }

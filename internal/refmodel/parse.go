@@ -1,0 +1,182 @@
+package refmodel
+
+import (
+	"encoding/binary"
+
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// Bounds of the C parser (bpf/headers/edgeguard_parse.h).
+const (
+	MaxVLANTags = 2 // EG_MAX_VLAN_TAGS
+	MaxIPv6Ext  = 6 // EG_MAX_IPV6_EXT
+)
+
+const (
+	etherIPv4  = 0x0800
+	etherIPv6  = 0x86dd
+	ether8021Q = 0x8100
+	ether8021A = 0x88a8
+
+	protoHopOpts  = 0
+	protoICMP     = 1
+	protoTCP      = 6
+	protoUDP      = 17
+	protoRouting  = 43
+	protoFragment = 44
+	protoAH       = 51
+	protoICMPv6   = 58
+	protoDstOpts  = 60
+)
+
+// Packet is what the decision needs from a frame: the C struct pkt_info.
+type Packet struct {
+	Addr    [16]byte // source, IPv4 as IPv4-mapped IPv6
+	Len     uint32   // whole frame length
+	SrcPort uint16
+	DstPort uint16 // ICMP: the type
+	Proto   uint8
+	HasL4   bool
+}
+
+// Parse reads a frame exactly as the XDP program does. The reason is
+// ReasonOK for an IP packet (with or without L4 fields), ReasonNonIP for
+// other EtherTypes, or the malformed reason the program counts.
+func Parse(b []byte) (Packet, maps.Reason) {
+	p := Packet{Len: uint32(len(b))}
+	if len(b) < 14 {
+		return p, maps.ReasonBadEth
+	}
+	pos := 14
+	et := binary.BigEndian.Uint16(b[12:])
+	for range MaxVLANTags {
+		if !isVLAN(et) {
+			break
+		}
+		if pos+4 > len(b) {
+			return p, maps.ReasonBadVLAN
+		}
+		et = binary.BigEndian.Uint16(b[pos+2:])
+		pos += 4
+	}
+	if isVLAN(et) {
+		return p, maps.ReasonBadVLAN
+	}
+	var l4 int
+	var r maps.Reason
+	switch et {
+	case etherIPv4:
+		l4, r = parseIPv4(b, &pos, &p)
+	case etherIPv6:
+		l4, r = parseIPv6(b, &pos, &p)
+	default:
+		return p, maps.ReasonNonIP
+	}
+	if r != maps.ReasonOK || l4 < 0 {
+		return p, r
+	}
+	return p, parseL4(b, pos, &p, uint8(l4))
+}
+
+func isVLAN(et uint16) bool { return et == ether8021Q || et == ether8021A }
+
+// parseIPv4 returns the L4 protocol, or -1 for a non-first fragment.
+func parseIPv4(b []byte, pos *int, p *Packet) (int, maps.Reason) {
+	h := *pos
+	if h+20 > len(b) {
+		return 0, maps.ReasonBadIPv4
+	}
+	if b[h]>>4 != 4 || b[h]&0x0f < 5 {
+		return 0, maps.ReasonBadIPv4
+	}
+	hlen := int(b[h]&0x0f) * 4
+	if h+hlen > len(b) {
+		return 0, maps.ReasonBadIPv4
+	}
+	*pos = h + hlen
+	p.Addr = [16]byte{10: 0xff, 11: 0xff}
+	copy(p.Addr[12:], b[h+12:h+16])
+	p.Proto = b[h+9]
+	if binary.BigEndian.Uint16(b[h+6:])&0x1fff != 0 {
+		return -1, maps.ReasonOK
+	}
+	return int(p.Proto), maps.ReasonOK
+}
+
+// parseIPv6 walks at most MaxIPv6Ext extension headers; it returns the L4
+// protocol, or -1 for a non-first fragment or a chain it did not finish.
+func parseIPv6(b []byte, pos *int, p *Packet) (int, maps.Reason) {
+	h := *pos
+	if h+40 > len(b) {
+		return 0, maps.ReasonBadIPv6
+	}
+	if b[h]>>4 != 6 {
+		return 0, maps.ReasonBadIPv6
+	}
+	copy(p.Addr[:], b[h+8:h+24])
+	next := b[h+6]
+	c := h + 40
+	for range MaxIPv6Ext {
+		switch next {
+		case protoHopOpts, protoRouting, protoDstOpts:
+			if c+2 > len(b) {
+				return 0, maps.ReasonBadIPv6
+			}
+			next = b[c]
+			c += (int(b[c+1]) + 1) * 8
+		case protoAH:
+			if c+2 > len(b) {
+				return 0, maps.ReasonBadIPv6
+			}
+			next = b[c]
+			c += (int(b[c+1]) + 2) * 4
+		case protoFragment:
+			if c+8 > len(b) {
+				return 0, maps.ReasonBadIPv6
+			}
+			next = b[c]
+			fragOff := binary.BigEndian.Uint16(b[c+2:])
+			c += 8
+			p.Proto = next
+			if fragOff&0xfff8 != 0 {
+				*pos = c
+				return -1, maps.ReasonOK
+			}
+		default:
+			p.Proto = next
+			*pos = c
+			return int(next), maps.ReasonOK
+		}
+		if c > len(b) {
+			return 0, maps.ReasonBadIPv6
+		}
+	}
+	p.Proto = next
+	*pos = c
+	return -1, maps.ReasonOK
+}
+
+// parseL4 reads ports (ICMP: the type as destination port). Protocols
+// without ports are not an error.
+func parseL4(b []byte, pos int, p *Packet, proto uint8) maps.Reason {
+	switch proto {
+	case protoTCP, protoUDP:
+		need := 8
+		if proto == protoTCP {
+			need = 20
+		}
+		if pos+need > len(b) {
+			return maps.ReasonBadL4
+		}
+		p.SrcPort = binary.BigEndian.Uint16(b[pos:])
+		p.DstPort = binary.BigEndian.Uint16(b[pos+2:])
+		p.HasL4 = true
+	case protoICMP, protoICMPv6:
+		if pos+8 > len(b) {
+			return maps.ReasonBadL4
+		}
+		p.DstPort = uint16(b[pos])
+		p.HasL4 = true
+	}
+	return maps.ReasonOK
+}
