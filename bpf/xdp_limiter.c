@@ -41,6 +41,7 @@ struct eg_btf_anchor {
 	enum eg_origin origin;
 	enum eg_global_slot global_slot;
 	enum eg_rule_action rule_action;
+	enum eg_sizes sizes;
 	struct eg_prefix_val prefix_val;
 	struct eg_sample sample;
 };
@@ -69,9 +70,11 @@ static __always_inline __u64 now_ticks(void)
 	return ns << EG_TICK_SHIFT;
 }
 
-static __always_inline void count(__u32 action, __u32 reason, __u32 len)
+static __always_inline void count(__u32 ifindex, __u32 action, __u32 reason, __u32 len)
 {
-	__u32 idx = action * EG_R_MAX + reason;
+	__u32 *slotp = bpf_map_lookup_elem(&iface_slots, &ifindex);
+	__u32 slot = slotp && *slotp < EG_IFACE_SLOTS ? *slotp : 0;
+	__u32 idx = (slot * EG_ACT_MAX + action) * EG_R_MAX + reason;
 	struct eg_counter *c = bpf_map_lookup_elem(&stats, &idx);
 
 	if (c) {
@@ -123,10 +126,10 @@ static __always_inline void sample(const struct verdict *v, const struct pkt_inf
 
 /* finish is the one exit: it records the verdict and turns it into an XDP
  * action. */
-static __always_inline int finish(const struct verdict *v, const struct pkt_info *pi,
+static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, const struct pkt_info *pi,
 				  const struct eg_config *cfg, __u64 now)
 {
-	count(v->action, v->reason, pi->len);
+	count(ctx->ingress_ifindex, v->action, v->reason, pi->len);
 	if (v->counted_rule)
 		count_rule(v->rule_id, v->action, pi->len);
 	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY && now)
@@ -282,7 +285,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		ret = parse_ipv6(&c, &pi);
 	} else {
 		v.reason = EG_R_NON_IP;
-		return finish(&v, &pi, cfg, now);
+		return finish(ctx, &v, &pi, cfg, now);
 	}
 	if (ret < -1)
 		goto malformed;
@@ -317,7 +320,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		}
 		if (lv->allow_until > ns) {
 			v.reason = EG_R_ALLOW;
-			return finish(&v, &pi, cfg, now);
+			return finish(ctx, &v, &pi, cfg, now);
 		}
 	}
 
@@ -345,7 +348,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	v.counted_rule = 1;
 	if (rule->action == EG_RULE_PASS) {
 		v.reason = EG_R_RULE_PASS;
-		return finish(&v, &pi, cfg, now);
+		return finish(ctx, &v, &pi, cfg, now);
 	}
 	if (rule->action == EG_RULE_DROP) {
 		v.action = EG_ACT_DROP;
@@ -417,7 +420,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		v.reason = EG_R_GLOBAL_LIMIT;
 		goto limited;
 	}
-	return finish(&v, &pi, cfg, now);
+	return finish(ctx, &v, &pi, cfg, now);
 
 limited:
 	v.action = EG_ACT_DROP;
@@ -427,7 +430,7 @@ verdict:
 		dry = rule->mode == EG_MODE_DRY_RUN;
 	if (dry)
 		v.action = EG_ACT_WOULD_DROP;
-	return finish(&v, &pi, cfg, now);
+	return finish(ctx, &v, &pi, cfg, now);
 
 malformed:
 	v.reason = -ret;
@@ -439,10 +442,10 @@ malformed:
 	}
 	if (cfg && cfg->valid && cfg->malformed_verdict == EG_ACT_DROP)
 		v.action = cfg->mode == EG_MODE_DRY_RUN ? EG_ACT_WOULD_DROP : EG_ACT_DROP;
-	return finish(&v, &pi, NULL, 0);
+	return finish(ctx, &v, &pi, NULL, 0);
 
 no_policy:
 	v.reason = EG_R_NO_POLICY;
 	v.counted_rule = 0;
-	return finish(&v, &pi, cfg, 0);
+	return finish(ctx, &v, &pi, cfg, 0);
 }

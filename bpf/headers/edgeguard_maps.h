@@ -103,13 +103,24 @@ struct {
 	__type(value, struct eg_bucket);
 } global_buckets SEC(".maps");
 
-/* Counters by action and reason: index action * EG_R_MAX + reason. */
+/* Counters by interface slot, action and reason:
+ * index (slot * EG_ACT_MAX + action) * EG_R_MAX + reason. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, EG_ACT_MAX * EG_R_MAX);
+	__uint(max_entries, EG_IFACE_SLOTS * EG_ACT_MAX * EG_R_MAX);
 	__type(key, __u32);
 	__type(value, struct eg_counter);
 } stats SEC(".maps");
+
+/* ifindex -> counter slot (1..EG_IFACE_SLOTS-1), set by the loader when it
+ * attaches. An array, not a hash, so the lookup is a bounds check and an
+ * add; ifindexes past its end count under slot 0 ("other"). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EG_IFINDEX_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+} iface_slots SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -22,6 +22,13 @@
  * fractions of a tick per byte (100 Gbit/s is 1.28 ticks per byte). */
 #define EG_BYTE_SHIFT 16
 
+/* Counters are kept per interface slot; slot 0 counts interfaces without a
+ * slot of their own. */
+enum eg_sizes {
+	EG_IFACE_SLOTS = 16,
+	EG_IFINDEX_MAX = 65536,
+};
+
 /* "Never expires" for list entries. */
 #define EG_FOREVER 0xffffffffffffffffULL
 

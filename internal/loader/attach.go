@@ -38,9 +38,11 @@ func ParseMode(s string) (Mode, error) {
 
 // Attachment is the program attached to one interface through a BPF link.
 type Attachment struct {
-	Iface string
-	Mode  Mode // the mode actually in use
-	Link  link.Link
+	Iface   string
+	Ifindex int
+	Mode    Mode   // the mode actually in use
+	Slot    uint32 // counter slot (0: shared "other" slot)
+	Link    link.Link
 }
 
 // ErrOtherProgram means another XDP program is attached to the interface.
@@ -62,6 +64,10 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", iface, err)
 	}
+	slot, err := d.assignSlot(ifc.Index)
+	if err != nil {
+		return nil, err
+	}
 	if pin := d.linkPin(iface); pin != "" {
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 			if err := l.Update(d.Objects.XdpLimiter); err != nil {
@@ -69,7 +75,7 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 				return nil, fmt.Errorf("update pinned xdp link on %s: %w", iface, err)
 			}
 			d.log.Info("took over pinned xdp link", "iface", iface)
-			return &Attachment{Iface: iface, Mode: pinnedMode(ifc.Index), Link: l}, nil
+			return &Attachment{Iface: iface, Ifindex: ifc.Index, Mode: pinnedMode(ifc.Index), Slot: slot, Link: l}, nil
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("open pinned xdp link %s: %w", pin, err)
 		}
@@ -112,7 +118,7 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 			return nil, fmt.Errorf("pin xdp link on %s: %w", iface, err)
 		}
 	}
-	return &Attachment{Iface: iface, Mode: used, Link: l}, nil
+	return &Attachment{Iface: iface, Ifindex: ifc.Index, Mode: used, Slot: slot, Link: l}, nil
 }
 
 // checkNoOtherXDP returns ErrOtherProgram, with what is there and how to
@@ -167,4 +173,57 @@ func (a *Attachment) Detach() error {
 // Release closes the link's file descriptor; a pinned link keeps enforcing.
 func (a *Attachment) Release() error {
 	return a.Link.Close()
+}
+
+// assignSlot gives the interface a counter slot of its own (1..15), keeping
+// the one it already has (after a restart, from the pinned map). When all
+// slots are taken the interface counts under slot 0 with the others.
+func (d *Datapath) assignSlot(ifindex int) (uint32, error) {
+	if ifindex <= 0 || ifindex >= int(LimiterEgSizesEG_IFINDEX_MAX) {
+		return 0, nil
+	}
+	var slot uint32
+	if err := d.Objects.IfaceSlots.Lookup(uint32(ifindex), &slot); err != nil {
+		return 0, fmt.Errorf("read interface slot: %w", err)
+	}
+	if slot != 0 {
+		return slot, nil
+	}
+	used := map[uint32]bool{}
+	var k, v uint32
+	it := d.Objects.IfaceSlots.Iterate()
+	for it.Next(&k, &v) {
+		if v != 0 {
+			used[v] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read interface slots: %w", err)
+	}
+	for s := uint32(1); s < uint32(LimiterEgSizesEG_IFACE_SLOTS); s++ {
+		if !used[s] {
+			if err := d.Objects.IfaceSlots.Put(uint32(ifindex), s); err != nil {
+				return 0, fmt.Errorf("assign interface slot: %w", err)
+			}
+			return s, nil
+		}
+	}
+	d.log.Warn("all interface counter slots taken; counting under 'other'", "ifindex", ifindex)
+	return 0, nil
+}
+
+// Slots maps counter slots to interface indexes, as assigned by Attach.
+func (d *Datapath) Slots() (map[uint32]int, error) {
+	out := map[uint32]int{}
+	var k, v uint32
+	it := d.Objects.IfaceSlots.Iterate()
+	for it.Next(&k, &v) {
+		if v != 0 {
+			out[v] = int(k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read interface slots: %w", err)
+	}
+	return out, nil
 }

@@ -65,6 +65,7 @@ type LimiterEgBtfAnchor struct {
 	Origin     uint32
 	GlobalSlot uint32
 	RuleAction uint32
+	Sizes      uint32
 	PrefixVal  struct {
 		_       structs.HostLayout
 		RuleId  uint32
@@ -73,7 +74,6 @@ type LimiterEgBtfAnchor struct {
 		Pad0    uint16
 		Pad1    uint32
 	}
-	_      [4]byte
 	Sample struct {
 		_       structs.HostLayout
 		KtimeNs uint64
@@ -253,6 +253,13 @@ type LimiterEgSample struct {
 	Pad     [7]uint8
 }
 
+type LimiterEgSizes uint32
+
+const (
+	LimiterEgSizesEG_IFACE_SLOTS LimiterEgSizes = 16
+	LimiterEgSizesEG_IFINDEX_MAX LimiterEgSizes = 65536
+)
+
 type LimiterEgSrcKey struct {
 	_      structs.HostLayout
 	RuleId uint32
@@ -268,6 +275,7 @@ const (
 	LimiterMapAggBuckets    = "agg_buckets"
 	LimiterMapConfigs       = "configs"
 	LimiterMapGlobalBuckets = "global_buckets"
+	LimiterMapIfaceSlots    = "iface_slots"
 	LimiterMapL4Rules       = "l4_rules"
 	LimiterMapLists         = "lists"
 	LimiterMapPrefixGens    = "prefix_gens"
@@ -336,6 +344,7 @@ type LimiterMapSpecs struct {
 	AggBuckets    *ebpf.MapSpec `ebpf:"agg_buckets"`
 	Configs       *ebpf.MapSpec `ebpf:"configs"`
 	GlobalBuckets *ebpf.MapSpec `ebpf:"global_buckets"`
+	IfaceSlots    *ebpf.MapSpec `ebpf:"iface_slots"`
 	L4Rules       *ebpf.MapSpec `ebpf:"l4_rules"`
 	Lists         *ebpf.MapSpec `ebpf:"lists"`
 	PrefixGens    *ebpf.MapSpec `ebpf:"prefix_gens"`
@@ -380,6 +389,7 @@ type LimiterMaps struct {
 	AggBuckets    *ebpf.Map `ebpf:"agg_buckets"`
 	Configs       *ebpf.Map `ebpf:"configs"`
 	GlobalBuckets *ebpf.Map `ebpf:"global_buckets"`
+	IfaceSlots    *ebpf.Map `ebpf:"iface_slots"`
 	L4Rules       *ebpf.Map `ebpf:"l4_rules"`
 	Lists         *ebpf.Map `ebpf:"lists"`
 	PrefixGens    *ebpf.Map `ebpf:"prefix_gens"`
@@ -397,6 +407,7 @@ func (m *LimiterMaps) Close() error {
 		m.AggBuckets,
 		m.Configs,
 		m.GlobalBuckets,
+		m.IfaceSlots,
 		m.L4Rules,
 		m.Lists,
 		m.PrefixGens,

@@ -89,7 +89,7 @@ var pinned = []string{
 	LimiterMapActive, LimiterMapConfigs, LimiterMapRules, LimiterMapLists,
 	LimiterMapPrefixGens, LimiterMapL4Rules, LimiterMapSrcBuckets,
 	LimiterMapAggBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
-	LimiterMapRuleStats, LimiterMapSamples,
+	LimiterMapRuleStats, LimiterMapSamples, LimiterMapIfaceSlots,
 }
 
 // Spec returns the collection spec with sizes and constants applied.

@@ -31,18 +31,44 @@ func (c *Counters) Total(a Action) Counter {
 // Get returns one (action, reason) counter.
 func (c *Counters) Get(a Action, r Reason) Counter { return c[a][r] }
 
-// Counters reads the global counters.
+// IfaceSlots is how many interface slots the counters have; slot 0 counts
+// every interface without a slot of its own.
+const IfaceSlots = int(loader.LimiterEgSizesEG_IFACE_SLOTS)
+
+// Counters reads the counters summed over CPUs and interfaces.
 func (m *Maps) Counters() (Counters, error) {
+	slots, err := m.CountersBySlot()
+	if err != nil {
+		return Counters{}, err
+	}
 	var out Counters
-	var per []loader.LimiterEgCounter
-	for a := 0; a < numActions; a++ {
-		for r := 0; r < numReasons; r++ {
-			if err := m.o.Stats.Lookup(uint32(a*numReasons+r), &per); err != nil {
-				return out, fmt.Errorf("read counters: %w", err)
+	for _, s := range slots {
+		for a := range s {
+			for r := range s[a] {
+				out[a][r].Packets += s[a][r].Packets
+				out[a][r].Bytes += s[a][r].Bytes
 			}
-			for _, c := range per {
-				out[a][r].Packets += c.Packets
-				out[a][r].Bytes += c.Bytes
+		}
+	}
+	return out, nil
+}
+
+// CountersBySlot reads the counters of every interface slot, summed over
+// CPUs, in one batch where the kernel can.
+func (m *Maps) CountersBySlot() ([IfaceSlots]Counters, error) {
+	var out [IfaceSlots]Counters
+	var per []loader.LimiterEgCounter
+	for slot := 0; slot < IfaceSlots; slot++ {
+		for a := 0; a < numActions; a++ {
+			for r := 0; r < numReasons; r++ {
+				idx := uint32((slot*numActions+a)*numReasons + r)
+				if err := m.o.Stats.Lookup(idx, &per); err != nil {
+					return out, fmt.Errorf("read counters: %w", err)
+				}
+				for _, c := range per {
+					out[slot][a][r].Packets += c.Packets
+					out[slot][a][r].Bytes += c.Bytes
+				}
 			}
 		}
 	}
