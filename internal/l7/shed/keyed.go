@@ -78,14 +78,13 @@ func NewKeyed(cfg KeyedConfig) (*Keyed, error) {
 	if k.seed == 0 {
 		k.seed = rand.Uint64()
 	}
-	if k.perKey.Clock == nil || k.perKey.AfterFunc == nil {
-		// Share one clock and timer source rather than one per key.
-		probe, err := New(k.perKey)
-		if err != nil {
-			return nil, fmt.Errorf("shed: keyed limiter: %w", err)
-		}
-		k.perKey.Clock, k.perKey.AfterFunc = probe.clock, probe.afterFunc
+	// Validate once, and share one clock, timer source and logger rather
+	// than one per key.
+	probe, err := New(k.perKey)
+	if err != nil {
+		return nil, fmt.Errorf("shed: keyed limiter: %w", err)
 	}
+	k.perKey.Clock, k.perKey.AfterFunc, k.perKey.Logger = probe.clock, probe.afterFunc, probe.log
 	overflow, err := k.newLimiter("\x00overflow")
 	if err != nil {
 		return nil, fmt.Errorf("shed: keyed limiter: %w", err)
