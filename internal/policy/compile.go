@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -255,7 +256,24 @@ func walkNested(prefixes []netip.Prefix, visit func(i, parent int)) {
 	}
 }
 
+// sortKey orders unified prefixes like comparePrefix, with integer compares.
+type sortKey struct {
+	hi, lo uint64
+	bits   int
+}
+
+func keyOf(p netip.Prefix) sortKey {
+	b := p.Addr().As16()
+	return sortKey{hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:]), bits: p.Bits()}
+}
+
+func compareKey(a, b sortKey) int {
+	return cmp.Or(cmp.Compare(a.hi, b.hi), cmp.Compare(a.lo, b.lo), cmp.Compare(a.bits, b.bits))
+}
+
 type factsNode struct {
+	key        sortKey
+	prefix     netip.Prefix // unified
 	hasRule    bool
 	ruleID     uint32
 	hasASN     bool
@@ -270,24 +288,17 @@ type factsNode struct {
 	countryEff Country
 }
 
+// ipv4Range is 0.0.0.0/0 in the unified space.
+func ipv4Range() netip.Prefix { return unify(netip.PrefixFrom(netip.IPv4Unspecified(), 0)) }
+
 func compilePrefixes(rules []Rule, asnData []asn.Entry) ([]PrefixFact, []string, error) {
-	nodes := map[netip.Prefix]*factsNode{}
-	node := func(p netip.Prefix) *factsNode {
-		u := unify(p.Masked())
-		n := nodes[u]
-		if n == nil {
-			n = &factsNode{}
-			nodes[u] = n
-		}
-		return n
-	}
+	nodes := make([]factsNode, 0, len(asnData)+16)
 	asnRule := map[uint32]uint32{}
 	countryRule := map[Country]uint32{}
 	for _, r := range rules {
 		id := RuleID(r.Name)
 		for _, p := range r.Match.Prefixes {
-			n := node(p)
-			n.hasRule, n.ruleID = true, id
+			nodes = append(nodes, factsNode{prefix: unify(p.Masked()), hasRule: true, ruleID: id})
 		}
 		for _, a := range r.Match.ASNs {
 			asnRule[a] = id
@@ -302,12 +313,7 @@ func compilePrefixes(rules []Rule, asnData []asn.Entry) ([]PrefixFact, []string,
 		if !e.Prefix.IsValid() {
 			return nil, nil, fmt.Errorf("compile policy: asn data holds an invalid prefix (AS%d)", e.ASN)
 		}
-		n := node(e.Prefix)
-		if n.hasASN && (n.asn != e.ASN || n.country != Country(e.Country)) {
-			return nil, nil, fmt.Errorf("compile policy: asn data lists %s twice (AS%d %s and AS%d %s)",
-				e.Prefix, n.asn, n.country, e.ASN, Country(e.Country))
-		}
-		n.hasASN, n.asn, n.country = true, e.ASN, Country(e.Country)
+		nodes = append(nodes, factsNode{prefix: unify(e.Prefix.Masked()), hasASN: true, asn: e.ASN, country: Country(e.Country)})
 		seenASN[e.ASN] = true
 		seenCountry[Country(e.Country)] = true
 	}
@@ -327,18 +333,42 @@ func compilePrefixes(rules []Rule, asnData []asn.Entry) ([]PrefixFact, []string,
 	if len(nodes) == 0 {
 		return nil, warnings, nil
 	}
-	node(netip.MustParsePrefix("0.0.0.0/0")).boundary = true
-	order := make([]netip.Prefix, 0, len(nodes))
-	for p := range nodes {
-		order = append(order, p)
+	nodes = append(nodes, factsNode{prefix: ipv4Range(), boundary: true})
+	for i := range nodes {
+		nodes[i].key = keyOf(nodes[i].prefix)
 	}
-	slices.SortFunc(order, comparePrefix)
-	var out []PrefixFact
-	walkNested(order, func(i, parent int) {
-		n := nodes[order[i]]
-		var up *factsNode
+	slices.SortFunc(nodes, func(a, b factsNode) int { return compareKey(a.key, b.key) })
+	// Merge nodes of the same prefix: a rule prefix, an ASN range and the
+	// IPv4 boundary may coincide.
+	merged := nodes[:1]
+	for _, n := range nodes[1:] {
+		m := &merged[len(merged)-1]
+		if m.prefix != n.prefix {
+			merged = append(merged, n)
+			continue
+		}
+		if n.hasASN && m.hasASN && (m.asn != n.asn || m.country != n.country) {
+			return nil, nil, fmt.Errorf("compile policy: asn data lists %s twice (AS%d %s and AS%d %s)",
+				ununify(n.prefix), m.asn, m.country, n.asn, n.country)
+		}
+		if n.hasRule {
+			m.hasRule, m.ruleID = true, n.ruleID
+		}
+		if n.hasASN {
+			m.hasASN, m.asn, m.country = true, n.asn, n.country
+		}
+		m.boundary = m.boundary || n.boundary
+	}
+	nodes = merged
+	prefixes := make([]netip.Prefix, len(nodes))
+	for i := range nodes {
+		prefixes[i] = nodes[i].prefix
+	}
+	out := make([]PrefixFact, 0, len(nodes))
+	walkNested(prefixes, func(i, parent int) {
+		n := &nodes[i]
 		if parent >= 0 && !n.boundary {
-			up = nodes[order[parent]]
+			up := &nodes[parent]
 			n.hasRuleEff, n.ruleEff = up.hasRuleEff, up.ruleEff
 			n.hasASNEff, n.asnEff, n.countryEff = up.hasASNEff, up.asnEff, up.countryEff
 		}
@@ -348,7 +378,7 @@ func compilePrefixes(rules []Rule, asnData []asn.Entry) ([]PrefixFact, []string,
 		if n.hasASN {
 			n.hasASNEff, n.asnEff, n.countryEff = true, n.asn, n.country
 		}
-		n.facts = PrefixFact{Prefix: ununify(order[i]), ASN: n.asnEff, Country: n.countryEff}
+		n.facts = PrefixFact{Prefix: ununify(n.prefix), ASN: n.asnEff, Country: n.countryEff}
 		switch {
 		case n.hasRuleEff:
 			n.facts.RuleID = n.ruleEff
@@ -362,14 +392,25 @@ func compilePrefixes(rules []Rule, asnData []asn.Entry) ([]PrefixFact, []string,
 		// facts, or no match (default rule, no ASN) at the top.
 		var inherited PrefixFact
 		if parent >= 0 {
-			inherited = nodes[order[parent]].facts
+			inherited = nodes[parent].facts
 		}
 		inherited.Prefix = n.facts.Prefix
 		if n.facts != inherited {
 			out = append(out, n.facts)
 		}
 	})
-	slices.SortFunc(out, func(a, b PrefixFact) int { return compareOutput(a.Prefix, b.Prefix) })
+	// The walk is in unified address order, where IPv4 is one contiguous
+	// run inside the IPv6 space; move it to the front.
+	first := slices.IndexFunc(out, func(f PrefixFact) bool { return f.Prefix.Addr().Is4() })
+	if first > 0 {
+		n := first
+		for n < len(out) && out[n].Prefix.Addr().Is4() {
+			n++
+		}
+		slices.Reverse(out[:first])
+		slices.Reverse(out[first:n])
+		slices.Reverse(out[:n])
+	}
 	return out, warnings, nil
 }
 
@@ -416,7 +457,7 @@ func compileLists(deny, allow []ListEntry) []ListRecord {
 	if len(nodes) == 0 {
 		return nil
 	}
-	node(netip.MustParsePrefix("0.0.0.0/0")).boundary = true
+	node(netip.PrefixFrom(netip.IPv4Unspecified(), 0)).boundary = true
 	order := make([]netip.Prefix, 0, len(nodes))
 	for p := range nodes {
 		order = append(order, p)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -134,6 +135,9 @@ func TestCompilePrefixesAgainstDefinition(t *testing.T) {
 			if got != want {
 				t.Fatalf("seed %d: %s gets %+v, want %+v (rule %s)\npolicy:\n%s\nentries:\n%s", seed, addr, got, want, wantRule, src, factsString(c.Prefixes, ruleNames(c)))
 			}
+		}
+		if !slices.IsSortedFunc(c.Prefixes, func(a, b PrefixFact) int { return compareOutput(a.Prefix, b.Prefix) }) {
+			t.Fatalf("seed %d: entries are not sorted IPv4 first, then by address and length", seed)
 		}
 		// Minimality: no entry equals what the lookup would give without it.
 		for i, e := range c.Prefixes {
