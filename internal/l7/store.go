@@ -37,14 +37,14 @@ func (l *Limiter) TakeAt(now, n int64) Decision {
 type StoreConfig struct {
 	// Capacity is the hard maximum number of keys, fixed at creation: the
 	// store allocates 24 bytes per key slot up front and never grows. Size
-	// it about 1.25x the expected number of concurrently active keys: keys
-	// live in 8-way buckets, and a bucket full of active keys cannot take
-	// another (see FailClosed).
+	// it about 1.25x the expected number of concurrently active keys: each
+	// key may live in one of two 8-way buckets, and a key whose two buckets
+	// are full of active keys cannot be tracked (see FailClosed).
 	Capacity int
 	// Shards is the number of independently locked shards, a power of two
 	// (0 means 256, fewer for tiny stores).
 	Shards int
-	// FailClosed rejects a new key that finds its bucket full of active
+	// FailClosed rejects a new key that finds both its buckets full of active
 	// keys (RetryAfter = Window, not exact). The default admits it without
 	// tracking it and counts it in StoreStats.Full: an attacker spraying
 	// keys then gets through this rule, never evicts a limited key.
@@ -56,7 +56,7 @@ type StoreStats struct {
 	Keys      int64 // occupied slots (idle keys stay until reused or swept)
 	Capacity  int64 // slots allocated
 	Evictions int64 // idle keys replaced by new ones or swept
-	Full      int64 // new keys that found their bucket full of active keys
+	Full      int64 // new keys that found both buckets full of active keys
 }
 
 const bucketWays = 8
@@ -78,7 +78,7 @@ type storeShard struct {
 
 // Store applies one Algorithm to millions of keys in a fixed amount of
 // memory: keys are 64-bit hashes (KeyHash), sharded by their top bits, each
-// shard an array of 8-way buckets behind its own mutex (no global lock).
+// shard an array of 8-way buckets (two candidates per key) behind its own mutex (no global lock).
 // Idle keys (Algorithm.Idle: indistinguishable from fresh) are replaced when
 // a new key needs their slot, so eviction never resets a limited key.
 //
@@ -140,9 +140,44 @@ func (s *Store) shardIndex(key uint64) int {
 	return int(key>>s.shift) & (len(s.shards) - 1)
 }
 
-func (sh *storeShard) bucketFor(key uint64) *bucket {
-	// Lemire's multiply-shift range reduction on the low 32 bits.
-	return &sh.buckets[(key&0xffffffff)*uint64(len(sh.buckets))>>32]
+// buckets returns the key's two candidate buckets (two-choice hashing: a
+// new key goes to the emptier one, which keeps overflow negligible up to
+// ~90% fill). Lemire's multiply-shift maps 32 hash bits to a bucket index.
+func (sh *storeShard) buckets2(key uint64) (*bucket, *bucket) {
+	n := uint64(len(sh.buckets))
+	k2 := key * 0x9e3779b97f4a7c15
+	return &sh.buckets[(key&0xffffffff)*n>>32], &sh.buckets[(k2>>32)*n>>32]
+}
+
+func (b *bucket) find(key uint64) int {
+	for i := range b.keys {
+		if b.keys[i] == key {
+			return i
+		}
+	}
+	return -1
+}
+
+func (b *bucket) free() (slot, n int) {
+	slot = -1
+	for i := range b.keys {
+		if b.keys[i] == 0 {
+			if slot < 0 {
+				slot = i
+			}
+			n++
+		}
+	}
+	return slot, n
+}
+
+func (s *Store) idleSlot(b *bucket, now int64) int {
+	for i := range b.keys {
+		if s.alg.Idle(b.states[i], now) {
+			return i
+		}
+	}
+	return -1
 }
 
 func normKey(key uint64) uint64 {
@@ -179,38 +214,38 @@ type undo struct {
 // takeLocked decides and, when allowed, writes. If u is not nil the slot's
 // previous content is saved in it (u.b == nil when nothing was written).
 func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (Decision, bool) {
-	b := sh.bucketFor(key)
-	for i := range b.keys {
-		if b.keys[i] == key {
-			st, d := s.alg.Take(b.states[i], now, n)
-			if d.Allowed && st != b.states[i] {
-				if u != nil {
-					*u = undo{b: b, i: i, key: key, state: b.states[i], sh: sh, keys: sh.keys, evict: sh.evictions}
-				}
-				b.states[i] = st
+	b1, b2 := sh.buckets2(key)
+	b, i := b1, b1.find(key)
+	if i < 0 {
+		b, i = b2, b2.find(key)
+	}
+	if i >= 0 {
+		st, d := s.alg.Take(b.states[i], now, n)
+		if d.Allowed && st != b.states[i] {
+			if u != nil {
+				*u = undo{b: b, i: i, key: key, state: b.states[i], sh: sh, keys: sh.keys, evict: sh.evictions}
 			}
-			return d, true
+			b.states[i] = st
 		}
+		return d, true
 	}
 	st, d := s.alg.Take(State{}, now, n)
 	if !d.Allowed || st == (State{}) {
 		return d, true
 	}
-	free := -1
-	for i := range b.keys {
-		if b.keys[i] == 0 {
-			free = i
-			break
-		}
+	f1, n1 := b1.free()
+	f2, n2 := b2.free()
+	b, free, evict := b1, f1, false
+	if n2 > n1 {
+		b, free = b2, f2
 	}
-	evict := false
 	if free < 0 {
-		for i := range b.keys {
-			if s.alg.Idle(b.states[i], now) {
-				free, evict = i, true
-				break
-			}
+		if free = s.idleSlot(b1, now); free >= 0 {
+			b = b1
+		} else if free = s.idleSlot(b2, now); free >= 0 {
+			b = b2
 		}
+		evict = free >= 0
 	}
 	if free < 0 {
 		sh.full++
