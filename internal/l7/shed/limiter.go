@@ -73,8 +73,12 @@ type Limiter struct {
 	inFlight atomic.Int64
 	// waiting counts queued requests plus, transiently, the one acquirer
 	// inside the slow path. Only changed under mu.
-	waiting     atomic.Int64
-	limit       atomic.Int64
+	waiting atomic.Int64
+	limit   atomic.Int64
+	// sharedLimit is limit minus the critical reserve: the threshold for
+	// default and sheddable requests, kept next to limit so the fast path
+	// does no division.
+	sharedLimit atomic.Int64
 	reservePct  int64
 	adaptive    *aimd
 	clock       l7.Clock
@@ -142,14 +146,14 @@ func New(cfg Config) (*Limiter, error) {
 			return nil, fmt.Errorf("shed: adaptive limit: %w", err)
 		}
 		l.adaptive = a
-		l.limit.Store(a.limit)
+		l.storeLimit(a.limit)
 		return l, nil
 	}
 	if cfg.MaxInFlight < 1 {
 		return nil, fmt.Errorf("shed: max in-flight %d: must be at least 1 (or set Adaptive)", cfg.MaxInFlight)
 	}
 	l.staticLimit = int64(cfg.MaxInFlight)
-	l.limit.Store(l.staticLimit)
+	l.storeLimit(l.staticLimit)
 	return l, nil
 }
 
@@ -183,11 +187,19 @@ func (p Permit) Release() {
 
 // threshold is the in-flight count below which a request of priority p may
 // take a slot.
-func (l *Limiter) threshold(p Priority, limit int64) int64 {
+func (l *Limiter) threshold(p Priority) int64 {
 	if p == PriorityCritical {
-		return limit
+		return l.limit.Load()
 	}
-	return limit - reserveFor(limit, l.reservePct)
+	return l.sharedLimit.Load()
+}
+
+// storeLimit installs limit n. The two stores are not one atomic step: for
+// an instant after a change a request may be judged against the old shared
+// threshold and the new limit, never beyond the larger of the two limits.
+func (l *Limiter) storeLimit(n int64) int64 {
+	l.sharedLimit.Store(n - reserveFor(n, l.reservePct))
+	return l.limit.Swap(n)
 }
 
 // reserveFor is the number of slots reserved for critical requests: pct of
@@ -236,7 +248,7 @@ func (l *Limiter) Acquire(ctx context.Context, p Priority) (Permit, error) {
 		p = PriorityDefault
 	}
 	if l.waiting.Load() == 0 {
-		ok, closed := l.tryTake(l.threshold(p, l.limit.Load()))
+		ok, closed := l.tryTake(l.threshold(p))
 		if ok {
 			return l.grant(p), nil
 		}
@@ -250,7 +262,7 @@ func (l *Limiter) Acquire(ctx context.Context, p Priority) (Permit, error) {
 func (l *Limiter) acquireSlow(ctx context.Context, p Priority) (Permit, error) {
 	l.mu.Lock()
 	l.waiting.Add(1)
-	ok, closed := l.tryTake(l.threshold(p, l.limit.Load()))
+	ok, closed := l.tryTake(l.threshold(p))
 	if ok || closed {
 		l.waiting.Add(-1)
 		l.mu.Unlock()
@@ -394,7 +406,7 @@ func (l *Limiter) dispatchLocked() {
 		}
 		// The head of the best queue is the only candidate: default and
 		// sheddable share a threshold, and critical's is the highest.
-		if ok, _ := l.tryTake(l.threshold(w.prio, l.limit.Load())); !ok {
+		if ok, _ := l.tryTake(l.threshold(w.prio)); !ok {
 			return
 		}
 		l.removeLocked(w, waiterGranted, 0)
@@ -404,7 +416,7 @@ func (l *Limiter) dispatchLocked() {
 // setLimit installs a new concurrency limit and, if it grew, lets queued
 // requests in.
 func (l *Limiter) setLimit(n int64) {
-	old := l.limit.Swap(n)
+	old := l.storeLimit(n)
 	if n > old && l.waiting.Load() > 0 {
 		l.mu.Lock()
 		l.dispatchLocked()

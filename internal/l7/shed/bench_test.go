@@ -1,0 +1,142 @@
+package shed
+
+import (
+	"context"
+	"strconv"
+	"testing"
+)
+
+// BenchmarkShedAcquire measures one Acquire+Release on the fast path (a
+// free slot, an empty queue): serial, parallel on one limiter, with the
+// adaptive limit's sampling, and through a Keyed table.
+func BenchmarkShedAcquire(b *testing.B) {
+	ctx := context.Background()
+	newLimiter := func(b *testing.B, cfg Config) *Limiter {
+		l, err := New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return l
+	}
+	b.Run("serial", func(b *testing.B) {
+		l := newLimiter(b, Config{MaxInFlight: 1 << 20})
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := l.Acquire(ctx, PriorityDefault)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Release()
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		l := newLimiter(b, Config{MaxInFlight: 1 << 20})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				p, err := l.Acquire(ctx, PriorityDefault)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				p.Release()
+			}
+		})
+	})
+	b.Run("serial-adaptive", func(b *testing.B) {
+		l := newLimiter(b, Config{Adaptive: &AdaptiveConfig{InitialLimit: 1 << 19, MaxLimit: 1 << 20}})
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := l.Acquire(ctx, PriorityDefault)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Release()
+		}
+	})
+	b.Run("parallel-adaptive", func(b *testing.B) {
+		l := newLimiter(b, Config{Adaptive: &AdaptiveConfig{InitialLimit: 1 << 19, MaxLimit: 1 << 20}})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				p, err := l.Acquire(ctx, PriorityDefault)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				p.Release()
+			}
+		})
+	})
+	b.Run("parallel-keyed", func(b *testing.B) {
+		k, err := NewKeyed(KeyedConfig{PerKey: Config{MaxInFlight: 1 << 20}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys := make([]string, 1024)
+		for i := range keys {
+			keys[i] = "client-" + strconv.Itoa(i)
+		}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				p, err := k.Acquire(ctx, keys[i%len(keys)], PriorityDefault)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				p.Release()
+				i++
+			}
+		})
+	})
+	b.Run("shed-at-limit", func(b *testing.B) {
+		l := newLimiter(b, Config{MaxInFlight: 1})
+		held, err := l.Acquire(ctx, PriorityDefault)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer held.Release()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.Acquire(ctx, PriorityDefault); err == nil {
+				b.Fatal("admitted over the limit")
+			}
+		}
+	})
+}
+
+// TestFastPathDoesNotAllocate pins the benchmark's 0 allocs/op.
+func TestFastPathDoesNotAllocate(t *testing.T) {
+	ctx := context.Background()
+	static, err := New(Config{MaxInFlight: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adaptive, err := New(Config{Adaptive: &AdaptiveConfig{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, l := range map[string]*Limiter{"static": static, "adaptive": adaptive} {
+		allocs := testing.AllocsPerRun(1000, func() {
+			p, err := l.Acquire(ctx, PriorityCritical)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Release()
+		})
+		if allocs != 0 {
+			t.Errorf("%s fast path: %v allocs per Acquire+Release, want 0", name, allocs)
+		}
+	}
+	shedding, err := New(Config{MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := mustAcquire(t, shedding, PriorityDefault)
+	defer held.Release()
+	if allocs := testing.AllocsPerRun(1000, func() { _, _ = shedding.Acquire(ctx, PriorityDefault) }); allocs != 0 {
+		t.Errorf("immediate shed: %v allocs, want 0", allocs)
+	}
+}
