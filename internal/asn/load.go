@@ -115,6 +115,9 @@ func Load(ctx context.Context, paths []string, opts Options) (*Table, error) {
 		}
 	}
 	b.progress = progressTracker{fn: opts.Progress, total: total}
+	// iptoasn lines average 40-60 bytes: reserve for the plain-text case so
+	// appends do not copy a 500k-range table several times over.
+	b.spans = make([]span, 0, min(total/48, 4<<20))
 	b.stats.Bytes = total
 	for i, p := range paths {
 		var err error
