@@ -113,6 +113,7 @@ type Limiter struct {
 	client   redis.UniversalClient
 	rules    []Rule
 	remote   []int // indexes of rules decided by the decide script
+	merge    bool  // one EVALSHA per batch (single node); else one per request
 	hybrid   []*hybridRule
 	local    []*localRule // per rule; nil unless Degrade
 	args     []any        // decide script's per-rule ARGV (without time)
@@ -194,6 +195,9 @@ func New(cfg Config) (*Limiter, error) {
 		decideSH: decideScript.Hash(),
 		leaseSH:  leaseScript.Hash(),
 	}
+	// Keys of different clients may live on different nodes of a cluster
+	// or ring: there, each request is its own EVALSHA in the pipeline.
+	_, l.merge = cfg.Client.(*redis.Client)
 	l.breaker = newBreaker(cfg.Breaker, cfg.Clock, l.breakerChanged)
 	l.cfg.Breaker = l.breaker.cfg
 	minSync := time.Duration(0)
@@ -208,6 +212,9 @@ func New(cfg Config) (*Limiter, error) {
 			}
 			continue
 		}
+		if len(l.remote) == 0 {
+			l.args = append(l.args, 0) // k, set below
+		}
 		l.remote = append(l.remote, i)
 		switch r.Algorithm {
 		case GCRA:
@@ -215,6 +222,9 @@ func New(cfg Config) (*Limiter, error) {
 		case SlidingWindow:
 			l.args = append(l.args, 2, r.windowMicros(), r.Limit, 1)
 		}
+	}
+	if len(l.remote) > 0 {
+		l.args[0] = len(l.remote)
 	}
 	if cfg.MaxBatch > 1 && len(l.remote) > 0 {
 		for range cfg.Workers {
@@ -485,7 +495,7 @@ type call struct {
 // an error only if ctx ended or the Limiter closed; Redis errors are in c.err.
 func (l *Limiter) roundTrip(ctx context.Context, c *call) error {
 	if l.cfg.MaxBatch <= 1 {
-		l.runBatch([]*call{c}, "decide")
+		l.runDecide([]*call{c})
 		return nil
 	}
 	select {
@@ -529,7 +539,38 @@ func (l *Limiter) batchWorker() {
 				break fill
 			}
 		}
-		l.runBatch(batch, "decide")
+		l.runDecide(batch)
+	}
+}
+
+// runDecide sends a batch of decide calls: as one EVALSHA over all their
+// keys on a single node (the script decides them in order, each request
+// all-or-nothing), or as one EVALSHA per request in one pipeline.
+func (l *Limiter) runDecide(calls []*call) {
+	l.metrics.batchSize.Observe(float64(len(calls)))
+	if !l.merge || len(calls) == 1 {
+		l.runBatch(calls, "decide")
+		return
+	}
+	k := len(l.remote)
+	keys := make([]string, 0, len(calls)*k)
+	for _, c := range calls {
+		keys = append(keys, c.keys...)
+	}
+	merged := &call{script: l.decideSH, src: decideSource, keys: keys, args: l.scriptArgs(l.args)}
+	l.runBatch([]*call{merged}, "decide")
+	seg := 1 + 4*k
+	arr, ok := merged.reply.([]any)
+	if merged.err == nil && (!ok || len(arr) != seg*len(calls)) {
+		merged.err = fmt.Errorf("decode batched script reply: want %d values, got %T of %d", seg*len(calls), merged.reply, len(arr))
+	}
+	for i, c := range calls {
+		if merged.err != nil {
+			c.err = merged.err
+		} else {
+			c.reply = arr[i*seg : (i+1)*seg]
+		}
+		close(c.done)
 	}
 }
 
@@ -553,7 +594,6 @@ func (l *Limiter) runBatch(calls []*call, op string) {
 		}
 	}
 	l.metrics.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	l.metrics.batchSize.Observe(float64(len(calls)))
 	if err != nil {
 		l.failed(op, err)
 	} else {
@@ -569,6 +609,14 @@ func (l *Limiter) runBatch(calls []*call, op string) {
 // pipeline sends calls and stores each reply; the error is the first one
 // that looks like Redis being unreachable (not a script's own error).
 func (l *Limiter) pipeline(ctx context.Context, calls []*call) error {
+	if len(calls) == 1 {
+		c := calls[0]
+		c.reply, c.err = l.client.EvalSha(ctx, c.script, c.keys, c.args...).Result()
+		if c.err != nil && !redis.HasErrorPrefix(c.err, "NOSCRIPT") {
+			return c.err
+		}
+		return nil
+	}
 	pipe := l.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {

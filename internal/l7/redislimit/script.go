@@ -66,103 +66,115 @@ local function swc_store(key, W, idx, r, prev, curr)
 end
 `
 
-// decideSource is the all-or-nothing decision over every limit of one
-// request. KEYS[i] is the state of limit i; ARGV[3+4(i-1) .. 6+4(i-1)] are
-// its algorithm (1 GCRA, 2 sliding window counter), two parameters and its
-// cost:
+// decideSource decides a batch of requests, each all-or-nothing over its
+// limits, in order. ARGV[3] is k, the number of limits per request; KEYS
+// holds k keys per request (request q's limit i is KEYS[(q-1)k+i]).
+// ARGV[4+4(i-1) .. 7+4(i-1)] are limit i's algorithm (1 GCRA, 2 sliding
+// window counter), two parameters and its cost:
 //
 //	GCRA: emission interval T (ns), burst B (requests)
 //	SWC:  window W (µs), limit L (requests)
 //
-// Phase one computes every limit without writing; phase two writes the new
-// states only if every limit allows, so a rejected request charges nothing.
+// For each request, phase one computes every limit without writing; phase
+// two writes the new states only if every limit allows, so a rejected
+// request charges nothing. One request alone is a batch of one; a batch is
+// one atomic script run, so requests later in it see earlier ones' charges.
 //
-// Reply: {committed, then per key: allowed, remaining, reset_ns, retry_ns}.
-// When nothing was committed, remaining and reset describe the state as it
-// is (not charged) and retry_ns is set for the limits that refused.
+// Reply, per request: {committed, then per limit: allowed, remaining,
+// reset_ns, retry_ns}. When nothing was committed, remaining and reset
+// describe the state as it is (not charged) and retry_ns is set for the
+// limits that refused.
 const decideSource = luaPrelude + `
-local n = #KEYS
-local all = 1
-local out = {}
-local writes = {}
-for i = 1, n do
-  local o = 2 + (i - 1) * 4
-  local alg = tonumber(ARGV[o + 1])
-  local a = tonumber(ARGV[o + 2])
-  local b = tonumber(ARGV[o + 3])
-  local cost = tonumber(ARGV[o + 4])
-  local v = redis.call("GET", KEYS[i])
-  if alg == 1 then
-    local T, burst = a, b
-    local d = 0
-    if v then
-      local ts, tn = string.match(v, "^(%-?%d+):(%d+)$")
-      if ts then
-        d = (tonumber(ts) - now_s) * 1000000000 + (tonumber(tn) - now_ns)
+local k = tonumber(ARGV[3])
+local alg, pa, pb, pc = {}, {}, {}, {}
+for i = 1, k do
+  local o = 3 + (i - 1) * 4
+  alg[i] = tonumber(ARGV[o + 1])
+  pa[i] = tonumber(ARGV[o + 2])
+  pb[i] = tonumber(ARGV[o + 3])
+  pc[i] = tonumber(ARGV[o + 4])
+end
+local reply = {}
+for base = 0, #KEYS - k, k do
+  local all = 1
+  local out = {}
+  local writes = {}
+  for i = 1, k do
+    local key = KEYS[base + i]
+    local a, b, cost = pa[i], pb[i], pc[i]
+    local v = redis.call("GET", key)
+    if alg[i] == 1 then
+      local T, burst = a, b
+      local d = 0
+      if v then
+        local ts, tn = string.match(v, "^(%-?%d+):(%d+)$")
+        if ts then
+          d = (tonumber(ts) - now_s) * 1000000000 + (tonumber(tn) - now_ns)
+        end
       end
-    end
-    if d < 0 then d = 0 end
-    local nd = d + T * cost
-    local wait = nd - burst * T
-    local rem_before = fdiv(burst * T - d, T)
-    if rem_before < 0 then rem_before = 0 end
-    if wait > 0 then
-      all = 0
-      out[i] = {0, rem_before, d, wait, rem_before, d}
-    else
-      out[i] = {1, fdiv(-wait, T), nd, 0, rem_before, d}
-      writes[i] = nd
-    end
-  else
-    local W, limit = a, b
-    local idx, r, prev, curr = swc_load(v, W)
-    local rem = swc_remaining(limit, W, r, prev, curr)
-    local function reset_us(c)
-      if c > 0 then return (W - r) + W end
-      if prev > 0 then return W - r end
-      return 0
-    end
-    if rem < cost then
-      all = 0
-      local retry
-      local avail = limit - curr - cost
-      if avail >= 0 then
-        retry = W - fdiv(avail * W, prev) - r
-      elseif curr <= limit - cost then
-        retry = W - r
+      if d < 0 then d = 0 end
+      local nd = d + T * cost
+      local wait = nd - burst * T
+      local rem_before = fdiv(burst * T - d, T)
+      if rem_before < 0 then rem_before = 0 end
+      if wait > 0 then
+        all = 0
+        out[i] = {0, rem_before, d, wait, rem_before, d}
       else
-        retry = (W - r) + W - fdiv((limit - cost) * W, curr)
+        out[i] = {1, fdiv(-wait, T), nd, 0, rem_before, d}
+        writes[i] = nd
       end
-      if rem < 0 then rem = 0 end
-      out[i] = {0, rem, reset_us(curr) * 1000, retry * 1000, rem, reset_us(curr) * 1000}
     else
-      out[i] = {1, rem - cost, reset_us(curr + cost) * 1000, 0, rem, reset_us(curr) * 1000}
-      writes[i] = {idx, r, prev, curr + cost, W}
+      local W, limit = a, b
+      local idx, r, prev, curr = swc_load(v, W)
+      local rem = swc_remaining(limit, W, r, prev, curr)
+      local function reset_us(c)
+        if c > 0 then return (W - r) + W end
+        if prev > 0 then return W - r end
+        return 0
+      end
+      if rem < cost then
+        all = 0
+        local retry
+        local avail = limit - curr - cost
+        if avail >= 0 then
+          retry = W - fdiv(avail * W, prev) - r
+        elseif curr <= limit - cost then
+          retry = W - r
+        else
+          retry = (W - r) + W - fdiv((limit - cost) * W, curr)
+        end
+        if rem < 0 then rem = 0 end
+        out[i] = {0, rem, reset_us(curr) * 1000, retry * 1000, rem, reset_us(curr) * 1000}
+      else
+        out[i] = {1, rem - cost, reset_us(curr + cost) * 1000, 0, rem, reset_us(curr) * 1000}
+        writes[i] = {idx, r, prev, curr + cost, W}
+      end
     end
   end
-end
-local reply = {all}
-for i = 1, n do
-  local e = out[i]
-  if all == 1 then
-    local w = writes[i]
-    if type(w) == "table" then
-      swc_store(KEYS[i], w[5], w[1], w[2], w[3], w[4])
+  reply[#reply + 1] = all
+  for i = 1, k do
+    local e = out[i]
+    if all == 1 then
+      local w = writes[i]
+      if type(w) == "table" then
+        swc_store(KEYS[base + i], w[5], w[1], w[2], w[3], w[4])
+      else
+        local t = now_ns + w
+        local ts = now_s + fdiv(t, 1000000000)
+        local tn = t - fdiv(t, 1000000000) * 1000000000
+        redis.call("SET", KEYS[base + i], ts .. ":" .. tn, "PX", math.max(1, math.ceil(w / 1000000)))
+      end
+      reply[#reply + 1] = 1
+      reply[#reply + 1] = e[2]
+      reply[#reply + 1] = e[3]
+      reply[#reply + 1] = 0
     else
-      local t = now_ns + w
-      local ts = now_s + fdiv(t, 1000000000)
-      local tn = t - fdiv(t, 1000000000) * 1000000000
-      redis.call("SET", KEYS[i], ts .. ":" .. tn, "PX", math.max(1, math.ceil(w / 1000000)))
+      reply[#reply + 1] = e[1]
+      reply[#reply + 1] = e[5]
+      reply[#reply + 1] = e[6]
+      reply[#reply + 1] = e[4]
     end
-    reply[#reply + 1] = 1
-    reply[#reply + 1] = e[2]
-    reply[#reply + 1] = e[3]
-    reply[#reply + 1] = 0
-  else
-    reply[#reply + 1] = e[1]
-    reply[#reply + 1] = e[5]
-    reply[#reply + 1] = e[6]
-    reply[#reply + 1] = e[4]
   end
 end
 return reply
