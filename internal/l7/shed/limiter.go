@@ -262,7 +262,14 @@ func (l *Limiter) Acquire(ctx context.Context, p Priority) (Permit, error) {
 func (l *Limiter) acquireSlow(ctx context.Context, p Priority) (Permit, error) {
 	l.mu.Lock()
 	l.waiting.Add(1)
-	ok, closed := l.tryTake(l.threshold(p))
+	// Slots freed by a Release that has not reached its own dispatch yet
+	// go to those already queued; only then may this request take one, and
+	// only if nobody it would queue behind is still waiting.
+	l.dispatchLocked()
+	var ok, closed bool
+	if l.aheadLocked(p.rank()) == 0 {
+		ok, closed = l.tryTake(l.threshold(p))
+	}
 	if ok || closed {
 		l.waiting.Add(-1)
 		l.mu.Unlock()
@@ -328,14 +335,8 @@ func (l *Limiter) admitToQueueLocked(p Priority) (Reason, bool) {
 	r := p.rank()
 	// The depth this request would see: everyone served before it, and
 	// itself. Lower priorities queued behind it do not delay it.
-	depth := 1
-	total := 0
-	for i := range l.queues {
-		if i <= r {
-			depth += l.queues[i].n
-		}
-		total += l.queues[i].n
-	}
+	depth := l.aheadLocked(r) + 1
+	total := int(l.queueDepthLocked())
 	var victim *waiter
 	if total >= l.hardLimit {
 		if victim = l.evictionVictimLocked(r); victim == nil {
@@ -349,6 +350,16 @@ func (l *Limiter) admitToQueueLocked(p Priority) (Reason, bool) {
 		l.removeLocked(victim, waiterShed, ReasonEvicted)
 	}
 	return 0, false
+}
+
+// aheadLocked counts queued requests that are served before a new one of
+// rank r.
+func (l *Limiter) aheadLocked(r int) int {
+	n := 0
+	for i := 0; i <= r; i++ {
+		n += l.queues[i].n
+	}
+	return n
 }
 
 // surviveLocked draws the lottery: true with probability maxQueue/depth.

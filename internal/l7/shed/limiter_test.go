@@ -380,3 +380,27 @@ func TestRaisingTheLimitAdmitsQueuedRequests(t *testing.T) {
 	r.permit.Release()
 	held.Release()
 }
+
+// A slot freed by a Release that has not yet reached its dispatch (frozen
+// here by decrementing in-flight by hand) goes to the queued request, not to
+// a newcomer of the same priority.
+func TestNewcomerDoesNotJumpTheQueue(t *testing.T) {
+	env := newManualEnv()
+	l := env.limiter(t, Config{MaxInFlight: 1, MaxQueue: 4, QueueTimeout: time.Hour})
+	mustAcquire(t, l, PriorityDefault) // released by hand below
+	queued := acquireQueued(t, context.Background(), l, PriorityDefault, 1)
+
+	l.inFlight.Add(-1) // the first half of Release
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := l.Acquire(ctx, PriorityDefault)
+	wantShed(t, err, ReasonCanceled) // it queued behind, and left
+	r := result(t, queued)
+	if r.err != nil {
+		t.Fatalf("queued request: %v", r.err)
+	}
+	r.permit.Release()
+	if l.InFlight() != 0 {
+		t.Fatalf("in flight = %d, want 0", l.InFlight())
+	}
+}
