@@ -8,7 +8,19 @@ import (
 
 // crossCheck validates what no single field can: names and ids, data the
 // rules depend on, and table capacities against what the policy needs.
-func (ps *parser) crossCheck(p *Policy, root, listsNode, rulesNode, tablesNode *yaml.Node) {
+// tableAt holds the value nodes of the tables: fields the file sets; a
+// problem with a capacity the file leaves at its default is reported at the
+// section that needs it.
+func (ps *parser) crossCheck(p *Policy, root, listsNode, rulesNode *yaml.Node, tableAt map[string]*yaml.Node) {
+	at := func(field string, fallback *yaml.Node) *yaml.Node {
+		if n, ok := tableAt[field]; ok {
+			return n
+		}
+		if fallback != nil {
+			return fallback
+		}
+		return root
+	}
 	names := map[string]Pos{}
 	ids := map[uint32]string{0: DefaultRuleName}
 	rulePrefixes := map[netip.Prefix]bool{}
@@ -35,11 +47,11 @@ func (ps *parser) crossCheck(p *Policy, root, listsNode, rulesNode, tablesNode *
 		}
 	}
 	if rulesNode != nil && uint64(len(p.Rules))+1 > uint64(p.Tables.MaxRules) {
-		ps.errorf(tablesNode, "tables.max_rules is %d but the policy has %d rules plus the default rule; raise it to at least %d",
+		ps.errorf(at("max_rules", rulesNode), "tables.max_rules is %d but the policy has %d rules plus the default rule; raise it to at least %d",
 			p.Tables.MaxRules, len(p.Rules), len(p.Rules)+1)
 	}
 	if uint64(len(rulePrefixes)) > uint64(p.Tables.PrefixEntries) {
-		ps.errorf(tablesNode, "tables.prefix_entries is %d but the rules name %d prefixes (before ASN data is merged in); raise it",
+		ps.errorf(at("prefix_entries", rulesNode), "tables.prefix_entries is %d but the rules name %d prefixes (before ASN data is merged in); raise it",
 			p.Tables.PrefixEntries, len(rulePrefixes))
 	}
 	listPrefixes := map[netip.Prefix]bool{}
@@ -50,11 +62,7 @@ func (ps *parser) crossCheck(p *Policy, root, listsNode, rulesNode, tablesNode *
 		listPrefixes[e.Prefix] = true
 	}
 	if uint64(len(listPrefixes)) > uint64(p.Tables.ListEntries) {
-		at := tablesNode
-		if at == root && listsNode != nil {
-			at = listsNode
-		}
-		ps.errorf(at, "tables.list_entries is %d but the deny and allow lists hold %d distinct prefixes; raise it",
+		ps.errorf(at("list_entries", listsNode), "tables.list_entries is %d but the deny and allow lists hold %d distinct prefixes; raise it",
 			p.Tables.ListEntries, len(listPrefixes))
 	}
 }

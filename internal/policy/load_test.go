@@ -71,7 +71,7 @@ func TestParseProblems(t *testing.T) {
 		{"group half", "apiVersion: edgeguard/v1\ndefaults: {per_prefix: {group: {ipv4: 24}, packets: 1/s}}\n", "needs both ipv4 and ipv6"},
 		{"rule group not inherited", "apiVersion: edgeguard/v1\nrules: [{name: r, match: {prefixes: [10.0.0.0/8]}, per_prefix: {packets: 1/s}}]\n", "defaults.per_prefix has none to inherit"},
 		{"asn needs data", "apiVersion: edgeguard/v1\nrules: [{name: r, match: {asns: [1]}}]\n", "p.yaml:2:16: rule r matches by asns, which needs asn_data"},
-		{"max rules", "apiVersion: edgeguard/v1\ntables: {max_rules: 1}\nrules: [{name: r, match: {prefixes: [10.0.0.0/8]}}]\n", "p.yaml:2:9: tables.max_rules is 1 but the policy has 1 rules plus the default rule; raise it to at least 2"},
+		{"max rules", "apiVersion: edgeguard/v1\ntables: {max_rules: 1}\nrules: [{name: r, match: {prefixes: [10.0.0.0/8]}}]\n", "p.yaml:2:21: tables.max_rules is 1 but the policy has 1 rules plus the default rule; raise it to at least 2"},
 		{"prefix table", "apiVersion: edgeguard/v1\ntables: {prefix_entries: 1}\nrules: [{name: r, match: {prefixes: [10.0.0.0/8, 11.0.0.0/8]}}]\n", "tables.prefix_entries is 1 but the rules name 2 prefixes"},
 		{"list table", "apiVersion: edgeguard/v1\ntables: {list_entries: 1}\nlists: {deny: [10.0.0.0/8, 11.0.0.0/8]}\n", "tables.list_entries is 1 but the deny and allow lists hold 2"},
 		{"list file errors", "apiVersion: edgeguard/v1\nlists: {deny: [{file: d.txt}]}\n", "d.txt:2:1: bad CIDR \"x\""},
@@ -171,5 +171,23 @@ func TestParseCIDRList(t *testing.T) {
 	got, err := ParseCIDRList("l.txt", strings.NewReader("# header\n10.0.0.0/8\n  192.0.2.1  # host\n\n2001:db8::/32\n"))
 	if err != nil || len(got) != 3 || got[1].Prefix.String() != "192.0.2.1/32" || got[1].Source != "l.txt:3:3" {
 		t.Errorf("ParseCIDRList = %+v, %v", got, err)
+	}
+}
+
+func TestEmptySectionRemovesInheritedLimits(t *testing.T) {
+	p, err := parseString(t, `apiVersion: edgeguard/v1
+defaults: {per_source: {packets: 10/s}, per_asn: {packets: 100/s}}
+rules: [{name: r, match: {prefixes: [10.0.0.0/8]}, per_source: {}}]
+`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Rules[0]
+	if r.Limits.PerSource.IsSet() || r.Limits.PerSource.Key != (KeyBits{32, 64}) || !r.Limits.PerASN.IsSet() {
+		t.Errorf("rule limits = %+v", r.Limits)
+	}
+	if _, err := parseString(t, "apiVersion: edgeguard/v1\nglobal: {packets: 100}\n", nil); err == nil ||
+		!strings.Contains(err.Error(), `p.yaml:2:19: global.packets: rate "100" needs a unit, e.g. 100/s (packets) or 100Mbit/s (bits)`) {
+		t.Errorf("unitless rate: %v", err)
 	}
 }

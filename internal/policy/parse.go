@@ -173,10 +173,9 @@ func (ps *parser) parse(data []byte) *Policy {
 		rulesNode = n
 		p.Rules = ps.rules(n, p.Defaults)
 	}
-	tablesNode := root
+	tableAt := map[string]*yaml.Node{}
 	if n, ok := f["tables"]; ok {
-		tablesNode = n
-		p.Tables = ps.tables(n, p.Tables)
+		p.Tables, tableAt = ps.tables(n, p.Tables)
 	}
 	if n, ok := f["metrics"]; ok {
 		p.Metrics = ps.metrics(n, p.Metrics)
@@ -187,7 +186,7 @@ func (ps *parser) parse(data []byte) *Policy {
 	if n, ok := f["l7"]; ok {
 		p.L7 = n
 	}
-	ps.crossCheck(p, root, listsNode, rulesNode, tablesNode)
+	ps.crossCheck(p, root, listsNode, rulesNode, tableAt)
 	return p
 }
 
@@ -841,7 +840,9 @@ func ParseCountry(s string) (Country, error) {
 	return Country{u[0], u[1]}, nil
 }
 
-func (ps *parser) tables(n *yaml.Node, base Tables) Tables {
+// tables parses the capacities and returns the value node of each field, for
+// later messages about them.
+func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.Node) {
 	out := base
 	f := ps.fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules")
 	set := func(key string, dst *uint32) {
@@ -856,7 +857,7 @@ func (ps *parser) tables(n *yaml.Node, base Tables) Tables {
 	set("prefix_entries", &out.PrefixEntries)
 	set("list_entries", &out.ListEntries)
 	set("max_rules", &out.MaxRules)
-	return out
+	return out, f
 }
 
 func (ps *parser) metrics(n *yaml.Node, base Metrics) Metrics {

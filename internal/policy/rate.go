@@ -131,6 +131,9 @@ func ParseRate(s string) (Rate, Unit, error) {
 	}
 	num, unitText := m[1], m[2]
 	u, ok := knownUnits[unitText]
+	if !ok && unitText == "" {
+		return Rate{}, 0, fmt.Errorf("rate %q needs a unit, e.g. %s/s (packets) or %sMbit/s (bits)", s, num, num)
+	}
 	if !ok {
 		if hint := ambiguousUnit(unitText); hint != "" {
 			return Rate{}, 0, fmt.Errorf("rate %q: %s", s, hint)
