@@ -360,7 +360,7 @@ func retrySeconds(d time.Duration) int64 {
 // after they are made.
 type headerBlock struct {
 	vals [5]string
-	buf  [320]byte
+	buf  [128]byte // fits one or two rules; more grows buf (one more allocation)
 }
 
 // writeHeaders writes RateLimit-Policy and RateLimit (and the legacy
