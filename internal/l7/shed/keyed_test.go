@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,7 +139,37 @@ func TestKeyedSweepRacingAcquireKeepsPerKeyLimit(t *testing.T) {
 	}
 }
 
-// TestLimiterFootprint logs the per-key memory the docs quote.
-func TestLimiterFootprint(t *testing.T) {
-	t.Logf("Limiter struct: %d bytes; PCG: %d bytes", unsafe.Sizeof(Limiter{}), unsafe.Sizeof(rand.PCG{}))
+// TestKeyedMemoryPerKey measures the heap cost of one idle key (limiter,
+// lottery source, map slot; the key's bytes are allocated beforehand), the
+// figure docs/l7-shedding.md quotes. The bound is loose on purpose: it
+// catches a per-key regression, not noise.
+func TestKeyedMemoryPerKey(t *testing.T) {
+	const n = 10000
+	k, err := NewKeyed(KeyedConfig{PerKey: Config{MaxInFlight: 4}, MaxKeys: 2 * n, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%06d", i)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, key := range keys {
+		p, err := k.Acquire(context.Background(), key, PriorityDefault)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Release()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perKey := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("%d bytes per idle key (Limiter struct %d, PCG %d, waiter %d while queued)",
+		perKey, unsafe.Sizeof(Limiter{}), unsafe.Sizeof(rand.PCG{}), unsafe.Sizeof(waiter{}))
+	if perKey > 1024 {
+		t.Fatalf("%d bytes per key, want at most 1024", perKey)
+	}
+	runtime.KeepAlive(k)
 }
