@@ -1,0 +1,276 @@
+package metrics_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/metrics"
+)
+
+// requireRoot skips tests that load BPF programs when not root. In CI
+// (CI=true, always root) a skip would hide a regression, so it fails.
+func requireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		tb.Fatal("BPF tests need root, and CI must run them")
+	}
+	tb.Skip("needs root (CAP_BPF, CAP_NET_ADMIN) to load BPF programs")
+}
+
+// requirePromtool returns promtool's path; it skips without promtool unless
+// CI is set, where a skip would hide a regression.
+func requirePromtool(tb testing.TB) string {
+	tb.Helper()
+	p, err := exec.LookPath("promtool")
+	if err == nil {
+		return p
+	}
+	if os.Getenv("CI") != "" {
+		tb.Fatal("promtool not on PATH, and CI must run this check (scripts install it)")
+	}
+	tb.Skip("promtool not on PATH")
+	return ""
+}
+
+var smallSizes = loader.Sizes{MaxRules: 64, SrcEntries: 4096, AggEntries: 4096, PrefixEntries: 4096, ListEntries: 1024, L4Entries: 64}
+
+// mapsSource is the XDPSource the daemon will have, over a real loaded
+// datapath: interface slots named by ifindex, rules named by id.
+type mapsSource struct {
+	d      *loader.Datapath
+	m      *maps.Maps
+	ifaces map[int]string    // ifindex -> interface name
+	rules  map[string]uint32 // rule name -> rule id
+	status metrics.PolicyStatus
+}
+
+func (s *mapsSource) IfaceCounters() (map[string]maps.Counters, error) {
+	slots, err := s.m.CountersBySlot()
+	if err != nil {
+		return nil, err
+	}
+	bySlot, err := s.d.Slots()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]maps.Counters{"other": slots[0]}
+	for slot, ifindex := range bySlot {
+		name, ok := s.ifaces[ifindex]
+		if !ok {
+			name = fmt.Sprintf("ifindex%d", ifindex)
+		}
+		out[name] = slots[slot]
+	}
+	return out, nil
+}
+
+func (s *mapsSource) RuleCounters() (map[string]maps.RuleCounters, error) {
+	ids := make([]uint32, 0, len(s.rules))
+	for _, id := range s.rules {
+		ids = append(ids, id)
+	}
+	byID, err := s.m.RuleCounters(ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]maps.RuleCounters, len(s.rules))
+	for name, id := range s.rules {
+		out[name] = byID[id]
+	}
+	return out, nil
+}
+
+func (s *mapsSource) Tables() (map[string]maps.Occupancy, error) { return s.m.Tables() }
+
+func (s *mapsSource) PolicyStatus() metrics.PolicyStatus { return s.status }
+
+// apply applies g for real and records the result as a reload would.
+func (s *mapsSource) apply(tb testing.TB, g maps.Generation, at time.Time) error {
+	tb.Helper()
+	err := s.m.Apply(g)
+	s.status.LastReloadTime = at
+	s.status.LastReloadSuccess = err == nil
+	if err != nil {
+		s.status.ReloadFailures++
+		return err
+	}
+	s.status.Generation++
+	s.status.Reloads++
+	return nil
+}
+
+// loadSource loads the limiter with the test clock (not pinned, not
+// attached: packets go through BPF_PROG_TEST_RUN).
+func loadSource(tb testing.TB) *mapsSource {
+	tb.Helper()
+	requireRoot(tb)
+	d, err := loader.Load(loader.Options{Sizes: smallSizes, TestClock: true})
+	if err != nil {
+		tb.Fatalf("load: %v", err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	return &mapsSource{d: d, m: maps.New(d), ifaces: map[int]string{}, rules: map[string]uint32{}}
+}
+
+// run sends one frame through the program and returns the XDP action.
+// BPF_PROG_TEST_RUN receives it on the loopback device of the test's
+// network namespace.
+func (s *mapsSource) run(tb testing.TB, frame []byte) uint32 {
+	tb.Helper()
+	ret, err := s.d.Objects.XdpLimiter.Run(&ebpf.RunOptions{Data: frame})
+	if err != nil {
+		tb.Fatalf("prog test run: %v", err)
+	}
+	return ret
+}
+
+// setSlot gives ifindex a counter slot, as Attach does.
+func (s *mapsSource) setSlot(tb testing.TB, ifindex int, slot uint32, name string) {
+	tb.Helper()
+	if err := s.d.Objects.IfaceSlots.Put(uint32(ifindex), slot); err != nil {
+		tb.Fatalf("set interface slot: %v", err)
+	}
+	s.ifaces[ifindex] = name
+}
+
+// scrape serves reg with promhttp on a loopback httptest server, GETs it
+// and returns the exposition text.
+func scrape(tb testing.TB, reg *prometheus.Registry) string {
+	tb.Helper()
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		tb.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatalf("read scrape: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		tb.Fatalf("scrape: %s: %s", resp.Status, body)
+	}
+	return string(body)
+}
+
+// exposition is parsed scrape text.
+type exposition map[string]*dto.MetricFamily
+
+func parse(tb testing.TB, text string) exposition {
+	tb.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		tb.Fatalf("parse exposition: %v\n%s", err, text)
+	}
+	return fams
+}
+
+// value returns the value of the one series of family name whose labels
+// are exactly labels ("k", "v", ...), and whether it exists.
+func (e exposition) value(name string, labels ...string) (float64, bool) {
+	f := e[name]
+	if f == nil {
+		return 0, false
+	}
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
+	}
+next:
+	for _, m := range f.Metric {
+		if len(m.Label) != len(want) {
+			continue
+		}
+		for _, l := range m.Label {
+			if v, ok := want[l.GetName()]; !ok || v != l.GetValue() {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		case m.Gauge != nil:
+			return m.Gauge.GetValue(), true
+		case m.Untyped != nil:
+			return m.Untyped.GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// sum adds every series of family name whose labels include match.
+func (e exposition) sum(name string, match ...string) float64 {
+	f := e[name]
+	if f == nil {
+		return 0
+	}
+	total := 0.0
+next:
+	for _, m := range f.Metric {
+		for i := 0; i+1 < len(match); i += 2 {
+			found := false
+			for _, l := range m.Label {
+				if l.GetName() == match[i] && l.GetValue() == match[i+1] {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			total += m.Counter.GetValue()
+		case m.Gauge != nil:
+			total += m.Gauge.GetValue()
+		}
+	}
+	return total
+}
+
+// promtoolCheckMetrics lints the exposition text with promtool.
+func promtoolCheckMetrics(tb testing.TB, text string) {
+	tb.Helper()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			tb.Fatal("promtool not on PATH, and CI must run this check (scripts install it)")
+		}
+		tb.Log("promtool not on PATH: exposition not linted")
+		return
+	}
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(text)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		tb.Fatalf("promtool check metrics: %v\n%s", err, out.String())
+	}
+}
