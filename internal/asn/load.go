@@ -2,6 +2,7 @@ package asn
 
 import (
 	"bytes"
+	"encoding/binary"
 	"context"
 	"errors"
 	"fmt"
@@ -102,7 +103,7 @@ func Load(ctx context.Context, paths []string, opts Options) (*Table, error) {
 		return nil, fmt.Errorf("load asn data: %d files given, at most %d supported", len(paths), 1<<16)
 	}
 	b := newBuilder(paths, opts)
-	var total int64
+	var total, textBytes int64
 	formats := make([]Format, len(paths))
 	for i, p := range paths {
 		fi, err := os.Stat(p)
@@ -113,11 +114,18 @@ func Load(ctx context.Context, paths []string, opts Options) (*Table, error) {
 		if formats[i], err = DetectFormat(p); err != nil {
 			return nil, fmt.Errorf("load asn data: %w", err)
 		}
+		switch formats[i] {
+		case FormatTSV:
+			textBytes += fi.Size()
+		case FormatTSVGzip:
+			textBytes += gzipSizeHint(p, fi.Size())
+		}
 	}
 	b.progress = progressTracker{fn: opts.Progress, total: total}
-	// iptoasn lines average 40-60 bytes: reserve for the plain-text case so
-	// appends do not copy a 500k-range table several times over.
-	b.spans = make([]span, 0, min(total/48, 4<<20))
+	// iptoasn lines average 40-60 bytes: reserve so appends do not copy a
+	// 500k-range table several times over. The cap bounds what a wrong hint
+	// can cost (4 Mi spans = 192 MiB).
+	b.spans = make([]span, 0, min(textBytes/48, 4<<20))
 	b.stats.Bytes = total
 	for i, p := range paths {
 		var err error
@@ -306,4 +314,27 @@ func (p *progressTracker) setDone(done int64) {
 	if done > p.done {
 		p.add(done - p.done)
 	}
+}
+
+// gzipSizeHint estimates the uncompressed size of a gzip file from its
+// trailer (ISIZE, the size modulo 2^32 of the last member). It is a capacity
+// hint only; a value below the compressed size falls back to 4x that size.
+func gzipSizeHint(path string, compressed int64) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var trailer [4]byte
+	if compressed < 18 {
+		return 0
+	}
+	if _, err := f.ReadAt(trailer[:], compressed-4); err != nil {
+		return 0
+	}
+	isize := int64(binary.LittleEndian.Uint32(trailer[:]))
+	if isize < compressed {
+		return 4 * compressed
+	}
+	return isize
 }

@@ -149,17 +149,94 @@ func (b *builder) parseTSVLine(file uint16, line uint32, raw []byte) {
 	})
 }
 
-// parseAddr parses an IPv4 address without allocating, other forms through
-// netip. Zones are rejected.
+// parseAddr parses an address without allocating; forms the fast parsers do
+// not handle (IPv6 with an embedded IPv4 part, zones) go through netip.
+// Zones are rejected. FuzzParseAddr checks it against netip.ParseAddr.
 func parseAddr(s []byte) (netip.Addr, bool) {
 	if bytes.IndexByte(s, ':') < 0 {
 		return parseIPv4(s)
+	}
+	if bytes.IndexByte(s, '.') < 0 && bytes.IndexByte(s, '%') < 0 {
+		return parseIPv6(s)
 	}
 	a, err := netip.ParseAddr(string(s))
 	if err != nil || a.Zone() != "" {
 		return netip.Addr{}, false
 	}
 	return a, true
+}
+
+// parseIPv6 parses hex groups with at most one "::", the same grammar as
+// netip.ParseAddr for IPv6 without an embedded IPv4 part or zone.
+func parseIPv6(s []byte) (netip.Addr, bool) {
+	var ip [16]byte
+	ellipsis := -1 // byte index where "::" stands
+	if len(s) >= 2 && s[0] == ':' && s[1] == ':' {
+		ellipsis = 0
+		s = s[2:]
+		if len(s) == 0 {
+			return netip.IPv6Unspecified(), true
+		}
+	}
+	i := 0
+	for i < 16 {
+		acc, off := 0, 0
+		for ; off < len(s); off++ {
+			c := s[off]
+			switch {
+			case c >= '0' && c <= '9':
+				acc = acc<<4 | int(c-'0')
+			case c >= 'a' && c <= 'f':
+				acc = acc<<4 | int(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				acc = acc<<4 | int(c-'A'+10)
+			default:
+				goto groupDone
+			}
+			if off >= 4 {
+				return netip.Addr{}, false // more than 4 hex digits
+			}
+		}
+	groupDone:
+		if off == 0 {
+			return netip.Addr{}, false
+		}
+		ip[i] = byte(acc >> 8)
+		ip[i+1] = byte(acc)
+		i += 2
+		s = s[off:]
+		if len(s) == 0 {
+			break
+		}
+		if s[0] != ':' || len(s) == 1 {
+			return netip.Addr{}, false
+		}
+		s = s[1:]
+		if s[0] == ':' {
+			if ellipsis >= 0 {
+				return netip.Addr{}, false // second "::"
+			}
+			ellipsis = i
+			s = s[1:]
+			if len(s) == 0 {
+				break
+			}
+		}
+	}
+	if len(s) != 0 {
+		return netip.Addr{}, false
+	}
+	if i < 16 {
+		if ellipsis < 0 {
+			return netip.Addr{}, false // too few groups
+		}
+		n := 16 - i
+		copy(ip[ellipsis+n:], ip[ellipsis:i])
+		clear(ip[ellipsis : ellipsis+n])
+	} else if ellipsis >= 0 {
+		return netip.Addr{}, false // "::" must stand for at least one group
+	}
+	return netip.AddrFrom16(ip), true
 }
 
 // parseIPv4 accepts dotted decimal with exactly four octets and no leading
