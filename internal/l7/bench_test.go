@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,23 @@ import (
 
 // The limits below are high so the benchmarks measure the admitting path,
 // which reads and writes the state (a rejection only reads it).
+
+// cpuPerOp reports process CPU time (user+system, all threads, GC
+// included) per operation as "cpu-ns/op": on a shared machine it is far
+// steadier than wall time, which counts the time other jobs held the CPU.
+// Call it right before the timed loop and run the returned func after it.
+func cpuPerOp(b *testing.B) func() {
+	start := processCPU()
+	return func() { b.ReportMetric(float64(processCPU()-start)/float64(b.N), "cpu-ns/op") }
+}
+
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
 
 // BenchmarkL7Allow: one key, serial and parallel, beside x/time/rate.
 func BenchmarkL7Allow(b *testing.B) {
@@ -30,12 +48,14 @@ func BenchmarkL7Allow(b *testing.B) {
 		l := NewLimiter(algs[name], NewSystemClock())
 		b.Run("edgeguard_"+name+"/serial", func(b *testing.B) {
 			b.ReportAllocs()
+			defer cpuPerOp(b)()
 			for b.Loop() {
 				l.Allow()
 			}
 		})
 		b.Run("edgeguard_"+name+"/parallel", func(b *testing.B) {
 			b.ReportAllocs()
+			defer cpuPerOp(b)()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					l.Allow()
@@ -49,6 +69,7 @@ func BenchmarkL7Allow(b *testing.B) {
 	b.Run("edgeguard_gcra_no_clock/serial", func(b *testing.B) {
 		b.ReportAllocs()
 		now := int64(0)
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			now++
 			nl.TakeAt(now, 1)
@@ -57,12 +78,14 @@ func BenchmarkL7Allow(b *testing.B) {
 	xl := rate.NewLimiter(rate.Limit(1e9), 1_000_000)
 	b.Run("x_time_rate/serial", func(b *testing.B) {
 		b.ReportAllocs()
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			xl.Allow()
 		}
 	})
 	b.Run("x_time_rate/parallel", func(b *testing.B) {
 		b.ReportAllocs()
+		defer cpuPerOp(b)()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				xl.Allow()
@@ -101,6 +124,7 @@ func keyedParallel(b *testing.B, keys []string, before uint64, take func(i int))
 	var seq atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
+	report := cpuPerOp(b)
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(seq.Add(1) * 7919)
 		for pb.Next() {
@@ -112,6 +136,7 @@ func keyedParallel(b *testing.B, keys []string, before uint64, take func(i int))
 		}
 	})
 	// After the timed loop: ResetTimer drops metrics reported before it.
+	report()
 	b.ReportMetric(perKey, "bytes/key")
 }
 
@@ -198,6 +223,7 @@ func BenchmarkL7Middleware(b *testing.B) {
 			r.RemoteAddr = "192.0.2.1:1234"
 			w := &discardWriter{h: http.Header{}}
 			b.ReportAllocs()
+			defer cpuPerOp(b)()
 			for b.Loop() {
 				clear(w.h)
 				h.ServeHTTP(w, r)
@@ -206,6 +232,7 @@ func BenchmarkL7Middleware(b *testing.B) {
 		b.Run(name+"/parallel", func(b *testing.B) {
 			var n atomic.Int64
 			b.ReportAllocs()
+			defer cpuPerOp(b)()
 			b.RunParallel(func(pb *testing.PB) {
 				r := httptest.NewRequest(http.MethodGet, "/v1/items", nil)
 				r.RemoteAddr = "192.0.2." + strconv.Itoa(int(n.Add(1))%250) + ":1234"

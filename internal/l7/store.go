@@ -4,26 +4,42 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// Limiter applies an Algorithm to one key (one State) behind a mutex.
+// Limiter applies an Algorithm to one key (one State) behind a mutex; for
+// GCRA, whose state is one word, it is lock-free (compare-and-swap on TAT).
 type Limiter struct {
 	alg   Algorithm
+	gcra  *GCRA
 	clock Clock
 
+	tat   atomic.Int64 // GCRA only
 	mu    sync.Mutex
 	state State
 }
 
 // NewLimiter returns a single-key limiter.
-func NewLimiter(alg Algorithm, clock Clock) *Limiter { return &Limiter{alg: alg, clock: clock} }
+func NewLimiter(alg Algorithm, clock Clock) *Limiter {
+	g, _ := alg.(*GCRA)
+	return &Limiter{alg: alg, gcra: g, clock: clock}
+}
 
 // Allow takes one unit now.
 func (l *Limiter) Allow() Decision { return l.TakeAt(l.clock.Now(), 1) }
 
 // TakeAt takes n units at time now.
 func (l *Limiter) TakeAt(now, n int64) Decision {
+	if l.gcra != nil {
+		for {
+			old := l.tat.Load()
+			st, d := l.gcra.Take(State{old, 0}, now, n)
+			if !d.Allowed || st[0] == old || l.tat.CompareAndSwap(old, st[0]) {
+				return d
+			}
+		}
+	}
 	l.mu.Lock()
 	st, d := l.alg.Take(l.state, now, n)
 	if d.Allowed {

@@ -193,3 +193,28 @@ func TestStoreTakeDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%.1f allocs per take", a)
 	}
 }
+
+// TestLimiterConcurrentExact races the lock-free GCRA path and the mutex
+// path: exactly the burst passes at one instant.
+func TestLimiterConcurrentExact(t *testing.T) {
+	for _, alg := range []Algorithm{mustAlg(NewGCRA(500, time.Hour, 0)), mustAlg(NewTokenBucket(500, time.Hour, 0))} {
+		l := NewLimiter(alg, new(ManualClock))
+		var passed atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 200 {
+					if l.Allow().Allowed {
+						passed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if got := passed.Load(); got != 500 {
+			t.Errorf("%s: %d passed, want exactly 500", alg.Name(), got)
+		}
+	}
+}
