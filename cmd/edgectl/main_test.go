@@ -5,17 +5,27 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
-// TestHelpOfEveryCommand runs --help on every command: it must succeed and
-// describe the command.
+// TestHelpOfEveryCommand runs --help on every command of the tree: it must
+// succeed and show usage.
 func TestHelpOfEveryCommand(t *testing.T) {
-	root := newRootCommand()
-	for _, c := range append(root.Commands(), root) {
-		args := []string{"--help"}
-		if c != root {
-			args = []string{c.Name(), "--help"}
+	var paths [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		paths = append(paths, path)
+		for _, sub := range c.Commands() {
+			walk(sub, append(append([]string{}, path...), sub.Name()))
 		}
+	}
+	walk(newRootCommand(), nil)
+	if len(paths) < 15 {
+		t.Fatalf("only %d commands found", len(paths))
+	}
+	for _, p := range paths {
+		args := append(append([]string{}, p...), "--help")
 		cmd := newRootCommand()
 		var out bytes.Buffer
 		cmd.SetOut(&out)
@@ -36,11 +46,16 @@ func TestExitCodes(t *testing.T) {
 		want int
 	}{
 		{[]string{"version"}, 0},
-		{[]string{"run"}, 2}, // no --iface
-		{[]string{"run", "--iface", "x", "--xdp-mode", "odd"}, 2}, // bad mode
+		{[]string{"run", "--xdp-mode", "odd"}, 2},
 		{[]string{"run", "--bogus"}, 2},
 		{[]string{"nonsense"}, 2},
 		{[]string{"detach"}, 2}, // needs --unpin
+		{[]string{"deny", "add", "not-a-prefix"}, 2},
+		{[]string{"policy", "validate", "testdata/invalid.yaml"}, 2},
+		{[]string{"policy", "validate", "../../examples/edgeguard.yaml"}, 0},
+		{[]string{"policy", "validate", "testdata/missing.yaml"}, 1},
+		// No daemon listens on this socket: an operational error.
+		{[]string{"status", "--socket", "/nonexistent/edgeguard.sock"}, 1},
 	} {
 		if got := execute(context.Background(), tc.args); got != tc.want {
 			t.Errorf("edgectl %v: exit %d, want %d", tc.args, got, tc.want)

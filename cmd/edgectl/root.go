@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edgeguard/edgeguard/internal/control"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -24,7 +26,10 @@ func newRootCommand() *cobra.Command {
 	})
 	root.PersistentFlags().String("log-format", "text", "log format: text or json")
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newRunCommand(), newDetachCommand(), newVersionCommand())
+	root.PersistentFlags().String("socket", control.DefaultSocket, "the daemon's control socket")
+	root.AddCommand(newRunCommand(), newDetachCommand(), newVersionCommand(), newStatusCommand(),
+		newStatsCommand(), newTopCommand(), newPolicyCommand(), newListCommand(control.Deny),
+		newListCommand(control.Allow), newASNCommand())
 	return root
 }
 

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,25 +16,30 @@ import (
 
 func newRunCommand() *cobra.Command {
 	var (
+		config   string
 		ifaces   []string
 		mode     string
 		pinDir   string
+		metrics  string
 		keep     bool
 		interval time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "run --iface IFACE [--iface IFACE ...]",
-		Short: "Attach the XDP limiter with the built-in default limits and report counters",
-		Long: `Attach the XDP limiter to the given interfaces with the built-in default policy
-(see README: per source 2,000 pkt/s, per /24 or /48 20,000 pkt/s, per ASN 200,000 pkt/s,
-UDP reflection ports 100 pkt/s per source), print a counters line every few seconds,
-and detach on SIGINT/SIGTERM. With --keep the program stays attached and keeps
-enforcing from its pins under --pin-dir; the next run takes it over without a gap.`,
+		Use:   "run [--config FILE] [--iface IFACE ...]",
+		Short: "Run the daemon: attach the XDP limiter, apply the policy, serve metrics and the control socket",
+		Long: `Run the Edgeguard daemon in the foreground.
+
+It loads the XDP program (or takes over the one pinned by an earlier run, without a gap in
+enforcement), attaches it to the policy's interfaces (or those given with --iface), applies
+the policy atomically and serves /metrics and the control socket used by the other edgectl
+commands. It reloads the policy on SIGHUP and when the file changes; a policy that does not
+validate is logged and the running one kept. Without --config it runs the built-in default
+policy (examples/edgeguard.yaml; see the README for its limits).
+
+On SIGINT/SIGTERM it detaches. With --keep the program stays attached and keeps enforcing from
+its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if len(ifaces) == 0 {
-				return usageError{fmt.Errorf("no interface given: use --iface IFACE (repeatable)")}
-			}
 			m, err := loader.ParseMode(mode)
 			if err != nil {
 				return usageError{err}
@@ -39,15 +48,39 @@ enforcing from its pins under --pin-dir; the next run takes it over without a ga
 			if err != nil {
 				return err
 			}
-			return daemon.Run(cmd.Context(), daemon.Config{
-				Ifaces: ifaces, Mode: m, PinDir: pinDir, Keep: keep,
-				Interval: interval, Out: cmd.OutOrStdout(), Logger: log,
+			socket, _ := cmd.Flags().GetString("socket")
+			reload := make(chan struct{}, 1)
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			go func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-hup:
+						select {
+						case reload <- struct{}{}:
+						default:
+						}
+					}
+				}
+			}()
+			err = daemon.Run(ctx, daemon.Options{
+				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket,
+				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(),
+				Logger: log, Reload: reload, Version: version,
 			})
+			return asValidation(err)
 		},
 	}
-	cmd.Flags().StringArrayVar(&ifaces, "iface", nil, "interface to protect (repeatable)")
-	cmd.Flags().StringVar(&mode, "xdp-mode", "auto", "xdp attach mode: auto (native, else generic), native or generic")
+	cmd.Flags().StringVar(&config, "config", "", "policy file (default: the built-in policy)")
+	cmd.Flags().StringArrayVar(&ifaces, "iface", nil, "interface to protect, instead of the policy's (repeatable)")
+	cmd.Flags().StringVar(&mode, "xdp-mode", "auto", "xdp attach mode for --iface: auto (native, else generic), native or generic")
 	cmd.Flags().StringVar(&pinDir, "pin-dir", loader.DefaultPinDir, "bpffs directory for pinned maps and links")
+	cmd.Flags().StringVar(&metrics, "metrics-listen", "", `metrics address, overriding the policy's ("off" disables)`)
 	cmd.Flags().BoolVar(&keep, "keep", false, "on stop, keep the program attached and enforcing (pinned)")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between counter lines (0: none)")
 	return cmd
@@ -57,8 +90,8 @@ func newDetachCommand() *cobra.Command {
 	var pinDir string
 	var unpin bool
 	cmd := &cobra.Command{
-		Use:   "detach",
-		Short: "Detach a program left enforcing by 'run --keep' and, with --unpin, drop all its state",
+		Use:   "detach --unpin",
+		Short: "Detach a program left enforcing by 'run --keep' and drop all its state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !unpin {

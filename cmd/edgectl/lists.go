@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/policy"
+)
+
+func newListCommand(kind control.ListKind) *cobra.Command {
+	verb := map[control.ListKind]string{control.Deny: "drop", control.Allow: "pass without limits"}[kind]
+	cmd := &cobra.Command{
+		Use:   string(kind),
+		Short: fmt.Sprintf("Change the %s list on the running daemon (%s)", kind, verb),
+	}
+	var ttl time.Duration
+	var reason string
+	add := &cobra.Command{
+		Use:   "add PREFIX",
+		Short: fmt.Sprintf("Add an address or prefix to the %s list, at once, until removed or --ttl passes", kind),
+		Long: fmt.Sprintf(`Add an address or CIDR to the %s list of the running daemon. It takes effect at once
+and lasts until 'edgectl %s remove', or until --ttl passes (a temporary ban expires by
+itself). Entries added here live in the daemon, not in the policy file: a daemon restart
+forgets them; put permanent entries in the policy file.`, kind, kind),
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := policy.ParsePrefix(args[0])
+			if err != nil {
+				return usageError{fmt.Errorf("bad prefix %q: %w", args[0], err)}
+			}
+			if ttl < 0 {
+				return usageError{fmt.Errorf("--ttl must be positive")}
+			}
+			e, err := newClient(cmd).AddToList(cmd.Context(), kind, control.ListChange{Prefix: p, TTL: control.Duration(ttl), Reason: reason})
+			if err != nil {
+				return err
+			}
+			until := "until removed"
+			if e.Expires != nil {
+				until = "until " + e.Expires.Format(time.RFC3339)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s\n", kind, e.Prefix, until)
+			return nil
+		},
+	}
+	add.Flags().DurationVar(&ttl, "ttl", 0, "remove the entry by itself after this long (e.g. 10m, 24h)")
+	add.Flags().StringVar(&reason, "reason", "", "a note shown by list")
+	remove := &cobra.Command{
+		Use:   "remove PREFIX",
+		Short: fmt.Sprintf("Remove an entry added with '%s add'", kind),
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := policy.ParsePrefix(args[0]); err != nil {
+				return usageError{fmt.Errorf("bad prefix %q: %w", args[0], err)}
+			}
+			if err := newClient(cmd).RemoveFromList(cmd.Context(), kind, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from the %s list\n", args[0], kind)
+			return nil
+		},
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: fmt.Sprintf("Show the %s list: the policy's entries and those added at run time", kind),
+		Args:  cobra.NoArgs,
+	}
+	asJSON := addJSONFlag(list)
+	list.RunE = func(cmd *cobra.Command, _ []string) error {
+		entries, err := newClient(cmd).List(cmd.Context(), kind)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			if entries == nil {
+				entries = []control.ListEntry{}
+			}
+			return printJSON(cmd.OutOrStdout(), entries)
+		}
+		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		fmt.Fprintf(w, "PREFIX\tORIGIN\tEXPIRES\tREASON\n")
+		for _, e := range entries {
+			exp := "never"
+			if e.Expires != nil {
+				exp = e.Expires.Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", e.Prefix, e.Origin, exp, e.Reason)
+		}
+		return w.Flush()
+	}
+	cmd.AddCommand(add, remove, list)
+	return cmd
+}

@@ -1,0 +1,172 @@
+// Package control is the daemon's control API: the JSON types exchanged over
+// its Unix socket and the client the CLI uses. The socket is root-only.
+package control
+
+import (
+	"net/netip"
+	"time"
+)
+
+// DefaultSocket is where the daemon listens.
+const DefaultSocket = "/run/edgeguard/edgeguard.sock"
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error    string   `json:"error"`
+	Problems []string `json:"problems,omitempty"` // file:line:column: message
+}
+
+// Status describes the running daemon.
+type Status struct {
+	Version    string      `json:"version"`
+	Policy     string      `json:"policy"` // file path or built-in name
+	Generation uint64      `json:"generation"`
+	DataGen    uint32      `json:"dataplane_generation"` // 0 or 1: the live half
+	LastReload ReloadInfo  `json:"last_reload"`
+	Mode       string      `json:"mode"`
+	Interfaces []Interface `json:"interfaces"`
+	ProgramID  uint32      `json:"program_id"`
+	Maps       []MapInfo   `json:"maps"`
+	PinDir     string      `json:"pin_dir"`
+	ASNEntries int         `json:"asn_entries"`
+}
+
+// ReloadInfo is the outcome of the last policy load.
+type ReloadInfo struct {
+	Time    time.Time `json:"time"`
+	OK      bool      `json:"ok"`
+	Error   string    `json:"error,omitempty"`
+	Trigger string    `json:"trigger"` // start, sighup, file-change, api
+}
+
+// Interface is one attachment.
+type Interface struct {
+	Name    string `json:"name"`
+	Ifindex int    `json:"ifindex"`
+	XDPMode string `json:"xdp_mode"`
+}
+
+// MapInfo is one map's identity and fill.
+type MapInfo struct {
+	Name     string `json:"name"`
+	ID       uint32 `json:"id"`
+	Entries  int    `json:"entries,omitempty"`
+	Capacity int    `json:"capacity"`
+}
+
+// Stats are totals and recent rates.
+type Stats struct {
+	Window Duration        `json:"window"` // rates are averaged over this
+	Totals []CounterStat   `json:"totals"` // by action and reason, non-zero only
+	Rules  []RuleStat      `json:"rules"`
+	Tables map[string]Fill `json:"tables"`
+}
+
+// Fill is a table's occupancy.
+type Fill struct {
+	Entries  int `json:"entries"`
+	Capacity int `json:"capacity"`
+}
+
+// CounterStat is one (action, reason) counter.
+type CounterStat struct {
+	Action     string  `json:"action"`
+	Reason     string  `json:"reason"`
+	Packets    uint64  `json:"packets"`
+	Bytes      uint64  `json:"bytes"`
+	PacketRate float64 `json:"packets_per_second"`
+	ByteRate   float64 `json:"bytes_per_second"`
+}
+
+// RuleStat is one rule's counters.
+type RuleStat struct {
+	Rule          string  `json:"rule"`
+	ID            uint32  `json:"id"`
+	Passed        uint64  `json:"passed_packets"`
+	Dropped       uint64  `json:"dropped_packets"`
+	WouldDrop     uint64  `json:"would_drop_packets"`
+	PassedRate    float64 `json:"passed_per_second"`
+	DroppedRate   float64 `json:"dropped_per_second"`
+	WouldDropRate float64 `json:"would_drop_per_second"`
+}
+
+// Top lists the heaviest dropped sources, prefixes and ASNs seen in drop
+// samples. Counts are samples, not packets: the data plane sends at most
+// its sample budget per second, so shares are exact only while drops stay
+// under that budget.
+type Top struct {
+	Window   Duration   `json:"window"`
+	Samples  uint64     `json:"samples"`
+	Sources  []TopEntry `json:"sources"`
+	Prefixes []TopEntry `json:"prefixes"`
+	ASNs     []TopEntry `json:"asns"`
+}
+
+// TopEntry is one talker.
+type TopEntry struct {
+	Key     string  `json:"key"`
+	Samples uint64  `json:"samples"`
+	Share   float64 `json:"share"` // of all samples in the window
+}
+
+// ListKind is deny or allow.
+type ListKind string
+
+// List kinds.
+const (
+	Deny  ListKind = "deny"
+	Allow ListKind = "allow"
+)
+
+// ListEntry is one deny or allow entry as the operator sees it.
+type ListEntry struct {
+	Prefix  netip.Prefix `json:"prefix"`
+	Origin  string       `json:"origin"` // policy, cli, l7
+	Reason  string       `json:"reason,omitempty"`
+	Expires *time.Time   `json:"expires,omitempty"`
+}
+
+// ListChange adds an entry.
+type ListChange struct {
+	Prefix netip.Prefix `json:"prefix"`
+	TTL    Duration     `json:"ttl,omitempty"` // 0: until removed
+	Reason string       `json:"reason,omitempty"`
+	Origin string       `json:"origin,omitempty"` // cli (default) or l7
+}
+
+// PolicyDoc is a policy file's text.
+type PolicyDoc struct {
+	Source     string `json:"source"`
+	Generation uint64 `json:"generation"`
+	YAML       string `json:"yaml"`
+}
+
+// PolicyChange is the answer to a diff or an apply.
+type PolicyChange struct {
+	Diff       string `json:"diff"`
+	Applied    bool   `json:"applied"`
+	Generation uint64 `json:"generation"`
+}
+
+// ASNInfo answers an ASN lookup.
+type ASNInfo struct {
+	IP      netip.Addr   `json:"ip"`
+	Found   bool         `json:"found"`
+	Prefix  netip.Prefix `json:"prefix,omitempty"`
+	ASN     uint32       `json:"asn,omitempty"`
+	Country string       `json:"country,omitempty"`
+	Rule    string       `json:"rule"`
+}
+
+// Duration is a time.Duration that reads and writes as "1m30s" in JSON.
+type Duration time.Duration
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	*d = Duration(v)
+	return err
+}

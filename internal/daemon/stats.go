@@ -1,0 +1,325 @@
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// snapshot is one reading of the counters.
+type snapshot struct {
+	at    time.Time
+	slots [maps.IfaceSlots]maps.Counters
+	total maps.Counters
+	rules map[uint32]maps.RuleCounters
+}
+
+// history keeps the last few counter readings, for rates.
+type history struct {
+	mu   sync.Mutex
+	ring []snapshot
+	size int
+}
+
+func newHistory(size int) *history { return &history{size: size} }
+
+func (h *history) add(s snapshot) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ring = append(h.ring, s)
+	if len(h.ring) > h.size {
+		h.ring = h.ring[1:]
+	}
+}
+
+// span returns the newest reading and the oldest one at most window older.
+func (h *history) span(window time.Duration) (old, cur snapshot, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.ring) < 2 {
+		return snapshot{}, snapshot{}, false
+	}
+	cur = h.ring[len(h.ring)-1]
+	old = h.ring[len(h.ring)-2]
+	for i := len(h.ring) - 2; i >= 0; i-- {
+		if cur.at.Sub(h.ring[i].at) > window {
+			break
+		}
+		old = h.ring[i]
+	}
+	return old, cur, true
+}
+
+func (d *Daemon) snapshot() (snapshot, error) {
+	s := snapshot{at: time.Now()}
+	var err error
+	if s.slots, err = d.m.CountersBySlot(); err != nil {
+		return s, err
+	}
+	for _, c := range s.slots {
+		for a := range c {
+			for r := range c[a] {
+				s.total[a][r].Packets += c[a][r].Packets
+				s.total[a][r].Bytes += c[a][r].Bytes
+			}
+		}
+	}
+	d.mu.Lock()
+	ids := make([]uint32, 0, len(d.cur.names))
+	for id := range d.cur.names {
+		ids = append(ids, id)
+	}
+	d.mu.Unlock()
+	if s.rules, err = d.m.RuleCounters(ids); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// sampleCounters reads the counters every second for rates, and prints a
+// counters line every Interval.
+func (d *Daemon) sampleCounters(ctx context.Context) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	lastLine := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s, err := d.snapshot()
+		if err != nil {
+			d.log.Error("read counters", "err", err)
+			continue
+		}
+		d.history.add(s)
+		if d.opts.Interval > 0 && d.opts.Out != nil && time.Since(lastLine) >= d.opts.Interval {
+			if old, cur, ok := d.history.span(d.opts.Interval); ok {
+				occ, _ := d.m.Tables()
+				fmt.Fprintln(d.opts.Out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ))
+			}
+			lastLine = time.Now()
+		}
+	}
+}
+
+// CounterLine formats one line of rates between two counter readings.
+func CounterLine(prev, cur maps.Counters, dt time.Duration, occ map[string]maps.Occupancy) string {
+	sec := dt.Seconds()
+	if sec <= 0 {
+		sec = 1
+	}
+	rate := func(a maps.Action, r maps.Reason) float64 {
+		return float64(cur.Get(a, r).Packets-prev.Get(a, r).Packets) / sec
+	}
+	total := func(a maps.Action) float64 {
+		return float64(cur.Total(a).Packets-prev.Total(a).Packets) / sec
+	}
+	line := fmt.Sprintf("pass %.0f/s  drop %.0f/s (deny %.0f, source %.0f, prefix %.0f, asn %.0f, global %.0f)  would-drop %.0f/s",
+		total(maps.ActPass), total(maps.ActDrop),
+		rate(maps.ActDrop, maps.ReasonDeny), rate(maps.ActDrop, maps.ReasonSrcLimit),
+		rate(maps.ActDrop, maps.ReasonPrefixLimit), rate(maps.ActDrop, maps.ReasonASNLimit),
+		rate(maps.ActDrop, maps.ReasonGlobalLimit), total(maps.ActWouldDrop))
+	if o, ok := occ["sources"]; ok {
+		line += fmt.Sprintf("  sources %d/%d", o.Entries, o.Capacity)
+	}
+	return line
+}
+
+// Stats builds the answer of `edgectl stats`.
+func (d *Daemon) Stats() (control.Stats, error) {
+	const window = 5 * time.Second
+	old, cur, ok := d.history.span(window)
+	if !ok {
+		s, err := d.snapshot()
+		if err != nil {
+			return control.Stats{}, err
+		}
+		old, cur = s, s
+	}
+	return buildStats(old, cur, d.ruleNames(), d.tables()), nil
+}
+
+func (d *Daemon) ruleNames() map[uint32]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cur.names
+}
+
+func (d *Daemon) tables() map[string]control.Fill {
+	occ, err := d.m.Tables()
+	if err != nil {
+		return nil
+	}
+	out := map[string]control.Fill{}
+	for k, v := range occ {
+		out[k] = control.Fill{Entries: v.Entries, Capacity: v.Capacity}
+	}
+	return out
+}
+
+// buildStats is pure, so its JSON can be golden-tested.
+func buildStats(old, cur snapshot, names map[uint32]string, tables map[string]control.Fill) control.Stats {
+	dt := cur.at.Sub(old.at).Seconds()
+	per := func(a, b uint64) float64 {
+		if dt <= 0 {
+			return 0
+		}
+		return float64(b-a) / dt
+	}
+	st := control.Stats{Window: control.Duration(cur.at.Sub(old.at).Round(time.Millisecond)), Tables: tables}
+	for a := range cur.total {
+		for r := range cur.total[a] {
+			c, o := cur.total[a][r], old.total[a][r]
+			if c.Packets == 0 {
+				continue
+			}
+			st.Totals = append(st.Totals, control.CounterStat{
+				Action: maps.ActionName(maps.Action(a)), Reason: maps.ReasonName(maps.Reason(r)),
+				Packets: c.Packets, Bytes: c.Bytes,
+				PacketRate: per(o.Packets, c.Packets), ByteRate: per(o.Bytes, c.Bytes),
+			})
+		}
+	}
+	for id, name := range names {
+		c, o := cur.rules[id], old.rules[id]
+		st.Rules = append(st.Rules, control.RuleStat{
+			Rule: name, ID: id,
+			Passed: c[maps.ActPass].Packets, Dropped: c[maps.ActDrop].Packets, WouldDrop: c[maps.ActWouldDrop].Packets,
+			PassedRate:    per(o[maps.ActPass].Packets, c[maps.ActPass].Packets),
+			DroppedRate:   per(o[maps.ActDrop].Packets, c[maps.ActDrop].Packets),
+			WouldDropRate: per(o[maps.ActWouldDrop].Packets, c[maps.ActWouldDrop].Packets),
+		})
+	}
+	slices.SortFunc(st.Rules, func(a, b control.RuleStat) int { return cmp.Compare(a.Rule, b.Rule) })
+	return st
+}
+
+// topTalkers counts drop samples per second, per source, prefix and ASN.
+type topTalkers struct {
+	mu      sync.Mutex
+	keep    time.Duration
+	seconds []topSecond
+}
+
+type topSecond struct {
+	at       int64 // unix second
+	n        uint64
+	sources  map[netip.Addr]uint64
+	prefixes map[netip.Prefix]uint64
+	asns     map[uint32]uint64
+}
+
+func newTopTalkers(keep time.Duration) *topTalkers { return &topTalkers{keep: keep} }
+
+// sourcePrefix is the aggregate a source is reported under: /24 or /48.
+func sourcePrefix(a netip.Addr) netip.Prefix {
+	bits := 48
+	if a.Is4() {
+		bits = 24
+	}
+	p, _ := a.Prefix(bits)
+	return p
+}
+
+func (t *topTalkers) add(now time.Time, s maps.Sample) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sec := now.Unix()
+	if len(t.seconds) == 0 || t.seconds[len(t.seconds)-1].at != sec {
+		t.seconds = append(t.seconds, topSecond{at: sec, sources: map[netip.Addr]uint64{},
+			prefixes: map[netip.Prefix]uint64{}, asns: map[uint32]uint64{}})
+		cut := 0
+		for cut < len(t.seconds) && time.Duration(sec-t.seconds[cut].at)*time.Second > t.keep {
+			cut++
+		}
+		t.seconds = t.seconds[cut:]
+	}
+	b := &t.seconds[len(t.seconds)-1]
+	b.n++
+	b.sources[s.Source]++
+	b.prefixes[sourcePrefix(s.Source)]++
+	if s.ASN != 0 {
+		b.asns[s.ASN]++
+	}
+}
+
+func (t *topTalkers) report(now time.Time, window time.Duration, n int) control.Top {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := control.Top{Window: control.Duration(window)}
+	src := map[string]uint64{}
+	pfx := map[string]uint64{}
+	asns := map[string]uint64{}
+	for _, b := range t.seconds {
+		if time.Duration(now.Unix()-b.at)*time.Second >= window {
+			continue
+		}
+		out.Samples += b.n
+		for k, v := range b.sources {
+			src[k.String()] += v
+		}
+		for k, v := range b.prefixes {
+			pfx[k.String()] += v
+		}
+		for k, v := range b.asns {
+			asns["AS"+strconv.FormatUint(uint64(k), 10)] += v
+		}
+	}
+	out.Sources = topN(src, out.Samples, n)
+	out.Prefixes = topN(pfx, out.Samples, n)
+	out.ASNs = topN(asns, out.Samples, n)
+	return out
+}
+
+func topN(m map[string]uint64, total uint64, n int) []control.TopEntry {
+	out := make([]control.TopEntry, 0, len(m))
+	for k, v := range m {
+		out = append(out, control.TopEntry{Key: k, Samples: v, Share: float64(v) / float64(max(total, 1))})
+	}
+	slices.SortFunc(out, func(a, b control.TopEntry) int {
+		if c := cmp.Compare(b.Samples, a.Samples); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Key, b.Key)
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+// readSamples feeds drop samples from the ring buffer to the top-talker
+// counts.
+func (d *Daemon) readSamples(ctx context.Context) error {
+	r, err := d.m.NewSampleReader()
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		r.Close()
+	}()
+	for {
+		s, err := r.Read()
+		if err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		d.top.add(time.Now(), s)
+	}
+}
