@@ -224,19 +224,32 @@ func TestLoadProgressAndCancel(t *testing.T) {
 	data := syntheticTSV(60000, 2) // a few MiB: several progress steps
 	p := writeFile(t, dir, "asn.tsv", data)
 	gz := writeFile(t, dir, "asn.tsv.gz", gzipBytes(t, data))
-	total := int64(len(data))
-	if fi, err := os.Stat(gz); err == nil {
-		total += fi.Size()
+	fi, err := os.Stat(gz)
+	if err != nil {
+		t.Fatal(err)
 	}
+	total := int64(len(data)) + fi.Size()
 	var calls [][2]int64
-	_, err := Load(t.Context(), []string{p, dir + "/asn.tsv.gz"}, Options{
+	_, err = Load(t.Context(), []string{p, gz}, Options{
 		Progress:    func(done, total int64) { calls = append(calls, [2]int64{done, total}) },
 		MaxProblems: 1,
 	})
-	// The two files carry the same ranges: the load is rejected for overlaps,
-	// after reading everything, so progress still covers all bytes read.
+	// The two files carry the same ranges: the load is rejected for overlaps
+	// after reading both. Progress counts compressed bytes against the sum
+	// of the file sizes, and a rejected load gets no final done == total call.
 	if !errors.Is(err, ErrRejected) {
 		t.Fatalf("err = %v", err)
+	}
+	if len(calls) < 3 {
+		t.Fatalf("progress called %d times: %v", len(calls), calls)
+	}
+	for _, c := range calls {
+		if c[1] != total || c[0] > total {
+			t.Fatalf("progress %v, want total %d: %v", c, total, calls)
+		}
+	}
+	if last := calls[len(calls)-1]; last[0] == total || last[0] < int64(len(data)) {
+		t.Fatalf("last progress %v: want past the plain file, short of the total", last)
 	}
 	calls = nil
 	tbl, err := Load(t.Context(), []string{p}, Options{
