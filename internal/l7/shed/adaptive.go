@@ -179,14 +179,19 @@ func (l *Limiter) Run(ctx context.Context) {
 	if l.adaptive == nil {
 		return
 	}
-	t := time.NewTicker(l.adaptive.interval)
+	runEvery(ctx, l.adaptive.interval, func() { l.UpdateLimit() })
+}
+
+// runEvery calls f every interval until ctx ends.
+func runEvery(ctx context.Context, interval time.Duration, f func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			l.UpdateLimit()
+			f()
 		}
 	}
 }

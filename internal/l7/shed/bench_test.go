@@ -11,63 +11,49 @@ import (
 // adaptive limit's sampling, and through a Keyed table.
 func BenchmarkShedAcquire(b *testing.B) {
 	ctx := context.Background()
-	newLimiter := func(b *testing.B, cfg Config) *Limiter {
-		l, err := New(cfg)
-		if err != nil {
-			b.Fatal(err)
+	for _, lc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"", Config{MaxInFlight: 1 << 20}},
+		{"-adaptive", Config{Adaptive: &AdaptiveConfig{InitialLimit: 1 << 19, MaxLimit: 1 << 20}}},
+	} {
+		acquireRelease := func(b *testing.B, l *Limiter) bool {
+			p, err := l.Acquire(ctx, PriorityDefault)
+			if err != nil {
+				b.Error(err)
+				return false
+			}
+			p.Release()
+			return true
 		}
-		return l
+		b.Run("serial"+lc.name, func(b *testing.B) {
+			l, err := New(lc.cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if !acquireRelease(b, l) {
+					return
+				}
+			}
+		})
+		b.Run("parallel"+lc.name, func(b *testing.B) {
+			l, err := New(lc.cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if !acquireRelease(b, l) {
+						return
+					}
+				}
+			})
+		})
 	}
-	b.Run("serial", func(b *testing.B) {
-		l := newLimiter(b, Config{MaxInFlight: 1 << 20})
-		b.ReportAllocs()
-		for b.Loop() {
-			p, err := l.Acquire(ctx, PriorityDefault)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Release()
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		l := newLimiter(b, Config{MaxInFlight: 1 << 20})
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				p, err := l.Acquire(ctx, PriorityDefault)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				p.Release()
-			}
-		})
-	})
-	b.Run("serial-adaptive", func(b *testing.B) {
-		l := newLimiter(b, Config{Adaptive: &AdaptiveConfig{InitialLimit: 1 << 19, MaxLimit: 1 << 20}})
-		b.ReportAllocs()
-		for b.Loop() {
-			p, err := l.Acquire(ctx, PriorityDefault)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Release()
-		}
-	})
-	b.Run("parallel-adaptive", func(b *testing.B) {
-		l := newLimiter(b, Config{Adaptive: &AdaptiveConfig{InitialLimit: 1 << 19, MaxLimit: 1 << 20}})
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				p, err := l.Acquire(ctx, PriorityDefault)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				p.Release()
-			}
-		})
-	})
 	b.Run("parallel-keyed", func(b *testing.B) {
 		k, err := NewKeyed(KeyedConfig{PerKey: Config{MaxInFlight: 1 << 20}})
 		if err != nil {
@@ -76,6 +62,11 @@ func BenchmarkShedAcquire(b *testing.B) {
 		keys := make([]string, 1024)
 		for i := range keys {
 			keys[i] = "client-" + strconv.Itoa(i)
+			p, err := k.Acquire(ctx, keys[i], PriorityDefault) // create the key's limiter
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Release()
 		}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
@@ -92,7 +83,10 @@ func BenchmarkShedAcquire(b *testing.B) {
 		})
 	})
 	b.Run("shed-at-limit", func(b *testing.B) {
-		l := newLimiter(b, Config{MaxInFlight: 1})
+		l, err := New(Config{MaxInFlight: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
 		held, err := l.Acquire(ctx, PriorityDefault)
 		if err != nil {
 			b.Fatal(err)

@@ -102,13 +102,7 @@ func TestConcurrentAcquireReleaseKeepsInvariants(t *testing.T) {
 				t.Errorf("non-critical requests entered the critical reserve %d times", n)
 			}
 			s := l.Stats()
-			var admitted, shed uint64
-			for p := range numPriorities {
-				admitted += s.Admitted[p]
-				for r := range numReasons {
-					shed += s.Shed[r][p]
-				}
-			}
+			admitted, shed := s.Totals()
 			t.Logf("admitted %d, shed %d, final limit %d", admitted, shed, s.Limit)
 			if admitted+shed != workers*rounds {
 				t.Errorf("admitted %d + shed %d = %d, want %d", admitted, shed, admitted+shed, workers*rounds)

@@ -175,16 +175,7 @@ func (k *Keyed) Sweep() int {
 
 // Run sweeps idle limiters every interval until ctx ends.
 func (k *Keyed) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			k.Sweep()
-		}
-	}
+	runEvery(ctx, interval, func() { k.Sweep() })
 }
 
 // Keys returns the number of keys holding their own limiter.
@@ -202,14 +193,8 @@ func (k *Keyed) Stats() Stats {
 			s.QueueDepth += l.QueueDepth()
 			l.addCounters(&s)
 		}
-		r := sh.retired
+		s.addCounters(&sh.retired)
 		sh.mu.RUnlock()
-		for p := range numPriorities {
-			s.Admitted[p] += r.Admitted[p]
-			for reason := range numReasons {
-				s.Shed[reason][p] += r.Shed[reason][p]
-			}
-		}
 	}
 	return s
 }

@@ -124,13 +124,7 @@ func TestKeyedSweepRacingAcquireKeepsPerKeyLimit(t *testing.T) {
 		t.Fatalf("a key exceeded its limit of 2 in flight %d times", n)
 	}
 	s := k.Stats()
-	var admitted, shed uint64
-	for p := range numPriorities {
-		admitted += s.Admitted[p]
-		for r := range numReasons {
-			shed += s.Shed[r][p]
-		}
-	}
+	admitted, shed := s.Totals()
 	if admitted+shed != workers*rounds {
 		t.Fatalf("admitted %d + shed %d != %d requests (counters lost on drop?)", admitted, shed, workers*rounds)
 	}

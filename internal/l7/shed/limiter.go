@@ -89,7 +89,6 @@ type Limiter struct {
 	timeout     time.Duration
 	afterFunc   func(time.Duration, func()) func() bool
 	log         *slog.Logger
-	staticLimit int64
 
 	mu     sync.Mutex
 	queues [numPriorities]waitList // by rank
@@ -152,8 +151,7 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.MaxInFlight < 1 {
 		return nil, fmt.Errorf("shed: max in-flight %d: must be at least 1 (or set Adaptive)", cfg.MaxInFlight)
 	}
-	l.staticLimit = int64(cfg.MaxInFlight)
-	l.storeLimit(l.staticLimit)
+	l.storeLimit(int64(cfg.MaxInFlight))
 	return l, nil
 }
 
@@ -174,6 +172,11 @@ func (p Permit) Release() {
 	if l.adaptive != nil {
 		l.adaptive.observe(l.clock.Now() - p.start)
 	}
+	l.release()
+}
+
+// release frees one slot and hands it on if anyone is queued.
+func (l *Limiter) release() {
 	l.inFlight.Add(-1)
 	// Acquirers enqueue under mu after publishing waiting and re-checking
 	// inFlight; this load after our decrement therefore either sees them, or
@@ -303,8 +306,8 @@ func (l *Limiter) acquireSlow(ctx context.Context, p Priority) (Permit, error) {
 	// under mu above.
 	switch {
 	case w.state == waiterGranted && ctx.Err() != nil:
-		// Granted as the context ended: give the slot back.
-		Permit{l: l}.releaseUnsampled()
+		// Granted as the context ended: give the slot back, unsampled.
+		l.release()
 		l.shed[ReasonCanceled][p].Add(1)
 		return Permit{}, &canceledError{cause: context.Cause(ctx)}
 	case w.state == waiterGranted:
@@ -313,16 +316,6 @@ func (l *Limiter) acquireSlow(ctx context.Context, p Priority) (Permit, error) {
 		return Permit{}, &canceledError{cause: context.Cause(ctx)}
 	}
 	return Permit{}, ShedError(w.reason)
-}
-
-// releaseUnsampled frees a slot that served no request.
-func (p Permit) releaseUnsampled() {
-	p.l.inFlight.Add(-1)
-	if p.l.waiting.Load() > 0 {
-		p.l.mu.Lock()
-		p.l.dispatchLocked()
-		p.l.mu.Unlock()
-	}
 }
 
 // admitToQueueLocked decides whether a request of priority p that found no
@@ -491,6 +484,28 @@ func (l *Limiter) addCounters(s *Stats) {
 			s.Shed[r][p] += l.shed[r][p].Load()
 		}
 	}
+}
+
+// addCounters adds o's counters (not its gauges) to s.
+func (s *Stats) addCounters(o *Stats) {
+	for p := range numPriorities {
+		s.Admitted[p] += o.Admitted[p]
+		for r := range numReasons {
+			s.Shed[r][p] += o.Shed[r][p]
+		}
+	}
+}
+
+// Totals sums the counters: requests admitted, and requests shed for any
+// reason.
+func (s Stats) Totals() (admitted, shed uint64) {
+	for p := range numPriorities {
+		admitted += s.Admitted[p]
+		for r := range numReasons {
+			shed += s.Shed[r][p]
+		}
+	}
+	return admitted, shed
 }
 
 type waiterState uint8

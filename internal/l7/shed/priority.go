@@ -49,17 +49,6 @@ func (p Priority) rank() int {
 	return 2
 }
 
-// priorityOfRank inverts rank.
-func priorityOfRank(r int) Priority {
-	switch r {
-	case 0:
-		return PriorityCritical
-	case 1:
-		return PriorityDefault
-	}
-	return PrioritySheddable
-}
-
 // Reason says why a request was shed. It is a metric label value.
 type Reason uint8
 
