@@ -69,6 +69,7 @@ func BenchmarkShedAcquire(b *testing.B) {
 			p.Release()
 		}
 		b.ReportAllocs()
+		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			i := 0
 			for pb.Next() {
