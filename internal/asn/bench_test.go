@@ -41,6 +41,7 @@ func BenchmarkLoadTSV(b *testing.B) {
 			st := tbl.Stats()
 			b.ReportMetric(float64(st.Ranges+st.NotRouted), "ranges")
 			b.ReportMetric(float64(st.Entries), "entries")
+			b.ReportMetric(float64(len(data))/(1<<20), "MiB-file")
 			b.ReportMetric(float64(retainedHeap(func() any {
 				t, err := Load(b.Context(), []string{path}, Options{})
 				if err != nil {

@@ -127,6 +127,31 @@ func TestLoadTSV(t *testing.T) {
 	}
 }
 
+func TestLoadTSVU32(t *testing.T) {
+	// ip2asn-v4-u32 writes IPv4 addresses as decimal integers.
+	p := writeFile(t, t.TempDir(), "ip2asn-v4-u32.tsv", []byte(
+		"16777216\t16777471\t13335\tUS\tCLOUDFLARENET\n"+
+			"0\t0\t64500\tNone\tZERO\n"+
+			"4294967295\t4294967295\t64501\tNone\tTOP\n"))
+	tbl, err := Load(t.Context(), []string{p}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Entry{
+		{Prefix: netip.MustParsePrefix("0.0.0.0/32"), ASN: 64500},
+		{Prefix: netip.MustParsePrefix("1.0.0.0/24"), ASN: 13335, Country: cc("US")},
+		{Prefix: netip.MustParsePrefix("255.255.255.255/32"), ASN: 64501},
+	}
+	if got := entriesOf(tbl); !slices.Equal(got, want) {
+		t.Fatalf("entries:\n got %v\nwant %v", got, want)
+	}
+	p = writeFile(t, t.TempDir(), "big.tsv", []byte("4294967296\t4294967296\t1\tUS\tX\n"))
+	if _, err := Load(t.Context(), []string{p}, Options{}); err == nil ||
+		!strings.Contains(err.Error(), `big.tsv:1: range_start "4294967296" is not an IP address`) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 func TestLoadTSVProblems(t *testing.T) {
 	t.Chdir(t.TempDir())
 	bad := "1.2.3.9\t1.2.3.0\t64500\tUS\tX\n" +

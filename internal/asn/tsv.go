@@ -110,12 +110,12 @@ func (b *builder) parseTSVLine(file uint16, line uint32, raw []byte) {
 		b.problem(file, line, "expected 5 tab-separated fields (range_start, range_end, AS_number, country_code, AS_description), got %d", nf)
 		return
 	}
-	start, ok := parseAddr(fields[0])
+	start, ok := parseRangeAddr(fields[0])
 	if !ok {
 		b.problem(file, line, "range_start %q is not an IP address", fields[0])
 		return
 	}
-	end, ok := parseAddr(fields[1])
+	end, ok := parseRangeAddr(fields[1])
 	if !ok {
 		b.problem(file, line, "range_end %q is not an IP address", fields[1])
 		return
@@ -147,6 +147,15 @@ func (b *builder) parseTSVLine(file uint16, line uint32, raw []byte) {
 		start: u128From(start), end: u128From(end), asn: asn,
 		line: line, file: file, country: country, is6: start.Is6(),
 	})
+}
+
+// parseRangeAddr accepts what parseAddr accepts plus an IPv4 address written
+// as a decimal integer, as in iptoasn's ip2asn-v4-u32 files.
+func parseRangeAddr(s []byte) (netip.Addr, bool) {
+	if v, ok := parseASN(s); ok { // same grammar: decimal in 0..2^32-1
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), true
+	}
+	return parseAddr(s)
 }
 
 // parseAddr parses an address without allocating; forms the fast parsers do
