@@ -78,12 +78,21 @@ func (m *Maps) CountersBySlot() ([IfaceSlots]Counters, error) {
 // RuleCounters are one rule's counters by action.
 type RuleCounters [numActions]Counter
 
-// RuleCounters reads the counters of the given rule ids.
+// RuleCounters reads the counters of the given rule ids (rules of the live
+// generation; other ids are left out).
 func (m *Maps) RuleCounters(ids []uint32) (map[uint32]RuleCounters, error) {
+	slots, err := m.RuleSlots()
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[uint32]RuleCounters, len(ids))
 	var per []loader.LimiterEgRuleCounters
 	for _, id := range ids {
-		if err := m.o.RuleStats.Lookup(id, &per); err != nil {
+		slot, ok := slots[id]
+		if !ok {
+			continue
+		}
+		if err := m.o.RuleStats.Lookup(slot, &per); err != nil {
 			return nil, fmt.Errorf("read counters of rule %d: %w", id, err)
 		}
 		var rc RuleCounters
@@ -96,6 +105,14 @@ func (m *Maps) RuleCounters(ids []uint32) (map[uint32]RuleCounters, error) {
 		out[id] = rc
 	}
 	return out, nil
+}
+
+func possibleCPUs() (int, error) {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return 0, fmt.Errorf("count possible cpus: %w", err)
+	}
+	return n, nil
 }
 
 // Occupancy is how full a table is.

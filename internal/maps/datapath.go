@@ -109,10 +109,20 @@ func l4Bit(proto uint8) uint8 {
 	return 0
 }
 
+// noSlot is where prefix facts naming an unknown rule point: past the end
+// of the rules table, so the data plane passes such packets as no_policy.
+const noSlot = ^uint32(0)
+
 // Apply makes g the live policy, atomically: the inactive generation's
 // rules, settings, L4 entries and prefix trie are written first, then the
-// active generation flips. Bucket state is keyed by rule id, so rules whose
-// id survives keep their state. On error the live policy is unchanged.
+// active generation flips. On error the live policy is unchanged.
+//
+// Rule ids are arbitrary 32-bit values (the policy hashes rule names); the
+// data plane keys bucket state by id, so a rule whose id survives keeps its
+// state. Rules live in table slots: Apply keeps each surviving id in its
+// slot (so its counters continue), puts id 0, the default rule, in slot 0,
+// prefers slot == id for small ids, and clears the counters of a slot that
+// changes hands.
 func (m *Maps) Apply(g Generation) error {
 	cur, err := m.ActiveGen()
 	if err != nil {
@@ -120,6 +130,15 @@ func (m *Maps) Apply(g Generation) error {
 	}
 	next := cur ^ 1
 	maxRules := m.d.Sizes.MaxRules
+
+	old, err := m.readSlots(cur)
+	if err != nil {
+		return err
+	}
+	slots, fresh, err := assignSlots(g.Rules, old, maxRules)
+	if err != nil {
+		return err
+	}
 
 	// Rules: the whole half of the next generation is rewritten, so ids
 	// that disappeared become invalid.
@@ -129,30 +148,44 @@ func (m *Maps) Apply(g Generation) error {
 		keys[i] = next*maxRules + uint32(i)
 	}
 	for _, r := range g.Rules {
-		if r.ID >= maxRules {
-			return fmt.Errorf("rule id %d out of range: the table holds %d rules", r.ID, maxRules)
-		}
-		if vals[r.ID].Valid != 0 {
-			return fmt.Errorf("rule id %d used twice", r.ID)
-		}
-		if vals[r.ID], err = r.compile(); err != nil {
+		if vals[slots[r.ID]], err = r.compile(); err != nil {
 			return err
 		}
 	}
 	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
 		return fmt.Errorf("write rules of generation %d: %w", next, err)
 	}
+	for _, slot := range fresh {
+		if err := m.clearRuleCounters(slot); err != nil {
+			return err
+		}
+	}
 
 	var protos uint8
-	for _, l := range g.L4 {
-		if l.RuleID >= maxRules || vals[l.RuleID].Valid == 0 {
+	l4 := make([]L4Match, len(g.L4))
+	for i, l := range g.L4 {
+		slot, ok := slots[l.RuleID]
+		if !ok {
 			return fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Proto, l.Port, l.RuleID)
 		}
 		if l4Bit(l.Proto) == 0 {
 			return fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Proto)
 		}
 		protos |= l4Bit(l.Proto)
+		l4[i] = l
+		l4[i].RuleID = slot
 	}
+	g.L4 = l4
+	facts := make([]PrefixFact, len(g.Prefixes))
+	for i, f := range g.Prefixes {
+		facts[i] = f
+		if slot, ok := slots[f.RuleID]; ok {
+			facts[i].RuleID = slot
+		} else {
+			facts[i].RuleID = noSlot
+		}
+	}
+	g.Prefixes = facts
 	cfg, err := g.Settings.compile(protos)
 	if err != nil {
 		return err
@@ -178,6 +211,93 @@ func (m *Maps) Apply(g Generation) error {
 	// The flip: from here on every packet sees the new generation.
 	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: next}); err != nil {
 		return fmt.Errorf("activate generation %d: %w", next, err)
+	}
+	return nil
+}
+
+// readSlots returns rule id -> slot of a generation's valid rules.
+func (m *Maps) readSlots(gen uint32) (map[uint32]uint32, error) {
+	maxRules := m.d.Sizes.MaxRules
+	out := map[uint32]uint32{}
+	var r loader.LimiterEgRule
+	for slot := uint32(0); slot < maxRules; slot++ {
+		if err := m.o.Rules.Lookup(gen*maxRules+slot, &r); err != nil {
+			return nil, fmt.Errorf("read rules of generation %d: %w", gen, err)
+		}
+		if r.Valid != 0 {
+			out[r.Id] = slot
+		}
+	}
+	return out, nil
+}
+
+// assignSlots places rules in table slots (see Apply) and returns the slots
+// that change hands.
+func assignSlots(rules []Rule, old map[uint32]uint32, maxRules uint32) (map[uint32]uint32, []uint32, error) {
+	if uint32(len(rules)) > maxRules {
+		return nil, nil, fmt.Errorf("%d rules, the table holds %d: raise tables.max_rules", len(rules), maxRules)
+	}
+	slots := make(map[uint32]uint32, len(rules))
+	taken := make(map[uint32]bool, len(rules))
+	for _, r := range rules {
+		if _, dup := slots[r.ID]; dup {
+			return nil, nil, fmt.Errorf("rule id %d used twice", r.ID)
+		}
+		slots[r.ID] = noSlot
+	}
+	place := func(id, slot uint32) {
+		slots[id] = slot
+		taken[slot] = true
+	}
+	if _, ok := slots[0]; ok {
+		place(0, 0)
+	}
+	taken[0] = true // slot 0 is the default rule's, present or not
+	for _, r := range rules {
+		if s, ok := old[r.ID]; ok && r.ID != 0 && !taken[s] {
+			place(r.ID, s)
+		}
+	}
+	var fresh []uint32
+	for _, r := range rules {
+		if slots[r.ID] != noSlot {
+			continue
+		}
+		if r.ID < maxRules && !taken[r.ID] {
+			place(r.ID, r.ID)
+		}
+	}
+	next := uint32(1)
+	for _, r := range rules {
+		if slots[r.ID] == noSlot {
+			for taken[next] {
+				next++
+			}
+			place(r.ID, next)
+		}
+		if s, ok := old[r.ID]; !ok || s != slots[r.ID] {
+			fresh = append(fresh, slots[r.ID])
+		}
+	}
+	return slots, fresh, nil
+}
+
+// RuleSlots returns rule id -> table slot of the live generation.
+func (m *Maps) RuleSlots() (map[uint32]uint32, error) {
+	gen, err := m.ActiveGen()
+	if err != nil {
+		return nil, err
+	}
+	return m.readSlots(gen)
+}
+
+func (m *Maps) clearRuleCounters(slot uint32) error {
+	n, err := possibleCPUs()
+	if err != nil {
+		return err
+	}
+	if err := m.o.RuleStats.Put(slot, make([]loader.LimiterEgRuleCounters, n)); err != nil {
+		return fmt.Errorf("clear counters of rule slot %d: %w", slot, err)
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ type Sample struct {
 	Time   time.Duration // CLOCK_MONOTONIC
 	Source netip.Addr
 	ASN    uint32
-	RuleID uint32
+	RuleID uint32 // the rule's table slot (see Maps.RuleSlots), not its id
 	Len    uint16
 	Proto  uint8
 	SPort  uint16
