@@ -399,17 +399,17 @@ func compilePrefixes(rules []Rule, asnData []asn.Entry) ([]PrefixFact, []string,
 			out = append(out, n.facts)
 		}
 	})
-	// The walk is in unified address order, where IPv4 is one contiguous
-	// run inside the IPv6 space; move it to the front.
-	first := slices.IndexFunc(out, func(f PrefixFact) bool { return f.Prefix.Addr().Is4() })
-	if first > 0 {
-		n := first
-		for n < len(out) && out[n].Prefix.Addr().Is4() {
-			n++
-		}
-		slices.Reverse(out[:first])
-		slices.Reverse(out[first:n])
-		slices.Reverse(out[:n])
+	es := make([]trieEntry[PrefixFact], len(out))
+	for i, f := range out {
+		p := f.Prefix
+		f.Prefix = netip.Prefix{}
+		es[i] = trieEntry[PrefixFact]{prefix: p, value: f}
+	}
+	es = compact(es)
+	out = out[:len(es)]
+	for i, e := range es {
+		out[i] = e.value
+		out[i].Prefix = e.prefix
 	}
 	return out, warnings, nil
 }
@@ -484,7 +484,18 @@ func compileLists(deny, allow []ListEntry) []ListRecord {
 			out = append(out, n.eff)
 		}
 	})
-	slices.SortFunc(out, func(a, b ListRecord) int { return compareOutput(a.Prefix, b.Prefix) })
+	es := make([]trieEntry[ListRecord], len(out))
+	for i, r := range out {
+		p := r.Prefix
+		r.Prefix = netip.Prefix{}
+		es[i] = trieEntry[ListRecord]{prefix: p, value: r}
+	}
+	es = compact(es)
+	out = out[:len(es)]
+	for i, e := range es {
+		out[i] = e.value
+		out[i].Prefix = e.prefix
+	}
 	return out
 }
 
