@@ -128,10 +128,12 @@ func TestLoadTSV(t *testing.T) {
 }
 
 func TestLoadTSVU32(t *testing.T) {
-	// ip2asn-v4-u32 writes IPv4 addresses as decimal integers.
+	// ip2asn-v4-u32 writes IPv4 addresses as decimal integers; IPv4-mapped
+	// IPv6 ranges are stored as IPv4.
 	p := writeFile(t, t.TempDir(), "ip2asn-v4-u32.tsv", []byte(
 		"16777216\t16777471\t13335\tUS\tCLOUDFLARENET\n"+
 			"0\t0\t64500\tNone\tZERO\n"+
+			"::ffff:2.0.0.0\t::ffff:2.0.0.255\t64502\tNone\tMAPPED\n"+
 			"4294967295\t4294967295\t64501\tNone\tTOP\n"))
 	tbl, err := Load(t.Context(), []string{p}, Options{})
 	if err != nil {
@@ -140,6 +142,7 @@ func TestLoadTSVU32(t *testing.T) {
 	want := []Entry{
 		{Prefix: netip.MustParsePrefix("0.0.0.0/32"), ASN: 64500},
 		{Prefix: netip.MustParsePrefix("1.0.0.0/24"), ASN: 13335, Country: cc("US")},
+		{Prefix: netip.MustParsePrefix("2.0.0.0/24"), ASN: 64502}, // IPv4-mapped → IPv4
 		{Prefix: netip.MustParsePrefix("255.255.255.255/32"), ASN: 64501},
 	}
 	if got := entriesOf(tbl); !slices.Equal(got, want) {

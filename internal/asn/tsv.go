@@ -120,6 +120,10 @@ func (b *builder) parseTSVLine(file uint16, line uint32, raw []byte) {
 		b.problem(file, line, "range_end %q is not an IP address", fields[1])
 		return
 	}
+	if start.Is4In6() && end.Is4In6() {
+		// Store IPv4-mapped ranges as IPv4, where Lookup looks for them.
+		start, end = start.Unmap(), end.Unmap()
+	}
 	if start.Is4() != end.Is4() {
 		b.problem(file, line, "range start %v and end %v are of different address families", start, end)
 		return
