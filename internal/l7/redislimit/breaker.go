@@ -75,10 +75,13 @@ type breaker struct {
 	state atomic.Int32 // fast path: closed needs no lock
 
 	mu       sync.Mutex
+	changes  []change // transitions to report once mu is released
 	failures int
 	until    int64 // end of the open period (clock ns)
 	openFor  time.Duration
 }
+
+type change struct{ from, to BreakerState }
 
 func newBreaker(cfg BreakerConfig, clock l7.Clock, onChange func(from, to BreakerState)) *breaker {
 	cfg = cfg.withDefaults()
@@ -96,7 +99,7 @@ func (b *breaker) allow() (ok, probe bool) {
 		return true, false
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlock()
 	switch BreakerState(b.state.Load()) {
 	case BreakerClosed:
 		return true, false
@@ -134,7 +137,7 @@ func (b *breaker) success() {
 // failure records a round trip that did not reach Redis.
 func (b *breaker) failure() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlock()
 	if BreakerState(b.state.Load()) != BreakerClosed {
 		return
 	}
@@ -150,7 +153,7 @@ func (b *breaker) failure() {
 // as long (capped) after a bad one.
 func (b *breaker) probeDone(ok bool) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlock()
 	if ok {
 		b.failures = 0
 		b.openFor = b.cfg.OpenFor
@@ -164,7 +167,20 @@ func (b *breaker) probeDone(ok bool) {
 
 func (b *breaker) setLocked(to BreakerState) {
 	from := BreakerState(b.state.Swap(int32(to)))
-	if from != to && b.onChange != nil {
-		b.onChange(from, to)
+	if from != to {
+		b.changes = append(b.changes, change{from, to})
+	}
+}
+
+// unlock releases mu, then reports transitions: onChange logs, and a log
+// handler may do I/O, which must not happen under the lock.
+func (b *breaker) unlock() {
+	changes := b.changes
+	b.changes = nil
+	b.mu.Unlock()
+	if b.onChange != nil {
+		for _, c := range changes {
+			b.onChange(c.from, c.to)
+		}
 	}
 }

@@ -692,7 +692,7 @@ func (l *Limiter) startProbe() {
 }
 
 func (l *Limiter) breakerChanged(from, to BreakerState) {
-	l.metrics.breakerState.Set(float64(to))
+	l.metrics.breakerState.Set(float64(l.breaker.State())) // current, not "to": reports may arrive out of order
 	l.metrics.transitions.WithLabelValues(to.String()).Inc()
 	l.cfg.Logger.Info("redis limiter: circuit breaker changed", slog.String("from", from.String()), slog.String("to", to.String()))
 }
