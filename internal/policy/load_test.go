@@ -191,3 +191,17 @@ rules: [{name: r, match: {prefixes: [10.0.0.0/8]}, per_source: {}}]
 		t.Errorf("unitless rate: %v", err)
 	}
 }
+
+func TestEmptySectionsAreAllowed(t *testing.T) {
+	p, err := parseString(t, "apiVersion: edgeguard/v1\ninterfaces:\ndefaults:\nlists:\n  deny:\n  allow:\nrules:\ntables:\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Rules) != 0 || len(p.Deny) != 0 || p.Tables != DefaultTables() || p.Defaults.PerSource.Key != (KeyBits{32, 64}) {
+		t.Errorf("policy = %+v", p)
+	}
+	if _, err := parseString(t, "apiVersion: edgeguard/v1\nrules: [{name: a, match: {prefixes: }}]\n", nil); err == nil ||
+		!strings.Contains(err.Error(), "rule a match prefixes is empty") {
+		t.Errorf("empty prefixes: %v", err)
+	}
+}

@@ -217,6 +217,9 @@ func kindName(n *yaml.Node) string {
 // returns the value nodes by key. It returns nil if n is not a mapping.
 func (ps *parser) fields(n *yaml.Node, where string, allowed ...string) map[string]*yaml.Node {
 	n = resolve(n)
+	if isNull(n) {
+		return map[string]*yaml.Node{} // "section:" with everything commented out
+	}
 	if n.Kind != yaml.MappingNode {
 		ps.errorf(n, "%s must be a mapping, got %s", where, kindName(n))
 		return nil
@@ -283,10 +286,15 @@ func (ps *parser) uintIn(n *yaml.Node, where string, lo, hi uint64) (uint64, boo
 	return u, true
 }
 
-// seq returns the items of a list; a single scalar is accepted as a list of one.
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
+
+// seq returns the items of a list; a single scalar is accepted as a list of
+// one, and an empty value as an empty list.
 func (ps *parser) seq(n *yaml.Node, where string) []*yaml.Node {
 	n = resolve(n)
 	switch {
+	case isNull(n):
+		return nil
 	case n.Kind == yaml.SequenceNode:
 		out := make([]*yaml.Node, len(n.Content))
 		for i, c := range n.Content {
@@ -706,7 +714,7 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 	case "prefixes":
 		m.Kind = MatchPrefix
 		items := ps.seq(f["prefixes"], where+" prefixes")
-		if len(items) == 0 && f["prefixes"].Kind == yaml.SequenceNode {
+		if len(items) == 0 && (f["prefixes"].Kind == yaml.SequenceNode || isNull(f["prefixes"])) {
 			ps.errorf(f["prefixes"], "%s prefixes is empty", where)
 		}
 		for _, it := range items {
@@ -726,7 +734,7 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 	case "asns":
 		m.Kind = MatchASN
 		items := ps.seq(f["asns"], where+" asns")
-		if len(items) == 0 && f["asns"].Kind == yaml.SequenceNode {
+		if len(items) == 0 && (f["asns"].Kind == yaml.SequenceNode || isNull(f["asns"])) {
 			ps.errorf(f["asns"], "%s asns is empty", where)
 		}
 		for _, it := range items {
@@ -746,7 +754,7 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 	case "countries":
 		m.Kind = MatchCountry
 		items := ps.seq(f["countries"], where+" countries")
-		if len(items) == 0 && f["countries"].Kind == yaml.SequenceNode {
+		if len(items) == 0 && (f["countries"].Kind == yaml.SequenceNode || isNull(f["countries"])) {
 			ps.errorf(f["countries"], "%s countries is empty", where)
 		}
 		for _, it := range items {
@@ -786,7 +794,7 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 				continue
 			}
 			items := ps.seq(v, where+" "+k)
-			if len(items) == 0 && v.Kind == yaml.SequenceNode {
+			if len(items) == 0 && (v.Kind == yaml.SequenceNode || isNull(v)) {
 				ps.errorf(v, "%s %s is empty; leave it out to match the protocol alone", where, k)
 			}
 			for _, it := range items {
