@@ -226,28 +226,31 @@ func (b *builder) build() (*Table, error) {
 	if !slices.IsSortedFunc(b.spans, spanCmp) {
 		slices.SortStableFunc(b.spans, spanCmp)
 	}
+	// Merge in place: merged never grows past the element being read.
 	merged := b.spans[:0]
+	var prevLine span // the previous input span as read, for messages
 	for i, s := range b.spans {
-		if i == 0 {
-			merged = append(merged, s)
-			continue
-		}
-		prev := &merged[len(merged)-1]
-		if prev.is6 == s.is6 && s.start.cmp(prev.end) <= 0 {
-			// Compare against the original neighbour for the message, not the merged run.
-			b.problem(s.file, s.line, "range %v-%v overlaps range %v-%v from %s",
-				s.start.addr(s.is6), s.end.addr(s.is6),
-				b.spans[i-1].start.addr(s.is6), b.spans[i-1].end.addr(s.is6), b.where(b.spans[i-1]))
-			if b.more {
-				break
+		if i > 0 {
+			run := &merged[len(merged)-1]
+			if run.is6 == s.is6 && s.start.cmp(run.end) <= 0 {
+				b.problem(s.file, s.line, "range %v-%v overlaps range %v-%v from %s",
+					s.start.addr(s.is6), s.end.addr(s.is6),
+					prevLine.start.addr(s.is6), prevLine.end.addr(s.is6), b.where(prevLine))
+				if b.full() {
+					b.more = i < len(b.spans)-1
+					break
+				}
+				prevLine = s
+				continue
 			}
-			continue
-		}
-		if prev.is6 == s.is6 && prev.asn == s.asn && prev.country == s.country && prev.end.addOne() == s.start {
-			prev.end = s.end
-			continue
+			if run.is6 == s.is6 && run.asn == s.asn && run.country == s.country && run.end.addOne() == s.start {
+				run.end = s.end
+				prevLine = s
+				continue
+			}
 		}
 		merged = append(merged, s)
+		prevLine = s
 	}
 	if err := b.rejection(); err != nil {
 		return nil, err

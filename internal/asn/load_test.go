@@ -218,6 +218,13 @@ func TestLoadRejectsOverlaps(t *testing.T) {
 	if err == nil || err.Error() != want {
 		t.Fatalf("err = %v\nwant %s", err, want)
 	}
+	// The message names the overlapped input line, not the merged run.
+	writeFile(t, ".", "c.tsv", []byte("1.0.0.0\t1.0.0.255\t1\tUS\tA\n1.0.1.0\t1.0.1.255\t1\tUS\tA\n1.0.1.7\t1.0.1.7\t1\tUS\tA\n"))
+	_, err = Load(t.Context(), []string{"c.tsv"}, Options{})
+	want = "load asn data: asn data rejected: 1 problem; c.tsv:3: range 1.0.1.7-1.0.1.7 overlaps range 1.0.1.0-1.0.1.255 from c.tsv:2"
+	if err == nil || err.Error() != want {
+		t.Fatalf("err = %v\nwant %s", err, want)
+	}
 	// Duplicates are overlaps too, even with equal values.
 	writeFile(t, ".", "dup.tsv", []byte("1.0.0.0\t1.0.0.255\t1\tUS\tA\n1.0.0.0\t1.0.0.255\t1\tUS\tA\n"))
 	if _, err := Load(t.Context(), []string{"dup.tsv"}, Options{}); !errors.Is(err, ErrRejected) {

@@ -27,12 +27,17 @@ type Stats struct {
 }
 
 // NewTable builds a table from entries in any order. Prefixes must be valid,
-// masked (no host bits) and must not overlap. The slice is copied.
+// masked (no host bits), not IPv4-mapped and must not overlap. The slice is
+// copied.
 func NewTable(entries []Entry) (*Table, error) {
 	es := slices.Clone(entries)
 	for _, e := range es {
 		if !e.Prefix.IsValid() || e.Prefix != e.Prefix.Masked() || e.Prefix.Addr().Zone() != "" {
 			return nil, fmt.Errorf("new asn table: prefix %v is not a valid masked prefix", e.Prefix)
+		}
+		if e.Prefix.Addr().Is4In6() {
+			// Lookup unmaps addresses, so such an entry could never match.
+			return nil, fmt.Errorf("new asn table: prefix %v is IPv4-mapped; use the IPv4 form", e.Prefix)
 		}
 	}
 	slices.SortFunc(es, func(a, b Entry) int { return a.Prefix.Addr().Compare(b.Prefix.Addr()) })

@@ -77,6 +77,7 @@ func TestNewTableRejects(t *testing.T) {
 			"new asn table: prefix 1.0.0.0/24 overlaps 1.0.0.128/25"},
 		{"host bits", []Entry{{Prefix: netip.MustParsePrefix("1.0.0.1/24")}}, "new asn table: prefix 1.0.0.1/24 is not a valid masked prefix"},
 		{"invalid", []Entry{{}}, "new asn table: prefix invalid Prefix is not a valid masked prefix"},
+		{"mapped", []Entry{{Prefix: netip.MustParsePrefix("::ffff:1.2.3.0/120")}}, "new asn table: prefix ::ffff:1.2.3.0/120 is IPv4-mapped; use the IPv4 form"},
 	}
 	for _, tt := range tests {
 		_, err := NewTable(tt.entries)
