@@ -1,6 +1,8 @@
 package l7
 
 import (
+	"context"
+	"errors"
 	"math/big"
 	"math/rand/v2"
 	"testing"
@@ -222,8 +224,28 @@ func TestLeakyQueueReleasesAtFixedRate(t *testing.T) {
 	if last < 80*time.Millisecond || last > 5*time.Second {
 		t.Fatalf("5 requests at 20ms interval released by %s, want >= 80ms", last)
 	}
-	for range 20 {
-		_ = q.Wait(t.Context()) // fill up to depth
+}
+
+// TestLeakyQueueCancelAndFull: a caller whose context ends keeps its slot,
+// and a full queue refuses at once without taking one.
+func TestLeakyQueueCancelAndFull(t *testing.T) {
+	b, err := NewLeakyBucket(1, 10*time.Second, 1, 0) // I = 10s, one waiter
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := NewLeakyQueue(b, NewSystemClock())
+	if err := q.Wait(t.Context()); err != nil {
+		t.Fatalf("first caller: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	if err := q.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second caller: %v, want deadline exceeded", err)
+	}
+	// The cancelled caller's slot (~10s away) is still taken: the next
+	// would wait ~20s > depth*I.
+	if err := q.Wait(t.Context()); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third caller: %v, want ErrQueueFull", err)
 	}
 }
 

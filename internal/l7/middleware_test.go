@@ -329,3 +329,30 @@ func TestMiddlewareAllocations(t *testing.T) {
 		t.Fatalf("headers missing: %v", w.h)
 	}
 }
+
+func TestMiddlewareTierByHeaderAndNoHeaders(t *testing.T) {
+	k := newKeys(t, KeyConfig{})
+	s := newTestServer(t, Config{
+		Rules: []Rule{perIPRule(t, k, "per-ip", mustAlg(NewSlidingWindow(100, time.Minute)))},
+		Tiers: []Tier{{Name: "free", Rules: []Rule{{Name: "free-user", Key: k.User(),
+			Algorithm: mustAlg(NewFixedWindow(1, time.Minute)), Store: StoreConfig{Capacity: 64}}}}},
+		SelectTier: TierByHeader("X-Tier"),
+		Headers:    HeadersNone,
+	})
+	for i := range 3 {
+		resp := s.get("/", "X-Tier", "free", "X-User-Id", "u1")
+		if want := map[bool]int{true: 200, false: 429}[i == 0]; resp.StatusCode != want {
+			t.Fatalf("free request %d: %d, want %d", i, resp.StatusCode, want)
+		}
+		if resp.Header.Get("RateLimit") != "" || resp.Header.Get("RateLimit-Policy") != "" {
+			t.Fatalf("HeadersNone wrote RateLimit fields: %v", resp.Header)
+		}
+		if i > 0 && resp.Header.Get("Retry-After") == "" {
+			t.Fatal("429 without Retry-After")
+		}
+	}
+	// No tier header: only the base rule applies.
+	if resp := s.get("/", "X-User-Id", "u1"); resp.StatusCode != 200 {
+		t.Fatalf("untiered request: %d", resp.StatusCode)
+	}
+}
