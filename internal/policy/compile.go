@@ -113,7 +113,9 @@ type ListRecord struct {
 	Allow  Listing
 }
 
-// PortDir says which port an L4 entry matches.
+// PortDir says which port an L4 entry matches. For ICMP and ICMPv6 the data
+// plane puts the ICMP type where the destination port would be, so an
+// icmp_types match compiles to PortDst entries.
 type PortDir uint8
 
 // Port directions.
@@ -506,7 +508,7 @@ func compileL4(rules []Rule) []L4Entry {
 			continue
 		}
 		id := RuleID(r.Name)
-		if len(r.Match.SrcPorts) == 0 && len(r.Match.DstPorts) == 0 {
+		if len(r.Match.SrcPorts) == 0 && len(r.Match.DstPorts) == 0 && len(r.Match.ICMPTypes) == 0 {
 			out = append(out, L4Entry{Protocol: r.Match.Protocol, Dir: PortAny, RuleID: id})
 		}
 		for _, port := range r.Match.SrcPorts {
@@ -514,6 +516,9 @@ func compileL4(rules []Rule) []L4Entry {
 		}
 		for _, port := range r.Match.DstPorts {
 			out = append(out, L4Entry{Protocol: r.Match.Protocol, Dir: PortDst, Port: port, RuleID: id})
+		}
+		for _, typ := range r.Match.ICMPTypes {
+			out = append(out, L4Entry{Protocol: r.Match.Protocol, Dir: PortDst, Port: uint16(typ), RuleID: id})
 		}
 	}
 	slices.SortFunc(out, func(a, b L4Entry) int {

@@ -171,14 +171,15 @@ defaults:
   per_prefix: {group: {ipv4: 24, ipv6: 48}, packets: 100/s}
 rules:
   - {name: dns, match: {protocol: udp, src_ports: [53, 123], dst_ports: [53]}, per_prefix: {group: whole, bytes: 1Mbit/s}}
-  - {name: gre, match: {protocol: gre}, action: drop}
+  - {name: gre, match: {protocol: icmp}, action: drop}
+  - {name: ping, match: {protocol: icmpv6, icmp_types: [128, 129]}}
   - {name: quiet, match: {prefixes: [192.0.2.0/24]}, mode: dry-run, per_source: {key: {ipv4: 28}, packets: 1/min}}
 `)
 	c, err := Compile(p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Rules) != 4 || c.Rules[0].Name != DefaultRuleName || c.Rules[0].ID != 0 {
+	if len(c.Rules) != 5 || c.Rules[0].Name != DefaultRuleName || c.Rules[0].ID != 0 {
 		t.Fatalf("rules = %+v", c.Rules)
 	}
 	def := c.Rules[0]
@@ -192,15 +193,17 @@ rules:
 	if g := c.Rules[2]; g.Action != ActionDrop || g.PerSource.IsSet() || g.PerPrefix.IsSet() || g.Aggregate != AggregateNone {
 		t.Errorf("gre = %+v", g)
 	}
-	q := c.Rules[3]
+	q := c.Rules[4]
 	if q.SourceKey != (KeyBits{28, 64}) || q.Aggregate != AggregateDerived || q.AggregateKey != (KeyBits{24, 48}) || q.Mode != RuleModeDryRun {
 		t.Errorf("quiet = %+v", q)
 	}
 	wantL4 := []L4Entry{
+		{Protocol: 1, Dir: PortAny, RuleID: RuleID("gre")},
 		{Protocol: 17, Dir: PortSrc, Port: 53, RuleID: RuleID("dns")},
 		{Protocol: 17, Dir: PortSrc, Port: 123, RuleID: RuleID("dns")},
 		{Protocol: 17, Dir: PortDst, Port: 53, RuleID: RuleID("dns")},
-		{Protocol: 47, Dir: PortAny, RuleID: RuleID("gre")},
+		{Protocol: 58, Dir: PortDst, Port: 128, RuleID: RuleID("ping")},
+		{Protocol: 58, Dir: PortDst, Port: 129, RuleID: RuleID("ping")},
 	}
 	if !slices.Equal(c.L4, wantL4) {
 		t.Errorf("l4 = %+v", c.L4)

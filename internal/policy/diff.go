@@ -174,6 +174,13 @@ func describeMatch(m Match) string {
 		if len(m.DstPorts) > 0 {
 			s += " dst_ports " + ports(m.DstPorts)
 		}
+		if len(m.ICMPTypes) > 0 {
+			types := make([]uint16, len(m.ICMPTypes))
+			for i, t := range m.ICMPTypes {
+				types[i] = uint16(t)
+			}
+			s += " icmp_types " + ports(types)
+		}
 		return s
 	}
 	return "everything else"
@@ -290,7 +297,11 @@ func (d *differ) l4(a, b *Compiled) {
 	})
 	for _, k := range keys {
 		what := "l4 " + ProtocolName(k.proto)
-		if k.dir != PortAny {
+		switch {
+		case k.dir == PortAny:
+		case isICMP(k.proto):
+			what += fmt.Sprintf(" type %d", k.port)
+		default:
 			what += fmt.Sprintf(" %s port %d", k.dir, k.port)
 		}
 		x, y := am[k], bm[k]

@@ -191,11 +191,14 @@ type Match struct {
 	Prefixes  []netip.Prefix
 	ASNs      []uint32
 	Countries []Country
-	// Protocol is an IP protocol number; SrcPorts and DstPorts are only
-	// allowed for TCP, UDP and SCTP. No ports means the protocol alone.
-	Protocol uint8
-	SrcPorts []uint16
-	DstPorts []uint16
+	// Protocol is an IP protocol number: TCP, UDP, ICMP or ICMPv6, the
+	// ones the data plane parses. SrcPorts and DstPorts apply to TCP and
+	// UDP, ICMPTypes to ICMP and ICMPv6 (the data plane reads the type where
+	// a destination port would be). None of them means the protocol alone.
+	Protocol  uint8
+	SrcPorts  []uint16
+	DstPorts  []uint16
+	ICMPTypes []uint8
 }
 
 // ListEntry is one deny or allow list entry.

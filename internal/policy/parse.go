@@ -666,9 +666,10 @@ func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
 	return out
 }
 
-// Protocols that a rule may match, by name.
+// protocolNumbers are the protocols an L4 rule may match: the ones the data
+// plane parses (bpf/headers/edgeguard_parse.h).
 func protocolNumbers() map[string]uint8 {
-	return map[string]uint8{"icmp": 1, "tcp": 6, "udp": 17, "gre": 47, "esp": 50, "icmpv6": 58, "sctp": 132}
+	return map[string]uint8{"icmp": 1, "tcp": 6, "udp": 17, "icmpv6": 58}
 }
 
 // ProtocolName returns the name of an IP protocol number a rule may match.
@@ -681,11 +682,13 @@ func ProtocolName(n uint8) string {
 	return strconv.Itoa(int(n))
 }
 
-func hasPorts(proto uint8) bool { return proto == 6 || proto == 17 || proto == 132 }
+func hasPorts(proto uint8) bool { return proto == 6 || proto == 17 }
+
+func isICMP(proto uint8) bool { return proto == 1 || proto == 58 }
 
 func (ps *parser) match(n *yaml.Node, rule string) Match {
 	where := rule + " match"
-	f := ps.fields(n, where, "prefixes", "asns", "countries", "protocol", "src_ports", "dst_ports")
+	f := ps.fields(n, where, "prefixes", "asns", "countries", "protocol", "src_ports", "dst_ports", "icmp_types")
 	if f == nil {
 		return Match{}
 	}
@@ -705,9 +708,9 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 		return Match{}
 	}
 	_, hasProto := f["protocol"]
-	for _, k := range []string{"src_ports", "dst_ports"} {
+	for _, k := range []string{"src_ports", "dst_ports", "icmp_types"} {
 		if v, ok := f[k]; ok && !hasProto {
-			ps.errorf(v, "%s: %s needs protocol (tcp, udp or sctp)", where, k)
+			ps.errorf(v, "%s: %s needs a protocol", where, k)
 		}
 	}
 	switch kinds[0] {
@@ -778,19 +781,40 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 		if !ok {
 			return m
 		}
-		num, known := protocolNumbers()[strings.ToLower(s)]
+		s = strings.ToLower(s)
+		num, known := protocolNumbers()[s]
 		if !known {
-			ps.errorf(pn, "%s: unknown protocol %q; allowed: tcp, udp, sctp, icmp, icmpv6, gre, esp", where, s)
+			ps.errorf(pn, "%s: unknown protocol %q; allowed: tcp, udp, icmp, icmpv6", where, s)
 			return m
 		}
 		m.Protocol = num
+		if v, ok := f["icmp_types"]; ok {
+			if !isICMP(num) {
+				ps.errorf(v, "%s: icmp_types apply to icmp and icmpv6, not %s", where, s)
+			} else {
+				items := ps.seq(v, where+" icmp_types")
+				if len(items) == 0 {
+					ps.errorf(v, "%s icmp_types is empty; leave it out to match the protocol alone", where)
+				}
+				for _, it := range items {
+					u, ok := ps.uintIn(it, where+" icmp type", 0, 255)
+					if !ok {
+						continue
+					}
+					key := fmt.Sprintf("%s type %d", s, u)
+					if ps.claim(it, "l4 "+key, key, rule) {
+						m.ICMPTypes = append(m.ICMPTypes, uint8(u))
+					}
+				}
+			}
+		}
 		for _, k := range []string{"src_ports", "dst_ports"} {
 			v, ok := f[k]
 			if !ok {
 				continue
 			}
 			if !hasPorts(num) {
-				ps.errorf(v, "%s: %s has no ports; ports apply to tcp, udp and sctp", where, s)
+				ps.errorf(v, "%s: %s has no ports; ports apply to tcp and udp (for icmp, use icmp_types)", where, s)
 				continue
 			}
 			items := ps.seq(v, where+" "+k)
@@ -814,10 +838,11 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 				}
 			}
 		}
-		if _, src := f["src_ports"]; !src {
-			if _, dst := f["dst_ports"]; !dst {
-				ps.claim(pn, "l4 "+s+" any", "protocol "+s+" (without ports)", rule)
-			}
+		_, src := f["src_ports"]
+		_, dst := f["dst_ports"]
+		_, types := f["icmp_types"]
+		if !src && !dst && !types {
+			ps.claim(pn, "l4 "+s+" any", "protocol "+s+" (without ports)", rule)
 		}
 	}
 	return m
