@@ -26,8 +26,8 @@ type Rule struct {
 	// them. A shadow rule is charged on its own, outside the all-or-nothing
 	// group, and is left out of the response headers.
 	Shadow bool
-	// Store sizes the rule's keyed store (Capacity 0 means 1<<20 keys,
-	// 24 MiB).
+	// Store sizes the rule's keyed store (Capacity 0 means 1<<18 keys,
+	// 6 MiB, allocated up front).
 	Store StoreConfig
 }
 
@@ -225,7 +225,7 @@ func newRule(tierName string, rc Rule) (*rule, error) {
 	}
 	sc := rc.Store
 	if sc.Capacity == 0 {
-		sc.Capacity = 1 << 20
+		sc.Capacity = 1 << 18
 	}
 	store, err := NewStore(rc.Algorithm, sc)
 	if err != nil {

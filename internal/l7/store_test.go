@@ -218,3 +218,19 @@ func TestLimiterConcurrentExact(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleNowNeverRollsWindowsBack: a request that read the clock just
+// before a concurrent one moved the key into the next window must not reset
+// the key's counts.
+func TestStaleNowNeverRollsWindowsBack(t *testing.T) {
+	for _, alg := range []Algorithm{mustAlg(NewFixedWindow(2, time.Second)), mustAlg(NewSlidingWindow(2, time.Second))} {
+		s := newStore(t, alg, StoreConfig{Capacity: 64})
+		s.Take(1, 1000*ms, 2) // the new window is full
+		if d := s.Take(1, 999*ms, 1); d.Allowed {
+			t.Errorf("%s: stale request reset the window", alg.Name())
+		}
+		if d := s.Take(1, 1000*ms, 1); d.Allowed {
+			t.Errorf("%s: window lost its count", alg.Name())
+		}
+	}
+}

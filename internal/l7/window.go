@@ -39,6 +39,9 @@ func (f *FixedWindow) Window() time.Duration { return time.Duration(f.window) }
 // Take implements Algorithm.
 func (f *FixedWindow) Take(s State, now, n int64) (State, Decision) {
 	d := Decision{Limit: f.limit, Window: time.Duration(f.window)}
+	// A request that read the clock before a concurrent one moved the key
+	// into a later window is decided in that window: it must not reset it.
+	now = max(now, s[0])
 	start := windowStart(now, f.window)
 	count := s[1]
 	if s[0] != start {
@@ -136,6 +139,8 @@ func (w *SlidingWindow) Counts(s State, now int64) (start, prev, curr int64) {
 // Take implements Algorithm.
 func (w *SlidingWindow) Take(s State, now, n int64) (State, Decision) {
 	d := Decision{Limit: w.limit, Window: time.Duration(w.window)}
+	// As in FixedWindow: a stale now never rolls the windows back.
+	now = max(now, s[0])
 	start, prev, curr := w.Counts(s, now)
 	e := now - start
 	win := uint64(w.window)
