@@ -48,6 +48,10 @@ func (l *SlidingLog) TakeAt(now, n int64) Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	size := len(l.times)
+	if l.count > 0 {
+		// Keep the log sorted when a caller read the clock early.
+		now = max(now, l.times[(l.head+l.count-1)%size])
+	}
 	for l.count > 0 && now-l.times[l.head] >= l.window {
 		l.head = (l.head + 1) % size
 		l.count--
