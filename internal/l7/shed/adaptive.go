@@ -10,14 +10,17 @@ import (
 
 // Adaptive limit defaults, applied to zero AdaptiveConfig fields.
 const (
-	DefaultAdaptiveInitialLimit  = 20
-	DefaultAdaptiveMinLimit      = 1
-	DefaultAdaptiveMaxLimit      = 1000
-	DefaultAdaptiveInterval      = time.Second
-	DefaultAdaptiveMinSamples    = 10
-	DefaultAdaptiveTolerance     = 200
-	DefaultAdaptiveBackoff       = 90
-	DefaultAdaptiveBaselineAging = 16
+	DefaultAdaptiveInitialLimit = 20
+	DefaultAdaptiveMinLimit     = 1
+	DefaultAdaptiveMaxLimit     = 1000
+	DefaultAdaptiveInterval     = time.Second
+	DefaultAdaptiveMinSamples   = 10
+	DefaultAdaptiveTolerance    = 150
+	DefaultAdaptiveBackoff      = 90
+	DefaultAdaptiveRebaseline   = 5
+	// rebaselineImprovePercent: after RebaselineWindows cuts in a row, a
+	// mean latency that fell by less than this is not caused by our load.
+	rebaselineImprovePercent = 10
 )
 
 // AdaptiveConfig configures the AIMD concurrency limit. Every window
@@ -29,11 +32,15 @@ const (
 //   - otherwise, if the window used at least half the limit: limit+1 (never
 //     above MaxLimit). An idle limiter does not grow.
 //
-// The baseline is the lowest window mean seen, except that while the mean
-// stays above it the baseline climbs 1/BaselineAgingWindows of the gap per
-// window. So a lasting latency step up first cuts the limit, then is taken as
-// the new normal and the limit grows again instead of pinning at MinLimit;
-// when latency falls back, the baseline follows at once and the limit grows.
+// The baseline is the lowest window mean seen, with one exception that keeps
+// the limit from pinning at MinLimit: if RebaselineWindows congested windows
+// in a row cut the limit and the mean latency fell by less than 10% over
+// them, the latency is not caused by this limiter's load (a slower
+// dependency, a bigger payload), and the current mean becomes the baseline,
+// after which the limit grows again. Latency the limiter does cause falls as
+// the limit is cut, so it never becomes the baseline: the limit settles where
+// latency reaches the tolerance instead of drifting up with it. When latency
+// falls back, the baseline follows at once and the limit grows.
 type AdaptiveConfig struct {
 	InitialLimit int
 	MinLimit     int
@@ -42,10 +49,10 @@ type AdaptiveConfig struct {
 	Interval time.Duration
 	// MinSamples: a window with fewer latency samples is not judged; its
 	// samples carry over to the next window.
-	MinSamples           int
-	TolerancePercent     int
-	BackoffPercent       int
-	BaselineAgingWindows int
+	MinSamples        int
+	TolerancePercent  int
+	BackoffPercent    int
+	RebaselineWindows int
 }
 
 // aimd holds the adaptive limit's state. observe and noteInFlight run on
@@ -60,11 +67,15 @@ type aimd struct {
 	minSamples         int64
 	tolerance          int64
 	backoff            int64
-	aging              int64
+	rebaseline         int64
 
-	mu        sync.Mutex
-	limit     int64
-	baseline  int64 // ns; 0 until the first judged window
+	mu       sync.Mutex
+	limit    int64
+	baseline int64 // ns; 0 until the first judged window
+	// congested counts the congested windows in a row, up to rebaseline;
+	// runStart is the mean of the first of them.
+	congested int64
+	runStart  int64
 	pendSum   int64
 	pendCount int64
 	pendMax   int64
@@ -85,7 +96,7 @@ func newAIMD(c AdaptiveConfig) (*aimd, error) {
 		minSamples: orDefault(c.MinSamples, DefaultAdaptiveMinSamples),
 		tolerance:  orDefault(c.TolerancePercent, DefaultAdaptiveTolerance),
 		backoff:    orDefault(c.BackoffPercent, DefaultAdaptiveBackoff),
-		aging:      orDefault(c.BaselineAgingWindows, DefaultAdaptiveBaselineAging),
+		rebaseline: orDefault(c.RebaselineWindows, DefaultAdaptiveRebaseline),
 	}
 	if a.interval == 0 {
 		a.interval = DefaultAdaptiveInterval
@@ -101,8 +112,8 @@ func newAIMD(c AdaptiveConfig) (*aimd, error) {
 		return nil, fmt.Errorf("tolerance %d%%: must exceed 100", a.tolerance)
 	case a.backoff < 1 || a.backoff >= 100:
 		return nil, fmt.Errorf("backoff %d%%: must be in [1, 99]", a.backoff)
-	case a.aging < 1:
-		return nil, fmt.Errorf("baseline aging %d windows: must be at least 1", a.aging)
+	case a.rebaseline < 1:
+		return nil, fmt.Errorf("rebaseline after %d windows: must be at least 1", a.rebaseline)
 	}
 	return a, nil
 }
@@ -144,16 +155,24 @@ func (a *aimd) update(inFlight int64) (limit int64, judged bool) {
 	if a.baseline == 0 || mean < a.baseline {
 		a.baseline = mean
 	}
-	congested := mean*100 > a.baseline*a.tolerance
-	if mean > a.baseline {
-		a.baseline += max((mean-a.baseline)/a.aging, 1)
+	if mean*100 <= a.baseline*a.tolerance {
+		a.congested = 0
+		if used*2 >= a.limit {
+			a.limit = min(a.limit+1, a.maxLimit)
+		}
+		return a.limit, true
 	}
-	switch {
-	case congested:
-		next := a.limit * a.backoff / 100
-		a.limit = max(min(next, a.limit-1), a.minLimit)
-	case used*2 >= a.limit:
-		a.limit = min(a.limit+1, a.maxLimit)
+	if a.congested == 0 {
+		a.runStart = mean
+	}
+	a.congested++
+	a.limit = max(min(a.limit*a.backoff/100, a.limit-1), a.minLimit)
+	if a.congested == a.rebaseline {
+		if mean*100 > a.runStart*(100-rebaselineImprovePercent) {
+			// Cutting did not help: this latency is the new normal.
+			a.baseline = mean
+		}
+		a.congested = 0
 	}
 	return a.limit, true
 }

@@ -71,9 +71,10 @@ func TestAdaptiveDoesNotGrowWhenIdleOrShortOfSamples(t *testing.T) {
 }
 
 // TestAdaptiveRecoversAfterLatencyStep scripts latency 10ms, then a step to
-// 50ms, then back to 10ms. The limit must fall on the step, must not pin at
-// its minimum while latency stays high (the baseline adopts the new normal),
-// and must climb back past its pre-step level once latency drops.
+// 50ms that does not depend on concurrency, then back to 10ms. The limit
+// must fall on the step; after 5 cuts that do not bring latency down, the
+// baseline adopts 50ms and the limit grows again instead of pinning at its
+// minimum; once latency drops it climbs back past its pre-step level.
 func TestAdaptiveRecoversAfterLatencyStep(t *testing.T) {
 	env := newManualEnv()
 	l := env.limiter(t, Config{Adaptive: &AdaptiveConfig{InitialLimit: 20, MinLimit: 2, MaxLimit: 200}})
@@ -92,9 +93,12 @@ func TestAdaptiveRecoversAfterLatencyStep(t *testing.T) {
 		step = append(step, runWindow(t, env, l, 10, slow))
 	}
 	t.Logf("during the step: %v (baseline now %s)", step, l.Baseline())
-	// Exact first cuts: 50*0.9=45, 45*0.9=40, 40*0.9=36.
-	if !slices.Equal(step[:3], []int64{45, 40, 36}) {
-		t.Fatalf("first cuts = %v, want [45 40 36]", step[:3])
+	// Exact: five cuts by 10% (rounded down), rebaseline, then +1.
+	if want := []int64{45, 40, 36, 32, 28, 29, 30}; !slices.Equal(step[:7], want) {
+		t.Fatalf("limits after the step = %v, want %v first", step, want)
+	}
+	if b := l.Baseline(); b != slow {
+		t.Fatalf("baseline under the step = %s, want %s", b, slow)
 	}
 	lowest := slices.Min(step)
 	if lowest <= 2 {
@@ -121,10 +125,8 @@ func TestAdaptiveRecoversAfterLatencyStep(t *testing.T) {
 // still climbs back once the baseline has adopted the new latency.
 func TestAdaptiveLeavesMinimumUnderLastingHighLatency(t *testing.T) {
 	env := newManualEnv()
-	l := env.limiter(t, Config{Adaptive: &AdaptiveConfig{InitialLimit: 4, MinLimit: 1, MaxLimit: 100}})
-	for range 5 {
-		runWindow(t, env, l, 10, time.Millisecond)
-	}
+	l := env.limiter(t, Config{Adaptive: &AdaptiveConfig{InitialLimit: 2, MinLimit: 1, MaxLimit: 100}})
+	runWindow(t, env, l, 10, time.Millisecond) // baseline 1ms, limit 3
 	var got []int64
 	for range 80 {
 		got = append(got, runWindow(t, env, l, 10, 100*time.Millisecond))
@@ -176,4 +178,85 @@ func TestAdaptiveRunUpdatesOffTheRequestPath(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// backendLatency models a backend with capacity c: latency is base while at
+// most c requests run at once, and grows in proportion beyond (queueing).
+func backendLatency(base time.Duration, c, n int64) time.Duration {
+	if n <= c {
+		return base
+	}
+	return base * time.Duration(n) / time.Duration(c)
+}
+
+// runModelWindow is runWindow against backendLatency: each round's latency
+// depends on how many requests run together, which is the limit, or offered
+// when the clients send fewer than that.
+func runModelWindow(t *testing.T, env manualEnv, l *Limiter, base time.Duration, c, offered int64) int64 {
+	t.Helper()
+	for done := int64(0); done < 10; {
+		n := min(l.Limit(), offered)
+		permits := make([]Permit, 0, n)
+		for range n {
+			permits = append(permits, mustAcquire(t, l, PriorityCritical))
+		}
+		env.clock.Advance(backendLatency(base, c, n))
+		for _, p := range permits {
+			p.Release()
+		}
+		done += n
+	}
+	return l.UpdateLimit()
+}
+
+// TestAdaptiveFindsBackendCapacity runs the limit against a backend model
+// whose latency grows once more than 40 requests run together, with more
+// clients than it can take. With the 150% tolerance the limit should settle
+// in a sawtooth just below where latency reaches 1.5x (60), not drift up as
+// the latency it causes becomes familiar, and come back there after a
+// latency step up and down.
+func TestAdaptiveFindsBackendCapacity(t *testing.T) {
+	env := newManualEnv()
+	l := env.limiter(t, Config{Adaptive: &AdaptiveConfig{InitialLimit: 10, MaxLimit: 1000, TolerancePercent: 150}})
+	const capacity, flood, lull = 40, 1 << 20, 10
+	fast, slow := 10*time.Millisecond, 50*time.Millisecond
+	phase := func(name string, windows int, base time.Duration, offered int64) []int64 {
+		var got []int64
+		for range windows {
+			got = append(got, runModelWindow(t, env, l, base, capacity, offered))
+		}
+		t.Logf("%s: last windows %v, baseline %s", name, got[max(len(got)-20, 0):], l.Baseline())
+		return got
+	}
+	wantBand := func(name string, got []int64, lo, hi int64) {
+		t.Helper()
+		if a, b := slices.Min(got), slices.Max(got); a < lo || b > hi {
+			t.Fatalf("%s: limit ranged over [%d, %d], want within [%d, %d]", name, a, b, lo, hi)
+		}
+	}
+
+	got := phase("cold start", 300, fast, flood)
+	wantBand("cold start, settled", got[100:], capacity, capacity*3/2+1)
+
+	got = phase("latency x5", 200, slow, flood)
+	wantBand("latency x5, settled", got[100:], capacity, capacity*3/2+1)
+
+	// Latency drops while the limit sits where the backend queues a little:
+	// the lowest mean it now sees (about 1.45x the unloaded latency) becomes
+	// the baseline, so it settles higher, bounded by tolerance squared
+	// (2.25 x 40 = 90). See docs/l7-shedding.md.
+	got = phase("latency back", 200, fast, flood)
+	wantBand("latency back, settled", got[100:], capacity, capacity*9/4)
+	if got[len(got)-1] < capacity*3/2-6 {
+		t.Fatalf("limit did not recover after latency came back: %v", got[len(got)-20:])
+	}
+
+	// A lull (10 clients) shows the unloaded latency again; under full load
+	// the limit settles where it did from a cold start.
+	phase("lull", 5, fast, lull)
+	if b := l.Baseline(); b != fast {
+		t.Fatalf("baseline after the lull = %s, want %s", b, fast)
+	}
+	got = phase("flood after lull", 300, fast, flood)
+	wantBand("flood after lull, settled", got[100:], capacity, capacity*3/2+1)
 }
