@@ -237,7 +237,7 @@ func FormatRate(r Rate, unit Unit) string {
 			if bits := r.Count * 8; bits%1000 == 0 {
 				return siString(bits) + "bit/s"
 			}
-			return strconv.FormatUint(r.Count, 10) + "B/s"
+			return FormatBurst(r.Count, Bytes) + "/s"
 		}
 		return strconv.FormatUint(r.Count, 10) + "B/" + r.Per.String()
 	}
