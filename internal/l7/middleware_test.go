@@ -356,3 +356,52 @@ func TestMiddlewareTierByHeaderAndNoHeaders(t *testing.T) {
 		t.Fatalf("untiered request: %d", resp.StatusCode)
 	}
 }
+
+// TestMiddlewareExactUnderConcurrency: concurrent clients over real
+// loopback connections; exactly the quota passes.
+func TestMiddlewareExactUnderConcurrency(t *testing.T) {
+	k := newKeys(t, KeyConfig{})
+	s := newTestServer(t, Config{Rules: []Rule{
+		perIPRule(t, k, "per-ip", mustAlg(NewSlidingWindow(50, time.Hour))),
+		{Name: "per-user", Key: k.User(), Algorithm: mustAlg(NewGCRA(1000, time.Hour, 0)), Store: StoreConfig{Capacity: 64}},
+	}})
+	codes := make(chan int, 160)
+	done := make(chan struct{})
+	for g := range 8 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range 20 {
+				req, _ := http.NewRequest(http.MethodGet, s.srv.URL+"/", nil)
+				req.Header.Set("X-User-Id", "u"+strconv.Itoa(g))
+				resp, err := s.srv.Client().Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				codes <- resp.StatusCode
+			}
+		}()
+	}
+	for range 8 {
+		<-done
+	}
+	close(codes)
+	count := map[int]int{}
+	for c := range codes {
+		count[c]++
+	}
+	if count[200] != 50 || count[429] != 110 {
+		t.Fatalf("status counts %v, want 50 x 200 and 110 x 429", count)
+	}
+	var users int64
+	for _, st := range s.mw.Stats() {
+		if st.Rule == "per-user" {
+			users = st.Allowed
+		}
+	}
+	if users != 50 {
+		t.Fatalf("per-user counted %d allowed, want 50", users)
+	}
+}
