@@ -27,8 +27,13 @@ func newMetricDescs() metricDescs {
 	}
 }
 
-// ReasonQuotaExceeded is the reason label of a 429 from a rule.
-const ReasonQuotaExceeded = "quota_exceeded"
+// Reason labels of rate_limit_rejected_total.
+const (
+	// ReasonQuotaExceeded: the key is over the rule's quota.
+	ReasonQuotaExceeded = "quota_exceeded"
+	// ReasonStoreFull: a new key found no room in a FailClosed store.
+	ReasonStoreFull = "store_full"
+)
 
 // Describe implements prometheus.Collector.
 func (m *Middleware) Describe(ch chan<- *prometheus.Desc) {
@@ -46,6 +51,7 @@ func (m *Middleware) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range m.Stats() {
 		ch <- prometheus.MustNewConstMetric(d.allowed, prometheus.CounterValue, float64(s.Allowed), layer, s.Rule)
 		ch <- prometheus.MustNewConstMetric(d.rejected, prometheus.CounterValue, float64(s.Rejected), layer, s.Rule, ReasonQuotaExceeded)
+		ch <- prometheus.MustNewConstMetric(d.rejected, prometheus.CounterValue, float64(s.RejectedFull), layer, s.Rule, ReasonStoreFull)
 		ch <- prometheus.MustNewConstMetric(d.shadow, prometheus.CounterValue, float64(s.ShadowRejected), layer, s.Rule)
 		ch <- prometheus.MustNewConstMetric(d.keys, prometheus.GaugeValue, float64(s.Store.Keys), layer, s.Rule)
 		ch <- prometheus.MustNewConstMetric(d.capacity, prometheus.GaugeValue, float64(s.Store.Capacity), layer, s.Rule)

@@ -84,8 +84,9 @@ var ErrInvalidConfig = errors.New("invalid rate-limit configuration")
 type ruleCounters struct {
 	allowed        atomic.Int64
 	rejected       atomic.Int64
+	rejectedFull   atomic.Int64
 	shadowRejected atomic.Int64
-	_              [40]byte // one cache line per rule
+	_              [32]byte // one cache line per rule
 }
 
 type rule struct {
@@ -316,11 +317,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	if n == 0 {
 		return true
 	}
-	allowed := TakeAll(now, checks[:n], out[:n])
+	var full [MaxChecks]bool
+	allowed := takeAll(now, checks[:n], out[:n], &full)
 	for i := range n {
 		switch {
 		case allowed:
 			applied[i].counter.allowed.Add(1)
+		case full[i]:
+			applied[i].counter.rejectedFull.Add(1)
 		case !out[i].Allowed:
 			applied[i].counter.rejected.Add(1)
 		}
@@ -456,7 +460,8 @@ type RuleStats struct {
 	Algorithm      string
 	Shadow         bool
 	Allowed        int64 // requests this rule let through (whole request passed)
-	Rejected       int64 // requests this rule rejected (429)
+	Rejected       int64 // requests this rule rejected (429) over quota
+	RejectedFull   int64 // requests rejected because the rule's store was full (FailClosed)
 	ShadowRejected int64 // requests a shadow rule would have rejected
 	Store          StoreStats
 }
@@ -472,6 +477,7 @@ func (m *Middleware) Stats() []RuleStats {
 			Shadow:         r.shadow,
 			Allowed:        r.counter.allowed.Load(),
 			Rejected:       r.counter.rejected.Load(),
+			RejectedFull:   r.counter.rejectedFull.Load(),
 			ShadowRejected: r.counter.shadowRejected.Load(),
 			Store:          r.store.Stats(),
 		})

@@ -257,6 +257,7 @@ func TestMiddlewareMetricsExposition(t *testing.T) {
 	for _, want := range []string{
 		`rate_limit_allowed_total{layer="l7",rule="per-ip"} 2`,
 		`rate_limit_rejected_total{layer="l7",reason="quota_exceeded",rule="per-ip"} 3`,
+		`rate_limit_rejected_total{layer="l7",reason="store_full",rule="per-ip"} 0`,
 		`rate_limit_shadow_would_reject_total{layer="l7",rule="shadow-ip"} 4`,
 		`rate_limit_store_keys{layer="l7",rule="per-ip"} 1`,
 		`rate_limit_store_capacity_keys{layer="l7",rule="per-ip"} 1024`,
@@ -403,5 +404,24 @@ func TestMiddlewareExactUnderConcurrency(t *testing.T) {
 	}
 	if users != 50 {
 		t.Fatalf("per-user counted %d allowed, want 50", users)
+	}
+}
+
+func TestMiddlewareFailClosedStoreFull(t *testing.T) {
+	k := newKeys(t, KeyConfig{})
+	s := newTestServer(t, Config{Rules: []Rule{{
+		Name: "per-user", Key: k.User(), Algorithm: mustAlg(NewGCRA(1, time.Hour, 0)),
+		Store: StoreConfig{Capacity: 8, Shards: 1, FailClosed: true},
+	}}})
+	for u := range 8 {
+		if resp := s.get("/", "X-User-Id", "u"+strconv.Itoa(u)); resp.StatusCode != 200 {
+			t.Fatalf("user %d: %d", u, resp.StatusCode)
+		}
+	}
+	if resp := s.get("/", "X-User-Id", "u-new"); resp.StatusCode != 429 {
+		t.Fatalf("new user in a full fail-closed store: %d", resp.StatusCode)
+	}
+	if st := s.mw.Stats()[0]; st.RejectedFull != 1 || st.Rejected != 0 || st.Store.Full != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }

@@ -20,6 +20,12 @@ type Check struct {
 // the decisions of the checks that passed report their uncharged state.
 // len(checks) must be at most MaxChecks and len(out) at least len(checks).
 func TakeAll(now int64, checks []Check, out []Decision) bool {
+	return takeAll(now, checks, out, nil)
+}
+
+// takeAll is TakeAll; full, if not nil, marks the checks rejected only
+// because their store was full (StoreConfig.FailClosed).
+func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool) bool {
 	if len(checks) > MaxChecks {
 		panic("l7: TakeAll: more than MaxChecks checks")
 	}
@@ -69,6 +75,9 @@ func TakeAll(now int64, checks []Check, out []Decision) bool {
 		out[i], ok = c.Store.takeLocked(shards[i], keys[i], now, c.N, &undos[i])
 		if !ok || !out[i].Allowed {
 			allowed = false
+		}
+		if full != nil {
+			full[i] = !ok
 		}
 	}
 	if !allowed {
