@@ -149,7 +149,8 @@ type L4Entry struct {
 // Compile turns a valid policy and optional IP-to-ASN data into the data
 // plane's entries. It is pure and deterministic: the same input gives the
 // same output. It fails only when a table is too small (ErrTableTooSmall) or
-// the ASN data contradicts itself.
+// the ASN data contradicts itself. p must come from Load or Parse: Compile
+// does not validate it again.
 func Compile(p *Policy, asnData []asn.Entry) (*Compiled, error) {
 	c := &Compiled{
 		Mode:       p.Mode,
