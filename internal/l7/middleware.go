@@ -274,6 +274,12 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	})
 }
 
+// Check is the middleware without a next handler, for frameworks with their
+// own chain (gin: if !mw.Check(c.Writer, c.Request) { c.Abort() }): it
+// writes the rate-limit headers and, when the request is rejected, the
+// whole 429 response, and reports whether the request may proceed.
+func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) bool { return m.serve(w, r) }
+
 func (m *Middleware) tierFor(r *http.Request) *tier {
 	if m.selectTier == nil {
 		return m.deflt

@@ -425,3 +425,20 @@ func TestMiddlewareFailClosedStoreFull(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+func TestMiddlewareCheckForOtherFrameworks(t *testing.T) {
+	k := newKeys(t, KeyConfig{})
+	mw, err := NewMiddleware(Config{Rules: []Rule{perIPRule(t, k, "per-ip", mustAlg(NewGCRA(1, time.Hour, 0)))}, Clock: new(ManualClock)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	w := httptest.NewRecorder()
+	if !mw.Check(w, r) || w.Header().Get("RateLimit") == "" {
+		t.Fatalf("first request: %v", w.Header())
+	}
+	w = httptest.NewRecorder()
+	if mw.Check(w, r) || w.Code != http.StatusTooManyRequests {
+		t.Fatalf("second request: %d", w.Code)
+	}
+}
