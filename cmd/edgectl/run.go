@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -49,6 +50,10 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 				return err
 			}
 			socket, _ := cmd.Flags().GetString("socket")
+			stateDir := ""
+			if socket != "" {
+				stateDir = filepath.Dir(socket)
+			}
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
@@ -69,7 +74,7 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 				}
 			}()
 			err = daemon.Run(ctx, daemon.Options{
-				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket,
+				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
 				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(),
 				Logger: log, Reload: reload, Version: version,
 			})

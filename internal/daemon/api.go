@@ -376,6 +376,9 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 		}
 		return control.ListEntry{}, err
 	}
+	if err := d.saveLists(); err != nil {
+		d.log.Error("list entry added but not saved: a restart forgets it", "err", err)
+	}
 	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin)
 	le := control.ListEntry{Prefix: p, Origin: origin, Reason: ch.Reason}
 	if !e.expires.IsZero() {
@@ -408,6 +411,9 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) error {
 	if err := d.syncLists(); err != nil {
 		d.dyn[kind][p] = prev
 		return err
+	}
+	if err := d.saveLists(); err != nil {
+		d.log.Error("list entry removed but not saved: a restart brings it back", "err", err)
 	}
 	d.log.Info("list entry removed", "list", kind, "prefix", p)
 	return nil

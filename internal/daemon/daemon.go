@@ -37,6 +37,9 @@ type Options struct {
 	PinDir string
 	// Socket is the control socket path; empty disables it.
 	Socket string
+	// StateDir keeps run-time list entries across restarts; empty keeps
+	// them in memory only.
+	StateDir string
 	// MetricsListen overrides the policy's metrics address; "off" disables.
 	MetricsListen string
 	// Keep leaves the program attached and enforcing when the daemon stops.
@@ -117,6 +120,9 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 		atts:    map[string]*loader.Attachment{},
 		history: newHistory(16),
 		top:     newTopTalkers(5 * time.Minute),
+	}
+	if err := d.loadLists(); err != nil {
+		return nil, err
 	}
 	raw, source, err := d.readConfig()
 	if err != nil {
@@ -482,6 +488,9 @@ func (d *Daemon) expireLists(ctx context.Context) error {
 			if expired {
 				if err := d.syncLists(); err != nil {
 					d.log.Error("expire list entries", "err", err)
+				}
+				if err := d.saveLists(); err != nil {
+					d.log.Error("save list entries", "err", err)
 				}
 			}
 			d.mu.Unlock()
