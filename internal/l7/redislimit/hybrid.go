@@ -149,7 +149,7 @@ func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error) (RuleDe
 		rd.Decision = l7.Decision{Allowed: true, Limit: r.Limit, Window: r.Window, Remaining: r.Limit}
 	case FailClosed:
 		rd.Source = SourceFailClosed
-		rd.Decision = l7.Decision{Limit: r.Limit, Window: r.Window, RetryAfter: max(l.breaker.retryIn(), l.cfg.Breaker.OpenFor)}
+		rd.Decision = l7.Decision{Limit: r.Limit, Window: r.Window, RetryAfter: l.failClosedRetry()}
 	case Degrade:
 		lr := l.local[h.index]
 		lr.mu.Lock()

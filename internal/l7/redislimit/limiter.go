@@ -446,12 +446,8 @@ func (l *Limiter) fallback(key string, res *Result, cause error) {
 			rd.Source = SourceFailOpen
 			rd.Decision = l7.Decision{Allowed: true, Limit: r.Limit, Window: r.Window, Remaining: r.Limit}
 		case FailClosed:
-			retry := l.breaker.retryIn()
-			if retry <= 0 {
-				retry = l.cfg.Breaker.OpenFor
-			}
 			rd.Source = SourceFailClosed
-			rd.Decision = l7.Decision{Limit: r.Limit, Window: r.Window, RetryAfter: retry}
+			rd.Decision = l7.Decision{Limit: r.Limit, Window: r.Window, RetryAfter: l.failClosedRetry()}
 			denied = true
 		case Degrade:
 			lr := l.local[i]
@@ -479,6 +475,15 @@ func (l *Limiter) fallback(key string, res *Result, cause error) {
 		}
 		l.metrics.fallback.WithLabelValues(l.rules[i].Name, l.rules[i].Failure.String(), verdict).Inc()
 	}
+}
+
+// failClosedRetry is a fail-closed refusal's RetryAfter: until the next
+// probe, or OpenFor while the breaker has not opened yet.
+func (l *Limiter) failClosedRetry() time.Duration {
+	if d := l.breaker.retryIn(); d > 0 {
+		return d
+	}
+	return l.cfg.Breaker.OpenFor
 }
 
 // call is one script invocation waiting for a round trip.

@@ -17,15 +17,16 @@ import (
 // redisServer is a real redis-server on a free loopback port, owned by one
 // test: no persistence, a temporary directory, killed in t.Cleanup.
 type redisServer struct {
-	t    testing.TB
-	dir  string
-	port int
-	cmd  *exec.Cmd
+	t     testing.TB
+	dir   string
+	port  int
+	extra []string
+	cmd   *exec.Cmd
 }
 
 // startRedis starts redis-server or skips (fails when CI=true) if there is
 // none on PATH.
-func startRedis(t testing.TB) *redisServer {
+func startRedis(t testing.TB, extraArgs ...string) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -33,7 +34,7 @@ func startRedis(t testing.TB) *redisServer {
 		}
 		t.Skip("redis-server not on PATH: apt-get install -y redis-server to run the Redis backend tests")
 	}
-	s := &redisServer{t: t, dir: t.TempDir(), port: freePort(t)}
+	s := &redisServer{t: t, dir: t.TempDir(), port: freePort(t), extra: extraArgs}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -54,10 +55,12 @@ func (s *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strco
 // start launches the server on s.port and waits until it answers PING.
 func (s *redisServer) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server",
+	args := append([]string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", filepath.Join(s.dir, "redis.log"), "--protected-mode", "yes")
+		"--logfile", filepath.Join(s.dir, "redis.log"), "--protected-mode", "yes",
+	}, s.extra...)
+	s.cmd = exec.Command("redis-server", args...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
