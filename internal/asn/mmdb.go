@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"slices"
 
 	"github.com/oschwald/maxminddb-golang/v2"
 )
@@ -42,6 +43,9 @@ func (b *builder) readMMDB(ctx context.Context, file uint16, path string) error 
 		return nil
 	}
 	defer db.Close()
+	// A search tree with n nodes has at most n+1 leaves, so at most n+1
+	// networks: reserve for them (bounded) instead of growing by appends.
+	b.spans = slices.Grow(b.spans, int(min(db.Metadata.NodeCount+1, 4<<20)))
 	size := int64(0)
 	if fi, err := statSize(path); err == nil {
 		size = fi
