@@ -156,7 +156,7 @@ func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error) (RuleDe
 		c := lr.check(key, l.cfg.Clock.Now())
 		if c.decision.Allowed {
 			c.commit()
-			refund = func() { lr.uncharge(key, c.idx) }
+			refund = c.undo
 		}
 		lr.mu.Unlock()
 		rd.Source = SourceLocal

@@ -203,7 +203,10 @@ func New(cfg Config) (*Limiter, error) {
 	minSync := time.Duration(0)
 	for i, r := range cfg.Rules {
 		if r.Failure == Degrade {
-			l.local[i] = newLocalRule(r, cfg.LocalMaxKeys)
+			if l.local[i], err = newLocalRule(r, cfg.LocalMaxKeys); err != nil {
+				cancel()
+				return nil, fmt.Errorf("redis limiter: %w", err)
+			}
 		}
 		if r.Hybrid != nil {
 			l.hybrid = append(l.hybrid, newHybridRule(r, i))
