@@ -2,7 +2,6 @@ package metrics_test
 
 import (
 	"bytes"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -55,11 +54,13 @@ func requirePromtool(tb testing.TB) string {
 var smallSizes = loader.Sizes{MaxRules: 64, SrcEntries: 4096, AggEntries: 4096, PrefixEntries: 4096, ListEntries: 1024, L4Entries: 64}
 
 // mapsSource is the XDPSource the daemon will have, over a real loaded
-// datapath: interface slots named by ifindex, rules named by id.
+// datapath: interface slots named as Attach assigned them, rules named by
+// id. (It does not call Datapath.Slots at scrape time: that walks the
+// whole 65536-entry iface_slots array, over a second per call.)
 type mapsSource struct {
 	d      *loader.Datapath
 	m      *maps.Maps
-	ifaces map[int]string    // ifindex -> interface name
+	slots  map[uint32]string // counter slot -> interface name
 	rules  map[string]uint32 // rule name -> rule id
 	status metrics.PolicyStatus
 }
@@ -69,16 +70,8 @@ func (s *mapsSource) IfaceCounters() (map[string]maps.Counters, error) {
 	if err != nil {
 		return nil, err
 	}
-	bySlot, err := s.d.Slots()
-	if err != nil {
-		return nil, err
-	}
 	out := map[string]maps.Counters{"other": slots[0]}
-	for slot, ifindex := range bySlot {
-		name, ok := s.ifaces[ifindex]
-		if !ok {
-			name = fmt.Sprintf("ifindex%d", ifindex)
-		}
+	for slot, name := range s.slots {
 		out[name] = slots[slot]
 	}
 	return out, nil
@@ -123,13 +116,18 @@ func (s *mapsSource) apply(tb testing.TB, g maps.Generation, at time.Time) error
 // attached: packets go through BPF_PROG_TEST_RUN).
 func loadSource(tb testing.TB) *mapsSource {
 	tb.Helper()
+	return loadSizedSource(tb, smallSizes)
+}
+
+func loadSizedSource(tb testing.TB, sizes loader.Sizes) *mapsSource {
+	tb.Helper()
 	requireRoot(tb)
-	d, err := loader.Load(loader.Options{Sizes: smallSizes, TestClock: true})
+	d, err := loader.Load(loader.Options{Sizes: sizes, TestClock: true})
 	if err != nil {
 		tb.Fatalf("load: %v", err)
 	}
 	tb.Cleanup(func() { d.Close() })
-	return &mapsSource{d: d, m: maps.New(d), ifaces: map[int]string{}, rules: map[string]uint32{}}
+	return &mapsSource{d: d, m: maps.New(d), slots: map[uint32]string{}, rules: map[string]uint32{}}
 }
 
 // run sends one frame through the program and returns the XDP action.
@@ -150,7 +148,7 @@ func (s *mapsSource) setSlot(tb testing.TB, ifindex int, slot uint32, name strin
 	if err := s.d.Objects.IfaceSlots.Put(uint32(ifindex), slot); err != nil {
 		tb.Fatalf("set interface slot: %v", err)
 	}
-	s.ifaces[ifindex] = name
+	s.slots[slot] = name
 }
 
 // scrape serves reg with promhttp on a loopback httptest server, GETs it
