@@ -456,11 +456,10 @@ func (d *Daemon) watchPolicy(ctx context.Context) error {
 			if st.ModTime().Equal(lastMod) && st.Size() == lastSize {
 				continue
 			}
-			first := lastSize < 0
 			lastMod, lastSize = st.ModTime(), st.Size()
-			if !first {
-				d.reload(ctx, "file-change")
-			}
+			// reload compares the content with the running policy, so
+			// the first look (and a touch) changes nothing.
+			d.reload(ctx, "file-change")
 		}
 	}
 }
