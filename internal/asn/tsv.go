@@ -53,6 +53,7 @@ func (b *builder) readTSV(ctx context.Context, file uint16, r *bufio.Reader) err
 		raw, err := r.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			line++
+			b.stats.Lines++
 			b.problem(file, line, "line is longer than %d bytes; expected range_start, range_end, AS_number, country_code, AS_description", tsvBufferSize)
 			for errors.Is(err, bufio.ErrBufferFull) {
 				_, err = r.ReadSlice('\n')
