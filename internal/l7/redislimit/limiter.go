@@ -192,8 +192,8 @@ func New(cfg Config) (*Limiter, error) {
 		queue:    make(chan *call, cfg.MaxBatch*cfg.Workers),
 		ctx:      ctx,
 		cancel:   cancel,
-		decideSH: decideScript.Hash(),
-		leaseSH:  leaseScript.Hash(),
+		decideSH: redis.NewScript(decideSource).Hash(),
+		leaseSH:  redis.NewScript(leaseSource).Hash(),
 	}
 	// Keys of different clients may live on different nodes of a cluster
 	// or ring: there, each request is its own EVALSHA in the pipeline.

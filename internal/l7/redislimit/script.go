@@ -1,7 +1,5 @@
 package redislimit
 
-import "github.com/redis/go-redis/v9"
-
 // Time inside the scripts. Redis numbers in Lua are IEEE doubles, exact for
 // integers below 2^53. An absolute time in nanoseconds (1.8e18) is not, so:
 //   - GCRA keeps its theoretical arrival time (TAT) as "sec:nsec" and works on
@@ -221,8 +219,3 @@ local grant = fdiv(rem + share - 1, share)
 if grant > maxLease then grant = maxLease end
 return {grant, rem, 0, reset * 1000}
 `
-
-var (
-	decideScript = redis.NewScript(decideSource)
-	leaseScript  = redis.NewScript(leaseSource)
-)
