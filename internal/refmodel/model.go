@@ -14,9 +14,12 @@
 package refmodel
 
 import (
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -93,7 +96,7 @@ type generation struct {
 	l4Protos  uint8
 	rules     map[uint32]rule
 	l4        map[l4Key]uint32
-	prefixes  map[prefixKey]fact
+	prefixes  lpmTable[fact]
 }
 
 // Model is the reference model of one loaded program: its policy, lists,
@@ -101,7 +104,7 @@ type generation struct {
 type Model struct {
 	maxRules uint32
 	gen      *generation // nil until the first Apply
-	lists    map[prefixKey]maps.ListEntry
+	lists    lpmTable[maps.ListEntry]
 	src      map[SrcKey]Bucket
 	agg      map[AggKey]Bucket
 	global   Bucket
@@ -114,7 +117,6 @@ type Model struct {
 func New(maxRules uint32) *Model {
 	return &Model{
 		maxRules: maxRules,
-		lists:    map[prefixKey]maps.ListEntry{},
 		src:      map[SrcKey]Bucket{},
 		agg:      map[AggKey]Bucket{},
 		rules:    map[uint32]maps.RuleCounters{},
@@ -144,8 +146,9 @@ func l4Bit(proto uint8) uint8 {
 func (m *Model) Apply(g maps.Generation) error {
 	n := &generation{
 		mode: g.Settings.Mode, malformed: g.Settings.Malformed,
-		rules: map[uint32]rule{}, l4: map[l4Key]uint32{}, prefixes: map[prefixKey]fact{},
+		rules: map[uint32]rule{}, l4: map[l4Key]uint32{},
 	}
+	facts := map[prefixKey]fact{}
 	for _, r := range g.Rules {
 		if r.ID >= m.maxRules {
 			return fmt.Errorf("%w: rule id %d out of range %d", ErrInvalidGeneration, r.ID, m.maxRules)
@@ -197,8 +200,9 @@ func (m *Model) Apply(g maps.Generation) error {
 		if !f.Prefix.IsValid() {
 			return fmt.Errorf("%w: invalid prefix in prefix facts", ErrInvalidGeneration)
 		}
-		n.prefixes[keyOf(f.Prefix)] = fact{ruleID: f.RuleID, asn: f.ASN}
+		facts[keyOf(f.Prefix)] = fact{ruleID: f.RuleID, asn: f.ASN}
 	}
+	n.prefixes = newLPMTable(facts)
 	m.gen = n
 	return nil
 }
@@ -213,7 +217,7 @@ func (m *Model) SetLists(want []maps.ListEntry) error {
 		}
 		next[k] = e
 	}
-	m.lists = next
+	m.lists = newLPMTable(next)
 	return nil
 }
 
@@ -222,17 +226,38 @@ func keyOf(p netip.Prefix) prefixKey {
 	return prefixKey{addr: k.Addr, bits: int(k.Prefixlen)}
 }
 
-// lpm returns the longest key of table covering addr, as an LPM trie
-// lookup with a /128 key does.
-func lpm[V any](table map[prefixKey]V, addr [16]byte) (V, bool) {
-	var best V
-	bestBits, found := -1, false
-	for k, v := range table {
-		if k.bits > bestBits && maskAddr(addr, k.bits) == maskAddr(k.addr, k.bits) {
-			best, bestBits, found = v, k.bits, true
+// lpmTable answers longest-prefix-match lookups as an LPM trie does for
+// a /128 key. Entries are kept most specific first, in a fixed order, so a
+// lookup is deterministic (the fuzzer wants repeatable coverage).
+type lpmTable[V any] []lpmEntry[V]
+
+type lpmEntry[V any] struct {
+	key prefixKey
+	val V
+}
+
+func newLPMTable[V any](m map[prefixKey]V) lpmTable[V] {
+	t := make(lpmTable[V], 0, len(m))
+	for k, v := range m {
+		t = append(t, lpmEntry[V]{key: k, val: v})
+	}
+	slices.SortFunc(t, func(a, b lpmEntry[V]) int {
+		if c := cmp.Compare(b.key.bits, a.key.bits); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.key.addr[:], b.key.addr[:])
+	})
+	return t
+}
+
+func (t lpmTable[V]) lookup(addr [16]byte) (V, bool) {
+	for _, e := range t {
+		if maskAddr(addr, e.key.bits) == e.key.addr {
+			return e.val, true
 		}
 	}
-	return best, found
+	var zero V
+	return zero, false
 }
 
 // maskAddr keeps the first n bits (0-128) of a 16-byte address.
@@ -324,7 +349,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	now := nowNS << maps.TickShift
 
 	// 1. Lists: the most specific entry answers.
-	if e, ok := lpm(m.lists, pi.Addr); ok {
+	if e, ok := m.lists.lookup(pi.Addr); ok {
 		if e.DenyUntil > nowNS {
 			v := Verdict{Action: maps.ActDrop, Reason: maps.ReasonDeny}
 			if g.mode == maps.ModeDryRun {
@@ -338,7 +363,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	}
 
 	// 2. Prefix facts, 3. L4 override.
-	f, _ := lpm(g.prefixes, pi.Addr)
+	f, _ := g.prefixes.lookup(pi.Addr)
 	ruleID, asn := f.ruleID, f.asn
 	if g.l4Protos&l4Bit(pi.Proto) != 0 {
 		if id, ok := g.l4Rule(pi); ok {
