@@ -183,7 +183,7 @@ without a daemon.`,
 		}
 		var info control.ASNInfo
 		if data != "" {
-			t, err := asn.Load(cmd.Context(), []string{data}, asn.Options{})
+			t, err := asn.Load(cmd.Context(), []string{data}, asn.Options{Progress: progressBar(cmd.ErrOrStderr(), "loading "+data)})
 			if err != nil {
 				return err
 			}

@@ -77,6 +77,7 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
 				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(),
 				Logger: log, Reload: reload, Version: version,
+				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"),
 			})
 			return asValidation(err)
 		},

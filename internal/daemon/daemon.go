@@ -53,6 +53,9 @@ type Options struct {
 	// PollInterval is how often the policy file is checked for changes.
 	PollInterval time.Duration
 	Version      string
+	// ASNProgress, if set, is told how far an ASN data load is (a CLI
+	// draws a progress bar with it).
+	ASNProgress func(done, total int64)
 }
 
 // running is the policy in force.
@@ -278,7 +281,7 @@ func (d *Daemon) asnData(ctx context.Context, path string) (*asn.Table, error) {
 		return d.asnTable, nil
 	}
 	start := time.Now()
-	t, err := asn.Load(ctx, []string{path}, asn.Options{})
+	t, err := asn.Load(ctx, []string{path}, asn.Options{Progress: d.opts.ASNProgress})
 	if err != nil {
 		return nil, fmt.Errorf("asn data: %w", err)
 	}
