@@ -266,6 +266,9 @@ func (l *Limiter) BreakerState() BreakerState { return l.breaker.State() }
 // including by a failure policy; it is non-nil only if ctx ended first or
 // the Limiter is closed.
 func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
+	if l.ctx.Err() != nil {
+		return Result{}, ErrClosed
+	}
 	res := Result{Rules: make([]RuleDecision, len(l.rules))}
 	for i, r := range l.rules {
 		res.Rules[i].Rule = r.Name

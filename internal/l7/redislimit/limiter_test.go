@@ -252,3 +252,15 @@ func TestInvalidRules(t *testing.T) {
 		}
 	}
 }
+
+func TestAllowAfterClose(t *testing.T) {
+	f := newFixture(t)
+	for _, batch := range []int{1, 64} {
+		l := f.limiter(t, Config{MaxBatch: batch, Registerer: prometheus.NewRegistry(),
+			Rules: []Rule{{Name: "r", Algorithm: GCRA, Limit: 1, Window: time.Second}}})
+		l.Close()
+		if _, err := l.Allow(context.Background(), "k"); err != ErrClosed {
+			t.Fatalf("MaxBatch %d: Allow after Close: %v, want ErrClosed", batch, err)
+		}
+	}
+}
