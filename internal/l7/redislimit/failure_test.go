@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -181,5 +182,63 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "deciding without redis"); n < 1 || n > 2 {
 		t.Errorf("%d 'deciding without redis' lines for ~110 fallbacks in <10s, want 1 (rate-limited)\n%s", n, logs.String())
+	}
+}
+
+// A hung Redis (SIGSTOP: connections stay open, nothing answers) costs the
+// first requests one Timeout each; then the breaker answers without I/O.
+func TestRedisHung(t *testing.T) {
+	f := newFixture(t)
+	reg := prometheus.NewRegistry()
+	l := f.limiter(t, Config{Registerer: reg, Timeout: 50 * time.Millisecond,
+		Rules: []Rule{{Name: "r", Algorithm: GCRA, Limit: 100, Window: time.Second, Failure: FailClosed}}})
+	if res := allow(t, l, "k"); res.Rules[0].Source != SourceRedis {
+		t.Fatalf("healthy: %+v", res)
+	}
+	if err := f.srv.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = f.srv.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	for range 3 {
+		if res := allow(t, l, "k"); res.Rules[0].Source != SourceFailClosed {
+			t.Fatalf("hung redis: %+v, want fail-closed", res)
+		}
+	}
+	if l.BreakerState() != BreakerOpen {
+		t.Fatalf("breaker %s after 3 timeouts, want open", l.BreakerState())
+	}
+	trips := roundTrips(t, reg, "decide")
+	for range 50 {
+		allow(t, l, "k")
+	}
+	if got := roundTrips(t, reg, "decide"); got != trips {
+		t.Fatalf("open breaker attempted %d round trips", got-trips)
+	}
+	mfs, _ := reg.Gather()
+	var timeouts float64
+	for _, mf := range mfs {
+		if mf.GetName() == "edgeguard_l7_redis_errors_total" {
+			for _, m := range mf.GetMetric() {
+				if labelIs(m, "kind", "timeout") {
+					timeouts += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if timeouts != 3 {
+		t.Fatalf("%v timeout errors counted, want 3", timeouts)
+	}
+	_ = f.srv.cmd.Process.Signal(syscall.SIGCONT)
+	resumed = true
+	f.advance(500 * time.Millisecond)
+	allow(t, l, "k")
+	waitFor(t, "the probe to close the breaker", func() bool { return l.BreakerState() == BreakerClosed })
+	if res := allow(t, l, "k"); res.Rules[0].Source != SourceRedis {
+		t.Fatalf("after SIGCONT: %+v", res)
 	}
 }
