@@ -1,7 +1,7 @@
 package l7
 
 // MaxChecks is the most limits TakeAll checks at once.
-const MaxChecks = 16
+const MaxChecks = 8
 
 // Check is one limit of a multi-limit request: n units of key in store.
 type Check struct {
@@ -28,6 +28,20 @@ func TakeAll(now int64, checks []Check, out []Decision) bool {
 func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool) bool {
 	if len(checks) > MaxChecks {
 		panic("l7: TakeAll: more than MaxChecks checks")
+	}
+	if len(checks) == 1 {
+		// One limit: its shard lock alone makes it atomic.
+		c := checks[0]
+		key := normKey(c.Key)
+		sh := &c.Store.shards[c.Store.shardIndex(key)]
+		sh.mu.Lock()
+		d, ok := c.Store.takeLocked(sh, key, now, c.N, nil)
+		sh.mu.Unlock()
+		out[0] = d
+		if full != nil {
+			full[0] = !ok
+		}
+		return d.Allowed
 	}
 	type lockRef struct {
 		id    uint64

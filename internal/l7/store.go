@@ -219,13 +219,18 @@ func (s *Store) Peek(key uint64, now int64) Decision { return s.Take(key, now, 0
 // undo records a slot's previous content so TakeAll can roll back.
 type undo struct {
 	b     *bucket
-	i     int
+	sh    *storeShard
 	key   uint64
 	state State
-	sh    *storeShard
-	keys  int64
-	evict int64
+	i     int32
+	kind  uint8 // undoUpdate, undoInsert or undoEvict
 }
+
+const (
+	undoUpdate = iota
+	undoInsert
+	undoEvict
+)
 
 // takeLocked decides and, when allowed, writes. If u is not nil the slot's
 // previous content is saved in it (u.b == nil when nothing was written).
@@ -239,7 +244,7 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (D
 		st, d := s.alg.Take(b.states[i], now, n)
 		if d.Allowed && st != b.states[i] {
 			if u != nil {
-				*u = undo{b: b, i: i, key: key, state: b.states[i], sh: sh, keys: sh.keys, evict: sh.evictions}
+				*u = undo{b: b, sh: sh, key: key, state: b.states[i], i: int32(i), kind: undoUpdate}
 			}
 			b.states[i] = st
 		}
@@ -271,7 +276,11 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (D
 		return d, true
 	}
 	if u != nil {
-		*u = undo{b: b, i: free, key: b.keys[free], state: b.states[free], sh: sh, keys: sh.keys, evict: sh.evictions}
+		kind := uint8(undoInsert)
+		if evict {
+			kind = undoEvict
+		}
+		*u = undo{b: b, sh: sh, key: b.keys[free], state: b.states[free], i: int32(free), kind: kind}
 	}
 	if evict {
 		sh.evictions++
@@ -289,8 +298,12 @@ func (u *undo) rollback() {
 	}
 	u.b.keys[u.i] = u.key
 	u.b.states[u.i] = u.state
-	u.sh.keys = u.keys
-	u.sh.evictions = u.evict
+	switch u.kind {
+	case undoInsert:
+		u.sh.keys--
+	case undoEvict:
+		u.sh.evictions--
+	}
 }
 
 // Sweep empties the slots of idle keys and returns how many it freed. The

@@ -234,3 +234,36 @@ func TestStaleNowNeverRollsWindowsBack(t *testing.T) {
 		}
 	}
 }
+
+// TestTakeAllRollbackRestoresInsertAndEviction: a rejected TakeAll leaves
+// no new key behind and undoes an eviction, counters included.
+func TestTakeAllRollbackRestoresInsertAndEviction(t *testing.T) {
+	g := mustAlg(NewGCRA(1, time.Second, 0))
+	a := newStore(t, g, StoreConfig{Capacity: 8, Shards: 1})
+	full := newStore(t, mustAlg(NewFixedWindow(1, time.Hour)), StoreConfig{Capacity: 8})
+	full.Take(1, 0, 1)
+	var out [2]Decision
+	if TakeAll(0, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
+		t.Fatal("passed an exhausted limit")
+	}
+	if st := a.Stats(); st.Keys != 0 {
+		t.Fatalf("rolled-back insert left %d keys", st.Keys)
+	}
+	for k := uint64(1); k <= 8; k++ {
+		a.Take(k, 0, 1) // fill the one bucket; idle again at 1s
+	}
+	if TakeAll(2000*ms, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
+		t.Fatal("passed an exhausted limit")
+	}
+	if st := a.Stats(); st.Keys != 8 || st.Evictions != 0 {
+		t.Fatalf("rolled-back eviction: %+v", st)
+	}
+	for k := uint64(1); k <= 8; k++ {
+		if d := a.Peek(k, 2000*ms); !d.Allowed {
+			t.Fatalf("key %d lost", k)
+		}
+	}
+	if d := a.Peek(100, 2000*ms); d.Remaining != 1 {
+		t.Fatalf("rolled-back key 100 charged: %+v", d)
+	}
+}
