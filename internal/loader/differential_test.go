@@ -40,14 +40,6 @@ func (h *diffHarness) use(tb testing.TB) {
 	h.td.tb = tb
 }
 
-func allRuleIDs() []uint32 {
-	ids := make([]uint32, diffSizes.MaxRules)
-	for i := range ids {
-		ids[i] = uint32(i)
-	}
-	return ids
-}
-
 // reset empties the program's bucket tables, applies g and lists to both
 // sides and starts a fresh model; counters are compared from here on.
 func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
@@ -107,7 +99,7 @@ func (h *diffHarness) swap(g maps.Generation) {
 
 func (h *diffHarness) ruleCounters() map[uint32]maps.RuleCounters {
 	h.tb.Helper()
-	rc, err := h.td.m.RuleCounters(allRuleIDs())
+	rc, err := h.td.m.RuleCounters(h.model.RuleIDs())
 	if err != nil {
 		h.tb.Fatal(err)
 	}
@@ -351,6 +343,30 @@ func randPolicy(r *rand.Rand) maps.Generation {
 	}
 	if r.IntN(4) == 0 {
 		g.L4 = append(g.L4, maps.L4Match{Proto: packet.ProtoUDP, Dir: maps.L4Any, RuleID: dRuleNTP})
+	}
+	// Policy rule ids are name hashes: give a random subset of the rules a
+	// large id. The hash is fixed, so an id can survive a swap (keeping its
+	// buckets and counters) or be renamed (starting afresh).
+	renamed := map[uint32]uint32{}
+	for id := uint32(1); id <= dRuleICMP; id++ {
+		if r.IntN(2) == 0 {
+			renamed[id] = id*2654435761 ^ 0x5bd1e995
+		}
+	}
+	rename := func(id uint32) uint32 {
+		if n, ok := renamed[id]; ok {
+			return n
+		}
+		return id
+	}
+	for i := range g.Rules {
+		g.Rules[i].ID = rename(g.Rules[i].ID)
+	}
+	for i := range g.Prefixes {
+		g.Prefixes[i].RuleID = rename(g.Prefixes[i].RuleID)
+	}
+	for i := range g.L4 {
+		g.L4[i].RuleID = rename(g.L4[i].RuleID)
 	}
 	return g
 }

@@ -114,6 +114,8 @@ type Model struct {
 
 // New returns a model of a program loaded with room for maxRules rules
 // (loader.Sizes.MaxRules), with no policy, empty lists and empty tables.
+// Rule ids are the policy's (any 32-bit value); the table slots the
+// program keeps them in are not modelled, only their effect on counters.
 func New(maxRules uint32) *Model {
 	return &Model{
 		maxRules: maxRules,
@@ -149,10 +151,10 @@ func (m *Model) Apply(g maps.Generation) error {
 		rules: map[uint32]rule{}, l4: map[l4Key]uint32{},
 	}
 	facts := map[prefixKey]fact{}
+	if uint32(len(g.Rules)) > m.maxRules {
+		return fmt.Errorf("%w: %d rules, the table holds %d", ErrInvalidGeneration, len(g.Rules), m.maxRules)
+	}
 	for _, r := range g.Rules {
-		if r.ID >= m.maxRules {
-			return fmt.Errorf("%w: rule id %d out of range %d", ErrInvalidGeneration, r.ID, m.maxRules)
-		}
 		if _, dup := n.rules[r.ID]; dup {
 			return fmt.Errorf("%w: rule id %d used twice", ErrInvalidGeneration, r.ID)
 		}
@@ -204,6 +206,13 @@ func (m *Model) Apply(g maps.Generation) error {
 	}
 	n.prefixes = newLPMTable(facts)
 	m.gen = n
+	// Rule counters live in table slots that survive with the rule id
+	// (maps.Maps.Apply); a rule that leaves and comes back starts at zero.
+	for id := range m.rules {
+		if _, ok := n.rules[id]; !ok {
+			delete(m.rules, id)
+		}
+	}
 	return nil
 }
 
@@ -370,8 +379,10 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			ruleID = id
 		}
 	}
+	// A fact or L4 match naming no rule of this generation points past
+	// the rules table in the program: no_policy.
 	r, ok := g.rules[ruleID]
-	if ruleID >= m.maxRules || !ok {
+	if !ok {
 		return Verdict{Action: maps.ActPass, Reason: maps.ReasonNoPolicy}
 	}
 	v := Verdict{Action: maps.ActPass, Reason: maps.ReasonOK, RuleID: ruleID, Counted: true}
@@ -472,6 +483,19 @@ func (g *generation) l4Rule(pi Packet) (uint32, bool) {
 	}
 	id, ok := g.l4[l4Key{proto: pi.Proto, dir: maps.L4Any}]
 	return id, ok
+}
+
+// RuleIDs returns the ids of the live generation's rules, sorted.
+func (m *Model) RuleIDs() []uint32 {
+	if m.gen == nil {
+		return nil
+	}
+	ids := make([]uint32, 0, len(m.gen.rules))
+	for id := range m.gen.rules {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // Counters returns the global counters by action and reason.
