@@ -57,29 +57,48 @@ const (
 	ReadTables        = "tables"
 )
 
-// Indexes into reads and XDPCollector.errors.
+// Indexes of XDPCollector.errors.
 const (
 	readIface = iota
 	readRules
 	readTables
+	numReads
 )
 
-var reads = [...]string{readIface: ReadIfaceCounters, readRules: ReadRuleCounters, readTables: ReadTables}
-
-// ruleReasons are the reasons under which the data plane also counts the
-// packet in its rule's counters (the verdict was taken after the rule was
-// found). Their drops appear in rate_limit_rejected_total under the rule;
-// drops of every other reason appear with rule="".
-var ruleReasons = map[maps.Reason]bool{
-	maps.ReasonSrcLimit: true, maps.ReasonPrefixLimit: true, maps.ReasonASNLimit: true,
-	maps.ReasonGlobalLimit: true, maps.ReasonRuleDrop: true, maps.ReasonRulePass: true, maps.ReasonOK: true,
+// readName is the read label of an index of XDPCollector.errors.
+func readName(i int) string {
+	switch i {
+	case readIface:
+		return ReadIfaceCounters
+	case readRules:
+		return ReadRuleCounters
+	}
+	return ReadTables
 }
 
-// rejectReasons are the non-rule reasons that can drop a packet; they are
-// exported even at zero so that rate() sees the first drop.
-var rejectReasons = []maps.Reason{
-	maps.ReasonDeny, maps.ReasonBadEth, maps.ReasonBadVLAN, maps.ReasonBadIPv4,
-	maps.ReasonBadIPv6, maps.ReasonBadL4,
+// decidedUnderRule reports whether the data plane also counts a packet of
+// this reason in its rule's counters (the verdict was taken after the rule
+// was found). Drops of these reasons appear in rate_limit_rejected_total
+// under the rule; drops of every other reason appear with rule="".
+func decidedUnderRule(r maps.Reason) bool {
+	switch r {
+	case maps.ReasonOK, maps.ReasonSrcLimit, maps.ReasonPrefixLimit, maps.ReasonASNLimit,
+		maps.ReasonGlobalLimit, maps.ReasonRuleDrop, maps.ReasonRulePass:
+		return true
+	}
+	return false
+}
+
+// dropsBeforeRule reports whether r is a reason that can drop a packet
+// before any rule is looked at; rate_limit_rejected_total exports these
+// even at zero, so that rate() sees the first drop.
+func dropsBeforeRule(r maps.Reason) bool {
+	switch r {
+	case maps.ReasonDeny, maps.ReasonBadEth, maps.ReasonBadVLAN, maps.ReasonBadIPv4,
+		maps.ReasonBadIPv6, maps.ReasonBadL4:
+		return true
+	}
+	return false
 }
 
 // XDPCollector is a prometheus.Collector over an XDPSource.
@@ -104,7 +123,7 @@ type XDPCollector struct {
 	tableEntries, tableCapacity     *prometheus.Desc
 	generation, lastOK, lastTime    *prometheus.Desc
 	reloads, scrapeErrors, rejected *prometheus.Desc
-	errors                          [len(reads)]atomic.Uint64
+	errors                          [numReads]atomic.Uint64
 }
 
 // NewXDPCollector returns a collector reading src at every scrape. A nil
@@ -154,7 +173,7 @@ func (c *XDPCollector) Describe(chan<- *prometheus.Desc) {}
 func (c *XDPCollector) failed(read int, err error) {
 	c.errors[read].Add(1)
 	c.log.Warn("metrics: read of the data plane failed; its metrics are left out of this scrape",
-		"read", reads[read], "err", err)
+		"read", readName(read), "err", err)
 }
 
 // Collect implements prometheus.Collector. Each part of the source is read
@@ -189,10 +208,10 @@ func (c *XDPCollector) Collect(ch chan<- prometheus.Metric) {
 		drops := total[maps.ActDrop]
 		for r := range drops {
 			reason := maps.Reason(r)
-			if ruleReasons[reason] {
+			if decidedUnderRule(reason) {
 				continue
 			}
-			if drops[r].Packets != 0 || isRejectReason(reason) {
+			if drops[r].Packets != 0 || dropsBeforeRule(reason) {
 				counter(c.rejected, drops[r].Packets, Layer, "", maps.ReasonName(reason))
 			}
 		}
@@ -237,18 +256,9 @@ func (c *XDPCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.reloads, st.Reloads, "success")
 	counter(c.reloads, st.ReloadFailures, "failure")
 
-	for i, r := range reads {
-		counter(c.scrapeErrors, c.errors[i].Load(), r)
+	for i := range numReads {
+		counter(c.scrapeErrors, c.errors[i].Load(), readName(i))
 	}
-}
-
-func isRejectReason(r maps.Reason) bool {
-	for _, x := range rejectReasons {
-		if x == r {
-			return true
-		}
-	}
-	return false
 }
 
 func sortedKeys[V any](m map[string]V) []string {

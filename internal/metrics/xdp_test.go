@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -401,5 +402,36 @@ func BenchmarkGatherSources(b *testing.B) {
 		if _, err := reg.Gather(); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestConcurrentScrapes gathers from several goroutines at once (run with
+// -race): every failed read is counted once, none lost.
+func TestConcurrentScrapes(t *testing.T) {
+	sc := runScenario(t)
+	if err := sc.src.d.Objects.RuleStats.Close(); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewXDPCollector(sc.src, nil))
+	const workers, each = 4, 10
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				if _, err := reg.Gather(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	e := parse(t, scrape(t, reg))
+	if v, _ := e.value("edgeguard_scrape_errors_total", "read", "rule_counters"); v != workers*each+1 {
+		t.Errorf("rule_counters errors = %v, want %d", v, workers*each+1)
+	}
+	if v, _ := e.value("edgeguard_xdp_packets_total", "iface", "lo", "action", "pass", "reason", "ok"); v != 2 {
+		t.Errorf("lo pass/ok = %v, want 2", v)
 	}
 }
