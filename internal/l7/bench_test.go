@@ -164,7 +164,7 @@ func BenchmarkL7Keyed(b *testing.B) {
 				s.Take(maphash.String(seed, keys[i]), clock.Now(), 1)
 			})
 			if st := s.Stats(); st.Full > 0 {
-				b.Logf("%d keys found their bucket full", st.Full)
+				b.Logf("%d keys found both their buckets full", st.Full)
 			}
 		})
 	}
