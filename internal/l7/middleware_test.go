@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -440,5 +441,29 @@ func TestMiddlewareCheckForOtherFrameworks(t *testing.T) {
 	w = httptest.NewRecorder()
 	if mw.Check(w, r) || w.Code != http.StatusTooManyRequests {
 		t.Fatalf("second request: %d", w.Code)
+	}
+}
+
+// TestMiddlewareTrustedProxyClients: behind a trusted proxy (the loopback
+// test client), X-Forwarded-For clients are limited apart, and IPv6 clients
+// in one /64 share a limit.
+func TestMiddlewareTrustedProxyClients(t *testing.T) {
+	k := newKeys(t, KeyConfig{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}})
+	s := newTestServer(t, Config{Rules: []Rule{perIPRule(t, k, "per-ip", mustAlg(NewFixedWindow(1, time.Hour)))}})
+	for _, c := range []struct {
+		xff  string
+		want int
+	}{
+		{"203.0.113.1", 200},
+		{"203.0.113.2", 200},
+		{"203.0.113.1", 429},
+		{"2001:db8:0:1::1", 200},
+		{"2001:db8:0:1::2", 429}, // same /64
+		{"2001:db8:0:2::1", 200},
+		{"198.51.100.9, 203.0.113.2", 429}, // the rightmost untrusted hop
+	} {
+		if resp := s.get("/", "X-Forwarded-For", c.xff); resp.StatusCode != c.want {
+			t.Errorf("XFF %q: %d, want %d", c.xff, resp.StatusCode, c.want)
+		}
 	}
 }
