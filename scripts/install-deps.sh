@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Installs what Edgeguard's build, tests and benchmarks need on Debian 12 /
-# Ubuntu 24.04 (run as root). Used by .ci/run, the Vagrantfile and the README.
-# Go itself (1.26) is not installed here: see the README.
+# Installs what Edgeguard's build, tests and benchmarks need on Debian 12/13
+# or Ubuntu 24.04 (run as root). Used by .ci/run, the Vagrantfile and the
+# README. Go itself (1.26) is not installed here: see the README.
 set -euo pipefail
 
 # The one pin of the BPF toolchain is CLANG in the Makefile; keep them equal.
 CLANG_VERSION=19
 
-pkgs=(
-  "clang-${CLANG_VERSION}" "llvm-${CLANG_VERSION}" libbpf-dev linux-libc-dev
-  make iproute2 redis-server prometheus nftables iptables ethtool wrk nginx-light
+# command-or-file:package, installed when the command (or file) is missing.
+needs=(
+  "clang-${CLANG_VERSION}:clang-${CLANG_VERSION}"
+  "llvm-strip-${CLANG_VERSION}:llvm-${CLANG_VERSION}"
+  "/usr/include/bpf/bpf_helpers.h:libbpf-dev"
+  "/usr/include/linux/bpf.h:linux-libc-dev"
+  "make:make"
+  "ip:iproute2"
+  "nsenter:util-linux"
+  "redis-server:redis-server"
+  "promtool:prometheus"
+  "nft:nftables"
+  "iptables:iptables"
+  "wrk:wrk"
+  "nginx:nginx"
 )
 
 missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+for n in "${needs[@]}"; do
+  what=${n%%:*} pkg=${n#*:}
+  if [[ $what == /* ]]; then
+    [[ -e $what ]] || missing+=("$pkg")
+  else
+    command -v "$what" >/dev/null 2>&1 || [[ -x /usr/sbin/$what ]] || missing+=("$pkg")
+  fi
 done
 if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
