@@ -44,33 +44,7 @@ func (h *diffHarness) use(tb testing.TB) {
 // sides and starts a fresh model; counters are compared from here on.
 func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
 	h.tb.Helper()
-	o := &h.td.d.Objects
-	var sk loader.LimiterEgSrcKey
-	var ak loader.LimiterEgAggKey
-	var b loader.LimiterEgBucket
-	var srcKeys []loader.LimiterEgSrcKey
-	for it := o.SrcBuckets.Iterate(); it.Next(&sk, &b); {
-		srcKeys = append(srcKeys, sk)
-	}
-	for _, k := range srcKeys {
-		if err := o.SrcBuckets.Delete(k); err != nil {
-			h.tb.Fatalf("clear src_buckets: %v", err)
-		}
-	}
-	var aggKeys []loader.LimiterEgAggKey
-	for it := o.AggBuckets.Iterate(); it.Next(&ak, &b); {
-		aggKeys = append(aggKeys, ak)
-	}
-	for _, k := range aggKeys {
-		if err := o.AggBuckets.Delete(k); err != nil {
-			h.tb.Fatalf("clear agg_buckets: %v", err)
-		}
-	}
-	for slot := uint32(0); slot < 2; slot++ {
-		if err := o.GlobalBuckets.Put(slot, loader.LimiterEgBucket{}); err != nil {
-			h.tb.Fatalf("clear global_buckets: %v", err)
-		}
-	}
+	clearTables(h.td)
 	h.td.apply(g)
 	if err := h.td.m.SetLists(lists); err != nil {
 		h.tb.Fatalf("set lists: %v", err)
@@ -85,6 +59,38 @@ func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
 	h.base = h.td.counters()
 	h.baseRules = h.ruleCounters()
 	h.log = h.log[:0]
+}
+
+// clearTables empties the bucket tables (per-source, aggregates, global).
+func clearTables(td *testDatapath) {
+	td.tb.Helper()
+	o := &td.d.Objects
+	var sk loader.LimiterEgSrcKey
+	var ak loader.LimiterEgAggKey
+	var b loader.LimiterEgBucket
+	var srcKeys []loader.LimiterEgSrcKey
+	for it := o.SrcBuckets.Iterate(); it.Next(&sk, &b); {
+		srcKeys = append(srcKeys, sk)
+	}
+	for _, k := range srcKeys {
+		if err := o.SrcBuckets.Delete(k); err != nil {
+			td.tb.Fatalf("clear src_buckets: %v", err)
+		}
+	}
+	var aggKeys []loader.LimiterEgAggKey
+	for it := o.AggBuckets.Iterate(); it.Next(&ak, &b); {
+		aggKeys = append(aggKeys, ak)
+	}
+	for _, k := range aggKeys {
+		if err := o.AggBuckets.Delete(k); err != nil {
+			td.tb.Fatalf("clear agg_buckets: %v", err)
+		}
+	}
+	for slot := uint32(0); slot < 2; slot++ {
+		if err := o.GlobalBuckets.Put(slot, loader.LimiterEgBucket{}); err != nil {
+			td.tb.Fatalf("clear global_buckets: %v", err)
+		}
+	}
 }
 
 // swap applies a new generation to both sides mid-run.

@@ -149,6 +149,22 @@ func (c *checker) send(name string, frame []byte, w verdict) {
 	}
 }
 
+// sync follows a policy change: a rule id that left the live generation
+// loses its counters (its table slot is cleared when the id comes back).
+func (c *checker) sync() {
+	c.td.tb.Helper()
+	live, err := c.td.m.RuleSlots()
+	if err != nil {
+		c.td.tb.Fatal(err)
+	}
+	for id := range c.baseRules {
+		if _, ok := live[id]; !ok {
+			delete(c.baseRules, id)
+			delete(c.wantRules, id)
+		}
+	}
+}
+
 func sub(a, b maps.RuleCounters) maps.RuleCounters {
 	for i := range a {
 		a[i].Packets -= b[i].Packets

@@ -1,0 +1,553 @@
+package loader_test
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/refmodel"
+)
+
+// step is one moment of a scripted timeline: optionally do something (apply
+// a policy, inspect the tables), then, if frame is set, send it at `at` on
+// the test clock and check its verdict and counters.
+type step struct {
+	at    time.Duration
+	do    func(td *testDatapath)
+	frame []byte
+	want  verdict
+}
+
+type verdictCase struct {
+	name  string
+	gen   maps.Generation
+	lists []maps.ListEntry
+	steps []step
+}
+
+// t0 is the timeline's origin: an hour of uptime, so fresh buckets are full.
+const t0 = time.Hour
+
+func udp4(src string) []byte { return packet.UDP4(src, 5000, 53, 10) }
+
+func udp6(src string) []byte {
+	return packet.Frame{Src: netip.MustParseAddr(src), Proto: packet.ProtoUDP, SrcPort: 5000, DstPort: 53, Payload: 10}.Build()
+}
+
+func udpPorts(src string, sport, dport uint16) []byte { return packet.UDP4(src, sport, dport, 10) }
+
+func pkts(n, burst uint64) maps.Bucket { return maps.Bucket{Packets: perSecond(n, burst)} }
+
+func policy(rules ...maps.Rule) maps.Generation {
+	for i := range rules {
+		if rules[i].SrcLen4 == 0 {
+			rules[i].SrcLen4 = 32
+		}
+		if rules[i].SrcLen6 == 0 {
+			rules[i].SrcLen6 = 64
+		}
+	}
+	return maps.Generation{Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass}, Rules: rules}
+}
+
+func withPrefixes(g maps.Generation, facts ...maps.PrefixFact) maps.Generation {
+	g.Prefixes = append(g.Prefixes, facts...)
+	return g
+}
+
+func fact(prefix string, rule, asn uint32) maps.PrefixFact {
+	return maps.PrefixFact{Prefix: netip.MustParsePrefix(prefix), RuleID: rule, ASN: asn}
+}
+
+func srcBuckets(td *testDatapath) map[refmodel.SrcKey]refmodel.Bucket {
+	td.tb.Helper()
+	out := map[refmodel.SrcKey]refmodel.Bucket{}
+	var k refmodel.SrcKey
+	var b refmodel.Bucket
+	it := td.d.Objects.SrcBuckets.Iterate()
+	for it.Next(&k, &b) {
+		out[k] = b
+	}
+	if err := it.Err(); err != nil {
+		td.tb.Fatal(err)
+	}
+	return out
+}
+
+func aggBuckets(td *testDatapath) map[refmodel.AggKey]refmodel.Bucket {
+	td.tb.Helper()
+	out := map[refmodel.AggKey]refmodel.Bucket{}
+	var k refmodel.AggKey
+	var b refmodel.Bucket
+	it := td.d.Objects.AggBuckets.Iterate()
+	for it.Next(&k, &b) {
+		out[k] = b
+	}
+	if err := it.Err(); err != nil {
+		td.tb.Fatal(err)
+	}
+	return out
+}
+
+func globalBucket(td *testDatapath) refmodel.Bucket {
+	td.tb.Helper()
+	var b refmodel.Bucket
+	if err := td.d.Objects.GlobalBuckets.Lookup(uint32(0), &b); err != nil {
+		td.tb.Fatal(err)
+	}
+	return b
+}
+
+func srcKey(rule uint32, prefix string) refmodel.SrcKey {
+	k := maps.LPMKey(netip.MustParsePrefix(prefix))
+	return refmodel.SrcKey{RuleId: rule, Addr: k.Addr}
+}
+
+func prefixAggKey(rule uint32, prefix string) refmodel.AggKey {
+	k := maps.LPMKey(netip.MustParsePrefix(prefix))
+	return refmodel.AggKey{RuleId: rule, Kind: refmodel.AggKindPrefix, Len: uint8(k.Prefixlen), Addr: k.Addr}
+}
+
+// wantSrcKeys checks the per-source table holds exactly keys.
+func wantSrcKeys(keys ...refmodel.SrcKey) func(td *testDatapath) {
+	return func(td *testDatapath) {
+		td.tb.Helper()
+		got := srcBuckets(td)
+		if len(got) != len(keys) {
+			td.tb.Fatalf("src_buckets has %d entries %v, want exactly %v", len(got), got, keys)
+		}
+		for _, k := range keys {
+			if _, ok := got[k]; !ok {
+				td.tb.Fatalf("src_buckets lacks %+v; has %v", k, got)
+			}
+		}
+	}
+}
+
+func wantAggKeys(keys ...refmodel.AggKey) func(td *testDatapath) {
+	return func(td *testDatapath) {
+		td.tb.Helper()
+		got := aggBuckets(td)
+		if len(got) != len(keys) {
+			td.tb.Fatalf("agg_buckets has %d entries %v, want exactly %v", len(got), got, keys)
+		}
+		for _, k := range keys {
+			if _, ok := got[k]; !ok {
+				td.tb.Fatalf("agg_buckets lacks %+v; has %v", k, got)
+			}
+		}
+	}
+}
+
+func applyGen(g maps.Generation) func(td *testDatapath) {
+	return func(td *testDatapath) { td.apply(g) }
+}
+
+// floodSteps sends n packets from n different sources of a /16 at one
+// instant, each expecting w.
+func floodSteps(at time.Duration, n int, w verdict) []step {
+	var out []step
+	for i := range n {
+		out = append(out, step{at: at, frame: udp4(fmt.Sprintf("198.19.%d.%d", i/200, 1+i%200)), want: w})
+	}
+	return out
+}
+
+func verdictCases() []verdictCase {
+	const r1, r2, r3 = 1, 2, 3
+	second := time.Second
+	every := func(base time.Duration, n int, gap time.Duration, frame []byte, w verdict) []step {
+		var out []step
+		for i := range n {
+			out = append(out, step{at: base + time.Duration(i)*gap, frame: frame, want: w})
+		}
+		return out
+	}
+	cat := func(parts ...[]step) []step {
+		var out []step
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+
+	dryGlobal := policy(maps.Rule{ID: 0, Src: pkts(1, 1)})
+	dryGlobal.Settings.Mode = maps.ModeDryRun
+
+	dryRule := withPrefixes(policy(
+		maps.Rule{ID: 0, Src: pkts(1, 1)},
+		maps.Rule{ID: r1, Src: pkts(1, 1), Mode: maps.ModeDryRun},
+	), fact("198.18.1.0/24", r1, 0))
+
+	enforceUnderDry := withPrefixes(policy(
+		maps.Rule{ID: 0, Src: pkts(1, 1)},
+		maps.Rule{ID: r1, Src: pkts(1, 1), Mode: maps.ModeEnforce},
+	), fact("198.18.1.0/24", r1, 0))
+	enforceUnderDry.Settings.Mode = maps.ModeDryRun
+
+	global := policy(maps.Rule{ID: 0})
+	global.Settings.Global = pkts(1, 2)
+
+	globalOver := policy(maps.Rule{ID: 0, Src: pkts(10, 5)})
+	globalOver.Settings.Global = pkts(1, 1)
+
+	malformedDrop := policy(maps.Rule{ID: 0})
+	malformedDrop.Settings.Malformed = maps.ActDrop
+	malformedDryDrop := malformedDrop
+	malformedDryDrop.Settings.Mode = maps.ModeDryRun
+
+	l4 := policy(maps.Rule{ID: 0}, maps.Rule{ID: r1}, maps.Rule{ID: r2}, maps.Rule{ID: r3})
+	l4.L4 = []maps.L4Match{
+		{Proto: packet.ProtoUDP, Dir: maps.L4Src, Port: 53, RuleID: r1},
+		{Proto: packet.ProtoUDP, Dir: maps.L4Dst, Port: 80, RuleID: r2},
+		{Proto: packet.ProtoUDP, Dir: maps.L4Any, RuleID: r3},
+	}
+
+	trie := withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1}, maps.Rule{ID: r2}, maps.Rule{ID: r3}, maps.Rule{ID: 4}),
+		fact("198.18.0.0/16", r1, 0), fact("198.18.1.0/24", r2, 0), fact("198.18.1.128/25", r3, 0),
+		fact("fd00::/16", r1, 0), fact("fd00:1::/32", r2, 0))
+	trie.L4 = []maps.L4Match{{Proto: packet.ProtoUDP, Dir: maps.L4Src, Port: 123, RuleID: 4}}
+
+	hashedIDs := uint32(4000781694)
+	swapBefore := withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(1, 2)}, maps.Rule{ID: r2, Src: pkts(1, 1)}),
+		fact("198.18.1.0/24", r1, 0), fact("198.18.2.0/24", r2, 0))
+	swapAfter := withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(1, 2)}, maps.Rule{ID: hashedIDs, Src: pkts(1, 1)}),
+		fact("198.18.1.0/24", r1, 0), fact("198.18.2.0/24", hashedIDs, 0))
+
+	return []verdictCase{
+		{name: "ok under the default rule", gen: policy(maps.Rule{ID: 0, Src: pkts(10, 5)}),
+			steps: every(t0, 3, 0, udp4("198.18.0.1"), okRule(0))},
+		{name: "non_ip: arp is never limited", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+			steps: every(t0, 3, 0, packet.ARP(), passed(maps.ReasonNonIP))},
+		{name: "prefix fact naming no rule: no_policy", gen: withPrefixes(policy(maps.Rule{ID: 0, Src: pkts(1, 1)}), fact("198.18.9.0/24", 99, 0)),
+			steps: cat(every(t0, 3, 0, udp4("198.18.9.1"), passed(maps.ReasonNoPolicy)), []step{{do: wantSrcKeys()}})},
+
+		// Lists.
+		{name: "allow list passes without limiting", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.0/24"), AllowUntil: maps.Forever}},
+			steps: cat(every(t0, 3, 0, udp4("198.18.0.1"), passed(maps.ReasonAllow)), []step{{do: wantSrcKeys()}})},
+		{name: "deny list drops, not counted under a rule", gen: policy(maps.Rule{ID: 0}),
+			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.0/24"), DenyUntil: maps.Forever}},
+			steps: cat(every(t0, 2, 0, udp4("198.18.0.1"), dropped(maps.ReasonDeny)), []step{{at: t0, frame: udp4("198.18.1.1"), want: okRule(0)}})},
+		{name: "deny expires on the test clock", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("2001:db8::/48"), DenyUntil: uint64(t0 + 10*second)}},
+			steps: []step{
+				{at: t0, frame: udp6("2001:db8::1"), want: dropped(maps.ReasonDeny)},
+				{at: t0 + 10*second - 1, frame: udp6("2001:db8::1"), want: dropped(maps.ReasonDeny)},
+				{at: t0 + 10*second, frame: udp6("2001:db8::1"), want: okRule(0)},
+				{at: t0 + 10*second, frame: udp6("2001:db8::1"), want: limitedBy(maps.ReasonSrcLimit, 0)},
+			}},
+		{name: "allow expires on the test clock", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.1/32"), AllowUntil: uint64(t0 + second)}},
+			steps: []step{
+				{at: t0 + second - 1, frame: udp4("198.18.0.1"), want: passed(maps.ReasonAllow)},
+				{at: t0 + second - 1, frame: udp4("198.18.0.1"), want: passed(maps.ReasonAllow)},
+				{at: t0 + second, frame: udp4("198.18.0.1"), want: okRule(0)},
+				{at: t0 + second, frame: udp4("198.18.0.1"), want: limitedBy(maps.ReasonSrcLimit, 0)},
+			}},
+		{name: "most specific list entry answers", gen: policy(maps.Rule{ID: 0}),
+			lists: []maps.ListEntry{
+				{Prefix: netip.MustParsePrefix("198.18.0.0/16"), DenyUntil: maps.Forever},
+				{Prefix: netip.MustParsePrefix("198.18.7.0/24"), AllowUntil: maps.Forever},
+			},
+			steps: []step{
+				{at: t0, frame: udp4("198.18.7.7"), want: passed(maps.ReasonAllow)},
+				{at: t0, frame: udp4("198.18.8.7"), want: dropped(maps.ReasonDeny)},
+			}},
+		{name: "deny in global dry-run: would_drop", gen: dryGlobal,
+			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.0/24"), DenyUntil: maps.Forever}},
+			steps: []step{{at: t0, frame: udp4("198.18.0.1"), want: verdict{action: maps.ActWouldDrop, reason: maps.ReasonDeny}}}},
+
+		// Buckets.
+		{name: "source limit: burst, then the rate", gen: policy(maps.Rule{ID: 0, Src: pkts(2, 2)}),
+			steps: cat(
+				every(t0, 2, 0, udp4("198.18.0.1"), okRule(0)),
+				every(t0, 2, 0, udp4("198.18.0.1"), limitedBy(maps.ReasonSrcLimit, 0)),
+				[]step{{at: t0, frame: udp4("198.18.0.2"), want: okRule(0)}},
+				[]step{{at: t0 + 500*time.Millisecond - 1, frame: udp4("198.18.0.1"), want: limitedBy(maps.ReasonSrcLimit, 0)}},
+				[]step{{at: t0 + 500*time.Millisecond, frame: udp4("198.18.0.1"), want: okRule(0)}},
+				[]step{{do: wantSrcKeys(srcKey(0, "198.18.0.1/32"), srcKey(0, "198.18.0.2/32"))}},
+			)},
+		{name: "non-first fragments are limited by source", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 2)}),
+			steps: []step{
+				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("198.18.0.1"), Proto: packet.ProtoUDP, FragOffset: 185}.Build(), want: okRule(0)},
+				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("198.18.0.1"), Proto: packet.ProtoUDP, FragOffset: 370}.Build(), want: okRule(0)},
+				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("198.18.0.1"), Proto: packet.ProtoUDP, FragOffset: 555}.Build(), want: limitedBy(maps.ReasonSrcLimit, 0)},
+				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("fd00::1"), Proto: packet.ProtoUDP, FragOffset: 185, IPv6Ext: []uint8{44}}.Build(), want: okRule(0)},
+				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("fd00::2"), Proto: packet.ProtoUDP, FragOffset: 370, IPv6Ext: []uint8{44}}.Build(), want: okRule(0)},
+				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("fd00::3"), Proto: packet.ProtoUDP, FragOffset: 555, IPv6Ext: []uint8{44}}.Build(), want: limitedBy(maps.ReasonSrcLimit, 0)},
+			}},
+		{name: "ipv6 sources share a bucket per /64", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+			steps: []step{
+				{at: t0, frame: udp6("fd00:1::1"), want: okRule(0)},
+				{at: t0, frame: udp6("fd00:1::ffff:2"), want: limitedBy(maps.ReasonSrcLimit, 0)},
+				{at: t0, frame: udp6("fd00:1:0:0:8000::1"), want: limitedBy(maps.ReasonSrcLimit, 0)},
+				{at: t0, frame: udp6("fd00:1:0:1::1"), want: okRule(0)},
+				{do: wantSrcKeys(srcKey(0, "fd00:1::/64"), srcKey(0, "fd00:1:0:1::/64"))},
+			}},
+		{name: "prefix limit, whole: all sources of the rule share it",
+			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(10, 5), Agg: pkts(1, 3), AggMode: maps.AggWhole}), fact("198.18.0.0/16", r1, 0)),
+			steps: []step{
+				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.2.1"), want: okRule(r1)},
+				{at: t0, frame: udp6("fd00::1"), want: okRule(0)},
+				{at: t0, frame: udp4("198.18.3.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.4.1"), want: limitedBy(maps.ReasonPrefixLimit, r1)},
+				{do: wantAggKeys(refmodel.AggKey{RuleId: r1, Kind: refmodel.AggKindPrefix})},
+			}},
+		{name: "prefix limit, derived /24",
+			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Agg: pkts(1, 2), AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48}), fact("198.18.0.0/16", r1, 0)),
+			steps: []step{
+				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.1.2"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.1.3"), want: limitedBy(maps.ReasonPrefixLimit, r1)},
+				{at: t0, frame: udp4("198.18.2.3"), want: okRule(r1)},
+				{do: wantAggKeys(prefixAggKey(r1, "198.18.1.0/24"), prefixAggKey(r1, "198.18.2.0/24"))},
+			}},
+		{name: "prefix limit, derived /48",
+			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Agg: pkts(1, 2), AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48}), fact("fd00::/16", r1, 0)),
+			steps: []step{
+				{at: t0, frame: udp6("fd00:1:1::1"), want: okRule(r1)},
+				{at: t0, frame: udp6("fd00:1:1:ffff::1"), want: okRule(r1)},
+				{at: t0, frame: udp6("fd00:1:1:7::1"), want: limitedBy(maps.ReasonPrefixLimit, r1)},
+				{at: t0, frame: udp6("fd00:1:2::1"), want: okRule(r1)},
+				{do: wantAggKeys(prefixAggKey(r1, "fd00:1:1::/48"), prefixAggKey(r1, "fd00:1:2::/48"))},
+			}},
+		{name: "asn limit across prefixes of one asn",
+			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, ASN: pkts(1, 2)}),
+				fact("203.0.113.0/24", r1, 64500), fact("198.51.100.0/24", r1, 64500), fact("192.0.2.0/24", r1, 64501)),
+			steps: []step{
+				{at: t0, frame: udp4("203.0.113.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.51.100.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("203.0.113.2"), want: limitedBy(maps.ReasonASNLimit, r1)},
+				{at: t0, frame: udp4("192.0.2.1"), want: okRule(r1)},
+				{do: wantAggKeys(refmodel.AggKey{RuleId: r1, Kind: refmodel.AggKindASN, Asn: 64500}, refmodel.AggKey{RuleId: r1, Kind: refmodel.AggKindASN, Asn: 64501})},
+			}},
+		{name: "global limit", gen: global,
+			steps: []step{
+				{at: t0, frame: udp4("198.18.0.1"), want: okRule(0)},
+				{at: t0, frame: udp6("fd00::1"), want: okRule(0)},
+				{at: t0, frame: udp4("198.18.0.3"), want: limitedBy(maps.ReasonGlobalLimit, 0)},
+				{at: t0 + second, frame: udp4("198.18.0.3"), want: okRule(0)},
+			}},
+
+		// Dry-run.
+		{name: "global dry-run: would_drop, passed", gen: dryGlobal,
+			steps: []step{
+				{at: t0, frame: udp4("198.18.0.1"), want: okRule(0)},
+				{at: t0, frame: udp4("198.18.0.1"), want: wouldDrop(maps.ReasonSrcLimit, 0)},
+			}},
+		{name: "rule dry-run under global enforce", gen: dryRule,
+			steps: []step{
+				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.1.1"), want: wouldDrop(maps.ReasonSrcLimit, r1)},
+				{at: t0, frame: udp4("198.18.2.1"), want: okRule(0)},
+				{at: t0, frame: udp4("198.18.2.1"), want: limitedBy(maps.ReasonSrcLimit, 0)},
+			}},
+		{name: "rule enforce under global dry-run", gen: enforceUnderDry,
+			steps: []step{
+				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.1.1"), want: limitedBy(maps.ReasonSrcLimit, r1)},
+				{at: t0, frame: udp4("198.18.2.1"), want: okRule(0)},
+				{at: t0, frame: udp4("198.18.2.1"), want: wouldDrop(maps.ReasonSrcLimit, 0)},
+			}},
+
+		// Malformed verdicts.
+		{name: "malformed passes", gen: policy(maps.Rule{ID: 0}),
+			steps: []step{{at: t0, frame: with(udp4("198.18.0.1"), 14, 0x44), want: passed(maps.ReasonBadIPv4)}}},
+		{name: "malformed drops", gen: malformedDrop,
+			steps: []step{
+				{at: t0, frame: with(udp4("198.18.0.1"), 14, 0x44), want: dropped(maps.ReasonBadIPv4)},
+				{at: t0, frame: udp4("198.18.0.1")[:40], want: dropped(maps.ReasonBadL4)},
+			}},
+		{name: "malformed drop in dry-run: would_drop", gen: malformedDryDrop,
+			steps: []step{{at: t0, frame: with(udp4("198.18.0.1"), 14, 0x44), want: verdict{action: maps.ActWouldDrop, reason: maps.ReasonBadIPv4}}}},
+
+		// Rule selection.
+		{name: "l4 rules: source port, then destination port, then protocol", gen: l4,
+			steps: []step{
+				{at: t0, frame: udpPorts("198.18.0.1", 53, 80), want: okRule(r1)},
+				{at: t0, frame: udpPorts("198.18.0.1", 80, 53), want: okRule(r3)},
+				{at: t0, frame: udpPorts("198.18.0.1", 1000, 80), want: okRule(r2)},
+				{at: t0, frame: udpPorts("198.18.0.1", 1000, 1000), want: okRule(r3)},
+				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("198.18.0.1"), Proto: packet.ProtoTCP, SrcPort: 53, DstPort: 80}.Build(), want: okRule(0)},
+			}},
+		{name: "most specific prefix picks the rule; l4 overrides it", gen: trie,
+			steps: []step{
+				{at: t0, frame: udp4("198.18.0.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r2)},
+				{at: t0, frame: udp4("198.18.1.129"), want: okRule(r3)},
+				{at: t0, frame: udp4("198.19.1.129"), want: okRule(0)},
+				{at: t0, frame: udp6("fd00:2::1"), want: okRule(r1)},
+				{at: t0, frame: udp6("fd00:1::1"), want: okRule(r2)},
+				{at: t0, frame: udpPorts("198.18.1.129", 123, 123), want: okRule(4)},
+			}},
+		{name: "rule actions drop and pass", gen: withPrefixes(policy(
+			maps.Rule{ID: 0}, maps.Rule{ID: r1, Action: maps.RuleDrop}, maps.Rule{ID: r2, Action: maps.RulePass, Src: pkts(1, 1)}),
+			fact("198.18.1.0/24", r1, 0), fact("198.18.2.0/24", r2, 0)),
+			steps: []step{
+				{at: t0, frame: udp4("198.18.1.1"), want: limitedBy(maps.ReasonRuleDrop, r1)},
+				{at: t0, frame: udp4("198.18.2.1"), want: verdict{action: maps.ActPass, reason: maps.ReasonRulePass, rule: r2, ruled: true}},
+				{at: t0, frame: udp4("198.18.2.1"), want: verdict{action: maps.ActPass, reason: maps.ReasonRulePass, rule: r2, ruled: true}},
+				{do: wantSrcKeys()},
+			}},
+
+		// State under flood.
+		{name: "aggregate over budget: no per-source entries",
+			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(10, 5), Agg: pkts(1, 1), AggMode: maps.AggWhole}), fact("198.19.0.0/16", r1, 0)),
+			steps: cat(
+				[]step{{at: t0, frame: udp4("198.19.200.1"), want: okRule(r1)}},
+				floodSteps(t0, 300, limitedBy(maps.ReasonPrefixLimit, r1)),
+				[]step{{do: wantSrcKeys(srcKey(r1, "198.19.200.1/32"))}},
+			)},
+		{name: "global over budget: no per-source entries", gen: globalOver,
+			steps: cat(
+				[]step{{at: t0, frame: udp4("198.19.200.1"), want: okRule(0)}},
+				floodSteps(t0, 300, limitedBy(maps.ReasonGlobalLimit, 0)),
+				[]step{{do: wantSrcKeys(srcKey(0, "198.19.200.1/32"))}},
+			)},
+		{name: "asn over budget: no per-source entries",
+			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(10, 5), ASN: pkts(1, 1)}), fact("198.19.0.0/16", r1, 64500)),
+			steps: cat(
+				[]step{{at: t0, frame: udp4("198.19.200.1"), want: okRule(r1)}},
+				floodSteps(t0, 300, limitedBy(maps.ReasonASNLimit, r1)),
+				[]step{{do: wantSrcKeys(srcKey(r1, "198.19.200.1/32"))}},
+			)},
+
+		// Atomic policy swap.
+		{name: "policy swap keeps the state of surviving rule ids", gen: swapBefore,
+			steps: []step{
+				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
+				{at: t0, frame: udp4("198.18.2.1"), want: okRule(r2)},
+				{at: t0, frame: udp4("198.18.2.1"), want: limitedBy(maps.ReasonSrcLimit, r2)},
+				{do: applyGen(swapAfter)},
+				// r1 survived: still empty. r2 became another id: a fresh bucket.
+				{at: t0, frame: udp4("198.18.1.1"), want: limitedBy(maps.ReasonSrcLimit, r1)},
+				{at: t0, frame: udp4("198.18.2.1"), want: okRule(hashedIDs)},
+				{at: t0, frame: udp4("198.18.2.1"), want: limitedBy(maps.ReasonSrcLimit, hashedIDs)},
+				{do: applyGen(swapBefore)},
+				{at: t0, frame: udp4("198.18.1.1"), want: limitedBy(maps.ReasonSrcLimit, r1)},
+				{at: t0, frame: udp4("198.18.2.1"), want: limitedBy(maps.ReasonSrcLimit, r2)},
+				{at: t0 + second, frame: udp4("198.18.2.1"), want: okRule(r2)},
+			}},
+	}
+}
+
+// TestVerdicts runs scripted timelines for every verdict and reason, on one
+// program whose tables are emptied between cases.
+func TestVerdicts(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	for _, tc := range verdictCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			td.tb = t
+			clearTables(td)
+			td.apply(tc.gen)
+			if err := td.m.SetLists(tc.lists); err != nil {
+				t.Fatalf("set lists: %v", err)
+			}
+			c := newChecker(td)
+			for i, s := range tc.steps {
+				if s.do != nil {
+					s.do(td)
+					c.sync()
+				}
+				if s.frame == nil {
+					continue
+				}
+				td.setClock(s.at)
+				c.send(fmt.Sprintf("step %d", i), s.frame, s.want)
+			}
+		})
+	}
+}
+
+// TestNoPolicyYet: before the first Apply every IP packet passes as
+// no_policy, malformed frames pass (no malformed verdict is set yet), and
+// nothing is created in the tables.
+func TestNoPolicyYet(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	c := newChecker(td)
+	c.send("udp4", udp4("198.18.0.1"), passed(maps.ReasonNoPolicy))
+	c.send("udp6", udp6("fd00::1"), passed(maps.ReasonNoPolicy))
+	c.send("arp", packet.ARP(), passed(maps.ReasonNonIP))
+	c.send("bad ipv4", with(udp4("198.18.0.1"), 14, 0x44), passed(maps.ReasonBadIPv4))
+	c.send("truncated udp", udp4("198.18.0.1")[:40], passed(maps.ReasonBadL4))
+	wantSrcKeys()(td)
+	wantAggKeys()(td)
+	if g := globalBucket(td); g != (refmodel.Bucket{}) {
+		t.Errorf("global bucket %+v, want untouched", g)
+	}
+}
+
+// TestDropsChargeNothingAbove checks "a packet dropped by a more specific
+// bucket must not consume tokens of the aggregates above it", and that a
+// packet an aggregate drops does not charge the source bucket below it.
+func TestDropsChargeNothingAbove(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	const r1 = 1
+	g := withPrefixes(policy(maps.Rule{ID: 0},
+		maps.Rule{ID: r1, Src: pkts(1, 1), Agg: pkts(1, 3), AggMode: maps.AggWhole, ASN: pkts(1, 10)}),
+		fact("198.18.0.0/16", r1, 64500))
+	g.Settings.Global = pkts(1, 10)
+	td.apply(g)
+	td.setClock(t0)
+	c := newChecker(td)
+
+	c.send("a: first", udp4("198.18.0.1"), okRule(r1))
+	aggs, glob := aggBuckets(td), globalBucket(td)
+	if len(aggs) != 2 {
+		t.Fatalf("agg_buckets %v: want the prefix and the asn bucket", aggs)
+	}
+	for i := range 5 {
+		c.send(fmt.Sprintf("a: over its source limit #%d", i), udp4("198.18.0.1"), limitedBy(maps.ReasonSrcLimit, r1))
+	}
+	if got := aggBuckets(td); fmt.Sprint(got) != fmt.Sprint(aggs) {
+		t.Fatalf("source-limited packets charged the aggregates: %v, before %v", got, aggs)
+	}
+	if got := globalBucket(td); got != glob {
+		t.Fatalf("source-limited packets charged the global bucket: %+v, before %+v", got, glob)
+	}
+
+	// Use up the prefix aggregate (burst 3) with two more sources, then
+	// a fourth source and the first one are dropped by it without touching
+	// their own buckets.
+	c.send("b", udp4("198.18.0.2"), okRule(r1))
+	c.send("c", udp4("198.18.0.3"), okRule(r1))
+	srcs := srcBuckets(td)
+	td.setClock(t0 + time.Second)
+	c.send("a: source refilled, aggregate empty", udp4("198.18.0.1"), okRule(r1))
+	c.send("d: aggregate empty", udp4("198.18.0.4"), limitedBy(maps.ReasonPrefixLimit, r1))
+	c.send("b: aggregate empty", udp4("198.18.0.2"), limitedBy(maps.ReasonPrefixLimit, r1))
+	got := srcBuckets(td)
+	a := srcKey(r1, "198.18.0.1/32")
+	delete(got, a)
+	delete(srcs, a)
+	if fmt.Sprint(got) != fmt.Sprint(srcs) {
+		t.Fatalf("prefix-limited packets charged or created source buckets: %v, before %v", got, srcs)
+	}
+}
+
+// TestKnownBugIPv6V4MappedSourceMatchesIPv4Lists: parse_ipv6 copies the
+// IPv6 source as is, and the data plane keeps IPv4 as IPv4-mapped IPv6
+// (::ffff:a.b.c.d). An IPv6 packet whose source is ::ffff:10.1.2.3 (not a
+// valid source on the wire, RFC 4291 2.5.5.2) is therefore treated as the
+// IPv4 host 10.1.2.3: it matches IPv4 allow-list entries and passes
+// unlimited, bypassing even the global limit; it also matches IPv4 prefix
+// rules and shares the per-source bucket of the real IPv4 host. Expected:
+// an IPv6 packet never matches IPv4 entries (or is dropped as malformed).
+func TestKnownBugIPv6V4MappedSourceMatchesIPv4Lists(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	g := policy(maps.Rule{ID: 0, Src: pkts(1, 1)})
+	g.Settings.Global = pkts(1, 1)
+	td.apply(g)
+	if err := td.m.SetLists([]maps.ListEntry{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllowUntil: maps.Forever}}); err != nil {
+		t.Fatal(err)
+	}
+	td.setClock(t0)
+	c := newChecker(td)
+	c.send("ipv6 packet from ::ffff:10.1.2.3", udp6("::ffff:10.1.2.3"), okRule(0))
+}
