@@ -350,6 +350,10 @@ func randPolicy(r *rand.Rand) maps.Generation {
 	if r.IntN(4) == 0 {
 		g.L4 = append(g.L4, maps.L4Match{Proto: packet.ProtoUDP, Dir: maps.L4Any, RuleID: dRuleNTP})
 	}
+	if r.IntN(2) == 0 {
+		// Drop samples use their own bucket and must change no verdict.
+		g.Settings.Samples = maps.Rate{Count: 50, Per: time.Second, Burst: 5}
+	}
 	// Policy rule ids are name hashes: give a random subset of the rules a
 	// large id. The hash is fixed, so an id can survive a swap (keeping its
 	// buckets and counters) or be renamed (starting afresh).
