@@ -10,7 +10,18 @@
 // The model is written from the C, statement by statement, not from the
 // documentation: where the two disagree the model follows the program, and
 // tests that check the documented behaviour live next to the program.
-// Drop samples (the ring buffer) are not modelled: they change no verdict.
+//
+// What it leaves out, on purpose:
+//   - drop samples (the ring buffer and its budget): they change no verdict;
+//   - LRU eviction: tables are unbounded Go maps, so runs compared with the
+//     program must stay far below its table sizes;
+//   - concurrency: one packet at a time, so a GCRA compare-and-swap never
+//     fails (the program rejects after EG_CAS_RETRIES lost races);
+//   - table slots of rules: counters follow the rule id and restart when an
+//     id leaves and comes back, as maps.Maps.Apply makes the program do.
+//
+// State per key is one Bucket (two uint64 TATs) plus the Go map overhead;
+// the model is meant for tests, not for production-sized tables.
 package refmodel
 
 import (
