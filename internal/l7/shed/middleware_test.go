@@ -14,7 +14,12 @@ import (
 type blockingHandler struct {
 	entered chan struct{}
 	release chan struct{}
+	once    sync.Once
 }
+
+// open lets every held request finish. Tests defer it after srv.Close so a
+// failing test does not hang in Close waiting for held handlers.
+func (h *blockingHandler) open() { h.once.Do(func() { close(h.release) }) }
 
 func newBlockingHandler() *blockingHandler {
 	return &blockingHandler{entered: make(chan struct{}, 100), release: make(chan struct{})}
@@ -103,6 +108,8 @@ func TestMiddlewareAnswers503ProblemOverTheLimit(t *testing.T) {
 		}
 		h := newBlockingHandler()
 		srv := httptest.NewServer(Middleware(l, MiddlewareOptions{RetryAfter: tc.retryAfter})(h))
+		t.Cleanup(srv.Close)
+		t.Cleanup(h.open)
 		c := srv.Client()
 
 		wait := startHeld(t, c, h, get(t, srv.URL))
@@ -112,14 +119,13 @@ func TestMiddlewareAnswers503ProblemOverTheLimit(t *testing.T) {
 		}
 		checkShed(t, resp, tc.want, ReasonAtLimit)
 
-		close(h.release)
+		h.open()
 		if code := wait(); code != http.StatusNoContent {
 			t.Fatalf("held request status = %d", code)
 		}
 		if got := l.InFlight(); got != 0 {
 			t.Fatalf("in flight after the handler returned = %d, want 0", got)
 		}
-		srv.Close()
 	}
 }
 
@@ -138,6 +144,7 @@ func TestMiddlewarePriorityFromRequest(t *testing.T) {
 	}}
 	srv := httptest.NewServer(Middleware(l, opts)(h))
 	defer srv.Close()
+	defer h.open()
 	c := srv.Client()
 
 	waitDefault := startHeld(t, c, h, get(t, srv.URL))
@@ -147,7 +154,7 @@ func TestMiddlewarePriorityFromRequest(t *testing.T) {
 	}
 	checkShed(t, resp, "1", ReasonAtLimit)
 	waitCritical := startHeld(t, c, h, get(t, srv.URL, "X-Priority", "critical"))
-	close(h.release)
+	h.open()
 	waitDefault()
 	waitCritical()
 	s := l.Stats()
@@ -165,6 +172,7 @@ func TestKeyedMiddlewareLimitsEachKeyAlone(t *testing.T) {
 	key := func(r *http.Request) string { return r.Header.Get("X-Tenant") }
 	srv := httptest.NewServer(KeyedMiddleware(k, key, MiddlewareOptions{})(h))
 	defer srv.Close()
+	defer h.open()
 	c := srv.Client()
 
 	waitA := startHeld(t, c, h, get(t, srv.URL, "X-Tenant", "a"))
@@ -174,7 +182,7 @@ func TestKeyedMiddlewareLimitsEachKeyAlone(t *testing.T) {
 	}
 	checkShed(t, resp, "1", ReasonAtLimit)
 	waitB := startHeld(t, c, h, get(t, srv.URL, "X-Tenant", "b"))
-	close(h.release)
+	h.open()
 	waitA()
 	waitB()
 	if got := k.Keys(); got != 2 {
@@ -193,6 +201,7 @@ func TestMiddlewareQueueTimeoutAnswers503(t *testing.T) {
 	h := newBlockingHandler()
 	srv := httptest.NewServer(Middleware(l, MiddlewareOptions{})(h))
 	defer srv.Close()
+	defer h.open()
 	c := srv.Client()
 	wait := startHeld(t, c, h, get(t, srv.URL))
 	resp, err := c.Do(get(t, srv.URL))
@@ -200,6 +209,80 @@ func TestMiddlewareQueueTimeoutAnswers503(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkShed(t, resp, "1", ReasonQueueTimeout)
-	close(h.release)
+	h.open()
 	wait()
+}
+
+// TestMiddlewareCriticalGetsThroughSheddableFlood floods a loopback server
+// with sheddable requests that hold their slots, then checks that critical
+// requests are still admitted into the reserve while sheddable ones get 503.
+func TestMiddlewareCriticalGetsThroughSheddableFlood(t *testing.T) {
+	l, err := New(Config{MaxInFlight: 10, CriticalReservePercent: 20, MaxQueue: 4, QueueTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newBlockingHandler()
+	opts := MiddlewareOptions{Priority: func(r *http.Request) Priority {
+		if r.Header.Get("X-Priority") == "critical" {
+			return PriorityCritical
+		}
+		return PrioritySheddable
+	}}
+	srv := httptest.NewServer(Middleware(l, opts)(h))
+	defer srv.Close()
+	defer h.open()
+	c := srv.Client()
+
+	// 40 sheddable requests at once: 8 run (and hold), up to 16 queue, the
+	// rest are shed.
+	const flood = 40
+	codes := make(chan int, flood)
+	var wg sync.WaitGroup
+	for range flood {
+		wg.Go(func() {
+			resp, err := c.Do(get(t, srv.URL))
+			if err != nil {
+				t.Error(err)
+				codes <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		})
+	}
+	// Wait until every flood request is running, queued or answered.
+	waitFor(t, func() bool { return int(l.InFlight()+l.QueueDepth())+len(codes) == flood })
+	if got := l.InFlight(); got != 8 {
+		t.Fatalf("sheddable in flight = %d, want 8 (2 of 10 reserved)", got)
+	}
+	for range 8 {
+		<-h.entered // the running sheddable requests' entries
+	}
+	waitCrit1 := startHeld(t, c, h, get(t, srv.URL, "X-Priority", "critical"))
+	waitCrit2 := startHeld(t, c, h, get(t, srv.URL, "X-Priority", "critical"))
+	if got := l.InFlight(); got != 10 {
+		t.Fatalf("in flight with two critical = %d, want 10", got)
+	}
+	h.open()
+	if waitCrit1() != http.StatusNoContent || waitCrit2() != http.StatusNoContent {
+		t.Fatal("critical request failed")
+	}
+	wg.Wait()
+	close(codes)
+	served, shed := 0, 0
+	for code := range codes {
+		switch code {
+		case http.StatusNoContent:
+			served++
+		case http.StatusServiceUnavailable:
+			shed++
+		default:
+			t.Errorf("flood request status %d", code)
+		}
+	}
+	t.Logf("flood: %d served, %d shed", served, shed)
+	if served < 8 || shed == 0 {
+		t.Fatalf("flood: %d served, %d shed; want at least 8 served and some shed", served, shed)
+	}
 }
