@@ -260,3 +260,30 @@ func TestAdaptiveFindsBackendCapacity(t *testing.T) {
 	got = phase("flood after lull", 300, fast, flood)
 	wantBand("flood after lull, settled", got[100:], capacity, capacity*3/2+1)
 }
+
+func TestAdaptiveSampleEveryTimesOneRequestInN(t *testing.T) {
+	env := newManualEnv()
+	l := env.limiter(t, Config{Adaptive: &AdaptiveConfig{InitialLimit: 10, MinSamples: 10, SampleEvery: 4}})
+	one := func(latency time.Duration) {
+		p := mustAcquire(t, l, PriorityDefault)
+		env.clock.Advance(latency)
+		p.Release()
+	}
+	// Requests 4, 8, ..., 36 are timed: 9 samples, not enough to judge.
+	for i := 1; i <= 39; i++ {
+		latency := time.Millisecond
+		if i%4 != 0 {
+			latency = time.Second // untimed; must not reach the mean
+		}
+		one(latency)
+	}
+	l.UpdateLimit()
+	if b := l.Baseline(); b != 0 {
+		t.Fatalf("baseline after 9 samples = %s, want 0 (window not judged)", b)
+	}
+	one(time.Millisecond) // request 40: the 10th sample
+	l.UpdateLimit()
+	if b := l.Baseline(); b != time.Millisecond {
+		t.Fatalf("baseline = %s, want 1ms (only every 4th request timed)", b)
+	}
+}

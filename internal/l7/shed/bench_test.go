@@ -17,6 +17,7 @@ func BenchmarkShedAcquire(b *testing.B) {
 	}{
 		{"", Config{MaxInFlight: 1 << 20}},
 		{"-adaptive", Config{Adaptive: &AdaptiveConfig{InitialLimit: 1 << 19, MaxLimit: 1 << 20}}},
+		{"-adaptive-sample8", Config{Adaptive: &AdaptiveConfig{InitialLimit: 1 << 19, MaxLimit: 1 << 20, SampleEvery: 8}}},
 	} {
 		acquireRelease := func(b *testing.B, l *Limiter) bool {
 			p, err := l.Acquire(ctx, PriorityDefault)

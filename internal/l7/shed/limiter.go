@@ -158,8 +158,10 @@ func New(cfg Config) (*Limiter, error) {
 // Permit is a granted slot. Call Release exactly once when the request is
 // done. The zero Permit's Release does nothing.
 type Permit struct {
-	l     *Limiter
-	start int64 // clock reading at grant; only kept for the adaptive limit
+	l *Limiter
+	// start is 1 + the clock reading at grant, kept only for requests the
+	// adaptive limit samples; 0 means not sampled.
+	start int64
 }
 
 // Release frees the slot, handing it to the first queued request that may
@@ -169,8 +171,8 @@ func (p Permit) Release() {
 	if l == nil {
 		return
 	}
-	if l.adaptive != nil {
-		l.adaptive.observe(l.clock.Now() - p.start)
+	if p.start != 0 {
+		l.adaptive.observe(l.clock.Now() - (p.start - 1))
 	}
 	l.release()
 }
@@ -232,9 +234,10 @@ func (l *Limiter) tryTake(thr int64) (ok bool, closed bool) {
 }
 
 func (l *Limiter) grant(p Priority) Permit {
-	l.admitted[p].Add(1)
-	if l.adaptive != nil {
-		return Permit{l: l, start: l.clock.Now()}
+	n := l.admitted[p].Add(1)
+	if l.adaptive != nil && n%l.adaptive.sampleEvery == 0 {
+		// Offset by one so that a clock reading of 0 still counts as sampled.
+		return Permit{l: l, start: l.clock.Now() + 1}
 	}
 	return Permit{l: l}
 }
