@@ -31,6 +31,28 @@ func (h *blockingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// startServer serves a blockingHandler behind mw on loopback until the test
+// ends, releasing held requests first so Close does not wait on them.
+func startServer(t *testing.T, mw func(http.Handler) http.Handler) (*blockingHandler, *httptest.Server) {
+	t.Helper()
+	h := newBlockingHandler()
+	srv := httptest.NewServer(mw(h))
+	t.Cleanup(srv.Close)
+	t.Cleanup(h.open) // cleanups run last-in first-out: before Close
+	return h, srv
+}
+
+// criticalByHeader classifies "X-Priority: critical" as critical and
+// everything else as other.
+func criticalByHeader(other Priority) func(*http.Request) Priority {
+	return func(r *http.Request) Priority {
+		if r.Header.Get("X-Priority") == "critical" {
+			return PriorityCritical
+		}
+		return other
+	}
+}
+
 // startHeld sends a request that the handler will hold, and waits for it to
 // be inside the handler. The returned func waits for its response and
 // returns its status.
@@ -106,10 +128,7 @@ func TestMiddlewareAnswers503ProblemOverTheLimit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := newBlockingHandler()
-		srv := httptest.NewServer(Middleware(l, MiddlewareOptions{RetryAfter: tc.retryAfter})(h))
-		t.Cleanup(srv.Close)
-		t.Cleanup(h.open)
+		h, srv := startServer(t, Middleware(l, MiddlewareOptions{RetryAfter: tc.retryAfter}))
 		c := srv.Client()
 
 		wait := startHeld(t, c, h, get(t, srv.URL))
@@ -135,16 +154,7 @@ func TestMiddlewarePriorityFromRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newBlockingHandler()
-	opts := MiddlewareOptions{Priority: func(r *http.Request) Priority {
-		if r.Header.Get("X-Priority") == "critical" {
-			return PriorityCritical
-		}
-		return PriorityDefault
-	}}
-	srv := httptest.NewServer(Middleware(l, opts)(h))
-	defer srv.Close()
-	defer h.open()
+	h, srv := startServer(t, Middleware(l, MiddlewareOptions{Priority: criticalByHeader(PriorityDefault)}))
 	c := srv.Client()
 
 	waitDefault := startHeld(t, c, h, get(t, srv.URL))
@@ -168,11 +178,8 @@ func TestKeyedMiddlewareLimitsEachKeyAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newBlockingHandler()
 	key := func(r *http.Request) string { return r.Header.Get("X-Tenant") }
-	srv := httptest.NewServer(KeyedMiddleware(k, key, MiddlewareOptions{})(h))
-	defer srv.Close()
-	defer h.open()
+	h, srv := startServer(t, KeyedMiddleware(k, key, MiddlewareOptions{}))
 	c := srv.Client()
 
 	waitA := startHeld(t, c, h, get(t, srv.URL, "X-Tenant", "a"))
@@ -198,10 +205,7 @@ func TestMiddlewareQueueTimeoutAnswers503(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newBlockingHandler()
-	srv := httptest.NewServer(Middleware(l, MiddlewareOptions{})(h))
-	defer srv.Close()
-	defer h.open()
+	h, srv := startServer(t, Middleware(l, MiddlewareOptions{}))
 	c := srv.Client()
 	wait := startHeld(t, c, h, get(t, srv.URL))
 	resp, err := c.Do(get(t, srv.URL))
@@ -221,16 +225,7 @@ func TestMiddlewareCriticalGetsThroughSheddableFlood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newBlockingHandler()
-	opts := MiddlewareOptions{Priority: func(r *http.Request) Priority {
-		if r.Header.Get("X-Priority") == "critical" {
-			return PriorityCritical
-		}
-		return PrioritySheddable
-	}}
-	srv := httptest.NewServer(Middleware(l, opts)(h))
-	defer srv.Close()
-	defer h.open()
+	h, srv := startServer(t, Middleware(l, MiddlewareOptions{Priority: criticalByHeader(PrioritySheddable)}))
 	c := srv.Client()
 
 	// 40 sheddable requests at once: 8 run (and hold), up to 16 queue, the
