@@ -98,7 +98,13 @@ func NewKeyed(cfg KeyedConfig) (*Keyed, error) {
 
 func (k *Keyed) newLimiter(key string) (*Limiter, error) {
 	cfg := k.perKey
-	cfg.Rand = rand.NewPCG(k.seed, maphash.String(k.hashSeed, key))
+	// FNV-1a rather than the shard hash: its seed is random per process,
+	// and a fixed Seed must give the same lottery draws run after run.
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 1099511628211
+	}
+	cfg.Rand = rand.NewPCG(k.seed, h)
 	return New(cfg)
 }
 
