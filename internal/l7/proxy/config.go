@@ -1,0 +1,237 @@
+// Package proxy is Edgeguard's L7 reverse proxy: the daemon runs it from the
+// policy's l7: section. A request is matched to a route (host, methods, path
+// prefix or pattern, header), exempt paths go straight through, then the
+// concurrency limits shed (503), then the route's rate limits reject (429),
+// and what is left is proxied to the upstream. Sources that keep being
+// rejected can be escalated to the XDP deny list. See docs/l7-proxy.md.
+package proxy
+
+import (
+	"net/netip"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
+)
+
+// Config is a decoded, validated l7: section. Decode fills every default, so
+// a Config from Decode needs nothing more; a Config built by hand must follow
+// the same rules (New validates what it relies on).
+type Config struct {
+	// Listen is the proxy's host:port.
+	Listen string
+	// Upstream is the one backend every route proxies to (http or https).
+	Upstream *url.URL
+	// TrustedProxies are the peers whose X-Forwarded-For / Forwarded headers
+	// name the client.
+	TrustedProxies []netip.Prefix
+	// ClientPrefixV4 and ClientPrefixV6 group client addresses for ip keys
+	// (default 32 and 64).
+	ClientPrefixV4, ClientPrefixV6 int
+	// UserHeader and TenantHeader name the headers of the user and tenant
+	// keys (defaults X-User-Id, X-Tenant-Id).
+	UserHeader, TenantHeader string
+	// ExemptPaths are URL paths never limited or shed (health checks).
+	ExemptPaths []string
+	// Headers selects the RateLimit response fields.
+	Headers Headers
+	// Concurrency, when set, bounds the requests in flight across all routes.
+	Concurrency *Concurrency
+	// Redis, when set, is the backend of the limits with backend: redis.
+	Redis *Redis
+	// Escalation sends persistently rejected sources to the XDP deny list.
+	Escalation Escalation
+	// Routes are tried in order; the first match decides. A request no
+	// route matches is proxied with only the global concurrency limit.
+	Routes []Route
+}
+
+// Headers selects the RateLimit header fields of responses.
+type Headers struct {
+	// Draft is the ratelimit-headers draft version written: 10, or 0 for
+	// no RateLimit/RateLimit-Policy fields.
+	Draft int
+	// Legacy adds X-RateLimit-Limit/Remaining/Reset.
+	Legacy bool
+}
+
+// Concurrency is a concurrency limit with its queue (see internal/l7/shed).
+type Concurrency struct {
+	MaxInFlight  int
+	Queue        int
+	QueueTimeout time.Duration
+	// Adaptive lets the limit follow latency (AIMD), starting at MaxInFlight
+	// and never above AdaptiveMax.
+	Adaptive    bool
+	AdaptiveMax int
+	// PriorityHeader names the header whose value (critical, default,
+	// sheddable) sets a request's priority. Empty: every request is default.
+	PriorityHeader string
+	// RetryAfter is advertised on 503 (default 1s).
+	RetryAfter time.Duration
+}
+
+// Redis configures the Redis backend.
+type Redis struct {
+	Addr    string
+	Timeout time.Duration // one round trip (default 100ms)
+	Prefix  string        // key prefix (default "eg:l7:")
+	// Failure is the default failure policy of redis limits:
+	// FailureOpen (default) or FailureClosed.
+	Failure string
+}
+
+// Failure policies of redis limits.
+const (
+	FailureOpen   = "fail-open"
+	FailureClosed = "fail-closed"
+)
+
+// Escalation configures escalation of rejected sources to the XDP deny list.
+type Escalation struct {
+	Enabled bool
+	// Rejections is the threshold: a source rejected (429) more than this
+	// many times within Window is escalated.
+	Rejections int64
+	Window     time.Duration
+	// TTL is the deny entry's lifetime; a source is escalated at most once
+	// per TTL.
+	TTL time.Duration
+	// PrefixV4 and PrefixV6 are the sizes of the denied prefixes (and of the
+	// groups rejections are counted over).
+	PrefixV4, PrefixV6 int
+	// MaxSources bounds the sources tracked (default 65536): memory is
+	// 48 bytes per source slot, allocated up front.
+	MaxSources int
+}
+
+// Route is one set of limits for the requests its Match selects.
+type Route struct {
+	Name        string
+	Match       Match
+	ExemptPaths []string
+	Limits      []Limit
+	Tiers       *Tiers
+	Concurrency *Concurrency
+}
+
+// Match selects requests. Every set field must match; an empty Match
+// matches everything.
+type Match struct {
+	// Host is compared case-insensitively with the request's host, port
+	// removed. A leading "*." matches any subdomain (not the bare domain).
+	Host string
+	// Methods, when not empty, lists the accepted methods (upper case).
+	Methods []string
+	// PathPrefix matches URL paths that start with it.
+	PathPrefix string
+	// PathPattern matches URL paths it matches (RE2, anchor it yourself).
+	PathPattern *regexp.Regexp
+	// Header maps canonical header names to the exact value required.
+	Header map[string]string
+}
+
+// Limit is one rate limit of a route or tier.
+type Limit struct {
+	// Name appears in RateLimit headers, 429 bodies and metrics; unique in
+	// the whole l7: section.
+	Name string
+	Key  Key
+	// Count requests per Per.
+	Count int64
+	Per   time.Duration
+	// Burst for gcra and token-bucket (0: Count).
+	Burst int64
+	// Algorithm: AlgGCRA (default), AlgSlidingWindow, AlgTokenBucket,
+	// AlgFixedWindow. Redis limits: gcra or sliding-window.
+	Algorithm string
+	// Shadow counts would-be rejections and never rejects.
+	Shadow bool
+	// Backend is BackendLocal (default) or BackendRedis.
+	Backend string
+	// Failure is a redis limit's failure policy (default Redis.Failure).
+	Failure string
+	// Capacity bounds the keys of a local limit (default 1<<16).
+	Capacity int
+}
+
+// Algorithms and backends of a Limit.
+const (
+	AlgGCRA          = "gcra"
+	AlgSlidingWindow = "sliding-window"
+	AlgTokenBucket   = "token-bucket"
+	AlgFixedWindow   = "fixed-window"
+	BackendLocal     = "local"
+	BackendRedis     = "redis"
+)
+
+// Tiers adds limits per tier; the tier is named by a header a trusted auth
+// layer sets.
+type Tiers struct {
+	Header  string
+	Default string
+	Tiers   []Tier
+}
+
+// Tier is one named set of extra limits.
+type Tier struct {
+	Name   string
+	Limits []Limit
+}
+
+// KeyKind is one part of a composed key.
+type KeyKind int
+
+// Key parts.
+const (
+	KeyIP KeyKind = iota + 1
+	KeyHeader
+	KeyUser
+	KeyTenant
+	KeyEndpoint
+	KeyGlobal
+)
+
+// KeyPart is one part of a Key: a kind, and the header name for KeyHeader.
+type KeyPart struct {
+	Kind   KeyKind
+	Header string
+}
+
+// Key is what a limit counts per: one or more parts, all required (a request
+// lacking a part skips the limit).
+type Key []KeyPart
+
+// String returns the key as written in the policy: "ip", "header:X-API-Key",
+// "endpoint+user".
+func (k Key) String() string {
+	var b strings.Builder
+	for i, p := range k {
+		if i > 0 {
+			b.WriteByte('+')
+		}
+		switch p.Kind {
+		case KeyIP:
+			b.WriteString("ip")
+		case KeyHeader:
+			b.WriteString("header:" + p.Header)
+		case KeyUser:
+			b.WriteString("user")
+		case KeyTenant:
+			b.WriteString("tenant")
+		case KeyEndpoint:
+			b.WriteString("endpoint")
+		case KeyGlobal:
+			b.WriteString("global")
+		}
+	}
+	return b.String()
+}
+
+// problems collects policy problems in one file.
+type problems struct {
+	file string
+	list []policy.Problem
+}

@@ -1,0 +1,182 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash/maphash"
+	"net/http"
+	"strings"
+
+	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
+)
+
+// newAlgorithm builds a local limit's algorithm.
+func newAlgorithm(l Limit) (l7.Algorithm, error) {
+	switch l.Algorithm {
+	case AlgGCRA:
+		return l7.NewGCRA(l.Count, l.Per, l.Burst)
+	case AlgTokenBucket:
+		return l7.NewTokenBucket(l.Count, l.Per, l.Burst)
+	case AlgSlidingWindow:
+		return l7.NewSlidingWindow(l.Count, l.Per)
+	case AlgFixedWindow:
+		return l7.NewFixedWindow(l.Count, l.Per)
+	}
+	return nil, fmt.Errorf("unknown algorithm %q", l.Algorithm)
+}
+
+// redisRule builds a redis limit's rule (validated by redislimit.New; the
+// checks here mirror the ones a policy author can fix).
+func redisRule(l Limit) (redislimit.Rule, error) {
+	r := redislimit.Rule{Name: l.Name, Limit: l.Count, Window: l.Per, Burst: l.Burst, Failure: redislimit.FailOpen}
+	switch l.Algorithm {
+	case AlgGCRA:
+		r.Algorithm = redislimit.GCRA
+		if int64(l.Per)/l.Count < 1 {
+			return r, fmt.Errorf("rate %d per %s: interval below 1ns", l.Count, l.Per)
+		}
+	case AlgSlidingWindow:
+		r.Algorithm = redislimit.SlidingWindow
+		if l.Per%1000 != 0 {
+			return r, fmt.Errorf("sliding-window in redis needs a whole number of microseconds, not %s", l.Per)
+		}
+	default:
+		return r, fmt.Errorf("backend redis supports gcra and sliding-window, not %s", l.Algorithm)
+	}
+	if l.Failure == FailureClosed {
+		r.Failure = redislimit.FailClosed
+	}
+	return r, nil
+}
+
+// keyMaker turns Key expressions into l7.KeyFuncs (local limits: 64-bit
+// hashes with a per-process seed, no allocation) and into stable strings
+// (redis limits: the same on every instance).
+type keyMaker struct {
+	keys     *l7.Keys
+	seed     maphash.Seed
+	v4, v6   int
+	user     string
+	tenant   string
+	endpoint func(route string) l7.KeyFunc
+}
+
+func newKeyMaker(cfg *Config) (*keyMaker, error) {
+	keys, err := l7.NewKeys(l7.KeyConfig{
+		TrustedProxies: cfg.TrustedProxies,
+		IPv4PrefixLen:  cfg.ClientPrefixV4,
+		IPv6PrefixLen:  cfg.ClientPrefixV6,
+		UserHeader:     cfg.UserHeader,
+		TenantHeader:   cfg.TenantHeader,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	km := &keyMaker{keys: keys, seed: maphash.MakeSeed(), v4: cfg.ClientPrefixV4, v6: cfg.ClientPrefixV6,
+		user: "X-User-Id", tenant: "X-Tenant-Id"}
+	if km.v4 == 0 {
+		km.v4 = 32
+	}
+	if km.v6 == 0 {
+		km.v6 = 64
+	}
+	if cfg.UserHeader != "" {
+		km.user = http.CanonicalHeaderKey(cfg.UserHeader)
+	}
+	if cfg.TenantHeader != "" {
+		km.tenant = http.CanonicalHeaderKey(cfg.TenantHeader)
+	}
+	return km, nil
+}
+
+// hashFunc is the local KeyFunc of k on route. The endpoint part is the
+// method and the route's name (not the URL path: a client cannot mint new
+// keys by varying the path).
+func (km *keyMaker) hashFunc(k Key, route string) l7.KeyFunc {
+	parts := make([]l7.KeyFunc, len(k))
+	for i, p := range k {
+		switch p.Kind {
+		case KeyIP:
+			parts[i] = km.keys.IP()
+		case KeyHeader:
+			parts[i] = km.keys.Header(p.Header)
+		case KeyUser:
+			parts[i] = km.keys.User()
+		case KeyTenant:
+			parts[i] = km.keys.Tenant()
+		case KeyGlobal:
+			parts[i] = km.keys.Global()
+		case KeyEndpoint:
+			rh := maphash.String(km.seed, route)
+			seed := km.seed
+			parts[i] = func(r *http.Request) (uint64, bool) {
+				return maphash.String(seed, r.Method) ^ (rh * 0x9e3779b97f4a7c15), true
+			}
+		}
+	}
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return l7.Compose(parts...)
+}
+
+// maxKeyValue: longer header values are replaced by a hash in Redis keys.
+const maxKeyValue = 64
+
+func stableValue(v string) string {
+	if len(v) <= maxKeyValue {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return "sha256:" + hex.EncodeToString(sum[:16])
+}
+
+// stringFunc is the Redis key of k on route: readable, the same on every
+// instance ("ip=203.0.113.7/32|user=alice"). ok is false when a part is
+// missing.
+func (km *keyMaker) stringFunc(k Key, route string) func(r *http.Request) (string, bool) {
+	return func(r *http.Request) (string, bool) {
+		var b strings.Builder
+		for i, p := range k {
+			if i > 0 {
+				b.WriteByte('|')
+			}
+			switch p.Kind {
+			case KeyIP:
+				a, ok := km.keys.ClientIP(r)
+				if !ok {
+					return "", false
+				}
+				bits := km.v6
+				if a.Is4() {
+					bits = km.v4
+				}
+				pfx, err := a.Prefix(bits)
+				if err != nil {
+					return "", false
+				}
+				b.WriteString("ip=" + pfx.String())
+			case KeyHeader, KeyUser, KeyTenant:
+				name := p.Header
+				switch p.Kind {
+				case KeyUser:
+					name = km.user
+				case KeyTenant:
+					name = km.tenant
+				}
+				v := r.Header[name]
+				if len(v) == 0 || v[0] == "" {
+					return "", false
+				}
+				b.WriteString(strings.ToLower(name) + "=" + stableValue(v[0]))
+			case KeyEndpoint:
+				b.WriteString("endpoint=" + r.Method + " " + route)
+			case KeyGlobal:
+				b.WriteString("global")
+			}
+		}
+		return b.String(), true
+	}
+}

@@ -1,0 +1,575 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
+	"github.com/edgeguard/edgeguard/internal/l7/shed"
+)
+
+// Options are a Proxy's collaborators.
+type Options struct {
+	// Logger receives upstream errors, escalations and Redis warnings
+	// (default: discard).
+	Logger *slog.Logger
+	// Clock times every rate-limit and escalation decision (default
+	// l7.NewSystemClock()).
+	Clock l7.Clock
+	// Escalator, when set and Config.Escalation.Enabled, receives the
+	// sources to deny at the NIC.
+	Escalator Escalator
+	// Registerer receives the proxy's metrics (nil: none registered).
+	Registerer prometheus.Registerer
+	// Transport carries requests to the upstream (default: an
+	// http.Transport keeping up to 512 idle connections to it).
+	Transport http.RoundTripper
+}
+
+// ShutdownTimeout bounds how long Serve waits for requests in flight after
+// its context ends.
+const ShutdownTimeout = 10 * time.Second
+
+// Proxy is the L7 reverse proxy. It is an http.Handler; Serve runs it on
+// Config.Listen. Close (or the end of Serve) releases its Redis clients and
+// background goroutines.
+type Proxy struct {
+	cfg       *Config
+	log       *slog.Logger
+	clock     l7.Clock
+	km        *keyMaker
+	exempt    map[string]struct{}
+	routes    []*route
+	unmatched http.Handler
+	upstream  *httputil.ReverseProxy
+	esc       *escalation
+	rc        *redis.Client
+	redisLims []*redislimit.Limiter
+	adaptive  []*shed.Limiter
+	mws       []*l7.Middleware
+	descs     proxyDescs
+
+	upstreamErrors atomic.Int64
+
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+type route struct {
+	name    string
+	match   matcher
+	exempt  map[string]struct{} // nil: none beyond the global ones
+	handler http.Handler
+	mw      *l7.Middleware // nil: no local limits
+	redis   []*redisGroup
+}
+
+// redisGroup is the redis limits of a route that share one key expression
+// and shadow setting: one redislimit.Limiter, decided all-or-nothing.
+type redisGroup struct {
+	lim      *redislimit.Limiter
+	key      func(*http.Request) (string, bool)
+	shadow   bool
+	counters map[string]*redisCounters // by rule name
+}
+
+type redisCounters struct {
+	allowed, rejected, shadowRejected atomic.Int64
+}
+
+// New builds a Proxy from cfg (normally from Decode). It connects nothing:
+// Redis is dialled on first use, the upstream per request.
+func New(cfg *Config, opts Options) (*Proxy, error) {
+	if cfg == nil || cfg.Upstream == nil {
+		return nil, errors.New("proxy: config without upstream")
+	}
+	p := &Proxy{cfg: cfg, log: opts.Logger, clock: opts.Clock, exempt: map[string]struct{}{}, descs: newProxyDescs()}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if p.clock == nil {
+		p.clock = l7.NewSystemClock()
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	ok := false
+	defer func() {
+		if !ok {
+			p.Close()
+		}
+	}()
+	var err error
+	if p.km, err = newKeyMaker(cfg); err != nil {
+		return nil, err
+	}
+	for _, s := range cfg.ExemptPaths {
+		p.exempt[s] = struct{}{}
+	}
+	p.upstream = p.newReverseProxy(opts.Transport)
+	shedMetrics := shed.NewCollector()
+	var global func(http.Handler) http.Handler
+	if cfg.Concurrency != nil {
+		l, mw, err := p.newShed(*cfg.Concurrency, "global")
+		if err != nil {
+			return nil, err
+		}
+		if err := shedMetrics.Add("global", l); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		global = mw
+	}
+	wrap := func(h http.Handler) http.Handler {
+		if global != nil {
+			return global(h)
+		}
+		return h
+	}
+	p.unmatched = wrap(p.upstream)
+	if cfg.Redis != nil {
+		p.rc = redis.NewClient(&redis.Options{
+			Addr:         cfg.Redis.Addr,
+			DialTimeout:  cfg.Redis.Timeout,
+			ReadTimeout:  cfg.Redis.Timeout,
+			WriteTimeout: cfg.Redis.Timeout,
+			MaxRetries:   -1, // the breaker decides; no retry storms
+			PoolSize:     64,
+		})
+	}
+	for _, rc := range cfg.Routes {
+		rt, err := p.newRoute(rc, opts.Registerer)
+		if err != nil {
+			return nil, err
+		}
+		h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.limit(rt, w, r) }))
+		if rc.Concurrency != nil {
+			l, mw, err := p.newShed(*rc.Concurrency, "route "+rc.Name)
+			if err != nil {
+				return nil, err
+			}
+			if err := shedMetrics.Add("route:"+rc.Name, l); err != nil {
+				return nil, fmt.Errorf("proxy: %w", err)
+			}
+			h = mw(h)
+		}
+		rt.handler = wrap(h)
+		p.routes = append(p.routes, rt)
+	}
+	if cfg.Escalation.Enabled && opts.Escalator != nil {
+		if p.esc, err = newEscalation(cfg.Escalation, p.clock, opts.Escalator, p.log); err != nil {
+			return nil, err
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.esc.run(p.ctx)
+		}()
+	}
+	for _, l := range p.adaptive {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			l.Run(p.ctx)
+		}()
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(shedMetrics); err != nil {
+			return nil, fmt.Errorf("proxy: register shedding metrics: %w", err)
+		}
+		if err := opts.Registerer.Register(p); err != nil {
+			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+	}
+	ok = true
+	return p, nil
+}
+
+func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
+	if tr == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns = 512
+		t.MaxIdleConnsPerHost = 512
+		t.ForceAttemptHTTP2 = false
+		tr = t
+	}
+	up := p.cfg.Upstream
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			// Believe the client's X-Forwarded-For only from a trusted
+			// proxy; SetXForwarded then appends the peer.
+			if xff, ok := pr.In.Header["X-Forwarded-For"]; ok && p.peerTrusted(pr.In) {
+				pr.Out.Header["X-Forwarded-For"] = xff
+			}
+			pr.SetURL(up)
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+		},
+		Transport: tr,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.upstreamErrors.Add(1)
+			if r.Context().Err() == nil {
+				p.log.Warn("l7 proxy: upstream request failed", "upstream", up.Host, "path", r.URL.Path, "err", err)
+			}
+			l7.WriteProblem(w, l7.Problem{
+				Type:   "about:blank",
+				Title:  "Bad Gateway",
+				Status: http.StatusBadGateway,
+				Detail: "the upstream did not answer",
+			}, 0)
+		},
+	}
+}
+
+func (p *Proxy) peerTrusted(r *http.Request) bool {
+	if len(p.cfg.TrustedProxies) == 0 {
+		return false
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	a = a.Unmap()
+	for _, pf := range p.cfg.TrustedProxies {
+		if pf.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func priorityFunc(header string) func(*http.Request) shed.Priority {
+	if header == "" {
+		return nil
+	}
+	return func(r *http.Request) shed.Priority {
+		v := r.Header[header]
+		if len(v) == 0 {
+			return shed.PriorityDefault
+		}
+		switch v[0] {
+		case "critical":
+			return shed.PriorityCritical
+		case "sheddable":
+			return shed.PrioritySheddable
+		}
+		return shed.PriorityDefault
+	}
+}
+
+func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(http.Handler) http.Handler, error) {
+	sc := shed.Config{
+		MaxInFlight:  c.MaxInFlight,
+		MaxQueue:     c.Queue,
+		QueueTimeout: c.QueueTimeout,
+		Clock:        p.clock,
+		Logger:       p.log,
+	}
+	if c.Adaptive {
+		sc.Adaptive = &shed.AdaptiveConfig{InitialLimit: c.MaxInFlight, MaxLimit: max(c.AdaptiveMax, c.MaxInFlight)}
+	}
+	l, err := shed.New(sc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("proxy: %s concurrency: %w", what, err)
+	}
+	if c.Adaptive {
+		p.adaptive = append(p.adaptive, l)
+	}
+	mw := shed.Middleware(l, shed.MiddlewareOptions{
+		Priority:   priorityFunc(c.PriorityHeader),
+		RetryAfter: c.RetryAfter,
+		Logger:     p.log,
+	})
+	return l, mw, nil
+}
+
+func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
+	alg, err := newAlgorithm(l)
+	if err != nil {
+		return l7.Rule{}, fmt.Errorf("proxy: route %q limit %q: %w", route, l.Name, err)
+	}
+	capacity := l.Capacity
+	if capacity == 0 {
+		capacity = DefaultLocalCapacity
+	}
+	return l7.Rule{
+		Name:      l.Name,
+		Key:       p.km.hashFunc(l.Key, route),
+		Algorithm: alg,
+		Shadow:    l.Shadow,
+		Store:     l7.StoreConfig{Capacity: capacity},
+	}, nil
+}
+
+func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
+	rt := &route{name: rc.Name, match: newMatcher(rc.Match)}
+	if len(rc.ExemptPaths) > 0 {
+		rt.exempt = map[string]struct{}{}
+		for _, s := range rc.ExemptPaths {
+			rt.exempt[s] = struct{}{}
+		}
+	}
+	mc := l7.Config{Clock: p.clock, LegacyHeaders: p.cfg.Headers.Legacy, Headers: l7.HeadersDraft10}
+	if p.cfg.Headers.Draft == 0 {
+		mc.Headers = l7.HeadersNone
+	}
+	var groups []*redisGroup
+	groupOf := map[string]*redisGroup{}
+	var groupRules = map[*redisGroup][]redislimit.Rule{}
+	for _, l := range rc.Limits {
+		if l.Backend == BackendRedis {
+			id := fmt.Sprintf("%s shadow=%t", l.Key, l.Shadow)
+			g := groupOf[id]
+			if g == nil {
+				g = &redisGroup{key: p.km.stringFunc(l.Key, rc.Name), shadow: l.Shadow, counters: map[string]*redisCounters{}}
+				groupOf[id] = g
+				groups = append(groups, g)
+			}
+			rr, err := redisRule(l)
+			if err != nil {
+				return nil, fmt.Errorf("proxy: route %q limit %q: %w", rc.Name, l.Name, err)
+			}
+			groupRules[g] = append(groupRules[g], rr)
+			g.counters[l.Name] = new(redisCounters)
+			continue
+		}
+		r, err := p.rule(l, rc.Name)
+		if err != nil {
+			return nil, err
+		}
+		mc.Rules = append(mc.Rules, r)
+	}
+	if rc.Tiers != nil {
+		for _, t := range rc.Tiers.Tiers {
+			tier := l7.Tier{Name: t.Name}
+			for _, l := range t.Limits {
+				if l.Backend == BackendRedis {
+					return nil, fmt.Errorf("proxy: route %q tier %q limit %q: tier limits must be local", rc.Name, t.Name, l.Name)
+				}
+				r, err := p.rule(l, rc.Name)
+				if err != nil {
+					return nil, err
+				}
+				tier.Rules = append(tier.Rules, r)
+			}
+			mc.Tiers = append(mc.Tiers, tier)
+		}
+		mc.SelectTier = l7.TierByHeader(rc.Tiers.Header)
+		mc.DefaultTier = rc.Tiers.Default
+	}
+	if len(mc.Rules) > 0 || len(mc.Tiers) > 0 {
+		mw, err := l7.NewMiddleware(mc)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: route %q: %w", rc.Name, err)
+		}
+		rt.mw = mw
+		p.mws = append(p.mws, mw)
+	}
+	for i, g := range groups {
+		if p.rc == nil {
+			return nil, fmt.Errorf("proxy: route %q: redis limits without a redis section", rc.Name)
+		}
+		var r prometheus.Registerer
+		if reg != nil && len(p.redisLims) == 0 {
+			// redislimit's metrics describe the shared client's round
+			// trips: register them once, for the first limiter.
+			r = reg
+		}
+		lim, err := redislimit.New(redislimit.Config{
+			Client:     p.rc,
+			Rules:      groupRules[g],
+			Prefix:     p.cfg.Redis.Prefix,
+			Timeout:    p.cfg.Redis.Timeout,
+			Clock:      p.clock,
+			Logger:     p.log.With("route", rc.Name, "group", i),
+			Registerer: r,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("proxy: route %q: %w", rc.Name, err)
+		}
+		g.lim = lim
+		p.redisLims = append(p.redisLims, lim)
+	}
+	rt.redis = groups
+	return rt, nil
+}
+
+// ServeHTTP routes r: exempt paths go straight to the upstream; the first
+// matching route applies its concurrency limits and rate limits; a request
+// no route matches gets only the global concurrency limit.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	if _, ok := p.exempt[path]; ok {
+		p.upstream.ServeHTTP(w, r)
+		return
+	}
+	for _, rt := range p.routes {
+		if !rt.match.matches(r) {
+			continue
+		}
+		if rt.exempt != nil {
+			if _, ok := rt.exempt[path]; ok {
+				p.upstream.ServeHTTP(w, r)
+				return
+			}
+		}
+		rt.handler.ServeHTTP(w, r)
+		return
+	}
+	p.unmatched.ServeHTTP(w, r)
+}
+
+// limit applies rt's local limits (all-or-nothing, with tiers and shadow
+// rules), then its redis limits, then proxies.
+func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
+	if rt.mw != nil && !rt.mw.Check(w, r) {
+		p.rejected(r)
+		return
+	}
+	for _, g := range rt.redis {
+		key, ok := g.key(r)
+		if !ok {
+			continue
+		}
+		res, err := g.lim.Allow(r.Context(), key)
+		if err != nil {
+			if r.Context().Err() != nil {
+				return // the client is gone
+			}
+			shedUnavailable(w, "the rate limiter is shutting down")
+			return
+		}
+		if res.Decision.Allowed {
+			for _, rd := range res.Rules {
+				g.counters[rd.Rule].allowed.Add(1)
+			}
+			continue
+		}
+		var violated []string
+		for _, rd := range res.Rules {
+			if !rd.Decision.Allowed && rd.Source != redislimit.SourceSkipped {
+				violated = append(violated, rd.Rule)
+				if g.shadow {
+					g.counters[rd.Rule].shadowRejected.Add(1)
+				} else {
+					g.counters[rd.Rule].rejected.Add(1)
+				}
+			}
+		}
+		if g.shadow {
+			continue
+		}
+		retry := int64(1)
+		if ra := res.Decision.RetryAfter; ra > 0 && ra != l7.Never {
+			retry = max(1, int64((ra+time.Second-1)/time.Second))
+		}
+		l7.WriteProblem(w, l7.Problem{
+			Type:             l7.ProblemTypeQuotaExceeded,
+			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
+			Status:           http.StatusTooManyRequests,
+			ViolatedPolicies: violated,
+		}, retry)
+		p.rejected(r)
+		return
+	}
+	p.upstream.ServeHTTP(w, r)
+}
+
+func shedUnavailable(w http.ResponseWriter, detail string) {
+	l7.WriteProblem(w, l7.Problem{
+		Type:   shed.ProblemType,
+		Title:  shed.ProblemTitle,
+		Status: http.StatusServiceUnavailable,
+		Detail: detail,
+	}, 1)
+}
+
+// rejected notes a 429 for escalation.
+func (p *Proxy) rejected(r *http.Request) {
+	if p.esc == nil {
+		return
+	}
+	if a, ok := p.km.keys.ClientIP(r); ok {
+		p.esc.note(a)
+	}
+}
+
+// Serve listens on Config.Listen and serves until ctx ends, then shuts down
+// gracefully (ShutdownTimeout) and closes the Proxy.
+func (p *Proxy) Serve(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", p.cfg.Listen)
+	if err != nil {
+		p.Close()
+		return fmt.Errorf("proxy: listen on %s: %w", p.cfg.Listen, err)
+	}
+	return p.ServeListener(ctx, ln)
+}
+
+// ServeListener is Serve on a listener the caller opened (it is closed on
+// return).
+func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
+	defer p.Close()
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("proxy: serve on %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("proxy: graceful shutdown on %s: %w", ln.Addr(), err)
+	}
+	<-done
+	return nil
+}
+
+// Close stops the background goroutines and closes the Redis limiters and
+// client. It is safe to call more than once.
+func (p *Proxy) Close() {
+	p.closeOnce.Do(func() {
+		p.cancel()
+		p.wg.Wait()
+		for _, l := range p.redisLims {
+			l.Close()
+		}
+		if p.rc != nil {
+			_ = p.rc.Close()
+		}
+	})
+}
+
+// RouteNames lists the routes in match order (for status output).
+func (p *Proxy) RouteNames() []string {
+	out := make([]string, len(p.routes))
+	for i, rt := range p.routes {
+		out[i] = rt.name
+	}
+	return out
+}
