@@ -83,8 +83,19 @@ func mustAttach(t *testing.T, ns *netns.Namespace, d *loader.Datapath, iface str
 	if a.Mode != loader.ModeNative {
 		t.Fatalf("attached in %s mode, want native", a.Mode)
 	}
+	// What the kernel says, not only what the loader asked for.
+	l, err := ns.Netlink().LinkByName(iface)
+	if err != nil {
+		t.Fatalf("find %s: %v", iface, err)
+	}
+	if x := l.Attrs().Xdp; x == nil || x.AttachMode != xdpAttachedDrv {
+		t.Fatalf("kernel reports xdp on %s as %+v, want attach mode %d (driver)", iface, x, xdpAttachedDrv)
+	}
 	return a
 }
+
+// xdpAttachedDrv is XDP_ATTACHED_DRV from linux/if_link.h.
+const xdpAttachedDrv = 1
 
 // attachedProgID is the id of the XDP program on iface, or 0.
 func attachedProgID(t *testing.T, ns *netns.Namespace, iface string) uint32 {
