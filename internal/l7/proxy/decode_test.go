@@ -1,0 +1,175 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
+)
+
+func decodeProblems(t *testing.T, src string) []string {
+	t.Helper()
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+		t.Fatalf("yaml: %v", err)
+	}
+	cfg, probs := Decode(l7Node(&doc), "p.yaml")
+	if len(probs) > 0 && cfg != nil {
+		t.Fatalf("Decode returned a Config with problems")
+	}
+	out := make([]string, len(probs))
+	for i, p := range probs {
+		out[i] = p.String()
+	}
+	return out
+}
+
+const validHead = `l7:
+  listen: 127.0.0.1:8080
+  upstream: http://127.0.0.1:9000
+`
+
+func TestDecodeProblems(t *testing.T) {
+	cases := []struct {
+		name string
+		src  string
+		want []string // every problem, in order, as file:line:column: message (substring)
+	}{
+		{"unknown top-level field", validHead + "  listn: x\n",
+			[]string{`p.yaml:4:3: unknown field "listn" in l7; allowed: listen, upstream,`}},
+		{"missing listen and upstream", "l7:\n  routes: []\n",
+			[]string{"p.yaml:2:3: l7: listen is required", "p.yaml:2:3: l7: upstream is required"}},
+		{"bad listen and upstream", "l7:\n  listen: localhost\n  upstream: ftp://x\n",
+			[]string{`p.yaml:2:11: l7 listen "localhost": want host:port`, `p.yaml:3:13: l7 upstream "ftp://x": want http://host:port`}},
+		{"bad CIDRs", validHead + "  trusted_proxies: [10.0.0.0/33, 10.0.0.1/8, nonsense]\n",
+			[]string{`p.yaml:4:21: trusted proxy "10.0.0.0/33": want an address or CIDR prefix`,
+				`p.yaml:4:34: trusted proxy "10.0.0.1/8" has host bits set; did you mean 10.0.0.0/8?`,
+				`p.yaml:4:46: trusted proxy "nonsense"`}},
+		{"bad rate, unit, algorithm, duration", validHead + `  concurrency: {max_in_flight: 10, queue_timeout: 5}
+  routes:
+    - name: api
+      limits:
+        - {name: a, key: ip, rate: 100/fortnight}
+        - {name: b, key: ip, rate: 10Mbit/s}
+        - {name: c, key: ip, rate: 10/s, algorithm: leaky}
+`, []string{`p.yaml:4:51: queue_timeout "5": want a positive duration`,
+			`p.yaml:8:36: limit "a": rate "100/fortnight": unknown unit`,
+			`p.yaml:9:36: limit "b": rate "10Mbit/s" counts bytes; an L7 rate counts requests`,
+			`p.yaml:10:53: limit algorithm "leaky": want one of gcra, sliding-window, token-bucket, fixed-window`}},
+		{"bad keys and duplicate names", validHead + `  routes:
+    - name: api
+      limits:
+        - {name: a, key: ip+cookie, rate: 1/s}
+        - {name: a, key: "header:", rate: 1/s}
+    - name: api
+`, []string{`p.yaml:7:26: limit key "ip+cookie": unknown part "cookie"`,
+			`p.yaml:8:18: limit name "a" is already used at line 7`,
+			`p.yaml:8:26: limit key "header:": header name "" is not valid`,
+			`p.yaml:9:7: route "api" is already defined at line 5`}},
+		{"match problems", validHead + `  routes:
+    - name: api
+      match: {host: "api.example.com:80", methods: [get], path_prefix: api, path_pattern: "([", colour: red}
+`, []string{`p.yaml:6:21: match host "api.example.com:80": want a host name without port`,
+			`p.yaml:6:53: match method "get": want an upper-case HTTP method`,
+			`p.yaml:6:72: match path_prefix "api" must start with /`,
+			`p.yaml:6:91: route "api" match: set path_prefix or path_pattern, not both`,
+			"p.yaml:6:91: match path_pattern \"([\": error parsing regexp",
+			`p.yaml:6:97: unknown field "colour" in route "api" match`}},
+		{"redis needs a section; tiers default", validHead + `  routes:
+    - name: api
+      limits: [{name: r, key: ip, rate: 1/s, backend: redis}]
+      tiers: {header: X-Plan, default: gold, levels: {free: [{name: f, key: ip, rate: 1/s}]}}
+`, []string{`p.yaml:6:55: limit "r": backend redis needs an l7 redis: section`,
+			`p.yaml:7:40: tiers default "gold" is not one of the levels`}},
+		{"escalation and headers", validHead + `  headers: {draft: 9}
+  escalation: {enabled: yes, rejections: 0, ttl: -1m, prefix_v4: 33}
+`, []string{`p.yaml:4:20: headers draft "9": want one of 10, none`,
+			`p.yaml:5:25: escalation enabled "yes": want true or false`,
+			`p.yaml:5:42: escalation rejections "0": want a whole number in [1, 1073741824]`,
+			`p.yaml:5:50: escalation ttl "-1m": want a positive duration`,
+			`p.yaml:5:66: escalation prefix_v4 "33": want a whole number in [8, 32]`}},
+		{"rate below 1ns per request", validHead + `  routes:
+    - name: api
+      limits: [{name: fast, key: global, rate: 2000000000/s}]
+`, []string{`p.yaml:6:48: limit "fast": gcra: limit 2000000000 per 1s: emission interval below 1ns`}},
+		{"too many local limits", validHead + `  routes:
+    - name: api
+      limits: [{name: a1, key: ip, rate: 1/s}, {name: a2, key: ip, rate: 1/s}, {name: a3, key: ip, rate: 1/s}, {name: a4, key: ip, rate: 1/s}, {name: a5, key: ip, rate: 1/s}]
+      tiers: {header: X-Plan, levels: {t: [{name: b1, key: ip, rate: 1/s}, {name: b2, key: ip, rate: 1/s}, {name: b3, key: ip, rate: 1/s}, {name: b4, key: ip, rate: 1/s}]}}
+`, []string{`p.yaml:5:7: route "api": 9 local limits apply to one request (route plus largest tier); at most 8`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := decodeProblems(t, c.src)
+			if len(got) != len(c.want) {
+				t.Fatalf("got %d problems, want %d:\n%s", len(got), len(c.want), strings.Join(got, "\n"))
+			}
+			for i := range got {
+				if !strings.HasPrefix(got[i], c.want[i]) {
+					t.Errorf("problem %d:\n got  %s\n want %s...", i, got[i], c.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestDecodeDefaultsAndFullConfig(t *testing.T) {
+	src := validHead + `  trusted_proxies: [10.0.0.0/8, 192.0.2.1]
+  redis: {addr: "127.0.0.1:6379"}
+  escalation: {enabled: true}
+  routes:
+    - name: api
+      match: {host: api.example.com, methods: [GET], path_prefix: /v1/, header: {x-env: prod}}
+      limits:
+        - {name: per-key, key: "header:x-api-key+endpoint", rate: 1.5/s, burst: 20}
+        - {name: shared, key: tenant+ip, rate: 6000/h, backend: redis}
+`
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+		t.Fatal(err)
+	}
+	cfg, probs := Decode(l7Node(&doc), "p.yaml")
+	if len(probs) > 0 {
+		t.Fatalf("problems: %v", probs)
+	}
+	if got := cfg.TrustedProxies[1].String(); got != "192.0.2.1/32" {
+		t.Errorf("single address: %s", got)
+	}
+	if cfg.Headers.Draft != 10 || cfg.ClientPrefixV6 != 64 || cfg.Escalation.Rejections != DefaultEscalationRejection ||
+		cfg.Escalation.TTL != DefaultEscalationTTL || cfg.Escalation.PrefixV6 != 64 {
+		t.Errorf("defaults: %+v %+v", cfg.Headers, cfg.Escalation)
+	}
+	l := cfg.Routes[0].Limits[0]
+	if l.Count != 3 || l.Per != 2*time.Second || l.Burst != 20 || l.Algorithm != AlgGCRA || l.Key.String() != "header:X-Api-Key+endpoint" {
+		t.Errorf("limit %+v key %s", l, l.Key)
+	}
+	if r := cfg.Routes[0].Limits[1]; r.Backend != BackendRedis || r.Failure != FailureOpen || r.Key.String() != "tenant+ip" {
+		t.Errorf("redis limit %+v", r)
+	}
+	if cfg.Routes[0].Match.Header["X-Env"] != "prod" {
+		t.Errorf("header match %v", cfg.Routes[0].Match.Header)
+	}
+}
+
+// The example policy's l7: section decodes without problems and builds.
+func TestExamplePolicy(t *testing.T) {
+	p, err := policy.Load("../../../examples/edgeguard.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.L7 == nil {
+		t.Skip("examples/edgeguard.yaml has no l7: section")
+	}
+	cfg, probs := Decode(p.L7, "examples/edgeguard.yaml")
+	if len(probs) > 0 {
+		t.Fatalf("problems: %v", probs)
+	}
+	px, err := New(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Close()
+}
