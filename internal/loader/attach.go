@@ -70,12 +70,26 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 	}
 	if pin := d.linkPin(iface); pin != "" {
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-			if err := l.Update(d.Objects.XdpLimiter); err != nil {
+			err := l.Update(d.Objects.XdpLimiter)
+			switch {
+			case err == nil:
+				d.log.Info("took over pinned xdp link", "iface", iface)
+				return &Attachment{Iface: iface, Ifindex: ifc.Index, Mode: pinnedMode(ifc.Index), Slot: slot, Link: l}, nil
+			case errors.Is(err, unix.ENOLINK):
+				// The interface was deleted (and maybe re-created under
+				// the same name) while no daemon ran: the link is severed
+				// and protects nothing. Drop its pin and attach afresh;
+				// the maps, and all state, are kept.
+				d.log.Warn("pinned xdp link was severed (interface re-created); attaching afresh", "iface", iface)
+				if uerr := l.Unpin(); uerr != nil {
+					l.Close()
+					return nil, fmt.Errorf("remove severed xdp link pin on %s: %w", iface, uerr)
+				}
+				l.Close()
+			default:
 				l.Close()
 				return nil, fmt.Errorf("update pinned xdp link on %s: %w", iface, err)
 			}
-			d.log.Info("took over pinned xdp link", "iface", iface)
-			return &Attachment{Iface: iface, Ifindex: ifc.Index, Mode: pinnedMode(ifc.Index), Slot: slot, Link: l}, nil
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("open pinned xdp link %s: %w", pin, err)
 		}

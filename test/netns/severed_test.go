@@ -13,17 +13,14 @@ import (
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
-// TestKnownBugSeveredPinnedLinkBlocksAttach: Attach finds a pinned link by
-// interface name and swaps its program with link.Update. When the interface
-// was deleted and created again under the same name (a container's veth, a
+// TestSeveredPinnedLinkIsReplaced: Attach finds a pinned link by interface
+// name and swaps its program with link.Update. When the interface was
+// deleted and created again under the same name (a container's veth, a
 // re-created VLAN or bond) while the daemon was down, the pinned link is
-// severed: Update fails with ENOLINK ("link has been severed") and Attach
-// returns that error every time, because the stale pin is never removed.
-// The interface stays unprotected until someone removes the pin by hand.
-// Expected: Attach notices the severed link (ENOLINK from Update, or link
-// info without an ifindex), removes the stale pin, logs it, and attaches
-// afresh; the maps (and bucket state) are kept.
-func TestKnownBugSeveredPinnedLinkBlocksAttach(t *testing.T) {
+// severed and Update fails with ENOLINK. Attach must then remove the stale
+// pin and attach afresh, keeping the maps (and bucket state), instead of
+// failing every time and leaving the interface unprotected.
+func TestSeveredPinnedLinkIsReplaced(t *testing.T) {
 	tb := netns.New(t)
 	s := tb.Star(1)
 	c := s.Clients[0]
