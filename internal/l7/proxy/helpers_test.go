@@ -29,6 +29,30 @@ type upstream struct {
 	entered chan struct{}
 }
 
+func startUpstreamB(b *testing.B) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	}))
+	b.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func startProxyB(b *testing.B, cfg *Config) (*Proxy, string) {
+	p, err := New(cfg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.ServeListener(ctx, ln) }()
+	b.Cleanup(func() { cancel(); <-done })
+	return p, "http://" + ln.Addr().String()
+}
+
 func startUpstream(t *testing.T) *upstream {
 	t.Helper()
 	u := &upstream{entered: make(chan struct{}, 64)}

@@ -217,7 +217,8 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		Transport: tr,
+		Transport:  tr,
+		BufferPool: new(bufferPool),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			p.upstreamErrors.Add(1)
 			if r.Context().Err() == nil {
@@ -573,3 +574,16 @@ func (p *Proxy) RouteNames() []string {
 	}
 	return out
 }
+
+// bufferPool recycles ReverseProxy's response copy buffers (32 KiB each,
+// otherwise allocated per request).
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Measures req/s, p50 and p99 through the L7 reverse proxy (internal/l7/proxy)
+# with a limit that is never hit and one that is always hit, beside nginx
+# limit_req in front of the same upstream, with wrk on loopback. Also runs the
+# upstream alone as a baseline. Every process it starts is stopped on exit.
+#
+#   bench/l7.sh                              # 10s per case, 2 threads, 64 connections
+#   DURATION=5s CONNS=32 THREADS=1 bench/l7.sh
+#
+# Needs wrk and nginx (scripts/install-deps.sh) and Go. Ports (loopback
+# only): UP_PORT, PROXY_PORT, NGINX_PORT (default 18080-18082).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-2}
+UP_PORT=${UP_PORT:-18080}
+PROXY_PORT=${PROXY_PORT:-18081}
+NGINX_PORT=${NGINX_PORT:-18082}
+
+for tool in wrk nginx go; do
+	command -v "$tool" >/dev/null || { echo "bench/l7.sh: $tool not found (scripts/install-deps.sh)" >&2; exit 1; }
+done
+for port in "$UP_PORT" "$PROXY_PORT" "$NGINX_PORT"; do
+	if ss -Hltn "sport = :$port" | grep -q .; then
+		echo "bench/l7.sh: port $port is in use; set UP_PORT/PROXY_PORT/NGINX_PORT" >&2
+		exit 1
+	fi
+done
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${pids[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+wait_port() {
+	for _ in $(seq 100); do
+		if curl -s -o /dev/null "http://127.0.0.1:$1/"; then return 0; fi
+		sleep 0.1
+	done
+	echo "bench/l7.sh: nothing answers on 127.0.0.1:$1" >&2
+	exit 1
+}
+
+go build -o "$tmp/l7upstream" ./bench/l7upstream
+go build -o "$tmp/l7proxy" ./bench/l7proxy
+
+"$tmp/l7upstream" -addr "127.0.0.1:$UP_PORT" &
+pids+=($!)
+
+cat >"$tmp/l7.yaml" <<YAML
+l7:
+  listen: 127.0.0.1:$PROXY_PORT
+  upstream: http://127.0.0.1:$UP_PORT
+  routes:
+    - name: never
+      match: {path_prefix: /never}
+      limits: [{name: never-hit, key: ip, rate: 100000000/s}]
+    - name: always
+      match: {path_prefix: /always}
+      limits: [{name: always-hit, key: ip, rate: 1/h, burst: 1}]
+YAML
+"$tmp/l7proxy" -config "$tmp/l7.yaml" &
+pids+=($!)
+
+mkdir -p "$tmp/nginx"
+cat >"$tmp/nginx/nginx.conf" <<NGINX
+daemon off;
+worker_processes auto;
+pid $tmp/nginx/nginx.pid;
+error_log $tmp/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	client_body_temp_path $tmp/nginx/body;
+	proxy_temp_path $tmp/nginx/proxy;
+	fastcgi_temp_path $tmp/nginx/fastcgi;
+	uwsgi_temp_path $tmp/nginx/uwsgi;
+	scgi_temp_path $tmp/nginx/scgi;
+	limit_req_zone \$binary_remote_addr zone=never:10m rate=100000000r/s;
+	limit_req_zone \$binary_remote_addr zone=always:10m rate=1r/m;
+	limit_req_status 429;
+	upstream up { server 127.0.0.1:$UP_PORT; keepalive 128; }
+	server {
+		listen 127.0.0.1:$NGINX_PORT;
+		proxy_http_version 1.1;
+		proxy_set_header Connection "";
+		location /never { limit_req zone=never burst=1000000 nodelay; proxy_pass http://up; }
+		location /always { limit_req zone=always nodelay; proxy_pass http://up; }
+		location / { proxy_pass http://up; }
+	}
+}
+NGINX
+nginx -e "$tmp/nginx/error.log" -p "$tmp/nginx" -c "$tmp/nginx/nginx.conf" &
+pids+=($!)
+
+wait_port "$UP_PORT"
+wait_port "$PROXY_PORT"
+wait_port "$NGINX_PORT"
+
+echo "# cpus:    $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "# load:    $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# go:      $(go version)"
+echo "# nginx:   $(nginx -v 2>&1 | cut -d/ -f2)"
+echo "# commit:  $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "# wrk:     wrk -t$THREADS -c$CONNS -d$DURATION --latency URL"
+echo
+
+# run NAME URL: one wrk run, one table row.
+run() {
+	local out rps p50 p99 non2xx
+	out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$2")
+	rps=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' <<<"$out")
+	p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+	p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
+	printf "%-34s %10s %10s %10s %12s\n" "$1" "$rps" "$p50" "$p99" "${non2xx:-0}"
+}
+
+printf "%-34s %10s %10s %10s %12s\n" "case" "req/s" "p50" "p99" "non-2xx"
+run "upstream alone (Go net/http)" "http://127.0.0.1:$UP_PORT/never"
+run "edgeguard proxy, limit never hit" "http://127.0.0.1:$PROXY_PORT/never"
+run "nginx limit_req, limit never hit" "http://127.0.0.1:$NGINX_PORT/never"
+run "edgeguard proxy, limit always hit" "http://127.0.0.1:$PROXY_PORT/always"
+run "nginx limit_req, limit always hit" "http://127.0.0.1:$NGINX_PORT/always"

@@ -1,0 +1,77 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/l7"
+)
+
+// BenchmarkProxyLoopback sends requests through a real proxy on loopback to
+// a real upstream: /never is limited but never hit, /always is always
+// rejected, /unmatched matches no route.
+func BenchmarkProxyLoopback(b *testing.B) {
+	t := &testing.T{}
+	up := startUpstreamB(b)
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  routes:
+    - name: never
+      match: {path_prefix: /never}
+      limits: [{name: never-hit, key: ip, rate: 100000000/s}]
+    - name: always
+      match: {path_prefix: /always}
+      limits: [{name: always-hit, key: ip, rate: 1/h, burst: 1}]
+`, up)
+	p, base := startProxyB(b, cfg)
+	_ = p
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	for _, path := range []string{"/never", "/always", "/unmatched"} {
+		b.Run(path[1:], func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := client.Get(base + path)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkLimitHandler is the proxy's handler without the network: route
+// matching, the limit check and a rejection (429) written to a discarding
+// writer.
+func BenchmarkLimitHandler(b *testing.B) {
+	cfg := decodeYAML(&testing.T{}, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: http://127.0.0.1:1
+  routes:
+    - name: always
+      match: {path_prefix: /always}
+      limits: [{name: always-hit, key: ip, rate: 1/h, burst: 1}]
+`, "")
+	p, err := New(cfg, Options{Clock: new(l7.ManualClock)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	r, _ := http.NewRequest("GET", "http://x/always", nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(w.h)
+		p.ServeHTTP(w, r)
+	}
+}
