@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"go.yaml.in/yaml/v3"
@@ -18,9 +19,23 @@ import (
 
 func main() {
 	path := flag.String("config", "", "YAML file with an l7: section")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile here until exit")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "l7proxy:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "l7proxy:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := run(*path, log); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "l7proxy:", err)
 		os.Exit(1)
 	}
