@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -154,18 +155,37 @@ func TestDecodeDefaultsAndFullConfig(t *testing.T) {
 	}
 }
 
-// The example policy's l7: section decodes without problems and builds.
+// The example policy validates, and its commented-out l7: section (commented
+// so that the built-in default runs no proxy) decodes without problems and
+// builds.
 func TestExamplePolicy(t *testing.T) {
-	p, err := policy.Load("../../../examples/edgeguard.yaml")
+	const path = "../../../examples/edgeguard.yaml"
+	if _, err := policy.Load(path); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.L7 == nil {
-		t.Skip("examples/edgeguard.yaml has no l7: section")
+	text := string(data)
+	i := strings.Index(text, "\n# l7:\n")
+	if i < 0 {
+		t.Fatal("examples/edgeguard.yaml: no commented l7: section")
 	}
-	cfg, probs := Decode(p.L7, "examples/edgeguard.yaml")
+	var b strings.Builder
+	for _, line := range strings.Split(text[i+1:], "\n") {
+		b.WriteString(strings.TrimPrefix(strings.TrimPrefix(line, "#"), " ") + "\n")
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(b.String()), &doc); err != nil {
+		t.Fatalf("uncommented l7 section: %v", err)
+	}
+	cfg, probs := Decode(l7Node(&doc), "examples/edgeguard.yaml")
 	if len(probs) > 0 {
 		t.Fatalf("problems: %v", probs)
+	}
+	if len(cfg.Routes) != 2 || cfg.Routes[1].Tiers == nil {
+		t.Fatalf("routes %+v", cfg.Routes)
 	}
 	px, err := New(cfg, Options{})
 	if err != nil {
