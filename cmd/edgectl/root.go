@@ -57,13 +57,18 @@ func newLogger(cmd *cobra.Command) (*slog.Logger, error) {
 }
 
 func newVersionCommand() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(cmd.OutOrStdout(), "edgectl %s\n", version)
-			return nil
-		},
 	}
+	asJSON := addJSONFlag(cmd)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if *asJSON {
+			return printJSON(cmd.OutOrStdout(), map[string]string{"version": version})
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "edgectl %s\n", version)
+		return nil
+	}
+	return cmd
 }

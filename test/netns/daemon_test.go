@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,19 +47,24 @@ metrics:
   listen: 127.0.0.1:19469
 `
 
-// buildEdgectl compiles the CLI once per test binary.
-var buildOnce = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "edgectl-test-")
-	if err != nil {
-		return "", err
+// buildEdgectl compiles the CLI into a directory of the test's own (the Go
+// build cache makes every build after the first a link step), readable by
+// others since the test also runs it as nobody.
+func buildEdgectl(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	bin := filepath.Join(dir, "edgectl")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/edgeguard/edgeguard/cmd/edgectl").CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go build edgectl: %v\n%s", err, out)
+		t.Fatalf("go build edgectl: %v\n%s", err, out)
 	}
-	return bin, nil
-})
+	return bin
+}
 
 type daemonHarness struct {
 	t       *testing.T
@@ -75,10 +79,7 @@ type daemonHarness struct {
 }
 
 func newDaemonHarness(t *testing.T, edge *netns.Namespace) *daemonHarness {
-	bin, err := buildOnce()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := buildEdgectl(t)
 	dir := t.TempDir()
 	h := &daemonHarness{
 		t: t, bin: bin, edge: edge,
@@ -331,6 +332,30 @@ func TestDaemonLifecycle(t *testing.T) {
 	t.Logf("reloads: %d denied packets sent during 3 reloads, 0 passed", n)
 	if got := legit.burst(t, 200); got != 200 {
 		t.Errorf("after reloads: legit client got %d of 200 through", got)
+	}
+
+	// The CLI's apply: shows the diff, applies without asking (--yes), and
+	// saves the file over the daemon's config.
+	next := filepath.Join(t.TempDir(), "next.yaml")
+	if err := os.WriteFile(next, []byte(fmt.Sprintf(daemonPolicy, 90000, 90000)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.ctl("policy", "apply", next, "--yes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "~ rule default") || !strings.Contains(out, "applied: generation 4") {
+		t.Errorf("policy apply output:\n%s", out)
+	}
+	if saved, _ := os.ReadFile(h.config); !strings.Contains(string(saved), "90000/s") {
+		t.Errorf("applied policy not saved to the config file:\n%s", saved)
+	}
+
+	// Only root may use the control socket.
+	nobody := exec.Command(h.bin, "status", "--socket", h.socket)
+	nobody.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, err := nobody.CombinedOutput(); err == nil || !strings.Contains(string(out), "sudo") {
+		t.Errorf("edgectl status as nobody: err %v, output %q; want a permission error that says to use sudo", err, out)
 	}
 
 	fams := h.scrape()
