@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
@@ -272,6 +275,13 @@ l7:
 		`edgeguard_l7_shed_admitted_total{limiter="global",priority="default"}`:        -1, // absent: no global limit
 	}
 	got := gather(t, reg)
+	// The text exposition a Prometheus server scrapes has the same series.
+	ms := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	defer ms.Close()
+	text, _ := io.ReadAll(do(t, "GET", ms.URL).Body)
+	if line := `rate_limit_shadow_would_reject_total{layer="l7",rule="watch"} 5`; !strings.Contains(string(text), line) {
+		t.Errorf("exposition lacks %q:\n%s", line, text)
+	}
 	for k, v := range want {
 		g, ok := got[k]
 		if v < 0 {
@@ -696,5 +706,85 @@ l7:
 	})
 	if allocs != 0 {
 		t.Fatalf("route matching allocates %v times per request", allocs)
+	}
+}
+
+func TestGlobalConcurrency(t *testing.T) {
+	up := startUpstream(t)
+	up.hold = make(chan struct{})
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  exempt_paths: [/healthz]
+  concurrency: {max_in_flight: 1, queue: 0}
+  routes:
+    - name: api
+      match: {path_prefix: /api/}
+`, up.srv.URL)
+	_, base := startProxy(t, cfg, Options{})
+	done := make(chan int, 1)
+	go func() {
+		resp, err := testClient.Get(base + "/unmatched")
+		if err != nil {
+			done <- -1
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	select {
+	case <-up.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("held request never reached the upstream")
+	}
+	// The global limit covers unmatched requests and every route; exempt
+	// paths bypass it.
+	if s := status(t, "GET", base+"/other"); s != 503 {
+		t.Fatalf("unmatched with the global slot taken: %d, want 503", s)
+	}
+	if s := status(t, "GET", base+"/api/x"); s != 503 {
+		t.Fatalf("route with the global slot taken: %d, want 503", s)
+	}
+	// The exempt request is held by the upstream too: released below.
+	exempt := make(chan int, 1)
+	go func() {
+		resp, err := testClient.Get(base + "/healthz")
+		if err != nil {
+			exempt <- -1
+			return
+		}
+		resp.Body.Close()
+		exempt <- resp.StatusCode
+	}()
+	close(up.hold)
+	if c := <-done; c != 200 {
+		t.Fatalf("held request: %d", c)
+	}
+	if c := <-exempt; c != 200 {
+		t.Fatalf("exempt request with the global slot taken: %d, want 200", c)
+	}
+}
+
+func TestUpstreamDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+`, dead)
+	reg := prometheus.NewRegistry()
+	_, base := startProxy(t, cfg, Options{Registerer: reg})
+	resp := do(t, "GET", base+"/")
+	if p := problemOf(t, resp); resp.StatusCode != http.StatusBadGateway || p.Status != 502 {
+		t.Fatalf("upstream down: %d %+v, want 502", resp.StatusCode, p)
+	}
+	if v := gather(t, reg)["edgeguard_l7_proxy_upstream_errors_total"]; v != 1 {
+		t.Fatalf("upstream errors %v, want 1", v)
 	}
 }
