@@ -331,6 +331,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 		mc.Headers = l7.HeadersNone
 	}
 	var groups []*redisGroup
+	var groupKeys []string
 	groupOf := map[string]*redisGroup{}
 	var groupRules = map[*redisGroup][]redislimit.Rule{}
 	for _, l := range rc.Limits {
@@ -338,6 +339,11 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 			id := fmt.Sprintf("%s shadow=%t", l.Key, l.Shadow)
 			g := groupOf[id]
 			if g == nil {
+				key := l.Key.String()
+				if l.Shadow {
+					key += ":shadow"
+				}
+				groupKeys = append(groupKeys, key)
 				g = &redisGroup{key: p.km.stringFunc(l.Key, rc.Name), shadow: l.Shadow, counters: map[string]*redisCounters{}}
 				groupOf[id] = g
 				groups = append(groups, g)
@@ -387,10 +393,10 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 			return nil, fmt.Errorf("proxy: route %q: redis limits without a redis section", rc.Name)
 		}
 		var r prometheus.Registerer
-		if reg != nil && len(p.redisLims) == 0 {
-			// redislimit's metrics describe the shared client's round
-			// trips: register them once, for the first limiter.
-			r = reg
+		if reg != nil {
+			// redislimit registers its series once per registry: each
+			// group's carry a limiter label ("route:key").
+			r = prometheus.WrapRegistererWith(prometheus.Labels{"limiter": rc.Name + ":" + groupKeys[i]}, reg)
 		}
 		lim, err := redislimit.New(redislimit.Config{
 			Client:     p.rc,

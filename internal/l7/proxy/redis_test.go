@@ -78,6 +78,11 @@ l7:
 	if v := got[`rate_limit_rejected_total{layer="l7_redis",reason="quota_exceeded",rule="r-closed"}`]; v != 1 {
 		t.Fatalf("r-closed rejections %v, want 1", v)
 	}
+	for _, lim := range []string{"closed:header:X-Api-Key", "open:header:X-Api-Key", "open:ip:shadow"} {
+		if v, ok := got[`edgeguard_l7_redis_breaker_state{limiter="`+lim+`"}`]; !ok || v != 0 {
+			t.Fatalf("breaker state of %s: %v (present %v), want 0 (closed); series %v", lim, v, ok, keysWith(got, "breaker_state"))
+		}
+	}
 
 	// Redis goes away: each rule's failure policy answers.
 	srv.stop()
