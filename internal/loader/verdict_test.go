@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
 	"github.com/edgeguard/edgeguard/internal/refmodel"
@@ -550,4 +552,74 @@ func TestKnownBugIPv6V4MappedSourceMatchesIPv4Lists(t *testing.T) {
 	td.setClock(t0)
 	c := newChecker(td)
 	c.send("ipv6 packet from ::ffff:10.1.2.3", udp6("::ffff:10.1.2.3"), okRule(0))
+}
+
+// TestPolicySwapIsAtomic applies two policies in turn while another
+// goroutine sends packets: every packet must see one whole policy (its
+// rule's action), never a half-written one (no_policy, or a limit that
+// neither policy has).
+func TestPolicySwapIsAtomic(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	dropAll := withPrefixes(policy(maps.Rule{ID: 0, Src: pkts(1, 1)}, maps.Rule{ID: 1, Action: maps.RuleDrop}), fact("198.18.0.0/16", 1, 0))
+	passAll := withPrefixes(policy(maps.Rule{ID: 0, Src: pkts(1, 1)}, maps.Rule{ID: 2, Action: maps.RulePass}), fact("198.18.0.0/16", 2, 0))
+	passAll.Settings.Malformed = maps.ActDrop
+	td.apply(dropAll)
+	td.setClock(t0)
+	before := td.counters()
+
+	const applies = 60
+	done := make(chan struct{})
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		frame := udp4("198.18.0.1")
+		for {
+			select {
+			case <-done:
+				sent <- n
+				return
+			default:
+			}
+			// Run directly: td.run would call Fatal off the test goroutine.
+			if _, err := td.d.Objects.XdpLimiter.Run(&ebpf.RunOptions{Data: frame}); err != nil {
+				t.Errorf("prog test run: %v", err)
+				sent <- n
+				return
+			}
+			n++
+		}
+	}()
+	for i := range applies {
+		if i%2 == 0 {
+			td.apply(passAll)
+		} else {
+			td.apply(dropAll)
+		}
+	}
+	close(done)
+	n := <-sent
+	after := td.counters()
+	var got uint64
+	for a := range after {
+		for r := range after[a] {
+			d := after[a][r].Packets - before[a][r].Packets
+			got += d
+			if d == 0 {
+				continue
+			}
+			ok := (maps.Action(a) == maps.ActDrop && maps.Reason(r) == maps.ReasonRuleDrop) ||
+				(maps.Action(a) == maps.ActPass && maps.Reason(r) == maps.ReasonRulePass)
+			if !ok {
+				t.Errorf("%d packets counted %s/%s during swaps: a half-applied policy was visible",
+					d, maps.ActionName(maps.Action(a)), maps.ReasonName(maps.Reason(r)))
+			}
+		}
+	}
+	if got != uint64(n) {
+		t.Errorf("counted %d packets, sent %d", got, n)
+	}
+	if n < applies {
+		t.Errorf("only %d packets ran during %d applies: the swap was hardly exercised", n, applies)
+	}
+	t.Logf("%d packets during %d applies", n, applies)
 }
