@@ -1,0 +1,355 @@
+// Command floodbench measures, on one veth pair and at one offered load,
+// the receiving side's CPU time per packet for plain XDP_DROP, Edgeguard
+// (native and generic XDP), nftables per-source meters (netdev ingress and
+// prerouting) and iptables hashlimit, under floods from one source, a /16
+// and the whole IPv4 space, while legit clients in another namespace
+// measure their success rate. bench/flood.sh runs it; docs/benchmarks.md
+// explains the method and the results.
+//
+// Topology, made fresh for every case and removed after it:
+//
+//	<prefix>-atk  fb-atk 198.18.0.2/30  ==veth==  fb-flood 198.18.0.1/30  <prefix>-edge
+//	<prefix>-cli  fb-up  198.18.1.2-11/24 ==veth== fb-legit 198.18.1.1/24
+//
+// The generator is an XDP program run with BPF_PROG_RUN on live frames
+// (BPF_F_TEST_XDP_LIVE_FRAMES) against fb-atk: it writes the source and
+// returns XDP_TX, which veth turns into a transmit to fb-flood's NAPI.
+// fb-flood runs threaded NAPI; its kthread's schedstat is the CPU time.
+// Spoofed sources are only written into frames: the edge namespace has no
+// route beyond its two /30 and /24, so nothing answers them, and no
+// namespace has a route or interface to the outside.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+)
+
+type config struct {
+	prefix     string
+	rate       uint64
+	duration   time.Duration
+	legitRate  int
+	genCPU     int
+	napiCPU    int
+	suites     string
+	filterList string
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.prefix, "prefix", fmt.Sprintf("eg-flood-%d", os.Getpid()), "namespace name prefix")
+	flag.Uint64Var(&c.rate, "rate", 0, "offered flood rate, packets/s (0: as fast as the generator goes)")
+	flag.DurationVar(&c.duration, "duration", 3*time.Second, "flood duration per case")
+	flag.IntVar(&c.legitRate, "legit-rate", 20, "requests/s per legit client (10 clients)")
+	flag.IntVar(&c.genCPU, "gen-cpu", 0, "CPU for the generator thread")
+	flag.IntVar(&c.napiCPU, "napi-cpu", 1, "CPU for the receiving NAPI kthread")
+	flag.StringVar(&c.suites, "suites", "compare,sources,rules", "comma-separated: compare, sources, rules")
+	flag.StringVar(&c.filterList, "filters", "", "only these filters in compare (comma-separated substrings)")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, c, log); err != nil {
+		log.Error("floodbench failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+type benchCase struct {
+	suite string
+	f     func() filter
+	src   sources
+	rules int
+}
+
+func filters() []func() filter {
+	return []func() filter{
+		func() filter { return &xdpConst{} },
+		func() filter { return &edgeguard{mode: loader.ModeNative} },
+		func() filter { return &edgeguard{mode: loader.ModeGeneric} },
+		func() filter { return nftMeter{netdev: true} },
+		func() filter { return nftMeter{netdev: false} },
+		func() filter { return hashlimit{} },
+		func() filter { return stackOnly{} },
+	}
+}
+
+func cases(c config) []benchCase {
+	var out []benchCase
+	want := func(s string) bool { return strings.Contains(","+c.suites+",", ","+s+",") }
+	if want("compare") {
+		for _, f := range filters() {
+			if c.filterList != "" {
+				ok := false
+				for _, w := range strings.Split(c.filterList, ",") {
+					ok = ok || strings.Contains(f().name(), w)
+				}
+				if !ok {
+					continue
+				}
+			}
+			for _, s := range []sources{oneSource, slash16, wholeSpace} {
+				out = append(out, benchCase{"compare", f, s, 0})
+			}
+		}
+	}
+	if want("sources") {
+		for _, f := range []func() filter{
+			func() filter { return &edgeguard{mode: loader.ModeNative} },
+			func() filter { return nftMeter{netdev: true} },
+		} {
+			for _, s := range []sources{oneSource, kSources, slash16, mSources} {
+				out = append(out, benchCase{"sources", f, s, 0})
+			}
+		}
+	}
+	if want("rules") {
+		for _, f := range []func() filter{
+			func() filter { return &edgeguard{mode: loader.ModeNative} },
+			func() filter { return nftMeter{netdev: true} },
+		} {
+			for _, n := range []int{0, 1000, 10000} {
+				out = append(out, benchCase{"rules", f, slash16, n})
+			}
+		}
+	}
+	return out
+}
+
+// result is one case's numbers.
+type result struct {
+	offered, received, ringDrops uint64 // frames sent, consumed by NAPI, lost at the ring
+	passed                          uint64 // flood datagrams that reached UDP
+	filterCount                     uint64 // the filter's own drop counter
+	cpu                             time.Duration
+	elapsed                         time.Duration
+	legit                           legitResult
+}
+
+func run(ctx context.Context, c config, log *slog.Logger) error {
+	fmt.Printf("# floodbench: rate %d pps offered, %s per case, legit 10 clients x %d req/s, generator cpu %d, napi cpu %d\n",
+		c.rate, c.duration, c.legitRate, c.genCPU, c.napiCPU)
+	fmt.Printf("# policy: per-source %d/s burst %d everywhere; nft set / hashlimit table %d entries; "+
+		"edgeguard also /16 budget %d/s (198.18.0.0/15) and %d/s for all other sources together\n",
+		perSourceRate, perSourceBurst, meterSize, prefixBudget, unknownBudget)
+	fmt.Println("| suite | filter | sources | extra rules | received Mpps | ring drops | flood dropped | flood passed pps | filter's count | ns CPU/pkt | dropped per CPU-s (M) | legit success |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for i, bc := range cases(c) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		f := bc.f()
+		r, err := runCase(c, fmt.Sprintf("%s-%d", c.prefix, i), f, bc.src, bc.rules)
+		if err != nil {
+			log.Error("case failed", "filter", f.name(), "sources", bc.src.name, "err", err)
+			fmt.Printf("| %s | %s | %s | %d | failed: %s |\n", bc.suite, f.name(), bc.src.name, bc.rules, strings.ReplaceAll(err.Error(), "\n", " "))
+			continue
+		}
+		dropped := r.received - min(r.passed, r.received)
+		perPkt := float64(r.cpu.Nanoseconds()) / float64(max(r.received, 1))
+		dropRate := float64(dropped) / r.cpu.Seconds() / 1e6
+		fmt.Printf("| %s | %s | %s | %d | %.2f | %.1f%% | %.2f%% | %.0f | %d | %.0f | %.2f | %.2f%% (%d/%d) |\n",
+			bc.suite, f.name(), bc.src.name, bc.rules,
+			float64(r.received)/r.elapsed.Seconds()/1e6,
+			100*float64(r.ringDrops)/float64(max(r.offered, 1)),
+			100*float64(dropped)/float64(max(r.received, 1)),
+			float64(r.passed)/r.elapsed.Seconds(), r.filterCount,
+			perPkt, dropRate,
+			100*float64(r.legit.answered)/float64(max(r.legit.sent, 1)), r.legit.answered, r.legit.sent)
+	}
+	return nil
+}
+
+func runCase(c config, prefix string, f filter, src sources, extraRules int) (res result, err error) {
+	var nss []*namespace
+	defer func() {
+		f.close()
+		for _, ns := range nss {
+			err = errors.Join(err, ns.remove())
+		}
+	}()
+	mk := func(role string) (*namespace, error) {
+		ns, err := newNamespace(prefix + "-" + role)
+		if err == nil {
+			nss = append(nss, ns)
+		}
+		return ns, err
+	}
+	atk, err := mk("atk")
+	if err != nil {
+		return res, err
+	}
+	edgeNS, err := mk("edge")
+	if err != nil {
+		return res, err
+	}
+	cli, err := mk("cli")
+	if err != nil {
+		return res, err
+	}
+	floodIf, atkIf, err := connectVeth(edgeNS, "fb-flood", netip.MustParsePrefix("198.18.0.1/30"),
+		atk, "fb-atk", []netip.Prefix{netip.MustParsePrefix("198.18.0.2/30")})
+	if err != nil {
+		return res, err
+	}
+	var clients []netip.Addr
+	var clientPfx []netip.Prefix
+	for h := byte(2); h < 12; h++ {
+		a := netip.AddrFrom4([4]byte{198, 18, 1, h})
+		clients = append(clients, a)
+		clientPfx = append(clientPfx, netip.PrefixFrom(a, 24))
+	}
+	legitIf, _, err := connectVeth(edgeNS, "fb-legit", netip.MustParsePrefix("198.18.1.1/24"), cli, "fb-up", clientPfx)
+	if err != nil {
+		return res, err
+	}
+	e := &edge{ns: edgeNS, floodIf: floodIf, legitIf: legitIf, floodAddr: netip.MustParseAddr("198.18.0.1")}
+	// Strict reverse-path filtering would drop spoofed sources in the
+	// routing step; servers facing the internet have a default route
+	// instead. Neither namespace has one: replies and ICMP errors to
+	// spoofed sources have no route and are never sent.
+	if _, err := edgeNS.exec("", "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0",
+		"net.ipv4.conf.default.rp_filter=0", "net.ipv4.conf.fb-flood.rp_filter=0"); err != nil {
+		return res, err
+	}
+	if err := f.setup(e, extraRules); err != nil {
+		return res, fmt.Errorf("set up %s: %w", f.name(), err)
+	}
+	if _, err := edgeNS.exec("", "sh", "-c", "echo 1 > /sys/class/net/fb-flood/threaded"); err != nil {
+		return res, err
+	}
+	kt, err := napiThread("fb-flood")
+	if err != nil {
+		return res, err
+	}
+	if err := pin(kt, c.napiCPU); err != nil {
+		return res, err
+	}
+
+	// The flood's destination: a UDP socket nobody reads (its full buffer
+	// drops what passes, as a busy server would, counted in InErrors).
+	var sink, echo *net.UDPConn
+	if err := edgeNS.do(func() (err error) {
+		if sink, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(198, 18, 0, 1), Port: 9}); err != nil {
+			return err
+		}
+		sink.SetReadBuffer(4096)
+		echo, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(198, 18, 1, 1), Port: 7})
+		return err
+	}); err != nil {
+		return res, fmt.Errorf("open sink and echo sockets: %w", err)
+	}
+	defer sink.Close()
+	defer echo.Close()
+	var served atomic.Uint64
+	go echoServer(echo, &served)
+
+	frame, sum := floodFrame([6]byte(atkIf.mac), [6]byte(floodIf.mac), e.floodAddr, 9)
+	gen, err := newGenerator(src, frame, sum, atkIf.index)
+	if err != nil {
+		return res, err
+	}
+	defer gen.close()
+
+	// Warm-up: a short burst so that NAPI, caches and the filters' tables
+	// are in their flood state, then the measured run.
+	if err := atk.do(func() error {
+		if err := pin(0, c.genCPU); err != nil {
+			return err
+		}
+		_, _, err := gen.paced(c.rate/5+1000, c.rate, time.Second)
+		return err
+	}); err != nil {
+		return res, fmt.Errorf("warm-up: %w", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+
+	s0, err := linkStats(e)
+	if err != nil {
+		return res, err
+	}
+	u0, err := udpDelivered(e)
+	if err != nil {
+		return res, err
+	}
+	fc0, err := f.dropped(e)
+	if err != nil {
+		return res, err
+	}
+	cpu0, err := cpuNS(kt)
+	if err != nil {
+		return res, err
+	}
+	served0 := served.Load()
+
+	legitDone := make(chan struct{})
+	var legitErr error
+	go func() {
+		defer close(legitDone)
+		// Legit clients arrive after the flood started (new sources
+		// mid-attack) and stop before it ends.
+		time.Sleep(c.duration / 4)
+		res.legit, legitErr = runLegit(cli, clients, netip.MustParseAddrPort("198.18.1.1:7"), c.legitRate, c.duration/2)
+	}()
+	total := c.rate * uint64(c.duration.Seconds()+0.5)
+	if c.rate == 0 {
+		total = 1 << 40
+	}
+	var genErr error
+	atk.do(func() error {
+		if err := pin(0, c.genCPU); err != nil {
+			genErr = err
+			return nil
+		}
+		res.offered, res.elapsed, genErr = gen.paced(total, c.rate, c.duration)
+		return nil
+	})
+	if genErr != nil {
+		return res, genErr
+	}
+	time.Sleep(50 * time.Millisecond) // let NAPI drain the ring
+	cpu1, err := cpuNS(kt)
+	if err != nil {
+		return res, err
+	}
+	s1, err := linkStats(e)
+	if err != nil {
+		return res, err
+	}
+	<-legitDone
+	if legitErr != nil {
+		return res, fmt.Errorf("legit clients: %w", legitErr)
+	}
+	u1, err := udpDelivered(e)
+	if err != nil {
+		return res, err
+	}
+	fc1, err := f.dropped(e)
+	if err != nil {
+		return res, err
+	}
+	res.received = s1.rxPackets - s0.rxPackets
+	res.ringDrops = s1.rxDropped - s0.rxDropped
+	legitIn := served.Load() - served0
+	res.passed = (u1 - u0) - min(legitIn, u1-u0)
+	res.filterCount = fc1 - fc0
+	res.cpu = time.Duration(cpu1 - cpu0)
+	runtime.KeepAlive(sink)
+	return res, nil
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+type ifStats struct{ rxPackets, rxDropped uint64 }
+
+// linkStats reads the flood interface's counters. On veth, rx_packets
+// counts every frame its NAPI consumed (with or without XDP) and
+// rx_dropped includes frames the sender could not queue because the
+// receive ring was full.
+func linkStats(e *edge) (ifStats, error) {
+	l, err := e.ns.nl.LinkByName(e.floodIf.name)
+	if err != nil {
+		return ifStats{}, fmt.Errorf("read stats of %s: %w", e.floodIf.name, err)
+	}
+	s := l.Attrs().Statistics
+	return ifStats{rxPackets: s.RxPackets, rxDropped: s.RxDropped}, nil
+}
+
+// udpDelivered is InDatagrams + InErrors of the edge namespace's UDP MIB:
+// every datagram the stack handed to UDP (delivered, or dropped at a full
+// socket buffer).
+func udpDelivered(e *edge) (uint64, error) {
+	var n uint64
+	err := e.ns.do(func() error {
+		f, err := os.Open("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		var head []string
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) == 0 || fs[0] != "Udp:" {
+				continue
+			}
+			if head == nil {
+				head = fs
+				continue
+			}
+			for i, h := range head {
+				if h == "InDatagrams" || h == "InErrors" {
+					v, err := strconv.ParseUint(fs[i], 10, 64)
+					if err != nil {
+						return err
+					}
+					n += v
+				}
+			}
+			return nil
+		}
+		return fmt.Errorf("no Udp lines in snmp")
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read udp mib in %s: %w", e.ns.name, err)
+	}
+	return n, nil
+}
+
+// napiThread finds the threaded-NAPI kthread of iface ("napi/<iface>-<id>");
+// the newest if several exist.
+func napiThread(iface string) (int, error) {
+	dirs, err := filepath.Glob("/proc/[0-9]*/comm")
+	if err != nil {
+		return 0, err
+	}
+	best := 0
+	for _, d := range dirs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(strings.TrimSpace(string(b)), "napi/"+iface+"-") {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+			best = max(best, pid)
+		}
+	}
+	if best == 0 {
+		return 0, fmt.Errorf("no napi/%s-* kthread: is threaded NAPI on and NAPI enabled?", iface)
+	}
+	return best, nil
+}
+
+// cpuNS is a thread's time on CPU in nanoseconds (/proc/PID/schedstat).
+func cpuNS(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read schedstat of %d: %w", pid, err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 0, fmt.Errorf("schedstat of %d: empty", pid)
+	}
+	return strconv.ParseUint(f[0], 10, 64)
+}
+
+// pin restricts a thread (0: the calling one) to one CPU.
+func pin(tid, cpu int) error {
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(tid, &set); err != nil {
+		return fmt.Errorf("pin thread %d to cpu %d: %w", tid, cpu, err)
+	}
+	return nil
+}
