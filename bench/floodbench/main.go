@@ -135,11 +135,11 @@ func cases(c config) []benchCase {
 // result is one case's numbers.
 type result struct {
 	offered, received, ringDrops uint64 // frames sent, consumed by NAPI, lost at the ring
-	passed                          uint64 // flood datagrams that reached UDP
-	filterCount                     uint64 // the filter's own drop counter
-	cpu                             time.Duration
-	elapsed                         time.Duration
-	legit                           legitResult
+	passed                       uint64 // flood datagrams that reached UDP
+	filterCount                  uint64 // the filter's own drop counter
+	cpu                          time.Duration
+	elapsed                      time.Duration
+	legit                        legitResult
 }
 
 func run(ctx context.Context, c config, log *slog.Logger) error {
