@@ -749,7 +749,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		s, bok := d.enum(v, "limit backend", BackendLocal, BackendRedis)
 		l.Backend, ok = s, ok && bok
 		if s == BackendRedis && !d.redis {
-			d.errorf(v, "limit %q: backend redis needs an l7 redis: section (above routes:)", l.Name)
+			d.errorf(v, "limit %q: backend redis needs an l7 redis: section", l.Name)
 			ok = false
 		}
 	}

@@ -193,3 +193,26 @@ func TestExamplePolicy(t *testing.T) {
 	}
 	px.Close()
 }
+
+// An adaptive concurrency limit starts its update loop in New and stops it
+// in Close.
+func TestAdaptiveConcurrencyLifecycle(t *testing.T) {
+	up := startUpstream(t)
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  routes:
+    - name: api
+      concurrency: {max_in_flight: 4, adaptive: true, adaptive_max: 16}
+`, up.srv.URL)
+	if c := cfg.Routes[0].Concurrency; !c.Adaptive || c.AdaptiveMax != 16 || c.MaxInFlight != 4 {
+		t.Fatalf("concurrency %+v", c)
+	}
+	_, base := startProxy(t, cfg, Options{})
+	if s := status(t, "GET", base+"/"); s != 200 {
+		t.Fatalf("status %d", s)
+	}
+	// startProxy's cleanup cancels Serve, which Closes the proxy: it waits
+	// for the adaptive loop, so a leak would hang the cleanup.
+}
