@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -215,4 +217,54 @@ l7:
 	}
 	// startProxy's cleanup cancels Serve, which Closes the proxy: it waits
 	// for the adaptive loop, so a leak would hang the cleanup.
+}
+
+// Close unregisters a Proxy's metrics, and a New that fails leaves nothing
+// registered, so a reload can build the next Proxy on the same registry.
+func TestMetricsRegistrationAcrossReloads(t *testing.T) {
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: http://127.0.0.1:1
+  redis: {addr: "127.0.0.1:1"}
+  concurrency: {max_in_flight: 10}
+  routes:
+    - name: api
+      limits:
+        - {name: local, key: ip, rate: 10/s}
+        - {name: shared, key: ip, rate: 10/s, backend: redis}
+`, "")
+	reg := prometheus.NewRegistry()
+	a, err := New(cfg, Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(cfg, Options{Registerer: reg}); err == nil {
+		t.Fatal("second Proxy registered the same metrics while the first is open")
+	}
+	a.Close()
+	if n := len(gatherNames(t, reg)); n != 0 {
+		t.Fatalf("%d metric families left after Close and a failed New: %v", n, gatherNames(t, reg))
+	}
+	b, err := New(cfg, Options{Registerer: reg})
+	if err != nil {
+		t.Fatalf("New after Close: %v", err)
+	}
+	defer b.Close()
+	if got := gatherNames(t, reg); !slices.Contains(got, "edgeguard_l7_shed_in_flight") || !slices.Contains(got, "edgeguard_l7_redis_breaker_state") {
+		t.Fatalf("families %v", got)
+	}
+}
+
+func gatherNames(t *testing.T, reg *prometheus.Registry) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		out = append(out, mf.GetName())
+	}
+	return out
 }

@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // proxyDescs are the proxy's own series. The local rate-limit series
 // (rate_limit_*{layer="l7"}) come from each route's l7.Middleware; the redis
@@ -24,10 +28,17 @@ func newProxyDescs() proxyDescs {
 	}
 }
 
-// Describe sends nothing: the Proxy is an unchecked collector, because the
-// routes' middlewares share metric families that a checked collector could
-// describe only once.
-func (p *Proxy) Describe(chan<- *prometheus.Desc) {}
+// Describe implements prometheus.Collector. The routes' middlewares share
+// their descriptors (same names and labels): one describes them all.
+func (p *Proxy) Describe(ch chan<- *prometheus.Desc) {
+	d := &p.descs
+	for _, desc := range []*prometheus.Desc{d.upstreamErrors, d.escalations, d.redisAllowed, d.redisRejected, d.redisShadow} {
+		ch <- desc
+	}
+	if len(p.mws) > 0 {
+		p.mws[0].Describe(ch)
+	}
+}
 
 // Collect implements prometheus.Collector; it reads counters at scrape time.
 func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
@@ -50,5 +61,46 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(d.redisShadow, prometheus.CounterValue, float64(c.shadowRejected.Load()), layer, name)
 			}
 		}
+	}
+}
+
+// registry records what a Proxy registers so Close (or a failed New) can
+// unregister it: a policy reload then builds the next Proxy on the same
+// registry.
+type registry struct {
+	reg prometheus.Registerer
+
+	mu         sync.Mutex
+	registered []prometheus.Collector
+}
+
+func (r *registry) Register(c prometheus.Collector) error {
+	if err := r.reg.Register(c); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.registered = append(r.registered, c)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *registry) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *registry) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
+
+// unregisterAll unregisters everything registered through r.
+func (r *registry) unregisterAll() {
+	r.mu.Lock()
+	cs := r.registered
+	r.registered = nil
+	r.mu.Unlock()
+	for _, c := range cs {
+		r.reg.Unregister(c)
 	}
 }

@@ -61,6 +61,7 @@ type Proxy struct {
 	adaptive  []*shed.Limiter
 	mws       []*l7.Middleware
 	descs     proxyDescs
+	reg       *registry // nil without Options.Registerer
 
 	upstreamErrors atomic.Int64
 
@@ -106,6 +107,11 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		p.clock = l7.NewSystemClock()
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
+	var reg prometheus.Registerer
+	if opts.Registerer != nil {
+		p.reg = &registry{reg: opts.Registerer}
+		reg = p.reg
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -150,7 +156,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		})
 	}
 	for _, rc := range cfg.Routes {
-		rt, err := p.newRoute(rc, opts.Registerer)
+		rt, err := p.newRoute(rc, reg)
 		if err != nil {
 			return nil, err
 		}
@@ -167,6 +173,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		rt.handler = wrap(h)
 		p.routes = append(p.routes, rt)
+	}
+	if cfg.Escalation.Enabled && opts.Escalator == nil {
+		p.log.Warn("l7 proxy: escalation is enabled but there is no escalator: sources are not escalated")
 	}
 	if cfg.Escalation.Enabled && opts.Escalator != nil {
 		if p.esc, err = newEscalation(cfg.Escalation, p.clock, opts.Escalator, p.log); err != nil {
@@ -185,11 +194,11 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			l.Run(p.ctx)
 		}()
 	}
-	if opts.Registerer != nil {
-		if err := opts.Registerer.Register(shedMetrics); err != nil {
+	if reg != nil {
+		if err := reg.Register(shedMetrics); err != nil {
 			return nil, fmt.Errorf("proxy: register shedding metrics: %w", err)
 		}
-		if err := opts.Registerer.Register(p); err != nil {
+		if err := reg.Register(p); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
 		}
 	}
@@ -557,8 +566,9 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Close stops the background goroutines and closes the Redis limiters and
-// client. It is safe to call more than once.
+// Close stops the background goroutines, closes the Redis limiters and
+// client, and unregisters the Proxy's metrics (so the next Proxy can
+// register on the same registry). It is safe to call more than once.
 func (p *Proxy) Close() {
 	p.closeOnce.Do(func() {
 		p.cancel()
@@ -568,6 +578,9 @@ func (p *Proxy) Close() {
 		}
 		if p.rc != nil {
 			_ = p.rc.Close()
+		}
+		if p.reg != nil {
+			p.reg.unregisterAll()
 		}
 	})
 }
