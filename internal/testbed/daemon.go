@@ -35,14 +35,15 @@ type Daemon struct {
 }
 
 // Start runs the daemon and waits up to 20 s for its control socket to
-// answer. The daemon gets SIGKILL if this process dies first.
+// answer.
 func (d *Daemon) Start(ctx context.Context) error {
 	args := append([]string{"--net=" + d.NS.Path(), d.Bin, "run",
 		"--config", d.Config, "--pin-dir", d.PinDir, "--socket", d.Socket, "--interval", "0"}, d.Args...)
 	d.cmd = exec.Command("nsenter", args...)
 	d.cmd.Stdout = &d.logs
 	d.cmd.Stderr = &d.logs
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// No Pdeathsig: it fires when the forking OS thread exits, and the
+	// threads that entered namespaces (Namespace.Do) exit by design.
 	if err := d.cmd.Start(); err != nil {
 		d.cmd = nil
 		return fmt.Errorf("start daemon: %w", err)

@@ -1,0 +1,384 @@
+package trafficgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Hard bounds on legitimate traffic.
+const (
+	MaxLegitRequests = 1_000_000
+	MaxLegitDuration = 10 * time.Minute
+)
+
+// legitMagic starts every legit request and reply: 8 magic bytes, then
+// the sequence number.
+var legitMagic = []byte("eg-legit")
+
+const legitSize = 16
+
+// LegitUDP sends requests from real UDP sockets (one per client address,
+// connected to an echo server) and waits for each reply.
+type LegitUDP struct {
+	// Conns are connected UDP sockets, opened in the clients' namespaces
+	// from their own addresses.
+	Conns []*net.UDPConn
+	// Rate is requests per second per socket; Count (per socket) and
+	// Duration bound the run.
+	Rate     int
+	Count    int
+	Duration time.Duration
+	// Timeout is how long a reply may take; later ones count as lost.
+	// Default 1 s.
+	Timeout time.Duration
+}
+
+// LegitResult is what the legitimate clients saw.
+type LegitResult struct {
+	Sent, Replied int
+	Latencies     []time.Duration // one per reply, sorted
+}
+
+// Success is the fraction of requests that got a reply (1 with none sent).
+func (r LegitResult) Success() float64 {
+	if r.Sent == 0 {
+		return 1
+	}
+	return float64(r.Replied) / float64(r.Sent)
+}
+
+// Quantile of the reply latencies (0 with none).
+func (r LegitResult) Quantile(q float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	return r.Latencies[min(int(q*float64(len(r.Latencies))), len(r.Latencies)-1)]
+}
+
+// Add merges two results.
+func (r LegitResult) Add(o LegitResult) LegitResult {
+	out := LegitResult{Sent: r.Sent + o.Sent, Replied: r.Replied + o.Replied}
+	out.Latencies = append(append(out.Latencies, r.Latencies...), o.Latencies...)
+	slices.Sort(out.Latencies)
+	return out
+}
+
+func (r LegitResult) String() string {
+	return fmt.Sprintf("%d/%d replied (%.2f%%), p50 %v, p99 %v", r.Replied, r.Sent, 100*r.Success(),
+		r.Quantile(0.5).Round(time.Microsecond), r.Quantile(0.99).Round(time.Microsecond))
+}
+
+func checkLegitBounds(rate, count int, d time.Duration) error {
+	switch {
+	case rate < 1 || rate > 100_000:
+		return fmt.Errorf("legit rate %d/s: want 1 to 100000", rate)
+	case count < 1 || count > MaxLegitRequests:
+		return fmt.Errorf("legit count %d: want 1 to %d", count, MaxLegitRequests)
+	case d <= 0 || d > MaxLegitDuration:
+		return fmt.Errorf("legit duration %v: want more than 0 and at most %v", d, MaxLegitDuration)
+	}
+	return nil
+}
+
+// Run sends from every socket at once until each sent Count requests or
+// Duration passed, then waits up to Timeout for the last replies.
+func (g LegitUDP) Run(ctx context.Context) (LegitResult, error) {
+	if err := checkLegitBounds(g.Rate, g.Count, g.Duration); err != nil {
+		return LegitResult{}, err
+	}
+	timeout := g.Timeout
+	if timeout == 0 {
+		timeout = time.Second
+	}
+	results := make([]LegitResult, len(g.Conns))
+	errs := make([]error, len(g.Conns))
+	var wg sync.WaitGroup
+	for i, c := range g.Conns {
+		wg.Go(func() { results[i], errs[i] = g.runOne(ctx, c, timeout) })
+	}
+	wg.Wait()
+	var total LegitResult
+	for _, r := range results {
+		total = total.Add(r)
+	}
+	return total, errors.Join(errs...)
+}
+
+func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Duration) (LegitResult, error) {
+	var mu sync.Mutex
+	sentAt := map[uint64]time.Time{}
+	var res LegitResult
+	readDone := make(chan error, 1)
+	stopRead := make(chan struct{})
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			n, err := c.Read(buf)
+			now := time.Now()
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					select {
+					case <-stopRead:
+						readDone <- nil
+						return
+					default:
+						continue
+					}
+				}
+				// ICMP errors surface as ECONNREFUSED on a connected
+				// socket: a lost request, not a failed run.
+				if errors.Is(err, net.ErrClosed) {
+					readDone <- err
+					return
+				}
+				continue
+			}
+			if n != legitSize || !bytes.HasPrefix(buf[:n], legitMagic) {
+				continue
+			}
+			seq := binary.BigEndian.Uint64(buf[8:])
+			mu.Lock()
+			if t, ok := sentAt[seq]; ok {
+				delete(sentAt, seq)
+				if now.Sub(t) <= timeout {
+					res.Replied++
+					res.Latencies = append(res.Latencies, now.Sub(t))
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	start := time.Now()
+	interval := time.Second / time.Duration(g.Rate)
+	msg := make([]byte, legitSize)
+	copy(msg, legitMagic)
+	for seq := uint64(0); seq < uint64(g.Count); seq++ {
+		next := start.Add(time.Duration(seq) * interval)
+		if !next.Before(start.Add(g.Duration)) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(next)):
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		binary.BigEndian.PutUint64(msg[8:], seq)
+		mu.Lock()
+		sentAt[seq] = time.Now()
+		res.Sent++
+		mu.Unlock()
+		c.Write(msg) // a send error is a lost request
+	}
+	// Replies still on their way: wait for them, bounded by timeout.
+	waitUntil := time.Now().Add(timeout)
+	for time.Now().Before(waitUntil) {
+		mu.Lock()
+		left := len(sentAt)
+		mu.Unlock()
+		if left == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stopRead)
+	err := <-readDone
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(res.Latencies)
+	if err != nil {
+		return res, fmt.Errorf("legit udp from %s: %w", c.LocalAddr(), err)
+	}
+	return res, nil
+}
+
+// LegitTCP opens one TCP connection per request (handshake, 16-byte
+// request, 16-byte reply, close), the way a short-lived client would.
+type LegitTCP struct {
+	// Dial connects from a client's own address (in its namespace).
+	Dial []func(timeout time.Duration) (net.Conn, error)
+	// Rate is requests per second per dialer; Count (per dialer) and
+	// Duration bound the run.
+	Rate     int
+	Count    int
+	Duration time.Duration
+	Timeout  time.Duration // per request, default 1 s
+}
+
+// Run runs every dialer at once. Requests of one dialer are sequential:
+// a request that takes longer than the interval delays the next.
+func (g LegitTCP) Run(ctx context.Context) (LegitResult, error) {
+	if err := checkLegitBounds(g.Rate, g.Count, g.Duration); err != nil {
+		return LegitResult{}, err
+	}
+	timeout := g.Timeout
+	if timeout == 0 {
+		timeout = time.Second
+	}
+	results := make([]LegitResult, len(g.Dial))
+	var wg sync.WaitGroup
+	for i, dial := range g.Dial {
+		wg.Go(func() {
+			res := &results[i]
+			start := time.Now()
+			interval := time.Second / time.Duration(g.Rate)
+			for seq := 0; seq < g.Count; seq++ {
+				next := start.Add(time.Duration(seq) * interval)
+				if !next.Before(start.Add(g.Duration)) {
+					break
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Until(next)):
+				}
+				if ctx.Err() != nil {
+					break
+				}
+				res.Sent++
+				t0 := time.Now()
+				if tcpRequest(dial, uint64(seq), timeout) == nil {
+					res.Replied++
+					res.Latencies = append(res.Latencies, time.Since(t0))
+				}
+			}
+			slices.Sort(res.Latencies)
+		})
+	}
+	wg.Wait()
+	var total LegitResult
+	for _, r := range results {
+		total = total.Add(r)
+	}
+	return total, nil
+}
+
+func tcpRequest(dial func(time.Duration) (net.Conn, error), seq uint64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	c, err := dial(timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(deadline)
+	msg := make([]byte, legitSize)
+	copy(msg, legitMagic)
+	binary.BigEndian.PutUint64(msg[8:], seq)
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	got := make([]byte, legitSize)
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, msg) {
+		return errors.New("reply does not echo the request")
+	}
+	return nil
+}
+
+// Echo answers legit requests: every datagram on its UDP sockets and every
+// TCP connection's bytes go back to the sender. Other datagrams (floods
+// aimed at the same port) are counted and not answered.
+type Echo struct {
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	closers []io.Closer
+	counts  []*countedConn
+}
+
+type countedConn struct {
+	mu     sync.Mutex
+	legit  uint64
+	other  uint64
+	closer io.Closer
+}
+
+// NewEcho serves udp and tcp until Close. The sockets are opened by the
+// caller, inside the edge namespace.
+func NewEcho(udp []*net.UDPConn, tcp []*net.TCPListener) *Echo {
+	e := &Echo{}
+	for _, c := range udp {
+		cc := &countedConn{closer: c}
+		e.counts = append(e.counts, cc)
+		e.closers = append(e.closers, c)
+		e.wg.Go(func() { serveUDP(c, cc) })
+	}
+	for _, l := range tcp {
+		e.closers = append(e.closers, l)
+		e.wg.Go(func() { e.serveTCP(l) })
+	}
+	return e
+}
+
+func serveUDP(c *net.UDPConn, cc *countedConn) {
+	buf := make([]byte, 64*1024)
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil {
+			continue
+		}
+		if n == legitSize && bytes.HasPrefix(buf[:n], legitMagic) {
+			c.WriteToUDPAddrPort(buf[:n], from)
+			cc.mu.Lock()
+			cc.legit++
+			cc.mu.Unlock()
+			continue
+		}
+		cc.mu.Lock()
+		cc.other++
+		cc.mu.Unlock()
+	}
+}
+
+func (e *Echo) serveTCP(l *net.TCPListener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		e.wg.Go(func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.CopyN(c, c, legitSize)
+		})
+	}
+}
+
+// Other is how many non-legit datagrams the UDP sockets received (a flood
+// aimed at the echo port: what passed the edge's limiter).
+func (e *Echo) Other() uint64 {
+	var n uint64
+	for _, cc := range e.counts {
+		cc.mu.Lock()
+		n += cc.other
+		cc.mu.Unlock()
+	}
+	return n
+}
+
+// Close stops serving and waits for the server's goroutines.
+func (e *Echo) Close() error {
+	var errs []error
+	for _, c := range e.closers {
+		errs = append(errs, c.Close())
+	}
+	e.wg.Wait()
+	return errors.Join(errs...)
+}
