@@ -255,6 +255,11 @@ func (p *Proxy) peerTrusted(r *http.Request) bool {
 	if err != nil {
 		return false
 	}
+	return p.trusted(a)
+}
+
+// trusted reports whether a is inside one of the trusted proxy prefixes.
+func (p *Proxy) trusted(a netip.Addr) bool {
 	a = a.Unmap()
 	for _, pf := range p.cfg.TrustedProxies {
 		if pf.Contains(a) {
@@ -521,9 +526,14 @@ func (p *Proxy) rejected(r *http.Request) {
 	if p.esc == nil {
 		return
 	}
-	if a, ok := p.km.keys.ClientIP(r); ok {
-		p.esc.note(a)
+	a, ok := p.km.keys.ClientIP(r)
+	if !ok || p.trusted(a) {
+		// A trusted proxy's address (a request without forwarding headers,
+		// or one naming only trusted hops) is never denied at the NIC: that
+		// would drop every client behind it.
+		return
 	}
+	p.esc.note(a)
 }
 
 // Serve listens on Config.Listen and serves until ctx ends, then shuts down

@@ -555,13 +555,19 @@ l7:
 	sentinel()
 	from("203.0.113.7", 429)
 	expect("203.0.113.7/32")
+	// The trusted proxy itself (a request without X-Forwarded-For comes
+	// from its address) is rejected like any client but never escalated.
+	for range 10 {
+		status(t, "GET", base+"/")
+	}
+	sentinel()
 	select {
 	case c := <-rec.calls:
 		t.Fatalf("unexpected escalation %v", c)
 	default:
 	}
-	if v := gather(t, reg)[`edgeguard_l7_proxy_escalations_total{result="sent"}`]; v != 6 {
-		t.Fatalf("escalations sent %v, want 6", v)
+	if v := gather(t, reg)[`edgeguard_l7_proxy_escalations_total{result="sent"}`]; v != 7 {
+		t.Fatalf("escalations sent %v, want 7", v)
 	}
 }
 
