@@ -126,16 +126,23 @@ func (s *scenario) stats() control.Stats {
 func (s *scenario) counters() testbed.Counters { return testbed.CountersOf(s.stats()) }
 
 // countersSince returns the counters' growth since base once they account
-// for at least want packets: the daemon reads the data plane's counters
-// once a second, so a reading right after a flood can lag by up to that.
-// After 5 s it returns what it has (a veth that lost frames before the
-// program saw them would never get there; the assertions then say so).
+// for at least want packets and have stopped growing: the daemon reads the
+// data plane's counters once a second, so a reading right after a flood
+// lags by up to that. After 6 s it returns what it has (a veth that lost
+// frames before the program saw them would never get there; the
+// assertions then say so).
 func (s *scenario) countersSince(base testbed.Counters, want uint64) testbed.Counters {
 	s.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(6 * time.Second)
+	var last testbed.Counters
+	var lastChange time.Time
 	for {
 		d := s.counters().Sub(base)
-		if d.Total() >= want || time.Now().After(deadline) {
+		now := time.Now()
+		if last == nil || d.Total() != last.Total() {
+			last, lastChange = d, now
+		}
+		if (d.Total() >= want && now.Sub(lastChange) > 1200*time.Millisecond) || now.After(deadline) {
 			return d
 		}
 		time.Sleep(200 * time.Millisecond)
