@@ -220,21 +220,21 @@ func (n nftMeter) setup(e *edge, extraRules int) error {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s floodbench {\n", family)
-	fmt.Fprintf(&b, "  set meter { type ipv4_addr; size %d; flags dynamic,timeout; timeout 10s; }\n", meterSize)
+	fmt.Fprintf(&b, "  set persrc { type ipv4_addr; size %d; flags dynamic,timeout; timeout 10s; }\n", meterSize)
 	fmt.Fprintf(&b, "  chain in {\n    %s\n", hook)
 	for i := 0; i < extraRules; i++ {
 		// Rules that never match the flood, evaluated before the meter:
 		// nftables walks a chain rule by rule.
 		fmt.Fprintf(&b, "    %sip saddr 10.%d.%d.%d counter drop\n", match, byte(i>>16), byte(i>>8), byte(i))
 	}
-	fmt.Fprintf(&b, "    %supdate @meter { ip saddr limit rate over %d/second burst %d packets } counter drop\n",
+	fmt.Fprintf(&b, "    %supdate @persrc { ip saddr limit rate over %d/second burst %d packets } counter drop\n",
 		match, perSourceRate, perSourceBurst)
 	b.WriteString("  }\n}\n")
 	_, err := e.ns.exec(b.String(), "nft", "-f", "-")
 	return err
 }
 
-var counterPackets = regexp.MustCompile(`update @meter .* counter packets (\d+)`)
+var counterPackets = regexp.MustCompile(`update @persrc .* counter packets (\d+)`)
 
 func (n nftMeter) dropped(e *edge) (uint64, error) {
 	out, err := e.ns.exec("", "nft", "list", "ruleset")
@@ -275,7 +275,7 @@ func (hashlimit) dropped(e *edge) (uint64, error) {
 		return 0, err
 	}
 	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, "hashlimit") {
+		if strings.Contains(line, "limit: above") {
 			f := strings.Fields(line)
 			if len(f) > 0 {
 				return strconv.ParseUint(f[0], 10, 64)

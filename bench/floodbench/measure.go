@@ -91,9 +91,28 @@ func napiThread(iface string) (int, error) {
 	return best, nil
 }
 
-// cpuNS is a thread's time on CPU in nanoseconds (/proc/PID/schedstat).
+// threadByName finds a kernel thread by its exact name.
+func threadByName(name string) (int, error) {
+	dirs, err := filepath.Glob("/proc/[0-9]*/comm")
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range dirs {
+		if b, err := os.ReadFile(d); err == nil && strings.TrimSpace(string(b)) == name {
+			return strconv.Atoi(filepath.Base(filepath.Dir(d)))
+		}
+	}
+	return 0, fmt.Errorf("no thread named %s", name)
+}
+
+// cpuNS is a thread's time on CPU in nanoseconds (/proc/PID/schedstat;
+// pid -1: the calling thread).
 func cpuNS(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	path := fmt.Sprintf("/proc/%d/schedstat", pid)
+	if pid == -1 {
+		path = "/proc/thread-self/schedstat"
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("read schedstat of %d: %w", pid, err)
 	}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Floods one veth pair inside private network namespaces and measures, for
+# plain XDP_DROP, Edgeguard (native and generic XDP), nftables per-source
+# meters (netdev ingress, prerouting) and iptables hashlimit, the receiving
+# side's CPU time per packet, the share of the flood dropped and the success
+# rate of legit UDP clients. docs/benchmarks.md ("Flood benchmark") explains
+# the method and shows the results.
+#
+#   sudo bench/flood.sh --quick          # 2 s per case, about 3-4 minutes
+#   sudo bench/flood.sh                  # 5 s per case
+#   sudo bench/flood.sh -- -threaded     # time the NAPI kthread instead (extra flags go to floodbench)
+#
+# Safety: every address on an interface is in 198.18.0.0/15; the spoofed
+# sources exist only inside frames sent from one namespace to another.
+# No namespace has a default route or an interface outside the testbed, so
+# nothing (replies, ICMP errors) can leave. nft and iptables rules are made
+# inside the edge namespace only and disappear with it; the host's rulesets
+# are never read or changed. Every run is bounded in packets and time.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+DURATION=5s
+if [ "${1:-}" = "--quick" ]; then
+	DURATION=2s
+	shift
+fi
+[ "${1:-}" = "--" ] && shift
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "bench/flood.sh: needs root (namespaces, XDP, nft, iptables)" >&2
+	exit 1
+fi
+for cmd in ip nft iptables-restore ethtool sysctl timeout go; do
+	command -v "$cmd" >/dev/null || { echo "bench/flood.sh: missing $cmd" >&2; exit 1; }
+done
+
+prefix="eg-flood-$$"
+bin=$(mktemp -d)
+cleanup() {
+	# floodbench removes its namespaces itself; this catches a killed run.
+	for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
+		ip netns delete "$ns" || true
+	done
+	rm -rf "$bin"
+}
+trap cleanup EXIT INT TERM
+
+go build -o "$bin/floodbench" ./bench/floodbench
+
+echo "# kernel:      $(uname -r)"
+echo "# cpus:        $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "# load:        $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# iptables:    $(iptables --version)"
+echo "# nft:         $(nft --version)"
+echo "# commit:      $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "# command:     floodbench -prefix $prefix -duration $DURATION $*"
+# 39 cases of at most ~6 s each; the bound is generous, not a target.
+timeout 900 "$bin/floodbench" -prefix "$prefix" -duration "$DURATION" "$@"
