@@ -294,3 +294,122 @@ func TestScenario2DistributedFlood(t *testing.T) {
 		t.Errorf("legit success %.4f, want ≥ 0.99", lr.Success())
 	}
 }
+
+func ruleStat(st control.Stats, name string) control.RuleStat {
+	for _, r := range st.Rules {
+		if r.Rule == name {
+			return r
+		}
+	}
+	return control.RuleStat{}
+}
+
+// Scenario 4: an IPv6 attacker rotating through random addresses of one
+// /64 is one source: the per-source key is the /64.
+func TestScenario4IPv6Rotation(t *testing.T) {
+	s := newScenario(t, 2)
+	s.start(`defaults:
+  per_source: {key: {ipv4: 32, ipv6: 64}, packets: {rate: 500/s, burst: 500}}
+`)
+	a := s.lab.Attackers[0]
+	net64 := netip.PrefixFrom(a.Src6, 64).Masked()
+	base := s.counters()
+	var wg sync.WaitGroup
+	var lr trafficgen.LegitResult
+	var le error
+	wg.Go(func() { lr, le = s.lab.LegitUDP(s.ctx, 25, 3*time.Second, true) })
+	fr, _ := s.floodWithLegit(trafficgen.Flood{
+		Sources: []netip.Prefix{net64}, Distinct: 0, Proto: trafficgen.UDP,
+		Payload: 32, Rate: 5000, Count: 15000, Duration: 3 * time.Second, Seed: 4,
+	}, 0)
+	wg.Wait()
+	if le != nil {
+		t.Fatal(le)
+	}
+	passed := s.sinkSettled()
+	d := s.countersSince(base, fr.Sent+uint64(lr.Sent))
+	st := s.stats()
+	budget := 500 + 500*fr.Elapsed.Seconds()
+	report(t, "offered %d from random addresses in %s in %v, passed %d (one source's budget %.0f), dropped source_limit %d; per-source table %d entries; legit (IPv6) %v",
+		fr.Sent, net64, fr.Elapsed.Round(time.Millisecond), passed, budget, d["drop/source_limit"], st.Tables["sources"].Entries, lr)
+	within(t, "flood passed (socket)", float64(passed), budget, 0.10)
+	within(t, "flood passed (counters)", float64(fr.Sent-d["drop/source_limit"]), budget, 0.10)
+	if n := st.Tables["sources"].Entries; n > 16 {
+		t.Errorf("per-source table holds %d entries: the /64 should be one (plus the legit clients)", n)
+	}
+	if lr.Success() < 0.99 {
+		t.Errorf("legit success %.4f, want ≥ 0.99", lr.Success())
+	}
+}
+
+// Scenario 5: UDP reflection. Datagrams from source ports 53, 123 and
+// 11211, from random sources over the whole IPv4 space, share the
+// udp-reflection rule's one bucket; legit clients are not in that rule.
+func TestScenario5Reflection(t *testing.T) {
+	s := newScenario(t, 4, netip.MustParsePrefix("0.0.0.0/0"))
+	s.start(`defaults:
+  per_source: {packets: {rate: 500/s, burst: 500}}
+rules:
+  - name: udp-reflection
+    match: {protocol: udp, src_ports: [53, 123, 11211]}
+    per_source: {}
+    per_prefix: {group: whole, packets: {rate: 1k/s, burst: 1k}}
+`)
+	before := ruleStat(s.stats(), "udp-reflection")
+	base := s.counters()
+	fr, lr := s.floodWithLegit(trafficgen.Flood{
+		Sources: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, Distinct: 0, Proto: trafficgen.UDP,
+		SrcPorts: []uint16{53, 123, 11211}, Payload: 200, Rate: 10000, Count: 30000, Duration: 3 * time.Second, Seed: 5,
+	}, 13)
+	d := s.countersSince(base, fr.Sent+uint64(lr.Sent))
+	r := ruleStat(s.stats(), "udp-reflection")
+	passed, dropped := r.Passed-before.Passed, r.Dropped-before.Dropped
+	budget := 1000 + 1000*fr.Elapsed.Seconds()
+	report(t, "offered %d in %v from random IPv4 sources, ports 53/123/11211: rule passed %d (budget %.0f), dropped %d (prefix_limit %d); legit %v",
+		fr.Sent, fr.Elapsed.Round(time.Millisecond), passed, budget, dropped, d["drop/prefix_limit"], lr)
+	within(t, "reflection passed (rule counters)", float64(passed), budget, 0.10)
+	within(t, "reflection seen by the rule", float64(passed+dropped), float64(fr.Sent), 0.02)
+	if lr.Success() < 0.99 {
+		t.Errorf("legit success %.4f, want ≥ 0.99", lr.Success())
+	}
+}
+
+// Scenario 8: dry-run. The same single-source flood, first enforced, then
+// (after the bucket refilled) in dry-run: everything passes, and the
+// would-drop count matches the enforced drop count.
+func TestScenario8DryRun(t *testing.T) {
+	s := newScenario(t, 2)
+	const body = `mode: %s
+defaults:
+  per_source: {packets: {rate: 500/s, burst: 500}}
+`
+	s.start(fmt.Sprintf(body, "enforce"))
+	a := s.lab.Attackers[0]
+	flood := trafficgen.Flood{
+		Sources: []netip.Prefix{netip.PrefixFrom(a.Src4, 32)}, Distinct: 1, Proto: trafficgen.UDP,
+		Payload: 32, Rate: 5000, Count: 15000, Duration: 3 * time.Second, Seed: 8,
+	}
+	run := func() (trafficgen.FloodResult, uint64, testbed.Counters, trafficgen.LegitResult) {
+		base, sink := s.counters(), s.lab.Sink.Other()
+		fr, lr := s.floodWithLegit(flood, 13)
+		passed := s.sinkSettled() - sink
+		return fr, passed, s.countersSince(base, fr.Sent+uint64(lr.Sent)), lr
+	}
+	efr, epassed, ed, elr := run()
+	s.policy(fmt.Sprintf(body, "dry-run"))
+	s.waitGeneration(2)
+	time.Sleep(1100 * time.Millisecond) // the bucket refills: 500 at 500/s
+	dfr, dpassed, dd, dlr := run()
+	report(t, "enforce: offered %d, passed %d, dropped %d; legit %v", efr.Sent, epassed, ed["drop/source_limit"], elr)
+	report(t, "dry-run: offered %d, passed %d, would_drop %d, dropped %d; legit %v", dfr.Sent, dpassed, dd["would_drop/source_limit"], dd.Action("drop"), dlr)
+	within(t, "dry-run would_drop vs enforce drop", float64(dd["would_drop/source_limit"]), float64(ed["drop/source_limit"]), 0.10)
+	if dd.Action("drop") != 0 {
+		t.Errorf("dry-run dropped %d packets", dd.Action("drop"))
+	}
+	if float64(dpassed) < 0.99*float64(dfr.Sent) {
+		t.Errorf("dry-run: %d of %d flood packets reached the socket, want ≥ 99%%", dpassed, dfr.Sent)
+	}
+	if elr.Success() < 0.99 || dlr.Success() < 0.99 {
+		t.Errorf("legit success %.4f (enforce), %.4f (dry-run), want ≥ 0.99", elr.Success(), dlr.Success())
+	}
+}
