@@ -163,16 +163,6 @@ static __always_inline void mask_addr(__u8 *dst, const __u8 *src, __u32 len)
 	__builtin_memcpy(dst + 8, &lo, 8);
 }
 
-static __always_inline int is_v4_mapped(const __u8 *a)
-{
-	__u64 hi;
-	__u32 mid;
-
-	__builtin_memcpy(&hi, a, 8);
-	__builtin_memcpy(&mid, a + 8, 4);
-	return hi == 0 && mid == bpf_htonl(0x0000ffff);
-}
-
 static __always_inline __u32 l4_proto_bit(__u8 proto)
 {
 	switch (proto) {
@@ -355,7 +345,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		v.reason = EG_R_RULE_DROP;
 		goto verdict;
 	}
-	v4 = is_v4_mapped(pi.addr);
+	v4 = is_v4_mapped_addr(pi.addr);
 
 	/* 4. Buckets. First look, without touching per-source state, whether
 	 * an aggregate above this source is already empty: then drop at once.

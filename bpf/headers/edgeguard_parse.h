@@ -61,6 +61,22 @@ static __always_inline int is_vlan(__u16 h_proto)
 	return h_proto == bpf_htons(ETH_P_8021Q) || h_proto == bpf_htons(ETH_P_8021AD);
 }
 
+static __always_inline int is_ipv6_ext(__u8 next)
+{
+	return next == IPPROTO_HOPOPTS || next == IPPROTO_ROUTING || next == IPPROTO_DSTOPTS ||
+	       next == IPPROTO_AH || next == IPPROTO_FRAGMENT;
+}
+
+static __always_inline int is_v4_mapped_addr(const __u8 *a)
+{
+	__u64 hi;
+	__u32 mid;
+
+	__builtin_memcpy(&hi, a, 8);
+	__builtin_memcpy(&mid, a + 8, 4);
+	return hi == 0 && mid == bpf_htonl(0x0000ffff);
+}
+
 /* parse_eth returns the EtherType after up to two VLAN tags (network order),
  * or a negative eg_reason on malformed input. */
 static __always_inline int parse_eth(struct cursor *c, __u16 *proto)
@@ -130,6 +146,11 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 		return -EG_R_BAD_IPV6;
 	c->pos = ip6h + 1;
 	__builtin_memcpy(pi->addr, &ip6h->saddr, 16);
+	/* An IPv4-mapped source (::ffff:0:0/96) is not valid on the wire
+	 * (RFC 4291 2.5.5.2; Linux drops it in ip6_rcv_core) and would alias
+	 * the IPv4 host inside our v4-mapped keys: malformed. */
+	if (is_v4_mapped_addr(pi->addr))
+		return -EG_R_BAD_IPV6;
 	next = ip6h->nexthdr;
 
 #pragma unroll
@@ -170,9 +191,12 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 		if (c->pos > c->end)
 			return -EG_R_BAD_IPV6;
 	}
-	/* Chain longer than we walk: limit by source, without L4 fields. */
 	pi->proto = next;
-	return -1;
+	/* Exactly EG_MAX_IPV6_EXT headers: L4 follows. A longer chain: limit
+	 * by source, without L4 fields. */
+	if (is_ipv6_ext(next))
+		return -1;
+	return next;
 }
 
 /* parse_l4 reads ports (ICMP: type as dport). Returns 0 or a negative reason.

@@ -426,14 +426,11 @@ func TestParserTruncatedEverywhere(t *testing.T) {
 	}
 }
 
-// TestKnownBugIPv6ChainOfExactlyMaxExtLosesPorts: a packet with exactly
+// TestIPv6ChainOfExactlyMaxExtKeepsPorts: a packet with exactly
 // EG_MAX_IPV6_EXT (6) extension headers has its L4 header right after the
-// last one, but parse_ipv6 (bpf/headers/edgeguard_parse.h) spends its six
-// iterations on the six headers and leaves the loop without looking at
-// `next`: it returns -1 (no L4), so the packet loses its ports and misses
-// port rules (here: udp source port 123 lands on the protocol-only rule).
-// Only chains longer than the bound should lose L4 fields.
-func TestKnownBugIPv6ChainOfExactlyMaxExtLosesPorts(t *testing.T) {
+// last one; it keeps its ports and matches port rules (here: udp source
+// port 123). Only chains longer than the bound lose L4 fields.
+func TestIPv6ChainOfExactlyMaxExtKeepsPorts(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.apply(parsePolicy())
 	c := newChecker(td)

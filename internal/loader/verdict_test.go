@@ -533,15 +533,12 @@ func TestDropsChargeNothingAbove(t *testing.T) {
 	}
 }
 
-// TestKnownBugIPv6V4MappedSourceMatchesIPv4Lists: parse_ipv6 copies the
-// IPv6 source as is, and the data plane keeps IPv4 as IPv4-mapped IPv6
-// (::ffff:a.b.c.d). An IPv6 packet whose source is ::ffff:10.1.2.3 (not a
-// valid source on the wire, RFC 4291 2.5.5.2) is therefore treated as the
-// IPv4 host 10.1.2.3: it matches IPv4 allow-list entries and passes
-// unlimited, bypassing even the global limit; it also matches IPv4 prefix
-// rules and shares the per-source bucket of the real IPv4 host. Expected:
-// an IPv6 packet never matches IPv4 entries (or is dropped as malformed).
-func TestKnownBugIPv6V4MappedSourceMatchesIPv4Lists(t *testing.T) {
+// TestIPv6V4MappedSourceIsMalformed: the data plane keeps IPv4 as
+// IPv4-mapped IPv6 (::ffff:a.b.c.d), so an IPv6 packet from ::ffff:10.1.2.3
+// (not a valid source on the wire, RFC 4291 2.5.5.2) must not be taken for
+// the IPv4 host 10.1.2.3: it would match IPv4 allow entries and pass
+// unlimited. It is malformed (bad_ipv6) and gets the malformed verdict.
+func TestIPv6V4MappedSourceIsMalformed(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	g := policy(maps.Rule{ID: 0, Src: pkts(1, 1)})
 	g.Settings.Global = pkts(1, 1)
@@ -551,7 +548,7 @@ func TestKnownBugIPv6V4MappedSourceMatchesIPv4Lists(t *testing.T) {
 	}
 	td.setClock(t0)
 	c := newChecker(td)
-	c.send("ipv6 packet from ::ffff:10.1.2.3", udp6("::ffff:10.1.2.3"), okRule(0))
+	c.send("ipv6 packet from ::ffff:10.1.2.3", udp6("::ffff:10.1.2.3"), passed(maps.ReasonBadIPv6))
 }
 
 // TestPolicySwapIsAtomic applies two policies in turn while another

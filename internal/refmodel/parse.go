@@ -2,6 +2,7 @@ package refmodel
 
 import (
 	"encoding/binary"
+	"net/netip"
 
 	"github.com/edgeguard/edgeguard/internal/maps"
 )
@@ -114,6 +115,9 @@ func parseIPv6(b []byte, pos *int, p *Packet) (int, maps.Reason) {
 		return 0, maps.ReasonBadIPv6
 	}
 	copy(p.Addr[:], b[h+8:h+24])
+	if netip.AddrFrom16(p.Addr).Is4In6() {
+		return 0, maps.ReasonBadIPv6 // IPv4-mapped source: invalid on the wire
+	}
 	next := b[h+6]
 	c := h + 40
 	for range MaxIPv6Ext {
@@ -153,7 +157,11 @@ func parseIPv6(b []byte, pos *int, p *Packet) (int, maps.Reason) {
 	}
 	p.Proto = next
 	*pos = c
-	return -1, maps.ReasonOK
+	switch next {
+	case protoHopOpts, protoRouting, protoDstOpts, protoAH, protoFragment:
+		return -1, maps.ReasonOK // longer chain than walked: no L4
+	}
+	return int(next), maps.ReasonOK
 }
 
 // parseL4 reads ports (ICMP: the type as destination port). Protocols
