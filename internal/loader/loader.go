@@ -28,17 +28,19 @@ type Sizes struct {
 }
 
 // DefaultSizes are sized for a busy edge host: 1M sources take ~130 MiB.
-var DefaultSizes = Sizes{
-	MaxRules:      1024,
-	SrcEntries:    1 << 20,
-	AggEntries:    1 << 18,
-	PrefixEntries: 1 << 20,
-	ListEntries:   1 << 16,
-	L4Entries:     1024,
+func DefaultSizes() Sizes {
+	return Sizes{
+		MaxRules:      1024,
+		SrcEntries:    1 << 20,
+		AggEntries:    1 << 18,
+		PrefixEntries: 1 << 20,
+		ListEntries:   1 << 16,
+		L4Entries:     1024,
+	}
 }
 
 func (s Sizes) withDefaults() Sizes {
-	d := DefaultSizes
+	d := DefaultSizes()
 	if s.MaxRules != 0 {
 		d.MaxRules = s.MaxRules
 	}
@@ -84,12 +86,14 @@ type Datapath struct {
 // or with different table sizes.
 var ErrIncompatiblePins = errors.New("pinned maps are incompatible with this program")
 
-// pinned are the maps that must survive a restart of the daemon.
-var pinned = []string{
-	LimiterMapActive, LimiterMapConfigs, LimiterMapRules, LimiterMapLists,
-	LimiterMapPrefixGens, LimiterMapL4Rules, LimiterMapSrcBuckets,
-	LimiterMapAggBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
-	LimiterMapRuleStats, LimiterMapSamples, LimiterMapIfaceSlots,
+// pinnedMaps are the maps that must survive a restart of the daemon.
+func pinnedMaps() []string {
+	return []string{
+		LimiterMapActive, LimiterMapConfigs, LimiterMapRules, LimiterMapLists,
+		LimiterMapPrefixGens, LimiterMapL4Rules, LimiterMapSrcBuckets,
+		LimiterMapAggBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
+		LimiterMapRuleStats, LimiterMapSamples, LimiterMapIfaceSlots,
+	}
 }
 
 // Spec returns the collection spec with sizes and constants applied.
@@ -166,7 +170,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 			}()
 			collOpts.Maps.PinPath = tmp
 		}
-		for _, name := range pinned {
+		for _, name := range pinnedMaps() {
 			spec.Maps[name].Pinning = ebpf.PinByName
 		}
 	}
