@@ -22,6 +22,20 @@ const (
 	SinkPort = 9009
 )
 
+// AttackerNet is the /16 the lab's attackers spoof from: one ASN
+// (AS64500) in LabASNData.
+var AttackerNet = netip.MustParsePrefix("198.19.0.0/16")
+
+// LabASNData is an iptoasn.com TSV for the lab: the legit clients'
+// 198.18.0.0/16 is AS64501, the attacker's 198.19.0.0/16 AS64500, and the
+// rest of the IPv4 space (for spoofed whole-space floods) AS64510 and
+// AS64511.
+const LabASNData = "0.0.0.0\t127.255.255.255\t64510\tZZ\tINTERNET-LOW\n" +
+	"128.0.0.0\t198.17.255.255\t64511\tZZ\tINTERNET-HIGH\n" +
+	"198.18.0.0\t198.18.255.255\t64501\tZZ\tLEGIT-CLIENTS\n" +
+	"198.19.0.0\t198.19.255.255\t64500\tZZ\tATTACKER\n" +
+	"198.20.0.0\t255.255.255.255\t64511\tZZ\tINTERNET-HIGH\n"
+
 // AttackerBase is the client index of the first attacker: attackers use
 // 198.18.200.0/29 and up, legitimate clients 198.18.0.0/29 and up, so every
 // legitimate client has a /24 (and /48) of its own.
@@ -192,6 +206,11 @@ func (l *Lab) Flood(ctx context.Context, a *Client, f trafficgen.Flood) (traffic
 // LegitUDP sends rate requests per second from each legitimate client's
 // two addresses (IPv4, or IPv6 with v6) to the echo server, for at most d.
 func (l *Lab) LegitUDP(ctx context.Context, rate int, d time.Duration, v6 bool) (trafficgen.LegitResult, error) {
+	return l.LegitUDPProgress(ctx, rate, d, v6, nil)
+}
+
+// LegitUDPProgress is LegitUDP counting into p as it goes.
+func (l *Lab) LegitUDPProgress(ctx context.Context, rate int, d time.Duration, v6 bool, p *trafficgen.LegitProgress) (trafficgen.LegitResult, error) {
 	var conns []*net.UDPConn
 	defer func() {
 		for _, c := range conns {
@@ -211,7 +230,7 @@ func (l *Lab) LegitUDP(ctx context.Context, rate int, d time.Duration, v6 bool) 
 			conns = append(conns, u)
 		}
 	}
-	g := trafficgen.LegitUDP{Conns: conns, Rate: rate, Count: int(d.Seconds()*float64(rate)) + 1, Duration: d}
+	g := trafficgen.LegitUDP{Conns: conns, Rate: rate, Count: int(d.Seconds()*float64(rate)) + 1, Duration: d, Progress: p}
 	return g.Run(ctx)
 }
 

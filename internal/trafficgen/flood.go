@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -106,6 +107,8 @@ type Flood struct {
 	Count    int
 	Duration time.Duration
 	Seed     uint64
+	// Progress, if set, counts frames sent as they go (for live displays).
+	Progress *atomic.Uint64
 }
 
 // FloodResult is what a flood did.
@@ -177,6 +180,9 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 				res.Errors++
 			} else {
 				res.Sent++
+				if f.Progress != nil {
+					f.Progress.Add(1)
+				}
 			}
 		}
 		time.Sleep(time.Millisecond)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,6 +40,13 @@ type LegitUDP struct {
 	// Timeout is how long a reply may take; later ones count as lost.
 	// Default 1 s.
 	Timeout time.Duration
+	// Progress, if set, counts requests and replies as they happen.
+	Progress *LegitProgress
+}
+
+// LegitProgress counts requests and replies while a run goes on.
+type LegitProgress struct {
+	Sent, Replied atomic.Uint64
 }
 
 // LegitResult is what the legitimate clients saw.
@@ -153,6 +161,9 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 				if now.Sub(t) <= timeout {
 					res.Replied++
 					res.Latencies = append(res.Latencies, now.Sub(t))
+					if g.Progress != nil {
+						g.Progress.Replied.Add(1)
+					}
 				}
 			}
 			mu.Unlock()
@@ -179,6 +190,9 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 		sentAt[seq] = time.Now()
 		res.Sent++
 		mu.Unlock()
+		if g.Progress != nil {
+			g.Progress.Sent.Add(1)
+		}
 		c.Write(msg) // a send error is a lost request
 	}
 	// Replies still on their way: wait for them, bounded by timeout.
@@ -298,10 +312,9 @@ type Echo struct {
 }
 
 type countedConn struct {
-	mu     sync.Mutex
-	legit  uint64
-	other  uint64
-	closer io.Closer
+	mu    sync.Mutex
+	legit uint64
+	other uint64
 }
 
 // NewEcho serves udp and tcp until Close. The sockets are opened by the
@@ -309,7 +322,7 @@ type countedConn struct {
 func NewEcho(udp []*net.UDPConn, tcp []*net.TCPListener) *Echo {
 	e := &Echo{}
 	for _, c := range udp {
-		cc := &countedConn{closer: c}
+		cc := &countedConn{}
 		e.counts = append(e.counts, cc)
 		e.closers = append(e.closers, c)
 		e.wg.Go(func() { serveUDP(c, cc) })

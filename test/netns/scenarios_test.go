@@ -29,16 +29,7 @@ import (
 // second for 3–4 s, budgets of hundreds to a few thousand per second.
 
 // attackerNet is the attacker's /16: one ASN in the lab's ASN data.
-var attackerNet = netip.MustParsePrefix("198.19.0.0/16")
-
-// labASNData maps the legit clients' 198.18.0.0/16 to AS64501, the
-// attacker's 198.19.0.0/16 to AS64500 and the rest of the IPv4 space (for
-// spoofed whole-space floods) to AS64510 and AS64511.
-const labASNData = "0.0.0.0\t127.255.255.255\t64510\tZZ\tINTERNET-LOW\n" +
-	"128.0.0.0\t198.17.255.255\t64511\tZZ\tINTERNET-HIGH\n" +
-	"198.18.0.0\t198.18.255.255\t64501\tZZ\tLEGIT-CLIENTS\n" +
-	"198.19.0.0\t198.19.255.255\t64500\tZZ\tATTACKER\n" +
-	"198.20.0.0\t255.255.255.255\t64511\tZZ\tINTERNET-HIGH\n"
+var attackerNet = testbed.AttackerNet
 
 // scenarioEdgectl builds the CLI once for every scenario of the test binary.
 var scenarioEdgectl = sync.OnceValues(func() (string, error) {
@@ -68,7 +59,7 @@ func newScenario(t *testing.T, legit int, spoofed ...netip.Prefix) *scenario {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "ip2asn.tsv"), []byte(labASNData), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "ip2asn.tsv"), []byte(testbed.LabASNData), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	lab, err := testbed.NewLab(testbed.LabConfig{
