@@ -268,3 +268,38 @@ func gatherNames(t *testing.T, reg *prometheus.Registry) []string {
 	}
 	return out
 }
+
+func TestDecodeNotAMapping(t *testing.T) {
+	if got := decodeProblems(t, "l7: 5\n"); len(got) != 1 || got[0] != `p.yaml:1:5: l7 must be a mapping, got "5"` {
+		t.Fatalf("got %q", got)
+	}
+	if _, probs := Decode(nil, "p.yaml"); len(probs) != 1 || probs[0].String() != "p.yaml: l7: section missing" {
+		t.Fatalf("nil node: %v", probs)
+	}
+}
+
+// FuzzDecode: any YAML decodes to a Config or to problems, never a panic,
+// and a Config always builds.
+func FuzzDecode(f *testing.F) {
+	f.Add(validHead + "  routes: [{name: a, limits: [{name: x, key: ip, rate: 1/s}]}]\n")
+	f.Add(validHead + "  routes: [{name: a, match: {path_pattern: '^/x'}, tiers: {header: X, levels: {t: [{name: y, key: user, rate: 5/min}]}}}]\n")
+	f.Add("l7: {listen: ':1', upstream: 'http://h', escalation: {enabled: true}, concurrency: {max_in_flight: 1}}\n")
+	f.Add("l7: &a {listen: *a}\n")
+	f.Fuzz(func(t *testing.T, src string) {
+		var doc yaml.Node
+		if yaml.Unmarshal([]byte(src), &doc) != nil {
+			return
+		}
+		cfg, probs := Decode(l7Node(&doc), "f.yaml")
+		if (cfg == nil) == (len(probs) == 0) {
+			t.Fatalf("cfg %v with %d problems", cfg != nil, len(probs))
+		}
+		if cfg != nil {
+			p, err := New(cfg, Options{})
+			if err != nil {
+				t.Fatalf("a decoded Config does not build: %v", err)
+			}
+			p.Close()
+		}
+	})
+}
