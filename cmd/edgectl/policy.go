@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/daemon"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -18,13 +19,10 @@ func newPolicyCommand() *cobra.Command {
 	return cmd
 }
 
-// compileFile validates and compiles a policy file without ASN data.
+// compileFile validates and compiles a policy file without ASN data,
+// l7: section included.
 func compileFile(path string) (*policy.Compiled, error) {
-	p, err := policy.Load(path)
-	if err != nil {
-		return nil, err
-	}
-	return policy.Compile(p, nil)
+	return daemon.Validate(path)
 }
 
 func newPolicyValidate() *cobra.Command {

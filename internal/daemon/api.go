@@ -231,6 +231,10 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
+	if err := d.syncL7(context.WithoutCancel(r.Context())); err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
 	if err := writeFileAtomic(d.opts.ConfigPath, []byte(doc.YAML)); err != nil {
 		writeError(w, http.StatusInternalServerError, fmt.Errorf("policy applied, but saving it to %s failed: %w", d.opts.ConfigPath, err))
 		return

@@ -17,9 +17,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edgeguard/edgeguard/examples"
 	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -65,6 +68,8 @@ type running struct {
 	pol      *policy.Policy
 	compiled *policy.Compiled
 	names    map[uint32]string // rule id -> name
+	l7       *proxy.Config     // nil: no l7: section
+	l7raw    []byte
 }
 
 // dynEntry is a list entry added at run time.
@@ -95,6 +100,10 @@ type Daemon struct {
 
 	history *history
 	top     *topTalkers
+
+	reg         *prometheus.Registry
+	l7          *l7Stage // nil: no L7 stage running
+	escalations chan control.ListChange
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -117,13 +126,15 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 		o.PollInterval = 2 * time.Second
 	}
 	d := &Daemon{
-		opts:    o,
-		log:     log,
-		dyn:     map[control.ListKind]map[netip.Prefix]dynEntry{control.Deny: {}, control.Allow: {}},
-		atts:    map[string]*loader.Attachment{},
-		history: newHistory(16),
-		top:     newTopTalkers(5 * time.Minute),
+		opts:        o,
+		log:         log,
+		dyn:         map[control.ListKind]map[netip.Prefix]dynEntry{control.Deny: {}, control.Allow: {}},
+		atts:        map[string]*loader.Attachment{},
+		history:     newHistory(16),
+		top:         newTopTalkers(5 * time.Minute),
+		escalations: make(chan control.ListChange, 256),
 	}
+	d.reg = d.newRegistry()
 	if err := d.loadLists(); err != nil {
 		return nil, err
 	}
@@ -230,7 +241,7 @@ func (d *Daemon) readConfig() ([]byte, string, error) {
 func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (running, error) {
 	p, err := policy.Parse(source, raw, os.ReadFile)
 	if err != nil {
-		return running{}, err
+		return running{}, withL7Problems(err, raw, source)
 	}
 	table, err := d.asnData(ctx, p.ASNData.Path)
 	if err != nil {
@@ -244,6 +255,10 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	if err != nil {
 		return running{}, fmt.Errorf("compile policy %s: %w", source, err)
 	}
+	l7cfg, l7raw, err := decodeL7(p, source)
+	if err != nil {
+		return running{}, err
+	}
 	if d.dp != nil {
 		if err := d.checkSizes(p.Tables); err != nil {
 			return running{}, err
@@ -253,7 +268,7 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	for _, r := range c.Rules {
 		names[r.ID] = r.Name
 	}
-	return running{source: source, raw: raw, pol: p, compiled: c, names: names}, nil
+	return running{source: source, raw: raw, pol: p, compiled: c, names: names, l7: l7cfg, l7raw: l7raw}, nil
 }
 
 // checkSizes refuses table sizes that differ from the loaded maps: those
@@ -343,7 +358,10 @@ func (d *Daemon) applyLocked(ctx context.Context, raw []byte, source, trigger st
 	if err := d.commit(next, trigger); err != nil {
 		return err
 	}
-	return d.syncAttachments()
+	if err := d.syncAttachments(); err != nil {
+		return err
+	}
+	return d.syncL7(ctx)
 }
 
 // syncLists writes the policy's lists merged with the run-time entries.
@@ -398,6 +416,16 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("counters", d.sampleCounters)
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.expireLists)
+	run("escalations", d.applyEscalations)
+	d.mu.Lock()
+	err := d.syncL7(ctx)
+	d.mu.Unlock()
+	if err != nil {
+		cancel()
+		wg.Wait()
+		d.stop()
+		return err
+	}
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()
@@ -412,6 +440,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 func (d *Daemon) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.stopL7()
 	for name, a := range d.atts {
 		if d.opts.Keep {
 			a.Release()

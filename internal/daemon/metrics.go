@@ -25,8 +25,9 @@ func (d *Daemon) metricsListen() string {
 	return d.cur.pol.Metrics.Listen
 }
 
-// Registry returns the daemon's metrics registry.
-func (d *Daemon) Registry() *prometheus.Registry {
+// newRegistry makes the daemon's one metrics registry: Go runtime, process,
+// the data plane's collector, and (registered by it) the L7 stage's.
+func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	d.registerXDP(reg)
@@ -43,7 +44,7 @@ func (d *Daemon) serveMetrics(ctx context.Context) error {
 		return fmt.Errorf("metrics listen on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.Registry(), promhttp.HandlerOpts{ErrorLog: nil}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
