@@ -8,6 +8,7 @@
 #
 #   sudo bench/flood.sh --quick          # 2 s per case, about 3-4 minutes
 #   sudo bench/flood.sh                  # 5 s per case
+#   sudo ROUNDS=3 bench/flood.sh --quick # every case 3 times, interleaved, then medians
 #   sudo bench/flood.sh -- -threaded     # time the NAPI kthread instead (extra flags go to floodbench)
 #
 # Safety: every address on an interface is in 198.18.0.0/15; the spoofed
@@ -53,6 +54,7 @@ echo "# load:        $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# iptables:    $(iptables --version)"
 echo "# nft:         $(nft --version)"
 echo "# commit:      $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-echo "# command:     floodbench -prefix $prefix -duration $DURATION $*"
-# 39 cases of at most ~6 s each; the bound is generous, not a target.
-timeout 900 "$bin/floodbench" -prefix "$prefix" -duration "$DURATION" "$@"
+ROUNDS=${ROUNDS:-1}
+echo "# command:     floodbench -prefix $prefix -duration $DURATION -rounds $ROUNDS $*"
+# 39 cases of at most ~6 s each (quick), per round; the bound is generous.
+timeout $((900 * ROUNDS)) "$bin/floodbench" -prefix "$prefix" -duration "$DURATION" -rounds "$ROUNDS" "$@"

@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -49,6 +50,7 @@ type config struct {
 	suites     string
 	threaded   bool
 	filterList string
+	rounds     int
 }
 
 func main() {
@@ -61,6 +63,7 @@ func main() {
 	flag.IntVar(&c.napiCPU, "napi-cpu", 1, "CPU for the receiving NAPI kthread")
 	flag.BoolVar(&c.threaded, "threaded", false, "threaded NAPI on the flood interface, timed by its kthread "+
 		"(default: NAPI runs as softirq on the generator's CPU, timed with the generator thread, minus the floor)")
+	flag.IntVar(&c.rounds, "rounds", 1, "run the case list this many times, interleaved, and print medians")
 	flag.StringVar(&c.suites, "suites", "compare,sources,rules", "comma-separated: compare, sources, rules")
 	flag.StringVar(&c.filterList, "filters", "", "only these filters in compare (comma-separated substrings)")
 	flag.Parse()
@@ -161,37 +164,109 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	fmt.Println("| suite | filter | sources | extra rules | received Mpps | ring drops | flood dropped | flood passed pps | filter's count | ns CPU/pkt | above floor | dropped per CPU-s (M) | legit success |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	floor := map[string]float64{} // total ns/pkt of the floor, by sources
-	for i, bc := range cases(c) {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	list := cases(c)
+	samples := make([][]sample, len(list))
+	for round := 0; round < max(c.rounds, 1); round++ {
+		for i, bc := range list {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			f := bc.f()
+			r, err := runCase(c, fmt.Sprintf("%s-%d-%d", c.prefix, round, i), f, bc.src, bc.rules)
+			if err != nil {
+				log.Error("case failed", "filter", f.name(), "sources", bc.src.name, "err", err)
+				fmt.Printf("| %s | %s | %s | %d | failed: %s |\n", bc.suite, f.name(), bc.src.name, bc.rules, strings.ReplaceAll(err.Error(), "\n", " "))
+				continue
+			}
+			dropped := r.received - min(r.passed, r.received)
+			perPkt := float64(r.cpu.Nanoseconds()) / float64(max(r.received, 1))
+			dropRate := float64(dropped) / r.cpu.Seconds() / 1e6
+			if _, ok := f.(*xdpConst); ok {
+				floor[bc.src.name] = perPkt
+			}
+			above := "-"
+			if fl, ok := floor[bc.src.name]; ok {
+				above = fmt.Sprintf("%.0f", perPkt-fl)
+			}
+			fmt.Printf("| %s | %s | %s | %d | %.2f | %.1f%% | %.2f%% | %.0f | %d | %.0f | %s | %.2f | %.2f%% (%d/%d) |\n",
+				bc.suite, f.name(), bc.src.name, bc.rules,
+				float64(r.received)/r.elapsed.Seconds()/1e6,
+				100*float64(r.ringDrops)/float64(max(r.offered, 1)),
+				100*float64(dropped)/float64(max(r.received, 1)),
+				float64(r.passed)/r.elapsed.Seconds(), r.filterCount,
+				perPkt, above, dropRate,
+				100*float64(r.legit.answered)/float64(max(r.legit.sent, 1)), r.legit.answered, r.legit.sent)
+			samples[i] = append(samples[i], sample{
+				perPkt: perPkt, dropShare: float64(dropped) / float64(max(r.received, 1)),
+				passedPPS: float64(r.passed) / r.elapsed.Seconds(), dropRate: dropRate,
+				legitSent: r.legit.sent, legitOK: r.legit.answered,
+			})
 		}
-		f := bc.f()
-		r, err := runCase(c, fmt.Sprintf("%s-%d", c.prefix, i), f, bc.src, bc.rules)
-		if err != nil {
-			log.Error("case failed", "filter", f.name(), "sources", bc.src.name, "err", err)
-			fmt.Printf("| %s | %s | %s | %d | failed: %s |\n", bc.suite, f.name(), bc.src.name, bc.rules, strings.ReplaceAll(err.Error(), "\n", " "))
+	}
+	if c.rounds > 1 {
+		printMedians(list, samples)
+	}
+	return nil
+}
+
+// sample is one run of one case.
+type sample struct {
+	perPkt, dropShare, passedPPS, dropRate float64
+	legitSent, legitOK                     uint64
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// printMedians prints every case's medians over the rounds, the minimum
+// CPU per packet in brackets, and the legit clients' total over all rounds.
+func printMedians(list []benchCase, samples [][]sample) {
+	fmt.Printf("\n# medians over the rounds (minimum in brackets); 'above floor' uses the floor's median\n")
+	fmt.Println("| suite | filter | sources | extra rules | rounds | ns CPU/pkt | above floor | flood dropped | flood passed pps | dropped per CPU-s (M) | legit success (all rounds) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	floor := map[string]float64{}
+	for i, bc := range list {
+		ss := samples[i]
+		if len(ss) == 0 {
 			continue
 		}
-		dropped := r.received - min(r.passed, r.received)
-		perPkt := float64(r.cpu.Nanoseconds()) / float64(max(r.received, 1))
-		dropRate := float64(dropped) / r.cpu.Seconds() / 1e6
-		if _, ok := f.(*xdpConst); ok {
-			floor[bc.src.name] = perPkt
+		col := func(get func(sample) float64) []float64 {
+			var out []float64
+			for _, s := range ss {
+				out = append(out, get(s))
+			}
+			return out
+		}
+		per := col(func(s sample) float64 { return s.perPkt })
+		name := bc.f().name()
+		if _, ok := bc.f().(*xdpConst); ok {
+			floor[bc.src.name] = median(per)
 		}
 		above := "-"
 		if fl, ok := floor[bc.src.name]; ok {
-			above = fmt.Sprintf("%.0f", perPkt-fl)
+			above = fmt.Sprintf("%.0f", median(per)-fl)
 		}
-		fmt.Printf("| %s | %s | %s | %d | %.2f | %.1f%% | %.2f%% | %.0f | %d | %.0f | %s | %.2f | %.2f%% (%d/%d) |\n",
-			bc.suite, f.name(), bc.src.name, bc.rules,
-			float64(r.received)/r.elapsed.Seconds()/1e6,
-			100*float64(r.ringDrops)/float64(max(r.offered, 1)),
-			100*float64(dropped)/float64(max(r.received, 1)),
-			float64(r.passed)/r.elapsed.Seconds(), r.filterCount,
-			perPkt, above, dropRate,
-			100*float64(r.legit.answered)/float64(max(r.legit.sent, 1)), r.legit.answered, r.legit.sent)
+		var sent, ok uint64
+		for _, s := range ss {
+			sent += s.legitSent
+			ok += s.legitOK
+		}
+		fmt.Printf("| %s | %s | %s | %d | %d | %.0f (%.0f) | %s | %.2f%% | %.0f | %.2f | %.2f%% (%d/%d) |\n",
+			bc.suite, name, bc.src.name, bc.rules, len(ss), median(per), slices.Min(per), above,
+			100*median(col(func(s sample) float64 { return s.dropShare })),
+			median(col(func(s sample) float64 { return s.passedPPS })),
+			median(col(func(s sample) float64 { return s.dropRate })),
+			100*float64(ok)/float64(max(sent, 1)), ok, sent)
 	}
-	return nil
 }
 
 func runCase(c config, prefix string, f filter, src sources, extraRules int) (res result, err error) {
