@@ -110,7 +110,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (err error) {
 	if removed, err := testbed.RemoveStale(demoNamePrefix); err != nil {
 		fmt.Fprintf(out, "warning: removing namespaces of earlier demos: %v\n", err)
 	} else if len(removed) > 0 {
-		fmt.Fprintf(out, "removed %d namespaces an earlier, killed demo left behind\n", len(removed))
+		fmt.Fprintf(out, "removed what an earlier, killed demo left behind: %v\n", removed)
 	}
 	dir, err := os.MkdirTemp("", "edgeguard-demo-")
 	if err != nil {

@@ -118,34 +118,47 @@ func (t *Testbed) Names() []string {
 	return out
 }
 
-// RemoveStale deletes namespaces named <base>-<pid>-... whose pid is no
-// longer running: what a process killed with SIGKILL left behind. It
-// returns the names it removed.
+// bpffsDir is where the daemons of testbeds pin their objects.
+const bpffsDir = "/sys/fs/bpf"
+
+// RemoveStale deletes what a process killed with SIGKILL (or a test binary
+// interrupted before its cleanups ran) left behind: namespaces named
+// <base>-<pid>-... and pin directories /sys/fs/bpf/<base>-<pid>[-...] whose
+// pid is no longer running. It returns what it removed.
 func RemoveStale(base string) ([]string, error) {
-	entries, err := os.ReadDir(netnsDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", netnsDir, err)
-	}
 	var removed []string
 	var errs []error
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), base+"-")
-		if !ok {
+	for _, dir := range []string{netnsDir, bpffsDir} {
+		entries, err := os.ReadDir(dir)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		pidText, _, _ := strings.Cut(rest, "-")
-		pid, err := strconv.Atoi(pidText)
-		if err != nil || pid <= 0 || processAlive(pid) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list %s: %w", dir, err))
 			continue
 		}
-		if err := vnetns.DeleteNamed(e.Name()); err != nil {
-			errs = append(errs, fmt.Errorf("remove stale namespace %s: %w", e.Name(), err))
-			continue
+		for _, e := range entries {
+			rest, ok := strings.CutPrefix(e.Name(), base+"-")
+			if !ok {
+				continue
+			}
+			pidText, _, _ := strings.Cut(rest, "-")
+			pid, err := strconv.Atoi(pidText)
+			if err != nil || pid <= 0 || processAlive(pid) {
+				continue
+			}
+			path := filepath.Join(dir, e.Name())
+			if dir == netnsDir {
+				err = vnetns.DeleteNamed(e.Name())
+			} else {
+				err = os.RemoveAll(path)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("remove stale %s: %w", path, err))
+				continue
+			}
+			removed = append(removed, path)
 		}
-		removed = append(removed, e.Name())
 	}
 	return removed, errors.Join(errs...)
 }

@@ -232,7 +232,7 @@ func TestScenario1OneSource(t *testing.T) {
 	passed := s.sinkSettled()
 	d := s.countersSince(base, fr.Sent+uint64(lr.Sent))
 	budget := 500 + 500*fr.Elapsed.Seconds()
-	report(t, "offered %d in %v, passed %d (budget %.0f), dropped src_limit %d; legit udp %v; legit tcp %v",
+	report(t, "offered %d in %v, passed %d (budget %.0f), dropped source_limit %d; legit udp %v; legit tcp %v",
 		fr.Sent, fr.Elapsed.Round(time.Millisecond), passed, budget, d["drop/source_limit"], lr, tr)
 	within(t, "flood passed (socket)", float64(passed), budget, 0.10)
 	within(t, "flood passed (counters: offered - src_limit drops)", float64(fr.Sent-d["drop/source_limit"]), budget, 0.10)

@@ -62,7 +62,7 @@ func New(tb testing.TB) *Testbed {
 	if removed, err := testbed.RemoveStale(namePrefix); err != nil {
 		tb.Logf("removing stale namespaces: %v", err)
 	} else if len(removed) > 0 {
-		tb.Logf("removed %d namespaces left by killed test runs: %v", len(removed), removed)
+		tb.Logf("removed %d namespaces and pin directories left by killed test runs: %v", len(removed), removed)
 	}
 	tp := testbed.New(fmt.Sprintf("%s-%d-%d", namePrefix, os.Getpid(), testbedSeq.Add(1)))
 	tb.Cleanup(func() {
