@@ -252,7 +252,7 @@ func demoTraffic(ctx context.Context, out io.Writer, lab *testbed.Lab, o demoOpt
 	}
 	if st, err := lab.Daemon.Stats(context.WithoutCancel(ctx)); err == nil {
 		c := testbed.CountersOf(st)
-		fmt.Fprintf(out, "program counters: pass %d, drop %d (asn_limit %d, prefix_limit %d, source_limit %d)\n",
+		fmt.Fprintf(out, "program counters (the daemon reads them once a second): pass %d, drop %d (asn_limit %d, prefix_limit %d, source_limit %d)\n",
 			c.Action("pass"), c.Action("drop"), c["drop/asn_limit"], c["drop/prefix_limit"], c["drop/source_limit"])
 	}
 	return nil
