@@ -25,8 +25,8 @@ import (
 const demoNamePrefix = "eg-demo"
 
 // demoPolicy is the built-in example policy's shape (examples/edgeguard.yaml),
-// scaled to what a laptop generates: per-source, per-/24 and per-ASN limits
-// in the default rule and no rule naming the attacker. %s: interfaces and
+// scaled to what one machine generates: per-source, per-/24 and per-ASN
+// limits in the default rule and no rule naming the attacker. %s: interfaces and
 // the ASN data path.
 const demoPolicy = `apiVersion: edgeguard/v1
 %smode: enforce
@@ -96,8 +96,8 @@ and processes.`,
 	cmd.Flags().DurationVar(&o.warmup, "warmup", 3*time.Second, "legitimate traffic alone before the flood starts")
 	cmd.Flags().DurationVar(&o.every, "every", 2*time.Second, "table refresh interval")
 	cmd.Flags().IntVar(&o.sources, "sources", 1000, "attacker addresses, spread over 198.19.0.0/16")
-	cmd.Flags().IntVar(&o.perSource, "per-source", 20, "packets per second from each attacker address")
-	cmd.Flags().IntVar(&o.asnRate, "asn-rate", 2000, "the policy's per-ASN packet rate (and burst)")
+	cmd.Flags().IntVar(&o.perSource, "per-source", 100, "packets per second from each attacker address")
+	cmd.Flags().IntVar(&o.asnRate, "asn-rate", 10000, "the policy's per-ASN packet rate (and burst)")
 	cmd.Flags().IntVar(&o.legitRate, "legit-rate", 13, "requests per second from each of the 8 legitimate addresses")
 	return cmd
 }
