@@ -23,6 +23,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Set by the loader before the program is loaded. */
 volatile const __u32 eg_max_rules = EG_DEFAULT_MAX_RULES;
+/* seen_filter has eg_seen_mask + 1 words (a power of two). */
+volatile const __u32 eg_seen_mask = EG_DEFAULT_SRC_ENTRIES - 1;
 /* Tests set this to read time from the test_clock map instead of the kernel
  * clock; the verifier removes the branch not taken. */
 volatile const __u8 eg_test_clock = 0;
@@ -243,6 +245,75 @@ static __always_inline struct eg_bucket *lookup_or_create(void *map, const void 
 	return bpf_map_lookup_elem(map, key);
 }
 
+/* key_hash mixes the 32-bit words of a bucket key (FNV-1a per word, then a
+ * murmur3 finalizer). internal/refmodel mirrors it. */
+static __always_inline __u32 key_hash(const __u32 *w, int n)
+{
+	__u32 h = 0x811c9dc5;
+
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		if (i < n)
+			h = (h ^ w[i]) * 0x01000193;
+	}
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	return h;
+}
+
+/* seen_before is the new-source filter that keeps spoofed floods from
+ * churning the LRU tables. A key (source or derived prefix) gets a bucket
+ * only once it has been seen before within the current epoch (~1 s); its
+ * first packet is charged to that bucket when it is created. A random
+ * spoofed source, seen once, never costs an insert or an eviction. It
+ * reports whether key was already marked, and marks it. A lost race only
+ * leaves a key unmarked, which is harmless: it is marked next time. */
+static __always_inline int seen_before(const __u32 *w, int n, __u64 now)
+{
+	__u32 h = key_hash(w, n);
+	__u32 idx = (h >> 6) & eg_seen_mask;
+	__u64 epoch = ((now >> EG_TICK_SHIFT) >> EG_SEEN_EPOCH_SHIFT) & 0xff;
+	__u64 bit = 1ULL << ((h & 63) % EG_SEEN_BITS);
+	__u64 *word = bpf_map_lookup_elem(&seen_filter, &idx);
+	__u64 old, bits;
+
+	if (!word)
+		return 1;
+	old = *(volatile __u64 *)word;
+	bits = (old >> EG_SEEN_BITS) == epoch ? old & ((1ULL << EG_SEEN_BITS) - 1) : 0;
+	if (bits & bit)
+		return 1;
+	__sync_val_compare_and_swap(word, old, (epoch << EG_SEEN_BITS) | bits | bit);
+	return 0;
+}
+
+/* gated is whether a bucket's creation goes through the new-source filter:
+ * only for packet limits faster than one per epoch, so that a source
+ * sending one packet per epoch (below any such limit anyway) is the most
+ * that escapes its bucket. */
+static __always_inline int gated(const struct eg_bucket_cfg *cfg)
+{
+	return cfg->pkt_t && cfg->pkt_t < (1ULL << (EG_SEEN_EPOCH_SHIFT + EG_TICK_SHIFT));
+}
+
+/* create_charged inserts a bucket that already holds the charge of the
+ * packet that marked its key in the filter (taken to be this packet's
+ * size), so a burst at one instant is admitted exactly as without the
+ * filter. */
+static __always_inline struct eg_bucket *create_charged(void *map, const void *key, const struct eg_bucket_cfg *cfg,
+							 __u64 now, __u32 len)
+{
+	struct eg_bucket fresh = {};
+
+	if (cfg->pkt_t)
+		fresh.pkt_tat = now + cfg->pkt_t;
+	if (cfg->byte_t)
+		fresh.byte_tat = now + byte_cost(cfg, len);
+	bpf_map_update_elem(map, key, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, key);
+}
+
 SEC("xdp")
 int xdp_limiter(struct xdp_md *ctx)
 {
@@ -384,15 +455,25 @@ int xdp_limiter(struct xdp_md *ctx)
 		mask_addr(sk.addr, pi.addr,
 			  v4 ? 96 + (rule->src_len4 > 32 ? 32 : rule->src_len4)
 			     : (rule->src_len6 > 128 ? 128 : rule->src_len6));
-		sb = lookup_or_create(&src_buckets, &sk);
+		sb = bpf_map_lookup_elem(&src_buckets, &sk);
+		if (!sb) {
+			if (!gated(&rule->src))
+				sb = lookup_or_create(&src_buckets, &sk);
+			else if (seen_before((const __u32 *)&sk, sizeof(sk) / 4, now))
+				sb = create_charged(&src_buckets, &sk, &rule->src, now, pi.len);
+		}
 		if (sb && !bucket_take(sb, &rule->src, now, pi.len)) {
 			v.reason = EG_R_SRC_LIMIT;
 			goto limited;
 		}
 	}
 	if (rule->agg_mode != EG_AGG_NONE && bucket_limited(&rule->agg)) {
-		if (!ab)
-			ab = lookup_or_create(&agg_buckets, &ak);
+		if (!ab) {
+			if (rule->agg_mode != EG_AGG_DERIVED || !gated(&rule->agg))
+				ab = lookup_or_create(&agg_buckets, &ak);
+			else if (seen_before((const __u32 *)&ak, sizeof(ak) / 4, now))
+				ab = create_charged(&agg_buckets, &ak, &rule->agg, now, pi.len);
+		}
 		if (ab && !bucket_take(ab, &rule->agg, now, pi.len)) {
 			v.reason = EG_R_PREFIX_LIMIT;
 			goto limited;

@@ -134,6 +134,17 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } samples SEC(".maps");
 
+/* New-source filter (see seen_before in xdp_limiter.c): a bitmap in words
+ * of [8-bit epoch | 56 bits]; words of an older epoch read as empty, so it
+ * clears itself. Size is a power of two set at load time. Not pinned: a
+ * restarted daemon starts with an empty filter, which costs nothing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EG_DEFAULT_SRC_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u64);
+} seen_filter SEC(".maps");
+
 /* Only read when the program was loaded with eg_test_clock set. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -27,6 +27,10 @@
 enum eg_sizes {
 	EG_IFACE_SLOTS = 16,
 	EG_IFINDEX_MAX = 65536,
+	/* New-source filter: each u64 word holds an 8-bit epoch and 56 bits. */
+	EG_SEEN_BITS = 56,
+	/* Epochs are 2^30 ns (~1.07 s) of the data plane's clock. */
+	EG_SEEN_EPOCH_SHIFT = 30,
 };
 
 /* "Never expires" for list entries. */

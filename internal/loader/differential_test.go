@@ -49,7 +49,7 @@ func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
 	if err := h.td.m.SetLists(lists); err != nil {
 		h.tb.Fatalf("set lists: %v", err)
 	}
-	h.model = refmodel.New(diffSizes.MaxRules)
+	h.model = refmodel.New(diffSizes.MaxRules, diffSizes.SrcEntries)
 	if err := h.model.Apply(g); err != nil {
 		h.tb.Fatalf("model apply: %v", err)
 	}
@@ -61,7 +61,8 @@ func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
 	h.log = h.log[:0]
 }
 
-// clearTables empties the bucket tables (per-source, aggregates, global).
+// clearTables empties the bucket tables (per-source, aggregates, global)
+// and the new-source filter.
 func clearTables(td *testDatapath) {
 	td.tb.Helper()
 	o := &td.d.Objects
@@ -90,6 +91,15 @@ func clearTables(td *testDatapath) {
 		if err := o.GlobalBuckets.Put(slot, loader.LimiterEgBucket{}); err != nil {
 			td.tb.Fatalf("clear global_buckets: %v", err)
 		}
+	}
+	// The new-source filter is state too: a fresh model starts empty.
+	n := o.SeenFilter.MaxEntries()
+	keys := make([]uint32, n)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := o.SeenFilter.BatchUpdate(keys, make([]uint64, n), nil); err != nil {
+		td.tb.Fatalf("clear seen_filter: %v", err)
 	}
 }
 

@@ -256,8 +256,10 @@ type LimiterEgSample struct {
 type LimiterEgSizes uint32
 
 const (
-	LimiterEgSizesEG_IFACE_SLOTS LimiterEgSizes = 16
-	LimiterEgSizesEG_IFINDEX_MAX LimiterEgSizes = 65536
+	LimiterEgSizesEG_IFACE_SLOTS      LimiterEgSizes = 16
+	LimiterEgSizesEG_IFINDEX_MAX      LimiterEgSizes = 65536
+	LimiterEgSizesEG_SEEN_BITS        LimiterEgSizes = 56
+	LimiterEgSizesEG_SEEN_EPOCH_SHIFT LimiterEgSizes = 30
 )
 
 type LimiterEgSrcKey struct {
@@ -282,12 +284,14 @@ const (
 	LimiterMapRuleStats     = "rule_stats"
 	LimiterMapRules         = "rules"
 	LimiterMapSamples       = "samples"
+	LimiterMapSeenFilter    = "seen_filter"
 	LimiterMapSrcBuckets    = "src_buckets"
 	LimiterMapStats         = "stats"
 	LimiterMapTestClock     = "test_clock"
 	LimiterProgXdpLimiter   = "xdp_limiter"
 	LimiterVarEgBtfAnchor   = "eg_btf_anchor"
 	LimiterVarEgMaxRules    = "eg_max_rules"
+	LimiterVarEgSeenMask    = "eg_seen_mask"
 	LimiterVarEgTestClock   = "eg_test_clock"
 )
 
@@ -351,6 +355,7 @@ type LimiterMapSpecs struct {
 	RuleStats     *ebpf.MapSpec `ebpf:"rule_stats"`
 	Rules         *ebpf.MapSpec `ebpf:"rules"`
 	Samples       *ebpf.MapSpec `ebpf:"samples"`
+	SeenFilter    *ebpf.MapSpec `ebpf:"seen_filter"`
 	SrcBuckets    *ebpf.MapSpec `ebpf:"src_buckets"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	TestClock     *ebpf.MapSpec `ebpf:"test_clock"`
@@ -362,6 +367,7 @@ type LimiterMapSpecs struct {
 type LimiterVariableSpecs struct {
 	EgBtfAnchor *ebpf.VariableSpec `ebpf:"eg_btf_anchor"`
 	EgMaxRules  *ebpf.VariableSpec `ebpf:"eg_max_rules"`
+	EgSeenMask  *ebpf.VariableSpec `ebpf:"eg_seen_mask"`
 	EgTestClock *ebpf.VariableSpec `ebpf:"eg_test_clock"`
 }
 
@@ -396,6 +402,7 @@ type LimiterMaps struct {
 	RuleStats     *ebpf.Map `ebpf:"rule_stats"`
 	Rules         *ebpf.Map `ebpf:"rules"`
 	Samples       *ebpf.Map `ebpf:"samples"`
+	SeenFilter    *ebpf.Map `ebpf:"seen_filter"`
 	SrcBuckets    *ebpf.Map `ebpf:"src_buckets"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	TestClock     *ebpf.Map `ebpf:"test_clock"`
@@ -414,6 +421,7 @@ func (m *LimiterMaps) Close() error {
 		m.RuleStats,
 		m.Rules,
 		m.Samples,
+		m.SeenFilter,
 		m.SrcBuckets,
 		m.Stats,
 		m.TestClock,
@@ -426,6 +434,7 @@ func (m *LimiterMaps) Close() error {
 type LimiterVariables struct {
 	EgBtfAnchor *ebpf.Variable `ebpf:"eg_btf_anchor"`
 	EgMaxRules  *ebpf.Variable `ebpf:"eg_max_rules"`
+	EgSeenMask  *ebpf.Variable `ebpf:"eg_seen_mask"`
 	EgTestClock *ebpf.Variable `ebpf:"eg_test_clock"`
 }
 

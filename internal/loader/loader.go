@@ -62,6 +62,18 @@ func (s Sizes) withDefaults() Sizes {
 	return d
 }
 
+// SeenFilterWords is the size of the new-source filter for a per-source
+// table of srcEntries: the next power of two, at least 1024 words (each of
+// 56 bits), so under a flood of random sources about 1 in 56×(words/
+// sources per epoch) collide and get a bucket early.
+func SeenFilterWords(srcEntries uint32) uint32 {
+	n := uint32(1024)
+	for n < srcEntries && n < 1<<26 {
+		n <<= 1
+	}
+	return n
+}
+
 // Options configure Load.
 type Options struct {
 	Sizes Sizes
@@ -119,6 +131,11 @@ func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
 		m.MaxEntries = n
 	}
 	spec.Maps[LimiterMapPrefixGens].InnerMap.MaxEntries = s.PrefixEntries
+	seen := SeenFilterWords(s.SrcEntries)
+	spec.Maps[LimiterMapSeenFilter].MaxEntries = seen
+	if err := spec.Variables["eg_seen_mask"].Set(seen - 1); err != nil {
+		return nil, fmt.Errorf("set eg_seen_mask: %w", err)
+	}
 	if err := spec.Variables["eg_max_rules"].Set(s.MaxRules); err != nil {
 		return nil, fmt.Errorf("set eg_max_rules: %w", err)
 	}

@@ -121,15 +121,20 @@ type Model struct {
 	global   Bucket
 	counters maps.Counters
 	rules    map[uint32]maps.RuleCounters
+	seen     map[uint32]uint64 // new-source filter words
+	seenMask uint32
 }
 
 // New returns a model of a program loaded with room for maxRules rules
-// (loader.Sizes.MaxRules), with no policy, empty lists and empty tables.
+// (loader.Sizes.MaxRules) and srcEntries per-source buckets (which size
+// its new-source filter), with no policy, empty lists and empty tables.
 // Rule ids are the policy's (any 32-bit value); the table slots the
 // program keeps them in are not modelled, only their effect on counters.
-func New(maxRules uint32) *Model {
+func New(maxRules, srcEntries uint32) *Model {
 	return &Model{
 		maxRules: maxRules,
+		seen:     map[uint32]uint64{},
+		seenMask: loader.SeenFilterWords(srcEntries) - 1,
 		src:      map[SrcKey]Bucket{},
 		agg:      map[AggKey]Bucket{},
 		rules:    map[uint32]maps.RuleCounters{},
@@ -432,26 +437,47 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		}
 	}
 
-	// Then charge, most specific first. A created bucket starts at TAT 0.
+	// Then charge, most specific first. A bucket created without the
+	// new-source filter starts at TAT 0.
 	if r.srcLim {
 		n := int(min(r.srcLen6, 128))
 		if v4 {
 			n = 96 + int(min(r.srcLen4, 32))
 		}
 		sk := SrcKey{RuleId: r.id, Addr: maskAddr(pi.Addr, n)}
-		b := m.src[sk]
-		ok := take(&b, r.src, now, pi.Len)
-		m.src[sk] = b
-		if !ok {
-			return m.limited(v, maps.ReasonSrcLimit, &r)
+		b, have := m.src[sk]
+		if !have && gated(r.src) {
+			// The new-source filter: a bucket only for a key seen before
+			// in this epoch, created holding the first packet's charge.
+			if m.seenBefore(srcKeyBytes(sk), now) {
+				b, have = charged(r.src, now, pi.Len), true
+			}
+		} else {
+			have = true
+		}
+		if have {
+			ok := take(&b, r.src, now, pi.Len)
+			m.src[sk] = b
+			if !ok {
+				return m.limited(v, maps.ReasonSrcLimit, &r)
+			}
 		}
 	}
 	if r.aggMode != maps.AggNone && r.aggLim {
-		b := m.agg[ak]
-		ok := take(&b, r.agg, now, pi.Len)
-		m.agg[ak] = b
-		if !ok {
-			return m.limited(v, maps.ReasonPrefixLimit, &r)
+		b, have := m.agg[ak]
+		if !have && r.aggMode == maps.AggDerived && gated(r.agg) {
+			if m.seenBefore(aggKeyBytes(ak), now) {
+				b, have = charged(r.agg, now, pi.Len), true
+			}
+		} else {
+			have = true
+		}
+		if have {
+			ok := take(&b, r.agg, now, pi.Len)
+			m.agg[ak] = b
+			if !ok {
+				return m.limited(v, maps.ReasonPrefixLimit, &r)
+			}
 		}
 	}
 	if asn != 0 && r.asLim {

@@ -1,0 +1,80 @@
+package refmodel
+
+import (
+	"encoding/binary"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// The new-source filter, mirrored from seen_before in bpf/xdp_limiter.c.
+const (
+	seenBits        = uint64(loader.LimiterEgSizesEG_SEEN_BITS)
+	seenEpochShift  = uint64(loader.LimiterEgSizesEG_SEEN_EPOCH_SHIFT)
+	seenMaxInterval = uint64(1) << (seenEpochShift + maps.TickShift)
+)
+
+// keyHash is key_hash: FNV-1a over the key's little-endian 32-bit words,
+// then a murmur3 finalizer.
+func keyHash(key []byte) uint32 {
+	h := uint32(0x811c9dc5)
+	for i := 0; i+4 <= len(key) && i < 32; i += 4 {
+		h = (h ^ binary.LittleEndian.Uint32(key[i:])) * 0x01000193
+	}
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	return h
+}
+
+func srcKeyBytes(k SrcKey) []byte {
+	b := make([]byte, 0, 24)
+	b = binary.LittleEndian.AppendUint32(b, k.RuleId)
+	b = binary.LittleEndian.AppendUint32(b, k.Pad)
+	return append(b, k.Addr[:]...)
+}
+
+func aggKeyBytes(k AggKey) []byte {
+	b := make([]byte, 0, 32)
+	b = binary.LittleEndian.AppendUint32(b, k.RuleId)
+	b = append(b, k.Kind, k.Len)
+	b = binary.LittleEndian.AppendUint16(b, k.Pad0)
+	b = binary.LittleEndian.AppendUint32(b, k.Asn)
+	b = binary.LittleEndian.AppendUint32(b, k.Pad1)
+	return append(b, k.Addr[:]...)
+}
+
+// seenBefore is seen_before: whether key is marked in the current epoch,
+// marking it.
+func (m *Model) seenBefore(key []byte, now uint64) bool {
+	h := keyHash(key)
+	idx := (h >> 6) & m.seenMask
+	epoch := ((now >> maps.TickShift) >> seenEpochShift) & 0xff
+	bit := uint64(1) << (uint64(h&63) % seenBits)
+	old := m.seen[idx]
+	var bits uint64
+	if old>>seenBits == epoch {
+		bits = old & (1<<seenBits - 1)
+	}
+	if bits&bit != 0 {
+		return true
+	}
+	m.seen[idx] = epoch<<seenBits | bits | bit
+	return false
+}
+
+// gated is gated(): creation through the filter only for packet limits
+// faster than one per epoch.
+func gated(c maps.BucketCfg) bool { return c.PktT != 0 && c.PktT < seenMaxInterval }
+
+// charged is the state create_charged inserts.
+func charged(c maps.BucketCfg, now uint64, length uint32) Bucket {
+	var b Bucket
+	if c.PktT != 0 {
+		b.PktTat = now + c.PktT
+	}
+	if c.ByteT != 0 {
+		b.ByteTat = now + maps.ByteCost(c, length)
+	}
+	return b
+}
