@@ -51,7 +51,7 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo: %v", err)
 	}
-	for _, want := range []string{"CLASS", "legit (8 addresses)", "attacker (1000 addresses)", "legit clients:", "program counters:"} {
+	for _, want := range []string{"CLASS", "legit (8 addresses)", "attacker (1000 addresses)", "legit clients:", "program counters"} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("demo output lacks %q", want)
 		}

@@ -474,21 +474,24 @@ func (s *scenario) sampleSink() (stop func() []sinkSample) {
 	return func() []sinkSample { close(done); <-finished; return out }
 }
 
-// checkNeverUnlimited fails if in any sampling interval more passed than
-// the rate allows, with 50% slack for a late sample. A whole burst is
-// allowed only in the first interval and within 500 ms of an event (a
+// checkNeverUnlimited fails if in any window of about a second (four
+// sampling intervals, sliding) more passed than the rate allows, with 20%
+// slack plus a quarter second's worth for the sink's reader lagging behind
+// the socket on a busy machine. A whole burst is allowed only in windows
+// that start at the flood's start or come within 500 ms of an event (a
 // reload or a restart may legitimately start a bucket full); elsewhere the
-// bucket is empty and only the rate passes. An unlimited 10k/s flood passes
-// 2,500 per interval, over three times the 750 allowed at 2,000/s.
+// bucket is empty and only the rate passes. An unlimited 10k/s flood
+// passes 10,000 per second, over three times the 3,000 allowed at 2,000/s.
 func checkNeverUnlimited(t *testing.T, samples []sinkSample, rate, burst float64, events ...time.Time) {
 	t.Helper()
+	const span = 4
 	worst := 0.0
-	for i := 1; i < len(samples); i++ {
-		from, to := samples[i-1].at, samples[i].at
+	for i := 0; i+span < len(samples); i++ {
+		from, to := samples[i].at, samples[i+span].at
 		dt := to.Sub(from).Seconds()
-		got := float64(samples[i].passed - samples[i-1].passed)
-		limit := 1.5 * rate * dt
-		if i == 1 {
+		got := float64(samples[i+span].passed - samples[i].passed)
+		limit := 1.2 * rate * (dt + 0.25)
+		if i == 0 {
 			limit += burst
 		}
 		for _, e := range events {
@@ -503,7 +506,7 @@ func checkNeverUnlimited(t *testing.T, samples []sinkSample, rate, burst float64
 				from.Sub(samples[0].at).Seconds(), to.Sub(samples[0].at).Seconds(), got, limit)
 		}
 	}
-	report(t, "%d intervals of 250ms; the fullest passed %.0f%% of what its limits allow", len(samples)-1, 100*worst)
+	report(t, "%d sliding windows of ~1s; the fullest passed %.0f%% of what its limits allow", len(samples)-span, 100*worst)
 }
 
 // Scenario 6: the policy changes mid-flood (per-ASN 2000/s to 1000/s).
@@ -582,7 +585,7 @@ func TestScenario7DaemonKilledMidFlood(t *testing.T) {
 	stop := s.sampleSink()
 	floodCtx, endFlood := context.WithCancel(s.ctx)
 	defer endFlood()
-	var killedAt, restartedAt time.Time
+	var killedAt, restartBegan, restartedAt time.Time
 	var restartErr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -591,6 +594,7 @@ func TestScenario7DaemonKilledMidFlood(t *testing.T) {
 		s.lab.Daemon.Kill()
 		killedAt = time.Now()
 		time.Sleep(2 * time.Second)
+		restartBegan = time.Now()
 		restartErr = s.lab.Daemon.Start(s.ctx)
 		restartedAt = time.Now()
 		time.Sleep(1500 * time.Millisecond)
@@ -615,7 +619,7 @@ func TestScenario7DaemonKilledMidFlood(t *testing.T) {
 	report(t, "offered %d in %v; killed at %.2fs, new daemon serving at %.2fs; passed %d (budget %.0f); counters after restart: %d of %d packets counted, asn drops %d",
 		fr.Sent, fr.Elapsed.Round(time.Millisecond), killedAt.Sub(samples[0].at).Seconds(), restartedAt.Sub(samples[0].at).Seconds(),
 		last.passed, budget, d.Total(), fr.Sent, d["drop/asn_limit"])
-	checkNeverUnlimited(t, samples, 2000, 2000, killedAt, restartedAt)
+	checkNeverUnlimited(t, samples, 2000, 2000, killedAt, restartBegan, restartedAt)
 	within(t, "passed over the whole flood", float64(last.passed), budget, 0.10)
 	if float64(d.Total()) < 0.99*float64(fr.Sent) {
 		t.Errorf("counters grew by %d over the flood, want ≥ 99%% of the %d packets sent: the restarted daemon must pick up the pinned counters",
