@@ -240,6 +240,34 @@ func TestScenario1OneSource(t *testing.T) {
 	if lr.Success() < 0.99 || tr.Success() < 0.99 {
 		t.Errorf("legit success udp %.4f, tcp %.4f, want ≥ 0.99", lr.Success(), tr.Success())
 	}
+
+	// The same with TCP SYNs to the echo server's port and with ICMP echo
+	// requests, each from its own unused address on the attacker's link
+	// (198.18.200.4 and .5: fresh buckets, and the edge's answers are
+	// routed to the attacker's namespace, which owns neither address and
+	// drops them, so no reset comes back to share the bucket): per-source
+	// limits hold whatever the protocol.
+	for _, p := range []struct {
+		proto trafficgen.Proto
+		src   netip.Addr
+	}{{trafficgen.TCPSYN, a.Alt4.Next()}, {trafficgen.ICMP, a.Alt4.Next().Next()}} {
+		if err := s.lab.Star.AcceptSpoofed(a, netip.PrefixFrom(p.src, 32)); err != nil {
+			t.Fatal(err)
+		}
+		base := s.counters()
+		fr, err := s.lab.Flood(s.ctx, a, trafficgen.Flood{
+			Sources: []netip.Prefix{netip.PrefixFrom(p.src, 32)}, Distinct: 1, Proto: p.proto, DstPort: testbed.EchoPort,
+			Rate: 5000, Count: 10000, Duration: 2 * time.Second, Seed: 11,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := s.countersSince(base, fr.Sent)
+		budget := 500 + 500*fr.Elapsed.Seconds()
+		report(t, "%s from %s: offered %d in %v, passed %d (budget %.0f), dropped source_limit %d",
+			p.proto, p.src, fr.Sent, fr.Elapsed.Round(time.Millisecond), fr.Sent-d["drop/source_limit"], budget, d["drop/source_limit"])
+		within(t, p.proto.String()+" flood passed (counters)", float64(fr.Sent-d["drop/source_limit"]), budget, 0.10)
+	}
 }
 
 // scenario2Policy has the example policy's shape, scaled down: per-source,
