@@ -44,7 +44,7 @@ cleanup() {
 	done
 	rm -rf "$bin"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
 
 go build -o "$bin/floodbench" ./bench/floodbench
 
@@ -57,4 +57,10 @@ echo "# commit:      $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 ROUNDS=${ROUNDS:-1}
 echo "# command:     floodbench -prefix $prefix -duration $DURATION -rounds $ROUNDS $*"
 # 39 cases of at most ~6 s each (quick), per round; the bound is generous.
-timeout $((900 * ROUNDS)) "$bin/floodbench" -prefix "$prefix" -duration "$DURATION" -rounds "$ROUNDS" "$@"
+# Run in the background so that a signal reaches this shell at once: it
+# is passed on (floodbench finishes its case, removing its namespaces),
+# then cleanup removes anything left.
+timeout $((900 * ROUNDS)) "$bin/floodbench" -prefix "$prefix" -duration "$DURATION" -rounds "$ROUNDS" "$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null || true; wait "$child" || true; exit 130' INT TERM
+wait "$child"

@@ -47,7 +47,6 @@ const (
 	saddrOff = ipOff + 12
 	xdpTX    = 3
 	xdpDrop  = 1
-	xdpPass  = 2
 )
 
 // generatorProgram returns an XDP program that writes a source address into

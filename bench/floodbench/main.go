@@ -72,6 +72,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, c, log); err != nil {
+		if errors.Is(err, context.Canceled) {
+			log.Warn("interrupted; namespaces of finished cases are removed")
+			os.Exit(130)
+		}
 		log.Error("floodbench failed", "err", err)
 		os.Exit(1)
 	}
