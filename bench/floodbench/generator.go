@@ -31,7 +31,8 @@ func le(a netip.Addr) uint32 { b := a.As4(); return binary.LittleEndian.Uint32(b
 
 var (
 	oneSource = sources{name: "1", base: le(netip.MustParseAddr("198.19.0.1")), count: 1}
-	// 1,024 sources in 198.19.0.0/22: bytes 3 and 4 take 10 random bits.
+	// 1,024 sources in 198.19.0.0/16: byte 3 takes 8 random bits, byte 4
+	// two (198.19.x.0-3).
 	kSources = sources{name: "1k", base: le(netip.MustParseAddr("198.19.0.0")), mask: 0x3ff, shift: 16, count: 1024}
 	// the /16: 198.19.0.0/16, every packet a random one of 65,536.
 	slash16 = sources{name: "/16", base: le(netip.MustParseAddr("198.19.0.0")), mask: 0xffff, shift: 16, count: 65536}
