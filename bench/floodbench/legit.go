@@ -49,6 +49,11 @@ func runLegit(ns *namespace, clients []netip.Addr, server netip.AddrPort, rate i
 			return err
 		})
 		if err != nil {
+			// Stop the clients already started, then report.
+			for _, c := range conns {
+				c.Close()
+			}
+			wg.Wait()
 			return res, err
 		}
 		n := int(d.Seconds() * float64(rate))
