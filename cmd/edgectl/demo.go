@@ -85,6 +85,10 @@ and processes.`,
 			if o.duration <= 0 || o.duration > 10*time.Minute {
 				return usageError{fmt.Errorf("--duration %v: want more than 0 and at most 10m", o.duration)}
 			}
+			if o.every < 100*time.Millisecond || o.warmup < 0 || o.legitRate < 1 || o.legitRate > 1000 || o.asnRate < 1 {
+				return usageError{fmt.Errorf("--every %v, --warmup %v, --legit-rate %d, --asn-rate %d: want --every ≥ 100ms, --warmup ≥ 0, --legit-rate 1 to 1000, --asn-rate ≥ 1",
+					o.every, o.warmup, o.legitRate, o.asnRate)}
+			}
 			if o.sources < 1 || o.sources > 65536 || o.perSource < 1 || o.sources*o.perSource > 200_000 {
 				return usageError{fmt.Errorf("--sources %d × --per-source %d/s: want 1 to 65536 sources and at most 200k packets/s in all",
 					o.sources, o.perSource)}
