@@ -21,20 +21,10 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/metrics"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
-// requireRoot skips tests that load BPF programs when not root. In CI
-// (CI=true, always root) a skip would hide a regression, so it fails.
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		tb.Fatal("BPF tests need root, and CI must run them")
-	}
-	tb.Skip("needs root (CAP_BPF, CAP_NET_ADMIN) to load BPF programs")
-}
+func requireRoot(tb testing.TB) { testenv.RequireRoot(tb) }
 
 // requirePromtool returns promtool's path; it skips without promtool unless
 // CI is set, where a skip would hide a regression.

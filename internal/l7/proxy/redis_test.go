@@ -7,16 +7,18 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 func TestRedisBackedRules(t *testing.T) {
-	srv := startRedis(t)
+	srv := testenv.StartRedis(t)
 	up := startUpstream(t)
 	cfg := decodeYAML(t, `
 l7:
   listen: 127.0.0.1:0
   upstream: UPSTREAM
-  redis: {addr: `+srv.addr()+`, timeout: 200ms, prefix: "eg:test:", failure: fail-open}
+  redis: {addr: `+srv.Addr()+`, timeout: 200ms, prefix: "eg:test:", failure: fail-open}
   routes:
     - name: closed
       match: {path_prefix: /closed}
@@ -52,7 +54,7 @@ l7:
 		t.Fatalf("no API key: %d, want 200 (the rule does not apply)", s)
 	}
 	// The state lives in Redis under the prefix, keyed by the readable key.
-	c := srv.client(t)
+	c := srv.Client(t)
 	keys, err := c.Keys(context.Background(), "eg:test:*").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +87,7 @@ l7:
 	}
 
 	// Redis goes away: each rule's failure policy answers.
-	srv.stop()
+	srv.Stop()
 	if s := status(t, "GET", base+"/open", key("k1")); s != 200 {
 		t.Fatalf("fail-open with Redis down: %d, want 200", s)
 	}

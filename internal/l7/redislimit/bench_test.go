@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // BenchmarkL7Redis measures decisions per second from 64 goroutines against
@@ -20,10 +22,10 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkL7Redis -benchtime 3s ./internal/l7/redislimit
 func BenchmarkL7Redis(b *testing.B) {
-	srv := startRedis(b)
+	srv := testenv.StartRedis(b)
 	// Generous timeouts: the benchmark measures throughput, and a shared
 	// 2-core machine can stall a reply past a production-grade timeout.
-	rdb := redis.NewClient(&redis.Options{Addr: srv.addr(), PoolSize: 64, ReadTimeout: 2 * time.Second,
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 64, ReadTimeout: 2 * time.Second,
 		WriteTimeout: 2 * time.Second, PoolTimeout: 4 * time.Second, MaxRetries: -1})
 	defer rdb.Close()
 	const goroutines = 64
@@ -82,15 +84,15 @@ func BenchmarkL7Redis(b *testing.B) {
 //
 //	go test -run '^$' -bench BenchmarkL7RedisBreakerOpen ./internal/l7/redislimit
 func BenchmarkL7RedisBreakerOpen(b *testing.B) {
-	srv := startRedis(b)
-	rdb := srv.client(b)
+	srv := testenv.StartRedis(b)
+	rdb := srv.Client(b)
 	l, err := New(Config{Client: rdb, Rules: []Rule{{Name: "r", Algorithm: GCRA, Limit: 10, Window: time.Second}},
 		Breaker: BreakerConfig{OpenFor: time.Hour}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	srv.stop()
+	srv.Stop()
 	ctx := context.Background()
 	for l.BreakerState() != BreakerOpen {
 		if _, err := l.Allow(ctx, "k"); err != nil {

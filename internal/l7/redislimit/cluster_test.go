@@ -11,15 +11,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // A one-node Redis Cluster still refuses commands whose keys span slots
 // (CROSSSLOT), so it checks the hash tags and the ClusterClient path (one
 // EVALSHA per request in a pipeline) for real.
 func TestClusterHashTags(t *testing.T) {
-	srv := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	srv := testenv.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	ctx := context.Background()
-	node := srv.client(t)
+	node := srv.Client(t)
 	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
 		t.Fatalf("assign slots: %v", err)
 	}
@@ -32,7 +34,7 @@ func TestClusterHashTags(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "CROSSSLOT") {
 		t.Fatalf("cluster accepted keys from two slots in one script (%v): the test would prove nothing", err)
 	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.addr()}, MaxRetries: -1, ReadTimeout: time.Second})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr()}, MaxRetries: -1, ReadTimeout: time.Second})
 	t.Cleanup(func() { _ = cc.Close() })
 	l, err := New(Config{Client: cc, Registerer: prometheus.NewRegistry(), Rules: []Rule{
 		{Name: "per-second", Algorithm: GCRA, Limit: 2, Window: time.Second},

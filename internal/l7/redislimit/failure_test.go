@@ -99,7 +99,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 		}
 	}
 
-	f.srv.stop()
+	f.srv.Stop()
 
 	// The breaker opens after Failures (3) consecutive failed round trips.
 	for i := range 3 {
@@ -140,7 +140,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 		t.Fatalf("after a failed probe the breaker reopens for %s, want 1s", d)
 	}
 
-	f.srv.restart()
+	f.srv.Restart()
 	f.advance(time.Second)
 	res = allow(t, a, "client-1") // starts the probe, decides without Redis
 	if res.Rules[0].Source == SourceRedis {
@@ -195,13 +195,13 @@ func TestRedisHung(t *testing.T) {
 	if res := allow(t, l, "k"); res.Rules[0].Source != SourceRedis {
 		t.Fatalf("healthy: %+v", res)
 	}
-	if err := f.srv.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := f.srv.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	resumed := false
 	defer func() {
 		if !resumed {
-			_ = f.srv.cmd.Process.Signal(syscall.SIGCONT)
+			_ = f.srv.Cmd.Process.Signal(syscall.SIGCONT)
 		}
 	}()
 	for range 3 {
@@ -233,7 +233,7 @@ func TestRedisHung(t *testing.T) {
 	if timeouts != 3 {
 		t.Fatalf("%v timeout errors counted, want 3", timeouts)
 	}
-	_ = f.srv.cmd.Process.Signal(syscall.SIGCONT)
+	_ = f.srv.Cmd.Process.Signal(syscall.SIGCONT)
 	resumed = true
 	f.advance(500 * time.Millisecond)
 	allow(t, l, "k")

@@ -5,13 +5,15 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // Without redis-server on PATH the Redis tests skip with the reason, and
 // fail when CI=true (a skip must not hide a regression in CI).
 func TestMissingRedisServer(t *testing.T) {
 	if os.Getenv("REDISLIMIT_HARNESS_CHILD") == "1" {
-		startRedis(t)
+		testenv.StartRedis(t)
 		return
 	}
 	for _, tc := range []struct {

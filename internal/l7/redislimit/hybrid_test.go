@@ -39,7 +39,7 @@ func TestHybridOvershootTwoInstances(t *testing.T) {
 	f := newFixture(t)
 	const limit, lease, instances = 1000, 50, 2
 	newInstance := func() *Limiter {
-		return f.limiter(t, Config{Client: f.srv.client(t), Registerer: prometheus.NewRegistry(),
+		return f.limiter(t, Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(),
 			Rules: []Rule{hybridRuleFor(limit)}, SyncEvery: -1})
 	}
 	a, b := newInstance(), newInstance()
@@ -88,7 +88,7 @@ func TestHybridOvershootConcurrent(t *testing.T) {
 		}
 	}()
 	for range instances {
-		l := f.limiter(t, Config{Client: f.srv.client(t), Registerer: prometheus.NewRegistry(),
+		l := f.limiter(t, Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(),
 			Rules: []Rule{hybridRuleFor(limit)}, SyncEvery: -1})
 		for range 8 {
 			wg.Add(1)
@@ -149,7 +149,7 @@ func TestHybridRedisDown(t *testing.T) {
 	for range 5 {
 		allow(t, l, "k")
 	}
-	f.srv.stop()
+	f.srv.Stop()
 	f.advance(200 * time.Millisecond) // lease expired: the next request syncs
 	for range 5 {
 		if res := allow(t, l, "k"); res.Decision.Allowed || res.Rules[0].Source != SourceFailClosed {
@@ -159,7 +159,7 @@ func TestHybridRedisDown(t *testing.T) {
 	if l.BreakerState() != BreakerOpen {
 		t.Fatalf("breaker %s, want open", l.BreakerState())
 	}
-	f.srv.restart()
+	f.srv.Restart()
 	f.advance(time.Second)
 	allow(t, l, "k") // starts the probe
 	waitFor(t, "the probe to close the breaker", func() bool { return l.BreakerState() == BreakerClosed })

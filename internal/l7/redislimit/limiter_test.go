@@ -10,13 +10,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // t0 is a whole second, so window positions in the timelines are exact.
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano()
 
 type fixture struct {
-	srv    *redisServer
+	srv    *testenv.Redis
 	rdb    *redis.Client
 	clock  *l7.ManualClock // breaker, local fallback, leases
 	script *l7.ManualClock // the scripts' time (Unix ns)
@@ -25,8 +26,8 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	srv := startRedis(t)
-	f := &fixture{srv: srv, rdb: srv.client(t), clock: &l7.ManualClock{}, script: &l7.ManualClock{}, reg: prometheus.NewRegistry()}
+	srv := testenv.StartRedis(t)
+	f := &fixture{srv: srv, rdb: srv.Client(t), clock: &l7.ManualClock{}, script: &l7.ManualClock{}, reg: prometheus.NewRegistry()}
 	f.clock.Set(1e12)
 	f.script.Set(t0)
 	return f
@@ -216,8 +217,8 @@ func TestNoScriptReload(t *testing.T) {
 }
 
 func TestServerClock(t *testing.T) {
-	srv := startRedis(t)
-	l, err := New(Config{Client: srv.client(t), Rules: []Rule{{Name: "hourly", Algorithm: GCRA, Limit: 2, Window: time.Hour}}})
+	srv := testenv.StartRedis(t)
+	l, err := New(Config{Client: srv.Client(t), Rules: []Rule{{Name: "hourly", Algorithm: GCRA, Limit: 2, Window: time.Hour}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package redislimit
+package testenv
 
 import (
 	"context"
@@ -14,29 +14,30 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// redisServer is a real redis-server on a free loopback port, owned by one
-// test: no persistence, a temporary directory, killed in t.Cleanup.
-type redisServer struct {
+// Redis is a real redis-server on a free loopback port, owned by one test:
+// no persistence, a temporary directory, killed in t.Cleanup.
+type Redis struct {
 	t     testing.TB
 	dir   string
 	port  int
 	extra []string
-	cmd   *exec.Cmd
+	// Cmd is the running server process (tests signal it to hang it).
+	Cmd *exec.Cmd
 }
 
-// startRedis starts redis-server or skips (fails when CI=true) if there is
-// none on PATH.
-func startRedis(t testing.TB, extraArgs ...string) *redisServer {
+// StartRedis starts redis-server or skips (fails in CI) if there is none
+// on PATH.
+func StartRedis(t testing.TB, extraArgs ...string) *Redis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
+		if InCI() {
 			t.Fatalf("redis-server not on PATH (CI=true): install it with apt-get install -y redis-server")
 		}
 		t.Skip("redis-server not on PATH: apt-get install -y redis-server to run the Redis backend tests")
 	}
-	s := &redisServer{t: t, dir: t.TempDir(), port: freePort(t), extra: extraArgs}
+	s := &Redis{t: t, dir: t.TempDir(), port: freePort(t), extra: extraArgs}
 	s.start()
-	t.Cleanup(s.stop)
+	t.Cleanup(s.Stop)
 	return s
 }
 
@@ -50,21 +51,22 @@ func freePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-func (s *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+// Addr is the server's host:port.
+func (s *Redis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
 // start launches the server on s.port and waits until it answers PING.
-func (s *redisServer) start() {
+func (s *Redis) start() {
 	s.t.Helper()
 	args := append([]string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis.log"), "--protected-mode", "yes",
 	}, s.extra...)
-	s.cmd = exec.Command("redis-server", args...)
-	if err := s.cmd.Start(); err != nil {
+	s.Cmd = exec.Command("redis-server", args...)
+	if err := s.Cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -76,29 +78,29 @@ func (s *redisServer) start() {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			s.t.Fatalf("redis-server on %s did not answer PING within 10s: %v\n%s", s.addr(), err, log)
+			s.t.Fatalf("redis-server on %s did not answer PING within 10s: %v\n%s", s.Addr(), err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// stop kills the server and waits for it to exit.
-func (s *redisServer) stop() {
-	if s.cmd == nil || s.cmd.Process == nil {
+// Stop kills the server and waits for it to exit.
+func (s *Redis) Stop() {
+	if s.Cmd == nil || s.Cmd.Process == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
+	_ = s.Cmd.Process.Kill()
+	_ = s.Cmd.Wait()
+	s.Cmd = nil
 }
 
-// restart starts the server again on the same port (empty: no persistence).
-func (s *redisServer) restart() { s.start() }
+// Restart starts the server again on the same port (empty: no persistence).
+func (s *Redis) Restart() { s.start() }
 
-// client returns a pooled client with short timeouts, closed in Cleanup.
-func (s *redisServer) client(t testing.TB) *redis.Client {
+// Client returns a pooled client with short timeouts, closed in Cleanup.
+func (s *Redis) Client(t testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{
-		Addr:          s.addr(),
+		Addr:          s.Addr(),
 		DialTimeout:   200 * time.Millisecond,
 		ReadTimeout:   200 * time.Millisecond,
 		WriteTimeout:  200 * time.Millisecond,
@@ -110,4 +112,4 @@ func (s *redisServer) client(t testing.TB) *redis.Client {
 	return c
 }
 
-func (s *redisServer) String() string { return fmt.Sprintf("redis-server %s", s.addr()) }
+func (s *Redis) String() string { return fmt.Sprintf("redis-server %s", s.Addr()) }
