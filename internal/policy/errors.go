@@ -3,24 +3,12 @@ package policy
 import (
 	"fmt"
 	"strings"
+
+	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
 // Problem is one thing wrong with a policy, at a position in a file.
-type Problem struct {
-	File string
-	Pos  Pos
-	Msg  string
-}
-
-func (p Problem) String() string {
-	switch {
-	case p.Pos.Line == 0:
-		return p.File + ": " + p.Msg
-	case p.Pos.Column == 0:
-		return fmt.Sprintf("%s:%d: %s", p.File, p.Pos.Line, p.Msg)
-	}
-	return fmt.Sprintf("%s:%d:%d: %s", p.File, p.Pos.Line, p.Pos.Column, p.Msg)
-}
+type Problem = yamlcheck.Problem
 
 // ValidationError lists every problem found in a policy, in file order.
 // Nothing that produced a ValidationError may be applied.

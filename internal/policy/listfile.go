@@ -28,13 +28,13 @@ func ParseCIDRList(name string, r io.Reader) ([]ListEntry, error) {
 		}
 		col := strings.Index(text, field) + 1
 		if strings.ContainsAny(field, " \t") {
-			problems = append(problems, Problem{File: name, Pos: Pos{line, col},
+			problems = append(problems, Problem{File: name, Pos: Pos{Line: line, Column: col},
 				Msg: fmt.Sprintf("want one CIDR per line, got %q", field)})
 			continue
 		}
 		p, err := ParsePrefix(field)
 		if err != nil {
-			problems = append(problems, Problem{File: name, Pos: Pos{line, col}, Msg: err.Error()})
+			problems = append(problems, Problem{File: name, Pos: Pos{Line: line, Column: col}, Msg: err.Error()})
 			continue
 		}
 		out = append(out, ListEntry{Prefix: p, Source: fmt.Sprintf("%s:%d:%d", name, line, col)})

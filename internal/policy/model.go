@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
 // APIVersion is the only policy file version this package reads.
@@ -22,9 +24,7 @@ const DefaultRuleName = "default"
 const DefaultMetricsListen = "127.0.0.1:9469"
 
 // Pos is a position in the policy file (1-based).
-type Pos struct {
-	Line, Column int
-}
+type Pos = yamlcheck.Pos
 
 // Policy is a parsed, validated policy file. A *Policy returned by Load or
 // Parse is valid: every field has been checked.

@@ -11,12 +11,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
 // Load reads and validates the policy file at path. List files named in it
@@ -34,11 +37,11 @@ func Load(path string) (*Policy, error) {
 // anchors relative list-file paths; readFile reads list files (os.ReadFile
 // in production, a map in tests).
 func Parse(file string, data []byte, readFile func(string) ([]byte, error)) (*Policy, error) {
-	ps := &parser{file: file, readFile: readFile}
+	ps := &parser{Checker: yamlcheck.Checker{File: file}, readFile: readFile}
 	p := ps.parse(data)
-	if len(ps.problems) > 0 {
-		sort.SliceStable(ps.problems, func(i, j int) bool {
-			a, b := ps.problems[i], ps.problems[j]
+	if len(ps.Problems) > 0 {
+		sort.SliceStable(ps.Problems, func(i, j int) bool {
+			a, b := ps.Problems[i], ps.Problems[j]
 			if a.File != b.File {
 				return a.File == file // the policy file first, then list files
 			}
@@ -47,7 +50,7 @@ func Parse(file string, data []byte, readFile func(string) ([]byte, error)) (*Po
 			}
 			return a.Pos.Column < b.Pos.Column
 		})
-		return nil, &ValidationError{File: file, Problems: ps.problems}
+		return nil, &ValidationError{File: file, Problems: ps.Problems}
 	}
 	return p, nil
 }
@@ -65,9 +68,8 @@ func RuleID(name string) uint32 {
 }
 
 type parser struct {
-	file     string
+	yamlcheck.Checker
 	readFile func(string) ([]byte, error)
-	problems []Problem
 	// claimed records which rule (and where) first matched each prefix,
 	// ASN, country and L4 key, to report overlaps at the second one.
 	claimed map[string]claim
@@ -84,25 +86,11 @@ func (ps *parser) claim(n *yaml.Node, key, what, where string) bool {
 		ps.claimed = map[string]claim{}
 	}
 	if prev, dup := ps.claimed[key]; dup {
-		ps.errorf(n, "%s: %s is already matched by %s (line %d:%d); each one may belong to only one rule", where, what, prev.where, prev.pos.Line, prev.pos.Column)
+		ps.Errorf(n, "%s: %s is already matched by %s (line %d:%d); each one may belong to only one rule", where, what, prev.where, prev.pos.Line, prev.pos.Column)
 		return false
 	}
-	ps.claimed[key] = claim{where: where, pos: posOf(n)}
+	ps.claimed[key] = claim{where: where, pos: yamlcheck.PosOf(n)}
 	return true
-}
-
-func posOf(n *yaml.Node) Pos { return Pos{Line: n.Line, Column: n.Column} }
-
-func (ps *parser) errorf(n *yaml.Node, format string, args ...any) {
-	pos := Pos{}
-	if n != nil {
-		pos = posOf(n)
-	}
-	ps.problems = append(ps.problems, Problem{File: ps.file, Pos: pos, Msg: fmt.Sprintf(format, args...)})
-}
-
-func (ps *parser) errorAt(file string, pos Pos, format string, args ...any) {
-	ps.problems = append(ps.problems, Problem{File: file, Pos: pos, Msg: fmt.Sprintf(format, args...)})
 }
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
@@ -113,20 +101,20 @@ func (ps *parser) parse(data []byte) *Policy {
 		for _, line := range strings.Split(err.Error(), "\n") {
 			if m := yamlLineRE.FindStringSubmatch(line); m != nil {
 				n, _ := strconv.Atoi(m[1])
-				ps.errorAt(ps.file, Pos{Line: n}, "yaml syntax: %s", m[2])
+				ps.ErrorAt(ps.File, Pos{Line: n}, "yaml syntax: %s", m[2])
 			} else {
-				ps.errorAt(ps.file, Pos{}, "yaml syntax: %s", strings.TrimPrefix(line, "yaml: "))
+				ps.ErrorAt(ps.File, Pos{}, "yaml syntax: %s", strings.TrimPrefix(line, "yaml: "))
 			}
 		}
 		return nil
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
-		ps.errorAt(ps.file, Pos{}, "empty policy file; it needs at least apiVersion: %s", APIVersion)
+		ps.ErrorAt(ps.File, Pos{}, "empty policy file; it needs at least apiVersion: %s", APIVersion)
 		return nil
 	}
-	root := resolve(doc.Content[0])
+	root := yamlcheck.Resolve(doc.Content[0])
 	p := &Policy{
-		File:      ps.file,
+		File:      ps.File,
 		Mode:      ModeEnforce,
 		Malformed: VerdictPass,
 		Defaults: Limits{
@@ -135,16 +123,16 @@ func (ps *parser) parse(data []byte) *Policy {
 		Tables:  DefaultTables(),
 		Metrics: Metrics{Listen: DefaultMetricsListen},
 	}
-	f := ps.fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "defaults", "global",
+	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "defaults", "global",
 		"lists", "rules", "tables", "metrics", "asn_data", "l7")
 	if f == nil {
 		return nil
 	}
 	if n, ok := f["apiVersion"]; !ok {
-		ps.errorf(root, "missing apiVersion; allowed: %s", APIVersion)
-	} else if v, ok := ps.scalar(n, "apiVersion"); ok {
+		ps.Errorf(root, "missing apiVersion; allowed: %s", APIVersion)
+	} else if v, ok := ps.Scalar(n, "apiVersion"); ok {
 		if v != APIVersion {
-			ps.errorf(n, "unsupported apiVersion %q; allowed: %s", v, APIVersion)
+			ps.Errorf(n, "unsupported apiVersion %q; allowed: %s", v, APIVersion)
 		}
 		p.APIVersion = v
 	}
@@ -190,122 +178,17 @@ func (ps *parser) parse(data []byte) *Policy {
 	return p
 }
 
-// resolve follows YAML aliases to the node they name.
-func resolve(n *yaml.Node) *yaml.Node {
-	for n != nil && n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	return n
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			return "empty"
-		}
-		return fmt.Sprintf("%q", n.Value)
-	}
-	return "something else"
-}
-
-// fields checks n is a mapping with only the allowed keys, each once, and
-// returns the value nodes by key. It returns nil if n is not a mapping.
-func (ps *parser) fields(n *yaml.Node, where string, allowed ...string) map[string]*yaml.Node {
-	n = resolve(n)
-	if isNull(n) {
-		return map[string]*yaml.Node{} // "section:" with everything commented out
-	}
-	if n.Kind != yaml.MappingNode {
-		ps.errorf(n, "%s must be a mapping, got %s", where, kindName(n))
-		return nil
-	}
-	out := make(map[string]*yaml.Node, len(n.Content)/2)
-	keyPos := map[string]*yaml.Node{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
-		if !contains(allowed, k.Value) {
-			ps.errorf(k, "unknown field %q in %s; allowed: %s", k.Value, where, strings.Join(allowed, ", "))
-			continue
-		}
-		if prev, dup := keyPos[k.Value]; dup {
-			ps.errorf(k, "field %q in %s is already set at line %d", k.Value, where, prev.Line)
-			continue
-		}
-		keyPos[k.Value] = k
-		out[k.Value] = v
-	}
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func (ps *parser) scalar(n *yaml.Node, where string) (string, bool) {
-	n = resolve(n)
-	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		ps.errorf(n, "%s must be a single value, got %s", where, kindName(n))
-		return "", false
-	}
-	return n.Value, true
-}
-
 // enum returns n's value if it is one of allowed, else reports it and returns def.
 func (ps *parser) enum(n *yaml.Node, where, def string, allowed ...string) string {
-	v, ok := ps.scalar(n, where)
+	v, ok := ps.Scalar(n, where)
 	if !ok {
 		return def
 	}
-	if !contains(allowed, v) {
-		ps.errorf(n, "%s %q is not allowed; allowed: %s", where, v, strings.Join(allowed, ", "))
+	if !slices.Contains(allowed, v) {
+		ps.Errorf(n, "%s %q is not allowed; allowed: %s", where, v, strings.Join(allowed, ", "))
 		return def
 	}
 	return v
-}
-
-func (ps *parser) uintIn(n *yaml.Node, where string, lo, hi uint64) (uint64, bool) {
-	v, ok := ps.scalar(n, where)
-	if !ok {
-		return 0, false
-	}
-	u, err := strconv.ParseUint(v, 10, 64)
-	if err != nil || u < lo || u > hi {
-		ps.errorf(n, "%s %q must be a whole number from %d to %d", where, v, lo, hi)
-		return 0, false
-	}
-	return u, true
-}
-
-func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
-
-// seq returns the items of a list; a single scalar is accepted as a list of
-// one, and an empty value as an empty list.
-func (ps *parser) seq(n *yaml.Node, where string) []*yaml.Node {
-	n = resolve(n)
-	switch {
-	case isNull(n):
-		return nil
-	case n.Kind == yaml.SequenceNode:
-		out := make([]*yaml.Node, len(n.Content))
-		for i, c := range n.Content {
-			out[i] = resolve(c)
-		}
-		return out
-	case n.Kind == yaml.ScalarNode && n.Tag != "!!null":
-		return []*yaml.Node{n}
-	}
-	ps.errorf(n, "%s must be a list, got %s", where, kindName(n))
-	return nil
 }
 
 var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
@@ -313,33 +196,33 @@ var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
 func (ps *parser) interfaces(n *yaml.Node) []Interface {
 	var out []Interface
 	seen := map[string]Pos{}
-	for _, item := range ps.seq(n, "interfaces") {
-		itf := Interface{XDPMode: XDPAuto, Pos: posOf(item)}
+	for _, item := range ps.Seq(n, "interfaces") {
+		itf := Interface{XDPMode: XDPAuto, Pos: yamlcheck.PosOf(item)}
 		nameNode := item
 		if item.Kind == yaml.MappingNode {
-			f := ps.fields(item, "an interface", "name", "xdp_mode")
+			f := ps.Fields(item, "an interface", "name", "xdp_mode")
 			if m, ok := f["xdp_mode"]; ok {
 				itf.XDPMode = XDPMode(ps.enum(m, "xdp_mode", string(XDPAuto), string(XDPNative), string(XDPGeneric), string(XDPAuto)))
 			}
 			var ok bool
 			if nameNode, ok = f["name"]; !ok {
-				ps.errorf(item, "interface needs a name")
+				ps.Errorf(item, "interface needs a name")
 				continue
 			}
 		}
-		name, ok := ps.scalar(nameNode, "interface name")
+		name, ok := ps.Scalar(nameNode, "interface name")
 		if !ok {
 			continue
 		}
 		if !ifaceNameRE.MatchString(name) || name == "." || name == ".." {
-			ps.errorf(nameNode, "interface name %q is not a Linux interface name (1-15 characters, no spaces, / or :)", name)
+			ps.Errorf(nameNode, "interface name %q is not a Linux interface name (1-15 characters, no spaces, / or :)", name)
 			continue
 		}
 		if prev, dup := seen[name]; dup {
-			ps.errorf(nameNode, "interface %q is already listed at line %d", name, prev.Line)
+			ps.Errorf(nameNode, "interface %q is already listed at line %d", name, prev.Line)
 			continue
 		}
-		seen[name] = posOf(nameNode)
+		seen[name] = yamlcheck.PosOf(nameNode)
 		itf.Name = name
 		out = append(out, itf)
 	}
@@ -350,14 +233,14 @@ func (ps *parser) interfaces(n *yaml.Node) []Interface {
 // A section that is present replaces the base section's limits; keys and
 // groups it leaves out are inherited.
 func (ps *parser) limits(n *yaml.Node, where string, base Limits, isDefaults bool) Limits {
-	f := ps.fields(n, where, "per_source", "per_prefix", "per_asn")
+	f := ps.Fields(n, where, "per_source", "per_prefix", "per_asn")
 	return ps.limitSections(f, where, base, isDefaults)
 }
 
 func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limits, isDefaults bool) Limits {
 	out := base
 	if n, ok := f["per_source"]; ok {
-		sf := ps.fields(n, where+".per_source", "packets", "bytes", "key")
+		sf := ps.Fields(n, where+".per_source", "packets", "bytes", "key")
 		out.PerSource = PerSource{Bucket: ps.bucketFields(sf, where+".per_source"), Key: base.PerSource.Key}
 		if k, ok := sf["key"]; ok {
 			out.PerSource.Key = ps.keyBits(k, where+".per_source.key", base.PerSource.Key)
@@ -365,7 +248,7 @@ func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limi
 	}
 	if n, ok := f["per_prefix"]; ok {
 		where := where + ".per_prefix"
-		sf := ps.fields(n, where, "packets", "bytes", "group")
+		sf := ps.Fields(n, where, "packets", "bytes", "group")
 		out.PerPrefix = PerPrefix{Bucket: ps.bucketFields(sf, where), Whole: base.PerPrefix.Whole, Derive: base.PerPrefix.Derive}
 		if g, ok := sf["group"]; ok {
 			if g.Kind == yaml.ScalarNode && g.Value == "whole" {
@@ -374,14 +257,14 @@ func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limi
 				out.PerPrefix.Whole = false
 				out.PerPrefix.Derive = ps.keyBits(g, where+".group", KeyBits{})
 			} else {
-				ps.errorf(g, "%s.group must be whole or {ipv4: N, ipv6: N}, got %s", where, kindName(g))
+				ps.Errorf(g, "%s.group must be whole or {ipv4: N, ipv6: N}, got %s", where, yamlcheck.KindName(g))
 			}
 		}
 		if out.PerPrefix.IsSet() && !out.PerPrefix.Whole && out.PerPrefix.Derive == (KeyBits{}) && sf != nil {
 			if isDefaults {
-				ps.errorf(n, "%s has limits but no group; add group: whole (one bucket for all sources) or group: {ipv4: 24, ipv6: 48} (one bucket per /24 and /48)", where)
+				ps.Errorf(n, "%s has limits but no group; add group: whole (one bucket for all sources) or group: {ipv4: 24, ipv6: 48} (one bucket per /24 and /48)", where)
 			} else {
-				ps.errorf(n, "%s has limits but no group, and defaults.per_prefix has none to inherit; add group: whole or group: {ipv4: 24, ipv6: 48}", where)
+				ps.Errorf(n, "%s has limits but no group, and defaults.per_prefix has none to inherit; add group: whole or group: {ipv4: 24, ipv6: 48}", where)
 			}
 		}
 	}
@@ -393,25 +276,25 @@ func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limi
 
 func (ps *parser) keyBits(n *yaml.Node, where string, base KeyBits) KeyBits {
 	out := base
-	f := ps.fields(n, where, "ipv4", "ipv6")
+	f := ps.Fields(n, where, "ipv4", "ipv6")
 	if v, ok := f["ipv4"]; ok {
-		if u, ok := ps.uintIn(v, where+".ipv4", 1, 32); ok {
+		if u, ok := ps.UintIn(v, where+".ipv4", 1, 32); ok {
 			out.V4 = uint8(u)
 		}
 	}
 	if v, ok := f["ipv6"]; ok {
-		if u, ok := ps.uintIn(v, where+".ipv6", 1, 128); ok {
+		if u, ok := ps.UintIn(v, where+".ipv6", 1, 128); ok {
 			out.V6 = uint8(u)
 		}
 	}
 	if f != nil && base == (KeyBits{}) && (out.V4 == 0 || out.V6 == 0) {
-		ps.errorf(n, "%s needs both ipv4 and ipv6 prefix lengths", where)
+		ps.Errorf(n, "%s needs both ipv4 and ipv6 prefix lengths", where)
 	}
 	return out
 }
 
 func (ps *parser) bucket(n *yaml.Node, where string) Bucket {
-	return ps.bucketFields(ps.fields(n, where, "packets", "bytes"), where)
+	return ps.bucketFields(ps.Fields(n, where, "packets", "bytes"), where)
 }
 
 func (ps *parser) bucketFields(f map[string]*yaml.Node, where string) Bucket {
@@ -444,38 +327,38 @@ func defaultBurst(r Rate) uint64 {
 func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
 	rateNode, burstNode := n, (*yaml.Node)(nil)
 	if n.Kind == yaml.MappingNode {
-		f := ps.fields(n, where, "rate", "burst")
+		f := ps.Fields(n, where, "rate", "burst")
 		var ok bool
 		if rateNode, ok = f["rate"]; !ok {
 			if f != nil {
-				ps.errorf(n, "%s needs a rate, e.g. rate: 100/s", where)
+				ps.Errorf(n, "%s needs a rate, e.g. rate: 100/s", where)
 			}
 			return Limit{}
 		}
 		burstNode = f["burst"]
 	}
-	s, ok := ps.scalar(rateNode, where+" rate")
+	s, ok := ps.Scalar(rateNode, where+" rate")
 	if !ok {
 		return Limit{}
 	}
 	r, u, err := ParseRate(s)
 	if err != nil {
-		ps.errorf(rateNode, "%s: %v", where, err)
+		ps.Errorf(rateNode, "%s: %v", where, err)
 		return Limit{}
 	}
 	if u != unit {
-		ps.errorf(rateNode, "%s: %q is a %s rate; %s takes a %s rate", where, s, u, where, unit)
+		ps.Errorf(rateNode, "%s: %q is a %s rate; %s takes a %s rate", where, s, u, where, unit)
 		return Limit{}
 	}
 	l := Limit{Rate: r, Burst: defaultBurst(r)}
 	if burstNode != nil {
-		bs, ok := ps.scalar(burstNode, where+" burst")
+		bs, ok := ps.Scalar(burstNode, where+" burst")
 		if !ok {
 			return Limit{}
 		}
 		b, err := ParseBurst(bs, unit)
 		if err != nil {
-			ps.errorf(burstNode, "%s: %v", where, err)
+			ps.Errorf(burstNode, "%s: %v", where, err)
 			return Limit{}
 		}
 		l.Burst = b
@@ -514,7 +397,7 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 }
 
 func (ps *parser) lists(n *yaml.Node) (deny, allow []ListEntry) {
-	f := ps.fields(n, "lists", "deny", "allow")
+	f := ps.Fields(n, "lists", "deny", "allow")
 	if d, ok := f["deny"]; ok {
 		deny = ps.list(d, "lists.deny")
 	}
@@ -526,17 +409,17 @@ func (ps *parser) lists(n *yaml.Node) (deny, allow []ListEntry) {
 
 func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
 	var out []ListEntry
-	for _, item := range ps.seq(n, where) {
-		src := fmt.Sprintf("%s:%d:%d", ps.file, item.Line, item.Column)
+	for _, item := range ps.Seq(n, where) {
+		src := fmt.Sprintf("%s:%d:%d", ps.File, item.Line, item.Column)
 		if item.Kind == yaml.ScalarNode {
 			if p, err := ParsePrefix(item.Value); err != nil {
-				ps.errorf(item, "%s: %v", where, err)
+				ps.Errorf(item, "%s: %v", where, err)
 			} else {
 				out = append(out, ListEntry{Prefix: p, Source: src})
 			}
 			continue
 		}
-		f := ps.fields(item, where+" entry", "cidr", "expires", "file")
+		f := ps.Fields(item, where+" entry", "cidr", "expires", "file")
 		if f == nil {
 			continue
 		}
@@ -544,20 +427,20 @@ func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
 		file, hasFile := f["file"]
 		switch {
 		case hasCIDR && hasFile:
-			ps.errorf(item, "%s entry has both cidr and file; use one", where)
+			ps.Errorf(item, "%s entry has both cidr and file; use one", where)
 		case hasFile:
 			if e, ok := f["expires"]; ok {
-				ps.errorf(e, "%s: expires applies to a cidr entry, not to a file", where)
+				ps.Errorf(e, "%s: expires applies to a cidr entry, not to a file", where)
 			}
 			out = append(out, ps.listFile(file, where)...)
 		case hasCIDR:
-			s, ok := ps.scalar(c, where+" cidr")
+			s, ok := ps.Scalar(c, where+" cidr")
 			if !ok {
 				continue
 			}
 			p, err := ParsePrefix(s)
 			if err != nil {
-				ps.errorf(c, "%s: %v", where, err)
+				ps.Errorf(c, "%s: %v", where, err)
 				continue
 			}
 			e := ListEntry{Prefix: p, Source: src}
@@ -566,14 +449,14 @@ func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
 			}
 			out = append(out, e)
 		default:
-			ps.errorf(item, "%s entry needs cidr or file", where)
+			ps.Errorf(item, "%s entry needs cidr or file", where)
 		}
 	}
 	return out
 }
 
 func (ps *parser) timestamp(n *yaml.Node, where string) time.Time {
-	s, ok := ps.scalar(n, where)
+	s, ok := ps.Scalar(n, where)
 	if !ok {
 		return time.Time{}
 	}
@@ -583,34 +466,34 @@ func (ps *parser) timestamp(n *yaml.Node, where string) time.Time {
 	if t, err := time.Parse(time.DateOnly, s); err == nil {
 		return t.UTC()
 	}
-	ps.errorf(n, "%s %q: want an RFC 3339 time like 2026-12-31T23:59:00Z or a date like 2026-12-31 (UTC midnight)", where, s)
+	ps.Errorf(n, "%s %q: want an RFC 3339 time like 2026-12-31T23:59:00Z or a date like 2026-12-31 (UTC midnight)", where, s)
 	return time.Time{}
 }
 
 func (ps *parser) listFile(n *yaml.Node, where string) []ListEntry {
-	name, ok := ps.scalar(n, where+" file")
+	name, ok := ps.Scalar(n, where+" file")
 	if !ok {
 		return nil
 	}
 	path := name
 	if !filepath.IsAbs(path) {
-		path = filepath.Join(filepath.Dir(ps.file), path)
+		path = filepath.Join(filepath.Dir(ps.File), path)
 	}
 	if ps.readFile == nil {
-		ps.errorf(n, "%s file %q: no way to read list files here", where, name)
+		ps.Errorf(n, "%s file %q: no way to read list files here", where, name)
 		return nil
 	}
 	data, err := ps.readFile(path)
 	if err != nil {
-		ps.errorf(n, "%s file %q: %v", where, path, err)
+		ps.Errorf(n, "%s file %q: %v", where, path, err)
 		return nil
 	}
 	entries, err := ParseCIDRList(path, bytes.NewReader(data))
 	var verr *ValidationError
 	if errors.As(err, &verr) {
-		ps.problems = append(ps.problems, verr.Problems...)
+		ps.Problems = append(ps.Problems, verr.Problems...)
 	} else if err != nil {
-		ps.errorf(n, "%s file %q: %v", where, path, err)
+		ps.Errorf(n, "%s file %q: %v", where, path, err)
 	}
 	return entries
 }
@@ -619,23 +502,23 @@ var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
 func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
 	var out []Rule
-	for _, item := range ps.seq(n, "rules") {
-		f := ps.fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn")
+	for _, item := range ps.Seq(n, "rules") {
+		f := ps.Fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn")
 		if f == nil {
 			continue
 		}
-		r := Rule{Pos: posOf(item), Action: ActionLimit, Mode: RuleModeInherit}
+		r := Rule{Pos: yamlcheck.PosOf(item), Action: ActionLimit, Mode: RuleModeInherit}
 		if nn, ok := f["name"]; !ok {
-			ps.errorf(item, "rule needs a name")
-		} else if name, ok := ps.scalar(nn, "rule name"); ok {
+			ps.Errorf(item, "rule needs a name")
+		} else if name, ok := ps.Scalar(nn, "rule name"); ok {
 			switch {
 			case name == DefaultRuleName:
-				ps.errorf(nn, "rule name %q is reserved for the default rule; set its limits under defaults:", name)
+				ps.Errorf(nn, "rule name %q is reserved for the default rule; set its limits under defaults:", name)
 			case !ruleNameRE.MatchString(name):
-				ps.errorf(nn, "rule name %q: use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+				ps.Errorf(nn, "rule name %q: use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit", name)
 			default:
 				r.Name = name
-				r.Pos = posOf(nn)
+				r.Pos = yamlcheck.PosOf(nn)
 			}
 		}
 		where := fmt.Sprintf("the rule at line %d", item.Line)
@@ -649,14 +532,14 @@ func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
 			r.Mode = RuleMode(ps.enum(m, where+" mode", string(RuleModeInherit), string(RuleModeInherit), string(RuleModeEnforce), string(RuleModeDryRun)))
 		}
 		if m, ok := f["match"]; !ok {
-			ps.errorf(item, "%s needs a match (prefixes, asns, countries or protocol)", where)
+			ps.Errorf(item, "%s needs a match (prefixes, asns, countries or protocol)", where)
 		} else {
 			r.Match = ps.match(m, where)
 		}
 		if r.Action != ActionLimit {
 			for _, k := range []string{"per_source", "per_prefix", "per_asn"} {
 				if v, ok := f[k]; ok {
-					ps.errorf(v, "%s: %s only applies with action: limit (this rule's action is %s)", where, k, r.Action)
+					ps.Errorf(v, "%s: %s only applies with action: limit (this rule's action is %s)", where, k, r.Action)
 				}
 			}
 		}
@@ -688,7 +571,7 @@ func isICMP(proto uint8) bool { return proto == 1 || proto == 58 }
 
 func (ps *parser) match(n *yaml.Node, rule string) Match {
 	where := rule + " match"
-	f := ps.fields(n, where, "prefixes", "asns", "countries", "protocol", "src_ports", "dst_ports", "icmp_types")
+	f := ps.Fields(n, where, "prefixes", "asns", "countries", "protocol", "src_ports", "dst_ports", "icmp_types")
 	if f == nil {
 		return Match{}
 	}
@@ -701,33 +584,33 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 	}
 	if len(kinds) != 1 {
 		if len(kinds) == 0 {
-			ps.errorf(n, "%s needs exactly one of prefixes, asns, countries or protocol", where)
+			ps.Errorf(n, "%s needs exactly one of prefixes, asns, countries or protocol", where)
 		} else {
-			ps.errorf(n, "%s has %s; a rule matches by exactly one of prefixes, asns, countries or protocol (split it into several rules)", where, strings.Join(kinds, " and "))
+			ps.Errorf(n, "%s has %s; a rule matches by exactly one of prefixes, asns, countries or protocol (split it into several rules)", where, strings.Join(kinds, " and "))
 		}
 		return Match{}
 	}
 	_, hasProto := f["protocol"]
 	for _, k := range []string{"src_ports", "dst_ports", "icmp_types"} {
 		if v, ok := f[k]; ok && !hasProto {
-			ps.errorf(v, "%s: %s needs a protocol", where, k)
+			ps.Errorf(v, "%s: %s needs a protocol", where, k)
 		}
 	}
 	switch kinds[0] {
 	case "prefixes":
 		m.Kind = MatchPrefix
-		items := ps.seq(f["prefixes"], where+" prefixes")
-		if len(items) == 0 && (f["prefixes"].Kind == yaml.SequenceNode || isNull(f["prefixes"])) {
-			ps.errorf(f["prefixes"], "%s prefixes is empty", where)
+		items := ps.Seq(f["prefixes"], where+" prefixes")
+		if len(items) == 0 && (f["prefixes"].Kind == yaml.SequenceNode || yamlcheck.IsNull(f["prefixes"])) {
+			ps.Errorf(f["prefixes"], "%s prefixes is empty", where)
 		}
 		for _, it := range items {
-			s, ok := ps.scalar(it, where+" prefix")
+			s, ok := ps.Scalar(it, where+" prefix")
 			if !ok {
 				continue
 			}
 			p, err := ParsePrefix(s)
 			if err != nil {
-				ps.errorf(it, "%s: %v", where, err)
+				ps.Errorf(it, "%s: %v", where, err)
 				continue
 			}
 			if ps.claim(it, "prefix "+p.String(), "prefix "+p.String(), rule) {
@@ -736,18 +619,18 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 		}
 	case "asns":
 		m.Kind = MatchASN
-		items := ps.seq(f["asns"], where+" asns")
-		if len(items) == 0 && (f["asns"].Kind == yaml.SequenceNode || isNull(f["asns"])) {
-			ps.errorf(f["asns"], "%s asns is empty", where)
+		items := ps.Seq(f["asns"], where+" asns")
+		if len(items) == 0 && (f["asns"].Kind == yaml.SequenceNode || yamlcheck.IsNull(f["asns"])) {
+			ps.Errorf(f["asns"], "%s asns is empty", where)
 		}
 		for _, it := range items {
-			s, ok := ps.scalar(it, where+" asn")
+			s, ok := ps.Scalar(it, where+" asn")
 			if !ok {
 				continue
 			}
 			a, err := ParseASN(s)
 			if err != nil {
-				ps.errorf(it, "%s: %v", where, err)
+				ps.Errorf(it, "%s: %v", where, err)
 				continue
 			}
 			if ps.claim(it, "asn "+strconv.FormatUint(uint64(a), 10), "AS"+strconv.FormatUint(uint64(a), 10), rule) {
@@ -756,18 +639,18 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 		}
 	case "countries":
 		m.Kind = MatchCountry
-		items := ps.seq(f["countries"], where+" countries")
-		if len(items) == 0 && (f["countries"].Kind == yaml.SequenceNode || isNull(f["countries"])) {
-			ps.errorf(f["countries"], "%s countries is empty", where)
+		items := ps.Seq(f["countries"], where+" countries")
+		if len(items) == 0 && (f["countries"].Kind == yaml.SequenceNode || yamlcheck.IsNull(f["countries"])) {
+			ps.Errorf(f["countries"], "%s countries is empty", where)
 		}
 		for _, it := range items {
-			s, ok := ps.scalar(it, where+" country")
+			s, ok := ps.Scalar(it, where+" country")
 			if !ok {
 				continue
 			}
 			c, err := ParseCountry(s)
 			if err != nil {
-				ps.errorf(it, "%s: %v", where, err)
+				ps.Errorf(it, "%s: %v", where, err)
 				continue
 			}
 			if ps.claim(it, "country "+c.String(), "country "+c.String(), rule) {
@@ -777,27 +660,27 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 	case "protocol":
 		m.Kind = MatchL4
 		pn := f["protocol"]
-		s, ok := ps.scalar(pn, where+" protocol")
+		s, ok := ps.Scalar(pn, where+" protocol")
 		if !ok {
 			return m
 		}
 		s = strings.ToLower(s)
 		num, known := protocolNumbers()[s]
 		if !known {
-			ps.errorf(pn, "%s: unknown protocol %q; allowed: tcp, udp, icmp, icmpv6", where, s)
+			ps.Errorf(pn, "%s: unknown protocol %q; allowed: tcp, udp, icmp, icmpv6", where, s)
 			return m
 		}
 		m.Protocol = num
 		if v, ok := f["icmp_types"]; ok {
 			if !isICMP(num) {
-				ps.errorf(v, "%s: icmp_types apply to icmp and icmpv6, not %s", where, s)
+				ps.Errorf(v, "%s: icmp_types apply to icmp and icmpv6, not %s", where, s)
 			} else {
-				items := ps.seq(v, where+" icmp_types")
+				items := ps.Seq(v, where+" icmp_types")
 				if len(items) == 0 {
-					ps.errorf(v, "%s icmp_types is empty; leave it out to match the protocol alone", where)
+					ps.Errorf(v, "%s icmp_types is empty; leave it out to match the protocol alone", where)
 				}
 				for _, it := range items {
-					u, ok := ps.uintIn(it, where+" icmp type", 0, 255)
+					u, ok := ps.UintIn(it, where+" icmp type", 0, 255)
 					if !ok {
 						continue
 					}
@@ -814,15 +697,15 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 				continue
 			}
 			if !hasPorts(num) {
-				ps.errorf(v, "%s: %s has no ports; ports apply to tcp and udp (for icmp, use icmp_types)", where, s)
+				ps.Errorf(v, "%s: %s has no ports; ports apply to tcp and udp (for icmp, use icmp_types)", where, s)
 				continue
 			}
-			items := ps.seq(v, where+" "+k)
-			if len(items) == 0 && (v.Kind == yaml.SequenceNode || isNull(v)) {
-				ps.errorf(v, "%s %s is empty; leave it out to match the protocol alone", where, k)
+			items := ps.Seq(v, where+" "+k)
+			if len(items) == 0 && (v.Kind == yaml.SequenceNode || yamlcheck.IsNull(v)) {
+				ps.Errorf(v, "%s %s is empty; leave it out to match the protocol alone", where, k)
 			}
 			for _, it := range items {
-				u, ok := ps.uintIn(it, where+" port", 1, 65535)
+				u, ok := ps.UintIn(it, where+" port", 1, 65535)
 				if !ok {
 					continue
 				}
@@ -877,10 +760,10 @@ func ParseCountry(s string) (Country, error) {
 // later messages about them.
 func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.Node) {
 	out := base
-	f := ps.fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules")
+	f := ps.Fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules")
 	set := func(key string, dst *uint32) {
 		if v, ok := f[key]; ok {
-			if u, ok := ps.uintIn(v, "tables."+key, 1, 1<<26); ok {
+			if u, ok := ps.UintIn(v, "tables."+key, 1, 1<<26); ok {
 				*dst = uint32(u)
 			}
 		}
@@ -895,20 +778,20 @@ func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.No
 
 func (ps *parser) metrics(n *yaml.Node, base Metrics) Metrics {
 	out := base
-	f := ps.fields(n, "metrics", "listen")
+	f := ps.Fields(n, "metrics", "listen")
 	if v, ok := f["listen"]; ok {
-		v = resolve(v)
+		v = yamlcheck.Resolve(v)
 		if v.Kind == yaml.ScalarNode && v.Value == "" {
 			return Metrics{}
 		}
-		s, ok := ps.scalar(v, "metrics.listen")
+		s, ok := ps.Scalar(v, "metrics.listen")
 		if !ok {
 			return out
 		}
 		host, port, err := net.SplitHostPort(s)
 		pn, perr := strconv.ParseUint(port, 10, 16)
 		if err != nil || perr != nil || pn == 0 || host == "" {
-			ps.errorf(v, "metrics.listen %q: want host:port like 127.0.0.1:9469 or [::1]:9469, or \"\" to disable", s)
+			ps.Errorf(v, "metrics.listen %q: want host:port like 127.0.0.1:9469 or [::1]:9469, or \"\" to disable", s)
 			return out
 		}
 		out.Listen = s
@@ -918,14 +801,14 @@ func (ps *parser) metrics(n *yaml.Node, base Metrics) Metrics {
 
 func (ps *parser) asnData(n *yaml.Node) ASNData {
 	var out ASNData
-	f := ps.fields(n, "asn_data", "path", "format")
+	f := ps.Fields(n, "asn_data", "path", "format")
 	if f == nil {
 		return out
 	}
 	if v, ok := f["path"]; ok {
-		out.Path, _ = ps.scalar(v, "asn_data.path")
+		out.Path, _ = ps.Scalar(v, "asn_data.path")
 	} else {
-		ps.errorf(n, "asn_data needs a path (an iptoasn TSV such as ip2asn-combined.tsv, or a .mmdb file)")
+		ps.Errorf(n, "asn_data needs a path (an iptoasn TSV such as ip2asn-combined.tsv, or a .mmdb file)")
 	}
 	out.Format = ASNFormatIPToASN
 	if strings.HasSuffix(strings.ToLower(out.Path), ".mmdb") {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
 // Defaults of Decode.
@@ -32,114 +33,42 @@ const (
 // file. It reports every problem at once, each with its position, in file
 // order; the Config is nil whenever there is a problem.
 func Decode(node *yaml.Node, file string) (*Config, []policy.Problem) {
-	d := &decoder{file: file, limitNames: map[string]*yaml.Node{}}
+	d := &decoder{Checker: yamlcheck.Checker{File: file}, limitNames: map[string]*yaml.Node{}}
 	cfg := d.config(node)
-	if len(d.problems) > 0 {
-		sort.SliceStable(d.problems, func(i, j int) bool {
-			a, b := d.problems[i].Pos, d.problems[j].Pos
+	if len(d.Problems) > 0 {
+		sort.SliceStable(d.Problems, func(i, j int) bool {
+			a, b := d.Problems[i].Pos, d.Problems[j].Pos
 			if a.Line != b.Line {
 				return a.Line < b.Line
 			}
 			return a.Column < b.Column
 		})
-		return nil, d.problems
+		return nil, d.Problems
 	}
 	return cfg, nil
 }
 
 type decoder struct {
-	file       string
-	problems   []policy.Problem
+	yamlcheck.Checker
 	limitNames map[string]*yaml.Node
 	redis      bool
 }
 
-func (d *decoder) errorf(n *yaml.Node, format string, args ...any) {
-	var pos policy.Pos
-	if n != nil {
-		pos = policy.Pos{Line: n.Line, Column: n.Column}
-	}
-	d.problems = append(d.problems, policy.Problem{File: d.file, Pos: pos, Msg: fmt.Sprintf(format, args...)})
-}
-
-func resolve(n *yaml.Node) *yaml.Node {
-	for n != nil && n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	return n
-}
-
-func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		if isNull(n) {
-			return "nothing"
-		}
-		return fmt.Sprintf("%q", n.Value)
-	}
-	return "something else"
-}
-
-// fields checks that n is a mapping of allowed keys, each set once, and
-// returns the value nodes by key (nil if n is not a mapping).
-func (d *decoder) fields(n *yaml.Node, where string, allowed ...string) map[string]*yaml.Node {
-	n = resolve(n)
-	if isNull(n) {
-		return map[string]*yaml.Node{}
-	}
-	if n.Kind != yaml.MappingNode {
-		d.errorf(n, "%s must be a mapping, got %s", where, kindName(n))
-		return nil
-	}
-	out := make(map[string]*yaml.Node, len(n.Content)/2)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
-		ok := false
-		for _, a := range allowed {
-			ok = ok || a == k.Value
-		}
-		if !ok {
-			d.errorf(k, "unknown field %q in %s; allowed: %s", k.Value, where, strings.Join(allowed, ", "))
-			continue
-		}
-		if _, dup := out[k.Value]; dup {
-			d.errorf(k, "field %q in %s is set twice", k.Value, where)
-			continue
-		}
-		out[k.Value] = v
-	}
-	return out
-}
-
-func (d *decoder) str(n *yaml.Node, where string) (string, bool) {
-	if n.Kind != yaml.ScalarNode || isNull(n) {
-		d.errorf(n, "%s must be a single value, got %s", where, kindName(n))
-		return "", false
-	}
-	return n.Value, true
-}
-
 func (d *decoder) integer(n *yaml.Node, where string, lo, hi int64) (int64, bool) {
-	s, ok := d.str(n, where)
+	s, ok := d.Scalar(n, where)
 	if !ok {
 		return 0, false
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || v < lo || v > hi {
-		d.errorf(n, "%s %q: want a whole number in [%d, %d]", where, s, lo, hi)
+		d.Errorf(n, "%s %q: want a whole number in [%d, %d]", where, s, lo, hi)
 		return 0, false
 	}
 	return v, true
 }
 
 func (d *decoder) boolean(n *yaml.Node, where string) bool {
-	s, ok := d.str(n, where)
+	s, ok := d.Scalar(n, where)
 	if !ok {
 		return false
 	}
@@ -149,25 +78,25 @@ func (d *decoder) boolean(n *yaml.Node, where string) bool {
 	case "false":
 		return false
 	}
-	d.errorf(n, "%s %q: want true or false", where, s)
+	d.Errorf(n, "%s %q: want true or false", where, s)
 	return false
 }
 
 func (d *decoder) duration(n *yaml.Node, where string) (time.Duration, bool) {
-	s, ok := d.str(n, where)
+	s, ok := d.Scalar(n, where)
 	if !ok {
 		return 0, false
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil || v <= 0 {
-		d.errorf(n, "%s %q: want a positive duration such as 500ms, 10s, 1m", where, s)
+		d.Errorf(n, "%s %q: want a positive duration such as 500ms, 10s, 1m", where, s)
 		return 0, false
 	}
 	return v, true
 }
 
 func (d *decoder) enum(n *yaml.Node, where string, allowed ...string) (string, bool) {
-	s, ok := d.str(n, where)
+	s, ok := d.Scalar(n, where)
 	if !ok {
 		return "", false
 	}
@@ -176,30 +105,10 @@ func (d *decoder) enum(n *yaml.Node, where string, allowed ...string) (string, b
 			return s, true
 		}
 	}
-	d.errorf(n, "%s %q: want one of %s", where, s, strings.Join(allowed, ", "))
+	d.Errorf(n, "%s %q: want one of %s", where, s, strings.Join(allowed, ", "))
 	return "", false
 }
 
-// seq returns a list's items; a single value counts as a list of one.
-func (d *decoder) seq(n *yaml.Node, where string) []*yaml.Node {
-	n = resolve(n)
-	switch {
-	case n.Kind == yaml.SequenceNode:
-		out := make([]*yaml.Node, len(n.Content))
-		for i, c := range n.Content {
-			out[i] = resolve(c)
-		}
-		return out
-	case isNull(n):
-		return nil
-	case n.Kind == yaml.ScalarNode:
-		return []*yaml.Node{n}
-	}
-	d.errorf(n, "%s must be a list, got %s", where, kindName(n))
-	return nil
-}
-
-// validName is l7's rule name syntax: 1-64 of [A-Za-z0-9_.-].
 func validName(s string) bool {
 	if len(s) == 0 || len(s) > 64 {
 		return false
@@ -214,16 +123,16 @@ func validName(s string) bool {
 }
 
 func (d *decoder) name(n *yaml.Node, where string) (string, bool) {
-	s, ok := d.str(n, where)
+	s, ok := d.Scalar(n, where)
 	if ok && !validName(s) {
-		d.errorf(n, "%s %q: want 1-64 of [A-Za-z0-9_.-]", where, s)
+		d.Errorf(n, "%s %q: want 1-64 of [A-Za-z0-9_.-]", where, s)
 		return "", false
 	}
 	return s, ok
 }
 
 func (d *decoder) hostPort(n *yaml.Node, where string) (string, bool) {
-	s, ok := d.str(n, where)
+	s, ok := d.Scalar(n, where)
 	if !ok {
 		return "", false
 	}
@@ -235,7 +144,7 @@ func (d *decoder) hostPort(n *yaml.Node, where string) (string, bool) {
 		}
 	}
 	if err != nil {
-		d.errorf(n, "%s %q: want host:port, e.g. 127.0.0.1:8080 or [::1]:8080", where, s)
+		d.Errorf(n, "%s %q: want host:port, e.g. 127.0.0.1:8080 or [::1]:8080", where, s)
 		return "", false
 	}
 	return s, true
@@ -258,10 +167,10 @@ func httpToken(s string) bool {
 func (d *decoder) config(node *yaml.Node) *Config {
 	cfg := &Config{ClientPrefixV4: 32, ClientPrefixV6: 64, Headers: Headers{Draft: 10}}
 	if node == nil {
-		d.errorf(nil, "l7: section missing")
+		d.Errorf(nil, "l7: section missing")
 		return nil
 	}
-	f := d.fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
+	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
 		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes")
 	if f == nil {
 		return nil
@@ -269,16 +178,16 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	if n, ok := f["listen"]; ok {
 		cfg.Listen, _ = d.hostPort(n, "l7 listen")
 	} else {
-		d.errorf(node, "l7: listen is required (host:port)")
+		d.Errorf(node, "l7: listen is required (host:port)")
 	}
 	if n, ok := f["upstream"]; ok {
 		cfg.Upstream = d.upstream(n)
 	} else {
-		d.errorf(node, "l7: upstream is required (http://host:port)")
+		d.Errorf(node, "l7: upstream is required (http://host:port)")
 	}
 	if n, ok := f["trusted_proxies"]; ok {
-		for _, c := range d.seq(n, "l7 trusted_proxies") {
-			s, ok := d.str(c, "trusted proxy")
+		for _, c := range d.Seq(n, "l7 trusted_proxies") {
+			s, ok := d.Scalar(c, "trusted proxy")
 			if !ok {
 				continue
 			}
@@ -286,20 +195,20 @@ func (d *decoder) config(node *yaml.Node) *Config {
 			if err != nil {
 				a, aerr := netip.ParseAddr(s)
 				if aerr != nil {
-					d.errorf(c, "trusted proxy %q: want an address or CIDR prefix, e.g. 10.0.0.0/8", s)
+					d.Errorf(c, "trusted proxy %q: want an address or CIDR prefix, e.g. 10.0.0.0/8", s)
 					continue
 				}
 				p = netip.PrefixFrom(a, a.BitLen())
 			}
 			if p != p.Masked() {
-				d.errorf(c, "trusted proxy %q has host bits set; did you mean %s?", s, p.Masked())
+				d.Errorf(c, "trusted proxy %q has host bits set; did you mean %s?", s, p.Masked())
 				continue
 			}
 			cfg.TrustedProxies = append(cfg.TrustedProxies, p)
 		}
 	}
 	if n, ok := f["client_prefix"]; ok {
-		cf := d.fields(n, "l7 client_prefix", "v4", "v6")
+		cf := d.Fields(n, "l7 client_prefix", "v4", "v6")
 		if v, ok := cf["v4"]; ok {
 			x, _ := d.integer(v, "client_prefix v4", 1, 32)
 			cfg.ClientPrefixV4 = int(max(x, 1))
@@ -321,7 +230,7 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		cfg.ExemptPaths = d.paths(n, "l7 exempt_paths")
 	}
 	if n, ok := f["headers"]; ok {
-		hf := d.fields(n, "l7 headers", "draft", "legacy")
+		hf := d.Fields(n, "l7 headers", "draft", "legacy")
 		if v, ok := hf["draft"]; ok {
 			s, _ := d.enum(v, "headers draft", "10", "none")
 			cfg.Headers.Draft = 0
@@ -347,13 +256,13 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	}
 	if n, ok := f["routes"]; ok {
 		seen := map[string]*yaml.Node{}
-		for _, rn := range d.seq(n, "l7 routes") {
+		for _, rn := range d.Seq(n, "l7 routes") {
 			r, ok := d.route(rn, cfg.Redis)
 			if !ok {
 				continue
 			}
 			if prev := seen[r.Name]; prev != nil {
-				d.errorf(rn, "route %q is already defined at line %d", r.Name, prev.Line)
+				d.Errorf(rn, "route %q is already defined at line %d", r.Name, prev.Line)
 				continue
 			}
 			seen[r.Name] = rn
@@ -364,19 +273,19 @@ func (d *decoder) config(node *yaml.Node) *Config {
 }
 
 func (d *decoder) upstream(n *yaml.Node) *url.URL {
-	s, ok := d.str(n, "l7 upstream")
+	s, ok := d.Scalar(n, "l7 upstream")
 	if !ok {
 		return nil
 	}
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
 		u.RawQuery != "" || u.Fragment != "" {
-		d.errorf(n, "l7 upstream %q: want http://host:port or https://host:port (an optional path, no query)", s)
+		d.Errorf(n, "l7 upstream %q: want http://host:port or https://host:port (an optional path, no query)", s)
 		return nil
 	}
 	if _, port, err := net.SplitHostPort(u.Host); err == nil {
 		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-			d.errorf(n, "l7 upstream %q: bad port %q", s, port)
+			d.Errorf(n, "l7 upstream %q: bad port %q", s, port)
 			return nil
 		}
 	}
@@ -384,12 +293,12 @@ func (d *decoder) upstream(n *yaml.Node) *url.URL {
 }
 
 func (d *decoder) headerName(n *yaml.Node, where string) string {
-	s, ok := d.str(n, where)
+	s, ok := d.Scalar(n, where)
 	if !ok {
 		return ""
 	}
 	if !httpToken(s) {
-		d.errorf(n, "%s %q is not a valid header name", where, s)
+		d.Errorf(n, "%s %q is not a valid header name", where, s)
 		return ""
 	}
 	return textproto.CanonicalMIMEHeaderKey(s)
@@ -397,13 +306,13 @@ func (d *decoder) headerName(n *yaml.Node, where string) string {
 
 func (d *decoder) paths(n *yaml.Node, where string) []string {
 	var out []string
-	for _, c := range d.seq(n, where) {
-		s, ok := d.str(c, "path")
+	for _, c := range d.Seq(n, where) {
+		s, ok := d.Scalar(c, "path")
 		if !ok {
 			continue
 		}
 		if !strings.HasPrefix(s, "/") {
-			d.errorf(c, "%s: path %q must start with /", where, s)
+			d.Errorf(c, "%s: path %q must start with /", where, s)
 			continue
 		}
 		out = append(out, s)
@@ -412,7 +321,7 @@ func (d *decoder) paths(n *yaml.Node, where string) []string {
 }
 
 func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
-	f := d.fields(n, where, "max_in_flight", "queue", "queue_timeout", "adaptive", "adaptive_max",
+	f := d.Fields(n, where, "max_in_flight", "queue", "queue_timeout", "adaptive", "adaptive_max",
 		"priority_header", "retry_after")
 	if f == nil {
 		return nil
@@ -422,7 +331,7 @@ func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 		x, _ := d.integer(v, "max_in_flight", 1, 1<<20)
 		c.MaxInFlight = int(x)
 	} else {
-		d.errorf(n, "%s: max_in_flight is required", where)
+		d.Errorf(n, "%s: max_in_flight is required", where)
 	}
 	if v, ok := f["queue"]; ok {
 		x, _ := d.integer(v, "queue", 0, 1<<20)
@@ -438,7 +347,7 @@ func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 	if v, ok := f["adaptive_max"]; ok {
 		x, ok := d.integer(v, "adaptive_max", 1, 1<<20)
 		if ok && x < int64(c.MaxInFlight) {
-			d.errorf(v, "adaptive_max %d is below max_in_flight %d", x, c.MaxInFlight)
+			d.Errorf(v, "adaptive_max %d is below max_in_flight %d", x, c.MaxInFlight)
 		}
 		c.AdaptiveMax = int(x)
 	}
@@ -452,7 +361,7 @@ func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 }
 
 func (d *decoder) redisConfig(n *yaml.Node) *Redis {
-	f := d.fields(n, "l7 redis", "addr", "timeout", "prefix", "failure")
+	f := d.Fields(n, "l7 redis", "addr", "timeout", "prefix", "failure")
 	if f == nil {
 		return nil
 	}
@@ -460,15 +369,15 @@ func (d *decoder) redisConfig(n *yaml.Node) *Redis {
 	if v, ok := f["addr"]; ok {
 		r.Addr, _ = d.hostPort(v, "redis addr")
 	} else {
-		d.errorf(n, "l7 redis: addr is required (host:port)")
+		d.Errorf(n, "l7 redis: addr is required (host:port)")
 	}
 	if v, ok := f["timeout"]; ok {
 		r.Timeout, _ = d.duration(v, "redis timeout")
 	}
 	if v, ok := f["prefix"]; ok {
-		s, ok := d.str(v, "redis prefix")
+		s, ok := d.Scalar(v, "redis prefix")
 		if ok && (s == "" || strings.ContainsAny(s, "{}")) {
-			d.errorf(v, "redis prefix %q must be non-empty and contain no braces", s)
+			d.Errorf(v, "redis prefix %q must be non-empty and contain no braces", s)
 		}
 		r.Prefix = s
 	}
@@ -479,7 +388,7 @@ func (d *decoder) redisConfig(n *yaml.Node) *Redis {
 }
 
 func (d *decoder) escalation(n *yaml.Node, e *Escalation) {
-	f := d.fields(n, "l7 escalation", "enabled", "rejections", "window", "ttl", "prefix_v4", "prefix_v6", "max_sources")
+	f := d.Fields(n, "l7 escalation", "enabled", "rejections", "window", "ttl", "prefix_v4", "prefix_v6", "max_sources")
 	if v, ok := f["enabled"]; ok {
 		e.Enabled = d.boolean(v, "escalation enabled")
 	}
@@ -507,7 +416,7 @@ func (d *decoder) escalation(n *yaml.Node, e *Escalation) {
 }
 
 func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
-	f := d.fields(n, "route", "name", "match", "exempt_paths", "limits", "tiers", "concurrency")
+	f := d.Fields(n, "route", "name", "match", "exempt_paths", "limits", "tiers", "concurrency")
 	if f == nil {
 		return Route{}, false
 	}
@@ -516,7 +425,7 @@ func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
 	if v, has := f["name"]; has {
 		r.Name, ok = d.name(v, "route name")
 	} else {
-		d.errorf(n, "route: name is required")
+		d.Errorf(n, "route: name is required")
 		ok = false
 	}
 	where := fmt.Sprintf("route %q", r.Name)
@@ -544,7 +453,7 @@ func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
 		}
 	}
 	if n0 := countLocal(r.Limits) + most; n0 > l7.MaxChecks {
-		d.errorf(n, "%s: %d local limits apply to one request (route plus largest tier); at most %d", where, n0, l7.MaxChecks)
+		d.Errorf(n, "%s: %d local limits apply to one request (route plus largest tier); at most %d", where, n0, l7.MaxChecks)
 	}
 	return r, ok
 }
@@ -560,25 +469,25 @@ func countLocal(ls []Limit) int {
 }
 
 func (d *decoder) match(n *yaml.Node, where string) Match {
-	f := d.fields(n, where+" match", "host", "methods", "path_prefix", "path_pattern", "header")
+	f := d.Fields(n, where+" match", "host", "methods", "path_prefix", "path_pattern", "header")
 	var m Match
 	if v, ok := f["host"]; ok {
-		if s, ok := d.str(v, "match host"); ok {
+		if s, ok := d.Scalar(v, "match host"); ok {
 			h := strings.TrimPrefix(s, "*.")
 			if h == "" || strings.ContainsAny(h, "/:*@ ") {
-				d.errorf(v, "match host %q: want a host name without port, e.g. api.example.com or *.example.com", s)
+				d.Errorf(v, "match host %q: want a host name without port, e.g. api.example.com or *.example.com", s)
 			}
 			m.Host = strings.ToLower(s)
 		}
 	}
 	if v, ok := f["methods"]; ok {
-		for _, c := range d.seq(v, "match methods") {
-			s, ok := d.str(c, "method")
+		for _, c := range d.Seq(v, "match methods") {
+			s, ok := d.Scalar(c, "method")
 			if !ok {
 				continue
 			}
 			if !httpToken(s) || strings.ToUpper(s) != s {
-				d.errorf(c, "match method %q: want an upper-case HTTP method such as GET", s)
+				d.Errorf(c, "match method %q: want an upper-case HTTP method such as GET", s)
 				continue
 			}
 			m.Methods = append(m.Methods, s)
@@ -587,34 +496,34 @@ func (d *decoder) match(n *yaml.Node, where string) Match {
 	pv, hasPrefix := f["path_prefix"]
 	qv, hasPattern := f["path_pattern"]
 	if hasPrefix && hasPattern {
-		d.errorf(qv, "%s match: set path_prefix or path_pattern, not both", where)
+		d.Errorf(qv, "%s match: set path_prefix or path_pattern, not both", where)
 	}
 	if hasPrefix {
-		if s, ok := d.str(pv, "match path_prefix"); ok {
+		if s, ok := d.Scalar(pv, "match path_prefix"); ok {
 			if !strings.HasPrefix(s, "/") {
-				d.errorf(pv, "match path_prefix %q must start with /", s)
+				d.Errorf(pv, "match path_prefix %q must start with /", s)
 			}
 			m.PathPrefix = s
 		}
 	}
 	if hasPattern {
-		if s, ok := d.str(qv, "match path_pattern"); ok {
+		if s, ok := d.Scalar(qv, "match path_pattern"); ok {
 			re, err := regexp.Compile(s)
 			if err != nil {
-				d.errorf(qv, "match path_pattern %q: %v", s, err)
+				d.Errorf(qv, "match path_pattern %q: %v", s, err)
 			}
 			m.PathPattern = re
 		}
 	}
 	if v, ok := f["header"]; ok {
-		v = resolve(v)
+		v = yamlcheck.Resolve(v)
 		if v.Kind != yaml.MappingNode {
-			d.errorf(v, "match header must be a mapping of header name to value, got %s", kindName(v))
+			d.Errorf(v, "match header must be a mapping of header name to value, got %s", yamlcheck.KindName(v))
 		} else {
 			m.Header = map[string]string{}
 			for i := 0; i+1 < len(v.Content); i += 2 {
-				name := d.headerName(resolve(v.Content[i]), "match header")
-				val, ok := d.str(resolve(v.Content[i+1]), "match header value")
+				name := d.headerName(yamlcheck.Resolve(v.Content[i]), "match header")
+				val, ok := d.Scalar(yamlcheck.Resolve(v.Content[i+1]), "match header value")
 				if name != "" && ok {
 					m.Header[name] = val
 				}
@@ -625,7 +534,7 @@ func (d *decoder) match(n *yaml.Node, where string) Match {
 }
 
 func (d *decoder) tiers(n *yaml.Node, where string, rc *Redis) *Tiers {
-	f := d.fields(n, where+" tiers", "header", "default", "levels")
+	f := d.Fields(n, where+" tiers", "header", "default", "levels")
 	if f == nil {
 		return nil
 	}
@@ -633,7 +542,7 @@ func (d *decoder) tiers(n *yaml.Node, where string, rc *Redis) *Tiers {
 	if v, ok := f["header"]; ok {
 		t.Header = d.headerName(v, "tiers header")
 	} else {
-		d.errorf(n, "%s tiers: header is required (the header naming the tier)", where)
+		d.Errorf(n, "%s tiers: header is required (the header naming the tier)", where)
 	}
 	var defNode *yaml.Node
 	if v, ok := f["default"]; ok {
@@ -641,16 +550,16 @@ func (d *decoder) tiers(n *yaml.Node, where string, rc *Redis) *Tiers {
 		defNode = v
 	}
 	if v, ok := f["levels"]; ok {
-		v = resolve(v)
+		v = yamlcheck.Resolve(v)
 		if v.Kind != yaml.MappingNode {
-			d.errorf(v, "%s tiers levels must be a mapping of tier name to limits, got %s", where, kindName(v))
+			d.Errorf(v, "%s tiers levels must be a mapping of tier name to limits, got %s", where, yamlcheck.KindName(v))
 		} else {
 			for i := 0; i+1 < len(v.Content); i += 2 {
-				name, ok := d.name(resolve(v.Content[i]), "tier name")
+				name, ok := d.name(yamlcheck.Resolve(v.Content[i]), "tier name")
 				ls := d.limits(v.Content[i+1], fmt.Sprintf("%s tier %q", where, name), rc)
 				for j, l := range ls {
 					if l.Backend == BackendRedis {
-						d.errorf(v.Content[i+1], "tier %q limit %q: tier limits are local; put redis limits on the route", name, ls[j].Name)
+						d.Errorf(v.Content[i+1], "tier %q limit %q: tier limits are local; put redis limits on the route", name, ls[j].Name)
 					}
 				}
 				if ok {
@@ -665,7 +574,7 @@ func (d *decoder) tiers(n *yaml.Node, where string, rc *Redis) *Tiers {
 			found = found || x.Name == t.Default
 		}
 		if !found {
-			d.errorf(defNode, "tiers default %q is not one of the levels", t.Default)
+			d.Errorf(defNode, "tiers default %q is not one of the levels", t.Default)
 		}
 	}
 	return t
@@ -673,7 +582,7 @@ func (d *decoder) tiers(n *yaml.Node, where string, rc *Redis) *Tiers {
 
 func (d *decoder) limits(n *yaml.Node, where string, rc *Redis) []Limit {
 	var out []Limit
-	for _, c := range d.seq(n, where+" limits") {
+	for _, c := range d.Seq(n, where+" limits") {
 		if l, ok := d.limit(c, where, rc); ok {
 			out = append(out, l)
 		}
@@ -682,7 +591,7 @@ func (d *decoder) limits(n *yaml.Node, where string, rc *Redis) []Limit {
 }
 
 func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
-	f := d.fields(n, where+" limit", "name", "key", "rate", "burst", "algorithm", "shadow", "backend",
+	f := d.Fields(n, where+" limit", "name", "key", "rate", "burst", "algorithm", "shadow", "backend",
 		"failure", "capacity")
 	if f == nil {
 		return Limit{}, false
@@ -693,37 +602,37 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		var nok bool
 		if l.Name, nok = d.name(v, "limit name"); nok {
 			if prev := d.limitNames[l.Name]; prev != nil {
-				d.errorf(v, "limit name %q is already used at line %d (names are unique in l7:)", l.Name, prev.Line)
+				d.Errorf(v, "limit name %q is already used at line %d (names are unique in l7:)", l.Name, prev.Line)
 				ok = false
 			}
 			d.limitNames[l.Name] = v
 		}
 		ok = ok && nok
 	} else {
-		d.errorf(n, "%s limit: name is required", where)
+		d.Errorf(n, "%s limit: name is required", where)
 		ok = false
 	}
 	if v, has := f["key"]; has {
 		k, kok := d.key(v)
 		l.Key, ok = k, ok && kok
 	} else {
-		d.errorf(n, "limit %q: key is required (ip, header:NAME, user, tenant, endpoint, global, or parts joined by +)", l.Name)
+		d.Errorf(n, "limit %q: key is required (ip, header:NAME, user, tenant, endpoint, global, or parts joined by +)", l.Name)
 		ok = false
 	}
 	var rateNode *yaml.Node
 	if v, has := f["rate"]; has {
 		rateNode = v
-		if s, sok := d.str(v, "limit rate"); sok {
+		if s, sok := d.Scalar(v, "limit rate"); sok {
 			r, unit, err := policy.ParseRate(s)
 			switch {
 			case err != nil:
-				d.errorf(v, "limit %q: %v", l.Name, err)
+				d.Errorf(v, "limit %q: %v", l.Name, err)
 				ok = false
 			case unit != policy.Packets:
-				d.errorf(v, "limit %q: rate %q counts %s; an L7 rate counts requests, e.g. 100/min", l.Name, s, unit)
+				d.Errorf(v, "limit %q: rate %q counts %s; an L7 rate counts requests, e.g. 100/min", l.Name, s, unit)
 				ok = false
 			case r.Count > 1<<40:
-				d.errorf(v, "limit %q: rate %q is too large", l.Name, s)
+				d.Errorf(v, "limit %q: rate %q is too large", l.Name, s)
 				ok = false
 			default:
 				l.Count, l.Per = int64(r.Count), r.Per
@@ -732,7 +641,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 			ok = false
 		}
 	} else {
-		d.errorf(n, "limit %q: rate is required, e.g. 100/min", l.Name)
+		d.Errorf(n, "limit %q: rate is required, e.g. 100/min", l.Name)
 		ok = false
 	}
 	if v, has := f["burst"]; has {
@@ -749,14 +658,14 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		s, bok := d.enum(v, "limit backend", BackendLocal, BackendRedis)
 		l.Backend, ok = s, ok && bok
 		if s == BackendRedis && !d.redis {
-			d.errorf(v, "limit %q: backend redis needs an l7 redis: section", l.Name)
+			d.Errorf(v, "limit %q: backend redis needs an l7 redis: section", l.Name)
 			ok = false
 		}
 	}
 	if v, has := f["failure"]; has {
 		l.Failure, _ = d.enum(v, "limit failure", FailureOpen, FailureClosed)
 		if l.Backend != BackendRedis {
-			d.errorf(v, "limit %q: failure applies only to backend redis", l.Name)
+			d.Errorf(v, "limit %q: failure applies only to backend redis", l.Name)
 		}
 	} else if rc != nil {
 		l.Failure = rc.Failure
@@ -766,20 +675,20 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		l.Capacity = int(x)
 	}
 	if (l.Algorithm == AlgSlidingWindow || l.Algorithm == AlgFixedWindow) && l.Burst != 0 {
-		d.errorf(f["burst"], "limit %q: burst applies to gcra and token-bucket, not %s", l.Name, l.Algorithm)
+		d.Errorf(f["burst"], "limit %q: burst applies to gcra and token-bucket, not %s", l.Name, l.Algorithm)
 		ok = false
 	}
 	if ok && l.Backend == BackendRedis {
 		if l.Algorithm != AlgGCRA && l.Algorithm != AlgSlidingWindow {
-			d.errorf(f["algorithm"], "limit %q: backend redis supports gcra and sliding-window, not %s", l.Name, l.Algorithm)
+			d.Errorf(f["algorithm"], "limit %q: backend redis supports gcra and sliding-window, not %s", l.Name, l.Algorithm)
 			ok = false
 		} else if _, err := redisRule(l); err != nil {
-			d.errorf(rateNode, "limit %q: %v", l.Name, err)
+			d.Errorf(rateNode, "limit %q: %v", l.Name, err)
 			ok = false
 		}
 	} else if ok {
 		if _, err := newAlgorithm(l); err != nil {
-			d.errorf(rateNode, "limit %q: %v", l.Name, err)
+			d.Errorf(rateNode, "limit %q: %v", l.Name, err)
 			ok = false
 		}
 	}
@@ -787,13 +696,13 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 }
 
 func (d *decoder) key(n *yaml.Node) (Key, bool) {
-	s, ok := d.str(n, "limit key")
+	s, ok := d.Scalar(n, "limit key")
 	if !ok {
 		return nil, false
 	}
 	k, err := ParseKey(s)
 	if err != nil {
-		d.errorf(n, "%v", err)
+		d.Errorf(n, "%v", err)
 		return nil, false
 	}
 	return k, true
