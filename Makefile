@@ -25,6 +25,9 @@ test: ## Run every test (root needed for the BPF and netns tiers).
 bench: ## Run the data-plane and L7 benchmarks.
 	bash bench/run.sh
 
+demo: ## Run the distributed-flood demo in private network namespaces (root).
+	go run ./cmd/edgectl demo
+
 lint: ## go vet and gofmt.
 	go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 func TestInAllowed(t *testing.T) {
@@ -20,14 +22,7 @@ func TestInAllowed(t *testing.T) {
 	}
 }
 
-func requireRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if ci := os.Getenv("CI"); ci != "" && ci != "false" {
-			t.Fatal("testbed tests need root, and CI must run them")
-		}
-		t.Skip("needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) to create network namespaces")
-	}
-}
+func requireRoot(t *testing.T) { testenv.RequireRoot(t) }
 
 // TestTeardown checks Close removes every namespace, that addresses
 // outside the testbed ranges are refused, and that RemoveStale removes

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/testbed"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -47,49 +48,29 @@ metrics:
   listen: 127.0.0.1:19469
 `
 
-// buildEdgectl compiles the CLI into a directory of the test's own (the Go
-// build cache makes every build after the first a link step), readable by
-// others since the test also runs it as nobody.
-func buildEdgectl(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{dir, filepath.Dir(dir)} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "edgectl")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/edgeguard/edgeguard/cmd/edgectl").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build edgectl: %v\n%s", err, out)
-	}
-	return bin
-}
-
+// daemonHarness runs the real daemon for one test (testbed.Daemon) and
+// fails the test on any error.
 type daemonHarness struct {
-	t       *testing.T
-	bin     string
-	edge    *netns.Namespace
-	config  string
-	socket  string
-	pins    string
-	logs    *bytes.Buffer
-	cmd     *exec.Cmd
-	waitErr chan error
+	*testbed.Daemon
+	t    *testing.T
+	edge *netns.Namespace
 }
 
 func newDaemonHarness(t *testing.T, edge *netns.Namespace) *daemonHarness {
-	bin := buildEdgectl(t)
-	dir := t.TempDir()
-	h := &daemonHarness{
-		t: t, bin: bin, edge: edge,
-		config: filepath.Join(dir, "edgeguard.yaml"),
-		socket: filepath.Join(dir, "run", "edgeguard.sock"),
-		pins:   fmt.Sprintf("/sys/fs/bpf/eg-test-%d-daemon", os.Getpid()),
+	bin, err := edgectl()
+	if err != nil {
+		t.Fatal(err)
 	}
+	dir := t.TempDir()
+	h := &daemonHarness{t: t, edge: edge, Daemon: &testbed.Daemon{
+		Bin: bin, NS: edge,
+		Config: filepath.Join(dir, "edgeguard.yaml"),
+		Socket: filepath.Join(dir, "run", "edgeguard.sock"),
+		PinDir: fmt.Sprintf("/sys/fs/bpf/eg-test-%d-daemon", os.Getpid()),
+	}}
 	t.Cleanup(func() {
-		h.kill()
-		os.RemoveAll(h.pins)
+		h.Kill()
+		os.RemoveAll(h.PinDir)
 	})
 	return h
 }
@@ -97,85 +78,40 @@ func newDaemonHarness(t *testing.T, edge *netns.Namespace) *daemonHarness {
 func (h *daemonHarness) writePolicy(rate, burst int) {
 	h.t.Helper()
 	data := fmt.Sprintf(daemonPolicy, rate, burst)
-	tmp := h.config + ".new"
+	tmp := h.Config + ".new"
 	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := os.Rename(tmp, h.config); err != nil {
+	if err := os.Rename(tmp, h.Config); err != nil {
 		h.t.Fatal(err)
 	}
 }
 
-// start runs `edgectl run` in the edge namespace and waits for its socket.
 func (h *daemonHarness) start() {
 	h.t.Helper()
-	h.logs = &bytes.Buffer{}
-	h.cmd = exec.Command("nsenter", "--net=/run/netns/"+h.edge.Name, h.bin, "run",
-		"--config", h.config, "--pin-dir", h.pins, "--socket", h.socket, "--interval", "0")
-	h.cmd.Stdout = h.logs
-	h.cmd.Stderr = h.logs
-	if err := h.cmd.Start(); err != nil {
-		h.t.Fatalf("start daemon: %v", err)
+	if err := h.Start(context.Background()); err != nil {
+		h.t.Fatal(err)
 	}
-	h.waitErr = make(chan error, 1)
-	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(h.cmd, h.waitErr)
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, err := h.ctl("status", "--json"); err == nil {
-			return
-		}
-		select {
-		case err := <-h.waitErr:
-			h.t.Fatalf("daemon exited at start: %v\n%s", err, h.logs)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	h.t.Fatalf("daemon socket did not come up within 20s\n%s", h.logs)
 }
 
-// stop sends sig and waits for the daemon to exit.
 func (h *daemonHarness) stop(sig syscall.Signal) {
 	h.t.Helper()
-	if h.cmd == nil {
-		return
-	}
-	h.cmd.Process.Signal(sig)
-	select {
-	case <-h.waitErr:
-	case <-time.After(15 * time.Second):
-		h.cmd.Process.Kill()
-		h.t.Errorf("daemon did not stop within 15s of %v\n%s", sig, h.logs)
-	}
-	h.cmd = nil
-}
-
-func (h *daemonHarness) kill() {
-	if h.cmd != nil {
-		h.cmd.Process.Kill()
-		<-h.waitErr
-		h.cmd = nil
+	if err := h.Stop(sig); err != nil {
+		h.t.Errorf("%v\n%s", err, h.Logs())
 	}
 }
 
 // ctl runs the real CLI against the daemon's socket.
 func (h *daemonHarness) ctl(args ...string) (string, error) {
-	args = append(args, "--socket", h.socket)
-	out, err := exec.Command(h.bin, args...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("edgectl %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	out, err := h.Ctl(context.Background(), args...)
+	return string(out), err
 }
 
 func (h *daemonHarness) status() control.Status {
 	h.t.Helper()
-	out, err := h.ctl("status", "--json")
+	st, err := h.Status(context.Background())
 	if err != nil {
 		h.t.Fatal(err)
-	}
-	var st control.Status
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		h.t.Fatalf("status --json: %v\n%s", err, out)
 	}
 	return st
 }
@@ -320,7 +256,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	}()
 	h.writePolicy(50000, 50000)
 	waitGeneration(t, h, 2)
-	os.WriteFile(h.config, []byte("apiVersion: edgeguard/v1\nbogus: [\n"), 0o644)
+	os.WriteFile(h.Config, []byte("apiVersion: edgeguard/v1\nbogus: [\n"), 0o644)
 	waitReloadFailure(t, h)
 	h.writePolicy(100000, 100000)
 	waitGeneration(t, h, 3)
@@ -347,12 +283,12 @@ func TestDaemonLifecycle(t *testing.T) {
 	if !strings.Contains(out, "~ rule default") || !strings.Contains(out, "applied: generation 4") {
 		t.Errorf("policy apply output:\n%s", out)
 	}
-	if saved, _ := os.ReadFile(h.config); !strings.Contains(string(saved), "90000/s") {
+	if saved, _ := os.ReadFile(h.Config); !strings.Contains(string(saved), "90000/s") {
 		t.Errorf("applied policy not saved to the config file:\n%s", saved)
 	}
 
 	// Only root may use the control socket.
-	nobody := exec.Command(h.bin, "status", "--socket", h.socket)
+	nobody := exec.Command(h.Bin, "status", "--socket", h.Socket)
 	nobody.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	if out, err := nobody.CombinedOutput(); err == nil || !strings.Contains(string(out), "sudo") {
 		t.Errorf("edgectl status as nobody: err %v, output %q; want a permission error that says to use sudo", err, out)
@@ -399,7 +335,7 @@ func TestDaemonLifecycle(t *testing.T) {
 
 	// A clean stop detaches and removes the pins.
 	h.stop(syscall.SIGTERM)
-	if _, err := os.Stat(h.pins); !os.IsNotExist(err) {
+	if _, err := os.Stat(h.PinDir); !os.IsNotExist(err) {
 		t.Errorf("pins still present after a clean stop: %v", err)
 	}
 	if got := attacker.burst(t, 200); got != 200 {
@@ -435,7 +371,7 @@ func waitGeneration(t *testing.T, h *daemonHarness, gen uint64) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("policy generation %d not reached within 15s\n%s", gen, h.logs)
+	t.Fatalf("policy generation %d not reached within 15s\n%s", gen, h.Logs())
 }
 
 func waitReloadFailure(t *testing.T, h *daemonHarness) {
@@ -450,7 +386,7 @@ func waitReloadFailure(t *testing.T, h *daemonHarness) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("broken policy was not rejected within 15s\n%s", h.logs)
+	t.Fatalf("broken policy was not rejected within 15s\n%s", h.Logs())
 }
 
 func checkMetricPositive(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) {

@@ -42,7 +42,7 @@ func checkDemoCleanedUp(t *testing.T, out string) {
 // itself and removes everything it created.
 func TestDemo(t *testing.T) {
 	netns.RequireRoot(t)
-	bin, err := scenarioEdgectl()
+	bin, err := edgectl()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestDemo(t *testing.T) {
 // it exits promptly and still removes everything.
 func TestDemoInterrupted(t *testing.T) {
 	netns.RequireRoot(t)
-	bin, err := scenarioEdgectl()
+	bin, err := edgectl()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func TestL7EscalationToNIC(t *testing.T) {
 	t.Cleanup(func() { up.Close() })
 
 	proxyAddr := netip.AddrPortFrom(c.EdgeAddr4, 8080)
-	if err := os.WriteFile(h.config, []byte(fmt.Sprintf(escalationPolicy, proxyAddr, upLn.Addr())), 0o644); err != nil {
+	if err := os.WriteFile(h.Config, []byte(fmt.Sprintf(escalationPolicy, proxyAddr, upLn.Addr())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	h.start()
@@ -117,7 +117,7 @@ func TestL7EscalationToNIC(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not on the deny list with origin l7 after 10s: %+v\n%s", want, entries, h.logs)
+			t.Fatalf("%s not on the deny list with origin l7 after 10s: %+v\n%s", want, entries, h.Logs())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -32,20 +31,6 @@ import (
 // attackerNet is the attacker's /16: one ASN in the lab's ASN data.
 var attackerNet = testbed.AttackerNet
 
-// scenarioEdgectl builds the CLI once for every scenario of the test binary.
-var scenarioEdgectl = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "edgectl-scenarios-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "edgectl")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/edgeguard/edgeguard/cmd/edgectl").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build edgectl: %w\n%s", err, out)
-	}
-	return bin, nil
-})
-
 type scenario struct {
 	t   *testing.T
 	ctx context.Context
@@ -55,7 +40,7 @@ type scenario struct {
 func newScenario(t *testing.T, legit int, spoofed ...netip.Prefix) *scenario {
 	t.Helper()
 	netns.RequireRoot(t)
-	bin, err := scenarioEdgectl()
+	bin, err := edgectl()
 	if err != nil {
 		t.Fatal(err)
 	}

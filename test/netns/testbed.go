@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/edgeguard/edgeguard/internal/testbed"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // Types shared with internal/testbed.
@@ -33,16 +34,10 @@ const MaxClients = testbed.MaxClients
 const namePrefix = "eg-test"
 
 // RequireRoot skips tb when not running as root, with the reason. In CI
-// (CI set and not "false") a skip would hide a regression, so it fails.
+// a skip would hide a regression, so it fails.
 func RequireRoot(tb testing.TB) {
 	tb.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if ci := os.Getenv("CI"); ci != "" && ci != "false" {
-		tb.Fatal("network namespace tests need root (CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF), and CI must run them")
-	}
-	tb.Skip("needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF) to create network namespaces and load BPF programs")
+	testenv.RequireRoot(tb)
 }
 
 // testbedSeq keeps the namespace names of the tests of one process apart.
