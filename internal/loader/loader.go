@@ -165,7 +165,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 	var collOpts ebpf.CollectionOptions
 	var tmp string
 	if opts.PinDir != "" {
-		if err := checkBPFFS(filepath.Dir(opts.PinDir)); err != nil {
+		if err := ensureBPFFS(filepath.Dir(opts.PinDir)); err != nil {
 			return nil, err
 		}
 		mapDir := filepath.Join(opts.PinDir, "maps")
