@@ -95,18 +95,35 @@ func (m *Maps) RuleCounters(ids []uint32) (map[uint32]RuleCounters, error) {
 	if err != nil {
 		return nil, err
 	}
+	ncpu, err := possibleCPUs()
+	if err != nil {
+		return nil, err
+	}
+	// One batch lookup of every slot, summed per CPU.
+	n := int(m.o.RuleStats.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]loader.LimiterEgRuleCounters, n*ncpu)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.o.RuleStats.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("read rule counters: %w", err)
+	}
+	bySlot := make(map[uint32]int, got)
+	for i := 0; i < got; i++ {
+		bySlot[keys[i]] = i
+	}
 	out := make(map[uint32]RuleCounters, len(ids))
-	var per []loader.LimiterEgRuleCounters
 	for _, id := range ids {
 		slot, ok := slots[id]
 		if !ok {
 			continue
 		}
-		if err := m.o.RuleStats.Lookup(slot, &per); err != nil {
-			return nil, fmt.Errorf("read counters of rule %d: %w", id, err)
+		i, ok := bySlot[slot]
+		if !ok {
+			continue
 		}
 		var rc RuleCounters
-		for _, c := range per {
+		for _, c := range vals[i*ncpu : (i+1)*ncpu] {
 			for a := range rc {
 				rc[a].Packets += c.ByAction[a].Packets
 				rc[a].Bytes += c.ByAction[a].Bytes

@@ -215,17 +215,22 @@ func (m *Maps) Apply(g Generation) error {
 	return nil
 }
 
-// readSlots returns rule id -> slot of a generation's valid rules.
+// readSlots returns rule id -> slot of a generation's valid rules, reading
+// the rules table in one batch lookup.
 func (m *Maps) readSlots(gen uint32) (map[uint32]uint32, error) {
 	maxRules := m.d.Sizes.MaxRules
+	n := int(m.o.Rules.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]loader.LimiterEgRule, n)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.o.Rules.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("read rules of generation %d: %w", gen, err)
+	}
 	out := map[uint32]uint32{}
-	var r loader.LimiterEgRule
-	for slot := uint32(0); slot < maxRules; slot++ {
-		if err := m.o.Rules.Lookup(gen*maxRules+slot, &r); err != nil {
-			return nil, fmt.Errorf("read rules of generation %d: %w", gen, err)
-		}
-		if r.Valid != 0 {
-			out[r.Id] = slot
+	for i := 0; i < got; i++ {
+		if keys[i]/maxRules == gen && vals[i].Valid != 0 {
+			out[vals[i].Id] = keys[i] % maxRules
 		}
 	}
 	return out, nil
