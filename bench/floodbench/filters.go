@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
 // The per-source limit every limiter gets: 100 packets/s, burst 100.
@@ -40,9 +41,9 @@ type filter interface {
 
 // edge is the receiving side: its namespace and interfaces.
 type edge struct {
-	ns        *namespace
-	floodIf   endpoint // receives the flood (threaded NAPI, measured)
-	legitIf   endpoint // receives the legit clients
+	ns        *testbed.Namespace
+	floodIf   testbed.Endpoint // receives the flood (threaded NAPI, measured)
+	legitIf   testbed.Endpoint // receives the legit clients
 	floodAddr netip.Addr
 }
 
@@ -50,14 +51,14 @@ type edge struct {
 // NAPI: frames sent with XDP_TX from the peer are then accepted (veth's
 // ndo_xdp_xmit needs the receiver's NAPI) and become skbs.
 func (e *edge) enableSkbNAPI() error {
-	_, err := e.ns.exec("", "ethtool", "-K", e.floodIf.name, "gro", "on")
+	_, err := nsExec(e.ns, "", "ethtool", "-K", e.floodIf.Name, "gro", "on")
 	return err
 }
 
 // attachXDP attaches p to iface in the edge namespace.
 func (e *edge) attachXDP(p *ebpf.Program, ifindex int, flags link.XDPAttachFlags) (link.Link, error) {
 	var l link.Link
-	err := e.ns.do(func() (err error) {
+	err := e.ns.Do(func() (err error) {
 		l, err = link.AttachXDP(link.XDPOptions{Program: p, Interface: ifindex, Flags: flags})
 		return err
 	})
@@ -78,9 +79,9 @@ func (x *xdpConst) setup(e *edge, _ int) error {
 		return err
 	}
 	x.prog = p
-	l, err := e.attachXDP(p, e.floodIf.index, link.XDPDriverMode)
+	l, err := e.attachXDP(p, e.floodIf.Index, link.XDPDriverMode)
 	if err != nil {
-		return fmt.Errorf("attach xdp drop to %s: %w", e.floodIf.name, err)
+		return fmt.Errorf("attach xdp drop to %s: %w", e.floodIf.Name, err)
 	}
 	x.links = append(x.links, l)
 	return nil
@@ -162,8 +163,8 @@ func (g *edgeguard) setup(e *edge, extraRules int) error {
 			return err
 		}
 	}
-	for _, ifc := range []string{e.floodIf.name, e.legitIf.name} {
-		err := e.ns.do(func() error {
+	for _, ifc := range []string{e.floodIf.Name, e.legitIf.Name} {
+		err := e.ns.Do(func() error {
 			a, err := dp.Attach(ifc, g.mode)
 			if err == nil {
 				g.att = append(g.att, a)
@@ -215,7 +216,7 @@ func (n nftMeter) setup(e *edge, extraRules int) error {
 	match := ""
 	if n.netdev {
 		family = "netdev"
-		hook = fmt.Sprintf("type filter hook ingress devices = { %s, %s } priority -500;", e.floodIf.name, e.legitIf.name)
+		hook = fmt.Sprintf("type filter hook ingress devices = { %s, %s } priority -500;", e.floodIf.Name, e.legitIf.Name)
 		match = "meta protocol ip "
 	}
 	var b strings.Builder
@@ -230,14 +231,14 @@ func (n nftMeter) setup(e *edge, extraRules int) error {
 	fmt.Fprintf(&b, "    %supdate @persrc { ip saddr limit rate over %d/second burst %d packets } counter drop\n",
 		match, perSourceRate, perSourceBurst)
 	b.WriteString("  }\n}\n")
-	_, err := e.ns.exec(b.String(), "nft", "-f", "-")
+	_, err := nsExec(e.ns, b.String(), "nft", "-f", "-")
 	return err
 }
 
 var counterPackets = regexp.MustCompile(`update @persrc .* counter packets (\d+)`)
 
 func (n nftMeter) dropped(e *edge) (uint64, error) {
-	out, err := e.ns.exec("", "nft", "list", "ruleset")
+	out, err := nsExec(e.ns, "", "nft", "list", "ruleset")
 	if err != nil {
 		return 0, err
 	}
@@ -265,12 +266,12 @@ func (hashlimit) setup(e *edge, extraRules int) error {
 	fmt.Fprintf(&b, "-A PREROUTING -m hashlimit --hashlimit-name floodbench --hashlimit-mode srcip "+
 		"--hashlimit-above %d/sec --hashlimit-burst %d --hashlimit-htable-size %d --hashlimit-htable-max %d "+
 		"--hashlimit-htable-expire 10000 -j DROP\nCOMMIT\n", perSourceRate, perSourceBurst, meterSize, meterSize)
-	_, err := e.ns.exec(b.String(), "iptables-restore")
+	_, err := nsExec(e.ns, b.String(), "iptables-restore")
 	return err
 }
 
 func (hashlimit) dropped(e *edge) (uint64, error) {
-	out, err := e.ns.exec("", "iptables", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n")
+	out, err := nsExec(e.ns, "", "iptables", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n")
 	if err != nil {
 		return 0, err
 	}

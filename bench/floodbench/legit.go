@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
 // echoServer answers every datagram on conn with the same bytes until conn
@@ -30,7 +32,7 @@ type legitResult struct{ sent, answered uint64 }
 // runLegit makes each client send rate requests/s to server for d, each
 // request a sequence number, and counts the distinct answers that arrive
 // by d + 1s. The sockets are made in the client namespace.
-func runLegit(ns *namespace, clients []netip.Addr, server netip.AddrPort, rate int, d time.Duration) (legitResult, error) {
+func runLegit(ns *testbed.Namespace, clients []netip.Addr, server netip.AddrPort, rate int, d time.Duration) (legitResult, error) {
 	var res legitResult
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -44,7 +46,7 @@ func runLegit(ns *namespace, clients []netip.Addr, server netip.AddrPort, rate i
 	}()
 	for i, a := range clients {
 		var c *net.UDPConn
-		err := ns.do(func() (err error) {
+		err := ns.Do(func() (err error) {
 			c, err = net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 0)), net.UDPAddrFromAddrPort(server))
 			return err
 		})

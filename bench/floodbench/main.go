@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
 type config struct {
@@ -274,20 +275,12 @@ func printMedians(list []benchCase, samples [][]sample) {
 }
 
 func runCase(c config, prefix string, f filter, src sources, extraRules int) (res result, err error) {
-	var nss []*namespace
+	tb := testbed.New(prefix)
 	defer func() {
 		f.close()
-		for _, ns := range nss {
-			err = errors.Join(err, ns.remove())
-		}
+		err = errors.Join(err, tb.Close())
 	}()
-	mk := func(role string) (*namespace, error) {
-		ns, err := newNamespace(prefix + "-" + role)
-		if err == nil {
-			nss = append(nss, ns)
-		}
-		return ns, err
-	}
+	mk := tb.Namespace
 	atk, err := mk("atk")
 	if err != nil {
 		return res, err
@@ -300,11 +293,12 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	if err != nil {
 		return res, err
 	}
-	floodIf, atkIf, err := connectVeth(edgeNS, "fb-flood", netip.MustParsePrefix("198.18.0.1/30"),
-		atk, "fb-atk", []netip.Prefix{netip.MustParsePrefix("198.18.0.2/30")})
+	flood, err := tb.Connect(edgeNS, atk, testbed.VethSpec{NameA: "fb-flood", NameB: "fb-atk",
+		AddrsA: []netip.Prefix{netip.MustParsePrefix("198.18.0.1/30")}, AddrsB: []netip.Prefix{netip.MustParsePrefix("198.18.0.2/30")}})
 	if err != nil {
 		return res, err
 	}
+	floodIf, atkIf := flood.A, flood.B
 	var clients []netip.Addr
 	var clientPfx []netip.Prefix
 	for h := byte(2); h < 12; h++ {
@@ -312,16 +306,18 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 		clients = append(clients, a)
 		clientPfx = append(clientPfx, netip.PrefixFrom(a, 24))
 	}
-	legitIf, _, err := connectVeth(edgeNS, "fb-legit", netip.MustParsePrefix("198.18.1.1/24"), cli, "fb-up", clientPfx)
+	legit, err := tb.Connect(edgeNS, cli, testbed.VethSpec{NameA: "fb-legit", NameB: "fb-up",
+		AddrsA: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/24")}, AddrsB: clientPfx})
 	if err != nil {
 		return res, err
 	}
+	legitIf := legit.A
 	e := &edge{ns: edgeNS, floodIf: floodIf, legitIf: legitIf, floodAddr: netip.MustParseAddr("198.18.0.1")}
 	// Strict reverse-path filtering would drop spoofed sources in the
 	// routing step; servers facing the internet have a default route
 	// instead. Neither namespace has one: replies and ICMP errors to
 	// spoofed sources have no route and are never sent.
-	if _, err := edgeNS.exec("", "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0",
+	if _, err := nsExec(edgeNS, "", "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0",
 		"net.ipv4.conf.default.rp_filter=0", "net.ipv4.conf.fb-flood.rp_filter=0"); err != nil {
 		return res, err
 	}
@@ -336,7 +332,7 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	// schedstat includes it), or in ksoftirqd when the kernel defers it.
 	kt := 0
 	if c.threaded {
-		if _, err := edgeNS.exec("", "sh", "-c", "echo 1 > /sys/class/net/fb-flood/threaded"); err != nil {
+		if _, err := nsExec(edgeNS, "", "sh", "-c", "echo 1 > /sys/class/net/fb-flood/threaded"); err != nil {
 			return res, err
 		}
 		if kt, err = napiThread("fb-flood"); err != nil {
@@ -352,7 +348,7 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	// The flood's destination: a UDP socket nobody reads (its full buffer
 	// drops what passes, as a busy server would, counted in InErrors).
 	var sink, echo *net.UDPConn
-	if err := edgeNS.do(func() (err error) {
+	if err := edgeNS.Do(func() (err error) {
 		if sink, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(198, 18, 0, 1), Port: 9}); err != nil {
 			return err
 		}
@@ -367,8 +363,8 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	var served atomic.Uint64
 	go echoServer(echo, &served)
 
-	frame, sum := floodFrame([6]byte(atkIf.mac), [6]byte(floodIf.mac), e.floodAddr, 9)
-	gen, err := newGenerator(src, frame, sum, atkIf.index)
+	frame, sum := floodFrame([6]byte(atkIf.MAC), [6]byte(floodIf.MAC), e.floodAddr, 9)
+	gen, err := newGenerator(src, frame, sum, atkIf.Index)
 	if err != nil {
 		return res, err
 	}
@@ -377,7 +373,7 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	// Warm-up: one second of flood, so that NAPI, caches, the filters'
 	// tables (full, for the many-source floods) and Edgeguard's aggregate
 	// buckets (empty) are in their flood state; then the measured run.
-	if err := atk.do(func() error {
+	if err := atk.Do(func() error {
 		if err := pin(0, c.genCPU); err != nil {
 			return err
 		}
@@ -421,7 +417,7 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	}
 	var genErr error
 	var genCPU uint64
-	atk.do(func() error {
+	atk.Do(func() error {
 		if err := pin(0, c.genCPU); err != nil {
 			genErr = err
 			return nil

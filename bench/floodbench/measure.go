@@ -18,9 +18,9 @@ type ifStats struct{ rxPackets, rxDropped uint64 }
 // rx_dropped includes frames the sender could not queue because the
 // receive ring was full.
 func linkStats(e *edge) (ifStats, error) {
-	l, err := e.ns.nl.LinkByName(e.floodIf.name)
+	l, err := e.ns.Netlink().LinkByName(e.floodIf.Name)
 	if err != nil {
-		return ifStats{}, fmt.Errorf("read stats of %s: %w", e.floodIf.name, err)
+		return ifStats{}, fmt.Errorf("read stats of %s: %w", e.floodIf.Name, err)
 	}
 	s := l.Attrs().Statistics
 	return ifStats{rxPackets: s.RxPackets, rxDropped: s.RxDropped}, nil
@@ -31,7 +31,7 @@ func linkStats(e *edge) (ifStats, error) {
 // socket buffer).
 func udpDelivered(e *edge) (uint64, error) {
 	var n uint64
-	err := e.ns.do(func() error {
+	err := e.ns.Do(func() error {
 		f, err := os.Open("/proc/thread-self/net/snmp")
 		if err != nil {
 			return err
@@ -62,7 +62,7 @@ func udpDelivered(e *edge) (uint64, error) {
 		return fmt.Errorf("no Udp lines in snmp")
 	})
 	if err != nil {
-		return 0, fmt.Errorf("read udp mib in %s: %w", e.ns.name, err)
+		return 0, fmt.Errorf("read udp mib in %s: %w", e.ns.Name, err)
 	}
 	return n, nil
 }
