@@ -136,14 +136,14 @@ func benchPolicy(extraRules int) maps.Generation {
 		},
 		Prefixes: []maps.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/15"), RuleID: 1}},
 	}
-	// Extra rules, each with its own prefix in 10.0.0.0/8 (/24s), none
-	// matching the flood: the cost of a bigger policy.
+	// Extra rules, each with its own /32 in 240.0.0.0/8 (reserved, never a
+	// source here), none matching the flood: the cost of a bigger policy.
 	for i := 0; i < extraRules; i++ {
 		id := uint32(2 + i%1000)
 		if i < 1000 {
 			g.Rules = append(g.Rules, maps.Rule{ID: id, SrcLen4: 32, SrcLen6: 64, Src: src})
 		}
-		a := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		a := netip.AddrFrom4([4]byte{240, byte(i >> 16), byte(i >> 8), byte(i)})
 		g.Prefixes = append(g.Prefixes, maps.PrefixFact{Prefix: netip.PrefixFrom(a, 32), RuleID: id})
 	}
 	return g

@@ -13,7 +13,7 @@ import (
 func TestInAllowed(t *testing.T) {
 	for p, want := range map[string]bool{
 		"198.18.0.0/15": true, "198.19.200.1/32": true, "198.18.3.0/29": true, "fd00:0:0:1::/64": true,
-		"198.16.0.0/14": false, "198.20.0.1/32": false, "10.0.0.0/8": false, "0.0.0.0/0": false,
+		"198.16.0.0/14": false, "198.20.0.1/32": false, "192.0.2.0/24": false, "0.0.0.0/0": false,
 		"fc00::/7": false, "2001:db8::/32": false,
 	} {
 		if got := InAllowed(netip.MustParsePrefix(p)); got != want {
@@ -39,9 +39,9 @@ func TestTeardown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = tb.Connect(s.Edge, a, VethSpec{NameA: "eg-bad", NameB: "eg-bad", AddrsA: []netip.Prefix{netip.MustParsePrefix("10.0.0.1/24")}})
+	_, err = tb.Connect(s.Edge, a, VethSpec{NameA: "eg-bad", NameB: "eg-bad", AddrsA: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}})
 	if err == nil || !strings.Contains(err.Error(), "outside 198.18.0.0/15") {
-		t.Errorf("connect with 10.0.0.1/24: %v, want a refusal", err)
+		t.Errorf("connect with 192.0.2.1/24: %v, want a refusal", err)
 	}
 	names := tb.Names()
 	if len(names) != 4 {
