@@ -505,7 +505,6 @@ verdict:
 
 malformed:
 	v.reason = -ret;
-	cfg = bpf_map_lookup_elem(&configs, &zero);
 	act = bpf_map_lookup_elem(&active, &zero);
 	if (act) {
 		gen = act->gen & 1;
