@@ -101,6 +101,7 @@ type Daemon struct {
 	history *history
 	top     *topTalkers
 
+	lock        *os.File // held while the daemon runs (lockState)
 	reg         *prometheus.Registry
 	l7          *l7Stage // nil: no L7 stage running
 	escalations chan control.ListChange
@@ -135,6 +136,9 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 		escalations: make(chan control.ListChange, 256),
 	}
 	d.reg = d.newRegistry()
+	if err := d.lockState(); err != nil {
+		return nil, err
+	}
 	if err := d.loadLists(); err != nil {
 		return nil, err
 	}

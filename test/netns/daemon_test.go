@@ -211,6 +211,15 @@ func TestDaemonLifecycle(t *testing.T) {
 		t.Fatalf("before deny: attacker got %d of 200 through", got)
 	}
 
+	// A second daemon on the same state refuses to start.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	secondOut, err := exec.CommandContext(ctx, "nsenter", "--net="+h.NS.Path(), h.Bin, "run", "--config", h.Config,
+		"--pin-dir", h.PinDir, "--socket", h.Socket).CombinedOutput()
+	cancel()
+	if err == nil || !strings.Contains(string(secondOut), "another edgectl run") {
+		t.Errorf("second daemon on the same state: %v, output %q; want a refusal naming the lock", err, secondOut)
+	}
+
 	// Deny one source with the CLI: its packets drop, the other client's
 	// do not, and the sentinel from a second address of the same client
 	// still passes (so the deny is per source, not per link).
