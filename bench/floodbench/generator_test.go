@@ -3,10 +3,11 @@ package main
 import (
 	"encoding/binary"
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // TestGeneratorFrames runs the generator program with BPF_PROG_TEST_RUN
@@ -14,12 +15,7 @@ import (
 // addresses from its range, the IPv4 header checksum verifies, and the
 // verdict is XDP_TX.
 func TestGeneratorFrames(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if ci := os.Getenv("CI"); ci != "" && ci != "false" {
-			t.Fatal("needs root (CAP_BPF) to load the generator, and CI must run it")
-		}
-		t.Skip("needs root (CAP_BPF) to load and run the generator program")
-	}
+	testenv.RequireRoot(t)
 	frame, sum := floodFrame([6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}, netip.MustParseAddr("198.18.0.1"), 9)
 	cases := []struct {
 		src    sources

@@ -169,22 +169,10 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 			mu.Unlock()
 		}
 	}()
-	start := time.Now()
-	interval := time.Second / time.Duration(g.Rate)
 	msg := make([]byte, legitSize)
 	copy(msg, legitMagic)
-	for seq := uint64(0); seq < uint64(g.Count); seq++ {
-		next := start.Add(time.Duration(seq) * interval)
-		if !next.Before(start.Add(g.Duration)) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Until(next)):
-		}
-		if ctx.Err() != nil {
-			break
-		}
+	paced(ctx, g.Rate, g.Count, g.Duration, func(i int) {
+		seq := uint64(i)
 		binary.BigEndian.PutUint64(msg[8:], seq)
 		mu.Lock()
 		sentAt[seq] = time.Now()
@@ -194,7 +182,7 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 			g.Progress.Sent.Add(1)
 		}
 		c.Write(msg) // a send error is a lost request
-	}
+	})
 	// Replies still on their way: wait for them, bounded by timeout.
 	waitUntil := time.Now().Add(timeout)
 	for time.Now().Before(waitUntil) {
@@ -245,27 +233,14 @@ func (g LegitTCP) Run(ctx context.Context) (LegitResult, error) {
 	for i, dial := range g.Dial {
 		wg.Go(func() {
 			res := &results[i]
-			start := time.Now()
-			interval := time.Second / time.Duration(g.Rate)
-			for seq := 0; seq < g.Count; seq++ {
-				next := start.Add(time.Duration(seq) * interval)
-				if !next.Before(start.Add(g.Duration)) {
-					break
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(time.Until(next)):
-				}
-				if ctx.Err() != nil {
-					break
-				}
+			paced(ctx, g.Rate, g.Count, g.Duration, func(seq int) {
 				res.Sent++
 				t0 := time.Now()
 				if tcpRequest(dial, uint64(seq), timeout) == nil {
 					res.Replied++
 					res.Latencies = append(res.Latencies, time.Since(t0))
 				}
-			}
+			})
 			slices.Sort(res.Latencies)
 		})
 	}
@@ -394,4 +369,24 @@ func (e *Echo) Close() error {
 	}
 	e.wg.Wait()
 	return errors.Join(errs...)
+}
+
+// paced calls send(seq) at rate per second from now, at most count times
+// and never at or after duration from now, until ctx ends. A send that
+// takes longer than the interval delays the next ones.
+func paced(ctx context.Context, rate, count int, duration time.Duration, send func(seq int)) {
+	start := time.Now()
+	interval := time.Second / time.Duration(rate)
+	for seq := 0; seq < count; seq++ {
+		next := start.Add(time.Duration(seq) * interval)
+		if !next.Before(start.Add(duration)) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(next)):
+		}
+		send(seq)
+	}
 }
