@@ -402,19 +402,25 @@ func compilePrefixes(rules []Rule, asnData []asn.Entry) ([]PrefixFact, []string,
 			out = append(out, n.facts)
 		}
 	})
-	es := make([]trieEntry[PrefixFact], len(out))
-	for i, f := range out {
-		p := f.Prefix
-		f.Prefix = netip.Prefix{}
-		es[i] = trieEntry[PrefixFact]{prefix: p, value: f}
+	return compactEntries(out, func(f *PrefixFact) *netip.Prefix { return &f.Prefix }), warnings, nil
+}
+
+// compactEntries runs compact over entries that carry their own prefix
+// (prefix returns a pointer to that field); values compare without it.
+func compactEntries[T comparable](out []T, prefix func(*T) *netip.Prefix) []T {
+	es := make([]trieEntry[T], len(out))
+	for i, v := range out {
+		p := *prefix(&v)
+		*prefix(&v) = netip.Prefix{}
+		es[i] = trieEntry[T]{prefix: p, value: v}
 	}
 	es = compact(es)
 	out = out[:len(es)]
 	for i, e := range es {
 		out[i] = e.value
-		out[i].Prefix = e.prefix
+		*prefix(&out[i]) = e.prefix
 	}
-	return out, warnings, nil
+	return out
 }
 
 // later returns the listing that lasts longer (never-expiring wins).
@@ -487,19 +493,7 @@ func compileLists(deny, allow []ListEntry) []ListRecord {
 			out = append(out, n.eff)
 		}
 	})
-	es := make([]trieEntry[ListRecord], len(out))
-	for i, r := range out {
-		p := r.Prefix
-		r.Prefix = netip.Prefix{}
-		es[i] = trieEntry[ListRecord]{prefix: p, value: r}
-	}
-	es = compact(es)
-	out = out[:len(es)]
-	for i, e := range es {
-		out[i] = e.value
-		out[i].Prefix = e.prefix
-	}
-	return out
+	return compactEntries(out, func(r *ListRecord) *netip.Prefix { return &r.Prefix })
 }
 
 func compileL4(rules []Rule) []L4Entry {
