@@ -124,7 +124,9 @@ type Middleware struct {
 	descs      metricDescs
 }
 
-func validName(s string) bool {
+// ValidName reports whether s may name a rule or tier: 1 to 64 of
+// [A-Za-z0-9_.-], so it is safe in metric labels and RateLimit headers.
+func ValidName(s string) bool {
 	if len(s) == 0 || len(s) > 64 {
 		return false
 	}
@@ -182,7 +184,7 @@ func NewMiddleware(cfg Config) (*Middleware, error) {
 	}
 	m.base = newTier("", base)
 	for _, tc := range cfg.Tiers {
-		if !validName(tc.Name) {
+		if !ValidName(tc.Name) {
 			return nil, fmt.Errorf("middleware: tier name %q: want 1-64 of [A-Za-z0-9_.-]: %w", tc.Name, ErrInvalidConfig)
 		}
 		if m.tiers[tc.Name] != nil {
@@ -211,7 +213,7 @@ func NewMiddleware(cfg Config) (*Middleware, error) {
 }
 
 func newRule(tierName string, rc Rule) (*rule, error) {
-	if !validName(rc.Name) {
+	if !ValidName(rc.Name) {
 		return nil, fmt.Errorf("middleware: rule name %q: want 1-64 of [A-Za-z0-9_.-]: %w", rc.Name, ErrInvalidConfig)
 	}
 	if rc.Key == nil || rc.Algorithm == nil {

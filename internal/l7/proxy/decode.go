@@ -54,17 +54,10 @@ type decoder struct {
 	redis      bool
 }
 
+// integer is yamlcheck's UintIn for the non-negative ranges used here.
 func (d *decoder) integer(n *yaml.Node, where string, lo, hi int64) (int64, bool) {
-	s, ok := d.Scalar(n, where)
-	if !ok {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v < lo || v > hi {
-		d.Errorf(n, "%s %q: want a whole number in [%d, %d]", where, s, lo, hi)
-		return 0, false
-	}
-	return v, true
+	u, ok := d.UintIn(n, where, uint64(lo), uint64(hi))
+	return int64(u), ok
 }
 
 func (d *decoder) boolean(n *yaml.Node, where string) bool {
@@ -109,22 +102,9 @@ func (d *decoder) enum(n *yaml.Node, where string, allowed ...string) (string, b
 	return "", false
 }
 
-func validName(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
-
 func (d *decoder) name(n *yaml.Node, where string) (string, bool) {
 	s, ok := d.Scalar(n, where)
-	if ok && !validName(s) {
+	if ok && !l7.ValidName(s) {
 		d.Errorf(n, "%s %q: want 1-64 of [A-Za-z0-9_.-]", where, s)
 		return "", false
 	}

@@ -91,9 +91,9 @@ func TestDecodeProblems(t *testing.T) {
   escalation: {enabled: yes, rejections: 0, ttl: -1m, prefix_v4: 33}
 `, []string{`p.yaml:4:20: headers draft "9": want one of 10, none`,
 			`p.yaml:5:25: escalation enabled "yes": want true or false`,
-			`p.yaml:5:42: escalation rejections "0": want a whole number in [1, 1073741824]`,
+			`p.yaml:5:42: escalation rejections "0" must be a whole number from 1 to 1073741824`,
 			`p.yaml:5:50: escalation ttl "-1m": want a positive duration`,
-			`p.yaml:5:66: escalation prefix_v4 "33": want a whole number in [8, 32]`}},
+			`p.yaml:5:66: escalation prefix_v4 "33" must be a whole number from 8 to 32`}},
 		{"rate below 1ns per request", validHead + `  routes:
     - name: api
       limits: [{name: fast, key: global, rate: 2000000000/s}]
