@@ -26,6 +26,7 @@ type GCRA struct {
 	burst    int64
 	interval int64 // T
 	tau      int64 // B*T
+	perT     divisor
 }
 
 // NewGCRA returns a GCRA admitting limit units per window with the given
@@ -45,7 +46,7 @@ func NewGCRA(limit int64, window time.Duration, burst int64) (*GCRA, error) {
 	if burst < 1 || burst > maxScaled/interval {
 		return nil, fmt.Errorf("gcra: burst %d: must be in [1, 2^62/interval]: %w", burst, ErrInvalidLimit)
 	}
-	return &GCRA{limit: limit, window: int64(window), burst: burst, interval: interval, tau: burst * interval}, nil
+	return &GCRA{limit: limit, window: int64(window), burst: burst, interval: interval, tau: burst * interval, perT: newDivisor(interval)}, nil
 }
 
 // Name returns "gcra".
@@ -65,32 +66,39 @@ func (g *GCRA) EmissionInterval() int64 { return g.interval }
 
 // Take implements Algorithm.
 func (g *GCRA) Take(s State, now, n int64) (State, Decision) {
-	d := Decision{Limit: g.limit, Window: time.Duration(g.window)}
-	tat := s[0]
-	if tat < now {
-		tat = now
-	}
+	var d Decision
+	tat := g.decide(s[0], now, n, &d)
+	return State{tat, 0}, d
+}
+
+// decide is Take on the TAT alone, writing the decision through d (the
+// single-key Limiter's hot path: returning a State and a Decision by value
+// costs more than the arithmetic). It returns the new TAT, which is the old
+// one when the request is rejected or n is 0.
+func (g *GCRA) decide(old, now, n int64, d *Decision) int64 {
+	*d = Decision{Limit: g.limit, Window: time.Duration(g.window)}
+	tat := max(old, now)
 	if n > g.burst {
-		d.Remaining = (g.tau - (tat - now)) / g.interval
+		d.Remaining = g.perT.div(g.tau - (tat - now))
 		d.Reset = time.Duration(tat - now)
 		d.RetryAfter = Never
-		return s, d
+		return old
 	}
 	newTAT := tat + n*g.interval
 	diff := newTAT - now
 	if diff > g.tau {
-		d.Remaining = (g.tau - (tat - now)) / g.interval
+		d.Remaining = g.perT.div(g.tau - (tat - now))
 		d.Reset = time.Duration(tat - now)
 		d.RetryAfter = time.Duration(diff - g.tau)
-		return s, d
+		return old
 	}
 	d.Allowed = true
-	d.Remaining = (g.tau - diff) / g.interval
+	d.Remaining = g.perT.div(g.tau - diff)
 	d.Reset = time.Duration(diff)
 	if n == 0 {
-		return s, d
+		return old
 	}
-	return State{newTAT, 0}, d
+	return newTAT
 }
 
 // Idle implements Algorithm: the key is fresh once TAT has passed.

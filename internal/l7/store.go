@@ -30,18 +30,19 @@ func NewLimiter(alg Algorithm, clock Clock) *Limiter {
 func (l *Limiter) Allow() Decision { return l.TakeAt(l.clock.Now(), 1) }
 
 // TakeAt takes n units at time now.
-func (l *Limiter) TakeAt(now, n int64) Decision {
-	if l.gcra != nil {
+func (l *Limiter) TakeAt(now, n int64) (d Decision) {
+	if g := l.gcra; g != nil {
 		for {
 			old := l.tat.Load()
-			st, d := l.gcra.Take(State{old, 0}, now, n)
-			if !d.Allowed || st[0] == old || l.tat.CompareAndSwap(old, st[0]) {
+			tat := g.decide(old, now, n, &d)
+			if tat == old || l.tat.CompareAndSwap(old, tat) {
 				return d
 			}
 		}
 	}
 	l.mu.Lock()
-	st, d := l.alg.Take(l.state, now, n)
+	var st State
+	st, d = l.alg.Take(l.state, now, n)
 	if d.Allowed {
 		l.state = st
 	}

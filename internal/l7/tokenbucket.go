@@ -21,6 +21,8 @@ type TokenBucket struct {
 	window   int64
 	burst    int64
 	capacity int64 // Burst*Window
+	perW     divisor
+	perL     divisor
 }
 
 // NewTokenBucket returns a token bucket refilling limit tokens per window
@@ -35,7 +37,8 @@ func NewTokenBucket(limit int64, window time.Duration, burst int64) (*TokenBucke
 	if burst < 1 || burst > maxScaled/int64(window) {
 		return nil, fmt.Errorf("token_bucket: burst %d times window %s: must be in [1, 2^62 ns]: %w", burst, window, ErrInvalidLimit)
 	}
-	return &TokenBucket{limit: limit, window: int64(window), burst: burst, capacity: burst * int64(window)}, nil
+	return &TokenBucket{limit: limit, window: int64(window), burst: burst, capacity: burst * int64(window),
+		perW: newDivisor(int64(window)), perL: newDivisor(limit)}, nil
 }
 
 // Name returns "token_bucket".
@@ -56,7 +59,7 @@ func (b *TokenBucket) deficit(s State, now int64) int64 {
 	if elapsed <= 0 || d == 0 {
 		return d
 	}
-	if elapsed >= ceilDiv(d, b.limit) {
+	if elapsed >= b.perL.ceil(d) {
 		return 0
 	}
 	return d - elapsed*b.limit
@@ -67,21 +70,21 @@ func (b *TokenBucket) Take(s State, now, n int64) (State, Decision) {
 	dec := Decision{Limit: b.limit, Window: time.Duration(b.window)}
 	d := b.deficit(s, now)
 	if n > b.burst {
-		dec.Remaining = (b.capacity - d) / b.window
-		dec.Reset = time.Duration(ceilDiv(d, b.limit))
+		dec.Remaining = b.perW.div(b.capacity - d)
+		dec.Reset = time.Duration(b.perL.ceil(d))
 		dec.RetryAfter = Never
 		return s, dec
 	}
 	nd := d + n*b.window
 	if nd > b.capacity {
-		dec.Remaining = (b.capacity - d) / b.window
-		dec.Reset = time.Duration(ceilDiv(d, b.limit))
-		dec.RetryAfter = time.Duration(ceilDiv(nd-b.capacity, b.limit))
+		dec.Remaining = b.perW.div(b.capacity - d)
+		dec.Reset = time.Duration(b.perL.ceil(d))
+		dec.RetryAfter = time.Duration(b.perL.ceil(nd - b.capacity))
 		return s, dec
 	}
 	dec.Allowed = true
-	dec.Remaining = (b.capacity - nd) / b.window
-	dec.Reset = time.Duration(ceilDiv(nd, b.limit))
+	dec.Remaining = b.perW.div(b.capacity - nd)
+	dec.Reset = time.Duration(b.perL.ceil(nd))
 	if n == 0 {
 		return s, dec
 	}
