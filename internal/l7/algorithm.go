@@ -33,6 +33,18 @@ type Algorithm interface {
 	// s. When the decision is a rejection the returned state equals s:
 	// rejected requests never consume quota. n == 0 only reports.
 	Take(s State, now, n int64) (State, Decision)
+	// Refund gives back the units of one admitted Take that moved a key
+	// from before to after, applied to the key's current state cur at time
+	// now (cur is after when nothing else touched the key since). It is
+	// exact when cur == after: the result decides every later request as
+	// before would. When other requests were admitted in between, the
+	// result never admits more than the algorithm's definition applied to
+	// the admitted requests other than the refunded one (it may admit less:
+	// GCRA and TokenBucket then give back only the part of the charge that
+	// provably did not drain while it was held). now must not be earlier
+	// than the time of any Take applied to cur; the Store reads its clock
+	// under the shard lock to make sure of it.
+	Refund(cur, before, after State, now int64) State
 	// Idle reports whether s is, at time now, indistinguishable from a fresh
 	// key: dropping it changes no future decision. Stores evict only idle
 	// keys, so eviction never resets a key that is currently limited.

@@ -14,7 +14,8 @@ import (
 //
 //	max(TAT, t) + n*T - t <= B*T
 //
-// and then TAT = max(TAT, t) + n*T. State[0] is TAT; State[1] is unused.
+// and then TAT = max(TAT, t) + n*T. State[0] is TAT; State[1] counts the
+// refunds applied to the key (see Refund) and plays no part in decisions.
 //
 // Error bound: T is truncated to whole nanoseconds, so the long-run rate is
 // at most Limit/(Window - Limit ns), i.e. at most one extra unit per
@@ -68,7 +69,7 @@ func (g *GCRA) EmissionInterval() int64 { return g.interval }
 func (g *GCRA) Take(s State, now, n int64) (State, Decision) {
 	var d Decision
 	tat := g.decide(s[0], now, n, &d)
-	return State{tat, 0}, d
+	return State{tat, s[1]}, d
 }
 
 // decide is Take on the TAT alone, writing the decision through d (the
@@ -103,3 +104,20 @@ func (g *GCRA) decide(old, now, n int64, d *Decision) int64 {
 
 // Idle implements Algorithm: the key is fresh once TAT has passed.
 func (g *GCRA) Idle(s State, now int64) bool { return s[0] <= now }
+
+// Refund implements Algorithm. Seen from now, the refunded request moved
+// the effective TAT max(TAT, now) up by R = max(after, now) - max(before,
+// now). Every later admitted request maps x to max(x, t)+n*T with t <= now,
+// which never shrinks that gap, so max(cur, now) - R is never below the TAT
+// the other requests alone would have produced, and equals it when
+// cur == after. Another refund in between breaks that argument (it moves
+// the requests charged after it down, and our before and after with them),
+// so State[1] counts refunds and a charge is given back only if none came
+// between it and its refund; otherwise it stays charged (the strict side).
+func (g *GCRA) Refund(cur, before, after State, now int64) State {
+	r := max(after[0], now) - max(before[0], now)
+	if r <= 0 || cur[1] != after[1] {
+		return cur
+	}
+	return State{max(cur[0], now) - r, cur[1] + 1}
+}

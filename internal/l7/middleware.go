@@ -3,7 +3,6 @@ package l7
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -234,7 +233,6 @@ func newRule(tierName string, rc Rule) (*rule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("middleware: rule %q: %w", rc.Name, err)
 	}
-	w := ceilDiv(int64(rc.Algorithm.Window()), int64(time.Second))
 	return &rule{
 		name:    rc.Name,
 		tier:    tierName,
@@ -242,7 +240,7 @@ func newRule(tierName string, rc Rule) (*rule, error) {
 		store:   store,
 		cost:    cost,
 		shadow:  rc.Shadow,
-		policy:  fmt.Sprintf("%q;q=%d;w=%d", rc.Name, rc.Algorithm.Limit(), w),
+		policy:  PolicyItem(rc.Name, rc.Algorithm.Limit(), rc.Algorithm.Window()),
 		counter: new(ruleCounters),
 	}, nil
 }
@@ -295,70 +293,15 @@ func (m *Middleware) tierFor(r *http.Request) *tier {
 // serve decides for r, writes the headers, and the 429 if rejected. It
 // returns whether to call the next handler.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
-	if _, ok := m.skip[r.URL.Path]; ok {
+	var p Pending
+	m.Decide(r, &p)
+	if p.n == 0 {
 		return true
 	}
-	if m.skipFn != nil && m.skipFn(r) {
-		return true
+	if p.allowed {
+		p.Commit()
 	}
-	t := m.tierFor(r)
-	now := m.clock.Now()
-	var checks [MaxChecks]Check
-	var out [MaxChecks]Decision
-	var applied [MaxChecks]*rule
-	n := 0
-	for _, ru := range t.rules {
-		key, ok := ru.key(r)
-		if !ok {
-			continue
-		}
-		if ru.shadow {
-			if !ru.store.Take(key, now, ru.cost).Allowed {
-				ru.counter.shadowRejected.Add(1)
-			}
-			continue
-		}
-		checks[n] = Check{Store: ru.store, Key: key, N: ru.cost}
-		applied[n] = ru
-		n++
-	}
-	if n == 0 {
-		return true
-	}
-	var full [MaxChecks]bool
-	allowed := takeAll(now, checks[:n], out[:n], &full)
-	for i := range n {
-		switch {
-		case allowed:
-			applied[i].counter.allowed.Add(1)
-		case full[i]:
-			applied[i].counter.rejectedFull.Add(1)
-		case !out[i].Allowed:
-			applied[i].counter.rejected.Add(1)
-		}
-	}
-	m.writeHeaders(w, t, applied[:n], out[:n], n == t.nEnforced)
-	if allowed {
-		return true
-	}
-	var retry int64
-	violated := make([]string, 0, 2)
-	for i := range n {
-		if !out[i].Allowed {
-			violated = append(violated, applied[i].name)
-			retry = max(retry, retrySeconds(out[i].RetryAfter))
-		}
-	}
-	if m.jitterSec > 0 {
-		retry += rand.Int64N(m.jitterSec + 1)
-	}
-	WriteProblem(w, Problem{
-		Type:             ProblemTypeQuotaExceeded,
-		Title:            "Request cannot be satisfied as assigned quota has been exceeded",
-		Status:           http.StatusTooManyRequests,
-		ViolatedPolicies: violated,
-	}, retry)
-	return false
+	return m.Respond(w, &p, nil)
 }
 
 // retrySeconds rounds up to whole seconds, at least 1: a client retrying
@@ -376,14 +319,15 @@ type headerBlock struct {
 }
 
 // writeHeaders writes RateLimit-Policy and RateLimit (and the legacy
-// fields). For a rejected rule, t is the time until this request would be
-// admitted (equal to Retry-After before jitter); otherwise t is the time
-// until the rule's quota is fully restored. Values are whole seconds,
-// rounded up.
-func (m *Middleware) writeHeaders(w http.ResponseWriter, t *tier, rules []*rule, ds []Decision, allApply bool) {
+// fields) for the local rules applied to p, then ext. For a rejected rule,
+// t is the time until this request would be admitted (equal to Retry-After
+// before jitter); otherwise t is the time until the rule's quota is fully
+// restored. Values are whole seconds, rounded up.
+func (m *Middleware) writeHeaders(w http.ResponseWriter, p *Pending, ext []ExternalDecision) {
 	if m.headers == HeadersNone && !m.legacy {
 		return
 	}
+	rules, ds := p.applied[:p.n], p.out[:p.n]
 	hb := new(headerBlock)
 	buf := hb.buf[:0]
 	h := w.Header()
@@ -395,42 +339,66 @@ func (m *Middleware) writeHeaders(w http.ResponseWriter, t *tier, rules []*rule,
 		nv++
 	}
 	if m.headers == HeadersDraft10 {
-		if allApply {
-			h["Ratelimit-Policy"] = t.policy
+		allApply := p.n == p.t.nEnforced
+		if allApply && len(ext) == 0 {
+			h["Ratelimit-Policy"] = p.t.policy
 		} else {
 			start := len(buf)
-			for i, r := range rules {
-				if i > 0 {
+			if allApply {
+				if len(p.t.policy) > 0 {
+					buf = append(buf, p.t.policy[0]...)
+				}
+			} else {
+				for i, r := range rules {
+					if i > 0 {
+						buf = append(buf, ", "...)
+					}
+					buf = append(buf, r.policy...)
+				}
+			}
+			for _, e := range ext {
+				if len(buf) > start {
 					buf = append(buf, ", "...)
 				}
-				buf = append(buf, r.policy...)
+				buf = append(buf, e.Policy...)
 			}
 			emit("Ratelimit-Policy", start)
 		}
 		start := len(buf)
-		for i, r := range rules {
-			if i > 0 {
+		item := func(name string, d Decision) {
+			if len(buf) > start {
 				buf = append(buf, ", "...)
 			}
 			buf = append(buf, '"')
-			buf = append(buf, r.name...)
+			buf = append(buf, name...)
 			buf = append(buf, `";r=`...)
-			buf = strconv.AppendInt(buf, max(0, ds[i].Remaining), 10)
+			buf = strconv.AppendInt(buf, max(0, d.Remaining), 10)
 			buf = append(buf, ";t="...)
-			buf = strconv.AppendInt(buf, resetSeconds(ds[i]), 10)
+			buf = strconv.AppendInt(buf, resetSeconds(d), 10)
+		}
+		for i, r := range rules {
+			item(r.name, ds[i])
+		}
+		for _, e := range ext {
+			item(e.Name, e.Decision)
 		}
 		emit("Ratelimit", start)
 	}
 	if m.legacy {
 		// The most restrictive rule: a rejected one with the longest wait,
 		// else the one with the fewest remaining units.
-		best := 0
-		for i := 1; i < len(ds); i++ {
-			if less(ds[i], ds[best]) {
-				best = i
+		var d Decision
+		for i := range len(ds) + len(ext) {
+			di := &d
+			if i < len(ds) {
+				di = &ds[i]
+			} else {
+				di = &ext[i-len(ds)].Decision
+			}
+			if i == 0 || less(*di, d) {
+				d = *di
 			}
 		}
-		d := ds[best]
 		start := len(buf)
 		buf = strconv.AppendInt(buf, d.Limit, 10)
 		emit("X-Ratelimit-Limit", start)

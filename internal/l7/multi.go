@@ -1,5 +1,7 @@
 package l7
 
+import "sync"
+
 // MaxChecks is the most limits TakeAll checks at once.
 const MaxChecks = 8
 
@@ -20,12 +22,13 @@ type Check struct {
 // the decisions of the checks that passed report their uncharged state.
 // len(checks) must be at most MaxChecks and len(out) at least len(checks).
 func TakeAll(now int64, checks []Check, out []Decision) bool {
-	return takeAll(now, checks, out, nil)
+	return takeAll(now, checks, out, nil, nil)
 }
 
 // takeAll is TakeAll; full, if not nil, marks the checks rejected only
-// because their store was full (StoreConfig.FailClosed).
-func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool) bool {
+// because their store was full (StoreConfig.FailClosed); charges, if not
+// nil, receives what an admitted request wrote, for refundAll.
+func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool, charges *[MaxChecks]undo) bool {
 	if len(checks) > MaxChecks {
 		panic("l7: TakeAll: more than MaxChecks checks")
 	}
@@ -34,8 +37,12 @@ func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool) b
 		c := checks[0]
 		key := normKey(c.Key)
 		sh := &c.Store.shards[c.Store.shardIndex(key)]
+		var u *undo
+		if charges != nil {
+			u = &charges[0]
+		}
 		sh.mu.Lock()
-		d, ok := c.Store.takeLocked(sh, key, now, c.N, nil)
+		d, ok := c.Store.takeLocked(sh, key, now, c.N, u)
 		sh.mu.Unlock()
 		out[0] = d
 		if full != nil {
@@ -43,14 +50,70 @@ func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool) b
 		}
 		return d.Allowed
 	}
+	var shards [MaxChecks]*storeShard
+	var keys [MaxChecks]uint64
+	locks, nlocks := lockShards(checks, &shards, &keys)
+	var undos [MaxChecks]undo
+	allowed := true
+	for i, c := range checks {
+		var ok bool
+		out[i], ok = c.Store.takeLocked(shards[i], keys[i], now, c.N, &undos[i])
+		if !ok || !out[i].Allowed {
+			allowed = false
+		}
+		if full != nil {
+			full[i] = !ok
+		}
+	}
+	if !allowed {
+		for i := len(checks) - 1; i >= 0; i-- {
+			undos[i].rollback()
+		}
+		for i, c := range checks {
+			if out[i].Allowed {
+				out[i], _ = c.Store.takeLocked(shards[i], keys[i], now, 0, nil)
+			}
+		}
+	} else if charges != nil {
+		*charges = undos
+	}
+	for i := nlocks - 1; i >= 0; i-- {
+		locks[i].Unlock()
+	}
+	return allowed
+}
+
+// refundAll gives back the charges an admitted takeAll recorded, under the
+// same shard locks, at a time read from clock once they are held (so no
+// request applied to these keys is later than it), and reports each
+// check's state after the refund in out.
+func refundAll(clock Clock, checks []Check, charges *[MaxChecks]undo, out []Decision) {
+	var shards [MaxChecks]*storeShard
+	var keys [MaxChecks]uint64
+	locks, nlocks := lockShards(checks, &shards, &keys)
+	now := clock.Now()
+	for i := len(checks) - 1; i >= 0; i-- {
+		checks[i].Store.refundLocked(shards[i], keys[i], &charges[i], now)
+	}
+	for i, c := range checks {
+		out[i], _ = c.Store.takeLocked(shards[i], keys[i], now, 0, nil)
+		charges[i] = undo{}
+	}
+	for i := nlocks - 1; i >= 0; i-- {
+		locks[i].Unlock()
+	}
+}
+
+// lockShards locks the shards of checks in a global order (store id, then
+// shard), each once, and returns them for unlocking in reverse; shards and
+// keys receive each check's shard and normalized key.
+func lockShards(checks []Check, shards *[MaxChecks]*storeShard, keys *[MaxChecks]uint64) ([MaxChecks]*sync.Mutex, int) {
 	type lockRef struct {
 		id    uint64
 		shard int
 		sh    *storeShard
 	}
 	var locks [MaxChecks]lockRef
-	var shards [MaxChecks]*storeShard
-	var keys [MaxChecks]uint64
 	nlocks := 0
 	for i, c := range checks {
 		keys[i] = normKey(c.Key)
@@ -79,33 +142,10 @@ func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool) b
 		locks[j] = ref
 		nlocks++
 	}
+	var mus [MaxChecks]*sync.Mutex
 	for i := range nlocks {
-		locks[i].sh.mu.Lock()
+		mus[i] = &locks[i].sh.mu
+		mus[i].Lock()
 	}
-	var undos [MaxChecks]undo
-	allowed := true
-	for i, c := range checks {
-		var ok bool
-		out[i], ok = c.Store.takeLocked(shards[i], keys[i], now, c.N, &undos[i])
-		if !ok || !out[i].Allowed {
-			allowed = false
-		}
-		if full != nil {
-			full[i] = !ok
-		}
-	}
-	if !allowed {
-		for i := len(checks) - 1; i >= 0; i-- {
-			undos[i].rollback()
-		}
-		for i, c := range checks {
-			if out[i].Allowed {
-				out[i], _ = c.Store.takeLocked(shards[i], keys[i], now, 0, nil)
-			}
-		}
-	}
-	for i := nlocks - 1; i >= 0; i-- {
-		locks[i].sh.mu.Unlock()
-	}
-	return allowed
+	return mus, nlocks
 }

@@ -217,12 +217,14 @@ func (s *Store) Take(key uint64, now, n int64) Decision {
 // Peek reports key's state at now without taking anything.
 func (s *Store) Peek(key uint64, now int64) Decision { return s.Take(key, now, 0) }
 
-// undo records a slot's previous content so TakeAll can roll back.
+// undo records a slot's previous content so TakeAll can roll back, and
+// what the charge wrote (after) so a later refund can give it back.
 type undo struct {
 	b     *bucket
 	sh    *storeShard
-	key   uint64
-	state State
+	key   uint64 // the slot's previous key (rollback)
+	state State  // the slot's previous state
+	after State  // what the charge wrote
 	i     int32
 	kind  uint8 // undoUpdate, undoInsert or undoEvict
 }
@@ -245,7 +247,7 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (D
 		st, d := s.alg.Take(b.states[i], now, n)
 		if d.Allowed && st != b.states[i] {
 			if u != nil {
-				*u = undo{b: b, sh: sh, key: key, state: b.states[i], i: int32(i), kind: undoUpdate}
+				*u = undo{b: b, sh: sh, key: key, state: b.states[i], after: st, i: int32(i), kind: undoUpdate}
 			}
 			b.states[i] = st
 		}
@@ -281,7 +283,7 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (D
 		if evict {
 			kind = undoEvict
 		}
-		*u = undo{b: b, sh: sh, key: b.keys[free], state: b.states[free], i: int32(free), kind: kind}
+		*u = undo{b: b, sh: sh, key: b.keys[free], state: b.states[free], after: st, i: int32(free), kind: kind}
 	}
 	if evict {
 		sh.evictions++
@@ -291,6 +293,35 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (D
 	b.keys[free] = key
 	b.states[free] = st
 	return d, true
+}
+
+// before is the key's state before the charge: the slot's previous state
+// for an update, a fresh state for a key the charge inserted.
+func (u *undo) before() State {
+	if u.kind == undoUpdate {
+		return u.state
+	}
+	return State{}
+}
+
+// refundLocked gives back a charge recorded in u (for key) at now; the
+// caller holds the key's shard lock. The key may have moved to another
+// slot (evicted when idle, then inserted again) or be gone: then its
+// charge has drained and the refund finds nothing or gives back nothing.
+func (s *Store) refundLocked(sh *storeShard, key uint64, u *undo, now int64) {
+	if u.b == nil {
+		return
+	}
+	b, i := u.b, int(u.i)
+	if b.keys[i] != key {
+		b1, b2 := sh.buckets2(key)
+		if b, i = b1, b1.find(key); i < 0 {
+			if b, i = b2, b2.find(key); i < 0 {
+				return
+			}
+		}
+	}
+	b.states[i] = s.alg.Refund(b.states[i], u.before(), u.after, now)
 }
 
 func (u *undo) rollback() {

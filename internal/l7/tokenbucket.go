@@ -97,3 +97,21 @@ func (b *TokenBucket) Take(s State, now, n int64) (State, Decision) {
 
 // Idle implements Algorithm: the key is fresh once the bucket is full again.
 func (b *TokenBucket) Idle(s State, now int64) bool { return b.deficit(s, now) == 0 }
+
+// Refund implements Algorithm. When nothing touched the key since the
+// charge (cur == after) the bucket gets back what the charge still holds
+// at now, deficit(after, now) - deficit(before, now), which decides exactly
+// as before would. Otherwise the charge stays (the strict side): the state
+// has no spare word to tell whether a refund came in between, which is
+// what makes GCRA's partial refund unsafe (see GCRA.Refund).
+func (b *TokenBucket) Refund(cur, before, after State, now int64) State {
+	if cur != after {
+		return cur
+	}
+	now = max(now, cur[0], before[0])
+	r := b.deficit(after, now) - b.deficit(before, now)
+	if r <= 0 {
+		return cur
+	}
+	return State{now, max(0, b.deficit(cur, now)-r)}
+}

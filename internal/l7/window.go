@@ -70,6 +70,26 @@ func (f *FixedWindow) Take(s State, now, n int64) (State, Decision) {
 	return State{start, count + n}, d
 }
 
+// Refund implements Algorithm: the refunded units leave the count of their
+// window if that window is still the current one (a past window no longer
+// decides anything). Exact whatever else was admitted meanwhile.
+func (f *FixedWindow) Refund(cur, before, after State, now int64) State {
+	now = max(now, cur[0], after[0])
+	start := windowStart(now, f.window)
+	count := func(s State) int64 {
+		if s[0] == start {
+			return s[1]
+		}
+		return 0
+	}
+	r := count(after) - count(before)
+	c := count(cur)
+	if r <= 0 || c == 0 {
+		return cur
+	}
+	return State{start, max(0, c-r)}
+}
+
 // Idle implements Algorithm: a key is fresh once its window has ended.
 func (f *FixedWindow) Idle(s State, now int64) bool {
 	return s[1] == 0 || now >= s[0]+f.window
@@ -199,6 +219,22 @@ func (w *SlidingWindow) retryAfter(prev, curr, e, n int64) time.Duration {
 		return time.Duration(win - e + at)
 	}
 	return time.Duration(2*win - e)
+}
+
+// Refund implements Algorithm: the refunded units leave the count of the
+// window they were charged to, which at now is the current window, the
+// previous one, or gone (then nothing is left to give back). Exact whatever
+// else was admitted meanwhile.
+func (w *SlidingWindow) Refund(cur, before, after State, now int64) State {
+	now = max(now, cur[0], after[0])
+	start, ap, ac := w.Counts(after, now)
+	_, bp, bc := w.Counts(before, now)
+	rp, rc := max(0, ap-bp), max(0, ac-bc)
+	if rp == 0 && rc == 0 {
+		return cur
+	}
+	_, cp, cc := w.Counts(cur, now)
+	return State{start, max(0, cp-rp)<<32 | max(0, cc-rc)}
 }
 
 // Idle implements Algorithm: a key is fresh once both of its windows have

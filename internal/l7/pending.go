@@ -1,0 +1,193 @@
+package l7
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"time"
+)
+
+// Pending is the middleware's decision on one request's local rules while
+// the caller still has other limits to ask (the Redis backend): the local
+// rules are decided all-or-nothing and, when they all admit, charged, and
+// the caller then settles the request with Commit (it passes) or Refund
+// (another backend refused it, so the local charge is given back). Respond
+// writes the headers of the local and the other limits together. Keep it
+// on the caller's stack; it is about 1.5 KiB and not safe for concurrent
+// use.
+type Pending struct {
+	m       *Middleware
+	t       *tier
+	n       int // enforced rules applied
+	skipped bool
+	allowed bool
+	settled bool
+	applied [MaxChecks]*rule
+	checks  [MaxChecks]Check
+	out     [MaxChecks]Decision
+	full    [MaxChecks]bool
+	charges [MaxChecks]undo
+}
+
+// ExternalDecision is one limit decided outside the middleware, reported in
+// the same RateLimit headers and 429 as the local rules (after them).
+type ExternalDecision struct {
+	// Name is the rule's name (ValidName).
+	Name string
+	// Policy is its RateLimit-Policy item, from PolicyItem.
+	Policy string
+	// Decision is its decision for this request.
+	Decision Decision
+}
+
+// PolicyItem returns the RateLimit-Policy item of a limit: `"name";q=limit;w=seconds`,
+// the window rounded up to whole seconds.
+func PolicyItem(name string, limit int64, window time.Duration) string {
+	return fmt.Sprintf("%q;q=%d;w=%d", name, limit, ceilDiv(int64(window), int64(time.Second)))
+}
+
+// Decide decides r's local rules (its tier's, all-or-nothing, shadow rules
+// charged on their own) into p and charges them when they all admit. A
+// request on a skipped path gets Skipped. Rejections are counted here;
+// admissions when the caller settles p with Commit.
+func (m *Middleware) Decide(r *http.Request, p *Pending) {
+	p.m, p.n, p.settled = m, 0, false
+	if _, ok := m.skip[r.URL.Path]; ok {
+		p.skipped, p.allowed = true, true
+		return
+	}
+	if m.skipFn != nil && m.skipFn(r) {
+		p.skipped, p.allowed = true, true
+		return
+	}
+	p.skipped = false
+	t := m.tierFor(r)
+	p.t = t
+	now := m.clock.Now()
+	n := 0
+	for _, ru := range t.rules {
+		key, ok := ru.key(r)
+		if !ok {
+			continue
+		}
+		if ru.shadow {
+			if !ru.store.Take(key, now, ru.cost).Allowed {
+				ru.counter.shadowRejected.Add(1)
+			}
+			continue
+		}
+		p.checks[n] = Check{Store: ru.store, Key: key, N: ru.cost}
+		p.applied[n] = ru
+		n++
+	}
+	p.n = n
+	if n == 0 {
+		p.allowed = true
+		return
+	}
+	p.allowed = takeAll(now, p.checks[:n], p.out[:n], &p.full, &p.charges)
+	if p.allowed {
+		return
+	}
+	p.settled = true
+	for i := range n {
+		switch {
+		case p.full[i]:
+			p.applied[i].counter.rejectedFull.Add(1)
+		case !p.out[i].Allowed:
+			p.applied[i].counter.rejected.Add(1)
+		}
+	}
+}
+
+// Skipped reports whether r is exempt (SkipPaths, Skip): not limited, no
+// headers.
+func (p *Pending) Skipped() bool { return p.skipped }
+
+// Allowed reports whether every local rule admitted the request.
+func (p *Pending) Allowed() bool { return p.allowed }
+
+// Tier is the name of the tier the request was decided in ("" for the
+// route's rules alone).
+func (p *Pending) Tier() string {
+	if p.t == nil {
+		return ""
+	}
+	return p.t.name
+}
+
+// Commit settles an admitted request that passes: the local charges stay
+// and the rules count it as allowed. It does nothing for a rejected or
+// already settled Pending.
+func (p *Pending) Commit() {
+	if p.settled || !p.allowed {
+		return
+	}
+	p.settled = true
+	for i := range p.n {
+		p.applied[i].counter.allowed.Add(1)
+	}
+}
+
+// Refund settles an admitted request that another backend refused: every
+// local charge is given back (Algorithm.Refund, under the same shard
+// locks, at a time read once they are held) and the local decisions are
+// replaced by the rules' state after the refund, for the headers. Shadow
+// rules keep their charge, as they do for any rejected request. It does
+// nothing for a rejected or already settled Pending.
+func (p *Pending) Refund() {
+	if p.settled || !p.allowed {
+		return
+	}
+	p.settled = true
+	if p.n > 0 {
+		refundAll(p.m.clock, p.checks[:p.n], &p.charges, p.out[:p.n])
+	}
+}
+
+// Respond writes the rate-limit headers of p's local rules followed by
+// ext, and, when a local rule or an external decision refused the request,
+// the whole 429 (Retry-After the longest wait over every refused limit,
+// violated-policies naming them, local first). It reports whether the
+// request may proceed. A skipped request gets nothing written. Settle p
+// (Commit or Refund) before calling it.
+func (m *Middleware) Respond(w http.ResponseWriter, p *Pending, ext []ExternalDecision) bool {
+	if p.skipped {
+		return true
+	}
+	allowed := p.allowed
+	for i := range ext {
+		allowed = allowed && ext[i].Decision.Allowed
+	}
+	if p.n+len(ext) == 0 {
+		return allowed
+	}
+	m.writeHeaders(w, p, ext)
+	if allowed {
+		return true
+	}
+	var retry int64
+	violated := make([]string, 0, 2)
+	for i := range p.n {
+		if !p.out[i].Allowed {
+			violated = append(violated, p.applied[i].name)
+			retry = max(retry, retrySeconds(p.out[i].RetryAfter))
+		}
+	}
+	for i := range ext {
+		if !ext[i].Decision.Allowed {
+			violated = append(violated, ext[i].Name)
+			retry = max(retry, retrySeconds(ext[i].Decision.RetryAfter))
+		}
+	}
+	if m.jitterSec > 0 {
+		retry += rand.Int64N(m.jitterSec + 1)
+	}
+	WriteProblem(w, Problem{
+		Type:             ProblemTypeQuotaExceeded,
+		Title:            "Request cannot be satisfied as assigned quota has been exceeded",
+		Status:           http.StatusTooManyRequests,
+		ViolatedPolicies: violated,
+	}, retry)
+	return false
+}
