@@ -156,7 +156,7 @@ func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error) (RuleDe
 		c := lr.check(key, l.cfg.Clock.Now())
 		if c.decision.Allowed {
 			c.commit()
-			refund = c.undo
+			refund = func() { c.undo(l.cfg.Clock) }
 		}
 		lr.mu.Unlock()
 		rd.Source = SourceLocal

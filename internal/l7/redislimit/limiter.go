@@ -102,6 +102,21 @@ type RuleDecision struct {
 type Result struct {
 	Decision l7.Decision
 	Rules    []RuleDecision
+
+	charge *charge // what an admitted request took, for Refund
+}
+
+// charge is what an admitted request took, to give back on Refund.
+type charge struct {
+	key      string
+	hybrid   []func()     // lease reservations
+	local    []localCheck // Degrade rules' local charges
+	remote   bool         // the decide script committed
+	t0s      int64        // the script's time (seconds, nanoseconds)
+	t0ns     int64
+	before   []int64 // per remote rule: GCRA TAT before the charge minus t0
+	refunds  []int64 // per remote rule: GCRA refund count
+	refunded bool
 }
 
 // ErrClosed is returned by Allow after Close.
@@ -127,6 +142,7 @@ type Limiter struct {
 	closeMu  sync.Once
 	decideSH string
 	leaseSH  string
+	refundSH string
 }
 
 // New validates cfg and starts the batching workers. Redis need not be up:
@@ -194,6 +210,7 @@ func New(cfg Config) (*Limiter, error) {
 		cancel:   cancel,
 		decideSH: redis.NewScript(decideSource).Hash(),
 		leaseSH:  redis.NewScript(leaseSource).Hash(),
+		refundSH: redis.NewScript(refundSource).Hash(),
 	}
 	// Keys of different clients may live on different nodes of a cluster
 	// or ring: there, each request is its own EVALSHA in the pipeline.
@@ -269,7 +286,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 	if l.ctx.Err() != nil {
 		return Result{}, ErrClosed
 	}
-	res := Result{Rules: make([]RuleDecision, len(l.rules))}
+	res := Result{Rules: make([]RuleDecision, len(l.rules)), charge: &charge{key: key}}
 	for i, r := range l.rules {
 		res.Rules[i].Rule = r.Name
 	}
@@ -291,6 +308,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 		res.Rules[h.index] = rd
 		if undo != nil {
 			refunds = append(refunds, undo)
+			res.charge.hybrid = append(res.charge.hybrid, undo)
 		}
 		hybridOK = hybridOK && rd.Decision.Allowed
 	}
@@ -301,6 +319,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 			res.Rules[i].Source = SourceSkipped
 			res.Rules[i].Decision = l7.Decision{Limit: l.rules[i].Limit, Window: l.rules[i].Window}
 		}
+		res.charge = nil
 		return combine(res), nil
 	}
 	if len(l.remote) > 0 {
@@ -311,8 +330,62 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 	}
 	if !allAllowed(res) {
 		refund()
+		res.charge = nil
 	}
 	return combine(res), nil
+}
+
+// Refund gives back what Allow charged for an admitted request that
+// another limit refused (the proxy's other Redis groups or its local
+// rules): hybrid lease reservations, Degrade rules' local charges (both
+// at once, in process), and the decide script's charge through one
+// refund script run (an atomic EVALSHA on the same keys and hash tag).
+// Refunding a refused Result, or one already refunded, does nothing. If
+// Redis cannot be reached (breaker open, round trip failed) the remote
+// charge stays, which errs on the strict side, and the error says so.
+func (l *Limiter) Refund(res Result) error {
+	c := res.charge
+	if c == nil || c.refunded {
+		return nil
+	}
+	c.refunded = true
+	for _, f := range c.hybrid {
+		f()
+	}
+	for _, lc := range c.local {
+		lc.undo(l.cfg.Clock)
+	}
+	if !c.remote {
+		return nil
+	}
+	l.metrics.refunds.Inc()
+	if ok, probe := l.breaker.allow(); !ok {
+		if probe {
+			l.startProbe()
+		}
+		l.metrics.errors.WithLabelValues("refund", "breaker_open").Inc()
+		return fmt.Errorf("redis limiter: refund: %w", ErrBreakerOpen)
+	}
+	keys := make([]string, len(l.remote))
+	args := make([]any, 0, 3+6*len(l.remote))
+	args = append(args, len(l.remote), c.t0s, c.t0ns)
+	for j, i := range l.remote {
+		r := l.rules[i]
+		keys[j] = redisKey(l.cfg.Prefix, c.key, r.Name)
+		switch r.Algorithm {
+		case GCRA:
+			args = append(args, 1, r.interval(), r.burst(), 1)
+		case SlidingWindow:
+			args = append(args, 2, r.windowMicros(), r.Limit, 1)
+		}
+		args = append(args, c.before[j], c.refunds[j])
+	}
+	rc := &call{script: l.refundSH, src: refundSource, keys: keys, args: l.scriptArgs(args)}
+	l.runBatch([]*call{rc}, "refund")
+	if rc.err != nil {
+		return fmt.Errorf("redis limiter: refund: %w", rc.err)
+	}
+	return nil
 }
 
 func allAllowed(res Result) bool {
@@ -372,15 +445,24 @@ func (l *Limiter) decideRemote(ctx context.Context, key string, res *Result) err
 		l.fallback(key, res, c.err)
 		return nil
 	}
-	vals, perr := intReply(c.reply, 1+4*len(l.remote))
+	vals, perr := intReply(c.reply, decideReplyLen(len(l.remote)))
 	if perr != nil {
 		l.failed("decide", perr)
 		l.fallback(key, res, perr)
 		return nil
 	}
+	if vals[0] == 1 {
+		ch := res.charge
+		ch.remote, ch.t0s, ch.t0ns = true, vals[1], vals[2]
+		ch.before = make([]int64, len(l.remote))
+		ch.refunds = make([]int64, len(l.remote))
+		for j := range l.remote {
+			ch.before[j], ch.refunds[j] = vals[3+6*j+4], vals[3+6*j+5]
+		}
+	}
 	for j, i := range l.remote {
 		r := l.rules[i]
-		v := vals[1+4*j : 5+4*j]
+		v := vals[3+6*j : 7+6*j]
 		res.Rules[i].Source = SourceRedis
 		res.Rules[i].Decision = l7.Decision{
 			Allowed:    vals[0] == 1,
@@ -409,6 +491,10 @@ func (l *Limiter) scriptArgs(rest []any) []any {
 	}
 	return append(args, rest...)
 }
+
+// decideReplyLen is the decide script's reply length for one request of k
+// limits: committed, the time (two values), and six values per limit.
+func decideReplyLen(k int) int { return 3 + 6*k }
 
 func intReply(reply any, n int) ([]int64, error) {
 	arr, ok := reply.([]any)
@@ -469,6 +555,7 @@ func (l *Limiter) fallback(key string, res *Result, cause error) {
 	if !denied {
 		for _, c := range checks {
 			c.commit()
+			res.charge.local = append(res.charge.local, c)
 		}
 	}
 	for _, lr := range locked {
@@ -570,7 +657,7 @@ func (l *Limiter) runDecide(calls []*call) {
 	}
 	merged := &call{script: l.decideSH, src: decideSource, keys: keys, args: l.scriptArgs(l.args)}
 	l.runBatch([]*call{merged}, "decide")
-	seg := 1 + 4*k
+	seg := decideReplyLen(k)
 	arr, ok := merged.reply.([]any)
 	if merged.err == nil && (!ok || len(arr) != seg*len(calls)) {
 		merged.err = fmt.Errorf("decode batched script reply: want %d values, got %T of %d", seg*len(calls), merged.reply, len(arr))

@@ -59,14 +59,14 @@ func (l *localRule) check(key string, now int64) localCheck {
 // commit charges a check that allowed; the caller holds l.mu.
 func (c localCheck) commit() { *c.state = c.new }
 
-// undo gives a committed request back, unless the state has moved on since
-// (then keeping the charge errs on the strict side).
-func (c localCheck) undo() {
+// undo gives a committed request back through the algorithm's Refund, at
+// a time read under the lock (exact when nothing else touched the state;
+// never more lenient than the limit without this request otherwise). A
+// state swept meanwhile was idle: nothing is left to give back.
+func (c localCheck) undo(clock l7.Clock) {
 	c.rule.mu.Lock()
 	defer c.rule.mu.Unlock()
-	if *c.state == c.new {
-		*c.state = c.old
-	}
+	*c.state = c.rule.alg.Refund(*c.state, c.old, c.new, clock.Now())
 }
 
 func (l *localRule) stateLocked(key string, now int64) *l7.State {

@@ -21,6 +21,7 @@ type metrics struct {
 	fallback     *prometheus.CounterVec
 	batchSize    prometheus.Histogram
 	hybridLocal  *prometheus.CounterVec
+	refunds      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -55,11 +56,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "edgeguard_l7_redis_hybrid_local_decisions_total",
 			Help: "Hybrid-mode decisions made from a local lease, by rule and verdict.",
 		}, []string{"rule", "verdict"}),
+		refunds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeguard_l7_redis_refunds_total",
+			Help: "Charges given back in Redis because another limit refused the request.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.latency, m.errors, m.breakerState, m.transitions, m.fallback, m.batchSize, m.hybridLocal} {
+	for _, c := range []prometheus.Collector{m.latency, m.errors, m.breakerState, m.transitions, m.fallback, m.batchSize, m.hybridLocal, m.refunds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -78,10 +78,16 @@ end
 // request charges nothing. One request alone is a batch of one; a batch is
 // one atomic script run, so requests later in it see earlier ones' charges.
 //
-// Reply, per request: {committed, then per limit: allowed, remaining,
-// reset_ns, retry_ns}. When nothing was committed, remaining and reset
-// describe the state as it is (not charged) and retry_ns is set for the
-// limits that refused.
+// A GCRA state is "sec:nsec:refunds": the TAT and how many refunds were
+// applied to it (see refundSource; an old "sec:nsec" reads as 0 refunds).
+//
+// Reply, per request: {committed, now_s, now_ns, then per limit: allowed,
+// remaining, reset_ns, retry_ns, before_ns, refunds}. When nothing was
+// committed, remaining and reset describe the state as it is (not charged)
+// and retry_ns is set for the limits that refused. now_s, now_ns (the
+// script's time), before_ns (GCRA: the TAT before the charge minus now,
+// at least 0) and refunds (GCRA: the state's refund count) are what
+// refundSource needs to give a committed charge back.
 const decideSource = luaPrelude + `
 local k = tonumber(ARGV[3])
 local alg, pa, pb, pc = {}, {}, {}, {}
@@ -103,11 +109,12 @@ for base = 0, #KEYS - k, k do
     local v = redis.call("GET", key)
     if alg[i] == 1 then
       local T, burst = a, b
-      local d = 0
+      local d, ep = 0, 0
       if v then
-        local ts, tn = string.match(v, "^(%-?%d+):(%d+)$")
+        local ts, tn, te = string.match(v, "^(%-?%d+):(%d+):?(%d*)$")
         if ts then
           d = (tonumber(ts) - now_s) * 1000000000 + (tonumber(tn) - now_ns)
+          ep = tonumber(te) or 0
         end
       end
       if d < 0 then d = 0 end
@@ -117,9 +124,9 @@ for base = 0, #KEYS - k, k do
       if rem_before < 0 then rem_before = 0 end
       if wait > 0 then
         all = 0
-        out[i] = {0, rem_before, d, wait, rem_before, d}
+        out[i] = {0, rem_before, d, wait, rem_before, d, d, ep}
       else
-        out[i] = {1, fdiv(-wait, T), nd, 0, rem_before, d}
+        out[i] = {1, fdiv(-wait, T), nd, 0, rem_before, d, d, ep}
         writes[i] = nd
       end
     else
@@ -143,14 +150,16 @@ for base = 0, #KEYS - k, k do
           retry = (W - r) + W - fdiv((limit - cost) * W, curr)
         end
         if rem < 0 then rem = 0 end
-        out[i] = {0, rem, reset_us(curr) * 1000, retry * 1000, rem, reset_us(curr) * 1000}
+        out[i] = {0, rem, reset_us(curr) * 1000, retry * 1000, rem, reset_us(curr) * 1000, 0, 0}
       else
-        out[i] = {1, rem - cost, reset_us(curr + cost) * 1000, 0, rem, reset_us(curr) * 1000}
+        out[i] = {1, rem - cost, reset_us(curr + cost) * 1000, 0, rem, reset_us(curr) * 1000, 0, 0}
         writes[i] = {idx, r, prev, curr + cost, W}
       end
     end
   end
   reply[#reply + 1] = all
+  reply[#reply + 1] = now_s
+  reply[#reply + 1] = now_ns
   for i = 1, k do
     local e = out[i]
     if all == 1 then
@@ -161,7 +170,7 @@ for base = 0, #KEYS - k, k do
         local t = now_ns + w
         local ts = now_s + fdiv(t, 1000000000)
         local tn = t - fdiv(t, 1000000000) * 1000000000
-        redis.call("SET", KEYS[base + i], ts .. ":" .. tn, "PX", math.max(1, math.ceil(w / 1000000)))
+        redis.call("SET", KEYS[base + i], ts .. ":" .. tn .. ":" .. e[8], "PX", math.max(1, math.ceil(w / 1000000)))
       end
       reply[#reply + 1] = 1
       reply[#reply + 1] = e[2]
@@ -173,9 +182,76 @@ for base = 0, #KEYS - k, k do
       reply[#reply + 1] = e[6]
       reply[#reply + 1] = e[4]
     end
+    reply[#reply + 1] = e[7]
+    reply[#reply + 1] = e[8]
   end
 end
 return reply
+`
+
+// refundSource gives back one request's committed charge (see
+// l7.Algorithm.Refund for why each step never admits more than the limit's
+// definition without the refunded request). KEYS: the request's keys, as
+// for decideSource. ARGV[3] k, ARGV[4] and ARGV[5] the decide script's time
+// (seconds, nanoseconds), then per limit ARGV[6+6(i-1) ..]: algorithm, two
+// parameters and cost as in decideSource, then before_ns and refunds from
+// the decide reply.
+//
+//	GCRA: seen from now, the charge raised max(TAT, now) by
+//	      R = max(after-now, 0) - max(before-now, 0); R comes off the
+//	      current TAT unless another refund came in between (the refund
+//	      count moved), which would make before and after stale; then the
+//	      charge stays (the strict side).
+//	SWC:  the cost leaves the count of the window it was charged to if that
+//	      window is still the current or the previous one.
+//
+// Reply: the number of limits that gave something back.
+const refundSource = luaPrelude + `
+local k = tonumber(ARGV[3])
+local t0_s, t0_ns = tonumber(ARGV[4]), tonumber(ARGV[5])
+local t0_us = t0_s * 1000000 + fdiv(t0_ns, 1000)
+local off = (t0_s - now_s) * 1000000000 + (t0_ns - now_ns)
+local given = 0
+for i = 1, k do
+  local o = 5 + (i - 1) * 6
+  local alg, a, b, cost = tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
+  local before, ep = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
+  local key = KEYS[i]
+  local v = redis.call("GET", key)
+  if v and alg == 1 then
+    local ts, tn, te = string.match(v, "^(%-?%d+):(%d+):?(%d*)$")
+    if ts and (tonumber(te) or 0) == ep then
+      local cur = (tonumber(ts) - now_s) * 1000000000 + (tonumber(tn) - now_ns)
+      local r = math.max(off + before + a * cost, 0) - math.max(off + before, 0)
+      if r > 0 then
+        local nd = math.max(cur, 0) - r
+        if nd <= 0 then nd = 0 end
+        local t = now_ns + nd
+        local s2 = now_s + fdiv(t, 1000000000)
+        local n2 = t - fdiv(t, 1000000000) * 1000000000
+        redis.call("SET", key, s2 .. ":" .. n2 .. ":" .. (ep + 1), "PX", math.max(1, math.ceil(nd / 1000000)))
+        given = given + 1
+      end
+    end
+  elseif v and alg == 2 then
+    local W = a
+    local idx0 = fdiv(t0_us, W)
+    local idx, r, prev, curr = swc_load(v, W)
+    local changed = false
+    if idx == idx0 and curr > 0 then
+      curr = math.max(curr - cost, 0)
+      changed = true
+    elseif idx == idx0 + 1 and prev > 0 then
+      prev = math.max(prev - cost, 0)
+      changed = true
+    end
+    if changed then
+      swc_store(key, W, idx, r, prev, curr)
+      given = given + 1
+    end
+  end
+end
+return given
 `
 
 // leaseSource syncs one hybrid-mode instance with the shared sliding window
