@@ -537,11 +537,6 @@ func (d *decoder) tiers(n *yaml.Node, where string, rc *Redis) *Tiers {
 			for i := 0; i+1 < len(v.Content); i += 2 {
 				name, ok := d.name(yamlcheck.Resolve(v.Content[i]), "tier name")
 				ls := d.limits(v.Content[i+1], fmt.Sprintf("%s tier %q", where, name), rc)
-				for j, l := range ls {
-					if l.Backend == BackendRedis {
-						d.Errorf(v.Content[i+1], "tier %q limit %q: tier limits are local; put redis limits on the route", name, ls[j].Name)
-					}
-				}
 				if ok {
 					t.Tiers = append(t.Tiers, Tier{Name: name, Limits: ls})
 				}

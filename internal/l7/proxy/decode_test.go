@@ -87,6 +87,22 @@ func TestDecodeProblems(t *testing.T) {
       tiers: {header: X-Plan, default: gold, levels: {free: [{name: f, key: ip, rate: 1/s}]}}
 `, []string{`p.yaml:6:55: limit "r": backend redis needs an l7 redis: section`,
 			`p.yaml:7:40: tiers default "gold" is not one of the levels`}},
+		{"redis limits in tiers without a redis section", validHead + `  routes:
+    - name: api
+      tiers:
+        header: X-Plan
+        levels:
+          free: [{name: f, key: ip, rate: 1/s, backend: redis}]
+`, []string{`p.yaml:9:57: limit "f": backend redis needs an l7 redis: section`}},
+		{"redis limits in tiers", validHead + `  redis: {addr: 127.0.0.1:6379}
+  routes:
+    - name: api
+      tiers:
+        header: X-Plan
+        levels:
+          free: [{name: f, key: ip, rate: 1/s, backend: redis}]
+          pro: [{name: p, key: ip, rate: 1/s, backend: redis, algorithm: token-bucket}]
+`, []string{`p.yaml:11:74: limit "p": backend redis supports gcra and sliding-window, not token-bucket`}},
 		{"escalation and headers", validHead + `  headers: {draft: 9}
   escalation: {enabled: yes, rejections: 0, ttl: -1m, prefix_v4: 33}
 `, []string{`p.yaml:4:20: headers draft "9": want one of 10, none`,

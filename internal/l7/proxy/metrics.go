@@ -54,12 +54,10 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	}
 	const layer = "l7_redis"
 	for _, rt := range p.routes {
-		for _, g := range rt.redis {
-			for name, c := range g.counters {
-				ch <- prometheus.MustNewConstMetric(d.redisAllowed, prometheus.CounterValue, float64(c.allowed.Load()), layer, name)
-				ch <- prometheus.MustNewConstMetric(d.redisRejected, prometheus.CounterValue, float64(c.rejected.Load()), layer, name, "quota_exceeded")
-				ch <- prometheus.MustNewConstMetric(d.redisShadow, prometheus.CounterValue, float64(c.shadowRejected.Load()), layer, name)
-			}
+		for name, c := range rt.redisCounters {
+			ch <- prometheus.MustNewConstMetric(d.redisAllowed, prometheus.CounterValue, float64(c.allowed.Load()), layer, name)
+			ch <- prometheus.MustNewConstMetric(d.redisRejected, prometheus.CounterValue, float64(c.rejected.Load()), layer, name, "quota_exceeded")
+			ch <- prometheus.MustNewConstMetric(d.redisShadow, prometheus.CounterValue, float64(c.shadowRejected.Load()), layer, name)
 		}
 	}
 }

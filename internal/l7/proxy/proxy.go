@@ -76,17 +76,25 @@ type route struct {
 	match   matcher
 	exempt  map[string]struct{} // nil: none beyond the global ones
 	handler http.Handler
-	mw      *l7.Middleware // nil: no local limits
-	redis   []*redisGroup
+	// mw decides the local limits and the tier, and writes the headers of
+	// every limit; nil when the route has no limits at all.
+	mw *l7.Middleware
+	// redis holds, per tier name ("" for a request in no tier), the redis
+	// groups that apply: the route's redis limits and the tier's.
+	redis map[string][]*redisGroup
+	// redisCounters are the redis limits' counters by rule name.
+	redisCounters map[string]*redisCounters
 }
 
-// redisGroup is the redis limits of a route that share one key expression
-// and shadow setting: one redislimit.Limiter, decided all-or-nothing.
+// redisGroup is the redis limits that apply to a request in one tier and
+// share one key expression and shadow setting: one redislimit.Limiter,
+// decided all-or-nothing in one EVALSHA.
 type redisGroup struct {
 	lim      *redislimit.Limiter
 	key      func(*http.Request) (string, bool)
 	shadow   bool
-	counters map[string]*redisCounters // by rule name
+	policy   map[string]string         // RateLimit-Policy item by rule name
+	counters map[string]*redisCounters // by rule name, shared by the route's tiers
 }
 
 type redisCounters struct {
@@ -344,30 +352,10 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 	if p.cfg.Headers.Draft == 0 {
 		mc.Headers = l7.HeadersNone
 	}
-	var groups []*redisGroup
-	var groupKeys []string
-	groupOf := map[string]*redisGroup{}
-	var groupRules = map[*redisGroup][]redislimit.Rule{}
+	var routeRedis []Limit
 	for _, l := range rc.Limits {
 		if l.Backend == BackendRedis {
-			id := fmt.Sprintf("%s shadow=%t", l.Key, l.Shadow)
-			g := groupOf[id]
-			if g == nil {
-				key := l.Key.String()
-				if l.Shadow {
-					key += ":shadow"
-				}
-				groupKeys = append(groupKeys, key)
-				g = &redisGroup{key: p.km.stringFunc(l.Key, rc.Name), shadow: l.Shadow, counters: map[string]*redisCounters{}}
-				groupOf[id] = g
-				groups = append(groups, g)
-			}
-			rr, err := redisRule(l)
-			if err != nil {
-				return nil, fmt.Errorf("proxy: route %q limit %q: %w", rc.Name, l.Name, err)
-			}
-			groupRules[g] = append(groupRules[g], rr)
-			g.counters[l.Name] = new(redisCounters)
+			routeRedis = append(routeRedis, l)
 			continue
 		}
 		r, err := p.rule(l, rc.Name)
@@ -376,12 +364,16 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 		}
 		mc.Rules = append(mc.Rules, r)
 	}
+	anyRedis := len(routeRedis) > 0
+	tierRedis := map[string][]Limit{}
 	if rc.Tiers != nil {
 		for _, t := range rc.Tiers.Tiers {
 			tier := l7.Tier{Name: t.Name}
 			for _, l := range t.Limits {
 				if l.Backend == BackendRedis {
-					return nil, fmt.Errorf("proxy: route %q tier %q limit %q: tier limits must be local", rc.Name, t.Name, l.Name)
+					tierRedis[t.Name] = append(tierRedis[t.Name], l)
+					anyRedis = true
+					continue
 				}
 				r, err := p.rule(l, rc.Name)
 				if err != nil {
@@ -394,7 +386,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 		mc.SelectTier = l7.TierByHeader(rc.Tiers.Header)
 		mc.DefaultTier = rc.Tiers.Default
 	}
-	if len(mc.Rules) > 0 || len(mc.Tiers) > 0 {
+	if len(mc.Rules) > 0 || len(mc.Tiers) > 0 || anyRedis {
 		mw, err := l7.NewMiddleware(mc)
 		if err != nil {
 			return nil, fmt.Errorf("proxy: route %q: %w", rc.Name, err)
@@ -402,33 +394,104 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 		rt.mw = mw
 		p.mws = append(p.mws, mw)
 	}
-	for i, g := range groups {
-		if p.rc == nil {
-			return nil, fmt.Errorf("proxy: route %q: redis limits without a redis section", rc.Name)
+	if !anyRedis {
+		return rt, nil
+	}
+	if p.rc == nil {
+		return nil, fmt.Errorf("proxy: route %q: redis limits without a redis section", rc.Name)
+	}
+	// One set of groups per tier a request can be decided in: the route's
+	// redis limits plus the tier's, grouped by key so each key is one
+	// EVALSHA. A route limit has the same Redis state in every tier (its
+	// Redis key is the rule name and the client key).
+	counters := map[string]*redisCounters{}
+	rt.redisCounters = counters
+	rt.redis = map[string][]*redisGroup{}
+	var base []*redisGroup
+	var err error
+	if rc.Tiers == nil || rc.Tiers.Default == "" || len(tierRedis) < len(rc.Tiers.Tiers) {
+		if base, err = p.redisGroups(rc.Name, "", routeRedis, counters, reg); err != nil {
+			return nil, err
 		}
+		rt.redis[""] = base
+	}
+	if rc.Tiers != nil {
+		for _, t := range rc.Tiers.Tiers {
+			own := tierRedis[t.Name]
+			if len(own) == 0 {
+				rt.redis[t.Name] = base
+				continue
+			}
+			gs, err := p.redisGroups(rc.Name, t.Name, append(append([]Limit{}, routeRedis...), own...), counters, reg)
+			if err != nil {
+				return nil, err
+			}
+			rt.redis[t.Name] = gs
+		}
+	}
+	return rt, nil
+}
+
+// redisGroups builds one redislimit.Limiter per (key, shadow) of limits,
+// in the order the keys first appear.
+func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[string]*redisCounters, reg prometheus.Registerer) ([]*redisGroup, error) {
+	var groups []*redisGroup
+	var labels []string
+	var rules [][]redislimit.Rule
+	byID := map[string]int{}
+	for _, l := range limits {
+		id := fmt.Sprintf("%s shadow=%t", l.Key, l.Shadow)
+		gi, ok := byID[id]
+		if !ok {
+			label := route + ":"
+			if tier != "" {
+				label += "tier=" + tier + ":"
+			}
+			label += l.Key.String()
+			if l.Shadow {
+				label += ":shadow"
+			}
+			gi = len(groups)
+			byID[id] = gi
+			groups = append(groups, &redisGroup{key: p.km.stringFunc(l.Key, route), shadow: l.Shadow,
+				policy: map[string]string{}, counters: counters})
+			labels = append(labels, label)
+			rules = append(rules, nil)
+		}
+		rr, err := redisRule(l)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: route %q limit %q: %w", route, l.Name, err)
+		}
+		rules[gi] = append(rules[gi], rr)
+		groups[gi].policy[l.Name] = l7.PolicyItem(l.Name, l.Count, l.Per)
+		if counters[l.Name] == nil {
+			counters[l.Name] = new(redisCounters)
+		}
+	}
+	for i, g := range groups {
 		var r prometheus.Registerer
 		if reg != nil {
 			// redislimit registers its series once per registry: each
-			// group's carry a limiter label ("route:key").
-			r = prometheus.WrapRegistererWith(prometheus.Labels{"limiter": rc.Name + ":" + groupKeys[i]}, reg)
+			// group's carry a limiter label ("route:key", or
+			// "route:tier=name:key" for a tier's groups).
+			r = prometheus.WrapRegistererWith(prometheus.Labels{"limiter": labels[i]}, reg)
 		}
 		lim, err := redislimit.New(redislimit.Config{
 			Client:     p.rc,
-			Rules:      groupRules[g],
+			Rules:      rules[i],
 			Prefix:     p.cfg.Redis.Prefix,
 			Timeout:    p.cfg.Redis.Timeout,
 			Clock:      p.clock,
-			Logger:     p.log.With("route", rc.Name, "group", i),
+			Logger:     p.log.With("route", route, "tier", tier, "group", i),
 			Registerer: r,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("proxy: route %q: %w", rc.Name, err)
+			return nil, fmt.Errorf("proxy: route %q: %w", route, err)
 		}
 		g.lim = lim
 		p.redisLims = append(p.redisLims, lim)
 	}
-	rt.redis = groups
-	return rt, nil
+	return groups, nil
 }
 
 // ServeHTTP routes r: exempt paths go straight to the upstream; the first
@@ -456,60 +519,116 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.unmatched.ServeHTTP(w, r)
 }
 
-// limit applies rt's local limits (all-or-nothing, with tiers and shadow
-// rules), then its redis limits, then proxies.
+// limit decides rt's limits all-or-nothing across both backends, writes
+// the headers of every limit that applied, and proxies or answers 429.
+//
+// The local limits (with tiers and shadow rules) are decided and charged
+// first, under their shard locks; a request they refuse is answered at once
+// and Redis is not asked. Then every enforced redis group of the request's
+// tier is asked (one EVALSHA each, all-or-nothing inside it). If any group
+// refuses, the local charges and the charges of the groups that admitted
+// are given back (l7.Pending.Refund, redislimit.Limiter.Refund), so the
+// 429 reports the longest wait over every refused limit of both backends.
+// Shadow groups are charged on their own and never refuse or refund.
 func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
-	if rt.mw != nil && !rt.mw.Check(w, r) {
+	if rt.mw == nil {
+		p.upstream.ServeHTTP(w, r)
+		return
+	}
+	var lp l7.Pending
+	rt.mw.Decide(r, &lp)
+	if lp.Skipped() {
+		p.upstream.ServeHTTP(w, r)
+		return
+	}
+	if !lp.Allowed() {
+		rt.mw.Respond(w, &lp, nil)
 		p.rejected(r)
 		return
 	}
-	for _, g := range rt.redis {
+	type charged struct {
+		g   *redisGroup
+		res redislimit.Result
+		ext int // index of its first rule in ext
+	}
+	var ext []l7.ExternalDecision
+	var took []charged
+	refused := false
+	for _, g := range rt.redis[lp.Tier()] {
 		key, ok := g.key(r)
 		if !ok {
 			continue
 		}
 		res, err := g.lim.Allow(r.Context(), key)
 		if err != nil {
+			lp.Refund()
+			for _, c := range took {
+				p.refundRedis(c.g, c.res)
+			}
 			if r.Context().Err() != nil {
 				return // the client is gone
 			}
 			shedUnavailable(w, "the rate limiter is shutting down")
 			return
 		}
-		if res.Decision.Allowed {
+		if g.shadow {
 			for _, rd := range res.Rules {
-				g.counters[rd.Rule].allowed.Add(1)
+				if !rd.Decision.Allowed && rd.Source != redislimit.SourceSkipped {
+					g.counters[rd.Rule].shadowRejected.Add(1)
+				}
 			}
 			continue
 		}
-		var violated []string
+		if res.Decision.Allowed {
+			took = append(took, charged{g: g, res: res, ext: len(ext)})
+		} else {
+			refused = true
+		}
 		for _, rd := range res.Rules {
-			if !rd.Decision.Allowed && rd.Source != redislimit.SourceSkipped {
-				violated = append(violated, rd.Rule)
-				if g.shadow {
-					g.counters[rd.Rule].shadowRejected.Add(1)
-				} else {
-					g.counters[rd.Rule].rejected.Add(1)
+			if rd.Source == redislimit.SourceSkipped {
+				continue
+			}
+			if !rd.Decision.Allowed {
+				g.counters[rd.Rule].rejected.Add(1)
+			}
+			ext = append(ext, l7.ExternalDecision{Name: rd.Rule, Policy: g.policy[rd.Rule], Decision: rd.Decision})
+		}
+	}
+	if refused {
+		lp.Refund()
+		for _, c := range took {
+			// Refund rewrites the group's decisions to its state without
+			// this request, for the headers.
+			p.refundRedis(c.g, c.res)
+			i := c.ext
+			for _, rd := range c.res.Rules {
+				if rd.Source != redislimit.SourceSkipped {
+					ext[i].Decision = rd.Decision
+					i++
 				}
 			}
 		}
-		if g.shadow {
-			continue
-		}
-		retry := int64(1)
-		if ra := res.Decision.RetryAfter; ra > 0 && ra != l7.Never {
-			retry = max(1, int64((ra+time.Second-1)/time.Second))
-		}
-		l7.WriteProblem(w, l7.Problem{
-			Type:             l7.ProblemTypeQuotaExceeded,
-			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
-			Status:           http.StatusTooManyRequests,
-			ViolatedPolicies: violated,
-		}, retry)
+		rt.mw.Respond(w, &lp, ext)
 		p.rejected(r)
 		return
 	}
+	lp.Commit()
+	for _, c := range took {
+		for _, rd := range c.res.Rules {
+			c.g.counters[rd.Rule].allowed.Add(1)
+		}
+	}
+	rt.mw.Respond(w, &lp, ext)
 	p.upstream.ServeHTTP(w, r)
+}
+
+// refundRedis gives a group's charge back; a failure leaves the charge in
+// Redis (the strict side) and is logged by the limiter's breaker and
+// metrics, so it is only noted at debug level here.
+func (p *Proxy) refundRedis(g *redisGroup, res redislimit.Result) {
+	if err := g.lim.Refund(res); err != nil {
+		p.log.Debug("l7 proxy: redis refund failed; the charge stays", "err", err)
+	}
 }
 
 func shedUnavailable(w http.ResponseWriter, detail string) {

@@ -340,7 +340,10 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // rules): hybrid lease reservations, Degrade rules' local charges (both
 // at once, in process), and the decide script's charge through one
 // refund script run (an atomic EVALSHA on the same keys and hash tag).
-// Refunding a refused Result, or one already refunded, does nothing. If
+// Refund also rewrites the decisions of res.Rules to the state without the
+// request (one more remaining, the reset before the charge), for the
+// headers of the response that refuses it. Refunding a refused Result, or
+// one already refunded, does nothing. If
 // Redis cannot be reached (breaker open, round trip failed) the remote
 // charge stays, which errs on the strict side, and the error says so.
 func (l *Limiter) Refund(res Result) error {
@@ -357,6 +360,11 @@ func (l *Limiter) Refund(res Result) error {
 	}
 	if !c.remote {
 		return nil
+	}
+	for j, i := range l.remote {
+		d := &res.Rules[i].Decision
+		d.Remaining++
+		d.Reset = time.Duration(c.before[j])
 	}
 	l.metrics.refunds.Inc()
 	if ok, probe := l.breaker.allow(); !ok {

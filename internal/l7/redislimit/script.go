@@ -84,10 +84,11 @@ end
 // Reply, per request: {committed, now_s, now_ns, then per limit: allowed,
 // remaining, reset_ns, retry_ns, before_ns, refunds}. When nothing was
 // committed, remaining and reset describe the state as it is (not charged)
-// and retry_ns is set for the limits that refused. now_s, now_ns (the
-// script's time), before_ns (GCRA: the TAT before the charge minus now,
-// at least 0) and refunds (GCRA: the state's refund count) are what
-// refundSource needs to give a committed charge back.
+// and retry_ns is set for the limits that refused. before_ns is the reset
+// before the charge (for GCRA the TAT before the charge minus now, at least
+// 0). now_s, now_ns (the script's time), before_ns and refunds (GCRA: the
+// state's refund count) are what refundSource needs to give a committed
+// charge back.
 const decideSource = luaPrelude + `
 local k = tonumber(ARGV[3])
 local alg, pa, pb, pc = {}, {}, {}, {}
@@ -124,9 +125,9 @@ for base = 0, #KEYS - k, k do
       if rem_before < 0 then rem_before = 0 end
       if wait > 0 then
         all = 0
-        out[i] = {0, rem_before, d, wait, rem_before, d, d, ep}
+        out[i] = {0, rem_before, d, wait, rem_before, d, 0, ep}
       else
-        out[i] = {1, fdiv(-wait, T), nd, 0, rem_before, d, d, ep}
+        out[i] = {1, fdiv(-wait, T), nd, 0, rem_before, d, 0, ep}
         writes[i] = nd
       end
     else
@@ -182,7 +183,7 @@ for base = 0, #KEYS - k, k do
       reply[#reply + 1] = e[6]
       reply[#reply + 1] = e[4]
     end
-    reply[#reply + 1] = e[7]
+    reply[#reply + 1] = e[6]
     reply[#reply + 1] = e[8]
   end
 end
