@@ -3,12 +3,15 @@
  * Edgeguard XDP limiter.
  *
  * Per packet, in this order, every step counted:
- *   parse → lists trie (deny drops, allow passes) → prefix facts trie (rule,
- *   ASN, country) → L4 rule override → buckets: per source, prefix aggregate,
- *   ASN aggregate, global → verdict (pass, drop, or dry-run "would drop").
+ *   parse → lists trie (deny drops, allow passes) → prefix facts (rule,
+ *   ASN, country: IPv4 direct table or trie) → L4 rule override → buckets:
+ *   per source, prefix aggregate, ASN aggregate, global → verdict (pass,
+ *   drop, or dry-run "would drop").
  *
  * Lookups are hash, array and LPM only: the cost does not grow with the
- * number of rules. Every verdict leaves through finish(), which records it.
+ * number of rules (nor, for IPv4 sources with a direct table, with the
+ * number of prefix facts). Every verdict leaves through finish(), which
+ * records it.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -209,6 +212,36 @@ found:
 	return 1;
 }
 
+/* v4_direct_lookup answers the prefix-facts question for an IPv4 source
+ * from the generation's direct table: the level-1 entry of its /16, then
+ * one 16-entry chunk per 4 bits for as long as the entry points further
+ * down, at most EG_V4_LEVELS chunks. The cost is one to five array loads
+ * whatever the number of facts, where the trie walks one node per bit that
+ * discriminates. Bounds are checked by the array lookups, so a damaged
+ * table can only give a wrong answer, never an out-of-bounds read. */
+static __always_inline void v4_direct_lookup(__u32 gen, const __u8 *addr, struct verdict *v)
+{
+	struct eg_v4_entry *e;
+	__u32 a, idx;
+
+	__builtin_memcpy(&a, addr + 12, 4);
+	a = bpf_ntohl(a);
+	idx = (gen << EG_V4_L1_BITS) | (a >> (32 - EG_V4_L1_BITS));
+	e = bpf_map_lookup_elem(&v4_l1, &idx);
+#pragma unroll
+	for (int i = 0; i < EG_V4_LEVELS; i++) {
+		if (!e || e->rule_id != EG_V4_CHILD)
+			break;
+		idx = e->asn * EG_V4_CHUNK_ENTRIES +
+		      ((a >> (32 - EG_V4_L1_BITS - EG_V4_STRIDE * (i + 1))) & (EG_V4_CHUNK_ENTRIES - 1));
+		e = bpf_map_lookup_elem(&v4_chunks, &idx);
+	}
+	if (e && e->rule_id != EG_V4_CHILD) {
+		v->rule_id = e->rule_id;
+		v->asn = e->asn;
+	}
+}
+
 static __always_inline void agg_prefix_key(struct eg_agg_key *k, const struct eg_rule *r, const struct pkt_info *pi,
 					   int v4)
 {
@@ -385,14 +418,22 @@ int xdp_limiter(struct xdp_md *ctx)
 		}
 	}
 
-	/* 2. Prefix facts: rule, ASN, country; most specific wins. */
+	/* 2. Prefix facts: rule, ASN, country; most specific wins. IPv4
+	 * sources use the generation's direct table when it has one; it holds
+	 * the same answers as the trie (IPv6 facts above ::ffff:0:0/96
+	 * included). */
 	v.rule_id = 0;
-	trie = bpf_map_lookup_elem(&prefix_gens, &gen);
-	if (trie) {
-		pv = bpf_map_lookup_elem(trie, &lk);
-		if (pv) {
-			v.rule_id = pv->rule_id;
-			v.asn = pv->asn;
+	v4 = is_v4_mapped_addr(pi.addr);
+	if (v4 && cfg->v4_direct) {
+		v4_direct_lookup(gen, pi.addr, &v);
+	} else {
+		trie = bpf_map_lookup_elem(&prefix_gens, &gen);
+		if (trie) {
+			pv = bpf_map_lookup_elem(trie, &lk);
+			if (pv) {
+				v.rule_id = pv->rule_id;
+				v.asn = pv->asn;
+			}
 		}
 	}
 
@@ -416,7 +457,6 @@ int xdp_limiter(struct xdp_md *ctx)
 		v.reason = EG_R_RULE_DROP;
 		goto verdict;
 	}
-	v4 = is_v4_mapped_addr(pi.addr);
 
 	/* 4. Buckets. First look, without touching per-source state, whether
 	 * an aggregate above this source is already empty: then drop at once.

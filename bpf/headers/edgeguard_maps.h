@@ -24,6 +24,9 @@
 #ifndef EG_DEFAULT_LIST_ENTRIES
 #define EG_DEFAULT_LIST_ENTRIES 16384
 #endif
+#ifndef EG_DEFAULT_V4_CHUNKS
+#define EG_DEFAULT_V4_CHUNKS 1024
+#endif
 #ifndef EG_DEFAULT_L4_ENTRIES
 #define EG_DEFAULT_L4_ENTRIES 1024
 #endif
@@ -74,6 +77,25 @@ struct {
 		__type(value, struct eg_prefix_val);
 	});
 } prefix_gens SEC(".maps");
+
+/* IPv4 direct table, level 1: one entry per /16, index gen * 65536 + the
+ * address's top 16 bits. Written whole for a generation that uses it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * EG_V4_L1_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct eg_v4_entry);
+} v4_l1 SEC(".maps");
+
+/* IPv4 direct table, levels 2-5: chunks of EG_V4_CHUNK_ENTRIES entries;
+ * generation gen owns chunks gen * n .. gen * n + n - 1, where n is the
+ * loader's V4Chunks (max_entries is 2 * n * EG_V4_CHUNK_ENTRIES). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * EG_DEFAULT_V4_CHUNKS * EG_V4_CHUNK_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct eg_v4_entry);
+} v4_chunks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -31,6 +31,15 @@ enum eg_sizes {
 	EG_SEEN_BITS = 56,
 	/* Epochs are 2^30 ns (~1.07 s) of the data plane's clock. */
 	EG_SEEN_EPOCH_SHIFT = 30,
+	/* IPv4 direct table (struct eg_v4_entry): level 1 is indexed by the
+	 * top 16 bits of the address, then up to four levels of 16-entry
+	 * chunks by 4 bits each (16 + 4 * 4 = 32). A chunk is 128 bytes, two
+	 * cache lines. */
+	EG_V4_L1_BITS = 16,
+	EG_V4_L1_ENTRIES = 65536,
+	EG_V4_STRIDE = 4,
+	EG_V4_CHUNK_ENTRIES = 16,
+	EG_V4_LEVELS = 4,
 };
 
 /* "Never expires" for list entries. */
@@ -127,6 +136,20 @@ struct eg_prefix_val {
 	__u32 _pad1;
 };
 
+/* "This entry is a chunk": a rule slot that never names a rule (slots are
+ * below max_rules, unknown rules are 0xffffffff). */
+#define EG_V4_CHILD 0xfffffffeU
+
+/* One entry of the IPv4 direct table, the compiled form of the prefix facts
+ * for IPv4 sources: either the answer of the most specific fact covering
+ * the entry's addresses (rule slot and ASN; 0/0 when none does), or, when
+ * rule_id is EG_V4_CHILD, the index of the chunk one level down in asn
+ * (an index into v4_chunks in units of chunks, generation included). */
+struct eg_v4_entry {
+	__u32 rule_id;
+	__u32 asn;
+};
+
 struct eg_l4_key {
 	__u8 gen;
 	__u8 proto; /* IPPROTO_* */
@@ -170,7 +193,11 @@ struct eg_config {
 	__u8 malformed_verdict; /* enum eg_action: PASS or DROP */
 	__u8 l4_protos;         /* bit per protocol with L4 rules (EG_L4P_*) */
 	__u8 valid;
-	__u32 _pad;
+	/* 1: IPv4 sources are looked up in this generation's direct table
+	 * (v4_l1, v4_chunks), not the prefix trie. 0 when the control plane
+	 * chose the trie, or the table did not fit. */
+	__u8 v4_direct;
+	__u8 _pad[3];
 };
 
 #define EG_L4P_TCP (1 << 0)

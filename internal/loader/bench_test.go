@@ -173,9 +173,10 @@ func passCase(b *testing.B) *benchCase {
 }
 
 // rules100k loads 100,000 prefix rules and 500,000 ASN prefix facts (a full
-// routing table's worth of ASN data) into the prefix-facts trie. Every rule
-// is a /28 inside one of the ASN /24s, so the lookup walks the trie down
-// through both; the rule has the same buckets as "pass".
+// routing table's worth of ASN data). Every rule is a /28 inside one of the
+// ASN /24s; the rule has the same buckets as "pass". With that many facts
+// the generation gets an IPv4 direct table (the set-up fails if not); the
+// frame's /28 costs level 1 and three chunks, one short of a /32.
 func rules100k(b *testing.B) *benchCase {
 	const (
 		nRules = 100_000
@@ -201,6 +202,11 @@ func rules100k(b *testing.B) *benchCase {
 		facts = append(facts, maps.PrefixFact{Prefix: netip.PrefixFrom(asn24(5*j), 28), RuleID: uint32(j), ASN: asnOf(5 * j), Country: [2]byte{'Z', 'Z'}})
 	}
 	bd.apply(maps.Generation{Settings: enforce(), Rules: rules, Prefixes: facts})
+	if st := bd.m.V4Direct(); !st.Used {
+		b.Fatalf("ipv4 direct table not in use: %+v", st)
+	} else {
+		b.Logf("ipv4 direct table: %d facts, %d of %d chunks", st.Facts, st.Chunks, st.Capacity)
+	}
 	src := asn24(5 * hit).As4()
 	src[3] = 9
 	c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(netip.AddrFrom4(src))}, want: xdpPass}

@@ -3,6 +3,7 @@ package loader_test
 import (
 	"encoding/hex"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
@@ -479,7 +480,18 @@ func randAdvance(r *rand.Rand) uint64 {
 func runDiff(h *diffHarness, seed uint64, n int, extra []byte) map[string]int {
 	h.tb.Helper()
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	// Even seeds look IPv4 sources up in the direct table, odd ones in
+	// the trie (the policy has fewer facts than the default threshold).
+	direct := seed%2 == 0
+	if direct {
+		h.td.m.SetV4DirectMinFacts(0)
+	} else {
+		h.td.m.SetV4DirectMinFacts(math.MaxInt)
+	}
 	h.reset(randPolicy(r), randLists(r))
+	if got := h.td.m.V4Direct().Used; got != direct {
+		h.tb.Fatalf("ipv4 direct table in use: %v, want %v", got, direct)
+	}
 	seen := map[string]int{}
 	ns := diffStart
 	for i := range n {

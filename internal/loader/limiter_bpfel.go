@@ -112,7 +112,8 @@ type LimiterEgConfig struct {
 	MalformedVerdict uint8
 	L4Protos         uint8
 	Valid            uint8
-	Pad              uint32
+	V4Direct         uint8
+	Pad              [3]uint8
 }
 
 type LimiterEgCounter struct {
@@ -260,6 +261,11 @@ const (
 	LimiterEgSizesEG_IFINDEX_MAX      LimiterEgSizes = 65536
 	LimiterEgSizesEG_SEEN_BITS        LimiterEgSizes = 56
 	LimiterEgSizesEG_SEEN_EPOCH_SHIFT LimiterEgSizes = 30
+	LimiterEgSizesEG_V4L1BITS         LimiterEgSizes = 16
+	LimiterEgSizesEG_V4L1ENTRIES      LimiterEgSizes = 65536
+	LimiterEgSizesEG_V4STRIDE         LimiterEgSizes = 4
+	LimiterEgSizesEG_V4CHUNK_ENTRIES  LimiterEgSizes = 16
+	LimiterEgSizesEG_V4LEVELS         LimiterEgSizes = 4
 )
 
 type LimiterEgSrcKey struct {
@@ -267,6 +273,12 @@ type LimiterEgSrcKey struct {
 	RuleId uint32
 	Pad    uint32
 	Addr   [16]uint8
+}
+
+type LimiterEgV4Entry struct {
+	_      structs.HostLayout
+	RuleId uint32
+	Asn    uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -288,6 +300,8 @@ const (
 	LimiterMapSrcBuckets    = "src_buckets"
 	LimiterMapStats         = "stats"
 	LimiterMapTestClock     = "test_clock"
+	LimiterMapV4Chunks      = "v4_chunks"
+	LimiterMapV4L1          = "v4_l1"
 	LimiterProgXdpLimiter   = "xdp_limiter"
 	LimiterVarEgBtfAnchor   = "eg_btf_anchor"
 	LimiterVarEgMaxRules    = "eg_max_rules"
@@ -359,6 +373,8 @@ type LimiterMapSpecs struct {
 	SrcBuckets    *ebpf.MapSpec `ebpf:"src_buckets"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	TestClock     *ebpf.MapSpec `ebpf:"test_clock"`
+	V4Chunks      *ebpf.MapSpec `ebpf:"v4_chunks"`
+	V4L1          *ebpf.MapSpec `ebpf:"v4_l1"`
 }
 
 // LimiterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -406,6 +422,8 @@ type LimiterMaps struct {
 	SrcBuckets    *ebpf.Map `ebpf:"src_buckets"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	TestClock     *ebpf.Map `ebpf:"test_clock"`
+	V4Chunks      *ebpf.Map `ebpf:"v4_chunks"`
+	V4L1          *ebpf.Map `ebpf:"v4_l1"`
 }
 
 func (m *LimiterMaps) Close() error {
@@ -425,6 +443,8 @@ func (m *LimiterMaps) Close() error {
 		m.SrcBuckets,
 		m.Stats,
 		m.TestClock,
+		m.V4Chunks,
+		m.V4L1,
 	)
 }
 

@@ -25,9 +25,15 @@ type Sizes struct {
 	PrefixEntries uint32 // prefix-facts trie entries, per generation
 	ListEntries   uint32 // deny/allow list entries
 	L4Entries     uint32 // L4 rule entries, per generation
+	// V4Chunks is the IPv4 direct table's budget of 16-entry chunks, per
+	// generation (128 bytes each, allocated for both generations at
+	// load). A policy whose IPv4 facts need more falls back to the trie.
+	V4Chunks uint32
 }
 
-// DefaultSizes are sized for a busy edge host: 1M sources take ~130 MiB.
+// DefaultSizes are sized for a busy edge host: 1M sources take ~130 MiB;
+// the IPv4 direct table takes 2 × 32 MiB of chunks plus 1 MiB of level 1,
+// room for a full routing table's ASN facts and 100,000 rule prefixes.
 func DefaultSizes() Sizes {
 	return Sizes{
 		MaxRules:      1024,
@@ -36,8 +42,20 @@ func DefaultSizes() Sizes {
 		PrefixEntries: 1 << 20,
 		ListEntries:   1 << 16,
 		L4Entries:     1024,
+		V4Chunks:      1 << 18,
 	}
 }
+
+// V4ChunkEntries is the number of entries in one chunk of the IPv4 direct
+// table, and V4L1Entries the number of level-1 entries per generation.
+const (
+	V4ChunkEntries = uint32(LimiterEgSizesEG_V4CHUNK_ENTRIES)
+	V4L1Entries    = uint32(LimiterEgSizesEG_V4L1ENTRIES)
+)
+
+// maxV4Chunks keeps 2 × V4Chunks × V4ChunkEntries within a map's 32-bit
+// max_entries and chunk indexes within the entry's 32-bit field.
+const maxV4Chunks = 1 << 26
 
 func (s Sizes) withDefaults() Sizes {
 	d := DefaultSizes()
@@ -58,6 +76,9 @@ func (s Sizes) withDefaults() Sizes {
 	}
 	if s.L4Entries != 0 {
 		d.L4Entries = s.L4Entries
+	}
+	if s.V4Chunks != 0 {
+		d.V4Chunks = s.V4Chunks
 	}
 	return d
 }
@@ -105,6 +126,9 @@ func pinnedMaps() []string {
 		LimiterMapPrefixGens, LimiterMapL4Rules, LimiterMapSrcBuckets,
 		LimiterMapAggBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
 		LimiterMapRuleStats, LimiterMapSamples, LimiterMapIfaceSlots,
+		// A generation's config says whether it uses the direct table, so
+		// the table must outlive a restart with it.
+		LimiterMapV4L1, LimiterMapV4Chunks,
 	}
 }
 
@@ -115,7 +139,11 @@ func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("parse embedded bpf object: %w", err)
 	}
 	s := sizes.withDefaults()
+	if s.V4Chunks > maxV4Chunks {
+		return nil, fmt.Errorf("ipv4 direct table: %d chunks asked, at most %d", s.V4Chunks, maxV4Chunks)
+	}
 	set := map[string]uint32{
+		LimiterMapV4Chunks:   2 * s.V4Chunks * V4ChunkEntries,
 		LimiterMapRules:      2 * s.MaxRules,
 		LimiterMapRuleStats:  s.MaxRules,
 		LimiterMapSrcBuckets: s.SrcEntries,
@@ -255,6 +283,10 @@ func (d *Datapath) NewPrefixTrie() (*ebpf.Map, error) {
 	}
 	return m, nil
 }
+
+// Logger is the logger the datapath was loaded with (a discarding one if
+// none was given), for the packages that write its maps.
+func (d *Datapath) Logger() *slog.Logger { return d.log }
 
 // PinDir is where this datapath's maps and links are pinned, or "".
 func (d *Datapath) PinDir() string { return d.pinDir }

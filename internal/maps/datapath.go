@@ -14,11 +14,14 @@ import (
 type Maps struct {
 	d *loader.Datapath
 	o *loader.LimiterMaps
+
+	v4DirectMin int            // see SetV4DirectMinFacts
+	v4Status    V4DirectStatus // of the generation the last Apply made live
 }
 
 // New wraps a loaded datapath.
 func New(d *loader.Datapath) *Maps {
-	return &Maps{d: d, o: &d.Objects.LimiterMaps}
+	return &Maps{d: d, o: &d.Objects.LimiterMaps, v4DirectMin: DefaultV4DirectMinFacts}
 }
 
 // Addr16 returns the data plane's 16-byte form of an address: IPv4 as
@@ -114,8 +117,11 @@ func l4Bit(proto uint8) uint8 {
 const noSlot = ^uint32(0)
 
 // Apply makes g the live policy, atomically: the inactive generation's
-// rules, settings, L4 entries and prefix trie are written first, then the
-// active generation flips. On error the live policy is unchanged.
+// rules, settings, L4 entries, prefix trie and IPv4 direct table are
+// written first, then the active generation flips. On error the live
+// policy is unchanged. IPv4 sources use the direct table when the policy
+// has enough IPv4 facts and the table fits its budget, else the trie; a
+// table that does not fit is logged as a warning (see V4Direct).
 //
 // Rule ids are arbitrary 32-bit values (the policy hashes rule names); the
 // data plane keys bucket state by id, so a rule whose id survives keeps its
@@ -205,6 +211,13 @@ func (m *Maps) Apply(g Generation) error {
 	if err := m.o.PrefixGens.Put(next, trie); err != nil {
 		return fmt.Errorf("install prefix trie of generation %d: %w", next, err)
 	}
+	direct, err := m.writeV4Direct(next, g.Prefixes)
+	if err != nil {
+		return err
+	}
+	if direct.Used {
+		cfg.V4Direct = 1
+	}
 	if err := m.o.Configs.Put(next, cfg); err != nil {
 		return fmt.Errorf("write settings of generation %d: %w", next, err)
 	}
@@ -212,6 +225,8 @@ func (m *Maps) Apply(g Generation) error {
 	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: next}); err != nil {
 		return fmt.Errorf("activate generation %d: %w", next, err)
 	}
+	m.v4Status = direct
+	logV4Direct(m.d.Logger(), next, direct)
 	return nil
 }
 
