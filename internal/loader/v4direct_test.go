@@ -401,3 +401,58 @@ func TestV4DirectSwapKeepsEnforcing(t *testing.T) {
 		}
 	}
 }
+
+// TestV4DirectSurvivesReopen: a generation's config says it uses the
+// direct table, so the table is pinned with it; a datapath re-opened from
+// the pins answers from the same table.
+func TestV4DirectSurvivesReopen(t *testing.T) {
+	requireRoot(t)
+	pinDir := fmt.Sprintf("/sys/fs/bpf/eg-test-%d-v4direct", os.Getpid())
+	t.Cleanup(func() { loader.Unpin(pinDir) })
+	facts := []maps.PrefixFact{
+		{Prefix: netip.MustParsePrefix("198.18.0.0/16"), RuleID: 1, ASN: 64501},
+		{Prefix: netip.MustParsePrefix("198.18.5.7/32"), RuleID: 2, ASN: 64502},
+	}
+	open := func() *testDatapath {
+		d, err := loader.Load(loader.Options{Sizes: probeSizes, TestClock: true, PinDir: pinDir})
+		if err != nil {
+			t.Fatalf("load: %v", err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return &testDatapath{tb: t, d: d, m: maps.New(d)}
+	}
+	want := map[string]factAnswer{
+		"198.18.0.1": {xdp: xdpDrop, sampled: true, rule: 1, asn: 64501},
+		"198.18.5.7": {xdp: xdpDrop, sampled: true, rule: 2, asn: 64502},
+		"198.18.5.8": {xdp: xdpDrop, sampled: true, rule: 1, asn: 64501},
+	}
+
+	first := open()
+	p := newFactProbe(t, first)
+	p.apply(t, probeGen(facts), true)
+	first.d.Close()
+
+	second := open()
+	p = newFactProbe(t, second)
+	if !p.configFlag(t) {
+		t.Fatal("re-opened datapath: live generation does not use the direct table")
+	}
+	// The trie must not be what answers: empty the live generation's trie.
+	gen, err := second.m.ActiveGen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, err := second.d.NewPrefixTrie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer empty.Close()
+	if err := second.d.Objects.PrefixGens.Put(gen, empty); err != nil {
+		t.Fatal(err)
+	}
+	for src, w := range want {
+		if got := p.ask(t, netip.MustParseAddr(src)); got != w {
+			t.Errorf("source %s after re-open: %s, want %s", src, got, w)
+		}
+	}
+}
