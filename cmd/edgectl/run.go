@@ -24,6 +24,7 @@ func newRunCommand() *cobra.Command {
 		metrics  string
 		keep     bool
 		interval time.Duration
+		v4Chunks uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "run [--config FILE] [--iface IFACE ...]",
@@ -75,7 +76,7 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 			}()
 			err = daemon.Run(ctx, daemon.Options{
 				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
-				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(),
+				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(), IPv4DirectChunks: v4Chunks,
 				Logger: log, Reload: reload, Version: version,
 				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"),
 			})
@@ -89,6 +90,8 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 	cmd.Flags().StringVar(&metrics, "metrics-listen", "", `metrics address, overriding the policy's ("off" disables)`)
 	cmd.Flags().BoolVar(&keep, "keep", false, "on stop, keep the program attached and enforcing (pinned)")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between counter lines (0: none)")
+	cmd.Flags().Uint32Var(&v4Chunks, "ipv4-direct-chunks", loader.DefaultSizes().V4Chunks,
+		"IPv4 direct table budget, 128-byte chunks per policy generation, allocated twice at start")
 	return cmd
 }
 

@@ -47,6 +47,9 @@ type Options struct {
 	MetricsListen string
 	// Keep leaves the program attached and enforcing when the daemon stops.
 	Keep bool
+	// IPv4DirectChunks is the IPv4 direct table's chunk budget per
+	// generation (loader Sizes.V4Chunks); 0 takes the loader's default.
+	IPv4DirectChunks uint32
 	// Interval between counter lines on Out; 0 disables them.
 	Interval time.Duration
 	Out      io.Writer
@@ -158,7 +161,7 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	d.dp, err = loader.Load(loader.Options{
 		Sizes: loader.Sizes{
 			MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
-			PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries,
+			PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: o.IPv4DirectChunks,
 		},
 		PinDir: o.PinDir, Logger: log,
 	})
