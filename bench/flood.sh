@@ -56,11 +56,12 @@ echo "# nft:         $(nft --version)"
 echo "# commit:      $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 ROUNDS=${ROUNDS:-1}
 echo "# command:     floodbench -prefix $prefix -duration $DURATION -rounds $ROUNDS $*"
-# 39 cases of at most ~6 s each (quick), per round; the bound is generous.
+# 60 cases of at most ~6 s each (quick, ~10 s otherwise) per round; the
+# bound is generous.
 # Run in the background so that a signal reaches this shell at once: it
 # is passed on (floodbench finishes its case, removing its namespaces),
 # then cleanup removes anything left.
-timeout $((900 * ROUNDS)) "$bin/floodbench" -prefix "$prefix" -duration "$DURATION" -rounds "$ROUNDS" "$@" &
+timeout $((1500 * ROUNDS)) "$bin/floodbench" -prefix "$prefix" -duration "$DURATION" -rounds "$ROUNDS" "$@" &
 child=$!
 trap 'kill -TERM "$child" 2>/dev/null || true; wait "$child" || true; exit 130' INT TERM
 wait "$child"

@@ -104,38 +104,45 @@ func filters() []func() filter {
 func cases(c config) []benchCase {
 	var out []benchCase
 	want := func(s string) bool { return strings.Contains(","+c.suites+",", ","+s+",") }
-	if want("compare") {
+	// chosen is every filter -filters names (all when it is empty); the
+	// scaling suites leave out the no-filter baseline, which has nothing
+	// to scale.
+	chosen := func(withBaseline bool) []func() filter {
+		var fs []func() filter
 		for _, f := range filters() {
-			if c.filterList != "" {
-				ok := false
-				for _, w := range strings.Split(c.filterList, ",") {
-					ok = ok || strings.Contains(f().name(), w)
-				}
-				if !ok {
-					continue
-				}
+			name := f().name()
+			if !withBaseline && name == (stackOnly{}).name() {
+				continue
 			}
+			ok := c.filterList == ""
+			for _, w := range strings.Split(c.filterList, ",") {
+				ok = ok || (w != "" && strings.Contains(name, w))
+			}
+			if ok {
+				fs = append(fs, f)
+			}
+		}
+		return fs
+	}
+	if want("compare") {
+		for _, f := range chosen(true) {
 			for _, s := range []sources{oneSource, slash16, wholeSpace} {
 				out = append(out, benchCase{"compare", f, s, 0})
 			}
 		}
 	}
 	if want("sources") {
-		for _, f := range []func() filter{
-			func() filter { return &xdpConst{} },
-			func() filter { return &edgeguard{mode: loader.ModeNative} },
-			func() filter { return nftMeter{netdev: true} },
-		} {
+		for _, f := range chosen(false) {
 			for _, s := range []sources{oneSource, kSources, slash16, mSources} {
 				out = append(out, benchCase{"sources", f, s, 0})
 			}
 		}
 	}
 	if want("rules") {
-		for _, f := range []func() filter{
-			func() filter { return &edgeguard{mode: loader.ModeNative} },
-			func() filter { return nftMeter{netdev: true} },
-		} {
+		for _, f := range chosen(false) {
+			if f().name() == (&xdpConst{}).name() {
+				continue // the floor has no rules
+			}
 			for _, n := range []int{0, 1000, 10000} {
 				out = append(out, benchCase{"rules", f, slash16, n})
 			}
