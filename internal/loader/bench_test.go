@@ -1,6 +1,7 @@
 package loader_test
 
 import (
+	"math"
 	"net/netip"
 	"os"
 	"testing"
@@ -27,9 +28,11 @@ import (
 // The kernel repeats one frame. Cases with many sources run chunks of
 // Repeat runs per frame where the source does not change the work
 // (drop_prefix) or where the steady state is what is compared
-// (pass_1M_keys), and one run per syscall where every packet must be a new
-// source (random_src). A single run's time includes the test runner's fixed
-// cost (two clock reads), reported as timer-ns/run.
+// (pass_1M_keys). Where every packet must be a new source (random_src, and
+// rules_100k's new-src metrics) a source feeder program rewrites the
+// source before each run and tail-calls the program, so Repeat still
+// applies. The single-run metrics of pass_1M_keys include the test
+// runner's fixed cost (two clock reads), reported as timer-ns/run.
 //
 //	sudo go test -run '^$' -bench BenchmarkDataPlane ./internal/loader
 func BenchmarkDataPlane(b *testing.B) {
@@ -175,31 +178,18 @@ func passCase(b *testing.B) *benchCase {
 // ASN /24s; the rule has the same buckets as "pass". With that many facts
 // the generation gets an IPv4 direct table (the set-up fails if not); the
 // frame's /28 costs level 1 and three chunks, one short of a /32.
+//
+// Extra metrics: x-pass (see BenchmarkDataPlane), and a new source on every
+// packet against the same policy, with the direct table (new-src-ns/pkt)
+// and with the trie (new-src-trie-ns/pkt), measured as random_src is (full
+// 2^20 per-source table, source feeder) on two more datapaths, in
+// alternating chunks. Their sources run through 4.0.0.0/6, all inside the
+// ASN /24s, a fifth of those /24s holding a rule /28: a direct-table lookup
+// there takes level 1 and two or three chunks.
 func rules100k(b *testing.B) *benchCase {
-	const (
-		nRules = 100_000
-		nASN   = 500_000
-		hit    = 77_777 // the rule the benchmark frame falls into
-	)
+	const hit = 77_777 // the rule the benchmark frame falls into
 	bd := loadBench(b, loader.Sizes{MaxRules: 1 << 17, SrcEntries: 1 << 16, AggEntries: 4096, PrefixEntries: 1 << 20, ListEntries: 1024, L4Entries: 64})
-	rules := make([]maps.Rule, 0, nRules+1)
-	for id := uint32(0); id <= nRules; id++ {
-		rules = append(rules, generousRule(id))
-	}
-	// ASN /24 number i is 1.0.0.0 + i*256; rule j is the first /28 of
-	// ASN /24 number 5j.
-	asn24 := func(i int) netip.Addr {
-		return netip.AddrFrom4([4]byte{byte(1 + i>>16), byte(i >> 8), byte(i), 0})
-	}
-	asnOf := func(i int) uint32 { return 64512 + uint32(i%1000) }
-	facts := make([]maps.PrefixFact, 0, nASN+nRules)
-	for i := 0; i < nASN; i++ {
-		facts = append(facts, maps.PrefixFact{Prefix: netip.PrefixFrom(asn24(i), 24), ASN: asnOf(i), Country: [2]byte{'Z', 'Z'}})
-	}
-	for j := 1; j <= nRules; j++ {
-		facts = append(facts, maps.PrefixFact{Prefix: netip.PrefixFrom(asn24(5*j), 28), RuleID: uint32(j), ASN: asnOf(5 * j), Country: [2]byte{'Z', 'Z'}})
-	}
-	bd.apply(maps.Generation{Settings: enforce(), Rules: rules, Prefixes: facts})
+	bd.apply(policy100k())
 	if st := bd.m.V4Direct(); !st.Used {
 		b.Fatalf("ipv4 direct table not in use: %+v", st)
 	} else {
@@ -209,15 +199,104 @@ func rules100k(b *testing.B) *benchCase {
 	src[3] = 9
 	c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(netip.AddrFrom4(src))}, want: xdpPass}
 	pass := cached(b, "pass", passCase)
-	c.extras = []extraMetric{{"x-pass", func(b *testing.B) float64 {
-		var rules, base time.Duration
-		for range 20 {
-			rules += steadyRun(b, c.prog, c.frames[0], 1<<17)
-			base += steadyRun(b, pass.prog, pass.frames[0], 1<<17)
-		}
-		return float64(rules) / float64(base)
-	}}}
+
+	newSrc := []*newSourceRun{newSources100k(b, true), newSources100k(b, false)}
+	var newSrcNs [2]float64 // direct, trie: from the last measurement
+	c.extras = []extraMetric{
+		{"x-pass", func(b *testing.B) float64 {
+			var rules, base time.Duration
+			for range 20 {
+				rules += steadyRun(b, c.prog, c.frames[0], 1<<17)
+				base += steadyRun(b, pass.prog, pass.frames[0], 1<<17)
+			}
+			return float64(rules) / float64(base)
+		}},
+		{"new-src-ns/pkt", func(b *testing.B) float64 {
+			var sum [2]time.Duration
+			for range 4 {
+				for i, r := range newSrc {
+					sum[i] += r.run(b, 1<<18)
+				}
+			}
+			for i := range sum {
+				newSrcNs[i] = float64(sum[i].Nanoseconds()) / 4
+			}
+			return newSrcNs[0]
+		}},
+		{"new-src-trie-ns/pkt", func(b *testing.B) float64 { return newSrcNs[1] }},
+	}
 	return c
+}
+
+// asn24 is the address of ASN /24 number i of policy100k: 1.0.0.0 + i*256.
+func asn24(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(1 + i>>16), byte(i >> 8), byte(i), 0})
+}
+
+// policy100k is rules_100k's policy: rules 0 (default) to 100,000, and
+// 500,000 ASN /24 facts, rule j being the first /28 of ASN /24 number 5j.
+func policy100k() maps.Generation {
+	const (
+		nRules = 100_000
+		nASN   = 500_000
+	)
+	rules := make([]maps.Rule, 0, nRules+1)
+	for id := uint32(0); id <= nRules; id++ {
+		rules = append(rules, generousRule(id))
+	}
+	asnOf := func(i int) uint32 { return 64512 + uint32(i%1000) }
+	facts := make([]maps.PrefixFact, 0, nASN+nRules)
+	for i := 0; i < nASN; i++ {
+		facts = append(facts, maps.PrefixFact{Prefix: netip.PrefixFrom(asn24(i), 24), ASN: asnOf(i), Country: [2]byte{'Z', 'Z'}})
+	}
+	for j := 1; j <= nRules; j++ {
+		facts = append(facts, maps.PrefixFact{Prefix: netip.PrefixFrom(asn24(5*j), 28), RuleID: uint32(j), ASN: asnOf(5 * j), Country: [2]byte{'Z', 'Z'}})
+	}
+	return maps.Generation{Settings: enforce(), Rules: rules, Prefixes: facts}
+}
+
+// newSourceRun is a datapath fed a new source on every packet.
+type newSourceRun struct {
+	feed    *sourceFeeder
+	frame   []byte
+	advance func(frame []byte, runs int)
+}
+
+// newSources100k loads policy100k with (direct) or without the IPv4 direct
+// table on a datapath set up like random_src's (2^20 per-source table
+// filled under an id no rule has), fed sources from 4.0.0.0/6.
+func newSources100k(b *testing.B, direct bool) *newSourceRun {
+	in := netip.MustParsePrefix("4.0.0.0/6")
+	bd := loadBench(b, loader.Sizes{MaxRules: 1 << 17, SrcEntries: 1 << 20, AggEntries: 4096, PrefixEntries: 1 << 20, ListEntries: 1024, L4Entries: 64})
+	if !direct {
+		bd.m.SetV4DirectMinFacts(math.MaxInt)
+	}
+	bd.apply(policy100k())
+	if got := bd.m.V4Direct().Used; got != direct {
+		b.Fatalf("ipv4 direct table in use: %v, want %v", got, direct)
+	}
+	fillSrc(b, bd, 1<<20, 1<<20)
+	r := &newSourceRun{
+		feed:    newSourceFeederIn(b, bd.prog(), ebpf.AttachXDP, in),
+		frame:   benchFrame(netip.MustParseAddr("4.0.0.1")),
+		advance: advanceSourceIn(in),
+	}
+	r.run(b, 1) // untimed warm-up
+	return r
+}
+
+// run is the kernel's mean time per packet over n packets, each from a new
+// source.
+func (r *newSourceRun) run(b *testing.B, n int) time.Duration {
+	ret, d, err := r.feed.prog.Benchmark(r.frame, n, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if ret != xdpPass {
+		b.Fatalf("new source: verdict %d, want XDP_PASS", ret)
+	}
+	r.advance(r.frame, n)
+	return d
 }
 
 // steadyRun is the kernel's mean time per run over n runs of one frame.

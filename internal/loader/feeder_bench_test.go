@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -76,6 +77,77 @@ func newSourceFeeder(tb testing.TB, target *ebpf.Program, at ebpf.AttachType) *s
 	return &sourceFeeder{prog: prog, calls: calls}
 }
 
+// newSourceFeederIn is newSourceFeeder for sources inside an IPv4 prefix:
+// the host bits of the source (in network order) step through the same
+// sequence modulo 2^(32-bits), which is also full-period, so no source
+// repeats within 2^(32-bits) packets. The feeder converts the address to
+// host order and back (two byte swaps more than newSourceFeeder).
+func newSourceFeederIn(tb testing.TB, target *ebpf.Program, at ebpf.AttachType, in netip.Prefix) *sourceFeeder {
+	tb.Helper()
+	if !in.Addr().Is4() || in.Bits() < 1 {
+		tb.Fatalf("source feeder range %s: want an IPv4 prefix of at least /1", in)
+	}
+	mask, base := prefixMaskBase(in)
+	calls, err := ebpf.NewMap(&ebpf.MapSpec{Name: "feeder_calls", Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		tb.Fatalf("create feeder program array: %v", err)
+	}
+	if err := calls.Put(uint32(0), target); err != nil {
+		calls.Close()
+		tb.Fatalf("put program under test into the feeder's program array: %v", err)
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "source_feeder", Type: ebpf.XDP, AttachType: at, License: "MIT",
+		Instructions: asm.Instructions{
+			asm.Mov.Reg(asm.R6, asm.R1),
+			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
+			asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
+			asm.Mov.Reg(asm.R4, asm.R2),
+			asm.Add.Imm(asm.R4, ipv4SrcOffset+4),
+			asm.JGT.Reg(asm.R4, asm.R3, "out"),
+			asm.LoadMem(asm.R5, asm.R2, ipv4SrcOffset, asm.Word),
+			asm.HostTo(asm.BE, asm.R5, asm.Word), // network order to a number
+			asm.Mul.Imm32(asm.R5, lcgMul),
+			asm.Add.Imm32(asm.R5, lcgAdd),
+			asm.And.Imm32(asm.R5, int32(mask)),
+			asm.Or.Imm32(asm.R5, int32(base)),
+			asm.HostTo(asm.BE, asm.R5, asm.Word),
+			asm.StoreMem(asm.R2, ipv4SrcOffset, asm.R5, asm.Word),
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.LoadMapPtr(asm.R2, calls.FD()),
+			asm.Mov.Imm(asm.R3, 0),
+			asm.FnTailCall.Call(),
+			asm.Mov.Imm(asm.R0, 0).WithSymbol("out"), // XDP_ABORTED: the tail call failed
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		calls.Close()
+		tb.Fatalf("load source feeder: %v", err)
+	}
+	return &sourceFeeder{prog: prog, calls: calls}
+}
+
+// prefixMaskBase returns an IPv4 prefix's host-bit mask and its first
+// address, as numbers.
+func prefixMaskBase(in netip.Prefix) (mask, base uint32) {
+	mask = uint32(1)<<(32-in.Bits()) - 1
+	a := in.Masked().Addr().As4()
+	return mask, binary.BigEndian.Uint32(a[:])
+}
+
+// advanceSourceIn is advanceSource for newSourceFeederIn(in).
+func advanceSourceIn(in netip.Prefix) func(frame []byte, runs int) {
+	mask, base := prefixMaskBase(in)
+	return func(frame []byte, runs int) {
+		x := binary.BigEndian.Uint32(frame[ipv4SrcOffset:])
+		for range runs {
+			x = lcgNext(x)&mask | base
+		}
+		binary.BigEndian.PutUint32(frame[ipv4SrcOffset:], x)
+	}
+}
+
 func (f *sourceFeeder) Close() {
 	f.prog.Close()
 	f.calls.Close()
@@ -101,5 +173,37 @@ func TestSourceFeederAdvancesEveryRun(t *testing.T) {
 	advanceSource(frame, runs)
 	if got, want := binary.NativeEndian.Uint32(opts.DataOut[ipv4SrcOffset:]), binary.NativeEndian.Uint32(frame[ipv4SrcOffset:]); got != want {
 		t.Fatalf("source after %d runs = %#x, want %#x (from %#x)", runs, got, want, start)
+	}
+}
+
+// TestSourceFeederInStaysInPrefix: the ranged feeder's sources stay inside
+// its prefix, the Go mirror follows it, and none repeats over many runs.
+func TestSourceFeederInStaysInPrefix(t *testing.T) {
+	requireRoot(t)
+	bare := bareDrop(t)
+	defer bare.Close()
+	in := netip.MustParsePrefix("4.0.0.0/6")
+	f := newSourceFeederIn(t, bare, ebpf.AttachNone, in)
+	defer f.Close()
+	advance := advanceSourceIn(in)
+	frame := benchFrame(netip.MustParseAddr("4.0.0.1"))
+	seen := map[netip.Addr]bool{}
+	for i := range 5000 {
+		opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)), Repeat: 1}
+		if r, err := f.prog.Run(opts); err != nil || r != xdpDrop {
+			t.Fatalf("run %d: verdict %d, err %v", i, r, err)
+		}
+		advance(frame, 1)
+		src := netip.AddrFrom4([4]byte(opts.DataOut[ipv4SrcOffset : ipv4SrcOffset+4]))
+		if got := netip.AddrFrom4([4]byte(frame[ipv4SrcOffset : ipv4SrcOffset+4])); got != src {
+			t.Fatalf("run %d: kernel wrote %s, the Go mirror says %s", i, src, got)
+		}
+		if !in.Contains(src) {
+			t.Fatalf("run %d: source %s outside %s", i, src, in)
+		}
+		if seen[src] {
+			t.Fatalf("run %d: source %s repeats", i, src)
+		}
+		seen[src] = true
 	}
 }
