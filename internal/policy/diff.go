@@ -100,6 +100,7 @@ func (d *differ) settings(a, b *Compiled) {
 	d.field("setting tables.prefix_entries", num(a.Tables.PrefixEntries), num(b.Tables.PrefixEntries))
 	d.field("setting tables.list_entries", num(a.Tables.ListEntries), num(b.Tables.ListEntries))
 	d.field("setting tables.max_rules", num(a.Tables.MaxRules), num(b.Tables.MaxRules))
+	d.field("setting tables.ipv4_direct_chunks", num(a.Tables.IPv4DirectChunks), num(b.Tables.IPv4DirectChunks))
 	d.field("setting metrics.listen", orNone(a.Metrics.Listen), orNone(b.Metrics.Listen))
 	d.field("setting asn_data.path", orNone(a.ASNData.Path), orNone(b.ASNData.Path))
 	d.field("setting asn_data.format", orNone(string(a.ASNData.Format)), orNone(string(b.ASNData.Format)))

@@ -74,6 +74,10 @@ func TestParseProblems(t *testing.T) {
 		{"max rules", "apiVersion: edgeguard/v1\ntables: {max_rules: 1}\nrules: [{name: r, match: {prefixes: [10.0.0.0/8]}}]\n", "p.yaml:2:21: tables.max_rules is 1 but the policy has 1 rules plus the default rule; raise it to at least 2"},
 		{"prefix table", "apiVersion: edgeguard/v1\ntables: {prefix_entries: 1}\nrules: [{name: r, match: {prefixes: [10.0.0.0/8, 11.0.0.0/8]}}]\n", "tables.prefix_entries is 1 but the rules name 2 prefixes"},
 		{"list table", "apiVersion: edgeguard/v1\ntables: {list_entries: 1}\nlists: {deny: [10.0.0.0/8, 11.0.0.0/8]}\n", "tables.list_entries is 1 but the deny and allow lists hold 2"},
+		{"ipv4 direct chunks zero", "apiVersion: edgeguard/v1\ntables: {ipv4_direct_chunks: 0}\n", `p.yaml:2:30: tables.ipv4_direct_chunks "0" must be a whole number from 1 to 67108864`},
+		{"ipv4 direct chunks too many", "apiVersion: edgeguard/v1\ntables:\n  ipv4_direct_chunks: 67108865\n", `p.yaml:3:23: tables.ipv4_direct_chunks "67108865" must be a whole number from 1 to 67108864`},
+		{"ipv4 direct chunks not a number", "apiVersion: edgeguard/v1\ntables: {ipv4_direct_chunks: 1M}\n", `p.yaml:2:30: tables.ipv4_direct_chunks "1M" must be a whole number`},
+		{"ipv4 direct chunks misspelt", "apiVersion: edgeguard/v1\ntables: {ipv4_direct_chunk: 1}\n", `p.yaml:2:10: unknown field "ipv4_direct_chunk" in tables; allowed: per_source_entries, aggregate_entries, prefix_entries, list_entries, max_rules, ipv4_direct_chunks`},
 		{"list file errors", "apiVersion: edgeguard/v1\nlists: {deny: [{file: d.txt}]}\n", "d.txt:2:1: bad CIDR \"x\""},
 		{"list file missing", "apiVersion: edgeguard/v1\nlists: {deny: [{file: nope.txt}]}\n", `p.yaml:2:23: lists.deny file "nope.txt": no such file`},
 		{"file with expiry", "apiVersion: edgeguard/v1\nlists: {deny: [{file: ok.txt, expires: 2026-01-01}]}\n", "expires applies to a cidr entry, not to a file"},
@@ -158,6 +162,25 @@ l7:
 	}
 	if p.L7 == nil || p.L7.Line != 25 {
 		t.Errorf("l7 node = %+v, want kept with its position", p.L7)
+	}
+}
+
+// TestTablesIPv4DirectChunks: the IPv4 direct table's budget is a tables:
+// field like the map sizes, defaulting to the data plane's default.
+func TestTablesIPv4DirectChunks(t *testing.T) {
+	p, err := parseString(t, "apiVersion: edgeguard/v1\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Tables.IPv4DirectChunks; got != 1<<18 {
+		t.Errorf("default ipv4_direct_chunks = %d, want %d", got, 1<<18)
+	}
+	p, err = parseString(t, "apiVersion: edgeguard/v1\ntables: {max_rules: 8, ipv4_direct_chunks: 4096}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Tables.IPv4DirectChunks != 4096 || p.Tables.MaxRules != 8 || p.Tables.PrefixEntries != DefaultTables().PrefixEntries {
+		t.Errorf("tables = %+v", p.Tables)
 	}
 }
 

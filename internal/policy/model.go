@@ -210,13 +210,19 @@ type ListEntry struct {
 	Source string
 }
 
-// Tables are the capacities of the data plane's maps, in entries.
+// Tables are the capacities of the data plane's maps, in entries, and the
+// IPv4 direct table's budget, in chunks.
 type Tables struct {
 	PerSourceEntries uint32
 	AggregateEntries uint32
 	PrefixEntries    uint32
 	ListEntries      uint32
 	MaxRules         uint32
+	// IPv4DirectChunks is the IPv4 direct table's budget of 16-entry
+	// chunks per policy generation (the data plane's Sizes.V4Chunks): a
+	// policy whose IPv4 prefix facts need more uses the prefix trie for
+	// IPv4 sources, with the same answers but slower per packet.
+	IPv4DirectChunks uint32
 }
 
 // DefaultTables returns the capacities used for fields the file leaves out.
@@ -227,6 +233,7 @@ func DefaultTables() Tables {
 		PrefixEntries:    1 << 20,
 		ListEntries:      1 << 16,
 		MaxRules:         1 << 10,
+		IPv4DirectChunks: 1 << 18, // as the data plane's default
 	}
 }
 

@@ -760,7 +760,8 @@ func ParseCountry(s string) (Country, error) {
 // later messages about them.
 func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.Node) {
 	out := base
-	f := ps.Fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules")
+	f := ps.Fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules",
+		"ipv4_direct_chunks")
 	set := func(key string, dst *uint32) {
 		if v, ok := f[key]; ok {
 			if u, ok := ps.UintIn(v, "tables."+key, 1, 1<<26); ok {
@@ -773,6 +774,7 @@ func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.No
 	set("prefix_entries", &out.PrefixEntries)
 	set("list_entries", &out.ListEntries)
 	set("max_rules", &out.MaxRules)
+	set("ipv4_direct_chunks", &out.IPv4DirectChunks)
 	return out, f
 }
 
