@@ -30,29 +30,50 @@ func newStatusCommand() *cobra.Command {
 		if *asJSON {
 			return printJSON(cmd.OutOrStdout(), st)
 		}
-		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintf(w, "policy\t%s (generation %d, data plane half %d, mode %s)\n", st.Policy, st.Generation, st.DataGen, st.Mode)
-		r := st.LastReload
-		result := "ok"
-		if !r.OK {
-			result = "FAILED: " + r.Error
-		}
-		fmt.Fprintf(w, "last reload\t%s by %s: %s\n", r.Time.Format(time.RFC3339), r.Trigger, result)
-		fmt.Fprintf(w, "program\tid %d, pins under %s\n", st.ProgramID, st.PinDir)
-		for _, i := range st.Interfaces {
-			fmt.Fprintf(w, "interface\t%s (ifindex %d), xdp %s\n", i.Name, i.Ifindex, i.XDPMode)
-		}
-		fmt.Fprintf(w, "asn data\t%d entries\n", st.ASNEntries)
-		for _, m := range st.Maps {
-			fill := ""
-			if m.Entries > 0 || m.Name == "src_buckets" || m.Name == "agg_buckets" || m.Name == "lists" {
-				fill = fmt.Sprintf(", %d/%d (%.1f%%)", m.Entries, m.Capacity, 100*float64(m.Entries)/float64(max(m.Capacity, 1)))
-			}
-			fmt.Fprintf(w, "map\t%s id %d, capacity %d%s\n", m.Name, m.ID, m.Capacity, fill)
-		}
-		return w.Flush()
+		return writeStatus(cmd.OutOrStdout(), st)
 	}
 	return cmd
+}
+
+func writeStatus(out io.Writer, st control.Status) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "policy\t%s (generation %d, data plane half %d, mode %s)\n", st.Policy, st.Generation, st.DataGen, st.Mode)
+	r := st.LastReload
+	result := "ok"
+	if !r.OK {
+		result = "FAILED: " + r.Error
+	}
+	fmt.Fprintf(w, "last reload\t%s by %s: %s\n", r.Time.Format(time.RFC3339), r.Trigger, result)
+	fmt.Fprintf(w, "program\tid %d, pins under %s\n", st.ProgramID, st.PinDir)
+	for _, i := range st.Interfaces {
+		fmt.Fprintf(w, "interface\t%s (ifindex %d), xdp %s\n", i.Name, i.Ifindex, i.XDPMode)
+	}
+	fmt.Fprintf(w, "asn data\t%d entries\n", st.ASNEntries)
+	fmt.Fprintf(w, "ipv4 lookup\t%s\n", ipv4Lookup(st.IPv4Direct))
+	for _, m := range st.Maps {
+		fill := ""
+		if m.Entries > 0 || m.Name == "src_buckets" || m.Name == "agg_buckets" || m.Name == "lists" {
+			fill = fmt.Sprintf(", %d/%d (%.1f%%)", m.Entries, m.Capacity, 100*float64(m.Entries)/float64(max(m.Capacity, 1)))
+		}
+		fmt.Fprintf(w, "map\t%s id %d, capacity %d%s\n", m.Name, m.ID, m.Capacity, fill)
+	}
+	return w.Flush()
+}
+
+// ipv4Lookup says how the active generation looks IPv4 sources up.
+func ipv4Lookup(v control.IPv4Direct) string {
+	if v.InUse {
+		return fmt.Sprintf("direct table, %d/%d chunks (%.1f%%), %d IPv4 prefix facts",
+			v.Chunks, v.CapacityChunks, 100*float64(v.Chunks)/float64(max(v.CapacityChunks, 1)), v.IPv4Facts)
+	}
+	s := "prefix trie"
+	if v.OverBudget {
+		s += fmt.Sprintf(", direct table OVER BUDGET (%d IPv4 prefix facts)", v.IPv4Facts)
+	}
+	if v.Reason != "" {
+		s += ": " + v.Reason
+	}
+	return s
 }
 
 func newStatsCommand() *cobra.Command {

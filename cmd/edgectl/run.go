@@ -90,8 +90,9 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 	cmd.Flags().StringVar(&metrics, "metrics-listen", "", `metrics address, overriding the policy's ("off" disables)`)
 	cmd.Flags().BoolVar(&keep, "keep", false, "on stop, keep the program attached and enforcing (pinned)")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between counter lines (0: none)")
-	cmd.Flags().Uint32Var(&v4Chunks, "ipv4-direct-chunks", loader.DefaultSizes().V4Chunks,
-		"IPv4 direct table budget, 128-byte chunks per policy generation, allocated twice at start")
+	cmd.Flags().Uint32Var(&v4Chunks, "ipv4-direct-chunks", 0,
+		"IPv4 direct table budget, 128-byte chunks per policy generation, allocated twice at start; "+
+			"overrides the policy's tables.ipv4_direct_chunks (0: the policy's, default 262144)")
 	return cmd
 }
 

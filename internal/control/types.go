@@ -29,6 +29,20 @@ type Status struct {
 	Maps       []MapInfo   `json:"maps"`
 	PinDir     string      `json:"pin_dir"`
 	ASNEntries int         `json:"asn_entries"`
+	IPv4Direct IPv4Direct  `json:"ipv4_direct_table"`
+}
+
+// IPv4Direct says how the active policy generation looks IPv4 sources up:
+// in the IPv4 direct table (a few array loads) or, when the policy has few
+// IPv4 prefix facts or its table does not fit the budget, in the prefix
+// trie (the same answers, slower per packet with many facts).
+type IPv4Direct struct {
+	InUse          bool   `json:"in_use"`
+	IPv4Facts      int    `json:"ipv4_facts"`       // IPv4 prefix facts of the generation
+	Chunks         int    `json:"chunks"`           // chunks the table uses; 0 when not in use
+	CapacityChunks int    `json:"capacity_chunks"`  // budget per generation, fixed at load
+	OverBudget     bool   `json:"over_budget"`      // a table was wanted but needs more than the budget
+	Reason         string `json:"reason,omitempty"` // why the trie is used, when not in use
 }
 
 // ReloadInfo is the outcome of the last policy load.

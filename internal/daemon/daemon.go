@@ -47,8 +47,9 @@ type Options struct {
 	MetricsListen string
 	// Keep leaves the program attached and enforcing when the daemon stops.
 	Keep bool
-	// IPv4DirectChunks is the IPv4 direct table's chunk budget per
-	// generation (loader Sizes.V4Chunks); 0 takes the loader's default.
+	// IPv4DirectChunks, if set, is the IPv4 direct table's chunk budget
+	// per generation (loader Sizes.V4Chunks), overriding the policy's
+	// tables.ipv4_direct_chunks; 0 takes the policy's.
 	IPv4DirectChunks uint32
 	// Interval between counter lines on Out; 0 disables them.
 	Interval time.Duration
@@ -122,23 +123,7 @@ func Run(ctx context.Context, o Options) error {
 }
 
 func start(ctx context.Context, o Options) (_ *Daemon, err error) {
-	log := o.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if o.PollInterval <= 0 {
-		o.PollInterval = 2 * time.Second
-	}
-	d := &Daemon{
-		opts:        o,
-		log:         log,
-		dyn:         map[control.ListKind]map[netip.Prefix]dynEntry{control.Deny: {}, control.Allow: {}},
-		atts:        map[string]*loader.Attachment{},
-		history:     newHistory(16),
-		top:         newTopTalkers(5 * time.Minute),
-		escalations: make(chan control.ListChange, 256),
-	}
-	d.reg = d.newRegistry()
+	d := newDaemon(o)
 	if err := d.lockState(); err != nil {
 		return nil, err
 	}
@@ -157,32 +142,61 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if len(ifaces) == 0 {
 		return nil, errors.New("no interface to protect: list interfaces in the policy or pass --iface IFACE")
 	}
-	t := next.pol.Tables
-	d.dp, err = loader.Load(loader.Options{
-		Sizes: loader.Sizes{
-			MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
-			PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: o.IPv4DirectChunks,
-		},
-		PinDir: o.PinDir, Logger: log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			d.dp.Close()
-		}
-	}()
-	d.m = maps.New(d.dp)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.commit(next, "start"); err != nil {
+	if err := d.loadDatapath(next); err != nil {
 		return nil, err
 	}
 	if err := d.syncAttachments(); err != nil {
+		d.dp.Close()
 		return nil, err
 	}
 	return d, nil
+}
+
+// loadDatapath loads (or re-opens from the pins) the data plane with the
+// policy's table sizes and applies the policy. Caller holds d.mu.
+func (d *Daemon) loadDatapath(next running) error {
+	t := next.pol.Tables
+	dp, err := loader.Load(loader.Options{
+		Sizes: loader.Sizes{
+			MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
+			PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: d.v4Chunks(t),
+		},
+		PinDir: d.opts.PinDir, Logger: d.log,
+	})
+	if err != nil {
+		return err
+	}
+	d.dp, d.m = dp, maps.New(dp)
+	if err := d.commit(next, "start"); err != nil {
+		dp.Close()
+		return err
+	}
+	return nil
+}
+
+// newDaemon is a daemon with nothing loaded yet: its options with
+// defaults, empty run-time state and its metrics registry.
+func newDaemon(o Options) *Daemon {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 2 * time.Second
+	}
+	d := &Daemon{
+		opts:        o,
+		log:         log,
+		dyn:         map[control.ListKind]map[netip.Prefix]dynEntry{control.Deny: {}, control.Allow: {}},
+		atts:        map[string]*loader.Attachment{},
+		history:     newHistory(16),
+		top:         newTopTalkers(5 * time.Minute),
+		escalations: make(chan control.ListChange, 256),
+	}
+	d.reg = d.newRegistry()
+	return d
 }
 
 // wantIfaces are the interfaces to attach to, with their modes.
@@ -278,12 +292,21 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	return running{source: source, raw: raw, pol: p, compiled: c, names: names, l7: l7cfg, l7raw: l7raw}, nil
 }
 
+// v4Chunks is the IPv4 direct table's budget: the flag's, else the
+// policy's.
+func (d *Daemon) v4Chunks(t policy.Tables) uint32 {
+	if d.opts.IPv4DirectChunks != 0 {
+		return d.opts.IPv4DirectChunks
+	}
+	return t.IPv4DirectChunks
+}
+
 // checkSizes refuses table sizes that differ from the loaded maps: those
 // are fixed at load time.
 func (d *Daemon) checkSizes(t policy.Tables) error {
 	s := d.dp.Sizes
 	if t.MaxRules != s.MaxRules || t.PerSourceEntries != s.SrcEntries || t.AggregateEntries != s.AggEntries ||
-		t.PrefixEntries != s.PrefixEntries || t.ListEntries != s.ListEntries {
+		t.PrefixEntries != s.PrefixEntries || t.ListEntries != s.ListEntries || d.v4Chunks(t) != s.V4Chunks {
 		return fmt.Errorf("tables: sizes differ from the loaded maps (%+v); table sizes are fixed at load time: "+
 			"restart with 'edgectl detach --unpin' first (all limiter state is lost)", s)
 	}

@@ -31,6 +31,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	d.registerXDP(reg)
+	reg.MustRegister(newV4DirectCollector(d))
 	return reg
 }
 

@@ -189,8 +189,8 @@ func (m *Maps) writeV4Direct(gen uint32, facts []PrefixFact) (V4DirectStatus, er
 	t, ok := buildV4Table(background, v4, budget)
 	if !ok {
 		st.Chunks = budget + 1
-		st.Reason = fmt.Sprintf("the IPv4 direct table needs more than %d chunks: "+
-			"raise the budget (edgectl run --ipv4-direct-chunks)", budget)
+		st.Reason = fmt.Sprintf("the IPv4 direct table needs more than %d chunks: raise the policy's "+
+			"tables.ipv4_direct_chunks (or edgectl run --ipv4-direct-chunks), which takes 'edgectl detach --unpin'", budget)
 		return st, nil
 	}
 	st.Used, st.Chunks = true, len(t.chunks)

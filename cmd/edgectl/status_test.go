@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden files")
+
+// statusFixture is a daemon's status as the control socket returns it,
+// with the IPv4 lookup of the active generation set by the caller.
+func statusFixture(v4 control.IPv4Direct) control.Status {
+	return control.Status{
+		Version: "v1.2.3", Policy: "/etc/edgeguard/edgeguard.yaml", Generation: 7, DataGen: 1,
+		LastReload: control.ReloadInfo{Time: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), OK: true, Trigger: "sighup"},
+		Mode:       "enforce",
+		Interfaces: []control.Interface{{Name: "eth0", Ifindex: 2, XDPMode: "native"}},
+		ProgramID:  42,
+		Maps: []control.MapInfo{
+			{Name: "src_buckets", ID: 10, Entries: 12, Capacity: 1048576},
+			{Name: "lists", ID: 12, Entries: 4, Capacity: 65536},
+			{Name: "rules", ID: 13, Capacity: 2048},
+		},
+		PinDir: "/sys/fs/bpf/edgeguard", ASNEntries: 500000,
+		IPv4Direct: v4,
+	}
+}
+
+// TestStatusGolden pins `edgectl status` and `edgectl status --json` for
+// the three ways the active generation can look IPv4 sources up.
+func TestStatusGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v4   control.IPv4Direct
+	}{
+		{"direct", control.IPv4Direct{InUse: true, IPv4Facts: 600000, Chunks: 133205, CapacityChunks: 262144}},
+		{"over_budget", control.IPv4Direct{IPv4Facts: 600000, CapacityChunks: 65536, OverBudget: true,
+			Reason: "the IPv4 direct table needs more than 65536 chunks: raise the policy's tables.ipv4_direct_chunks " +
+				"(or edgectl run --ipv4-direct-chunks), which takes 'edgectl detach --unpin'"}},
+		{"few_facts", control.IPv4Direct{IPv4Facts: 3, CapacityChunks: 262144,
+			Reason: "3 IPv4 prefix facts, fewer than 1024: the trie is small"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := statusFixture(tc.v4)
+			var text, js bytes.Buffer
+			if err := writeStatus(&text, st); err != nil {
+				t.Fatal(err)
+			}
+			if err := printJSON(&js, st); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "status_"+tc.name+".golden", text.Bytes())
+			golden(t, "status_"+tc.name+".golden.json", js.Bytes())
+		})
+	}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run %s -update to create it)", err, t.Name())
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("output differs from %s (rerun with -update after checking):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
