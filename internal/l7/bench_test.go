@@ -218,6 +218,31 @@ func BenchmarkL7Middleware(b *testing.B) {
 			b.Fatal(err)
 		}
 		h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		if !legacy {
+			// The same with a RateLimit value that changes on (almost)
+			// every request, so the header value cache misses: T = 100µs
+			// is longer than a request takes, and r falls.
+			cmw, err := NewMiddleware(Config{Rules: []Rule{{
+				Name: "per-ip", Key: k.IP(),
+				Algorithm: mustAlg(NewGCRA(10_000, time.Second, 1<<40)),
+				Store:     StoreConfig{Capacity: 1 << 16},
+			}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ch := cmw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			b.Run(name+"_changing/serial", func(b *testing.B) {
+				r := httptest.NewRequest(http.MethodGet, "/v1/items", nil)
+				r.RemoteAddr = "192.0.2.1:1234"
+				w := &discardWriter{h: http.Header{}}
+				b.ReportAllocs()
+				defer cpuPerOp(b)()
+				for b.Loop() {
+					clear(w.h)
+					ch.ServeHTTP(w, r)
+				}
+			})
+		}
 		b.Run(name+"/serial", func(b *testing.B) {
 			r := httptest.NewRequest(http.MethodGet, "/v1/items", nil)
 			r.RemoteAddr = "192.0.2.1:1234"

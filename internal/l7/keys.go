@@ -122,9 +122,64 @@ func (k *Keys) HashAddr(addr netip.Addr) uint64 {
 	return mix(mix(tagIP, binary.BigEndian.Uint64(b[:8])), binary.BigEndian.Uint64(b[8:]))
 }
 
+// hashIPv4 is HashAddr of the IPv4 address a (big-endian): its 16-byte
+// form is ::ffff:a, so the first word is 0.
+func (k *Keys) hashIPv4(a uint32) uint64 {
+	a &= ^uint32(0) << (32 - k.v4bits)
+	return mix(mix(tagIP, 0), 0xffff<<32|uint64(a))
+}
+
+// parseIPv4Port parses "a.b.c.d:port", the form net/http gives
+// RemoteAddr for an IPv4 peer, into the address (big-endian). It accepts
+// what netip.ParseAddrPort accepts in that form and declines (ok false)
+// anything else, which the caller then parses in full.
+func parseIPv4Port(s string) (uint32, bool) {
+	var a uint32
+	i := 0
+	for part := range 4 {
+		start := i
+		v := 0
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' && i-start < 3 {
+			v = v*10 + int(s[i]-'0')
+			i++
+		}
+		if i == start || v > 255 || (i-start > 1 && s[start] == '0') {
+			return 0, false
+		}
+		a = a<<8 | uint32(v)
+		sep := byte('.')
+		if part == 3 {
+			sep = ':'
+		}
+		if i >= len(s) || s[i] != sep {
+			return 0, false
+		}
+		i++
+	}
+	if n := len(s) - i; n < 1 || n > 5 {
+		return 0, false
+	}
+	port := 0
+	for ; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		port = port*10 + int(c-'0')
+	}
+	return a, port <= 65535
+}
+
 // IP keys by client address (ClientIP), grouped by prefix.
 func (k *Keys) IP() KeyFunc {
 	return func(r *http.Request) (uint64, bool) {
+		if len(k.trusted) == 0 {
+			// The common case, an IPv4 peer and no proxy to believe:
+			// HashAddr's result without netip's general parser.
+			if a, ok := parseIPv4Port(r.RemoteAddr); ok {
+				return k.hashIPv4(a), true
+			}
+		}
 		addr, ok := k.ClientIP(r)
 		if !ok {
 			return 0, false

@@ -1,6 +1,8 @@
 package l7
 
 import (
+	"encoding/binary"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -150,5 +152,38 @@ func TestKeyExtractionDoesNotAllocate(t *testing.T) {
 		if a := testing.AllocsPerRun(100, func() { fn(r); fn(r6) }); a != 0 {
 			t.Errorf("%s: %.1f allocs per extraction, want 0", name, a)
 		}
+	}
+}
+
+// TestIPv4FastPathMatchesParser: the RemoteAddr fast path gives HashAddr's
+// key for every address and prefix length, and declines what it does not
+// parse exactly as netip does.
+func TestIPv4FastPathMatchesParser(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, bits := range []int{32, 24, 17, 1} {
+		k := newKeys(t, KeyConfig{IPv4PrefixLen: bits})
+		for range 2000 {
+			var b [4]byte
+			binary.BigEndian.PutUint32(b[:], r.Uint32())
+			addr := netip.AddrFrom4(b)
+			s := netip.AddrPortFrom(addr, uint16(r.IntN(65536))).String()
+			a, ok := parseIPv4Port(s)
+			if !ok {
+				t.Fatalf("%q declined", s)
+			}
+			if got, want := k.hashIPv4(a), k.HashAddr(addr); got != want {
+				t.Fatalf("/%d %q: fast key %x, HashAddr %x", bits, s, got, want)
+			}
+		}
+	}
+	for _, s := range []string{"", "1.2.3.4", "1.2.3.4:", "1.2.3:80", "01.2.3.4:80", "1.2.3.256:80", "1.2.3.4:65536",
+		"1.2.3.4:8x", "1.2.3.4:123456", "1.2.3.4.5:80", "[::1]:80", "1.2.3.4:80:1", "1234.2.3.4:80", " 1.2.3.4:80"} {
+		if _, ok := parseIPv4Port(s); ok {
+			ap, err := netip.ParseAddrPort(s)
+			t.Fatalf("%q accepted by the fast path (netip: %v %v)", s, ap, err)
+		}
+	}
+	if a, ok := parseIPv4Port("0.0.0.0:0"); !ok || a != 0 {
+		t.Fatalf("0.0.0.0:0: %x %v", a, ok)
 	}
 }

@@ -3,6 +3,7 @@ package l7
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -121,6 +122,9 @@ type Middleware struct {
 	legacy     bool
 	jitterSec  int64
 	descs      metricDescs
+	// values caches header values by content (see setHeaders).
+	valueSeed maphash.Seed
+	values    *[valueCacheSize]atomic.Pointer[[1]string]
 }
 
 // ValidName reports whether s may name a rule or tier: 1 to 64 of
@@ -150,6 +154,8 @@ func NewMiddleware(cfg Config) (*Middleware, error) {
 		legacy:     cfg.LegacyHeaders,
 		jitterSec:  ceilDiv(int64(cfg.RetryJitter), int64(time.Second)),
 		descs:      newMetricDescs(),
+		valueSeed:  maphash.MakeSeed(),
+		values:     new([valueCacheSize]atomic.Pointer[[1]string]),
 	}
 	if m.clock == nil {
 		m.clock = NewSystemClock()
@@ -293,15 +299,13 @@ func (m *Middleware) tierFor(r *http.Request) *tier {
 // serve decides for r, writes the headers, and the 429 if rejected. It
 // returns whether to call the next handler.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
-	var p Pending
-	m.Decide(r, &p)
+	var p verdict
+	m.decide(r, &p, nil)
 	if p.n == 0 {
 		return true
 	}
-	if p.allowed {
-		p.Commit()
-	}
-	return m.Respond(w, &p, nil)
+	p.commit()
+	return m.respond(w, &p, nil)
 }
 
 // retrySeconds rounds up to whole seconds, at least 1: a client retrying
@@ -310,12 +314,94 @@ func retrySeconds(d time.Duration) int64 {
 	return max(1, ceilDiv(int64(d), int64(time.Second)))
 }
 
-// headerBlock holds one response's dynamic header values: one allocation
-// for all of them. The strings point into buf, which is never written again
-// after they are made.
+// headerBlock holds the header values of one response that were not in
+// the value cache: one allocation for all of them. The strings point into
+// buf, which is never written again after they are made.
 type headerBlock struct {
-	vals [5]string
+	vals [maxHeaderValues]string
 	buf  [128]byte // fits one or two rules; more grows buf (one more allocation)
+}
+
+// smallHeaderBlock is a headerBlock for the usual miss: one or two values
+// of up to 40 bytes together (a one-rule RateLimit value), 72 bytes
+// instead of 208: less to allocate, clear and collect.
+type smallHeaderBlock struct {
+	vals [2]string
+	buf  [40]byte
+}
+
+const maxHeaderValues = 5
+
+// valueCacheSize is the number of slots of a Middleware's header value
+// cache (8 KiB of pointers).
+const valueCacheSize = 1024
+
+// headerValues are one response's dynamic header values, built in a
+// buffer on the stack before they are looked up in the cache.
+type headerValues struct {
+	n     int
+	names [maxHeaderValues]string
+	ends  [maxHeaderValues]int // value i is buf[ends[i-1]:ends[i]]
+}
+
+func (v *headerValues) end(name string, at int) {
+	v.names[v.n] = name
+	v.ends[v.n] = at
+	v.n++
+}
+
+// setHeaders sets the values in h, each from the value cache when an equal
+// string is there, else from one new headerBlock (then cached). Cached
+// values are immutable strings shared by every response that carries the
+// same value, in shared one-element slices: handlers must replace, not
+// mutate, their element (as for the precomputed RateLimit-Policy).
+func (m *Middleware) setHeaders(h http.Header, v *headerValues, vbuf []byte) {
+	var hits [maxHeaderValues]*[1]string
+	var slots [maxHeaderValues]uint64
+	missing, misses := 0, 0
+	start := 0
+	for i := range v.n {
+		b := vbuf[start:v.ends[i]]
+		start = v.ends[i]
+		slots[i] = maphash.Bytes(m.valueSeed, b) & (valueCacheSize - 1)
+		if e := m.values[slots[i]].Load(); e != nil && e[0] == string(b) {
+			hits[i] = e
+			continue
+		}
+		missing += len(b)
+		misses++
+	}
+	var vals []string
+	var buf []byte
+	if misses > 0 {
+		if misses <= 2 && missing <= 40 {
+			sb := new(smallHeaderBlock)
+			vals, buf = sb.vals[:], sb.buf[:0]
+		} else {
+			hb := new(headerBlock)
+			vals, buf = hb.vals[:], hb.buf[:0]
+			if missing > len(hb.buf) {
+				buf = make([]byte, 0, missing)
+			}
+		}
+	}
+	start = 0
+	nv := 0
+	for i := range v.n {
+		b := vbuf[start:v.ends[i]]
+		start = v.ends[i]
+		e := hits[i]
+		if e == nil {
+			at := len(buf)
+			buf = append(buf, b...)
+			s := buf[at:]
+			vals[nv] = unsafe.String(unsafe.SliceData(s), len(s))
+			e = (*[1]string)(vals[nv : nv+1])
+			nv++
+			m.values[slots[i]].Store(e)
+		}
+		h[v.names[i]] = e[:]
+	}
 }
 
 // writeHeaders writes RateLimit-Policy and RateLimit (and the legacy
@@ -323,21 +409,15 @@ type headerBlock struct {
 // t is the time until this request would be admitted (equal to Retry-After
 // before jitter); otherwise t is the time until the rule's quota is fully
 // restored. Values are whole seconds, rounded up.
-func (m *Middleware) writeHeaders(w http.ResponseWriter, p *Pending, ext []ExternalDecision) {
+func (m *Middleware) writeHeaders(w http.ResponseWriter, p *verdict, ext []ExternalDecision) {
 	if m.headers == HeadersNone && !m.legacy {
 		return
 	}
 	rules, ds := p.applied[:p.n], p.out[:p.n]
-	hb := new(headerBlock)
-	buf := hb.buf[:0]
+	var stack [192]byte
+	buf := stack[:0]
+	var v headerValues
 	h := w.Header()
-	nv := 0
-	emit := func(name string, start int) {
-		s := buf[start:]
-		hb.vals[nv] = unsafe.String(unsafe.SliceData(s), len(s))
-		h[name] = hb.vals[nv : nv+1 : nv+1]
-		nv++
-	}
 	if m.headers == HeadersDraft10 {
 		allApply := p.n == p.t.nEnforced
 		if allApply && len(ext) == 0 {
@@ -362,7 +442,7 @@ func (m *Middleware) writeHeaders(w http.ResponseWriter, p *Pending, ext []Exter
 				}
 				buf = append(buf, e.Policy...)
 			}
-			emit("Ratelimit-Policy", start)
+			v.end("Ratelimit-Policy", len(buf))
 		}
 		start := len(buf)
 		item := func(name string, d Decision) {
@@ -382,7 +462,7 @@ func (m *Middleware) writeHeaders(w http.ResponseWriter, p *Pending, ext []Exter
 		for _, e := range ext {
 			item(e.Name, e.Decision)
 		}
-		emit("Ratelimit", start)
+		v.end("Ratelimit", len(buf))
 	}
 	if m.legacy {
 		// The most restrictive rule: a rejected one with the longest wait,
@@ -399,16 +479,14 @@ func (m *Middleware) writeHeaders(w http.ResponseWriter, p *Pending, ext []Exter
 				d = *di
 			}
 		}
-		start := len(buf)
 		buf = strconv.AppendInt(buf, d.Limit, 10)
-		emit("X-Ratelimit-Limit", start)
-		start = len(buf)
+		v.end("X-Ratelimit-Limit", len(buf))
 		buf = strconv.AppendInt(buf, max(0, d.Remaining), 10)
-		emit("X-Ratelimit-Remaining", start)
-		start = len(buf)
+		v.end("X-Ratelimit-Remaining", len(buf))
 		buf = strconv.AppendInt(buf, resetSeconds(d), 10)
-		emit("X-Ratelimit-Reset", start)
+		v.end("X-Ratelimit-Reset", len(buf))
 	}
+	m.setHeaders(h, &v, buf)
 }
 
 // less orders decisions from most to least restrictive.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -464,6 +465,55 @@ func TestMiddlewareTrustedProxyClients(t *testing.T) {
 	} {
 		if resp := s.get("/", "X-Forwarded-For", c.xff); resp.StatusCode != c.want {
 			t.Errorf("XFF %q: %d, want %d", c.xff, resp.StatusCode, c.want)
+		}
+	}
+}
+
+// TestMiddlewareHeaderValueCache: a response whose header values were
+// already made reuses them without allocating, and a value that changes
+// is never served stale from the cache.
+func TestMiddlewareHeaderValueCache(t *testing.T) {
+	k := newKeys(t, KeyConfig{})
+	clock := new(ManualClock)
+	mw, err := NewMiddleware(Config{
+		Rules:         []Rule{perIPRule(t, k, "per-ip", mustAlg(NewGCRA(10, time.Second, 0)))}, // T = 100ms
+		LegacyHeaders: true,
+		Clock:         clock,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	w := &discardWriter{h: http.Header{}}
+	// One request per emission interval: the same values every time.
+	// (AllocsPerRun rounds down, so count the mallocs of 1000 requests.)
+	serve := func() {
+		clock.Advance(100 * time.Millisecond)
+		clear(w.h)
+		h.ServeHTTP(w, r)
+	}
+	serve()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 1000 {
+		serve()
+	}
+	runtime.ReadMemStats(&after)
+	if n := after.Mallocs - before.Mallocs; n > 10 {
+		t.Fatalf("%d allocations for 1000 requests with repeating header values, want none", n)
+	}
+	if got := w.h.Get("RateLimit"); got != `"per-ip";r=9;t=1` {
+		t.Fatalf("RateLimit %q", got)
+	}
+	// Values that change on every request are always the current ones.
+	for i := range 9 {
+		clear(w.h)
+		h.ServeHTTP(w, r)
+		want := `"per-ip";r=` + strconv.Itoa(8-i) + `;t=1`
+		if got := w.h.Get("RateLimit"); got != want || w.h.Get("X-RateLimit-Remaining") != strconv.Itoa(8-i) {
+			t.Fatalf("request %d: RateLimit %q, X-RateLimit-Remaining %q, want %q", i, got, w.h.Get("X-RateLimit-Remaining"), want)
 		}
 	}
 }

@@ -42,13 +42,12 @@ func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool, c
 			u = &charges[0]
 		}
 		sh.mu.Lock()
-		d, ok := c.Store.takeLocked(sh, key, now, c.N, u)
+		ok := c.Store.takeLocked(sh, key, now, c.N, u, &out[0])
 		sh.mu.Unlock()
-		out[0] = d
 		if full != nil {
 			full[0] = !ok
 		}
-		return d.Allowed
+		return out[0].Allowed
 	}
 	var shards [MaxChecks]*storeShard
 	var keys [MaxChecks]uint64
@@ -57,7 +56,7 @@ func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool, c
 	allowed := true
 	for i, c := range checks {
 		var ok bool
-		out[i], ok = c.Store.takeLocked(shards[i], keys[i], now, c.N, &undos[i])
+		ok = c.Store.takeLocked(shards[i], keys[i], now, c.N, &undos[i], &out[i])
 		if !ok || !out[i].Allowed {
 			allowed = false
 		}
@@ -71,7 +70,7 @@ func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool, c
 		}
 		for i, c := range checks {
 			if out[i].Allowed {
-				out[i], _ = c.Store.takeLocked(shards[i], keys[i], now, 0, nil)
+				c.Store.takeLocked(shards[i], keys[i], now, 0, nil, &out[i])
 			}
 		}
 	} else if charges != nil {
@@ -96,7 +95,7 @@ func refundAll(clock Clock, checks []Check, charges *[MaxChecks]undo, out []Deci
 		checks[i].Store.refundLocked(shards[i], keys[i], &charges[i], now)
 	}
 	for i, c := range checks {
-		out[i], _ = c.Store.takeLocked(shards[i], keys[i], now, 0, nil)
+		c.Store.takeLocked(shards[i], keys[i], now, 0, nil, &out[i])
 		charges[i] = undo{}
 	}
 	for i := nlocks - 1; i >= 0; i-- {

@@ -16,6 +16,14 @@ import (
 // on the caller's stack; it is about 1.5 KiB and not safe for concurrent
 // use.
 type Pending struct {
+	verdict
+	charges [MaxChecks]undo
+}
+
+// verdict is a request's decision on its local rules; Pending adds what a
+// refund needs. The middleware's own path (Wrap, Check) settles at once and
+// keeps only a verdict on its stack.
+type verdict struct {
 	m       *Middleware
 	t       *tier
 	n       int // enforced rules applied
@@ -26,7 +34,6 @@ type Pending struct {
 	checks  [MaxChecks]Check
 	out     [MaxChecks]Decision
 	full    [MaxChecks]bool
-	charges [MaxChecks]undo
 }
 
 // ExternalDecision is one limit decided outside the middleware, reported in
@@ -51,10 +58,18 @@ func PolicyItem(name string, limit int64, window time.Duration) string {
 // request on a skipped path gets Skipped. Rejections are counted here;
 // admissions when the caller settles p with Commit.
 func (m *Middleware) Decide(r *http.Request, p *Pending) {
+	m.decide(r, &p.verdict, &p.charges)
+}
+
+// decide is Decide; charges, if not nil, receives what an admitted request
+// took, for Refund.
+func (m *Middleware) decide(r *http.Request, p *verdict, charges *[MaxChecks]undo) {
 	p.m, p.n, p.settled = m, 0, false
-	if _, ok := m.skip[r.URL.Path]; ok {
-		p.skipped, p.allowed = true, true
-		return
+	if len(m.skip) > 0 {
+		if _, ok := m.skip[r.URL.Path]; ok {
+			p.skipped, p.allowed = true, true
+			return
+		}
 	}
 	if m.skipFn != nil && m.skipFn(r) {
 		p.skipped, p.allowed = true, true
@@ -85,7 +100,7 @@ func (m *Middleware) Decide(r *http.Request, p *Pending) {
 		p.allowed = true
 		return
 	}
-	p.allowed = takeAll(now, p.checks[:n], p.out[:n], &p.full, &p.charges)
+	p.allowed = takeAll(now, p.checks[:n], p.out[:n], &p.full, charges)
 	if p.allowed {
 		return
 	}
@@ -119,7 +134,9 @@ func (p *Pending) Tier() string {
 // Commit settles an admitted request that passes: the local charges stay
 // and the rules count it as allowed. It does nothing for a rejected or
 // already settled Pending.
-func (p *Pending) Commit() {
+func (p *Pending) Commit() { p.commit() }
+
+func (p *verdict) commit() {
 	if p.settled || !p.allowed {
 		return
 	}
@@ -152,6 +169,10 @@ func (p *Pending) Refund() {
 // request may proceed. A skipped request gets nothing written. Settle p
 // (Commit or Refund) before calling it.
 func (m *Middleware) Respond(w http.ResponseWriter, p *Pending, ext []ExternalDecision) bool {
+	return m.respond(w, &p.verdict, ext)
+}
+
+func (m *Middleware) respond(w http.ResponseWriter, p *verdict, ext []ExternalDecision) bool {
 	if p.skipped {
 		return true
 	}

@@ -104,6 +104,7 @@ type storeShard struct {
 // 3e-8).
 type Store struct {
 	alg        Algorithm
+	gcra       *GCRA  // alg when it is GCRA: decided in place
 	id         uint64 // random; orders shard locks across stores in TakeAll
 	shift      uint
 	failClosed bool
@@ -134,8 +135,10 @@ func NewStore(alg Algorithm, cfg StoreConfig) (*Store, error) {
 	for 1<<bits < shards {
 		bits++
 	}
+	g, _ := alg.(*GCRA)
 	s := &Store{
 		alg:        alg,
+		gcra:       g,
 		id:         maphash.Comparable(maphash.MakeSeed(), 0),
 		shift:      64 - bits,
 		failClosed: cfg.FailClosed,
@@ -209,7 +212,8 @@ func (s *Store) Take(key uint64, now, n int64) Decision {
 	key = normKey(key)
 	sh := &s.shards[s.shardIndex(key)]
 	sh.mu.Lock()
-	d, _ := s.takeLocked(sh, key, now, n, nil)
+	var d Decision
+	s.takeLocked(sh, key, now, n, nil, &d)
 	sh.mu.Unlock()
 	return d
 }
@@ -237,25 +241,25 @@ const (
 
 // takeLocked decides and, when allowed, writes. If u is not nil the slot's
 // previous content is saved in it (u.b == nil when nothing was written).
-func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (Decision, bool) {
+func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo, d *Decision) bool {
 	b1, b2 := sh.buckets2(key)
 	b, i := b1, b1.find(key)
 	if i < 0 {
 		b, i = b2, b2.find(key)
 	}
 	if i >= 0 {
-		st, d := s.alg.Take(b.states[i], now, n)
+		st := s.take(b.states[i], now, n, d)
 		if d.Allowed && st != b.states[i] {
 			if u != nil {
 				*u = undo{b: b, sh: sh, key: key, state: b.states[i], after: st, i: int32(i), kind: undoUpdate}
 			}
 			b.states[i] = st
 		}
-		return d, true
+		return true
 	}
-	st, d := s.alg.Take(State{}, now, n)
+	st := s.take(State{}, now, n, d)
 	if !d.Allowed || st == (State{}) {
-		return d, true
+		return true
 	}
 	f1, n1 := b1.free()
 	f2, n2 := b2.free()
@@ -274,9 +278,10 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (D
 	if free < 0 {
 		sh.full++
 		if s.failClosed {
-			return Decision{Limit: d.Limit, Window: d.Window, RetryAfter: d.Window, Reset: d.Window}, false
+			*d = Decision{Limit: d.Limit, Window: d.Window, RetryAfter: d.Window, Reset: d.Window}
+			return false
 		}
-		return d, true
+		return true
 	}
 	if u != nil {
 		kind := uint8(undoInsert)
@@ -292,7 +297,19 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo) (D
 	}
 	b.keys[free] = key
 	b.states[free] = st
-	return d, true
+	return true
+}
+
+// take is s.alg.Take writing the decision through d; GCRA decides in place
+// (returning a State and a Decision by value costs more than its
+// arithmetic).
+func (s *Store) take(st State, now, n int64, d *Decision) State {
+	if g := s.gcra; g != nil {
+		return State{g.decide(st[0], now, n, d), st[1]}
+	}
+	var next State
+	next, *d = s.alg.Take(st, now, n)
+	return next
 }
 
 // before is the key's state before the charge: the slot's previous state
