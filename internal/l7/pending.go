@@ -13,7 +13,7 @@ import (
 // the caller then settles the request with Commit (it passes) or Refund
 // (another backend refused it, so the local charge is given back). Respond
 // writes the headers of the local and the other limits together. Keep it
-// on the caller's stack; it is about 1.5 KiB and not safe for concurrent
+// on the caller's stack; it is about 1.2 KiB and not safe for concurrent
 // use.
 type Pending struct {
 	verdict
