@@ -113,6 +113,13 @@ func BenchmarkDataPlane(b *testing.B) {
 		// twice, the new-source filter keeps every one of them out of the
 		// table (no insert, no eviction). ns/pkt includes the feeder and
 		// its tail call, reported alone as feeder-ns/pkt.
+		//
+		// small-direct-x is what the IPv4 direct table would cost this
+		// flood with a small policy (the reason for its 1,024-fact
+		// threshold): the same case on a datapath whose generation is
+		// given a table anyway (no facts: every lookup is one level-1
+		// load), timed in alternating chunks against this one, as the
+		// ratio of their times; small-direct-ns/pkt is its own time.
 		cached(b, "random_src", func(b *testing.B) *benchCase {
 			bd := loadBench(b, bigSrcSizes)
 			bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{generousRule(0)}})
@@ -121,9 +128,39 @@ func BenchmarkDataPlane(b *testing.B) {
 			alone := newSourceFeeder(b, bareDrop(b), ebpf.AttachNone)
 			c := &benchCase{prog: feed.prog, frames: [][]byte{benchFrame(src4(1))}, want: xdpPass, warm: true,
 				advance: advanceSource, feeders: []*sourceFeeder{feed, alone}}
-			c.extras = []extraMetric{{"feeder-ns/pkt", func(b *testing.B) float64 {
-				return float64(steadyRun(b, alone.prog, benchFrame(src4(1)), 1<<20).Nanoseconds())
-			}}}
+
+			direct := loadBench(b, bigSrcSizes)
+			direct.m.SetV4DirectMinFacts(0)
+			direct.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{generousRule(0)}})
+			if !direct.m.V4Direct().Used {
+				b.Fatalf("forced ipv4 direct table not in use: %+v", direct.m.V4Direct())
+			}
+			fillSrc(b, direct, 1, 1<<20)
+			// Both start far along the sequence from the main
+			// measurement's source, so no source repeats between them.
+			trieRun := &newSourceRun{feed: newSourceFeeder(b, bd.prog(), ebpf.AttachXDP),
+				frame: benchFrame(netip.MustParseAddr("203.0.113.1")), advance: advanceSource}
+			directRun := &newSourceRun{feed: newSourceFeeder(b, direct.prog(), ebpf.AttachXDP),
+				frame: benchFrame(netip.MustParseAddr("203.0.113.1")), advance: advanceSource}
+			c.feeders = append(c.feeders, trieRun.feed, directRun.feed)
+			trieRun.run(b, 1)
+			directRun.run(b, 1)
+			var directNs float64 // from the last small-direct-x measurement
+			c.extras = []extraMetric{
+				{"feeder-ns/pkt", func(b *testing.B) float64 {
+					return float64(steadyRun(b, alone.prog, benchFrame(src4(1)), 1<<20).Nanoseconds())
+				}},
+				{"small-direct-x", func(b *testing.B) float64 {
+					var trie, direct time.Duration
+					for range 4 {
+						trie += trieRun.run(b, 1<<18)
+						direct += directRun.run(b, 1<<18)
+					}
+					directNs = float64(direct.Nanoseconds()) / 4
+					return float64(direct) / float64(trie)
+				}},
+				{"small-direct-ns/pkt", func(b *testing.B) float64 { return directNs }},
+			}
 			return c
 		}).measure(b)
 	})
