@@ -158,6 +158,10 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 // policy's table sizes and applies the policy. Caller holds d.mu.
 func (d *Daemon) loadDatapath(next running) error {
 	t := next.pol.Tables
+	if d.opts.IPv4DirectChunks != 0 && d.opts.IPv4DirectChunks != t.IPv4DirectChunks {
+		d.log.Info("ipv4 direct table budget from --ipv4-direct-chunks; the policy's tables.ipv4_direct_chunks is ignored",
+			"chunks", d.opts.IPv4DirectChunks, "policy_chunks", t.IPv4DirectChunks)
+	}
 	dp, err := loader.Load(loader.Options{
 		Sizes: loader.Sizes{
 			MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
