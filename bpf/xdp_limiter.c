@@ -295,30 +295,60 @@ static __always_inline __u32 key_hash(const __u32 *w, int n)
 	return h;
 }
 
-/* seen_before is the new-source filter that keeps spoofed floods from
- * churning the LRU tables. A key (source or derived prefix) gets a bucket
- * only once it has been seen before within the current epoch (~1 s); its
- * first packet is charged to that bucket when it is created. A random
- * spoofed source, seen once, never costs an insert or an eviction. It
- * reports whether key was already marked, and marks it. A lost race only
- * leaves a key unmarked, which is harmless: it is marked next time. */
-static __always_inline int seen_before(const __u32 *w, int n, __u64 now)
+/* The new-source filter keeps spoofed floods from churning the LRU tables
+ * and from costing a table lookup per packet. Each key (a source, or a
+ * derived prefix such as a /24) hashes to one bit in each of two sets of a
+ * 64-bit word: the marks of the word's epoch (~1 s, EG_SEEN_EPOCH_SHIFT)
+ * and those of the epoch before; a word last written in an older epoch
+ * reads as empty, one written in the previous epoch as "previous only".
+ *
+ * seen_mark answers, and marks the key in the current set:
+ *  - EG_SEEN_ACTIVE: marked in the previous epoch (the key was active, or
+ *    its deferred charge was settled): look its bucket up as usual;
+ *  - EG_SEEN_DEFERRED: marked only in this epoch: its first packet here
+ *    went through without a bucket lookup, and is still to be charged;
+ *  - EG_SEEN_NEW: marked in neither.
+ * With settle, a DEFERRED key is also marked in the previous set, so its
+ * deferred charge is made once. A lost compare-and-swap leaves a mark
+ * unset, which costs at most one more deferred (or doubly settled) charge.
+ * Keys whose bits collide share marks: a new key may be taken for a seen
+ * one (it gets a bucket a packet early), or a deferred charge may be
+ * settled by another key (one packet stays uncharged). */
+enum eg_seen {
+	EG_SEEN_NEW = 0,
+	EG_SEEN_DEFERRED = 1,
+	EG_SEEN_ACTIVE = 2,
+};
+
+static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settle)
 {
 	__u32 h = key_hash(w, n);
 	__u32 idx = (h >> 6) & eg_seen_mask;
 	__u64 epoch = ((now >> EG_TICK_SHIFT) >> EG_SEEN_EPOCH_SHIFT) & 0xff;
 	__u64 bit = 1ULL << ((h & 63) % EG_SEEN_BITS);
+	__u64 mask = (1ULL << EG_SEEN_BITS) - 1;
 	__u64 *word = bpf_map_lookup_elem(&seen_filter, &idx);
-	__u64 old, bits;
+	__u64 old, tag, cur = 0, prev = 0, ncur, nprev;
+	int state;
 
 	if (!word)
-		return 1;
+		return EG_SEEN_ACTIVE;
 	old = *(volatile __u64 *)word;
-	bits = (old >> EG_SEEN_BITS) == epoch ? old & ((1ULL << EG_SEEN_BITS) - 1) : 0;
-	if (bits & bit)
-		return 1;
-	__sync_val_compare_and_swap(word, old, (epoch << EG_SEEN_BITS) | bits | bit);
-	return 0;
+	tag = old >> (2 * EG_SEEN_BITS);
+	if (tag == epoch) {
+		cur = (old >> EG_SEEN_BITS) & mask;
+		prev = old & mask;
+	} else if (((tag + 1) & 0xff) == epoch) {
+		prev = (old >> EG_SEEN_BITS) & mask;
+	}
+	state = (prev & bit) ? EG_SEEN_ACTIVE : (cur & bit) ? EG_SEEN_DEFERRED : EG_SEEN_NEW;
+	ncur = cur | bit;
+	nprev = prev;
+	if (settle && state == EG_SEEN_DEFERRED)
+		nprev |= bit;
+	if (tag != epoch || ncur != cur || nprev != prev)
+		__sync_val_compare_and_swap(word, old, (epoch << (2 * EG_SEEN_BITS)) | (ncur << EG_SEEN_BITS) | nprev);
+	return state;
 }
 
 /* gated is whether a bucket's creation goes through the new-source filter:
@@ -495,12 +525,22 @@ int xdp_limiter(struct xdp_md *ctx)
 		mask_addr(sk.addr, pi.addr,
 			  v4 ? 96 + (rule->src_len4 > 32 ? 32 : rule->src_len4)
 			     : (rule->src_len6 > 128 ? 128 : rule->src_len6));
-		sb = bpf_map_lookup_elem(&src_buckets, &sk);
-		if (!sb) {
-			if (!gated(&rule->src))
-				sb = lookup_or_create(&src_buckets, &sk);
-			else if (seen_before((const __u32 *)&sk, sizeof(sk) / 4, now))
-				sb = create_charged(&src_buckets, &sk, &rule->src, now, pi.len);
+		if (!gated(&rule->src)) {
+			sb = lookup_or_create(&src_buckets, &sk);
+		} else {
+			/* The filter first: a source not seen in this epoch or
+			 * the last costs one bit and no table lookup; its packet
+			 * is charged when the source shows up again. */
+			int seen = seen_mark((const __u32 *)&sk, sizeof(sk) / 4, now, 1);
+
+			sb = NULL;
+			if (seen != EG_SEEN_NEW) {
+				sb = bpf_map_lookup_elem(&src_buckets, &sk);
+				if (!sb)
+					sb = create_charged(&src_buckets, &sk, &rule->src, now, pi.len);
+				else if (seen == EG_SEEN_DEFERRED)
+					bucket_charge(sb, &rule->src, now, pi.len);
+			}
 		}
 		if (sb && !bucket_take(sb, &rule->src, now, pi.len)) {
 			v.reason = EG_R_SRC_LIMIT;
@@ -511,7 +551,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		if (!ab) {
 			if (rule->agg_mode != EG_AGG_DERIVED || !gated(&rule->agg))
 				ab = lookup_or_create(&agg_buckets, &ak);
-			else if (seen_before((const __u32 *)&ak, sizeof(ak) / 4, now))
+			else if (seen_mark((const __u32 *)&ak, sizeof(ak) / 4, now, 0) != EG_SEEN_NEW)
 				ab = create_charged(&agg_buckets, &ak, &rule->agg, now, pi.len);
 		}
 		if (ab && !bucket_take(ab, &rule->agg, now, pi.len)) {

@@ -58,6 +58,21 @@ static __always_inline void gcra_refund(__u64 *tatp, __u64 inc)
 	__sync_fetch_and_sub(tatp, inc);
 }
 
+/* gcra_charge charges an event that was already admitted, whatever the
+ * bucket holds: the new-source filter's deferred charge for a packet it let
+ * through without looking its bucket up. It may leave tat beyond tau, so
+ * the next events wait for it. */
+static __always_inline void gcra_charge(__u64 *tatp, __u64 now, __u64 inc)
+{
+#pragma unroll
+	for (int i = 0; i < EG_CAS_RETRIES; i++) {
+		__u64 old = *(volatile __u64 *)tatp;
+
+		if (__sync_val_compare_and_swap(tatp, old, gcra_base(old, now) + inc) == old)
+			return;
+	}
+}
+
 static __always_inline __u64 byte_cost(const struct eg_bucket_cfg *cfg, __u32 len)
 {
 	return ((__u64)len * cfg->byte_t) >> EG_BYTE_SHIFT;
@@ -85,6 +100,15 @@ static __always_inline int bucket_take(struct eg_bucket *b, const struct eg_buck
 		return 0;
 	}
 	return 1;
+}
+
+/* bucket_charge charges an already admitted packet to both dimensions. */
+static __always_inline void bucket_charge(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u64 now, __u32 len)
+{
+	if (cfg->pkt_t)
+		gcra_charge(&b->pkt_tat, now, cfg->pkt_t);
+	if (cfg->byte_t)
+		gcra_charge(&b->byte_tat, now, byte_cost(cfg, len));
 }
 
 static __always_inline int bucket_limited(const struct eg_bucket_cfg *cfg)

@@ -27,8 +27,9 @@
 enum eg_sizes {
 	EG_IFACE_SLOTS = 16,
 	EG_IFINDEX_MAX = 65536,
-	/* New-source filter: each u64 word holds an 8-bit epoch and 56 bits. */
-	EG_SEEN_BITS = 56,
+	/* New-source filter: each u64 word holds an 8-bit epoch tag and two
+	 * 28-bit sets of marks, the tagged epoch's and the one before it. */
+	EG_SEEN_BITS = 28,
 	/* Epochs are 2^30 ns (~1.07 s) of the data plane's clock. */
 	EG_SEEN_EPOCH_SHIFT = 30,
 	/* IPv4 direct table (struct eg_v4_entry): level 1 is indexed by the

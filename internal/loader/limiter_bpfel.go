@@ -259,7 +259,7 @@ type LimiterEgSizes uint32
 const (
 	LimiterEgSizesEG_IFACE_SLOTS      LimiterEgSizes = 16
 	LimiterEgSizesEG_IFINDEX_MAX      LimiterEgSizes = 65536
-	LimiterEgSizesEG_SEEN_BITS        LimiterEgSizes = 56
+	LimiterEgSizesEG_SEEN_BITS        LimiterEgSizes = 28
 	LimiterEgSizesEG_SEEN_EPOCH_SHIFT LimiterEgSizes = 30
 	LimiterEgSizesEG_V4L1BITS         LimiterEgSizes = 16
 	LimiterEgSizesEG_V4L1ENTRIES      LimiterEgSizes = 65536

@@ -84,12 +84,14 @@ func (s Sizes) withDefaults() Sizes {
 }
 
 // SeenFilterWords is the size of the new-source filter for a per-source
-// table of srcEntries: the next power of two, at least 1024 words (each of
-// 56 bits), so under a flood of random sources about 1 in 56×(words/
-// sources per epoch) collide and get a bucket early.
+// table of srcEntries: the next power of two at or above twice srcEntries,
+// at least 1024 words (each with 28 bits per epoch for this epoch and the
+// last), so under a flood of random sources a new source is taken for a
+// seen one about (sources in two epochs)/(28×words) of the time (1M
+// sources per second into the 2^21 words of the default table: ~3%).
 func SeenFilterWords(srcEntries uint32) uint32 {
 	n := uint32(1024)
-	for n < srcEntries && n < 1<<26 {
+	for uint64(n) < 2*uint64(srcEntries) && n < 1<<26 {
 		n <<= 1
 	}
 	return n

@@ -142,3 +142,46 @@ func TestNewSourceFilter(t *testing.T) {
 		t.Error("1/min rule: want the first packet passed and the second dropped")
 	}
 }
+
+// TestNewSourceFilterAcrossEpochs: the filter lets a key's first packet in
+// an epoch through without a bucket lookup only when the key was not seen
+// in the epoch before, and charges it with the key's next packet. So a
+// source sending steadily across many epochs is held to its rate exactly,
+// and a source back after a long pause gets exactly its burst.
+func TestNewSourceFilterAcrossEpochs(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	td.apply(defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: perSecond(10, 3)}}))
+	frame := packet.UDP4("198.18.1.1", 1000, 53, 0)
+	const epoch = time.Duration(1) << 30 // EG_SEEN_EPOCH_SHIFT, in ns
+	start := 100 * epoch
+	burst := func(at time.Duration, n int) int {
+		td.setClock(at)
+		passed := 0
+		for range n {
+			if td.run(frame) == xdpPass {
+				passed++
+			}
+		}
+		return passed
+	}
+	if got := burst(start, 10); got != 3 {
+		t.Fatalf("first burst: %d passed, want the burst of 3", got)
+	}
+	// Steady: two tries every 100 ms (10/s) for 8 epochs: exactly one
+	// passes each time, including right after every epoch boundary.
+	at := start
+	for step := 1; at < start+8*epoch; step++ {
+		at = start + time.Duration(step)*100*time.Millisecond
+		if got := burst(at, 2); got != 1 {
+			t.Fatalf("step %d (%.2f epochs in): %d of 2 passed, want exactly 1 at 10/s", step, float64(at-start)/float64(epoch), got)
+		}
+	}
+	// A pause of three epochs, then a burst: the first packet goes
+	// through unlooked-up, the second settles its charge; 3 in all.
+	if got := burst(at+3*epoch, 10); got != 3 {
+		t.Fatalf("burst after a pause: %d passed, want the burst of 3", got)
+	}
+	if got := burst(at+3*epoch+100*time.Millisecond, 3); got != 1 {
+		t.Fatalf("100 ms after that burst: %d passed, want 1", got)
+	}
+}

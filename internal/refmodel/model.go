@@ -446,14 +446,26 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		}
 		sk := SrcKey{RuleId: r.id, Addr: maskAddr(pi.Addr, n)}
 		b, have := m.src[sk]
-		if !have && gated(r.src) {
-			// The new-source filter: a bucket only for a key seen before
-			// in this epoch, created holding the first packet's charge.
-			if m.seenBefore(srcKeyBytes(sk), now) {
-				b, have = charged(r.src, now, pi.Len), true
-			}
-		} else {
+		if !gated(r.src) {
 			have = true
+		} else {
+			// The new-source filter first: a key not seen in this epoch
+			// or the last passes uncharged and is charged for it when it
+			// comes again (at creation, or on its bucket).
+			switch m.seenMark(srcKeyBytes(sk), now, true) {
+			case seenNew:
+				have = false
+			case seenDeferred:
+				if have {
+					charge(&b, r.src, now, pi.Len)
+				} else {
+					b, have = charged(r.src, now, pi.Len), true
+				}
+			default:
+				if !have {
+					b, have = charged(r.src, now, pi.Len), true
+				}
+			}
 		}
 		if have {
 			ok := take(&b, r.src, now, pi.Len)
@@ -466,7 +478,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	if r.aggMode != maps.AggNone && r.aggLim {
 		b, have := m.agg[ak]
 		if !have && r.aggMode == maps.AggDerived && gated(r.agg) {
-			if m.seenBefore(aggKeyBytes(ak), now) {
+			if m.seenMark(aggKeyBytes(ak), now, false) != seenNew {
 				b, have = charged(r.agg, now, pi.Len), true
 			}
 		} else {

@@ -44,28 +44,63 @@ func aggKeyBytes(k AggKey) []byte {
 	return append(b, k.Addr[:]...)
 }
 
-// seenBefore is seen_before: whether key is marked in the current epoch,
-// marking it.
-func (m *Model) seenBefore(key []byte, now uint64) bool {
+// The answers of seen_mark.
+const (
+	seenNew = iota
+	seenDeferred
+	seenActive
+)
+
+// seenMark is seen_mark: whether key is marked in the previous epoch
+// (seenActive), only in this one (seenDeferred) or in neither (seenNew);
+// it marks key in this epoch and, with settle, a deferred key in the
+// previous one too.
+func (m *Model) seenMark(key []byte, now uint64, settle bool) int {
 	h := keyHash(key)
 	idx := (h >> 6) & m.seenMask
 	epoch := ((now >> maps.TickShift) >> seenEpochShift) & 0xff
 	bit := uint64(1) << (uint64(h&63) % seenBits)
+	mask := uint64(1)<<seenBits - 1
 	old := m.seen[idx]
-	var bits uint64
-	if old>>seenBits == epoch {
-		bits = old & (1<<seenBits - 1)
+	tag := old >> (2 * seenBits)
+	var cur, prev uint64
+	switch {
+	case tag == epoch:
+		cur, prev = (old>>seenBits)&mask, old&mask
+	case (tag+1)&0xff == epoch:
+		prev = (old >> seenBits) & mask
 	}
-	if bits&bit != 0 {
-		return true
+	state := seenNew
+	switch {
+	case prev&bit != 0:
+		state = seenActive
+	case cur&bit != 0:
+		state = seenDeferred
 	}
-	m.seen[idx] = epoch<<seenBits | bits | bit
-	return false
+	ncur, nprev := cur|bit, prev
+	if settle && state == seenDeferred {
+		nprev |= bit
+	}
+	if tag != epoch || ncur != cur || nprev != prev {
+		m.seen[idx] = epoch<<(2*seenBits) | ncur<<seenBits | nprev
+	}
+	return state
 }
 
 // gated is gated(): creation through the filter only for packet limits
 // faster than one per epoch.
 func gated(c maps.BucketCfg) bool { return c.PktT != 0 && c.PktT < seenMaxInterval }
+
+// charge is bucket_charge: the deferred charge of a packet already
+// admitted, whatever the bucket holds.
+func charge(b *Bucket, c maps.BucketCfg, now uint64, length uint32) {
+	if c.PktT != 0 {
+		b.PktTat = max(b.PktTat, now) + c.PktT
+	}
+	if c.ByteT != 0 {
+		b.ByteTat = max(b.ByteTat, now) + maps.ByteCost(c, length)
+	}
+}
 
 // charged is the state create_charged inserts.
 func charged(c maps.BucketCfg, now uint64, length uint32) Bucket {
