@@ -159,9 +159,8 @@ struct {
 /* New-source filter (see seen_mark in xdp_limiter.c): words of
  * [8-bit epoch | 28 bits of this epoch | 28 bits of the previous one];
  * words of an older epoch read as empty, so it clears itself. Size is a
- * power of two set at load time (two words per per-source entry). Not
- * pinned: after a restart every source's first packet is charged with its
- * second, as for a new source. */
+ * power of two set at load time (two words per per-source entry). Pinned
+ * with the buckets: a source's deferred charge must survive a restart. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, EG_DEFAULT_SRC_ENTRIES);

@@ -131,6 +131,10 @@ func pinnedMaps() []string {
 		// A generation's config says whether it uses the direct table, so
 		// the table must outlive a restart with it.
 		LimiterMapV4L1, LimiterMapV4Chunks,
+		// The new-source filter defers a new source's first charge to
+		// its next packet: with an empty filter after a restart, every
+		// source, limited ones included, would get one packet through.
+		LimiterMapSeenFilter,
 	}
 }
 
