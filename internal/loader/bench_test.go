@@ -105,14 +105,15 @@ func BenchmarkDataPlane(b *testing.B) {
 	b.Run("random_src", func(b *testing.B) {
 		// A new source on every packet, as in a spoofed flood's steady
 		// state: the 2^20 per-source table is filled first (under another
-		// rule id, so no key collides), then every packet misses it. The
-		// source feeder (feeder_bench_test.go) gives each of the Repeat
-		// runs of one syscall the next source of a full-period sequence
-		// and tail-calls the program, so no source repeats in 2^32
-		// packets and no run pays the syscall. Since no source is seen
-		// twice, the new-source filter keeps every one of them out of the
-		// table (no insert, no eviction). ns/pkt includes the feeder and
-		// its tail call, reported alone as feeder-ns/pkt.
+		// rule id, so no key collides), then every packet is a source
+		// it does not hold. The source feeder (feeder_bench_test.go)
+		// gives each of the Repeat runs of one syscall the next source of
+		// a full-period sequence and tail-calls the program, so no source
+		// repeats in 2^32 packets and no run pays the syscall. Since no
+		// source is seen twice, the new-source filter, probed first,
+		// keeps every one of them away from the table (no lookup, no
+		// insert, no eviction). ns/pkt includes the feeder and its tail
+		// call, reported alone as feeder-ns/pkt.
 		//
 		// small-direct-x is what the IPv4 direct table would cost this
 		// flood with a small policy (the reason for its 1,024-fact

@@ -122,7 +122,7 @@ func TestNewSourceFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Filter collisions may give a few sources a bucket early: 500 keys in
-	// 1024 words of 56 bits collide rarely.
+	// 1024 words of 28 bits per epoch collide rarely.
 	if n := occ["sources"].Entries; n > 10 {
 		t.Errorf("500 one-packet sources created %d buckets, want about none", n)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/maps"
 )
 
-// The new-source filter, mirrored from seen_before in bpf/xdp_limiter.c.
+// The new-source filter, mirrored from seen_mark in bpf/xdp_limiter.c.
 const (
 	seenBits        = uint64(loader.LimiterEgSizesEG_SEEN_BITS)
 	seenEpochShift  = uint64(loader.LimiterEgSizesEG_SEEN_EPOCH_SHIFT)
