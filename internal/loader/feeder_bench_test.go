@@ -41,40 +41,10 @@ func advanceSource(frame []byte, runs int) {
 
 func newSourceFeeder(tb testing.TB, target *ebpf.Program, at ebpf.AttachType) *sourceFeeder {
 	tb.Helper()
-	calls, err := ebpf.NewMap(&ebpf.MapSpec{Name: "feeder_calls", Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	if err != nil {
-		tb.Fatalf("create feeder program array: %v", err)
-	}
-	if err := calls.Put(uint32(0), target); err != nil {
-		calls.Close()
-		tb.Fatalf("put program under test into the feeder's program array: %v", err)
-	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name: "source_feeder", Type: ebpf.XDP, AttachType: at, License: "MIT",
-		Instructions: asm.Instructions{
-			asm.Mov.Reg(asm.R6, asm.R1),
-			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
-			asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
-			asm.Mov.Reg(asm.R4, asm.R2),
-			asm.Add.Imm(asm.R4, ipv4SrcOffset+4),
-			asm.JGT.Reg(asm.R4, asm.R3, "out"),
-			asm.LoadMem(asm.R5, asm.R2, ipv4SrcOffset, asm.Word),
-			asm.Mul.Imm32(asm.R5, lcgMul),
-			asm.Add.Imm32(asm.R5, lcgAdd),
-			asm.StoreMem(asm.R2, ipv4SrcOffset, asm.R5, asm.Word),
-			asm.Mov.Reg(asm.R1, asm.R6),
-			asm.LoadMapPtr(asm.R2, calls.FD()),
-			asm.Mov.Imm(asm.R3, 0),
-			asm.FnTailCall.Call(),
-			asm.Mov.Imm(asm.R0, 0).WithSymbol("out"), // XDP_ABORTED: the tail call failed
-			asm.Return(),
-		},
+	return newFeeder(tb, target, at, asm.Instructions{
+		asm.Mul.Imm32(asm.R5, lcgMul),
+		asm.Add.Imm32(asm.R5, lcgAdd),
 	})
-	if err != nil {
-		calls.Close()
-		tb.Fatalf("load source feeder: %v", err)
-	}
-	return &sourceFeeder{prog: prog, calls: calls}
 }
 
 // newSourceFeederIn is newSourceFeeder for sources inside an IPv4 prefix:
@@ -88,6 +58,20 @@ func newSourceFeederIn(tb testing.TB, target *ebpf.Program, at ebpf.AttachType, 
 		tb.Fatalf("source feeder range %s: want an IPv4 prefix of at least /1", in)
 	}
 	mask, base := prefixMaskBase(in)
+	return newFeeder(tb, target, at, asm.Instructions{
+		asm.HostTo(asm.BE, asm.R5, asm.Word), // network order to a number
+		asm.Mul.Imm32(asm.R5, lcgMul),
+		asm.Add.Imm32(asm.R5, lcgAdd),
+		asm.And.Imm32(asm.R5, int32(mask)),
+		asm.Or.Imm32(asm.R5, int32(base)),
+		asm.HostTo(asm.BE, asm.R5, asm.Word),
+	})
+}
+
+// newFeeder loads a feeder whose step turns the frame's source, in R5,
+// into the next one, and puts target in its program array.
+func newFeeder(tb testing.TB, target *ebpf.Program, at ebpf.AttachType, step asm.Instructions) *sourceFeeder {
+	tb.Helper()
 	calls, err := ebpf.NewMap(&ebpf.MapSpec{Name: "feeder_calls", Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	if err != nil {
 		tb.Fatalf("create feeder program array: %v", err)
@@ -96,30 +80,27 @@ func newSourceFeederIn(tb testing.TB, target *ebpf.Program, at ebpf.AttachType, 
 		calls.Close()
 		tb.Fatalf("put program under test into the feeder's program array: %v", err)
 	}
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
+		asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.Add.Imm(asm.R4, ipv4SrcOffset+4),
+		asm.JGT.Reg(asm.R4, asm.R3, "out"),
+		asm.LoadMem(asm.R5, asm.R2, ipv4SrcOffset, asm.Word),
+	}
+	insns = append(insns, step...)
+	insns = append(insns,
+		asm.StoreMem(asm.R2, ipv4SrcOffset, asm.R5, asm.Word),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.LoadMapPtr(asm.R2, calls.FD()),
+		asm.Mov.Imm(asm.R3, 0),
+		asm.FnTailCall.Call(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"), // XDP_ABORTED: the tail call failed
+		asm.Return(),
+	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name: "source_feeder", Type: ebpf.XDP, AttachType: at, License: "MIT",
-		Instructions: asm.Instructions{
-			asm.Mov.Reg(asm.R6, asm.R1),
-			asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
-			asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
-			asm.Mov.Reg(asm.R4, asm.R2),
-			asm.Add.Imm(asm.R4, ipv4SrcOffset+4),
-			asm.JGT.Reg(asm.R4, asm.R3, "out"),
-			asm.LoadMem(asm.R5, asm.R2, ipv4SrcOffset, asm.Word),
-			asm.HostTo(asm.BE, asm.R5, asm.Word), // network order to a number
-			asm.Mul.Imm32(asm.R5, lcgMul),
-			asm.Add.Imm32(asm.R5, lcgAdd),
-			asm.And.Imm32(asm.R5, int32(mask)),
-			asm.Or.Imm32(asm.R5, int32(base)),
-			asm.HostTo(asm.BE, asm.R5, asm.Word),
-			asm.StoreMem(asm.R2, ipv4SrcOffset, asm.R5, asm.Word),
-			asm.Mov.Reg(asm.R1, asm.R6),
-			asm.LoadMapPtr(asm.R2, calls.FD()),
-			asm.Mov.Imm(asm.R3, 0),
-			asm.FnTailCall.Call(),
-			asm.Mov.Imm(asm.R0, 0).WithSymbol("out"), // XDP_ABORTED: the tail call failed
-			asm.Return(),
-		},
+		Name: "source_feeder", Type: ebpf.XDP, AttachType: at, License: "MIT", Instructions: insns,
 	})
 	if err != nil {
 		calls.Close()
