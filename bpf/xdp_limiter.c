@@ -309,8 +309,11 @@ static __always_inline __u32 key_hash(const __u32 *w, int n)
  *    went through without a bucket lookup, and is still to be charged;
  *  - EG_SEEN_NEW: marked in neither.
  * With settle, a DEFERRED key is also marked in the previous set, so its
- * deferred charge is made once. A lost compare-and-swap leaves a mark
- * unset, which costs at most one more deferred (or doubly settled) charge.
+ * deferred charge is made once. The word is written with a plain store,
+ * not a compare-and-swap (whose locked instruction cost ~15 ns a packet
+ * here): two CPUs writing one word at the same instant can lose one's
+ * marks, which costs at most one more deferred (or doubly settled) charge
+ * per lost mark, as a failed compare-and-swap without retry would.
  * Keys whose bits collide share marks: a new key may be taken for a seen
  * one (it gets a bucket a packet early), or a deferred charge may be
  * settled by another key (one packet stays uncharged). */
@@ -347,7 +350,7 @@ static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settl
 	if (settle && state == EG_SEEN_DEFERRED)
 		nprev |= bit;
 	if (tag != epoch || ncur != cur || nprev != prev)
-		__sync_val_compare_and_swap(word, old, (epoch << (2 * EG_SEEN_BITS)) | (ncur << EG_SEEN_BITS) | nprev);
+		*(volatile __u64 *)word = (epoch << (2 * EG_SEEN_BITS)) | (ncur << EG_SEEN_BITS) | nprev;
 	return state;
 }
 
