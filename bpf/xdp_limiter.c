@@ -297,7 +297,7 @@ static __always_inline __u32 key_hash(const __u32 *w, int n)
 
 /* The new-source filter keeps spoofed floods from churning the LRU tables
  * and from costing a table lookup per packet. Each key (a source, or a
- * derived prefix such as a /24) hashes to one bit in each of two sets of a
+ * derived prefix such as a /24) hashes to two bits in each of two sets of a
  * 64-bit word: the marks of the word's epoch (~1 s, EG_SEEN_EPOCH_SHIFT)
  * and those of the epoch before; a word last written in an older epoch
  * reads as empty, one written in the previous epoch as "previous only".
@@ -328,7 +328,10 @@ static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settl
 	__u32 h = key_hash(w, n);
 	__u32 idx = (h >> 6) & eg_seen_mask;
 	__u64 epoch = ((now >> EG_TICK_SHIFT) >> EG_SEEN_EPOCH_SHIFT) & 0xff;
-	__u64 bit = 1ULL << ((h & 63) % EG_SEEN_BITS);
+	/* Two bits per key in each set (a one-word Bloom filter with k = 2):
+	 * a new key is taken for a marked one about occupancy^2 of the time,
+	 * not occupancy, and it is still one memory access. */
+	__u64 bit = (1ULL << ((h & 63) % EG_SEEN_BITS)) | (1ULL << (((h * 0x9e3779b1U) >> 26) % EG_SEEN_BITS));
 	__u64 mask = (1ULL << EG_SEEN_BITS) - 1;
 	__u64 *word = bpf_map_lookup_elem(&seen_filter, &idx);
 	__u64 old, tag, cur = 0, prev = 0, ncur, nprev;
@@ -344,7 +347,7 @@ static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settl
 	} else if (((tag + 1) & 0xff) == epoch) {
 		prev = (old >> EG_SEEN_BITS) & mask;
 	}
-	state = (prev & bit) ? EG_SEEN_ACTIVE : (cur & bit) ? EG_SEEN_DEFERRED : EG_SEEN_NEW;
+	state = (prev & bit) == bit ? EG_SEEN_ACTIVE : (cur & bit) == bit ? EG_SEEN_DEFERRED : EG_SEEN_NEW;
 	ncur = cur | bit;
 	nprev = prev;
 	if (settle && state == EG_SEEN_DEFERRED)

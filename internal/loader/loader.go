@@ -85,10 +85,10 @@ func (s Sizes) withDefaults() Sizes {
 
 // SeenFilterWords is the size of the new-source filter for a per-source
 // table of srcEntries: the next power of two at or above twice srcEntries,
-// at least 1024 words (each with 28 bits per epoch for this epoch and the
-// last), so under a flood of random sources a new source is taken for a
-// seen one about (sources in two epochs)/(28×words) of the time (1M
-// sources per second into the 2^21 words of the default table: ~3%).
+// at least 1024 words. Each key sets two of a word's 28 bits per epoch, so
+// under a flood of random sources a new source is taken for a seen one
+// about 2×(2×sources per epoch/(28×words))² of the time: ~0.3% for 1M
+// sources per second into the 2^21 words of the default table, ~4% for 4M.
 func SeenFilterWords(srcEntries uint32) uint32 {
 	n := uint32(1024)
 	for uint64(n) < 2*uint64(srcEntries) && n < 1<<26 {

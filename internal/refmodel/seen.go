@@ -59,7 +59,7 @@ func (m *Model) seenMark(key []byte, now uint64, settle bool) int {
 	h := keyHash(key)
 	idx := (h >> 6) & m.seenMask
 	epoch := ((now >> maps.TickShift) >> seenEpochShift) & 0xff
-	bit := uint64(1) << (uint64(h&63) % seenBits)
+	bit := uint64(1)<<(uint64(h&63)%seenBits) | uint64(1)<<(uint64((h*0x9e3779b1)>>26)%seenBits)
 	mask := uint64(1)<<seenBits - 1
 	old := m.seen[idx]
 	tag := old >> (2 * seenBits)
@@ -72,9 +72,9 @@ func (m *Model) seenMark(key []byte, now uint64, settle bool) int {
 	}
 	state := seenNew
 	switch {
-	case prev&bit != 0:
+	case prev&bit == bit:
 		state = seenActive
-	case cur&bit != 0:
+	case cur&bit == bit:
 		state = seenDeferred
 	}
 	ncur, nprev := cur|bit, prev
