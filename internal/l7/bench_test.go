@@ -196,6 +196,19 @@ func BenchmarkL7Keyed(b *testing.B) {
 
 // BenchmarkL7Middleware: the full middleware (per-IP GCRA, draft-10
 // RateLimit-Policy and RateLimit headers) around an empty handler.
+// serveSerial serves one client's GET through h, b.N times.
+func serveSerial(b *testing.B, h http.Handler) {
+	r := httptest.NewRequest(http.MethodGet, "/v1/items", nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	for b.Loop() {
+		clear(w.h)
+		h.ServeHTTP(w, r)
+	}
+}
+
 func BenchmarkL7Middleware(b *testing.B) {
 	k, err := NewKeys(KeyConfig{})
 	if err != nil {
@@ -231,29 +244,9 @@ func BenchmarkL7Middleware(b *testing.B) {
 				b.Fatal(err)
 			}
 			ch := cmw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-			b.Run(name+"_changing/serial", func(b *testing.B) {
-				r := httptest.NewRequest(http.MethodGet, "/v1/items", nil)
-				r.RemoteAddr = "192.0.2.1:1234"
-				w := &discardWriter{h: http.Header{}}
-				b.ReportAllocs()
-				defer cpuPerOp(b)()
-				for b.Loop() {
-					clear(w.h)
-					ch.ServeHTTP(w, r)
-				}
-			})
+			b.Run(name+"_changing/serial", func(b *testing.B) { serveSerial(b, ch) })
 		}
-		b.Run(name+"/serial", func(b *testing.B) {
-			r := httptest.NewRequest(http.MethodGet, "/v1/items", nil)
-			r.RemoteAddr = "192.0.2.1:1234"
-			w := &discardWriter{h: http.Header{}}
-			b.ReportAllocs()
-			defer cpuPerOp(b)()
-			for b.Loop() {
-				clear(w.h)
-				h.ServeHTTP(w, r)
-			}
-		})
+		b.Run(name+"/serial", func(b *testing.B) { serveSerial(b, h) })
 		b.Run(name+"/parallel", func(b *testing.B) {
 			var n atomic.Int64
 			b.ReportAllocs()
