@@ -8,6 +8,21 @@ import (
 	"time"
 )
 
+// decideInPlace is alg.Take writing the decision through d, for the
+// algorithms that can (a type switch, not an interface: d must not escape
+// to the heap). Returning a State and a 48-byte Decision by value through
+// the Algorithm interface costs more than their arithmetic. ok is false
+// for the other algorithms.
+func decideInPlace(alg Algorithm, s State, now, n int64, d *Decision) (next State, ok bool) {
+	switch a := alg.(type) {
+	case *SlidingWindow:
+		return a.decideInto(s, now, n, d), true
+	case *TokenBucket:
+		return a.decideInto(s, now, n, d), true
+	}
+	return s, false
+}
+
 // Limiter applies an Algorithm to one key (one State) behind a mutex; for
 // GCRA, whose state is one word, it is lock-free (compare-and-swap on TAT).
 type Limiter struct {
@@ -41,8 +56,10 @@ func (l *Limiter) TakeAt(now, n int64) (d Decision) {
 		}
 	}
 	l.mu.Lock()
-	var st State
-	st, d = l.alg.Take(l.state, now, n)
+	st, ok := decideInPlace(l.alg, l.state, now, n, &d)
+	if !ok {
+		st, d = l.alg.Take(l.state, now, n)
+	}
 	if d.Allowed {
 		l.state = st
 	}
@@ -306,6 +323,9 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo, d 
 func (s *Store) take(st State, now, n int64, d *Decision) State {
 	if g := s.gcra; g != nil {
 		return State{g.decide(st[0], now, n, d), st[1]}
+	}
+	if next, ok := decideInPlace(s.alg, st, now, n, d); ok {
+		return next
 	}
 	var next State
 	next, *d = s.alg.Take(st, now, n)

@@ -67,32 +67,34 @@ func (b *TokenBucket) deficit(s State, now int64) int64 {
 
 // Take implements Algorithm.
 func (b *TokenBucket) Take(s State, now, n int64) (State, Decision) {
-	dec := Decision{Limit: b.limit, Window: time.Duration(b.window)}
+	var d Decision
+	return b.decideInto(s, now, n, &d), d
+}
+
+// decideInto is Take writing the decision through dec (see decideInPlace).
+func (b *TokenBucket) decideInto(s State, now, n int64, dec *Decision) State {
+	*dec = Decision{Limit: b.limit, Window: time.Duration(b.window)}
 	d := b.deficit(s, now)
 	if n > b.burst {
 		dec.Remaining = b.perW.div(b.capacity - d)
 		dec.Reset = time.Duration(b.perL.ceil(d))
 		dec.RetryAfter = Never
-		return s, dec
+		return s
 	}
 	nd := d + n*b.window
 	if nd > b.capacity {
 		dec.Remaining = b.perW.div(b.capacity - d)
 		dec.Reset = time.Duration(b.perL.ceil(d))
 		dec.RetryAfter = time.Duration(b.perL.ceil(nd - b.capacity))
-		return s, dec
+		return s
 	}
 	dec.Allowed = true
 	dec.Remaining = b.perW.div(b.capacity - nd)
 	dec.Reset = time.Duration(b.perL.ceil(nd))
 	if n == 0 {
-		return s, dec
+		return s
 	}
-	last := now
-	if last < s[0] {
-		last = s[0]
-	}
-	return State{last, nd}, dec
+	return State{max(now, s[0]), nd}
 }
 
 // Idle implements Algorithm: the key is fresh once the bucket is full again.

@@ -158,7 +158,13 @@ func (w *SlidingWindow) Counts(s State, now int64) (start, prev, curr int64) {
 
 // Take implements Algorithm.
 func (w *SlidingWindow) Take(s State, now, n int64) (State, Decision) {
-	d := Decision{Limit: w.limit, Window: time.Duration(w.window)}
+	var d Decision
+	return w.decideInto(s, now, n, &d), d
+}
+
+// decideInto is Take writing the decision through d (see decideInPlace).
+func (w *SlidingWindow) decideInto(s State, now, n int64, d *Decision) State {
+	*d = Decision{Limit: w.limit, Window: time.Duration(w.window)}
 	// As in FixedWindow: a stale now never rolls the windows back.
 	now = max(now, s[0])
 	start, prev, curr := w.Counts(s, now)
@@ -175,15 +181,15 @@ func (w *SlidingWindow) Take(s State, now, n int64) (State, Decision) {
 		} else {
 			d.RetryAfter = w.retryAfter(prev, curr, e, n)
 		}
-		return s, d
+		return s
 	}
 	d.Allowed = true
 	d.Remaining = int64((quota - used - uint64(n)*win) / win)
 	d.Reset = w.reset(prev, curr+n, e)
 	if n == 0 {
-		return s, d
+		return s
 	}
-	return State{start, prev<<32 | (curr + n)}, d
+	return State{start, prev<<32 | (curr + n)}
 }
 
 // reset is the time until the weighted count is back to zero.
