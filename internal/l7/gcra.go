@@ -68,8 +68,12 @@ func (g *GCRA) EmissionInterval() int64 { return g.interval }
 // Take implements Algorithm.
 func (g *GCRA) Take(s State, now, n int64) (State, Decision) {
 	var d Decision
-	tat := g.decide(s[0], now, n, &d)
-	return State{tat, s[1]}, d
+	return g.decideInto(s, now, n, &d), d
+}
+
+// decideInto is Take writing the decision through d (see decideInPlace).
+func (g *GCRA) decideInto(s State, now, n int64, d *Decision) State {
+	return State{g.decide(s[0], now, n, d), s[1]}
 }
 
 // decide is Take on the TAT alone, writing the decision through d (the

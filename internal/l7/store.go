@@ -15,6 +15,8 @@ import (
 // for the other algorithms.
 func decideInPlace(alg Algorithm, s State, now, n int64, d *Decision) (next State, ok bool) {
 	switch a := alg.(type) {
+	case *GCRA:
+		return a.decideInto(s, now, n, d), true
 	case *SlidingWindow:
 		return a.decideInto(s, now, n, d), true
 	case *TokenBucket:
@@ -121,7 +123,6 @@ type storeShard struct {
 // 3e-8).
 type Store struct {
 	alg        Algorithm
-	gcra       *GCRA  // alg when it is GCRA: decided in place
 	id         uint64 // random; orders shard locks across stores in TakeAll
 	shift      uint
 	failClosed bool
@@ -152,10 +153,8 @@ func NewStore(alg Algorithm, cfg StoreConfig) (*Store, error) {
 	for 1<<bits < shards {
 		bits++
 	}
-	g, _ := alg.(*GCRA)
 	s := &Store{
 		alg:        alg,
-		gcra:       g,
 		id:         maphash.Comparable(maphash.MakeSeed(), 0),
 		shift:      64 - bits,
 		failClosed: cfg.FailClosed,
@@ -317,13 +316,8 @@ func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo, d 
 	return true
 }
 
-// take is s.alg.Take writing the decision through d; GCRA decides in place
-// (returning a State and a Decision by value costs more than its
-// arithmetic).
+// take is s.alg.Take writing the decision through d.
 func (s *Store) take(st State, now, n int64, d *Decision) State {
-	if g := s.gcra; g != nil {
-		return State{g.decide(st[0], now, n, d), st[1]}
-	}
 	if next, ok := decideInPlace(s.alg, st, now, n, d); ok {
 		return next
 	}
