@@ -103,11 +103,20 @@ func coversV4Mapped(k loader.LimiterEgLpmKey) bool {
 	return true
 }
 
+// The table's geometry, from the C header (enum eg_sizes).
+const (
+	v4L1Bits = int(loader.LimiterEgSizesEG_V4L1BITS)
+	v4Stride = int(loader.LimiterEgSizesEG_V4STRIDE)
+)
+
+// v4Chunk is one chunk: 1<<v4Stride entries.
+type v4Chunk [loader.LimiterEgSizesEG_V4CHUNK_ENTRIES]loader.LimiterEgV4Entry
+
 // v4Table is a direct table before it is written: level 1, and chunks
 // numbered from 0 (the generation's offset is added when writing).
 type v4Table struct {
 	l1     []loader.LimiterEgV4Entry
-	chunks [][16]loader.LimiterEgV4Entry
+	chunks []v4Chunk
 }
 
 // buildV4Table compiles IPv4 facts into a table of at most budget chunks;
@@ -115,7 +124,7 @@ type v4Table struct {
 // the longest, each overwriting the addresses it covers, so the most
 // specific fact wins; a chunk inherits the entry it replaces.
 func buildV4Table(background loader.LimiterEgV4Entry, facts []v4Fact, budget int) (_ *v4Table, ok bool) {
-	const l1Bits, stride = 16, 4
+	const l1Bits, stride = v4L1Bits, v4Stride
 	t := &v4Table{l1: make([]loader.LimiterEgV4Entry, loader.V4L1Entries)}
 	for i := range t.l1 {
 		t.l1[i] = background
@@ -139,7 +148,7 @@ func buildV4Table(background loader.LimiterEgV4Entry, facts []v4Fact, budget int
 				if len(t.chunks) == budget {
 					return nil, false
 				}
-				var c [16]loader.LimiterEgV4Entry
+				var c v4Chunk
 				fill(c[:], *entry)
 				t.chunks = append(t.chunks, c)
 				// entry may point into a chunk moved by append: refind
@@ -162,9 +171,9 @@ func buildV4Table(background loader.LimiterEgV4Entry, facts []v4Fact, budget int
 // slot returns the entry that covers addr at depth bits (16, 20, ... 28),
 // following chunks that exist.
 func (t *v4Table) slot(addr uint32, depth int) *loader.LimiterEgV4Entry {
-	e := &t.l1[addr>>16]
-	for d := 20; d <= depth; d += 4 {
-		e = &t.chunks[e.Asn][addr>>(32-d)&15]
+	e := &t.l1[addr>>(32-v4L1Bits)]
+	for d := v4L1Bits + v4Stride; d <= depth; d += v4Stride {
+		e = &t.chunks[e.Asn][addr>>(32-d)&(1<<v4Stride-1)]
 	}
 	return e
 }
