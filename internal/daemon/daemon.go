@@ -162,13 +162,7 @@ func (d *Daemon) loadDatapath(next running) error {
 		d.log.Info("ipv4 direct table budget from --ipv4-direct-chunks; the policy's tables.ipv4_direct_chunks is ignored",
 			"chunks", d.opts.IPv4DirectChunks, "policy_chunks", t.IPv4DirectChunks)
 	}
-	dp, err := loader.Load(loader.Options{
-		Sizes: loader.Sizes{
-			MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
-			PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: d.v4Chunks(t),
-		},
-		PinDir: d.opts.PinDir, Logger: d.log,
-	})
+	dp, err := loader.Load(loader.Options{Sizes: d.sizes(t), PinDir: d.opts.PinDir, Logger: d.log})
 	if err != nil {
 		return err
 	}
@@ -296,21 +290,24 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	return running{source: source, raw: raw, pol: p, compiled: c, names: names, l7: l7cfg, l7raw: l7raw}, nil
 }
 
-// v4Chunks is the IPv4 direct table's budget: the flag's, else the
-// policy's.
-func (d *Daemon) v4Chunks(t policy.Tables) uint32 {
-	if d.opts.IPv4DirectChunks != 0 {
-		return d.opts.IPv4DirectChunks
+// sizes are the data plane's table sizes for the policy's tables section;
+// the IPv4 direct table's budget is the flag's, else the policy's.
+func (d *Daemon) sizes(t policy.Tables) loader.Sizes {
+	s := loader.Sizes{
+		MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
+		PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: t.IPv4DirectChunks,
 	}
-	return t.IPv4DirectChunks
+	if d.opts.IPv4DirectChunks != 0 {
+		s.V4Chunks = d.opts.IPv4DirectChunks
+	}
+	return s
 }
 
 // checkSizes refuses table sizes that differ from the loaded maps: those
 // are fixed at load time.
 func (d *Daemon) checkSizes(t policy.Tables) error {
 	s := d.dp.Sizes
-	if t.MaxRules != s.MaxRules || t.PerSourceEntries != s.SrcEntries || t.AggregateEntries != s.AggEntries ||
-		t.PrefixEntries != s.PrefixEntries || t.ListEntries != s.ListEntries || d.v4Chunks(t) != s.V4Chunks {
+	if d.sizes(t).WithDefaults() != s {
 		return fmt.Errorf("tables: sizes differ from the loaded maps (%+v); table sizes are fixed at load time: "+
 			"restart with 'edgectl detach --unpin' first (all limiter state is lost)", s)
 	}

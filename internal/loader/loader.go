@@ -57,7 +57,9 @@ const (
 // max_entries and chunk indexes within the entry's 32-bit field.
 const maxV4Chunks = 1 << 26
 
-func (s Sizes) withDefaults() Sizes {
+// WithDefaults is s with its zero fields set to DefaultSizes': the sizes a
+// Load with s creates.
+func (s Sizes) WithDefaults() Sizes {
 	d := DefaultSizes()
 	if s.MaxRules != 0 {
 		d.MaxRules = s.MaxRules
@@ -144,7 +146,7 @@ func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse embedded bpf object: %w", err)
 	}
-	s := sizes.withDefaults()
+	s := sizes.WithDefaults()
 	if s.V4Chunks > maxV4Chunks {
 		return nil, fmt.Errorf("ipv4 direct table: %d chunks asked, at most %d", s.V4Chunks, maxV4Chunks)
 	}
@@ -194,7 +196,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{Sizes: opts.Sizes.withDefaults(), pinDir: opts.PinDir, log: log}
+	d := &Datapath{Sizes: opts.Sizes.WithDefaults(), pinDir: opts.PinDir, log: log}
 
 	var collOpts ebpf.CollectionOptions
 	var tmp string
