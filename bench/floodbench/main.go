@@ -153,10 +153,11 @@ func cases(c config) []benchCase {
 
 // result is one case's numbers.
 type result struct {
-	offered, received, ringDrops uint64 // frames sent, consumed by NAPI, lost at the ring
-	passed                       uint64 // flood datagrams that reached UDP
-	filterCount                  uint64 // the filter's own drop counter
-	cpu                          time.Duration
+	offered, received, ringDrops uint64        // frames sent, consumed by NAPI, lost at the ring
+	passed                       uint64        // flood datagrams that reached UDP
+	filterCount                  uint64        // the filter's own drop counter
+	cpu                          time.Duration // generator + receive (or the NAPI kthread, threaded)
+	rxCPU                        time.Duration // in the NET_RX softirq only (rxClock); 0 when threaded
 	elapsed                      time.Duration
 	legit                        legitResult
 }
@@ -173,8 +174,18 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		fmt.Println("# ns CPU/pkt: generator thread + ksoftirqd on its CPU (schedstat) per packet received; NAPI runs there as softirq. " +
 			"'above floor' subtracts the XDP_DROP case with the same sources")
 	}
-	fmt.Println("| suite | filter | sources | extra rules | received Mpps | ring drops | flood dropped | flood passed pps | filter's count | ns CPU/pkt | above floor | dropped per CPU-s (M) | legit success |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	var rc *rxClock
+	if !c.threaded {
+		var err error
+		if rc, err = newRxClock(); err != nil {
+			return fmt.Errorf("receive-side clock: %w", err)
+		}
+		defer rc.close()
+		fmt.Println("# rx ns/pkt: time in the NET_RX softirq (net_rx_action, timed at irq:softirq_entry/exit) per packet " +
+			"received: the receiving side alone, without the generator; 'per rx CPU-s' divides by that time")
+	}
+	fmt.Println("| suite | filter | sources | extra rules | received Mpps | ring drops | flood dropped | flood passed pps | filter's count | ns CPU/pkt | above floor | dropped per CPU-s (M) | rx ns/pkt | dropped per rx CPU-s (M) | legit success |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	floor := map[string]float64{} // total ns/pkt of the floor, by sources
 	list := cases(c)
 	samples := make([][]sample, len(list))
@@ -184,7 +195,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 				return ctx.Err()
 			}
 			f := bc.f()
-			r, err := runCase(c, fmt.Sprintf("%s-%d-%d", c.prefix, round, i), f, bc.src, bc.rules)
+			r, err := runCase(c, rc, fmt.Sprintf("%s-%d-%d", c.prefix, round, i), f, bc.src, bc.rules)
 			if err != nil {
 				log.Error("case failed", "filter", f.name(), "sources", bc.src.name, "err", err)
 				fmt.Printf("| %s | %s | %s | %d | failed: %s |\n", bc.suite, f.name(), bc.src.name, bc.rules, strings.ReplaceAll(err.Error(), "\n", " "))
@@ -193,6 +204,8 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 			dropped := r.received - min(r.passed, r.received)
 			perPkt := float64(r.cpu.Nanoseconds()) / float64(max(r.received, 1))
 			dropRate := float64(dropped) / r.cpu.Seconds() / 1e6
+			rxPerPkt := float64(r.rxCPU.Nanoseconds()) / float64(max(r.received, 1))
+			rxDropRate := float64(dropped) / max(r.rxCPU.Seconds(), 1e-9) / 1e6
 			if _, ok := f.(*xdpConst); ok {
 				floor[bc.src.name] = perPkt
 			}
@@ -200,17 +213,18 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 			if fl, ok := floor[bc.src.name]; ok {
 				above = fmt.Sprintf("%.0f", perPkt-fl)
 			}
-			fmt.Printf("| %s | %s | %s | %d | %.2f | %.1f%% | %.2f%% | %.0f | %d | %.0f | %s | %.2f | %.2f%% (%d/%d) |\n",
+			fmt.Printf("| %s | %s | %s | %d | %.2f | %.1f%% | %.2f%% | %.0f | %d | %.0f | %s | %.2f | %.0f | %.2f | %.2f%% (%d/%d) |\n",
 				bc.suite, f.name(), bc.src.name, bc.rules,
 				float64(r.received)/r.elapsed.Seconds()/1e6,
 				100*float64(r.ringDrops)/float64(max(r.offered, 1)),
 				100*float64(dropped)/float64(max(r.received, 1)),
 				float64(r.passed)/r.elapsed.Seconds(), r.filterCount,
-				perPkt, above, dropRate,
+				perPkt, above, dropRate, rxPerPkt, rxDropRate,
 				100*float64(r.legit.answered)/float64(max(r.legit.sent, 1)), r.legit.answered, r.legit.sent)
 			samples[i] = append(samples[i], sample{
 				perPkt: perPkt, dropShare: float64(dropped) / float64(max(r.received, 1)),
 				passedPPS: float64(r.passed) / r.elapsed.Seconds(), dropRate: dropRate,
+				rxPerPkt: rxPerPkt, rxDropRate: rxDropRate,
 				legitSent: r.legit.sent, legitOK: r.legit.answered,
 			})
 		}
@@ -224,6 +238,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 // sample is one run of one case.
 type sample struct {
 	perPkt, dropShare, passedPPS, dropRate float64
+	rxPerPkt, rxDropRate                   float64
 	legitSent, legitOK                     uint64
 }
 
@@ -243,8 +258,8 @@ func median(xs []float64) float64 {
 // CPU per packet in brackets, and the legit clients' total over all rounds.
 func printMedians(list []benchCase, samples [][]sample) {
 	fmt.Printf("\n# medians over the rounds (minimum in brackets); 'above floor' uses the floor's median\n")
-	fmt.Println("| suite | filter | sources | extra rules | rounds | ns CPU/pkt | above floor | flood dropped | flood passed pps | dropped per CPU-s (M) | legit success (all rounds) |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| suite | filter | sources | extra rules | rounds | ns CPU/pkt | above floor | flood dropped | flood passed pps | dropped per CPU-s (M) | rx ns/pkt | dropped per rx CPU-s (M) | legit success (all rounds) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	floor := map[string]float64{}
 	for i, bc := range list {
 		ss := samples[i]
@@ -272,16 +287,18 @@ func printMedians(list []benchCase, samples [][]sample) {
 			sent += s.legitSent
 			ok += s.legitOK
 		}
-		fmt.Printf("| %s | %s | %s | %d | %d | %.0f (%.0f) | %s | %.2f%% | %.0f | %.2f | %.2f%% (%d/%d) |\n",
+		rx := col(func(s sample) float64 { return s.rxPerPkt })
+		fmt.Printf("| %s | %s | %s | %d | %d | %.0f (%.0f) | %s | %.2f%% | %.0f | %.2f | %.0f (%.0f) | %.2f | %.2f%% (%d/%d) |\n",
 			bc.suite, name, bc.src.name, bc.rules, len(ss), median(per), slices.Min(per), above,
 			100*median(col(func(s sample) float64 { return s.dropShare })),
 			median(col(func(s sample) float64 { return s.passedPPS })),
 			median(col(func(s sample) float64 { return s.dropRate })),
+			median(rx), slices.Min(rx), median(col(func(s sample) float64 { return s.rxDropRate })),
 			100*float64(ok)/float64(max(sent, 1)), ok, sent)
 	}
 }
 
-func runCase(c config, prefix string, f filter, src sources, extraRules int) (res result, err error) {
+func runCase(c config, rc *rxClock, prefix string, f filter, src sources, extraRules int) (res result, err error) {
 	tb := testbed.New(prefix)
 	defer func() {
 		f.close()
@@ -407,6 +424,12 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	if err != nil {
 		return res, err
 	}
+	var rx0 rxTotals
+	if rc != nil {
+		if rx0, err = rc.read(); err != nil {
+			return res, err
+		}
+	}
 	served0 := served.Load()
 
 	legitDone := make(chan struct{})
@@ -450,6 +473,13 @@ func runCase(c config, prefix string, f filter, src sources, extraRules int) (re
 	cpu1, err := cpuNS(kt)
 	if err != nil {
 		return res, err
+	}
+	if rc != nil {
+		rx1, err := rc.read()
+		if err != nil {
+			return res, err
+		}
+		res.rxCPU = time.Duration(rx1.NS - rx0.NS)
 	}
 	s1, err := linkStats(e)
 	if err != nil {
