@@ -6,4 +6,4 @@ package edgeguard
 
 // The BPF objects are committed so that `go build` needs no clang. CI
 // regenerates them with the pinned clang and fails if they differ.
-//go:generate go tool bpf2go -cc ${BPF_CLANG} -strip ${BPF_STRIP} -cflags ${BPF_CFLAGS} -target bpfel -go-package loader -output-dir internal/loader -type eg_action -type eg_reason -type eg_mode -type eg_agg_mode -type eg_agg_kind -type eg_l4_dir -type eg_origin -type eg_global_slot -type eg_rule_action -type eg_sizes -type eg_sample -type eg_bucket_cfg -type eg_counter -type eg_prefix_val Limiter bpf/xdp_limiter.c -- -I bpf/headers
+//go:generate go tool bpf2go -cc ${BPF_CLANG} -strip ${BPF_STRIP} -cflags ${BPF_CFLAGS} -target bpfel -go-package loader -output-dir internal/loader -type eg_action -type eg_reason -type eg_mode -type eg_clock -type eg_agg_mode -type eg_agg_kind -type eg_l4_dir -type eg_origin -type eg_global_slot -type eg_rule_action -type eg_sizes -type eg_sample -type eg_bucket_cfg -type eg_counter -type eg_prefix_val Limiter bpf/xdp_limiter.c -- -I bpf/headers

@@ -40,6 +40,7 @@ struct eg_btf_anchor {
 	enum eg_action action;
 	enum eg_reason reason;
 	enum eg_mode mode;
+	enum eg_clock clock;
 	enum eg_agg_mode agg_mode;
 	enum eg_agg_kind agg_kind;
 	enum eg_l4_dir l4_dir;
@@ -60,7 +61,10 @@ struct verdict {
 	__u8 counted_rule;
 };
 
-static __always_inline __u64 now_ticks(void)
+/* now_ticks reads the generation's clock (enum eg_clock). Both are
+ * CLOCK_MONOTONIC, so a policy change from one to the other moves time by
+ * less than a tick: back (precise to coarse) only delays admissions. */
+static __always_inline __u64 now_ticks(const struct eg_config *cfg)
 {
 	__u64 ns;
 
@@ -69,8 +73,10 @@ static __always_inline __u64 now_ticks(void)
 		__u64 *t = bpf_map_lookup_elem(&test_clock, &zero);
 
 		ns = t ? *t : 0;
-	} else {
+	} else if (cfg->clock == EG_CLOCK_PRECISE) {
 		ns = bpf_ktime_get_ns();
+	} else {
+		ns = bpf_ktime_get_coarse_ns();
 	}
 	return ns << EG_TICK_SHIFT;
 }
@@ -433,7 +439,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (!cfg || !cfg->valid)
 		goto no_policy;
 
-	now = now_ticks();
+	now = now_ticks(cfg);
 
 	/* 1. Lists: deny, then allow. Inheritance is folded in by the control
 	 * plane, so the most specific entry answers both. */

@@ -81,6 +81,18 @@ enum eg_mode {
 	EG_MODE_DRY_RUN = 2,
 };
 
+/* Which kernel clock drives a generation's buckets (eg_config.clock). */
+enum eg_clock {
+	/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC at the last tick (1/HZ).
+	 * Never ahead of the precise clock; behind it by less than a tick
+	 * (a few ticks when the timekeeping CPU stalls). Cheap: no clock
+	 * source read. */
+	EG_CLOCK_COARSE = 0,
+	/* bpf_ktime_get_ns: CLOCK_MONOTONIC, read from the clock source on
+	 * every packet (~25-30 ns on kvm-clock). */
+	EG_CLOCK_PRECISE = 1,
+};
+
 enum eg_rule_action {
 	EG_RULE_LIMIT = 0, /* apply the rule's buckets */
 	EG_RULE_DROP = 1,  /* drop every packet of the rule */
@@ -198,7 +210,8 @@ struct eg_config {
 	 * (v4_l1, v4_chunks), not the prefix trie. 0 when the control plane
 	 * chose the trie, or the table did not fit. */
 	__u8 v4_direct;
-	__u8 _pad[3];
+	__u8 clock; /* enum eg_clock */
+	__u8 _pad[2];
 };
 
 #define EG_L4P_TCP (1 << 0)

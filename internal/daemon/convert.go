@@ -67,6 +67,9 @@ func Generation(c *policy.Compiled) maps.Generation {
 	if c.Malformed == policy.VerdictDrop {
 		g.Settings.Malformed = maps.ActDrop
 	}
+	if c.Clock == policy.ClockPrecise {
+		g.Settings.Clock = maps.ClockPrecise
+	}
 	for _, r := range c.Rules {
 		g.Rules = append(g.Rules, maps.Rule{
 			ID:      r.ID,

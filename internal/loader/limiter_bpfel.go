@@ -59,6 +59,7 @@ type LimiterEgBtfAnchor struct {
 	Action     uint32
 	Reason     uint32
 	Mode       uint32
+	Clock      uint32
 	AggMode    uint32
 	AggKind    uint32
 	L4Dir      uint32
@@ -74,6 +75,7 @@ type LimiterEgBtfAnchor struct {
 		Pad0    uint16
 		Pad1    uint32
 	}
+	_      [4]byte
 	Sample struct {
 		_       structs.HostLayout
 		KtimeNs uint64
@@ -104,6 +106,13 @@ type LimiterEgBucketCfg struct {
 	ByteTau uint64
 }
 
+type LimiterEgClock uint32
+
+const (
+	LimiterEgClockEG_CLOCK_COARSE  LimiterEgClock = 0
+	LimiterEgClockEG_CLOCK_PRECISE LimiterEgClock = 1
+)
+
 type LimiterEgConfig struct {
 	_                structs.HostLayout
 	Global           LimiterEgBucketCfg
@@ -113,7 +122,8 @@ type LimiterEgConfig struct {
 	L4Protos         uint8
 	Valid            uint8
 	V4Direct         uint8
-	Pad              [3]uint8
+	Clock            uint8
+	Pad              [2]uint8
 }
 
 type LimiterEgCounter struct {

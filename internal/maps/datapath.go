@@ -82,9 +82,13 @@ func (r Rule) compile() (loader.LimiterEgRule, error) {
 }
 
 func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
-	c := loader.LimiterEgConfig{Mode: uint8(s.Mode), MalformedVerdict: uint8(s.Malformed), L4Protos: l4protos, Valid: 1}
+	c := loader.LimiterEgConfig{Mode: uint8(s.Mode), MalformedVerdict: uint8(s.Malformed), L4Protos: l4protos, Valid: 1,
+		Clock: uint8(s.Clock)}
 	if s.Mode != ModeEnforce && s.Mode != ModeDryRun {
 		return c, fmt.Errorf("global mode must be enforce or dry-run")
+	}
+	if s.Clock != ClockCoarse && s.Clock != ClockPrecise {
+		return c, fmt.Errorf("clock must be coarse or precise")
 	}
 	var err error
 	if c.Global, err = s.Global.Cfg(); err != nil {

@@ -80,6 +80,21 @@ const (
 	ModeDryRun  = loader.LimiterEgModeEG_MODE_DRY_RUN
 )
 
+// Clock is the kernel clock that drives a generation's buckets.
+type Clock = loader.LimiterEgClock
+
+// Clocks. The zero value is ClockCoarse, the policy file's default.
+const (
+	// ClockCoarse is CLOCK_MONOTONIC as of the last tick: no clock source
+	// read per packet. Rates hold exactly over time; within a tick the
+	// clock stands still, so a bucket may admit up to rate x tick beyond
+	// its burst in a short window (docs/operations.md, "Clock").
+	ClockCoarse = loader.LimiterEgClockEG_CLOCK_COARSE
+	// ClockPrecise reads CLOCK_MONOTONIC from the clock source for every
+	// packet.
+	ClockPrecise = loader.LimiterEgClockEG_CLOCK_PRECISE
+)
+
 // RuleAction is what a rule does: limit, drop or pass.
 type RuleAction = loader.LimiterEgRuleAction
 
@@ -148,6 +163,7 @@ type Settings struct {
 	Malformed Action // ActPass or ActDrop
 	Global    Bucket
 	Samples   Rate // drop samples per second sent to user space
+	Clock     Clock
 }
 
 // PrefixFact says what is known about a source prefix.

@@ -22,6 +22,7 @@ var ErrTableTooSmall = errors.New("table too small")
 type Compiled struct {
 	Mode       Mode
 	Malformed  Verdict
+	Clock      Clock
 	Global     Bucket
 	Interfaces []Interface
 	Tables     Tables
@@ -155,6 +156,7 @@ func Compile(p *Policy, asnData []asn.Entry) (*Compiled, error) {
 	c := &Compiled{
 		Mode:       p.Mode,
 		Malformed:  p.Malformed,
+		Clock:      p.Clock,
 		Global:     p.Global,
 		Interfaces: slices.Clone(p.Interfaces),
 		Tables:     p.Tables,

@@ -73,6 +73,7 @@ func orNone(s string) string {
 func (d *differ) settings(a, b *Compiled) {
 	d.field("setting mode", orNone(string(a.Mode)), orNone(string(b.Mode)))
 	d.field("setting malformed", orNone(string(a.Malformed)), orNone(string(b.Malformed)))
+	d.field("setting clock", orNone(string(a.Clock)), orNone(string(b.Clock)))
 	d.bucket("setting global", a.Global, b.Global)
 	ai := map[string]Interface{}
 	for _, i := range a.Interfaces {

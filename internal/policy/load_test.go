@@ -108,6 +108,7 @@ func TestParseValid(t *testing.T) {
 	src := `apiVersion: edgeguard/v1
 mode: dry-run
 malformed: drop
+clock: precise
 base: &lim {rate: 10/s, burst: 20}
 defaults:
   per_prefix: {group: whole, packets: 1k/s}
@@ -138,8 +139,8 @@ l7:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Mode != ModeDryRun || p.Malformed != VerdictDrop || p.Metrics.Listen != "" || p.ASNData.Format != ASNFormatMMDB {
-		t.Errorf("settings: %v %v %q %v", p.Mode, p.Malformed, p.Metrics.Listen, p.ASNData.Format)
+	if p.Mode != ModeDryRun || p.Malformed != VerdictDrop || p.Clock != ClockPrecise || p.Metrics.Listen != "" || p.ASNData.Format != ASNFormatMMDB {
+		t.Errorf("settings: %v %v %v %q %v", p.Mode, p.Malformed, p.Clock, p.Metrics.Listen, p.ASNData.Format)
 	}
 	if got := p.Rules[0].Match.ASNs; len(got) != 3 || got[0] != 64500 || got[2] != 64502 {
 		t.Errorf("asns = %v", got)
@@ -160,7 +161,7 @@ l7:
 	if len(p.Deny) != 3 || p.Deny[1].Expires.Format("2006-01-02") != "2026-12-31" || p.Deny[2].Source != "list.txt:2:1" {
 		t.Errorf("deny = %+v", p.Deny)
 	}
-	if p.L7 == nil || p.L7.Line != 25 {
+	if p.L7 == nil || p.L7.Line != 26 {
 		t.Errorf("l7 node = %+v, want kept with its position", p.L7)
 	}
 }

@@ -34,6 +34,7 @@ type Policy struct {
 	Interfaces []Interface
 	Mode       Mode
 	Malformed  Verdict
+	Clock      Clock
 	// Defaults are the limits of the default rule, and what a rule inherits
 	// for each section it leaves out.
 	Defaults Limits
@@ -92,6 +93,17 @@ type Verdict string
 const (
 	VerdictPass Verdict = "pass"
 	VerdictDrop Verdict = "drop"
+)
+
+// Clock is the kernel clock the XDP stage's buckets run on.
+type Clock string
+
+// Clocks (docs/operations.md, "Clock").
+const (
+	// ClockCoarse, the default: the time of the last kernel tick (1/HZ).
+	ClockCoarse Clock = "coarse"
+	// ClockPrecise: the clock source, read for every packet.
+	ClockPrecise Clock = "precise"
 )
 
 // Action is what a rule does with the packets it matches.

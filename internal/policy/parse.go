@@ -117,13 +117,14 @@ func (ps *parser) parse(data []byte) *Policy {
 		File:      ps.File,
 		Mode:      ModeEnforce,
 		Malformed: VerdictPass,
+		Clock:     ClockCoarse,
 		Defaults: Limits{
 			PerSource: PerSource{Key: KeyBits{V4: 32, V6: 64}},
 		},
 		Tables:  DefaultTables(),
 		Metrics: Metrics{Listen: DefaultMetricsListen},
 	}
-	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "defaults", "global",
+	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
 		"lists", "rules", "tables", "metrics", "asn_data", "l7")
 	if f == nil {
 		return nil
@@ -144,6 +145,9 @@ func (ps *parser) parse(data []byte) *Policy {
 	}
 	if n, ok := f["malformed"]; ok {
 		p.Malformed = Verdict(ps.enum(n, "malformed", string(p.Malformed), string(VerdictPass), string(VerdictDrop)))
+	}
+	if n, ok := f["clock"]; ok {
+		p.Clock = Clock(ps.enum(n, "clock", string(p.Clock), string(ClockCoarse), string(ClockPrecise)))
 	}
 	if n, ok := f["defaults"]; ok {
 		p.Defaults = ps.limits(n, "defaults", p.Defaults, true)
