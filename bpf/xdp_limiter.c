@@ -73,10 +73,10 @@ static __always_inline __u64 now_ticks(const struct eg_config *cfg)
 		__u64 *t = bpf_map_lookup_elem(&test_clock, &zero);
 
 		ns = t ? *t : 0;
-	} else if (cfg->clock == EG_CLOCK_PRECISE) {
-		ns = bpf_ktime_get_ns();
-	} else {
+	} else if (cfg->clock == EG_CLOCK_COARSE) {
 		ns = bpf_ktime_get_coarse_ns();
+	} else {
+		ns = bpf_ktime_get_ns();
 	}
 	return ns << EG_TICK_SHIFT;
 }

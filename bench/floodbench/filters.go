@@ -111,23 +111,33 @@ func (stackOnly) close()                        {}
 
 // edgeguard is our data plane, native or generic, on both interfaces.
 type edgeguard struct {
-	mode loader.Mode
-	dp   *loader.Datapath
+	mode  loader.Mode
+	clock maps.Clock
+	dp    *loader.Datapath
 	m    *maps.Maps
 	att  []*loader.Attachment
 }
 
-func (g *edgeguard) name() string { return "edgeguard " + string(g.mode) }
+func (g *edgeguard) name() string {
+	if g.clock == maps.ClockPrecise {
+		return "edgeguard " + string(g.mode) + ", precise clock"
+	}
+	return "edgeguard " + string(g.mode)
+}
 
 // policy: the default rule (sources in no prefix fact, i.e. the rest of
 // the internet) limits each source to 100/s and all of them together to
 // unknownBudget; the known space 198.18.0.0/15 (standing for networks the
 // operator has facts about, as from an ASN database) limits each source
 // to 100/s and each /16 to prefixBudget. No rule names the attacker.
-func benchPolicy(extraRules int) maps.Generation {
+func benchPolicy(extraRules int, clock maps.Clock) maps.Generation {
 	src := maps.Bucket{Packets: maps.Rate{Count: perSourceRate, Per: time.Second, Burst: perSourceBurst}}
 	g := maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass},
+		// Edgeguard runs on the coarse clock, as on an edge that sheds
+		// floods: the same class of clock as hashlimit's jiffies
+		// (docs/operations.md, "Clock"); "edgeguard native, precise
+		// clock" is the policy default.
+		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass, Clock: clock},
 		Rules: []maps.Rule{
 			{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: src, AggMode: maps.AggWhole,
 				Agg: maps.Bucket{Packets: maps.Rate{Count: unknownBudget, Per: time.Second, Burst: unknownBudget}}},
@@ -155,7 +165,7 @@ func (g *edgeguard) setup(e *edge, extraRules int) error {
 		return err
 	}
 	g.dp, g.m = dp, maps.New(dp)
-	if err := g.m.Apply(benchPolicy(extraRules)); err != nil {
+	if err := g.m.Apply(benchPolicy(extraRules, g.clock)); err != nil {
 		return fmt.Errorf("apply bench policy: %w", err)
 	}
 	if g.mode == loader.ModeGeneric {

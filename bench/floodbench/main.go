@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
@@ -92,8 +93,9 @@ type benchCase struct {
 func filters() []func() filter {
 	return []func() filter{
 		func() filter { return &xdpConst{} },
-		func() filter { return &edgeguard{mode: loader.ModeNative} },
-		func() filter { return &edgeguard{mode: loader.ModeGeneric} },
+		func() filter { return &edgeguard{mode: loader.ModeNative, clock: maps.ClockCoarse} },
+		func() filter { return &edgeguard{mode: loader.ModeNative, clock: maps.ClockPrecise} },
+		func() filter { return &edgeguard{mode: loader.ModeGeneric, clock: maps.ClockCoarse} },
 		func() filter { return nftMeter{netdev: true} },
 		func() filter { return nftMeter{netdev: false} },
 		func() filter { return hashlimit{} },
@@ -166,7 +168,8 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	fmt.Printf("# floodbench: rate %d pps offered, %s per case, legit 10 clients x %d req/s, generator cpu %d, napi cpu %d\n",
 		c.rate, c.duration, c.legitRate, c.genCPU, c.napiCPU)
 	fmt.Printf("# policy: per-source %d/s burst %d everywhere; nft set / hashlimit table %d entries; "+
-		"edgeguard also /16 budget %d/s (198.18.0.0/15) and %d/s for all other sources together\n",
+		"edgeguard also /16 budget %d/s (198.18.0.0/15) and %d/s for all other sources together, "+
+		"on the coarse clock unless the name says precise\n",
 		perSourceRate, perSourceBurst, meterSize, prefixBudget, unknownBudget)
 	if c.threaded {
 		fmt.Println("# ns CPU/pkt: the flood interface's threaded NAPI kthread (schedstat) per packet it consumed")

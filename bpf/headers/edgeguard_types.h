@@ -83,14 +83,14 @@ enum eg_mode {
 
 /* Which kernel clock drives a generation's buckets (eg_config.clock). */
 enum eg_clock {
+	/* bpf_ktime_get_ns: CLOCK_MONOTONIC, read from the clock source on
+	 * every packet (~25-30 ns on kvm-clock). The default. */
+	EG_CLOCK_PRECISE = 0,
 	/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC at the last tick (1/HZ).
 	 * Never ahead of the precise clock; behind it by less than a tick
 	 * (a few ticks when the timekeeping CPU stalls). Cheap: no clock
 	 * source read. */
-	EG_CLOCK_COARSE = 0,
-	/* bpf_ktime_get_ns: CLOCK_MONOTONIC, read from the clock source on
-	 * every packet (~25-30 ns on kvm-clock). */
-	EG_CLOCK_PRECISE = 1,
+	EG_CLOCK_COARSE = 1,
 };
 
 enum eg_rule_action {

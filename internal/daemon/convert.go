@@ -67,8 +67,8 @@ func Generation(c *policy.Compiled) maps.Generation {
 	if c.Malformed == policy.VerdictDrop {
 		g.Settings.Malformed = maps.ActDrop
 	}
-	if c.Clock == policy.ClockPrecise {
-		g.Settings.Clock = maps.ClockPrecise
+	if c.Clock == policy.ClockCoarse {
+		g.Settings.Clock = maps.ClockCoarse
 	}
 	for _, r := range c.Rules {
 		g.Rules = append(g.Rules, maps.Rule{

@@ -109,8 +109,8 @@ type LimiterEgBucketCfg struct {
 type LimiterEgClock uint32
 
 const (
-	LimiterEgClockEG_CLOCK_COARSE  LimiterEgClock = 0
-	LimiterEgClockEG_CLOCK_PRECISE LimiterEgClock = 1
+	LimiterEgClockEG_CLOCK_PRECISE LimiterEgClock = 0
+	LimiterEgClockEG_CLOCK_COARSE  LimiterEgClock = 1
 )
 
 type LimiterEgConfig struct {

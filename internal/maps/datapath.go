@@ -87,7 +87,7 @@ func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
 	if s.Mode != ModeEnforce && s.Mode != ModeDryRun {
 		return c, fmt.Errorf("global mode must be enforce or dry-run")
 	}
-	if s.Clock != ClockCoarse && s.Clock != ClockPrecise {
+	if s.Clock != ClockPrecise && s.Clock != ClockCoarse {
 		return c, fmt.Errorf("clock must be coarse or precise")
 	}
 	var err error

@@ -83,16 +83,16 @@ const (
 // Clock is the kernel clock that drives a generation's buckets.
 type Clock = loader.LimiterEgClock
 
-// Clocks. The zero value is ClockCoarse, the policy file's default.
+// Clocks. The zero value is ClockPrecise, the policy file's default.
 const (
-	// ClockCoarse is CLOCK_MONOTONIC as of the last tick: no clock source
-	// read per packet. Rates hold exactly over time; within a tick the
-	// clock stands still, so a bucket may admit up to rate x tick beyond
-	// its burst in a short window (docs/operations.md, "Clock").
-	ClockCoarse = loader.LimiterEgClockEG_CLOCK_COARSE
 	// ClockPrecise reads CLOCK_MONOTONIC from the clock source for every
 	// packet.
 	ClockPrecise = loader.LimiterEgClockEG_CLOCK_PRECISE
+	// ClockCoarse is CLOCK_MONOTONIC as of the last tick: no clock source
+	// read per packet. Rates hold exactly over time; within a tick the
+	// clock stands still, so a bucket may admit up to rate x lag beyond
+	// its burst in a short window (docs/operations.md, "Clock").
+	ClockCoarse = loader.LimiterEgClockEG_CLOCK_COARSE
 )
 
 // RuleAction is what a rule does: limit, drop or pass.

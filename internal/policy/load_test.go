@@ -108,7 +108,7 @@ func TestParseValid(t *testing.T) {
 	src := `apiVersion: edgeguard/v1
 mode: dry-run
 malformed: drop
-clock: precise
+clock: coarse
 base: &lim {rate: 10/s, burst: 20}
 defaults:
   per_prefix: {group: whole, packets: 1k/s}
@@ -139,7 +139,7 @@ l7:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Mode != ModeDryRun || p.Malformed != VerdictDrop || p.Clock != ClockPrecise || p.Metrics.Listen != "" || p.ASNData.Format != ASNFormatMMDB {
+	if p.Mode != ModeDryRun || p.Malformed != VerdictDrop || p.Clock != ClockCoarse || p.Metrics.Listen != "" || p.ASNData.Format != ASNFormatMMDB {
 		t.Errorf("settings: %v %v %v %q %v", p.Mode, p.Malformed, p.Clock, p.Metrics.Listen, p.ASNData.Format)
 	}
 	if got := p.Rules[0].Match.ASNs; len(got) != 3 || got[0] != 64500 || got[2] != 64502 {

@@ -100,10 +100,10 @@ type Clock string
 
 // Clocks (docs/operations.md, "Clock").
 const (
-	// ClockCoarse, the default: the time of the last kernel tick (1/HZ).
-	ClockCoarse Clock = "coarse"
-	// ClockPrecise: the clock source, read for every packet.
+	// ClockPrecise, the default: the clock source, read for every packet.
 	ClockPrecise Clock = "precise"
+	// ClockCoarse: the time of the last kernel tick (1/HZ).
+	ClockCoarse Clock = "coarse"
 )
 
 // Action is what a rule does with the packets it matches.

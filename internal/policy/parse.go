@@ -117,7 +117,7 @@ func (ps *parser) parse(data []byte) *Policy {
 		File:      ps.File,
 		Mode:      ModeEnforce,
 		Malformed: VerdictPass,
-		Clock:     ClockCoarse,
+		Clock:     ClockPrecise,
 		Defaults: Limits{
 			PerSource: PerSource{Key: KeyBits{V4: 32, V6: 64}},
 		},
@@ -147,7 +147,7 @@ func (ps *parser) parse(data []byte) *Policy {
 		p.Malformed = Verdict(ps.enum(n, "malformed", string(p.Malformed), string(VerdictPass), string(VerdictDrop)))
 	}
 	if n, ok := f["clock"]; ok {
-		p.Clock = Clock(ps.enum(n, "clock", string(p.Clock), string(ClockCoarse), string(ClockPrecise)))
+		p.Clock = Clock(ps.enum(n, "clock", string(p.Clock), string(ClockPrecise), string(ClockCoarse)))
 	}
 	if n, ok := f["defaults"]; ok {
 		p.Defaults = ps.limits(n, "defaults", p.Defaults, true)
