@@ -3,9 +3,12 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
@@ -172,4 +175,35 @@ func TestIPv4DirectChunksFlagWins(t *testing.T) {
 		t.Fatalf("reload with another ipv4_direct_chunks under the flag: %v", err)
 	}
 	checkV4(t, d, control.IPv4Direct{IPv4Facts: 1, CapacityChunks: 32}, "fewer than 1024")
+}
+
+// TestAlertsReadExportedDaemonMetrics checks that every IPv4 direct table
+// series deploy/prometheus/alerts.yml reads is one this daemon's collector
+// exports (internal/metrics checks the rest of the alerts).
+func TestAlertsReadExportedDaemonMetrics(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := regexp.MustCompile(`edgeguard_ipv4_direct_table_[a-z_]+`).FindAllString(string(b), -1)
+	if len(read) == 0 {
+		t.Fatal("no alert reads an edgeguard_ipv4_direct_table_* series")
+	}
+	descs := make(chan *prometheus.Desc, 16)
+	newV4DirectCollector(nil).Describe(descs)
+	close(descs)
+	exported := map[string]bool{}
+	for d := range descs {
+		// Desc has no name accessor; its String() holds fqName: "NAME".
+		m := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("no name in %s", d)
+		}
+		exported[m[1]] = true
+	}
+	for _, n := range read {
+		if !exported[n] {
+			t.Errorf("alerts.yml reads %s, which the daemon does not export (it exports %v)", n, exported)
+		}
+	}
 }
