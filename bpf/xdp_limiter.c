@@ -248,18 +248,17 @@ static __always_inline void v4_direct_lookup(__u32 gen, const __u8 *addr, struct
 	}
 }
 
-static __always_inline void agg_prefix_key(struct eg_agg_key *k, const struct eg_rule *r, const struct pkt_info *pi,
-					   int v4)
+/* agg_derived_key keys a derived-prefix aggregate: the source masked to the
+ * rule's aggregate length. (Whole aggregates are not keyed: whole_buckets.) */
+static __always_inline void agg_derived_key(struct eg_agg_key *k, const struct eg_rule *r, const struct pkt_info *pi,
+					    int v4)
 {
-	__u32 len = 0;
+	__u32 len = v4 ? 96 + (r->agg_len4 > 32 ? 32 : r->agg_len4) : (r->agg_len6 > 128 ? 128 : r->agg_len6);
 
 	__builtin_memset(k, 0, sizeof(*k));
 	k->rule_id = r->id;
 	k->kind = EG_AGG_KIND_PREFIX;
-	if (r->agg_mode == EG_AGG_DERIVED) {
-		len = v4 ? 96 + (r->agg_len4 > 32 ? 32 : r->agg_len4) : (r->agg_len6 > 128 ? 128 : r->agg_len6);
-		mask_addr(k->addr, pi->addr, len);
-	}
+	mask_addr(k->addr, pi->addr, len);
 	k->len = len;
 }
 
@@ -521,8 +520,14 @@ int xdp_limiter(struct xdp_md *ctx)
 		}
 	}
 	if (rule->agg_mode != EG_AGG_NONE && bucket_limited(&rule->agg)) {
-		agg_prefix_key(&ak, rule, &pi, v4);
-		ab = bpf_map_lookup_elem(&agg_buckets, &ak);
+		if (rule->agg_mode != EG_AGG_DERIVED) {
+			/* Whole. v.rule_id is the rule's slot, < eg_max_rules:
+			 * the lookup only fails if the map were smaller. */
+			ab = bpf_map_lookup_elem(&whole_buckets, &v.rule_id);
+		} else {
+			agg_derived_key(&ak, rule, &pi, v4);
+			ab = bpf_map_lookup_elem(&agg_buckets, &ak);
+		}
 		if (ab && !bucket_would_admit(ab, &rule->agg, now, pi.len)) {
 			v.reason = EG_R_PREFIX_LIMIT;
 			goto limited;
@@ -560,8 +565,11 @@ int xdp_limiter(struct xdp_md *ctx)
 		}
 	}
 	if (rule->agg_mode != EG_AGG_NONE && bucket_limited(&rule->agg)) {
-		if (!ab) {
-			if (rule->agg_mode != EG_AGG_DERIVED || !gated(&rule->agg))
+		/* A whole aggregate's bucket is always there (an array slot,
+		 * zero = full, like a fresh hash entry); ab is NULL here only
+		 * for a derived aggregate not yet in agg_buckets. */
+		if (!ab && rule->agg_mode == EG_AGG_DERIVED) {
+			if (!gated(&rule->agg))
 				ab = lookup_or_create(&agg_buckets, &ak);
 			else if (seen_mark((const __u32 *)&ak, sizeof(ak) / 4, now, 0) != EG_SEEN_NEW)
 				ab = create_charged(&agg_buckets, &ak, &rule->agg, now, pi.len);

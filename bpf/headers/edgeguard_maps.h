@@ -118,6 +118,20 @@ struct {
 	__type(value, struct eg_bucket);
 } agg_buckets SEC(".maps");
 
+/* Whole aggregates (per_prefix group: whole): one bucket per rule, indexed
+ * by the rule's table slot (< eg_max_rules), shared by both generations.
+ * An array, not an agg_buckets entry, so a flood's drop costs an inlined
+ * bounds check instead of a 32-byte hash and a bucket walk. A surviving
+ * rule keeps its slot across reloads (internal/maps Apply), so its bucket
+ * keeps its state; the control plane zeroes a slot's bucket when the slot
+ * changes hands. Sized to the loader's MaxRules. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EG_DEFAULT_MAX_RULES);
+	__type(key, __u32);
+	__type(value, struct eg_bucket);
+} whole_buckets SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, EG_GLOBAL_SLOTS);

@@ -241,7 +241,7 @@ struct eg_src_key {
 struct eg_agg_key {
 	__u32 rule_id;
 	__u8 kind; /* enum eg_agg_kind */
-	__u8 len;  /* prefix length in the 128-bit space, 0 for WHOLE and ASN */
+	__u8 len;  /* prefix length in the 128-bit space, 0 for ASN */
 	__u16 _pad0;
 	__u32 asn;
 	__u32 _pad1;

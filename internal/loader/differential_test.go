@@ -62,7 +62,8 @@ func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
 	h.log = h.log[:0]
 }
 
-// clearTables empties the bucket tables (per-source, aggregates, global)
+// clearTables empties the bucket tables (per-source, aggregates, whole
+// aggregates, global)
 // and the new-source filter.
 func clearTables(td *testDatapath) {
 	td.tb.Helper()
@@ -88,13 +89,21 @@ func clearTables(td *testDatapath) {
 			td.tb.Fatalf("clear agg_buckets: %v", err)
 		}
 	}
+	n := o.WholeBuckets.MaxEntries()
+	slots := make([]uint32, n)
+	for i := range slots {
+		slots[i] = uint32(i)
+	}
+	if _, err := o.WholeBuckets.BatchUpdate(slots, make([]loader.LimiterEgBucket, n), nil); err != nil {
+		td.tb.Fatalf("clear whole_buckets: %v", err)
+	}
 	for slot := uint32(0); slot < 2; slot++ {
 		if err := o.GlobalBuckets.Put(slot, loader.LimiterEgBucket{}); err != nil {
 			td.tb.Fatalf("clear global_buckets: %v", err)
 		}
 	}
 	// The new-source filter is state too: a fresh model starts empty.
-	n := o.SeenFilter.MaxEntries()
+	n = o.SeenFilter.MaxEntries()
 	keys := make([]uint32, n)
 	for i := range keys {
 		keys[i] = uint32(i)
@@ -250,6 +259,31 @@ func (h *diffHarness) checkState() {
 	}
 	if ma := h.model.AggBuckets(); !reflect.DeepEqual(agg, ma) {
 		h.fail("agg_buckets differ: program has %d entries, model %d\n%s", len(agg), len(ma), bucketDiff(agg, ma))
+	}
+	// Whole aggregates: the program keeps them by slot, the model by rule
+	// id. Every live rule's slot must hold the model's bucket (zero when
+	// the model has none); slots of rules that left keep stale state, as
+	// agg_buckets entries did, and are not compared.
+	slots, err := h.td.m.RuleSlots()
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	mw := h.model.WholeBuckets()
+	whole := map[uint32]refmodel.Bucket{}
+	for _, id := range h.model.RuleIDs() {
+		slot, ok := slots[id]
+		if !ok {
+			h.tb.Fatalf("rule %d has no slot in the program", id)
+		}
+		if err := o.WholeBuckets.Lookup(slot, &b); err != nil {
+			h.tb.Fatalf("read whole_buckets[%d]: %v", slot, err)
+		}
+		if _, touched := mw[id]; touched || b != (refmodel.Bucket{}) {
+			whole[id] = b
+		}
+	}
+	if !reflect.DeepEqual(whole, mw) {
+		h.fail("whole_buckets differ: program has %d non-empty live slots, model %d\n%s", len(whole), len(mw), bucketDiff(whole, mw))
 	}
 	if err := o.GlobalBuckets.Lookup(uint32(0), &b); err != nil {
 		h.tb.Fatal(err)

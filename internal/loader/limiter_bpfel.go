@@ -312,6 +312,7 @@ const (
 	LimiterMapTestClock     = "test_clock"
 	LimiterMapV4Chunks      = "v4_chunks"
 	LimiterMapV4L1          = "v4_l1"
+	LimiterMapWholeBuckets  = "whole_buckets"
 	LimiterProgXdpLimiter   = "xdp_limiter"
 	LimiterVarEgBtfAnchor   = "eg_btf_anchor"
 	LimiterVarEgMaxRules    = "eg_max_rules"
@@ -385,6 +386,7 @@ type LimiterMapSpecs struct {
 	TestClock     *ebpf.MapSpec `ebpf:"test_clock"`
 	V4Chunks      *ebpf.MapSpec `ebpf:"v4_chunks"`
 	V4L1          *ebpf.MapSpec `ebpf:"v4_l1"`
+	WholeBuckets  *ebpf.MapSpec `ebpf:"whole_buckets"`
 }
 
 // LimiterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -434,6 +436,7 @@ type LimiterMaps struct {
 	TestClock     *ebpf.Map `ebpf:"test_clock"`
 	V4Chunks      *ebpf.Map `ebpf:"v4_chunks"`
 	V4L1          *ebpf.Map `ebpf:"v4_l1"`
+	WholeBuckets  *ebpf.Map `ebpf:"whole_buckets"`
 }
 
 func (m *LimiterMaps) Close() error {
@@ -455,6 +458,7 @@ func (m *LimiterMaps) Close() error {
 		m.TestClock,
 		m.V4Chunks,
 		m.V4L1,
+		m.WholeBuckets,
 	)
 }
 

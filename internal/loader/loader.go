@@ -19,9 +19,9 @@ const DefaultPinDir = "/sys/fs/bpf/edgeguard"
 
 // Sizes are the table sizes fixed at load time. Zero fields take defaults.
 type Sizes struct {
-	MaxRules      uint32 // rule ids are 0..MaxRules-1
+	MaxRules      uint32 // rules per generation: table slots 0..MaxRules-1, one whole aggregate each
 	SrcEntries    uint32 // per-source buckets (LRU)
-	AggEntries    uint32 // prefix and ASN aggregate buckets (LRU)
+	AggEntries    uint32 // derived-prefix and ASN aggregate buckets (LRU)
 	PrefixEntries uint32 // prefix-facts trie entries, per generation
 	ListEntries   uint32 // deny/allow list entries
 	L4Entries     uint32 // L4 rule entries, per generation
@@ -128,7 +128,7 @@ func pinnedMaps() []string {
 	return []string{
 		LimiterMapActive, LimiterMapConfigs, LimiterMapRules, LimiterMapLists,
 		LimiterMapPrefixGens, LimiterMapL4Rules, LimiterMapSrcBuckets,
-		LimiterMapAggBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
+		LimiterMapAggBuckets, LimiterMapWholeBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
 		LimiterMapRuleStats, LimiterMapSamples, LimiterMapIfaceSlots,
 		// A generation's config says whether it uses the direct table, so
 		// the table must outlive a restart with it.
@@ -151,13 +151,14 @@ func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("ipv4 direct table: %d chunks asked, at most %d", s.V4Chunks, maxV4Chunks)
 	}
 	set := map[string]uint32{
-		LimiterMapV4Chunks:   2 * s.V4Chunks * V4ChunkEntries,
-		LimiterMapRules:      2 * s.MaxRules,
-		LimiterMapRuleStats:  s.MaxRules,
-		LimiterMapSrcBuckets: s.SrcEntries,
-		LimiterMapAggBuckets: s.AggEntries,
-		LimiterMapLists:      s.ListEntries,
-		LimiterMapL4Rules:    2 * s.L4Entries,
+		LimiterMapV4Chunks:     2 * s.V4Chunks * V4ChunkEntries,
+		LimiterMapRules:        2 * s.MaxRules,
+		LimiterMapRuleStats:    s.MaxRules,
+		LimiterMapWholeBuckets: s.MaxRules,
+		LimiterMapSrcBuckets:   s.SrcEntries,
+		LimiterMapAggBuckets:   s.AggEntries,
+		LimiterMapLists:        s.ListEntries,
+		LimiterMapL4Rules:      2 * s.L4Entries,
 	}
 	for name, n := range set {
 		m, ok := spec.Maps[name]

@@ -94,6 +94,35 @@ func aggBuckets(td *testDatapath) map[refmodel.AggKey]refmodel.Bucket {
 	return out
 }
 
+// wholeBucket is a rule's whole-aggregate bucket: its slot of
+// whole_buckets in the live generation.
+func wholeBucket(td *testDatapath, rule uint32) refmodel.Bucket {
+	td.tb.Helper()
+	slots, err := td.m.RuleSlots()
+	if err != nil {
+		td.tb.Fatal(err)
+	}
+	slot, ok := slots[rule]
+	if !ok {
+		td.tb.Fatalf("rule %d is not live", rule)
+	}
+	var b refmodel.Bucket
+	if err := td.d.Objects.WholeBuckets.Lookup(slot, &b); err != nil {
+		td.tb.Fatal(err)
+	}
+	return b
+}
+
+// wantWholeCharged checks that a rule's whole aggregate was charged.
+func wantWholeCharged(rule uint32) func(td *testDatapath) {
+	return func(td *testDatapath) {
+		td.tb.Helper()
+		if b := wholeBucket(td, rule); b == (refmodel.Bucket{}) {
+			td.tb.Fatalf("rule %d: whole aggregate bucket untouched", rule)
+		}
+	}
+}
+
 func globalBucket(td *testDatapath) refmodel.Bucket {
 	td.tb.Helper()
 	var b refmodel.Bucket
@@ -304,7 +333,9 @@ func verdictCases() []verdictCase {
 				{at: t0, frame: udp6("fd00::1"), want: okRule(0)},
 				{at: t0, frame: udp4("198.18.3.1"), want: okRule(r1)},
 				{at: t0, frame: udp4("198.18.4.1"), want: limitedBy(maps.ReasonPrefixLimit, r1)},
-				{do: wantAggKeys(refmodel.AggKey{RuleId: r1, Kind: refmodel.AggKindPrefix})},
+				// Not in agg_buckets: the rule's slot of whole_buckets.
+				{do: wantAggKeys()},
+				{do: wantWholeCharged(r1)},
 			}},
 		{name: "prefix limit, derived /24",
 			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Agg: pkts(1, 2), AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48}), fact("198.18.0.0/16", r1, 0)),
@@ -509,15 +540,18 @@ func TestDropsChargeNothingAbove(t *testing.T) {
 	c := newChecker(td)
 
 	c.send("a: first", udp4("198.18.0.1"), okRule(r1))
-	aggs, glob := aggBuckets(td), globalBucket(td)
-	if len(aggs) != 2 {
-		t.Fatalf("agg_buckets %v: want the prefix and the asn bucket", aggs)
+	aggs, whole, glob := aggBuckets(td), wholeBucket(td, r1), globalBucket(td)
+	if len(aggs) != 1 || whole == (refmodel.Bucket{}) {
+		t.Fatalf("agg_buckets %v, whole aggregate %+v: want the asn bucket and a charged whole aggregate", aggs, whole)
 	}
 	for i := range 5 {
 		c.send(fmt.Sprintf("a: over its source limit #%d", i), udp4("198.18.0.1"), limitedBy(maps.ReasonSrcLimit, r1))
 	}
 	if got := aggBuckets(td); fmt.Sprint(got) != fmt.Sprint(aggs) {
 		t.Fatalf("source-limited packets charged the aggregates: %v, before %v", got, aggs)
+	}
+	if got := wholeBucket(td, r1); got != whole {
+		t.Fatalf("source-limited packets charged the whole aggregate: %+v, before %+v", got, whole)
 	}
 	if got := globalBucket(td); got != glob {
 		t.Fatalf("source-limited packets charged the global bucket: %+v, before %+v", got, glob)

@@ -130,9 +130,10 @@ const noSlot = ^uint32(0)
 // Rule ids are arbitrary 32-bit values (the policy hashes rule names); the
 // data plane keys bucket state by id, so a rule whose id survives keeps its
 // state. Rules live in table slots: Apply keeps each surviving id in its
-// slot (so its counters continue), puts id 0, the default rule, in slot 0,
-// prefers slot == id for small ids, and clears the counters of a slot that
-// changes hands.
+// slot (so its counters and its whole-aggregate bucket, which the data plane
+// keeps by slot, continue), puts id 0, the default rule, in slot 0, prefers
+// slot == id for small ids, and clears the counters and the whole-aggregate
+// bucket of a slot that changes hands.
 func (m *Maps) Apply(g Generation) error {
 	cur, err := m.ActiveGen()
 	if err != nil {
@@ -225,6 +226,13 @@ func (m *Maps) Apply(g Generation) error {
 	if err := m.o.Configs.Put(next, cfg); err != nil {
 		return fmt.Errorf("write settings of generation %d: %w", next, err)
 	}
+	// Last before the flip, so a failed Apply leaves the live rules'
+	// buckets alone.
+	for _, slot := range fresh {
+		if err := m.clearWholeBucket(slot); err != nil {
+			return err
+		}
+	}
 	// The flip: from here on every packet sees the new generation.
 	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: next}); err != nil {
 		return fmt.Errorf("activate generation %d: %w", next, err)
@@ -313,6 +321,17 @@ func (m *Maps) RuleSlots() (map[uint32]uint32, error) {
 		return nil, err
 	}
 	return m.readSlots(gen)
+}
+
+// clearWholeBucket fills the whole-aggregate bucket of a slot that changes
+// hands, so a new rule does not inherit the leaving rule's debt. Done
+// before the flip, like the counters: until then the leaving rule may still
+// charge it, by at most the packets of that window.
+func (m *Maps) clearWholeBucket(slot uint32) error {
+	if err := m.o.WholeBuckets.Put(slot, loader.LimiterEgBucket{}); err != nil {
+		return fmt.Errorf("clear whole aggregate of rule slot %d: %w", slot, err)
+	}
+	return nil
 }
 
 func (m *Maps) clearRuleCounters(slot uint32) error {

@@ -17,8 +17,9 @@
 //     program must stay far below its table sizes;
 //   - concurrency: one packet at a time, so a GCRA compare-and-swap never
 //     fails (the program rejects after EG_CAS_RETRIES lost races);
-//   - table slots of rules: counters follow the rule id and restart when an
-//     id leaves and comes back, as maps.Maps.Apply makes the program do.
+//   - table slots of rules: counters and whole-aggregate buckets (which
+//     the program keeps by slot) follow the rule id and restart when an id
+//     leaves and comes back, as maps.Maps.Apply makes the program do.
 //
 // State per key is one Bucket (two uint64 TATs) plus the Go map overhead;
 // the model is meant for tests, not for production-sized tables.
@@ -118,6 +119,7 @@ type Model struct {
 	lists    lpmTable[maps.ListEntry]
 	src      map[SrcKey]Bucket
 	agg      map[AggKey]Bucket
+	whole    map[uint32]Bucket // whole aggregates by rule id
 	global   Bucket
 	counters maps.Counters
 	rules    map[uint32]maps.RuleCounters
@@ -137,6 +139,7 @@ func New(maxRules, srcEntries uint32) *Model {
 		seenMask: loader.SeenFilterWords(srcEntries) - 1,
 		src:      map[SrcKey]Bucket{},
 		agg:      map[AggKey]Bucket{},
+		whole:    map[uint32]Bucket{},
 		rules:    map[uint32]maps.RuleCounters{},
 	}
 }
@@ -222,11 +225,17 @@ func (m *Model) Apply(g maps.Generation) error {
 	}
 	n.prefixes = newLPMTable(facts)
 	m.gen = n
-	// Rule counters live in table slots that survive with the rule id
-	// (maps.Maps.Apply); a rule that leaves and comes back starts at zero.
+	// Rule counters and whole-aggregate buckets live in table slots that
+	// survive with the rule id (maps.Maps.Apply); a rule that leaves and
+	// comes back starts at zero, with a full bucket.
 	for id := range m.rules {
 		if _, ok := n.rules[id]; !ok {
 			delete(m.rules, id)
+		}
+	}
+	for id := range m.whole {
+		if _, ok := n.rules[id]; !ok {
+			delete(m.whole, id)
 		}
 	}
 	return nil
@@ -423,17 +432,21 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		}
 	}
 	if r.aggMode != maps.AggNone && r.aggLim {
-		ak = AggKey{RuleId: r.id, Kind: AggKindPrefix}
-		if r.aggMode == maps.AggDerived {
+		if r.aggMode != maps.AggDerived {
+			// Whole: an array slot, always there (zero is a full
+			// bucket), so it is always peeked at.
+			if !wouldAdmit(m.whole[r.id], r.agg, now, pi.Len) {
+				return m.limited(v, maps.ReasonPrefixLimit, &r)
+			}
+		} else {
 			n := int(min(r.aggLen6, 128))
 			if v4 {
 				n = 96 + int(min(r.aggLen4, 32))
 			}
-			ak.Addr = maskAddr(pi.Addr, n)
-			ak.Len = uint8(n)
-		}
-		if ab, ok := m.agg[ak]; ok && !wouldAdmit(ab, r.agg, now, pi.Len) {
-			return m.limited(v, maps.ReasonPrefixLimit, &r)
+			ak = AggKey{RuleId: r.id, Kind: AggKindPrefix, Addr: maskAddr(pi.Addr, n), Len: uint8(n)}
+			if ab, ok := m.agg[ak]; ok && !wouldAdmit(ab, r.agg, now, pi.Len) {
+				return m.limited(v, maps.ReasonPrefixLimit, &r)
+			}
 		}
 	}
 
@@ -475,9 +488,17 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			}
 		}
 	}
-	if r.aggMode != maps.AggNone && r.aggLim {
+	if r.aggMode != maps.AggNone && r.aggLim && r.aggMode != maps.AggDerived {
+		b := m.whole[r.id]
+		ok := take(&b, r.agg, now, pi.Len)
+		m.whole[r.id] = b
+		if !ok {
+			return m.limited(v, maps.ReasonPrefixLimit, &r)
+		}
+	}
+	if r.aggMode == maps.AggDerived && r.aggLim {
 		b, have := m.agg[ak]
-		if !have && r.aggMode == maps.AggDerived && gated(r.agg) {
+		if !have && gated(r.agg) {
 			if m.seenMark(aggKeyBytes(ak), now, false) != seenNew {
 				b, have = charged(r.agg, now, pi.Len), true
 			}
@@ -568,11 +589,22 @@ func (m *Model) SrcBuckets() map[SrcKey]Bucket {
 	return out
 }
 
-// AggBuckets returns the prefix and ASN aggregate bucket table.
+// AggBuckets returns the derived-prefix and ASN aggregate bucket table.
 func (m *Model) AggBuckets() map[AggKey]Bucket {
 	out := make(map[AggKey]Bucket, len(m.agg))
 	for k, b := range m.agg {
 		out[k] = b
+	}
+	return out
+}
+
+// WholeBuckets returns the whole aggregates' buckets by rule id: those
+// of the live rules that charged one since they (last) arrived. The
+// program keeps them by the rule's slot; absent ones are zero there.
+func (m *Model) WholeBuckets() map[uint32]Bucket {
+	out := make(map[uint32]Bucket, len(m.whole))
+	for id, b := range m.whole {
+		out[id] = b
 	}
 	return out
 }
