@@ -7,6 +7,7 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -201,6 +202,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 
 	var collOpts ebpf.CollectionOptions
 	var tmp string
+	var migrateWhole bool
 	if opts.PinDir != "" {
 		if err := ensureBPFFS(filepath.Dir(opts.PinDir)); err != nil {
 			return nil, err
@@ -209,6 +211,11 @@ func Load(opts Options) (_ *Datapath, err error) {
 		if _, statErr := os.Stat(mapDir); statErr == nil {
 			collOpts.Maps.PinPath = mapDir
 			log.Info("re-opening pinned maps", "dir", mapDir)
+			// Pins of a version that kept whole aggregates in
+			// agg_buckets: the load creates and pins whole_buckets,
+			// then their state is moved over.
+			_, err := os.Stat(filepath.Join(mapDir, LimiterMapWholeBuckets))
+			migrateWhole = errors.Is(err, fs.ErrNotExist)
 		} else {
 			if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
 				return nil, fmt.Errorf("create pin dir: %w", err)
@@ -249,6 +256,14 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err := d.ensurePrefixTries(spec); err != nil {
 		return nil, err
 	}
+	if migrateWhole {
+		// Not fatal: a bucket not moved starts full, once.
+		if n, err := d.migrateWholeBuckets(); err != nil {
+			log.Warn("whole aggregates not all moved; the others start full", "moved", n, "err", err)
+		} else {
+			log.Info("moved whole aggregates from agg_buckets to whole_buckets", "rules", n)
+		}
+	}
 	if tmp != "" {
 		if err := os.Rename(tmp, filepath.Join(opts.PinDir, "maps")); err != nil {
 			return nil, fmt.Errorf("move pinned maps into place: %w", err)
@@ -277,6 +292,47 @@ func (d *Datapath) ensurePrefixTries(spec *ebpf.CollectionSpec) error {
 		}
 	}
 	return nil
+}
+
+// migrateWholeBuckets moves the whole aggregates of the live generation's
+// rules from agg_buckets, where earlier versions kept them under the key
+// {rule id, prefix, length 0}, to their slots of whole_buckets, and returns
+// how many it moved. Charges the old program (still attached until the new
+// one replaces it) makes to agg_buckets after the copy are lost: the
+// bucket is behind by at most that window's packets.
+func (d *Datapath) migrateWholeBuckets() (int, error) {
+	var act LimiterEgActive
+	if err := d.Objects.Active.Lookup(uint32(0), &act); err != nil {
+		return 0, fmt.Errorf("migrate whole aggregates: read active generation: %w", err)
+	}
+	maxRules := d.Sizes.MaxRules
+	moved := 0
+	for slot := uint32(0); slot < maxRules; slot++ {
+		var r LimiterEgRule
+		if err := d.Objects.Rules.Lookup((act.Gen&1)*maxRules+slot, &r); err != nil {
+			return moved, fmt.Errorf("migrate whole aggregates: read rule slot %d: %w", slot, err)
+		}
+		mode := LimiterEgAggMode(r.AggMode)
+		if r.Valid == 0 || mode == LimiterEgAggModeEG_AGG_NONE || mode == LimiterEgAggModeEG_AGG_DERIVED {
+			continue
+		}
+		key := LimiterEgAggKey{RuleId: r.Id, Kind: uint8(LimiterEgAggKindEG_AGG_KIND_PREFIX)}
+		var b LimiterEgBucket
+		if err := d.Objects.AggBuckets.Lookup(key, &b); errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		} else if err != nil {
+			return moved, fmt.Errorf("migrate whole aggregate of rule %d: %w", r.Id, err)
+		}
+		if err := d.Objects.WholeBuckets.Put(slot, b); err != nil {
+			return moved, fmt.Errorf("migrate whole aggregate of rule %d: %w", r.Id, err)
+		}
+		// The old entry would only age out of the LRU otherwise.
+		if err := d.Objects.AggBuckets.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return moved, fmt.Errorf("migrate whole aggregate of rule %d: delete old entry: %w", r.Id, err)
+		}
+		moved++
+	}
+	return moved, nil
 }
 
 // NewPrefixTrie makes an empty prefix-facts trie of the loaded size, to be

@@ -1,0 +1,91 @@
+package loader_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// TestWholeBucketsFromOldPins: pins of a version that kept whole
+// aggregates in agg_buckets (no whole_buckets pin) re-open with each live
+// whole aggregate moved to its rule's slot; pins that have whole_buckets
+// are left as they are.
+func TestWholeBucketsFromOldPins(t *testing.T) {
+	requireRoot(t)
+	pinDir := fmt.Sprintf("/sys/fs/bpf/eg-test-%d-whole-pins", os.Getpid())
+	t.Cleanup(func() { loader.Unpin(pinDir) })
+	open := func() *testDatapath {
+		d, err := loader.Load(loader.Options{Sizes: smallSizes, TestClock: true, PinDir: pinDir})
+		if err != nil {
+			t.Fatalf("load: %v", err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return &testDatapath{tb: t, d: d, m: maps.New(d)}
+	}
+	const wholeID, derivedID = 0x9e3779b9, 7 // a name hash and a small id
+	agg := maps.Bucket{Packets: perSecond(10, 5)}
+	g := defaultGen(maps.Rule{ID: 0, Src: maps.Bucket{Packets: perSecond(1000, 10)}, SrcLen4: 32, SrcLen6: 64})
+	g.Rules = append(g.Rules,
+		maps.Rule{ID: wholeID, Agg: agg, AggMode: maps.AggWhole},
+		maps.Rule{ID: derivedID, Agg: agg, AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48})
+	oldKey := func(id uint32) loader.LimiterEgAggKey {
+		return loader.LimiterEgAggKey{RuleId: id, Kind: uint8(loader.LimiterEgAggKindEG_AGG_KIND_PREFIX)}
+	}
+	state := loader.LimiterEgBucket{PktTat: 123456789, ByteTat: 987654321}
+
+	first := open()
+	first.apply(g)
+	slots, err := first.m.RuleSlots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the previous version left: whole aggregates under the length-0
+	// prefix key. The derived rule's entry is not a whole aggregate.
+	for _, id := range []uint32{wholeID, derivedID} {
+		if err := first.d.Objects.AggBuckets.Put(oldKey(id), state); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.d.Close()
+	if err := os.Remove(filepath.Join(pinDir, "maps", loader.LimiterMapWholeBuckets)); err != nil {
+		t.Fatal(err)
+	}
+
+	second := open()
+	var b loader.LimiterEgBucket
+	if err := second.d.Objects.WholeBuckets.Lookup(slots[wholeID], &b); err != nil {
+		t.Fatal(err)
+	}
+	if b != state {
+		t.Errorf("whole_buckets[%d] after re-open from old pins: %+v, want %+v", slots[wholeID], b, state)
+	}
+	if err := second.d.Objects.AggBuckets.Lookup(oldKey(wholeID), &b); err == nil {
+		t.Error("the moved whole aggregate is still in agg_buckets")
+	}
+	if err := second.d.Objects.WholeBuckets.Lookup(slots[derivedID], &b); err != nil || b != (loader.LimiterEgBucket{}) {
+		t.Errorf("derived rule's slot of whole_buckets: %+v (%v), want empty", b, err)
+	}
+	if err := second.d.Objects.AggBuckets.Lookup(oldKey(derivedID), &b); err != nil {
+		t.Errorf("derived rule's agg_buckets entry was touched: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(pinDir, "maps", loader.LimiterMapWholeBuckets)); err != nil {
+		t.Errorf("whole_buckets not pinned: %v", err)
+	}
+
+	// With whole_buckets pinned, a re-open moves nothing.
+	if err := second.d.Objects.AggBuckets.Put(oldKey(wholeID), loader.LimiterEgBucket{PktTat: 1}); err != nil {
+		t.Fatal(err)
+	}
+	second.d.Close()
+	third := open()
+	if err := third.d.Objects.WholeBuckets.Lookup(slots[wholeID], &b); err != nil || b != state {
+		t.Errorf("whole_buckets[%d] after a plain re-open: %+v (%v), want %+v", slots[wholeID], b, err, state)
+	}
+	if err := third.d.Objects.AggBuckets.Lookup(oldKey(wholeID), &b); err != nil {
+		t.Errorf("agg_buckets entry gone after a plain re-open: %v", err)
+	}
+}
