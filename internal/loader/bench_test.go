@@ -76,6 +76,23 @@ func BenchmarkDataPlane(b *testing.B) {
 			return &benchCase{prog: bd.prog(), frames: frames, repeat: 256, want: xdpDrop}
 		}).measure(b)
 	})
+	b.Run("drop_whole", func(b *testing.B) {
+		// As drop_prefix, with the default rule's per_prefix group:
+		// whole, one bucket for every source (a whole-space spoofed
+		// flood): the look-ahead reads the rule's slot of whole_buckets.
+		cached(b, "drop_whole", func(b *testing.B) *benchCase {
+			bd := loadBench(b, smallSizes)
+			r := generousRule(0)
+			r.AggMode = maps.AggWhole
+			r.Agg = maps.Bucket{Packets: onePerHour}
+			bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r}})
+			frames := make([][]byte, 1<<16)
+			for i := range frames {
+				frames[i] = benchFrame(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}))
+			}
+			return &benchCase{prog: bd.prog(), frames: frames, repeat: 256, want: xdpDrop}
+		}).measure(b)
+	})
 	b.Run("deny", func(b *testing.B) {
 		cached(b, "deny", func(b *testing.B) *benchCase {
 			bd := loadBench(b, smallSizes)
