@@ -292,6 +292,7 @@ func (d *Daemon) Status() control.Status {
 		m           *ebpf.Map
 	}{
 		{"src_buckets", "sources", o.SrcBuckets}, {"agg_buckets", "aggregates", o.AggBuckets},
+		{"whole_buckets", "", o.WholeBuckets},
 		{"lists", "lists", o.Lists}, {"prefix_gens", "", o.PrefixGens}, {"rules", "", o.Rules},
 		{"l4_rules", "", o.L4Rules}, {"stats", "", o.Stats}, {"samples", "", o.Samples},
 	} {
