@@ -114,8 +114,8 @@ type edgeguard struct {
 	mode  loader.Mode
 	clock maps.Clock
 	dp    *loader.Datapath
-	m    *maps.Maps
-	att  []*loader.Attachment
+	m     *maps.Maps
+	att   []*loader.Attachment
 }
 
 func (g *edgeguard) name() string {
