@@ -64,16 +64,7 @@ func BenchmarkDataPlane(b *testing.B) {
 		// frame over the 65,536 sources of 198.18.0.0/16 measure the same
 		// path as one run each would, without the runner's fixed cost.
 		cached(b, "drop_prefix", func(b *testing.B) *benchCase {
-			bd := loadBench(b, smallSizes)
-			r := generousRule(0)
-			r.AggMode, r.AggLen4, r.AggLen6 = maps.AggDerived, 16, 48
-			r.Agg = maps.Bucket{Packets: onePerHour}
-			bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r}})
-			frames := make([][]byte, 1<<16)
-			for i := range frames {
-				frames[i] = benchFrame(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}))
-			}
-			return &benchCase{prog: bd.prog(), frames: frames, repeat: 256, want: xdpDrop}
+			return aggregateDropCase(b, maps.AggDerived)
 		}).measure(b)
 	})
 	b.Run("drop_whole", func(b *testing.B) {
@@ -81,16 +72,7 @@ func BenchmarkDataPlane(b *testing.B) {
 		// whole, one bucket for every source (a whole-space spoofed
 		// flood): the look-ahead reads the rule's slot of whole_buckets.
 		cached(b, "drop_whole", func(b *testing.B) *benchCase {
-			bd := loadBench(b, smallSizes)
-			r := generousRule(0)
-			r.AggMode = maps.AggWhole
-			r.Agg = maps.Bucket{Packets: onePerHour}
-			bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r}})
-			frames := make([][]byte, 1<<16)
-			for i := range frames {
-				frames[i] = benchFrame(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}))
-			}
-			return &benchCase{prog: bd.prog(), frames: frames, repeat: 256, want: xdpDrop}
+			return aggregateDropCase(b, maps.AggWhole)
 		}).measure(b)
 	})
 	b.Run("deny", func(b *testing.B) {
@@ -239,6 +221,25 @@ func pass1MKeys(b *testing.B) *benchCase {
 		{"hit-1run-ns", func(b *testing.B) float64 { return singleRuns(b, c.prog, frames[:1]) }},
 	}
 	return c
+}
+
+// aggregateDropCase is drop_prefix and drop_whole: the default rule's
+// aggregate (mode: a derived /16, or whole) is over budget, and frames come
+// from the 65,536 sources of 198.18.0.0/16, 256 runs each.
+func aggregateDropCase(b *testing.B, mode maps.AggMode) *benchCase {
+	bd := loadBench(b, smallSizes)
+	r := generousRule(0)
+	r.AggMode = mode
+	if mode == maps.AggDerived {
+		r.AggLen4, r.AggLen6 = 16, 48
+	}
+	r.Agg = maps.Bucket{Packets: onePerHour}
+	bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r}})
+	frames := make([][]byte, 1<<16)
+	for i := range frames {
+		frames[i] = benchFrame(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}))
+	}
+	return &benchCase{prog: bd.prog(), frames: frames, repeat: 256, want: xdpDrop}
 }
 
 func passCase(b *testing.B) *benchCase {
