@@ -34,6 +34,19 @@ func newTestDatapath(tb testing.TB, sizes loader.Sizes) *testDatapath {
 	return &testDatapath{tb: tb, d: d, m: maps.New(d)}
 }
 
+// openPinnedTestDatapath is newTestDatapath with maps pinned under pinDir:
+// a second call re-opens them, as a restarted daemon does. The caller
+// unpins pinDir.
+func openPinnedTestDatapath(tb testing.TB, sizes loader.Sizes, pinDir string) *testDatapath {
+	tb.Helper()
+	d, err := loader.Load(loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
+	if err != nil {
+		tb.Fatalf("load: %v", err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	return &testDatapath{tb: tb, d: d, m: maps.New(d)}
+}
+
 func (td *testDatapath) apply(g maps.Generation) {
 	td.tb.Helper()
 	if err := td.m.Apply(g); err != nil {

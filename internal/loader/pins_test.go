@@ -18,14 +18,7 @@ func TestWholeBucketsFromOldPins(t *testing.T) {
 	requireRoot(t)
 	pinDir := fmt.Sprintf("/sys/fs/bpf/eg-test-%d-whole-pins", os.Getpid())
 	t.Cleanup(func() { loader.Unpin(pinDir) })
-	open := func() *testDatapath {
-		d, err := loader.Load(loader.Options{Sizes: smallSizes, TestClock: true, PinDir: pinDir})
-		if err != nil {
-			t.Fatalf("load: %v", err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return &testDatapath{tb: t, d: d, m: maps.New(d)}
-	}
+	open := func() *testDatapath { return openPinnedTestDatapath(t, smallSizes, pinDir) }
 	const wholeID, derivedID = 0x9e3779b9, 7 // a name hash and a small id
 	agg := maps.Bucket{Packets: perSecond(10, 5)}
 	g := defaultGen(maps.Rule{ID: 0, Src: maps.Bucket{Packets: perSecond(1000, 10)}, SrcLen4: 32, SrcLen6: 64})

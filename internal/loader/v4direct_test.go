@@ -413,14 +413,7 @@ func TestV4DirectSurvivesReopen(t *testing.T) {
 		{Prefix: netip.MustParsePrefix("198.18.0.0/16"), RuleID: 1, ASN: 64501},
 		{Prefix: netip.MustParsePrefix("198.18.5.7/32"), RuleID: 2, ASN: 64502},
 	}
-	open := func() *testDatapath {
-		d, err := loader.Load(loader.Options{Sizes: probeSizes, TestClock: true, PinDir: pinDir})
-		if err != nil {
-			t.Fatalf("load: %v", err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return &testDatapath{tb: t, d: d, m: maps.New(d)}
-	}
+	open := func() *testDatapath { return openPinnedTestDatapath(t, probeSizes, pinDir) }
 	want := map[string]factAnswer{
 		"198.18.0.1": {xdp: xdpDrop, sampled: true, rule: 1, asn: 64501},
 		"198.18.5.7": {xdp: xdpDrop, sampled: true, rule: 2, asn: 64502},
