@@ -63,7 +63,7 @@ struct verdict {
 
 /* now_ticks reads the generation's clock (enum eg_clock). Both are
  * CLOCK_MONOTONIC, so a policy change from one to the other moves time by
- * less than a tick: back (precise to coarse) only delays admissions. */
+ * at most a few ticks: back (precise to coarse) only delays admissions. */
 static __always_inline __u64 now_ticks(const struct eg_config *cfg)
 {
 	__u64 ns;

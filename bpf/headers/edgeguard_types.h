@@ -88,8 +88,8 @@ enum eg_clock {
 	EG_CLOCK_PRECISE = 0,
 	/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC at the last tick (1/HZ).
 	 * Never ahead of the precise clock; behind it by less than a tick
-	 * (a few ticks when the timekeeping CPU stalls). Cheap: no clock
-	 * source read. */
+	 * while the CPU is busy, a few ticks after idle or when the
+	 * timekeeping CPU stalls. Cheap: no clock source read. */
 	EG_CLOCK_COARSE = 1,
 };
 
