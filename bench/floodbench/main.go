@@ -298,12 +298,17 @@ func printMedians(list []benchCase, samples [][]sample) {
 			ok += s.legitOK
 		}
 		rx := col(func(s sample) float64 { return s.rxPerPkt })
-		fmt.Printf("| %s | %s | %s | %d | %d | %.0f (%.0f) | %s | %.2f%% | %.0f | %.2f | %.0f (%.0f) | %.2f | %.2f%% (%d/%d) |\n",
+		rxCols := "- | -" // threaded: no softirq time
+		if slices.Max(rx) > 0 {
+			rxCols = fmt.Sprintf("%.0f (%.0f) | %.2f", median(rx), slices.Min(rx),
+				median(col(func(s sample) float64 { return s.rxDropRate })))
+		}
+		fmt.Printf("| %s | %s | %s | %d | %d | %.0f (%.0f) | %s | %.2f%% | %.0f | %.2f | %s | %.2f%% (%d/%d) |\n",
 			bc.suite, name, bc.src.name, bc.rules, len(ss), median(per), slices.Min(per), above,
 			100*median(col(func(s sample) float64 { return s.dropShare })),
 			median(col(func(s sample) float64 { return s.passedPPS })),
 			median(col(func(s sample) float64 { return s.dropRate })),
-			median(rx), slices.Min(rx), median(col(func(s sample) float64 { return s.rxDropRate })),
+			rxCols,
 			100*float64(ok)/float64(max(sent, 1)), ok, sent)
 	}
 }
