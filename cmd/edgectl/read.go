@@ -37,7 +37,8 @@ func newStatusCommand() *cobra.Command {
 
 func writeStatus(out io.Writer, st control.Status) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "policy\t%s (generation %d, data plane half %d, mode %s)\n", st.Policy, st.Generation, st.DataGen, st.Mode)
+	fmt.Fprintf(w, "policy\t%s (generation %d, data plane half %d, mode %s, clock %s)\n",
+		st.Policy, st.Generation, st.DataGen, st.Mode, st.Clock)
 	r := st.LastReload
 	result := "ok"
 	if !r.OK {

@@ -20,6 +20,7 @@ func statusFixture(v4 control.IPv4Direct) control.Status {
 		Version: "v1.2.3", Policy: "/etc/edgeguard/edgeguard.yaml", Generation: 7, DataGen: 1,
 		LastReload: control.ReloadInfo{Time: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), OK: true, Trigger: "sighup"},
 		Mode:       "enforce",
+		Clock:      "precise",
 		Interfaces: []control.Interface{{Name: "eth0", Ifindex: 2, XDPMode: "native"}},
 		ProgramID:  42,
 		Maps: []control.MapInfo{

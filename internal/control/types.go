@@ -24,6 +24,7 @@ type Status struct {
 	DataGen    uint32      `json:"dataplane_generation"` // 0 or 1: the live half
 	LastReload ReloadInfo  `json:"last_reload"`
 	Mode       string      `json:"mode"`
+	Clock      string      `json:"clock"` // the policy's clock: precise or coarse
 	Interfaces []Interface `json:"interfaces"`
 	ProgramID  uint32      `json:"program_id"`
 	Maps       []MapInfo   `json:"maps"`

@@ -269,7 +269,7 @@ func (d *Daemon) Status() control.Status {
 	defer d.mu.Unlock()
 	st := control.Status{
 		Version: d.opts.Version, Policy: d.cur.source, Generation: d.generation, LastReload: d.lastReload,
-		Mode: string(d.cur.pol.Mode), PinDir: d.opts.PinDir,
+		Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
 	}
 	if d.asnTable != nil {
 		st.ASNEntries = d.asnTable.Len()
