@@ -45,9 +45,7 @@ l7:
 		}
 	}
 	resp := do(t, "GET", base+"/closed", key("k1"))
-	if p := problemOf(t, resp); resp.StatusCode != 429 || !slices.Equal(p.ViolatedPolicies, []string{"r-closed"}) {
-		t.Fatalf("k1 #3: %d %v, want 429 [r-closed]", resp.StatusCode, p.ViolatedPolicies)
-	}
+	mustRefuse(t, resp, "k1 #3", "r-closed")
 	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" {
 		t.Fatalf("Retry-After %q, want about 30 (GCRA 2/min, Redis clock)", ra)
 	}
@@ -96,9 +94,7 @@ l7:
 		t.Fatalf("fail-open with Redis down: %d, want 200", s)
 	}
 	resp = do(t, "GET", base+"/closed", key("k9"))
-	if p := problemOf(t, resp); resp.StatusCode != 429 || !slices.Equal(p.ViolatedPolicies, []string{"r-closed"}) {
-		t.Fatalf("fail-closed with Redis down: %d %v, want 429 [r-closed]", resp.StatusCode, p.ViolatedPolicies)
-	}
+	mustRefuse(t, resp, "fail-closed with Redis down", "r-closed")
 	if s := status(t, "GET", base+"/closed"); s != 200 {
 		t.Fatalf("no API key with Redis down: %d, want 200", s)
 	}
@@ -108,6 +104,16 @@ func mustStatus(t *testing.T, resp *http.Response, want int, what string) {
 	t.Helper()
 	if resp.StatusCode != want {
 		t.Fatalf("%s: status %d, want %d (headers %v)", what, resp.StatusCode, want, resp.Header)
+	}
+}
+
+// mustRefuse fails unless resp is a 429 whose problem names exactly the
+// violated limits, in order.
+func mustRefuse(t *testing.T, resp *http.Response, what string, violated ...string) {
+	t.Helper()
+	mustStatus(t, resp, 429, what)
+	if p := problemOf(t, resp); !slices.Equal(p.ViolatedPolicies, violated) {
+		t.Fatalf("%s: violated %v, want %v", what, p.ViolatedPolicies, violated)
 	}
 }
 
@@ -157,10 +163,7 @@ l7:
 	wantHeaderIs(t, resp, "RateLimit", `"local-ip";r=2;t=20, "r-key";r=0;t=60`)
 	for i := range 5 {
 		resp = do(t, "GET", base+"/mixed", key("k1"))
-		mustStatus(t, resp, 429, fmt.Sprintf("mixed k1 #%d", i+2))
-		if p := problemOf(t, resp); !slices.Equal(p.ViolatedPolicies, []string{"r-key"}) {
-			t.Fatalf("violated %v, want [r-key]", p.ViolatedPolicies)
-		}
+		mustRefuse(t, resp, fmt.Sprintf("mixed k1 #%d", i+2), "r-key")
 		wantHeaderIs(t, resp, "RateLimit-Policy", `"local-ip";q=3;w=60, "r-key";q=1;w=60`)
 		oneOf(t, "RateLimit on a Redis 429", resp.Header.Get("RateLimit"),
 			`"local-ip";r=2;t=20, "r-key";r=0;t=60`, `"local-ip";r=2;t=20, "r-key";r=0;t=59`)
@@ -170,10 +173,7 @@ l7:
 	mustStatus(t, do(t, "GET", base+"/mixed", key("k2")), 200, "mixed k2")
 	mustStatus(t, do(t, "GET", base+"/mixed", key("k3")), 200, "mixed k3")
 	resp = do(t, "GET", base+"/mixed", key("k4"))
-	mustStatus(t, resp, 429, "mixed k4 (local quota spent)")
-	if p := problemOf(t, resp); !slices.Equal(p.ViolatedPolicies, []string{"local-ip"}) {
-		t.Fatalf("violated %v, want [local-ip]", p.ViolatedPolicies)
-	}
+	mustRefuse(t, resp, "mixed k4 (local quota spent)", "local-ip")
 	wantHeaderIs(t, resp, "Retry-After", "20")
 	// Redis was not asked: k4's own quota is untouched.
 	clock.Advance(20 * time.Second)
@@ -185,10 +185,7 @@ l7:
 	wantHeaderIs(t, resp, "RateLimit-Policy", `"r-ip";q=2;w=60, "r-user";q=1;w=60`)
 	for i := range 4 {
 		resp = do(t, "GET", base+"/groups", key("u1"))
-		mustStatus(t, resp, 429, fmt.Sprintf("groups u1 #%d", i+2))
-		if p := problemOf(t, resp); !slices.Equal(p.ViolatedPolicies, []string{"r-user"}) {
-			t.Fatalf("violated %v, want [r-user]", p.ViolatedPolicies)
-		}
+		mustRefuse(t, resp, fmt.Sprintf("groups u1 #%d", i+2), "r-user")
 		oneOf(t, "RateLimit after a refund", resp.Header.Get("RateLimit"),
 			`"r-ip";r=1;t=30, "r-user";r=0;t=60`, `"r-ip";r=1;t=29, "r-user";r=0;t=60`,
 			`"r-ip";r=1;t=30, "r-user";r=0;t=59`, `"r-ip";r=1;t=29, "r-user";r=0;t=59`)
@@ -196,16 +193,10 @@ l7:
 	mustStatus(t, do(t, "GET", base+"/groups", key("u2")), 200, "groups u2: r-ip kept one unit for it")
 	// Both groups refuse now: Retry-After is the longer wait (r-user's).
 	resp = do(t, "GET", base+"/groups", key("u1"))
-	mustStatus(t, resp, 429, "groups u1 with both groups spent")
-	if p := problemOf(t, resp); !slices.Equal(p.ViolatedPolicies, []string{"r-ip", "r-user"}) {
-		t.Fatalf("violated %v, want [r-ip r-user]", p.ViolatedPolicies)
-	}
+	mustRefuse(t, resp, "groups u1 with both groups spent", "r-ip", "r-user")
 	oneOf(t, "Retry-After over both groups", resp.Header.Get("Retry-After"), "60", "59", "58")
 	resp = do(t, "GET", base+"/groups", key("u3"))
-	mustStatus(t, resp, 429, "groups u3: r-ip spent")
-	if p := problemOf(t, resp); !slices.Equal(p.ViolatedPolicies, []string{"r-ip"}) {
-		t.Fatalf("violated %v, want [r-ip]", p.ViolatedPolicies)
-	}
+	mustRefuse(t, resp, "groups u3: r-ip spent", "r-ip")
 	if ra := resp.Header.Get("Retry-After"); ra > "30" || len(ra) != 2 {
 		t.Fatalf("Retry-After %q: want about 30 (r-ip alone)", ra)
 	}
