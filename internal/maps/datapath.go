@@ -166,11 +166,6 @@ func (m *Maps) Apply(g Generation) error {
 	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
 		return fmt.Errorf("write rules of generation %d: %w", next, err)
 	}
-	for _, slot := range fresh {
-		if err := m.clearRuleCounters(slot); err != nil {
-			return err
-		}
-	}
 
 	var protos uint8
 	l4 := make([]L4Match, len(g.L4))
@@ -226,9 +221,13 @@ func (m *Maps) Apply(g Generation) error {
 	if err := m.o.Configs.Put(next, cfg); err != nil {
 		return fmt.Errorf("write settings of generation %d: %w", next, err)
 	}
-	// Last before the flip, so a failed Apply leaves the live rules'
-	// buckets alone.
+	// Slots that change hands start over: counters and whole aggregate.
+	// Last before the flip, so a failed Apply leaves the live rules' state
+	// alone.
 	for _, slot := range fresh {
+		if err := m.clearRuleCounters(slot); err != nil {
+			return err
+		}
 		if err := m.clearWholeBucket(slot); err != nil {
 			return err
 		}
