@@ -46,6 +46,32 @@ type Config struct {
 	// Routes are tried in order; the first match decides. A request no
 	// route matches is proxied with only the global concurrency limit.
 	Routes []Route
+	// Engine serves the proxy; "" (auto) is the event loop for an http
+	// upstream and net/http for an https one (ServingEngine).
+	Engine Engine
+}
+
+// Engine is what serves the proxy's connections.
+type Engine string
+
+const (
+	// EngineEventLoop is internal/l7/eventloop: one epoll loop per core,
+	// plain-http upstreams only.
+	EngineEventLoop Engine = "event-loop"
+	// EngineNetHTTP is net/http's server with httputil.ReverseProxy.
+	EngineNetHTTP Engine = "net-http"
+)
+
+// ServingEngine resolves Engine: an unset one is the event loop unless the
+// upstream is https.
+func (c *Config) ServingEngine() Engine {
+	if c.Engine != "" {
+		return c.Engine
+	}
+	if c.Upstream != nil && c.Upstream.Scheme == "https" {
+		return EngineNetHTTP
+	}
+	return EngineEventLoop
 }
 
 // Headers selects the RateLimit header fields of responses.

@@ -151,7 +151,7 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		return nil
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
-		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes")
+		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine")
 	if f == nil {
 		return nil
 	}
@@ -164,6 +164,20 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		cfg.Upstream = d.upstream(n)
 	} else {
 		d.Errorf(node, "l7: upstream is required (http://host:port)")
+	}
+	if n, ok := f["engine"]; ok {
+		if s, ok := d.Scalar(n, "l7 engine"); ok {
+			switch Engine(s) {
+			case "auto":
+			case EngineEventLoop, EngineNetHTTP:
+				cfg.Engine = Engine(s)
+			default:
+				d.Errorf(n, "l7 engine %q: want auto, event-loop or net-http", s)
+			}
+		}
+		if cfg.Engine == EngineEventLoop && cfg.Upstream != nil && cfg.Upstream.Scheme == "https" {
+			d.Errorf(n, "l7 engine event-loop: the upstream is https and the event loop speaks plain http; use auto or net-http")
+		}
 	}
 	if n, ok := f["trusted_proxies"]; ok {
 		for _, c := range d.Seq(n, "l7 trusted_proxies") {

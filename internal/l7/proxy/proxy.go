@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
 )
@@ -34,8 +35,10 @@ type Options struct {
 	Escalator Escalator
 	// Registerer receives the proxy's metrics (nil: none registered).
 	Registerer prometheus.Registerer
-	// Transport carries requests to the upstream (default: an
-	// http.Transport keeping up to 512 idle connections to it).
+	// Transport carries requests to the upstream under the net-http engine
+	// and when the Proxy is used as an http.Handler (default: an
+	// http.Transport keeping up to 512 idle connections to it). The
+	// event-loop engine has its own upstream connections.
 	Transport http.RoundTripper
 }
 
@@ -55,6 +58,7 @@ type Proxy struct {
 	routes    []*route
 	unmatched http.Handler
 	upstream  *httputil.ReverseProxy
+	forward   http.Handler // the event loop's relay, else upstream
 	esc       *escalation
 	rc        *redis.Client
 	redisLims []*redislimit.Limiter
@@ -84,6 +88,8 @@ type route struct {
 	redis map[string][]*redisGroup
 	// redisCounters are the redis limits' counters by rule name.
 	redisCounters map[string]*redisCounters
+	// mayBlock: a request on this route may wait (concurrency queue, Redis).
+	mayBlock bool
 }
 
 // redisGroup is the redis limits that apply to a request in one tier and
@@ -134,6 +140,11 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		p.exempt[s] = struct{}{}
 	}
 	p.upstream = p.newReverseProxy(opts.Transport)
+	p.forward = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !eventloop.Forward(w, r) {
+			p.upstream.ServeHTTP(w, r)
+		}
+	})
 	shedMetrics := shed.NewCollector()
 	var global func(http.Handler) http.Handler
 	if cfg.Concurrency != nil {
@@ -152,7 +163,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		return h
 	}
-	p.unmatched = wrap(p.upstream)
+	p.unmatched = wrap(p.forward)
 	if cfg.Redis != nil {
 		p.rc = redis.NewClient(&redis.Options{
 			Addr:         cfg.Redis.Addr,
@@ -180,6 +191,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			h = mw(h)
 		}
 		rt.handler = wrap(h)
+		rt.mayBlock = rc.Concurrency != nil || len(rt.redis) > 0
 		p.routes = append(p.routes, rt)
 	}
 	if cfg.Escalation.Enabled && opts.Escalator == nil {
@@ -236,19 +248,22 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		},
 		Transport:  tr,
 		BufferPool: new(bufferPool),
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			p.upstreamErrors.Add(1)
-			if r.Context().Err() == nil {
-				p.log.Warn("l7 proxy: upstream request failed", "upstream", up.Host, "path", r.URL.Path, "err", err)
-			}
-			l7.WriteProblem(w, l7.Problem{
-				Type:   "about:blank",
-				Title:  "Bad Gateway",
-				Status: http.StatusBadGateway,
-				Detail: "the upstream did not answer",
-			}, 0)
-		},
+		ErrorHandler: p.badGateway,
 	}
+}
+
+// badGateway answers a request the upstream did not answer (both engines).
+func (p *Proxy) badGateway(w http.ResponseWriter, r *http.Request, err error) {
+	p.upstreamErrors.Add(1)
+	if r.Context().Err() == nil {
+		p.log.Warn("l7 proxy: upstream request failed", "upstream", p.cfg.Upstream.Host, "path", r.URL.Path, "err", err)
+	}
+	l7.WriteProblem(w, l7.Problem{
+		Type:   "about:blank",
+		Title:  "Bad Gateway",
+		Status: http.StatusBadGateway,
+		Detail: "the upstream did not answer",
+	}, 0)
 }
 
 func (p *Proxy) peerTrusted(r *http.Request) bool {
@@ -500,7 +515,7 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	if _, ok := p.exempt[path]; ok {
-		p.upstream.ServeHTTP(w, r)
+		p.forward.ServeHTTP(w, r)
 		return
 	}
 	for _, rt := range p.routes {
@@ -509,7 +524,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if rt.exempt != nil {
 			if _, ok := rt.exempt[path]; ok {
-				p.upstream.ServeHTTP(w, r)
+				p.forward.ServeHTTP(w, r)
 				return
 			}
 		}
@@ -517,6 +532,31 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.unmatched.ServeHTTP(w, r)
+}
+
+// mayBlock reports whether ServeHTTP may wait on r: for a concurrency
+// queue or a Redis round trip. The event loop runs such requests'
+// decisions on their own goroutines, the others on the loop.
+func (p *Proxy) mayBlock(r *http.Request) bool {
+	path := r.URL.Path
+	if _, ok := p.exempt[path]; ok {
+		return false
+	}
+	if p.cfg.Concurrency != nil {
+		return true
+	}
+	for _, rt := range p.routes {
+		if !rt.match.matches(r) {
+			continue
+		}
+		if rt.exempt != nil {
+			if _, ok := rt.exempt[path]; ok {
+				return false
+			}
+		}
+		return rt.mayBlock
+	}
+	return false
 }
 
 // limit decides rt's limits all-or-nothing across both backends, writes
@@ -532,13 +572,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Shadow groups are charged on their own and never refuse or refund.
 func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 	if rt.mw == nil {
-		p.upstream.ServeHTTP(w, r)
+		p.forward.ServeHTTP(w, r)
 		return
 	}
 	var lp l7.Pending
 	rt.mw.Decide(r, &lp)
 	if lp.Skipped() {
-		p.upstream.ServeHTTP(w, r)
+		p.forward.ServeHTTP(w, r)
 		return
 	}
 	if !lp.Allowed() {
@@ -619,7 +659,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rt.mw.Respond(w, &lp, ext)
-	p.upstream.ServeHTTP(w, r)
+	p.forward.ServeHTTP(w, r)
 }
 
 // refundRedis gives a group's charge back; a failure leaves the charge in
@@ -668,9 +708,30 @@ func (p *Proxy) Serve(ctx context.Context) error {
 }
 
 // ServeListener is Serve on a listener the caller opened (it is closed on
-// return).
+// return), with the Config's engine.
 func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 	defer p.Close()
+	if p.cfg.ServingEngine() == EngineEventLoop {
+		srv, err := eventloop.New(eventloop.Config{
+			Upstream:          p.cfg.Upstream,
+			Handler:           p,
+			MayBlock:          p.mayBlock,
+			TrustedPeer:       p.trusted,
+			BadGateway:        p.badGateway,
+			Logger:            p.log,
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			ShutdownTimeout:   ShutdownTimeout,
+		})
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("proxy: %w", err)
+		}
+		if err := srv.Serve(ctx, ln); err != nil {
+			return fmt.Errorf("proxy: serve on %s: %w", ln.Addr(), err)
+		}
+		return nil
+	}
 	srv := &http.Server{
 		Handler:           p,
 		ReadHeaderTimeout: 10 * time.Second,
