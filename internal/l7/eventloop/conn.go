@@ -192,13 +192,13 @@ type conn struct {
 	remoteAddr string // r.RemoteAddr: "ip:port"
 	peerIP     string // for X-Forwarded-For
 
-	in        ioBuf
-	out       outBuf
-	readable  bool // the socket may have bytes to read (edge-triggered)
-	writable  bool // the socket may take bytes
-	state     connState
+	in         ioBuf
+	out        outBuf
+	readable   bool // the socket may have bytes to read (edge-triggered)
+	writable   bool // the socket may take bytes
+	state      connState
 	closeAfter bool  // close once the current response is out
-	deadline  int64 // loop time; 0: none
+	deadline   int64 // loop time; 0: none
 
 	head    requestHead
 	req     http.Request
