@@ -201,6 +201,7 @@ type conn struct {
 	deadline   int64 // loop time; 0: none
 
 	head    requestHead
+	headBuf []byte // a copy of the head's bytes, which head's fields point into
 	req     http.Request
 	url     url.URL
 	hdr     http.Header
@@ -366,6 +367,7 @@ func (c *conn) begin(head []byte) {
 		c.malformed(err)
 		return
 	}
+	c.keepHead(head)
 	c.in.consume(c.l, len(head))
 	switch {
 	case c.head.chunked:
@@ -383,6 +385,31 @@ func (c *conn) begin(head []byte) {
 	}
 	c.callHandler(&c.req)
 	c.decided()
+}
+
+// keepHead copies the request head out of the input buffer, which is
+// recycled (or compacted) once consumed, and points c.head's fields at the
+// copy: the upstream head is written from them later (after a handler on
+// its goroutine, on a retry), and even at once it is written into the
+// recycled buffer itself.
+func (c *conn) keepHead(head []byte) {
+	c.headBuf = append(c.headBuf[:0], head...)
+	kept := c.headBuf
+	at := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		off := cap(head) - cap(b)
+		return kept[off : off+len(b) : off+len(b)]
+	}
+	h := &c.head
+	h.method, h.target, h.host = at(h.method), at(h.target), at(h.host)
+	for i := range h.headers {
+		h.headers[i].name, h.headers[i].value = at(h.headers[i].name), at(h.headers[i].value)
+	}
+	for i := range h.connection {
+		h.connection[i] = at(h.connection[i])
+	}
 }
 
 func (c *conn) callHandler(r *http.Request) {
