@@ -198,6 +198,8 @@ type conn struct {
 	writable   bool // the socket may take bytes
 	state      connState
 	closeAfter bool  // close once the current response is out
+	peerGone   bool  // the client closed its side
+	headSeen   int   // input bytes known not to end a request head
 	deadline   int64 // loop time; 0: none
 
 	head    requestHead
@@ -234,6 +236,15 @@ func (c *conn) event(ev uint32) {
 	}
 	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		c.writable = true
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		// The client closed (at least its sending side). Like net/http,
+		// a request it is waiting for is abandoned: its handler's context
+		// is cancelled, its relay is cut.
+		c.peerGone = true
+		if c.state == stateHandler && c.cancel != nil {
+			c.cancel()
+		}
 	}
 	c.step()
 }
@@ -300,15 +311,24 @@ func (c *conn) stepHead() bool {
 	if c.out.pending() >= maxPending {
 		return false // answer what is queued before reading on
 	}
-	if data := c.in.data(); len(data) > 0 {
-		n, err := parseRequestHead(data, &c.head, maxHead)
-		if err != nil {
-			c.malformed(err)
-			return true
-		}
-		if n > 0 {
-			c.begin(data[:n])
-			return true
+	if data := c.in.data(); len(data) > c.headSeen {
+		// Parse only once a head can have ended (a line feed arrived) or
+		// grown too long: a client sending a byte at a time costs linear
+		// time, not quadratic.
+		if indexByte(data[c.headSeen:], '\n') < 0 && len(data) <= maxHead {
+			c.headSeen = len(data)
+		} else {
+			c.headSeen = 0
+			n, err := parseRequestHead(data, &c.head, maxHead)
+			if err != nil {
+				c.malformed(err)
+				return true
+			}
+			if n > 0 {
+				c.begin(data[:n])
+				return true
+			}
+			c.headSeen = len(data)
 		}
 	}
 	if !c.readable {
@@ -434,6 +454,9 @@ func (c *conn) runAsync() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
+	if c.peerGone {
+		cancel()
+	}
 	r := c.req.WithContext(ctx)
 	s := c.l.s
 	s.handlers.Add(1)
@@ -838,6 +861,10 @@ func trimOWS(b []byte) []byte {
 func (c *conn) stepForward() bool {
 	u := c.up
 	progress := false
+	if c.peerGone && c.reqBody.done && c.buffered() == 0 {
+		c.close() // nobody is waiting for the response
+		return false
+	}
 	// The request body, client to upstream.
 	if !c.reqBody.done && u.out.pending() < maxPending {
 		if data := c.in.data(); len(data) > 0 {
