@@ -23,6 +23,10 @@ type upConn struct {
 	gotBytes   bool  // a response head came on it for the current request
 	closed     bool
 	idleSince  int64
+	// peerClosed: the upstream closed its side (EPOLLRDHUP). A short read
+	// then no longer means drained: the end is still to be read, and no
+	// new edge will announce it.
+	peerClosed bool
 }
 
 func (u *upConn) event(ev uint32) {
@@ -31,6 +35,9 @@ func (u *upConn) event(ev uint32) {
 	}
 	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		u.writable = true
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		u.peerClosed = true
 	}
 	if u.client != nil {
 		u.client.step()
@@ -75,7 +82,7 @@ func (u *upConn) flush() (bool, error) {
 // read reads once from the upstream.
 func (u *upConn) read() (n int, eof bool, err error) {
 	n, drained, eof, err := u.in.readFrom(u.l, u.fd, maxHead+1)
-	if drained {
+	if drained && !u.peerClosed {
 		u.readable = false
 	}
 	if err != nil {
