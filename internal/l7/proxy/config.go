@@ -49,6 +49,9 @@ type Config struct {
 	// Engine serves the proxy; "" (auto) is the event loop for an http
 	// upstream and net/http for an https one (ServingEngine).
 	Engine Engine
+	// Loops is the event loop engine's number of loops (0: GOMAXPROCS-1,
+	// at least 1; see eventloop.Config.Loops).
+	Loops int
 }
 
 // Engine is what serves the proxy's connections.

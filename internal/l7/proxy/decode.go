@@ -151,7 +151,7 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		return nil
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
-		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine")
+		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops")
 	if f == nil {
 		return nil
 	}
@@ -178,6 +178,10 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		if cfg.Engine == EngineEventLoop && cfg.Upstream != nil && cfg.Upstream.Scheme == "https" {
 			d.Errorf(n, "l7 engine event-loop: the upstream is https and the event loop speaks plain http; use auto or net-http")
 		}
+	}
+	if n, ok := f["loops"]; ok {
+		x, _ := d.integer(n, "l7 loops", 1, 1024)
+		cfg.Loops = int(max(x, 0))
 	}
 	if n, ok := f["trusted_proxies"]; ok {
 		for _, c := range d.Seq(n, "l7 trusted_proxies") {

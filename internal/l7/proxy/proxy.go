@@ -719,6 +719,7 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 			TrustedPeer:       p.trusted,
 			BadGateway:        p.badGateway,
 			Logger:            p.log,
+			Loops:             p.cfg.Loops,
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ShutdownTimeout:   ShutdownTimeout,
