@@ -293,7 +293,9 @@ func (c *conn) flush() bool {
 // read reads once from the client.
 func (c *conn) read(limit int) (n int, eof bool) {
 	n, drained, eof, err := c.in.readFrom(c.l, c.fd, limit)
-	if drained {
+	if drained && !c.peerGone {
+		// (Once the client closed its side, a short read leaves the end
+		// to be read, and no new edge will announce it.)
 		c.readable = false
 	}
 	if err != nil {
