@@ -438,6 +438,12 @@ func (c *conn) callHandler(r *http.Request) {
 	defer func() {
 		if v := recover(); v != nil {
 			c.l.s.log.Error("l7 event loop: handler panicked", "path", r.URL.Path, "panic", fmt.Sprint(v))
+			if c.w.async && c.w.forward {
+				// Forward has returned: the upstream's response is out, and
+				// a 500 after it would be a response to no request.
+				c.closeAfter = true
+				return
+			}
 			c.w.reset()
 			c.w.status = http.StatusInternalServerError
 			c.closeAfter = true
