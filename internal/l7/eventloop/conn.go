@@ -123,6 +123,14 @@ func (o *outBuf) flushTo(l *loop, fd int) (wrote, full bool, err error) {
 		o.b, o.w = nil, 0
 		return n > 0, false, nil
 	}
+	if o.w >= len(o.b)-o.w {
+		// A socket that never drains whole (a slow reader, more queued
+		// behind each write) would keep everything ever queued on it:
+		// move the rest to the front once it is no longer than what was
+		// written, so the copying is bounded by the bytes written.
+		o.b = o.b[:copy(o.b, o.b[o.w:])]
+		o.w = 0
+	}
 	return n > 0, true, nil
 }
 
