@@ -119,6 +119,12 @@ func TestDecodeProblems(t *testing.T) {
       limits: [{name: a1, key: ip, rate: 1/s}, {name: a2, key: ip, rate: 1/s}, {name: a3, key: ip, rate: 1/s}, {name: a4, key: ip, rate: 1/s}, {name: a5, key: ip, rate: 1/s}]
       tiers: {header: X-Plan, levels: {t: [{name: b1, key: ip, rate: 1/s}, {name: b2, key: ip, rate: 1/s}, {name: b3, key: ip, rate: 1/s}, {name: b4, key: ip, rate: 1/s}]}}
 `, []string{`p.yaml:5:7: route "api": 9 local limits apply to one request (route plus largest tier); at most 8`}},
+		{"unknown engine", validHead + "  engine: epoll\n",
+			[]string{`p.yaml:4:11: l7 engine "epoll": want auto, event-loop or net-http`}},
+		{"engine not a scalar", validHead + "  engine: [event-loop]\n",
+			[]string{`p.yaml:4:11: l7 engine must be a single value, got a list`}},
+		{"event loop with an https upstream", "l7:\n  listen: 127.0.0.1:8080\n  upstream: https://127.0.0.1:9443\n  engine: event-loop\n",
+			[]string{`p.yaml:4:11: l7 engine event-loop: the upstream is https and the event loop speaks plain http`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -170,6 +176,46 @@ func TestDecodeDefaultsAndFullConfig(t *testing.T) {
 	}
 	if cfg.Routes[0].Match.Header["X-Env"] != "prod" {
 		t.Errorf("header match %v", cfg.Routes[0].Match.Header)
+	}
+}
+
+// engine: auto, event-loop and net-http decode; ServingEngine resolves auto
+// (and an unset engine) to the event loop for an http upstream and to
+// net/http for an https one.
+func TestDecodeEngine(t *testing.T) {
+	cases := []struct {
+		upstream, engine string // engine "": no engine field
+		want, serving    Engine
+	}{
+		{"http://127.0.0.1:9000", "", "", EngineEventLoop},
+		{"http://127.0.0.1:9000", "auto", "", EngineEventLoop},
+		{"http://127.0.0.1:9000", "event-loop", EngineEventLoop, EngineEventLoop},
+		{"http://127.0.0.1:9000", "net-http", EngineNetHTTP, EngineNetHTTP},
+		{"https://127.0.0.1:9443", "", "", EngineNetHTTP},
+		{"https://127.0.0.1:9443", "auto", "", EngineNetHTTP},
+		{"https://127.0.0.1:9443", "net-http", EngineNetHTTP, EngineNetHTTP},
+	}
+	for _, c := range cases {
+		src := "l7:\n  listen: 127.0.0.1:8080\n  upstream: " + c.upstream + "\n"
+		if c.engine != "" {
+			src += "  engine: " + c.engine + "\n"
+		}
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+			t.Fatal(err)
+		}
+		cfg, probs := Decode(l7Node(&doc), "p.yaml")
+		if len(probs) > 0 {
+			t.Errorf("upstream %s engine %q: problems %v", c.upstream, c.engine, probs)
+			continue
+		}
+		if cfg.Engine != c.want || cfg.ServingEngine() != c.serving {
+			t.Errorf("upstream %s engine %q: Engine %q, ServingEngine %q; want %q, %q",
+				c.upstream, c.engine, cfg.Engine, cfg.ServingEngine(), c.want, c.serving)
+		}
+	}
+	if got := (&Config{}).ServingEngine(); got != EngineEventLoop {
+		t.Errorf("a Config without upstream or engine serves %q, want the event loop", got)
 	}
 }
 
