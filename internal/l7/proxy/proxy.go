@@ -246,8 +246,8 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		Transport:  tr,
-		BufferPool: new(bufferPool),
+		Transport:    tr,
+		BufferPool:   new(bufferPool),
 		ErrorHandler: p.badGateway,
 	}
 }
