@@ -208,6 +208,7 @@ type conn struct {
 	closeAfter bool  // close once the current response is out
 	peerGone   bool  // the client closed its side
 	headSeen   int   // input bytes known not to end a request head
+	holdOut    bool  // output waits for a handler on its goroutine to return
 	deadline   int64 // loop time; 0: none
 
 	head    requestHead
@@ -284,7 +285,7 @@ func (c *conn) step() {
 }
 
 func (c *conn) flush() bool {
-	if !c.writable || c.state == stateClosed {
+	if !c.writable || c.state == stateClosed || c.holdOut {
 		return false
 	}
 	wrote, full, err := c.out.flushTo(c.l, c.fd)
@@ -489,6 +490,7 @@ func (c *conn) handlerReturned() {
 		c.cancel = nil
 	}
 	c.w.async = false
+	c.holdOut = false
 	if c.state == stateClosed {
 		return
 	}
@@ -1100,7 +1102,11 @@ func (c *conn) finishForward() {
 // readies the connection for its next request.
 func (c *conn) afterRelay() {
 	if c.w.async {
+		// The end of the response waits for the handler to return, so
+		// what it holds (a concurrency slot) is free before the client
+		// can send its next request, as under net/http.
 		c.state = stateHandler
+		c.holdOut = true
 		c.w.signal()
 		return
 	}
