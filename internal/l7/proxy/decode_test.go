@@ -125,6 +125,8 @@ func TestDecodeProblems(t *testing.T) {
 			[]string{`p.yaml:4:11: l7 engine must be a single value, got a list`}},
 		{"event loop with an https upstream", "l7:\n  listen: 127.0.0.1:8080\n  upstream: https://127.0.0.1:9443\n  engine: event-loop\n",
 			[]string{`p.yaml:4:11: l7 engine event-loop: the upstream is https and the event loop speaks plain http`}},
+		{"loops out of range", validHead + "  loops: 0\n",
+			[]string{`p.yaml:4:10: l7 loops "0" must be a whole number from 1 to 1024`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -364,4 +366,24 @@ func FuzzDecode(f *testing.F) {
 			p.Close()
 		}
 	})
+}
+
+// loops decodes into Config.Loops; absent, it is 0 (the engine's default).
+func TestDecodeLoops(t *testing.T) {
+	for src, want := range map[string]int{
+		"l7:\n  listen: 127.0.0.1:8080\n  upstream: http://127.0.0.1:9000\n":             0,
+		"l7:\n  listen: 127.0.0.1:8080\n  upstream: http://127.0.0.1:9000\n  loops: 3\n": 3,
+	} {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+			t.Fatal(err)
+		}
+		cfg, probs := Decode(l7Node(&doc), "p.yaml")
+		if len(probs) > 0 || cfg == nil {
+			t.Fatalf("%q: problems %v", src, probs)
+		}
+		if cfg.Loops != want {
+			t.Errorf("%q: Loops %d, want %d", src, cfg.Loops, want)
+		}
+	}
 }
