@@ -49,8 +49,8 @@ type Config struct {
 	// Engine serves the proxy; "" (auto) is the event loop for an http
 	// upstream and net/http for an https one (ServingEngine).
 	Engine Engine
-	// Loops is the event loop engine's number of loops (0: GOMAXPROCS-1,
-	// at least 1; see eventloop.Config.Loops).
+	// Loops is the event loop engine's number of loops (0: GOMAXPROCS,
+	// one per core; see eventloop.Config.Loops).
 	Loops int
 }
 
