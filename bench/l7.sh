@@ -6,6 +6,7 @@
 #
 #   bench/l7.sh                              # 10s per case, 2 threads, 64 connections
 #   DURATION=5s CONNS=32 THREADS=1 bench/l7.sh
+#   ROUNDS=5 bench/l7.sh                     # every case 5 times, interleaved; then medians
 #
 # Needs wrk and nginx (scripts/install-deps.sh) and Go. Ports (loopback
 # only): UP_PORT, PROXY_PORT, NGINX_PORT (default 18080-18082).
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
+ROUNDS=${ROUNDS:-1}
 UP_PORT=${UP_PORT:-18080}
 PROXY_PORT=${PROXY_PORT:-18081}
 NGINX_PORT=${NGINX_PORT:-18082}
@@ -115,7 +117,7 @@ echo "# commit:  $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "# wrk:     wrk -t$THREADS -c$CONNS -d$DURATION --latency URL"
 echo
 
-# run NAME URL: one wrk run, one table row.
+# run NAME URL: one wrk run, one table row (also kept for the medians).
 run() {
 	local out rps p50 p99 non2xx
 	out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$2")
@@ -124,11 +126,53 @@ run() {
 	p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
 	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
 	printf "%-34s %10s %10s %10s %12s\n" "$1" "$rps" "$p50" "$p99" "${non2xx:-0}"
+	printf "%s\t%s\t%s\t%s\n" "$1" "$rps" "$(ms "$p50")" "$(ms "$p99")" >>"$tmp/rows"
 }
 
-printf "%-34s %10s %10s %10s %12s\n" "case" "req/s" "p50" "p99" "non-2xx"
-run "upstream alone (Go net/http)" "http://127.0.0.1:$UP_PORT/never"
-run "edgeguard proxy, limit never hit" "http://127.0.0.1:$PROXY_PORT/never"
-run "nginx limit_req, limit never hit" "http://127.0.0.1:$NGINX_PORT/never"
-run "edgeguard proxy, limit always hit" "http://127.0.0.1:$PROXY_PORT/always"
-run "nginx limit_req, limit always hit" "http://127.0.0.1:$NGINX_PORT/always"
+# ms converts wrk's latency (850.00us, 2.41ms, 1.02s) to milliseconds.
+ms() {
+	awk -v v="$1" 'BEGIN {
+		n = v + 0
+		if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n *= 1; else if (v ~ /s$/) n *= 1000
+		printf "%.2f", n
+	}'
+}
+
+cases=(
+	"upstream alone (Go net/http)|http://127.0.0.1:$UP_PORT/never"
+	"edgeguard proxy, limit never hit|http://127.0.0.1:$PROXY_PORT/never"
+	"nginx limit_req, limit never hit|http://127.0.0.1:$NGINX_PORT/never"
+	"edgeguard proxy, limit always hit|http://127.0.0.1:$PROXY_PORT/always"
+	"nginx limit_req, limit always hit|http://127.0.0.1:$NGINX_PORT/always"
+)
+: >"$tmp/rows"
+for round in $(seq "$ROUNDS"); do
+	[ "$ROUNDS" -gt 1 ] && echo "# round $round of $ROUNDS"
+	printf "%-34s %10s %10s %10s %12s\n" "case" "req/s" "p50" "p99" "non-2xx"
+	for c in "${cases[@]}"; do
+		run "${c%%|*}" "${c#*|}"
+	done
+	echo
+done
+
+if [ "$ROUNDS" -gt 1 ]; then
+	echo "# medians of $ROUNDS rounds (p50 and p99 in ms; ratio: edgeguard / nginx req/s, median of the rounds' ratios)"
+	printf "%-34s %10s %10s %10s %8s\n" "case" "req/s" "p50" "p99" "ratio"
+	for c in "${cases[@]}"; do
+		name=${c%%|*}
+		med() { awk -F'\t' -v n="$name" -v col="$1" '$1 == n {print $col}' "$tmp/rows" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+		ratio=""
+		case $name in
+		"edgeguard proxy, limit never hit") other="nginx limit_req, limit never hit" ;;
+		"edgeguard proxy, limit always hit") other="nginx limit_req, limit always hit" ;;
+		*) other="" ;;
+		esac
+		if [ -n "$other" ]; then
+			ratio=$(paste <(awk -F'\t' -v n="$name" '$1 == n {print $2}' "$tmp/rows") \
+				<(awk -F'\t' -v n="$other" '$1 == n {print $2}' "$tmp/rows") |
+				awk '{print $1 / $2}' | sort -g |
+				awk '{v[NR] = $1} END {printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+		fi
+		printf "%-34s %10.0f %10.2f %10.2f %8s\n" "$name" "$(med 2)" "$(med 3)" "$(med 4)" "$ratio"
+	done
+fi
