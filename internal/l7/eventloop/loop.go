@@ -28,7 +28,12 @@ type loop struct {
 	work   []func() // the batch being run (reused)
 
 	// byFD finds the connection of an epoll event (fds are small ints).
+	// byFDGen[fd] is the generation fd was registered with, which its
+	// events carry: an event harvested before its fd was closed and reused
+	// within one batch belongs to the old connection, and is dropped.
 	byFD     []pollable
+	byFDGen  []int32
+	gen      int32
 	conns    map[*conn]struct{}
 	idle     []*upConn // idle upstream connections, most recent last
 	maxIdle  int
@@ -132,7 +137,7 @@ func (l *loop) run() {
 				l.runPosted()
 			case fd == l.lfd:
 				l.accept()
-			case fd < len(l.byFD) && l.byFD[fd] != nil:
+			case fd < len(l.byFD) && l.byFD[fd] != nil && l.byFDGen[fd] == ev.Pad:
 				l.byFD[fd].event(ev.Events)
 			}
 		}
@@ -154,14 +159,16 @@ func (l *loop) run() {
 // register adds fd to the loop's epoll set, edge-triggered: the loop keeps
 // its own readable/writable flags and reads until a short read.
 func (l *loop) register(fd int, p pollable) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	l.gen++
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd), Pad: l.gen}
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return err
 	}
 	for fd >= len(l.byFD) {
 		l.byFD = append(l.byFD, nil)
+		l.byFDGen = append(l.byFDGen, 0)
 	}
-	l.byFD[fd] = p
+	l.byFD[fd], l.byFDGen[fd] = p, l.gen
 	return nil
 }
 
