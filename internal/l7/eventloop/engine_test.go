@@ -1438,3 +1438,65 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("upstream got X-Forwarded-For %q, Host %q", h.Get("X-Forwarded-For"), h.Get("Host"))
 	}
 }
+
+// TestAbortingClients: clients that reset their connection right after
+// their request, among clients that wait for their answer, on one loop.
+// Every waiting client gets its answer: the fds the aborted connections
+// (and their upstream connections) free are reused at once, and an event
+// of the old connection must not reach the new one.
+func TestAbortingClients(t *testing.T) {
+	up := startRawUpstream(t, func(c net.Conn) {
+		if _, err := readHead(bufio.NewReader(c)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+	})
+	cfg := proxyConfig(t, up.url())
+	cfg.Loops = 1
+	addr := startEngine(t, cfg)
+	const workers, rounds = 24, 400
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range rounds {
+				c, err := net.DialTimeout("tcp", addr, ioTimeout)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_ = c.SetDeadline(time.Now().Add(ioTimeout))
+				_, err = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+				if i%2 == 0 {
+					time.Sleep(time.Duration(i*10) * time.Microsecond)
+					_ = c.(*net.TCPConn).SetLinger(0) // a reset
+					c.Close()
+					continue
+				}
+				var resp *http.Response
+				if err == nil {
+					resp, err = http.ReadResponse(bufio.NewReader(c), nil)
+				}
+				if err == nil {
+					var body []byte
+					body, err = io.ReadAll(resp.Body)
+					if err == nil && string(body) != "ok" {
+						err = fmt.Errorf("body %q", body)
+					}
+				}
+				c.Close()
+				if err != nil {
+					errs <- fmt.Errorf("worker %d round %d: %w", i, j, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
