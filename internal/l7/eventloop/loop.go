@@ -225,7 +225,10 @@ func (l *loop) adopt(fd int, peer netip.AddrPort) {
 		return
 	}
 	l.conns[c] = struct{}{}
-	c.deadline = l.now + int64(l.s.cfg.IdleTimeout)
+	// A new connection is not a kept-alive one waiting for its next
+	// request: as under net/http, its first head must come within
+	// ReadHeaderTimeout (a silent connection is not held for IdleTimeout).
+	c.deadline = l.now + int64(l.s.cfg.ReadHeaderTimeout)
 }
 
 // sweep closes connections past their deadlines: a head not read in
