@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -1058,6 +1059,16 @@ func TestTimeouts(t *testing.T) {
 		c, br := dial(t, addr)
 		expectClosedWithin(t, c, br, timeoutBound)
 	})
+
+	// Its first request is not a kept-alive connection's next one: as
+	// under net/http, ReadHeaderTimeout bounds the wait for it, however
+	// long IdleTimeout is.
+	t.Run("connection that never sends, long IdleTimeout", func(t *testing.T) {
+		cfg := cfg
+		cfg.IdleTimeout = time.Minute
+		c, br := dial(t, startEngine(t, cfg))
+		expectClosedWithin(t, c, br, timeoutBound)
+	})
 }
 
 // TestShutdown: a context's end lets requests in flight finish; past
@@ -1491,6 +1502,124 @@ func TestAbortingClients(t *testing.T) {
 					errs <- fmt.Errorf("worker %d round %d: %w", i, j, err)
 					return
 				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestMixedTraffic: keep-alive clients sending GETs with bodies of every
+// size, Content-Length and chunked POSTs, to handlers on the loop and on
+// goroutines, some answered by the handler; among them clients that stop
+// anywhere in a request and leave (closing or resetting). Every client
+// that stays gets exactly its answers.
+func TestMixedTraffic(t *testing.T) {
+	up := startHTTPUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if n, _ := strconv.Atoi(r.URL.Query().Get("n")); n > 0 {
+			w.Header().Set("Content-Length", strconv.Itoa(n))
+			_, _ = w.Write(pattern(n, 7))
+			return
+		}
+		_, _ = w.Write(body)
+	}))
+	cfg := proxyConfig(t, up.URL)
+	cfg.Loops = 2
+	cfg.MayBlock = func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/async") }
+	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/async") {
+			time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+		}
+		if strings.HasSuffix(r.URL.Path, "/deny") {
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, "no")
+			return
+		}
+		eventloop.Forward(w, r)
+	})
+	addr := startEngine(t, cfg)
+
+	// request returns a random request and the body of its answer.
+	request := func(rng *rand.Rand, k int) (req string, want []byte, deny bool) {
+		path := "/sync"
+		if rng.IntN(2) == 0 {
+			path = "/async"
+		}
+		if deny = rng.IntN(5) == 0; deny {
+			path += "/deny"
+		}
+		switch rng.IntN(3) {
+		case 0:
+			n := rng.IntN(300_000)
+			req, want = fmt.Sprintf("GET %s?n=%d HTTP/1.1\r\nHost: x\r\n\r\n", path, n), pattern(n, 7)
+		case 1:
+			want = pattern(rng.IntN(100_000), byte(k))
+			req = fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", path, len(want), want)
+		default:
+			want = pattern(rng.IntN(50_000), byte(k))
+			var b strings.Builder
+			fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", path)
+			for rest := want; len(rest) > 0; {
+				n := min(len(rest), 1+rng.IntN(9000))
+				fmt.Fprintf(&b, "%x\r\n%s\r\n", n, rest[:n])
+				rest = rest[n:]
+			}
+			b.WriteString("0\r\n\r\n")
+			req = b.String()
+		}
+		if deny {
+			want = []byte("no")
+		}
+		return req, want, deny
+	}
+
+	const workers, conns = 12, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 1))
+			leaves := i%2 == 0
+			for range conns {
+				c, err := net.DialTimeout("tcp", addr, ioTimeout)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_ = c.SetDeadline(time.Now().Add(ioTimeout))
+				br := bufio.NewReader(c)
+				for k := range 1 + rng.IntN(5) {
+					req, want, deny := request(rng, k)
+					if leaves {
+						_, _ = io.WriteString(c, req[:rng.IntN(len(req)+1)])
+						time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
+						if rng.IntN(2) == 0 {
+							_ = c.(*net.TCPConn).SetLinger(0)
+						}
+						break
+					}
+					go func() { _, _ = io.WriteString(c, req) }() // the answer may start first
+					resp, err := http.ReadResponse(br, nil)
+					var body []byte
+					if err == nil {
+						body, err = io.ReadAll(resp.Body)
+					}
+					if err != nil || !bytes.Equal(body, want) {
+						c.Close()
+						errs <- fmt.Errorf("worker %d: %.40q: %v, %s", i, req, err, firstDiff(body, want))
+						return
+					}
+					if deny && resp.Close {
+						break // the body was not read whole
+					}
+				}
+				c.Close()
 			}
 		}()
 	}
