@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"net/textproto"
 	"strconv"
@@ -1627,5 +1628,63 @@ func TestMixedTraffic(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestNewAndServe: what New refuses, Forward with a writer not the
+// engine's, and a second Serve.
+func TestNewAndServe(t *testing.T) {
+	h := forwardAll(t)
+	for _, cfg := range []eventloop.Config{
+		{Handler: h},
+		{Upstream: mustURL(t, "https://127.0.0.1:1"), Handler: h},
+		{Upstream: mustURL(t, "http:///path"), Handler: h},
+		{Upstream: mustURL(t, "http://127.0.0.1:1")},
+	} {
+		if _, err := eventloop.New(cfg); err == nil {
+			t.Errorf("New accepted %+v", cfg)
+		}
+	}
+
+	if eventloop.Forward(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil)) {
+		t.Errorf("Forward accepted a writer that is not the engine's")
+	}
+
+	srv, err := eventloop.New(proxyConfig(t, "http://127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	// An answer (502: nothing listens upstream) shows the first Serve runs.
+	c, br := dial(t, ln.Addr().String())
+	write(t, c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp := readResponse(t, br, http.MethodGet); resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(ctx, ln2); err == nil {
+		t.Errorf("a second Serve returned nil")
+	}
+	if c, err := net.Dial("tcp", ln2.Addr().String()); err == nil {
+		c.Close()
+		t.Errorf("the second Serve's listener was left open")
+	}
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(ioTimeout):
+		t.Fatalf("Serve did not return")
 	}
 }
