@@ -884,7 +884,9 @@ func (c *conn) stepForward() bool {
 		return false
 	}
 	// The request body, client to upstream.
-	if !c.reqBody.done && u.out.pending() < maxPending {
+	// (Not while connecting: a connect that fails leaves the body here,
+	// for the next address.)
+	if !c.reqBody.done && u.out.pending() < maxPending && !u.connecting {
 		if data := c.in.data(); len(data) > 0 {
 			n, err := c.reqBody.take(data)
 			if err != nil {
@@ -1133,6 +1135,19 @@ func (c *conn) upstreamFailed(err error) {
 		c.retried = true
 		c.startForward()
 		return
+	}
+	if u != nil && u.connectFailed && u.addr+1 < len(c.l.s.upstreamAddrs()) {
+		// The next address (an upstream named by a host with an IPv6
+		// and an IPv4 address listens on one of them, say).
+		c.l.s.log.Debug("l7 event loop: upstream address failed; trying the next", "err", err)
+		nu, derr := c.l.dial(u.addr + 1)
+		if derr == nil {
+			c.up = nu
+			nu.client = c
+			c.queueUpstreamHead()
+			return
+		}
+		err = derr
 	}
 	c.l.s.log.Debug("l7 event loop: upstream failed", "peer", c.remoteAddr, "err", err)
 	c.w.status = 0

@@ -237,6 +237,7 @@ func (l *loop) adopt(fd int, peer netip.AddrPort) {
 func (l *loop) sweep() {
 	for c := range l.conns {
 		if c.up != nil && c.up.connecting && l.now > c.up.deadline {
+			c.up.connectFailed = true
 			c.upstreamFailed(errors.New("connect to the upstream timed out"))
 			c.step()
 			continue

@@ -83,7 +83,7 @@ type Server struct {
 	basePath string // the upstream URL's path, "" or without a trailing slash
 	baseQ    string // the upstream URL's raw query
 	addrs    atomic.Pointer[[]netip.AddrPort]
-	next     atomic.Uint64 // round robin over loops (accept) and addrs (dial)
+	next     atomic.Uint64 // round robin over loops (accept)
 	handlers sync.WaitGroup
 	served   atomic.Bool
 }
@@ -211,6 +211,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) (err error) {
 	// Handlers on goroutines finish once their connections are closed
 	// (their contexts are cancelled, their forwards answered).
 	s.handlers.Wait()
+	// Work posted to a loop after it ended: connections dealt to it
+	// (closed, as it is draining) and handlers' last words.
+	for _, l := range loops {
+		l.runPosted()
+	}
 	for _, l := range loops {
 		if l.err != nil && err == nil {
 			err = l.err
@@ -271,12 +276,11 @@ func (s *Server) keepResolving(ctx context.Context) {
 	}
 }
 
-// upstreamAddr picks the next resolved upstream address.
-func (s *Server) upstreamAddr() (netip.AddrPort, bool) {
-	p := s.addrs.Load()
-	if p == nil || len(*p) == 0 {
-		return netip.AddrPort{}, false
+// upstreamAddrs returns the resolved upstream addresses, in the
+// resolver's order of preference.
+func (s *Server) upstreamAddrs() []netip.AddrPort {
+	if p := s.addrs.Load(); p != nil {
+		return *p
 	}
-	a := *p
-	return a[s.next.Add(1)%uint64(len(a))], true
+	return nil
 }

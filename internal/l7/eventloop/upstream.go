@@ -3,6 +3,7 @@ package eventloop
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,6 +28,11 @@ type upConn struct {
 	// then no longer means drained: the end is still to be read, and no
 	// new edge will announce it.
 	peerClosed bool
+	// addr is the index of the address dialled; connectFailed: the
+	// connect itself failed (nothing was sent), so the next address may be
+	// tried.
+	addr          int
+	connectFailed bool
 }
 
 func (u *upConn) event(ev uint32) {
@@ -62,6 +68,7 @@ func (u *upConn) flush() (bool, error) {
 			err = unix.Errno(soerr)
 		}
 		if err != nil {
+			u.connectFailed = true
 			return false, fmt.Errorf("connect to the upstream: %w", err)
 		}
 		u.connecting = false
@@ -120,15 +127,30 @@ func (l *loop) upstream() (*upConn, error) {
 		u.reused, u.gotBytes = true, false
 		return u, nil
 	}
-	return l.dial()
+	return l.dial(0)
 }
 
-// dial starts a non-blocking connect to the upstream.
-func (l *loop) dial() (*upConn, error) {
-	addr, ok := l.s.upstreamAddr()
-	if !ok {
+// dial starts a non-blocking connect to the upstream's addresses from
+// index from on, in order (as net.Dialer does): an address that refuses at
+// once is skipped here, one that fails later is left by the caller
+// (upConn.addr, connectFailed).
+func (l *loop) dial(from int) (*upConn, error) {
+	addrs := l.s.upstreamAddrs()
+	if len(addrs) == 0 {
 		return nil, errors.New("the upstream's address is not resolved")
 	}
+	var err error
+	for i := from; i < len(addrs); i++ {
+		var u *upConn
+		if u, err = l.dialAddr(addrs[i]); err == nil {
+			u.addr = i
+			return u, nil
+		}
+	}
+	return nil, err
+}
+
+func (l *loop) dialAddr(addr netip.AddrPort) (*upConn, error) {
 	var sa unix.Sockaddr
 	family := unix.AF_INET
 	if addr.Addr().Is4() {
