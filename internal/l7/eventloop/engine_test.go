@@ -1432,16 +1432,9 @@ func TestIPv6(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, front) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	c, br := dial(t, front.Addr().String())
+	e := serveEngine(t, srv, front)
+	e.expectCleanEnd(t)
+	c, br := dial(t, e.addr)
 	write(t, c, "GET / HTTP/1.1\r\nHost: [::1]\r\n\r\n")
 	if resp := readResponse(t, br, http.MethodGet); string(resp.body) != "ok" {
 		t.Fatalf("%d %q", resp.StatusCode, resp.body)
@@ -1658,11 +1651,9 @@ func TestNewAndServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
+	e := serveEngine(t, srv, ln)
 	// An answer (502: nothing listens upstream) shows the first Serve runs.
-	c, br := dial(t, ln.Addr().String())
+	c, br := dial(t, e.addr)
 	write(t, c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	if resp := readResponse(t, br, http.MethodGet); resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -1671,20 +1662,15 @@ func TestNewAndServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Serve(ctx, ln2); err == nil {
+	if err := srv.Serve(context.Background(), ln2); err == nil {
 		t.Errorf("a second Serve returned nil")
 	}
 	if c, err := net.Dial("tcp", ln2.Addr().String()); err == nil {
 		c.Close()
 		t.Errorf("the second Serve's listener was left open")
 	}
-	cancel()
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	case <-time.After(ioTimeout):
-		t.Fatalf("Serve did not return")
+	e.cancel()
+	if err := e.wait(t, ioTimeout); err != nil {
+		t.Errorf("Serve: %v", err)
 	}
 }

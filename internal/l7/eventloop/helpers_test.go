@@ -57,6 +57,13 @@ func runEngine(t *testing.T, cfg eventloop.Config) *engine {
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
+	return serveEngine(t, srv, ln)
+}
+
+// serveEngine serves srv on ln; the test controls the shutdown. A cleanup
+// cancels and waits for Serve in any case.
+func serveEngine(t *testing.T, srv *eventloop.Server, ln net.Listener) *engine {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &engine{addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	served := make(chan struct{})
@@ -75,11 +82,9 @@ func runEngine(t *testing.T, cfg eventloop.Config) *engine {
 	return e
 }
 
-// startEngine serves cfg until the test ends, and checks that Serve then
-// returns nil.
-func startEngine(t *testing.T, cfg eventloop.Config) (addr string) {
-	t.Helper()
-	e := runEngine(t, cfg)
+// expectCleanEnd checks, when the test ends, that Serve returns nil once
+// its context is cancelled.
+func (e *engine) expectCleanEnd(t *testing.T) {
 	t.Cleanup(func() {
 		e.cancel()
 		select {
@@ -91,6 +96,14 @@ func startEngine(t *testing.T, cfg eventloop.Config) (addr string) {
 			t.Errorf("Serve did not return within 30s of its context's end")
 		}
 	})
+}
+
+// startEngine serves cfg until the test ends, and checks that Serve then
+// returns nil.
+func startEngine(t *testing.T, cfg eventloop.Config) (addr string) {
+	t.Helper()
+	e := runEngine(t, cfg)
+	e.expectCleanEnd(t)
 	return e.addr
 }
 

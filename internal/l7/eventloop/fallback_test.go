@@ -1,16 +1,16 @@
-package eventloop
+package eventloop_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 )
 
 // An upstream name with several addresses (localhost as ::1 and
@@ -26,10 +26,8 @@ func TestDialFallsBackToTheNextAddress(t *testing.T) {
 	good := netip.MustParseAddrPort(strings.TrimPrefix(up.URL, "http://"))
 	dead := refusingAddr(t)
 
-	u, _ := url.Parse(up.URL)
-	s, err := New(Config{Upstream: u, Loops: 1, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		Forward(w, r)
-	})})
+	srv, err := eventloop.New(eventloop.Config{Upstream: mustURL(t, up.URL), Loops: 1,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { eventloop.Forward(w, r) })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,20 +35,7 @@ func TestDialFallsBackToTheNextAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Serve did not return")
-		}
-	})
+	serveEngine(t, srv, ln).expectCleanEnd(t)
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	call := func(method, body string) (int, string) {
 		t.Helper()
@@ -67,7 +52,7 @@ func TestDialFallsBackToTheNextAddress(t *testing.T) {
 		t.Fatalf("before: status %d", code)
 	}
 
-	s.addrs.Store(&[]netip.AddrPort{dead, good})
+	eventloop.SetUpstreamAddrs(srv, []netip.AddrPort{dead, good})
 	for range 3 {
 		if code, body := call("GET", ""); code != 200 || body != "GET " {
 			t.Errorf("GET with the first address refusing: %d %q", code, body)
@@ -78,7 +63,7 @@ func TestDialFallsBackToTheNextAddress(t *testing.T) {
 		up.CloseClientConnections() // the pooled ones: the next requests dial again
 	}
 
-	s.addrs.Store(&[]netip.AddrPort{dead, dead})
+	eventloop.SetUpstreamAddrs(srv, []netip.AddrPort{dead, dead})
 	up.CloseClientConnections()
 	time.Sleep(50 * time.Millisecond) // let the loop see the pooled connections close
 	if code, _ := call("GET", ""); code != http.StatusBadGateway {
