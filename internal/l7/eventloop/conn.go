@@ -264,11 +264,11 @@ func (c *conn) step() {
 		progress := false
 		switch c.state {
 		case stateHead:
-			progress = c.stepHead() || progress
+			progress = c.stepHead()
 		case stateForward:
-			progress = c.stepForward() || progress
+			progress = c.stepForward()
 		case stateTunnel:
-			progress = c.stepTunnel() || progress
+			progress = c.stepTunnel()
 		case stateClosing:
 			if c.out.pending() == 0 {
 				c.close()
