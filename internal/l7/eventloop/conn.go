@@ -409,12 +409,13 @@ func (c *conn) begin(head []byte) {
 		c.reqBody.set(bodyNone, 0)
 	}
 	c.w.reset()
-	s := c.l.s
-	if s.cfg.MayBlock != nil && s.cfg.MayBlock(&c.req) {
+	c.callHandler(&c.req, c.l.s.cfg.Handler)
+	if c.w.panicked {
+		c.answerPanic()
+	} else if c.w.later != nil {
 		c.runAsync()
 		return
 	}
-	c.callHandler(&c.req)
 	c.decided()
 }
 
@@ -443,26 +444,29 @@ func (c *conn) keepHead(head []byte) {
 	}
 }
 
-func (c *conn) callHandler(r *http.Request) {
+// callHandler runs h; a panic is logged and noted in c.w.panicked (from a
+// handler on its goroutine too: the loop answers for it).
+func (c *conn) callHandler(r *http.Request, h http.Handler) {
 	defer func() {
 		if v := recover(); v != nil {
 			c.l.s.log.Error("l7 event loop: handler panicked", "path", r.URL.Path, "panic", fmt.Sprint(v))
-			if c.w.async && c.w.forward {
-				// Forward has returned: the upstream's response is out, and
-				// a 500 after it would be a response to no request.
-				c.closeAfter = true
-				return
-			}
-			c.w.reset()
-			c.w.status = http.StatusInternalServerError
-			c.closeAfter = true
+			c.w.panicked = true
 		}
 	}()
-	c.l.s.cfg.Handler.ServeHTTP(&c.w, r)
+	h.ServeHTTP(&c.w, r)
 }
 
-// runAsync runs the handler on its own goroutine; handlerReturned resumes
-// the connection on the loop.
+// answerPanic replaces whatever a panicking handler left with a 500, and
+// closes after it.
+func (c *conn) answerPanic() {
+	c.w.reset()
+	c.w.panicked = false
+	c.w.status = http.StatusInternalServerError
+	c.closeAfter = true
+}
+
+// runAsync runs the handler Go named on its own goroutine; handlerReturned
+// resumes the connection on the loop.
 func (c *conn) runAsync() {
 	c.state = stateHandler
 	c.w.async = true
@@ -475,11 +479,13 @@ func (c *conn) runAsync() {
 		cancel()
 	}
 	r := c.req.WithContext(ctx)
+	h := c.w.later
+	c.w.later = nil
 	s := c.l.s
 	s.handlers.Add(1)
 	go func() {
 		defer s.handlers.Done()
-		c.callHandler(r)
+		c.callHandler(r, h)
 		c.l.post(c.handlerReturned)
 	}()
 }
@@ -494,9 +500,19 @@ func (c *conn) handlerReturned() {
 	if c.state == stateClosed {
 		return
 	}
-	if c.w.forward {
-		c.endRequest() // the relay has ended (Forward returned)
-	} else {
+	switch {
+	case c.w.forward:
+		// The relay has ended (Forward returned). A panic after it
+		// closes the connection: a 500 now would answer no request.
+		if c.w.panicked {
+			c.w.panicked = false
+			c.closeAfter = true
+		}
+		c.endRequest()
+	case c.w.panicked:
+		c.answerPanic()
+		c.decided()
+	default:
 		c.decided()
 	}
 	c.step()

@@ -6,8 +6,8 @@
 // accepts connections from the shared listener, reads requests, runs the
 // handler (the limits) and relays the request to an upstream connection of
 // its own pool and the response back, reading each socket once per
-// readiness. A request whose handler may block (a Redis round trip, a
-// concurrency queue) runs its handler on a goroutine; the loop goes on
+// readiness. A handler whose decision may block (a Redis round trip, a
+// concurrency queue) calls Go to make it on a goroutine; the loop goes on
 // with other connections and resumes this one when the handler is done.
 //
 // The handler is an http.Handler: it writes a response (a 429, a 503) or

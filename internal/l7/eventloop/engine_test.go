@@ -639,7 +639,6 @@ func TestMayBlock(t *testing.T) {
 	forwarded := make(chan bool, 4)
 	cfg := proxyConfig(t, up.URL)
 	cfg.Loops = 1 // the blocked handler and the other client share one loop
-	cfg.MayBlock = func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/block") }
 	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/block") {
 			entered <- r.URL.Path
@@ -660,6 +659,7 @@ func TestMayBlock(t *testing.T) {
 			forwarded <- ok
 		}
 	})
+	cfg.Handler = onGoroutine(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/block") }, cfg.Handler)
 	addr := startEngine(t, cfg)
 	t.Cleanup(func() {
 		for _, ch := range []chan struct{}{release, answer} {
@@ -713,7 +713,6 @@ func TestMayBlock(t *testing.T) {
 		blocking := make(chan struct{})
 		cancelled := make(chan struct{}, 1)
 		cfg := proxyConfig(t, up.URL)
-		cfg.MayBlock = func(*http.Request) bool { return true }
 		cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			entered <- r.URL.Path
 			select {
@@ -722,6 +721,7 @@ func TestMayBlock(t *testing.T) {
 				cancelled <- struct{}{}
 			}
 		})
+		cfg.Handler = onGoroutine(func(*http.Request) bool { return true }, cfg.Handler)
 		addr := startEngine(t, cfg)
 		t.Cleanup(func() { close(blocking) })
 		c, _ := dial(t, addr)
@@ -1224,13 +1224,13 @@ func TestClientCloses(t *testing.T) {
 func TestHandlerPanics(t *testing.T) {
 	up, _ := recordingUpstream(t, nil)
 	cfg := proxyConfig(t, up.URL)
-	cfg.MayBlock = func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/async") }
 	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, "/after") {
 			eventloop.Forward(w, r)
 		}
 		panic("handler bug")
 	})
+	cfg.Handler = onGoroutine(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/async") }, cfg.Handler)
 	addr := startEngine(t, cfg)
 	for _, path := range []string{"/sync", "/async", "/async/after"} {
 		t.Run(path, func(t *testing.T) {
@@ -1368,7 +1368,6 @@ func TestShutdownBlockedHandler(t *testing.T) {
 			if timeout {
 				cfg.ShutdownTimeout = 200 * time.Millisecond
 			}
-			cfg.MayBlock = func(*http.Request) bool { return true }
 			cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				entered <- struct{}{}
 				select {
@@ -1378,6 +1377,7 @@ func TestShutdownBlockedHandler(t *testing.T) {
 				}
 				eventloop.Forward(w, r)
 			})
+			cfg.Handler = onGoroutine(func(*http.Request) bool { return true }, cfg.Handler)
 			e := runEngine(t, cfg)
 			c, br := dial(t, e.addr)
 			write(t, c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -1523,7 +1523,6 @@ func TestMixedTraffic(t *testing.T) {
 	}))
 	cfg := proxyConfig(t, up.URL)
 	cfg.Loops = 2
-	cfg.MayBlock = func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/async") }
 	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/async") {
 			time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
@@ -1535,6 +1534,7 @@ func TestMixedTraffic(t *testing.T) {
 		}
 		eventloop.Forward(w, r)
 	})
+	cfg.Handler = onGoroutine(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/async") }, cfg.Handler)
 	addr := startEngine(t, cfg)
 
 	// request returns a random request and the body of its answer.

@@ -351,3 +351,14 @@ func firstDiff(a, b []byte) string {
 	}
 	return fmt.Sprintf("lengths %d and %d", len(a), len(b))
 }
+
+// onGoroutine wraps h: the requests cond picks run on their own goroutine
+// (eventloop.Go), as a handler that may block would have them.
+func onGoroutine(cond func(*http.Request) bool, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cond(r) && eventloop.Go(w, r, h) {
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -23,13 +23,10 @@ type Config struct {
 	// not empty, is joined in front of every request's path (as
 	// httputil.ProxyRequest.SetURL does).
 	Upstream *url.URL
-	// Handler decides each request: it answers it itself, or calls
-	// Forward to have it proxied.
+	// Handler decides each request on its loop: it answers it itself,
+	// calls Forward to have it proxied, or, when its decision may block (a
+	// network round trip, a queue), calls Go to decide on a goroutine.
 	Handler http.Handler
-	// MayBlock reports whether Handler may block on r (a network round
-	// trip, a queue): such requests run Handler on their own goroutine.
-	// Nil: every request's Handler runs on its loop.
-	MayBlock func(r *http.Request) bool
 	// TrustedPeer reports whether a peer's X-Forwarded-For is kept (and
 	// appended to); otherwise it is replaced by the peer's address. Nil:
 	// no peer is trusted.

@@ -16,6 +16,10 @@ type writer struct {
 	// own goroutine; Forward then waits on done for the relay's end.
 	forward, async bool
 	done           chan struct{}
+	// later is the handler Go asked to run on a goroutine; panicked: the
+	// handler panicked (the loop answers for it).
+	later    http.Handler
+	panicked bool
 }
 
 func (w *writer) reset() {
@@ -23,6 +27,7 @@ func (w *writer) reset() {
 	w.status = 0
 	w.body = w.body[:0]
 	w.forward = false
+	w.later = nil
 }
 
 // Header returns the header fields of the response (sent with the
@@ -58,8 +63,8 @@ func (w *writer) signal() {
 
 // Forward has the request proxied to the upstream when w is the engine's
 // writer: the header fields set on w are added to the upstream's response.
-// On a request whose handler runs on its own goroutine (Config.MayBlock),
-// Forward returns when the response has been relayed (or failed). It
+// On a request whose handler runs on its own goroutine (Go), Forward
+// returns when the response has been relayed (or failed). It
 // reports false, doing nothing, for any other writer: the caller then
 // proxies by other means.
 func Forward(w http.ResponseWriter, r *http.Request) bool {
@@ -76,5 +81,21 @@ func Forward(w http.ResponseWriter, r *http.Request) bool {
 		})
 		<-ew.done
 	}
+	return true
+}
+
+// Go has h decide the request on its own goroutine when w is the engine's
+// writer and the caller runs on the loop: for a decision that may block (a
+// Redis round trip, a concurrency queue), so the loop goes on with its other
+// connections meanwhile. h gets a request whose context ends when the client
+// leaves. The caller must return at once and must not have written a
+// response. Go reports false, doing nothing, for any other writer or when
+// already on a goroutine: the caller then runs h itself.
+func Go(w http.ResponseWriter, r *http.Request, h http.Handler) bool {
+	ew, ok := w.(*writer)
+	if !ok || ew.async {
+		return false
+	}
+	ew.later = h
 	return true
 }

@@ -88,7 +88,9 @@ type route struct {
 	redis map[string][]*redisGroup
 	// redisCounters are the redis limits' counters by rule name.
 	redisCounters map[string]*redisCounters
-	// mayBlock: a request on this route may wait (concurrency queue, Redis).
+	// mayBlock: a request on this route may wait (a concurrency queue, its
+	// own or the global one; Redis): under the event loop it is decided on
+	// a goroutine (eventloop.Go).
 	mayBlock bool
 }
 
@@ -191,7 +193,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			h = mw(h)
 		}
 		rt.handler = wrap(h)
-		rt.mayBlock = rc.Concurrency != nil || len(rt.redis) > 0
+		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0
 		p.routes = append(p.routes, rt)
 	}
 	if cfg.Escalation.Enabled && opts.Escalator == nil {
@@ -528,35 +530,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		if rt.mayBlock && eventloop.Go(w, r, rt.handler) {
+			return // decided on a goroutine, off the event loop
+		}
 		rt.handler.ServeHTTP(w, r)
 		return
 	}
+	if p.cfg.Concurrency != nil && eventloop.Go(w, r, p.unmatched) {
+		return
+	}
 	p.unmatched.ServeHTTP(w, r)
-}
-
-// mayBlock reports whether ServeHTTP may wait on r: for a concurrency
-// queue or a Redis round trip. The event loop runs such requests'
-// decisions on their own goroutines, the others on the loop.
-func (p *Proxy) mayBlock(r *http.Request) bool {
-	path := r.URL.Path
-	if _, ok := p.exempt[path]; ok {
-		return false
-	}
-	if p.cfg.Concurrency != nil {
-		return true
-	}
-	for _, rt := range p.routes {
-		if !rt.match.matches(r) {
-			continue
-		}
-		if rt.exempt != nil {
-			if _, ok := rt.exempt[path]; ok {
-				return false
-			}
-		}
-		return rt.mayBlock
-	}
-	return false
 }
 
 // limit decides rt's limits all-or-nothing across both backends, writes
@@ -715,7 +698,6 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 		srv, err := eventloop.New(eventloop.Config{
 			Upstream:          p.cfg.Upstream,
 			Handler:           p,
-			MayBlock:          p.mayBlock,
 			TrustedPeer:       p.trusted,
 			BadGateway:        p.badGateway,
 			Logger:            p.log,
