@@ -26,6 +26,31 @@ const (
 	stateClosed
 )
 
+// readiness is what epoll's edges said about a socket: the loop keeps it,
+// as edge-triggered events come once per change.
+type readiness struct {
+	readable bool // there may be bytes (or the end) to read
+	writable bool // the socket may take bytes
+	// peerClosed: the peer closed its side (EPOLLRDHUP). A short read then
+	// no longer means drained: the end is still to be read, and no new
+	// edge will announce it.
+	peerClosed bool
+}
+
+// note takes an epoll event in; it reports whether the peer has closed.
+func (r *readiness) note(ev uint32) bool {
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		r.readable = true
+	}
+	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		r.writable = true
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		r.peerClosed = true
+	}
+	return r.peerClosed
+}
+
 // ioBuf holds bytes read and not yet consumed: b[r:].
 type ioBuf struct {
 	b []byte
@@ -200,13 +225,11 @@ type conn struct {
 	remoteAddr string // r.RemoteAddr: "ip:port"
 	peerIP     string // for X-Forwarded-For
 
-	in         ioBuf
-	out        outBuf
-	readable   bool // the socket may have bytes to read (edge-triggered)
-	writable   bool // the socket may take bytes
+	in  ioBuf
+	out outBuf
+	readiness
 	state      connState
 	closeAfter bool  // close once the current response is out
-	peerGone   bool  // the client closed its side
 	headSeen   int   // input bytes known not to end a request head
 	holdOut    bool  // output waits for a handler on its goroutine to return
 	deadline   int64 // loop time; 0: none
@@ -232,7 +255,7 @@ type conn struct {
 
 func newConn(l *loop, fd int, peer netip.AddrPort) *conn {
 	c := &conn{l: l, fd: fd, peer: peer.Addr(), remoteAddr: peer.String(), peerIP: peer.Addr().String(),
-		hdr: make(http.Header, 16), readable: true, writable: true}
+		hdr: make(http.Header, 16), readiness: readiness{readable: true, writable: true}}
 	c.w = writer{c: c, hdr: make(http.Header, 8)}
 	return c
 }
@@ -240,17 +263,10 @@ func newConn(l *loop, fd int, peer netip.AddrPort) *conn {
 func (c *conn) buffered() int { return c.in.pending() }
 
 func (c *conn) event(ev uint32) {
-	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.readable = true
-	}
-	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.writable = true
-	}
-	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+	if c.note(ev) {
 		// The client closed (at least its sending side). Like net/http,
 		// a request it is waiting for is abandoned: its handler's context
 		// is cancelled, its relay is cut.
-		c.peerGone = true
 		if c.state == stateHandler && c.cancel != nil {
 			c.cancel()
 		}
@@ -302,7 +318,7 @@ func (c *conn) flush() bool {
 // read reads once from the client.
 func (c *conn) read(limit int) (n int, eof bool) {
 	n, drained, eof, err := c.in.readFrom(c.l, c.fd, limit)
-	if drained && !c.peerGone {
+	if drained && !c.peerClosed {
 		// (Once the client closed its side, a short read leaves the end
 		// to be read, and no new edge will announce it.)
 		c.readable = false
@@ -475,7 +491,7 @@ func (c *conn) runAsync() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
-	if c.peerGone {
+	if c.peerClosed {
 		cancel()
 	}
 	r := c.req.WithContext(ctx)
@@ -895,7 +911,7 @@ func trimOWS(b []byte) []byte {
 func (c *conn) stepForward() bool {
 	u := c.up
 	progress := false
-	if c.peerGone && c.reqBody.done && c.buffered() == 0 {
+	if c.peerClosed && c.reqBody.done && c.buffered() == 0 {
 		c.close() // nobody is waiting for the response
 		return false
 	}

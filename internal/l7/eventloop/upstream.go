@@ -11,12 +11,11 @@ import (
 // upConn is a connection to the upstream, owned by one loop: serving one
 // client connection's request, or idle in the loop's pool.
 type upConn struct {
-	l          *loop
-	fd         int
-	in         ioBuf
-	out        outBuf
-	readable   bool
-	writable   bool
+	l   *loop
+	fd  int
+	in  ioBuf
+	out outBuf
+	readiness
 	connecting bool  // a non-blocking connect is under way
 	deadline   int64 // the connect's deadline
 	client     *conn // nil while idle
@@ -24,10 +23,6 @@ type upConn struct {
 	gotBytes   bool  // a response head came on it for the current request
 	closed     bool
 	idleSince  int64
-	// peerClosed: the upstream closed its side (EPOLLRDHUP). A short read
-	// then no longer means drained: the end is still to be read, and no
-	// new edge will announce it.
-	peerClosed bool
 	// addr is the index of the address dialled; connectFailed: the
 	// connect itself failed (nothing was sent), so the next address may be
 	// tried.
@@ -36,15 +31,7 @@ type upConn struct {
 }
 
 func (u *upConn) event(ev uint32) {
-	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		u.readable = true
-	}
-	if ev&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		u.writable = true
-	}
-	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		u.peerClosed = true
-	}
+	u.note(ev)
 	if u.client != nil {
 		u.client.step()
 		return
@@ -164,7 +151,7 @@ func (l *loop) dialAddr(addr netip.AddrPort) (*upConn, error) {
 		return nil, fmt.Errorf("upstream socket: %w", err)
 	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	u := &upConn{l: l, fd: fd, deadline: l.now + int64(l.s.cfg.DialTimeout), writable: false}
+	u := &upConn{l: l, fd: fd, deadline: l.now + int64(l.s.cfg.DialTimeout)}
 	err = unix.Connect(fd, sa)
 	switch {
 	case err == nil:
