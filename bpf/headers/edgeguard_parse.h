@@ -24,9 +24,15 @@
  * is still limited by source, without L4 fields. */
 #define EG_MAX_IPV6_EXT 6
 
+/* pos and end bound what may be read (end is data_end, what the verifier
+ * checks against); left is how many bytes of the IP datagram start at pos,
+ * from its length field, so that nothing past the datagram (Ethernet
+ * padding, a trailer) is read as a header. After an IP parser, pos + left
+ * never exceeds end. */
 struct cursor {
 	void *pos;
 	void *end;
+	__u32 left;
 };
 
 struct vlan_hdr {
@@ -111,7 +117,7 @@ static __always_inline int parse_eth(struct cursor *c, __u16 *proto)
 static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 {
 	struct iphdr *iph = c->pos;
-	__u32 hlen;
+	__u32 hlen, tot;
 
 	if ((void *)(iph + 1) > c->end)
 		return -EG_R_BAD_IPV4;
@@ -120,13 +126,21 @@ static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 	hlen = iph->ihl * 4;
 	if (c->pos + hlen > c->end)
 		return -EG_R_BAD_IPV4;
+	/* The kernel drops both (ip_rcv_core). Total length 0 is not TSO
+	 * here: XDP sees frames as they came off the wire. */
+	tot = bpf_ntohs(iph->tot_len);
+	if (tot < hlen || c->pos + tot > c->end)
+		return -EG_R_BAD_IP_LEN;
 	c->pos += hlen;
+	c->left = tot - hlen;
 
 	__builtin_memset(pi->addr, 0, 10);
 	pi->addr[10] = 0xff;
 	pi->addr[11] = 0xff;
 	__builtin_memcpy(&pi->addr[12], &iph->saddr, 4);
 	pi->proto = iph->protocol;
+	if (iph->protocol == IPPROTO_ICMPV6)
+		return -EG_R_ICMP_FAMILY;
 
 	/* Non-first fragments have no L4 header; they are still limited by
 	 * source, under rules that do not need ports. */
@@ -135,16 +149,45 @@ static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 	return iph->protocol;
 }
 
+/* ext_skip advances over an extension header of n bytes, within the
+ * payload length. */
+static __always_inline int ext_skip(struct cursor *c, __u32 n)
+{
+	if (n > c->left)
+		return -EG_R_BAD_IPV6;
+	c->pos += n;
+	c->left -= n;
+	return 0;
+}
+
+/* l4_proto6 is what parse_ipv6 returns for an L4 protocol after the walk. */
+static __always_inline int l4_proto6(struct pkt_info *pi, __u8 next)
+{
+	pi->proto = next;
+	if (next == IPPROTO_ICMP)
+		return -EG_R_ICMP_FAMILY;
+	return next;
+}
+
+/* parse_ipv6 fills the source and returns the L4 protocol, or -1 for a
+ * non-first fragment or a chain longer than the walk, or a negative reason.
+ * A payload length of 0 is taken as it stands (no payload): a jumbogram
+ * (RFC 2675) needs a link MTU above 64 KiB, which Ethernet does not have. */
 static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 {
 	struct ipv6hdr *ip6h = c->pos;
+	__u32 plen;
 	__u8 next;
 
 	if ((void *)(ip6h + 1) > c->end)
 		return -EG_R_BAD_IPV6;
 	if (ip6h->version != 6)
 		return -EG_R_BAD_IPV6;
+	plen = bpf_ntohs(ip6h->payload_len);
+	if ((void *)(ip6h + 1) + plen > c->end)
+		return -EG_R_BAD_IP_LEN;
 	c->pos = ip6h + 1;
+	c->left = plen;
 	__builtin_memcpy(pi->addr, &ip6h->saddr, 16);
 	/* An IPv4-mapped source (::ffff:0:0/96) is not valid on the wire
 	 * (RFC 4291 2.5.5.2; Linux drops it in ip6_rcv_core) and would alias
@@ -157,57 +200,72 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 	for (int i = 0; i < EG_MAX_IPV6_EXT; i++) {
 		struct ipv6_ext *ext = c->pos;
 
+		/* The first two bytes are checked against the payload length
+		 * (left) before they are read, and against the frame (end) for
+		 * the verifier; pos + left <= end makes the second one true
+		 * whenever the first is. */
 		switch (next) {
 		case IPPROTO_HOPOPTS:
 		case IPPROTO_ROUTING:
 		case IPPROTO_DSTOPTS:
-			if ((void *)(ext + 1) > c->end)
+			if (c->left < sizeof(*ext) || (void *)(ext + 1) > c->end)
 				return -EG_R_BAD_IPV6;
 			next = ext->nexthdr;
-			c->pos += (ext->hdrlen + 1) * 8;
+			if (ext_skip(c, (ext->hdrlen + 1) * 8))
+				return -EG_R_BAD_IPV6;
 			break;
 		case IPPROTO_AH:
-			if ((void *)(ext + 1) > c->end)
+			if (c->left < sizeof(*ext) || (void *)(ext + 1) > c->end)
 				return -EG_R_BAD_IPV6;
 			next = ext->nexthdr;
-			c->pos += (ext->hdrlen + 2) * 4;
+			if (ext_skip(c, (ext->hdrlen + 2) * 4))
+				return -EG_R_BAD_IPV6;
 			break;
 		case IPPROTO_FRAGMENT: {
 			struct ipv6_frag *fh = c->pos;
 
-			if ((void *)(fh + 1) > c->end)
+			if (c->left < sizeof(*fh) || (void *)(fh + 1) > c->end)
 				return -EG_R_BAD_IPV6;
 			c->pos = fh + 1;
+			c->left -= sizeof(*fh);
 			next = fh->nexthdr;
 			pi->proto = next;
-			if (fh->frag_off & bpf_htons(0xfff8))
-				return -1; /* non-first fragment */
+			if (fh->frag_off & bpf_htons(0xfff8)) {
+				/* non-first fragment: no L4 header, but its
+				 * protocol is known */
+				if (next == IPPROTO_ICMP)
+					return -EG_R_ICMP_FAMILY;
+				return -1;
+			}
 			break;
 		}
 		default:
-			pi->proto = next;
-			return next;
+			return l4_proto6(pi, next);
 		}
-		if (c->pos > c->end)
-			return -EG_R_BAD_IPV6;
 	}
-	pi->proto = next;
 	/* Exactly EG_MAX_IPV6_EXT headers: L4 follows. A longer chain: limit
 	 * by source, without L4 fields. */
-	if (is_ipv6_ext(next))
+	if (is_ipv6_ext(next)) {
+		pi->proto = next;
 		return -1;
-	return next;
+	}
+	return l4_proto6(pi, next);
 }
 
 /* parse_l4 reads ports (ICMP: type as dport). Returns 0 or a negative reason.
- * Unknown protocols have no ports and are not an error. */
+ * Unknown protocols have no ports and are not an error. Headers must fit in
+ * the datagram (left); the end checks are for the verifier. */
 static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int proto)
 {
 	switch (proto) {
 	case IPPROTO_TCP: {
 		struct tcphdr *th = c->pos;
 
-		if ((void *)(th + 1) > c->end)
+		if (c->left < sizeof(*th) || (void *)(th + 1) > c->end)
+			return -EG_R_BAD_L4;
+		/* The options must be there too; their contents are not read
+		 * (the kernel ignores a malformed option list). */
+		if (th->doff < 5 || th->doff * 4 > c->left)
 			return -EG_R_BAD_L4;
 		pi->sport = bpf_ntohs(th->source);
 		pi->dport = bpf_ntohs(th->dest);
@@ -217,7 +275,7 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int p
 	case IPPROTO_UDP: {
 		struct udphdr *uh = c->pos;
 
-		if ((void *)(uh + 1) > c->end)
+		if (c->left < sizeof(*uh) || (void *)(uh + 1) > c->end)
 			return -EG_R_BAD_L4;
 		pi->sport = bpf_ntohs(uh->source);
 		pi->dport = bpf_ntohs(uh->dest);
@@ -229,7 +287,7 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int p
 		/* type, code, checksum, and 4 bytes of rest-of-header */
 		__u8 *h = c->pos;
 
-		if ((void *)(h + 8) > c->end)
+		if (c->left < 8 || (void *)(h + 8) > c->end)
 			return -EG_R_BAD_L4;
 		pi->dport = h[0];
 		pi->has_l4 = 1;

@@ -67,12 +67,19 @@ enum eg_reason {
 	EG_R_GLOBAL_LIMIT = 8, /* global bucket empty */
 	EG_R_BAD_ETH = 9,    /* frame shorter than an Ethernet header */
 	EG_R_BAD_VLAN = 10,  /* truncated VLAN tag, or more than two tags */
-	EG_R_BAD_IPV4 = 11,  /* truncated IPv4 header, IHL < 5, bad version */
-	EG_R_BAD_IPV6 = 12,  /* truncated IPv6 header or extension header */
-	EG_R_BAD_L4 = 13,    /* truncated TCP/UDP/ICMP header */
+	EG_R_BAD_IPV4 = 11,  /* IPv4 header cut off by the frame, IHL < 5, bad version */
+	EG_R_BAD_IPV6 = 12,  /* IPv6 header cut off by the frame, an extension header
+			      * cut off by the payload length, v4-mapped source */
+	EG_R_BAD_L4 = 13,    /* TCP (with its options, data offset >= 5), UDP or
+			      * ICMP header cut off by the end of the datagram */
 	EG_R_RULE_DROP = 14, /* the rule's action is drop */
 	EG_R_RULE_PASS = 15, /* the rule's action is pass: no limiting */
-	EG_R_MAX = 16,
+	EG_R_BAD_IP_LEN = 16, /* IPv4 total length < IHL * 4, or the datagram
+			       * (IPv4 total length, IPv6 40 + payload length)
+			       * runs past the end of the frame */
+	EG_R_ICMP_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
+				* 58 (ICMPv6), IPv6 next header 1 (ICMP) */
+	EG_R_MAX = 18,
 };
 
 enum eg_mode {

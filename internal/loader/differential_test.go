@@ -1,6 +1,7 @@
 package loader_test
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -460,10 +461,21 @@ var diffSources = []string{
 func randFrame(r *rand.Rand) []byte {
 	src := netip.MustParseAddr(fmt.Sprintf(pick(r, diffSources...), r.IntN(24)))
 	f := packet.Frame{Src: src, Payload: r.IntN(1400)}
+	// Besides TCP, UDP and ICMP: GRE, ICMP of the other family
+	// (malformed), and now and then a tunnel, ESP or SCTP (no ports).
 	if src.Is4() {
 		f.Proto = pick[uint8](r, packet.ProtoUDP, packet.ProtoTCP, packet.ProtoICMP, 47)
 	} else {
-		f.Proto = pick[uint8](r, packet.ProtoUDP, packet.ProtoTCP, packet.ProtoICMPv6, packet.ProtoICMP, 47)
+		f.Proto = pick[uint8](r, packet.ProtoUDP, packet.ProtoTCP, packet.ProtoICMPv6, 47)
+	}
+	switch r.IntN(32) {
+	case 0:
+		f.Proto = packet.ProtoICMPv6
+		if !src.Is4() {
+			f.Proto = packet.ProtoICMP
+		}
+	case 1, 2:
+		f.Proto = pick[uint8](r, 4, 41, 50, 51, 132)
 	}
 	f.SrcPort = pick[uint16](r, 123, 40000, 80, uint16(r.IntN(65536)))
 	f.DstPort = pick[uint16](r, 53, 80, 128, 123, uint16(r.IntN(256)))
@@ -501,6 +513,18 @@ func randFrame(r *rand.Rand) []byte {
 		b[r.IntN(min(len(b), f.Ends().L4))] ^= byte(1 + r.IntN(255))
 	case 2:
 		b = packet.ARP()
+	case 3: // the datagram ends before the frame: padding (or a trailer) after it
+		at := ipStart(f) + 8 + r.IntN(len(b)-ipStart(f)-8+1) // the length field stays
+		b = withIPLen(b[:at], ipStart(f), at-ipStart(f))
+		for n := r.IntN(48); n > 0; n-- {
+			b = append(b, byte(r.Uint32()))
+		}
+	case 4: // a length field that says anything
+		binary.BigEndian.PutUint16(b[ipStart(f)+pick(r, 2, 4):], uint16(pick(r, r.IntN(64), r.IntN(65536), len(b)-ipStart(f)+r.IntN(9)-4)))
+	case 5: // any TCP data offset
+		if f.Proto == packet.ProtoTCP && len(f.IPv6Ext) == 0 {
+			b[f.Ends().L4-20+12] = byte(r.IntN(16)) << 4
+		}
 	}
 	return b
 }
@@ -566,7 +590,7 @@ func TestDifferential(t *testing.T) {
 			t.Errorf("no packet got action %s", maps.ActionName(a))
 		}
 	}
-	for r := maps.ReasonOK; r <= maps.ReasonRulePass; r++ {
+	for r := maps.ReasonOK; r < maps.Reason(loader.LimiterEgReasonEG_R_MAX); r++ {
 		if r != maps.ReasonBadEth && seen[maps.ReasonName(r)] == 0 {
 			t.Errorf("no packet got reason %s", maps.ReasonName(r))
 		}

@@ -216,7 +216,9 @@ const (
 	LimiterEgReasonEG_R_BAD_L4       LimiterEgReason = 13
 	LimiterEgReasonEG_R_RULE_DROP    LimiterEgReason = 14
 	LimiterEgReasonEG_R_RULE_PASS    LimiterEgReason = 15
-	LimiterEgReasonEG_R_MAX          LimiterEgReason = 16
+	LimiterEgReasonEG_R_BAD_IP_LEN   LimiterEgReason = 16
+	LimiterEgReasonEG_R_ICMP_FAMILY  LimiterEgReason = 17
+	LimiterEgReasonEG_R_MAX          LimiterEgReason = 18
 )
 
 type LimiterEgRule struct {

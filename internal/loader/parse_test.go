@@ -1,6 +1,7 @@
 package loader_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"syscall"
@@ -255,6 +256,58 @@ func with(b []byte, off int, val byte) []byte {
 	return b
 }
 
+// ipStart is where the IP header of f.Build() starts.
+func ipStart(f packet.Frame) int { return 14 + 4*len(f.VLANs) }
+
+// withIPLen sets the length field of the IP header at off: the IPv4 total
+// length, or the IPv6 payload length (n - 40), for a datagram of n bytes.
+// The IPv4 checksum is left stale: nothing on the XDP path checks it.
+func withIPLen(b []byte, off, n int) []byte {
+	if b[off]>>4 == 6 {
+		binary.BigEndian.PutUint16(b[off+4:], uint16(n-40))
+	} else {
+		binary.BigEndian.PutUint16(b[off+2:], uint16(n))
+	}
+	return b
+}
+
+// cutDatagram cuts f's frame at n bytes and sets the IP length to match:
+// a well-formed datagram that ends at n (inside a header, when n is).
+func cutDatagram(f packet.Frame, n int) []byte {
+	b := f.Build()[:n]
+	return withIPLen(b, ipStart(f), n-ipStart(f))
+}
+
+// padded appends n bytes of Ethernet padding (or a trailer) after the
+// datagram: bytes the parser must not read as headers.
+func padded(b []byte, n int) []byte {
+	pad := make([]byte, n)
+	for i := range pad {
+		pad[i] = 0x7b // 123: a port, a type, a header length that would all "match"
+	}
+	return append(b, pad...)
+}
+
+// withProto sets the IPv4 protocol or the IPv6 next header of f's frame.
+func withProto(f packet.Frame, proto uint8) []byte {
+	b := f.Build()
+	off := ipStart(f) + 9
+	if !f.Src.Is4() {
+		off = ipStart(f) + 6
+	}
+	b[off] = proto
+	return b
+}
+
+// withTCPDataOffset sets the data offset of the TCP header at the end of
+// f's IP headers (f has no extension headers).
+func withTCPDataOffset(f packet.Frame, doff uint8) []byte {
+	b := f.Build()
+	e := f.Ends()
+	b[e.L4-20+12] = doff << 4
+	return b
+}
+
 // TestParserBranches sends a frame down every branch of the parser and
 // checks, through the rule it lands on, what the parser read.
 func TestParserBranches(t *testing.T) {
@@ -332,7 +385,8 @@ func TestParserBranches(t *testing.T) {
 		{"ipv4 non-first fragment: no ports", frag(ntp(v4Src), 185, true).Build(), okRule(pUDP)},
 		{"ipv4 last fragment: no ports", frag(ntp(v4Src), 185, false).Build(), okRule(pUDP)},
 		{"ipv4 non-first fragment, source rule", frag(packet.Frame{Src: v4Range, Proto: packet.ProtoTCP, DstPort: 80}, 1, true).Build(), okRule(pSrcRange)},
-		{"ipv4 non-first fragment cut after the ip header", nonFirstCut.Build()[:nonFirstCut.Ends().IP], okRule(pUDP)},
+		{"ipv4 non-first fragment cut after the ip header", cutDatagram(nonFirstCut, nonFirstCut.Ends().IP), okRule(pUDP)},
+		{"ipv4 non-first fragment cut after the ip header, padded", padded(cutDatagram(nonFirstCut, nonFirstCut.Ends().IP), 20), okRule(pUDP)},
 
 		// IPv6 extension headers.
 		{"ipv6 hop-by-hop", chain(v6Src, 0).Build(), okRule(pNTP)},
@@ -353,15 +407,86 @@ func TestParserBranches(t *testing.T) {
 		// packet is limited by its source.
 		{"ipv6 chain of 7: source rule", chain(v6Range, 0, 43, 60, 51, 60, 60, 60).Build(), okRule(pSrcRange)},
 		{"ipv6 chain of 7: no udp rule", chain(v6Src, 0, 43, 60, 51, 60, 60, 60).Build(), okRule(pDefault)},
-		{"ipv6 chain of 9 truncated past the walk", chain(v6Src, 0, 43, 60, 51, 60, 60, 60, 60, 60).Build()[:14+40+6*8+4], okRule(pDefault)},
+		{"ipv6 chain of 9 truncated past the walk", cutDatagram(chain(v6Src, 0, 43, 60, 51, 60, 60, 60, 60, 60), 14+40+6*8+4), okRule(pDefault)},
+
+		// IP length fields (strict parsing: nothing past the datagram
+		// is a header).
+		{"ipv4 total length 0", withIPLen(ntp(v4Src).Build(), 14, 0), dropped(maps.ReasonBadIPLen)},
+		{"ipv4 total length 19", withIPLen(ntp(v4Src).Build(), 14, 19), dropped(maps.ReasonBadIPLen)},
+		{"ipv4 total length below ihl*4 (options)", withIPLen(opts(ntp(v4Src), 8).Build(), 14, 27), dropped(maps.ReasonBadIPLen)},
+		{"ipv4 total length = ihl*4: no l4 header", withIPLen(ntp(v4Src).Build(), 14, 20), dropped(maps.ReasonBadL4)},
+		{"ipv4 total length past the frame by one", withIPLen(ntp(v4Src).Build(), 14, 20+8+48+1), dropped(maps.ReasonBadIPLen)},
+		{"ipv4 total length 65535", withIPLen(ntp(v4Src).Build(), 14, 65535), dropped(maps.ReasonBadIPLen)},
+		{"udp4 header cut by total length, ports in the padding", padded(cutDatagram(ntp(v4Src), 14+20+4), 40), dropped(maps.ReasonBadL4)},
+		{"udp4 header cut by total length, qinq", padded(cutDatagram(tagged(ntp(v4Src), 1, 2), 22+20+7), 40), dropped(maps.ReasonBadL4)},
+		{"udp4 exactly its header, padded", padded(cutDatagram(ntp(v4Src), 14+20+8), 40), okRule(pNTP)},
+		{"udp4 padded to 60 bytes", padded(packet.Frame{Src: v4Src, Proto: packet.ProtoUDP, SrcPort: 123}.Build(), 18), okRule(pNTP)},
+		{"tcp4 header cut by total length", padded(cutDatagram(packet.Frame{Src: v4Src, Proto: packet.ProtoTCP, DstPort: 80}, 14+20+19), 30), dropped(maps.ReasonBadL4)},
+		{"icmp4 header cut by total length", padded(cutDatagram(packet.Frame{Src: v4Src, Proto: packet.ProtoICMP, DstPort: 8}, 14+20+7), 30), dropped(maps.ReasonBadL4)},
+		{"ipv4 first fragment, l4 cut by total length", padded(cutDatagram(frag(ntp(v4Src), 0, true), 14+20+4), 30), dropped(maps.ReasonBadL4)},
+		{"ipv6 payload length past the frame by one", withIPLen(ntp(v6Src).Build(), 14, 40+8+48+1), dropped(maps.ReasonBadIPLen)},
+		{"ipv6 payload length 65535", withIPLen(ntp(v6Src).Build(), 14, 40+65535), dropped(maps.ReasonBadIPLen)},
+		{"ipv6 payload length 0: no l4 header", withIPLen(ntp(v6Src).Build(), 14, 40), dropped(maps.ReasonBadL4)},
+		{"ipv6 payload length 0 with hop-by-hop (a jumbogram claim)", withIPLen(chain(v6Src, 0).Build(), 14, 40), dropped(maps.ReasonBadIPv6)},
+		{"udp6 header cut by payload length, ports in the padding", padded(cutDatagram(ntp(v6Src), 14+40+4), 40), dropped(maps.ReasonBadL4)},
+		{"udp6 exactly its header, padded", padded(cutDatagram(ntp(v6Src), 14+40+8), 40), okRule(pNTP)},
+		{"ipv6 hop-by-hop cut by payload length", padded(cutDatagram(chain(v6Src, 0), 14+40+1), 40), dropped(maps.ReasonBadIPv6)},
+		{"ipv6 long hop-by-hop cut by payload length", padded(cutDatagram(withLen(chain(v6Src, 0), 3), 14+40+31), 40), dropped(maps.ReasonBadIPv6)},
+		{"ipv6 ah cut by payload length", padded(cutDatagram(chain(v6Src, 51), 14+40+11), 40), dropped(maps.ReasonBadIPv6)},
+		{"ipv6 fragment header cut by payload length", padded(cutDatagram(frag(ntp(v6Src), 0, true), 14+40+7), 40), dropped(maps.ReasonBadIPv6)},
+		{"ipv6 routing then udp cut by payload length", padded(cutDatagram(chain(v6Src, 43), 14+40+8+7), 40), dropped(maps.ReasonBadL4)},
+		{"ipv6 chain of 6 ends at the payload length: udp header in the padding", padded(cutDatagram(chain(v6Src, 0, 43, 60, 51, 60, 60), 14+40+5*8+12), 40), dropped(maps.ReasonBadL4)},
+
+		// ICMP under the wrong family.
+		{"ipv4 protocol 58 (icmpv6)", withProto(packet.Frame{Src: v4Src, Proto: packet.ProtoICMP, DstPort: 8}, packet.ProtoICMPv6), dropped(maps.ReasonICMPFamily)},
+		{"ipv4 protocol 58, non-first fragment", withProto(packet.Frame{Src: v4Src, Proto: packet.ProtoICMP, DstPort: 8, FragOffset: 3}, packet.ProtoICMPv6), dropped(maps.ReasonICMPFamily)},
+		{"ipv6 next header 1 (icmp)", withProto(packet.Frame{Src: v6Src, Proto: packet.ProtoICMPv6, DstPort: 8}, packet.ProtoICMP), dropped(maps.ReasonICMPFamily)},
+		{"ipv6 icmp after an extension chain", packet.Frame{Src: v6Src, Proto: packet.ProtoICMP, DstPort: 8, IPv6Ext: []uint8{0, 60}}.Build(), dropped(maps.ReasonICMPFamily)},
+		{"ipv6 icmp after exactly 6 extension headers", packet.Frame{Src: v6Src, Proto: packet.ProtoICMP, DstPort: 8, IPv6Ext: []uint8{0, 43, 60, 51, 60, 60}}.Build(), dropped(maps.ReasonICMPFamily)},
+		{"ipv6 icmp, non-first fragment", frag(packet.Frame{Src: v6Src, Proto: packet.ProtoICMP, DstPort: 8}, 5, false).Build(), dropped(maps.ReasonICMPFamily)},
+
+		// TCP data offset.
+		{"tcp data offset 4", withTCPDataOffset(packet.Frame{Src: v4Src, Proto: packet.ProtoTCP, DstPort: 80}, 4), dropped(maps.ReasonBadL4)},
+		{"tcp data offset 0", withTCPDataOffset(packet.Frame{Src: v6Src, Proto: packet.ProtoTCP, DstPort: 80}, 0), dropped(maps.ReasonBadL4)},
+		{"tcp data offset 15, options past the datagram", withTCPDataOffset(packet.Frame{Src: v4Src, Proto: packet.ProtoTCP, DstPort: 80, Payload: 39}, 15), dropped(maps.ReasonBadL4)},
+		{"tcp data offset 15, options present", withTCPDataOffset(packet.Frame{Src: v4Src, Proto: packet.ProtoTCP, DstPort: 80, Payload: 40}, 15), okRule(pWeb)},
+		{"tcp6 data offset 6, options in the padding", padded(withIPLen(withTCPDataOffset(packet.Frame{Src: v6Src, Proto: packet.ProtoTCP, DstPort: 80, Payload: 4}, 6)[:14+40+20], 14, 40+20), 4), dropped(maps.ReasonBadL4)},
+
+		// Tunnels, ESP, AH in IPv4, SCTP: not decapsulated, no ports;
+		// limited by the outer source.
+		{"ipip: source rule", withProto(ntp(v4Range), 4), okRule(pSrcRange)},
+		{"6in4: source rule", withProto(ntp(v4Range), 41), okRule(pSrcRange)},
+		{"ipv6 in ipv6", withProto(ntp(v6Range), 41), okRule(pSrcRange)},
+		{"ipv4 in ipv6", withProto(ntp(v6Range), 4), okRule(pSrcRange)},
+		{"esp4: source rule", withProto(ntp(v4Range), 50), okRule(pSrcRange)},
+		{"esp6: source rule", withProto(ntp(v6Range), 50), okRule(pSrcRange)},
+		{"ah in ipv4: not walked, no ports", withProto(ntp(v4Src), 51), okRule(pDefault)},
+		{"sctp4 with port-shaped bytes: no port rule", withProto(ntp(v4Src), 132), okRule(pDefault)},
+		{"sctp6: no port rule", withProto(ntp(v6Src), 132), okRule(pDefault)},
+		{"gre with an inner udp header: no port rule", withProto(ntp(v4Src), protoGRE), okRule(pDefault)},
+
+		// MPLS and PPPoE: not IP to the parser.
+		{"mpls unicast", withEtherType(ntp(v4Src).Build(), 12, 0x8847), passed(maps.ReasonNonIP)},
+		{"mpls multicast", withEtherType(ntp(v4Src).Build(), 12, 0x8848), passed(maps.ReasonNonIP)},
+		{"pppoe session", withEtherType(ntp(v4Src).Build(), 12, 0x8864), passed(maps.ReasonNonIP)},
+		{"pppoe discovery in a vlan", withEtherType(tagged(ntp(v4Src), 5).Build(), 16, 0x8863), passed(maps.ReasonNonIP)},
 	} {
 		c.send(tc.name, tc.frame, tc.want)
 	}
 }
 
+func withEtherType(b []byte, off int, et uint16) []byte {
+	binary.BigEndian.PutUint16(b[off:], et)
+	return b
+}
+
 // TestParserTruncatedEverywhere cuts frames at every byte offset up to the
-// end of their L4 header: each cut must be counted under the reason of the
-// header it falls in, and the whole frame must pass.
+// end of their L4 header, three ways: the frame alone (the IP length then
+// says more than the frame holds: bad_ip_length once the IP header is
+// whole), the datagram (its length field set to the cut), and the datagram
+// followed by padding that holds the rest of the original bytes. The last
+// two must be counted under the reason of the header the cut falls in, and
+// the whole frame must pass.
 func TestParserTruncatedEverywhere(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.apply(parsePolicy())
@@ -414,6 +539,17 @@ func TestParserTruncatedEverywhere(t *testing.T) {
 				want = dropped(maps.ReasonBadVLAN)
 			case cut < e.IP:
 				want = dropped(ipBad)
+			case cut < len(b):
+				want = dropped(maps.ReasonBadIPLen)
+			default:
+				want = fr.full
+			}
+			name := fr.name + " cut at " + itoa(uint32(cut))
+			c.send(name, b[:cut], want)
+			if cut < e.IP {
+				continue
+			}
+			switch {
 			case len(e.Ext) > 0 && cut < e.Ext[len(e.Ext)-1]:
 				want = dropped(maps.ReasonBadIPv6)
 			case cut < end:
@@ -421,7 +557,9 @@ func TestParserTruncatedEverywhere(t *testing.T) {
 			default:
 				want = fr.full
 			}
-			c.send(fr.name+" cut at "+itoa(uint32(cut)), b[:cut], want)
+			dg := cutDatagram(fr.f, cut)
+			c.send(name+" (datagram)", dg, want)
+			c.send(name+" (datagram, padded)", append(dg, b[cut:]...), want)
 		}
 	}
 }

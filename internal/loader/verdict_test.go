@@ -403,7 +403,7 @@ func verdictCases() []verdictCase {
 		{name: "malformed drops", gen: malformedDrop,
 			steps: []step{
 				{at: t0, frame: with(udp4("198.18.0.1"), 14, 0x44), want: dropped(maps.ReasonBadIPv4)},
-				{at: t0, frame: udp4("198.18.0.1")[:40], want: dropped(maps.ReasonBadL4)},
+				{at: t0, frame: udp4("198.18.0.1")[:40], want: dropped(maps.ReasonBadIPLen)},
 			}},
 		{name: "malformed drop in dry-run: would_drop", gen: malformedDryDrop,
 			steps: []step{{at: t0, frame: with(udp4("198.18.0.1"), 14, 0x44), want: verdict{action: maps.ActWouldDrop, reason: maps.ReasonBadIPv4}}}},
@@ -517,7 +517,7 @@ func TestNoPolicyYet(t *testing.T) {
 	c.send("udp6", udp6("fd00::1"), passed(maps.ReasonNoPolicy))
 	c.send("arp", packet.ARP(), passed(maps.ReasonNonIP))
 	c.send("bad ipv4", with(udp4("198.18.0.1"), 14, 0x44), passed(maps.ReasonBadIPv4))
-	c.send("truncated udp", udp4("198.18.0.1")[:40], passed(maps.ReasonBadL4))
+	c.send("truncated udp", udp4("198.18.0.1")[:40], passed(maps.ReasonBadIPLen))
 	wantSrcKeys()(td)
 	wantAggKeys()(td)
 	if g := globalBucket(td); g != (refmodel.Bucket{}) {

@@ -44,6 +44,8 @@ const (
 	ReasonBadL4       = loader.LimiterEgReasonEG_R_BAD_L4
 	ReasonRuleDrop    = loader.LimiterEgReasonEG_R_RULE_DROP
 	ReasonRulePass    = loader.LimiterEgReasonEG_R_RULE_PASS
+	ReasonBadIPLen    = loader.LimiterEgReasonEG_R_BAD_IP_LEN
+	ReasonICMPFamily  = loader.LimiterEgReasonEG_R_ICMP_FAMILY
 )
 
 var actionNames = [...]string{"pass", "drop", "would_drop"}
@@ -51,7 +53,7 @@ var actionNames = [...]string{"pass", "drop", "would_drop"}
 var reasonNames = [...]string{
 	"ok", "non_ip", "no_policy", "allow_list", "deny_list", "source_limit", "prefix_limit",
 	"asn_limit", "global_limit", "bad_ethernet", "bad_vlan", "bad_ipv4", "bad_ipv6", "bad_l4",
-	"rule_drop", "rule_pass",
+	"rule_drop", "rule_pass", "bad_ip_length", "icmp_wrong_family",
 }
 
 // ActionName is the metric label of an action.

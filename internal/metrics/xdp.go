@@ -95,7 +95,7 @@ func decidedUnderRule(r maps.Reason) bool {
 func dropsBeforeRule(r maps.Reason) bool {
 	switch r {
 	case maps.ReasonDeny, maps.ReasonBadEth, maps.ReasonBadVLAN, maps.ReasonBadIPv4,
-		maps.ReasonBadIPv6, maps.ReasonBadL4:
+		maps.ReasonBadIPv6, maps.ReasonBadL4, maps.ReasonBadIPLen, maps.ReasonICMPFamily:
 		return true
 	}
 	return false

@@ -150,6 +150,8 @@ func TestCollectorExportsRealCounters(t *testing.T) {
 		{"rate_limit_rejected_total", []string{"layer", "xdp", "rule", "", "reason", "deny_list"}, 2},
 		{"rate_limit_rejected_total", []string{"layer", "xdp", "rule", "", "reason", "bad_ipv4"}, 1},
 		{"rate_limit_rejected_total", []string{"layer", "xdp", "rule", "", "reason", "bad_l4"}, 0},
+		{"rate_limit_rejected_total", []string{"layer", "xdp", "rule", "", "reason", "bad_ip_length"}, 0},
+		{"rate_limit_rejected_total", []string{"layer", "xdp", "rule", "", "reason", "icmp_wrong_family"}, 0},
 
 		// Two sources got a bucket (198.18.0.1 and 198.18.3.3); a drop
 		// rule and the deny list create none.
@@ -352,7 +354,7 @@ func TestCollectorPartialFailure(t *testing.T) {
 }
 
 // BenchmarkGather is the cost of one scrape of the XDP collector over the
-// real maps of the scenario (16 interface slots x 3 actions x 16 reasons
+// real maps of the scenario (16 interface slots x 3 actions x 18 reasons
 // read per CPU, 3 rules, 3 tables walked), without HTTP.
 func BenchmarkGather(b *testing.B) {
 	requireRoot(b)
