@@ -215,7 +215,9 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 				return -EG_R_BAD_IPV6;
 			break;
 		case IPPROTO_AH:
-			if (c->left < sizeof(*ext) || (void *)(ext + 1) > c->end)
+			/* At least next header, length, reserved, SPI and
+			 * sequence number (12 bytes, RFC 4302 2.2). */
+			if (c->left < sizeof(*ext) || (void *)(ext + 1) > c->end || ext->hdrlen < 1)
 				return -EG_R_BAD_IPV6;
 			next = ext->nexthdr;
 			if (ext_skip(c, (ext->hdrlen + 2) * 4))

@@ -69,7 +69,8 @@ enum eg_reason {
 	EG_R_BAD_VLAN = 10,  /* truncated VLAN tag, or more than two tags */
 	EG_R_BAD_IPV4 = 11,  /* IPv4 header cut off by the frame, IHL < 5, bad version */
 	EG_R_BAD_IPV6 = 12,  /* IPv6 header cut off by the frame, an extension header
-			      * cut off by the payload length, v4-mapped source */
+			      * cut off by the payload length, AH shorter than 12
+			      * bytes, v4-mapped source */
 	EG_R_BAD_L4 = 13,    /* TCP (with its options, data offset >= 5), UDP or
 			      * ICMP header cut off by the end of the datagram */
 	EG_R_RULE_DROP = 14, /* the rule's action is drop */

@@ -308,6 +308,13 @@ func withTCPDataOffset(f packet.Frame, doff uint8) []byte {
 	return b
 }
 
+// parserCase is a frame and the verdict it gets under parsePolicy.
+type parserCase struct {
+	name  string
+	frame []byte
+	want  verdict
+}
+
 // TestParserBranches sends a frame down every branch of the parser and
 // checks, through the rule it lands on, what the parser read.
 func TestParserBranches(t *testing.T) {
@@ -315,7 +322,15 @@ func TestParserBranches(t *testing.T) {
 	td.apply(parsePolicy())
 	td.setClock(0)
 	c := newChecker(td)
+	for _, tc := range parserCases() {
+		c.send(tc.name, tc.frame, tc.want)
+	}
+}
 
+// parserCases are frames down every branch of the parser, with the
+// verdicts written by hand (TestParserDissector checks them against an
+// independent dissector).
+func parserCases() []parserCase {
 	chain := func(src netip.Addr, ext ...uint8) packet.Frame {
 		f := ntp(src)
 		f.IPv6Ext = ext
@@ -342,11 +357,7 @@ func TestParserBranches(t *testing.T) {
 	}
 	nonFirstCut := frag(ntp(v4Src), 185, false)
 
-	for _, tc := range []struct {
-		name  string
-		frame []byte
-		want  verdict
-	}{
+	return []parserCase{
 		// Ethernet and VLAN tags.
 		{"arp", packet.ARP(), passed(maps.ReasonNonIP)},
 		{"arp in one tag", packet.ARP(10), passed(maps.ReasonNonIP)},
@@ -432,6 +443,7 @@ func TestParserBranches(t *testing.T) {
 		{"udp6 exactly its header, padded", padded(cutDatagram(ntp(v6Src), 14+40+8), 40), okRule(pNTP)},
 		{"ipv6 hop-by-hop cut by payload length", padded(cutDatagram(chain(v6Src, 0), 14+40+1), 40), dropped(maps.ReasonBadIPv6)},
 		{"ipv6 long hop-by-hop cut by payload length", padded(cutDatagram(withLen(chain(v6Src, 0), 3), 14+40+31), 40), dropped(maps.ReasonBadIPv6)},
+		{"ipv6 ah of 8 bytes (length 0)", with(chain(v6Src, 51).Build(), 14+40+1, 0), dropped(maps.ReasonBadIPv6)},
 		{"ipv6 ah cut by payload length", padded(cutDatagram(chain(v6Src, 51), 14+40+11), 40), dropped(maps.ReasonBadIPv6)},
 		{"ipv6 fragment header cut by payload length", padded(cutDatagram(frag(ntp(v6Src), 0, true), 14+40+7), 40), dropped(maps.ReasonBadIPv6)},
 		{"ipv6 routing then udp cut by payload length", padded(cutDatagram(chain(v6Src, 43), 14+40+8+7), 40), dropped(maps.ReasonBadL4)},
@@ -470,8 +482,6 @@ func TestParserBranches(t *testing.T) {
 		{"mpls multicast", withEtherType(ntp(v4Src).Build(), 12, 0x8848), passed(maps.ReasonNonIP)},
 		{"pppoe session", withEtherType(ntp(v4Src).Build(), 12, 0x8864), passed(maps.ReasonNonIP)},
 		{"pppoe discovery in a vlan", withEtherType(tagged(ntp(v4Src), 5).Build(), 16, 0x8863), passed(maps.ReasonNonIP)},
-	} {
-		c.send(tc.name, tc.frame, tc.want)
 	}
 }
 

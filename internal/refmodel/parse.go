@@ -150,7 +150,7 @@ func parseIPv6(b []byte, pos *int, p *Packet) (int, int, maps.Reason) {
 			next = b[c]
 			c += (int(b[c+1]) + 1) * 8
 		case protoAH:
-			if c+2 > end {
+			if c+2 > end || b[c+1] < 1 { // shorter than 12 bytes (RFC 4302 2.2)
 				return 0, 0, maps.ReasonBadIPv6
 			}
 			next = b[c]
