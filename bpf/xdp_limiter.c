@@ -425,7 +425,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (ret < -1)
 		goto malformed;
 	if (ret >= 0) {
-		ret = parse_l4(&c, &pi, ret);
+		ret = parse_l4(&c, &pi, ret, l3 == bpf_htons(ETH_P_IP));
 		if (ret < 0)
 			goto malformed;
 	}

@@ -112,6 +112,15 @@ static __always_inline int parse_eth(struct cursor *c, __u16 *proto)
 	return 0;
 }
 
+/* ipv4_bad is the reason of an IPv4 header parse_ipv4 refused: a bad
+ * version, IHL < 5 or a header cut off by the frame before a bad length. */
+static __always_inline int ipv4_bad(const struct cursor *c, const struct iphdr *iph, __u32 hlen)
+{
+	if ((__u8)(*(const __u8 *)iph - 0x45) > 0x0a || c->pos + hlen > c->end)
+		return -EG_R_BAD_IPV4;
+	return -EG_R_BAD_IP_LEN;
+}
+
 /* parse_ipv4 fills the v4-mapped source and returns the L4 protocol, or -1
  * for a non-first fragment (no L4 header), or a negative reason. */
 static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
@@ -121,16 +130,16 @@ static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 
 	if ((void *)(iph + 1) > c->end)
 		return -EG_R_BAD_IPV4;
-	if (iph->version != 4 || iph->ihl < 5)
-		return -EG_R_BAD_IPV4;
 	hlen = iph->ihl * 4;
-	if (c->pos + hlen > c->end)
-		return -EG_R_BAD_IPV4;
-	/* The kernel drops both (ip_rcv_core). Total length 0 is not TSO
-	 * here: XDP sees frames as they came off the wire. */
 	tot = bpf_ntohs(iph->tot_len);
-	if (tot < hlen || c->pos + tot > c->end)
-		return -EG_R_BAD_IP_LEN;
+	/* Version 4 and IHL >= 5 (the first byte is 0x45-0x4f), a total
+	 * length of at least IHL*4 (the kernel drops less in ip_rcv_core;
+	 * total length 0 is not TSO here, XDP sees frames as they came off
+	 * the wire), and a datagram that fits in the frame. All three on one
+	 * exit: every early exit costs the pass path register spills, so the
+	 * reason is only sorted out on the way out. */
+	if ((__u8)(*(__u8 *)iph - 0x45) > 0x0a || tot < hlen || c->pos + tot > c->end)
+		return ipv4_bad(c, iph, hlen);
 	c->pos += hlen;
 	c->left = tot - hlen;
 
@@ -139,13 +148,13 @@ static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 	pi->addr[11] = 0xff;
 	__builtin_memcpy(&pi->addr[12], &iph->saddr, 4);
 	pi->proto = iph->protocol;
-	if (iph->protocol == IPPROTO_ICMPV6)
-		return -EG_R_ICMP_FAMILY;
 
 	/* Non-first fragments have no L4 header; they are still limited by
-	 * source, under rules that do not need ports. */
+	 * source, under rules that do not need ports. (ICMPv6 in a first
+	 * fragment or a whole packet is refused by parse_l4, off the TCP and
+	 * UDP path.) */
 	if (iph->frag_off & bpf_htons(0x1fff))
-		return -1;
+		return iph->protocol == IPPROTO_ICMPV6 ? -EG_R_ICMP_FAMILY : -1;
 	return iph->protocol;
 }
 
@@ -158,15 +167,6 @@ static __always_inline int ext_skip(struct cursor *c, __u32 n)
 	c->pos += n;
 	c->left -= n;
 	return 0;
-}
-
-/* l4_proto6 is what parse_ipv6 returns for an L4 protocol after the walk. */
-static __always_inline int l4_proto6(struct pkt_info *pi, __u8 next)
-{
-	pi->proto = next;
-	if (next == IPPROTO_ICMP)
-		return -EG_R_ICMP_FAMILY;
-	return next;
 }
 
 /* parse_ipv6 fills the source and returns the L4 protocol, or -1 for a
@@ -242,22 +242,23 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 			break;
 		}
 		default:
-			return l4_proto6(pi, next);
+			pi->proto = next;
+			return next;
 		}
 	}
 	/* Exactly EG_MAX_IPV6_EXT headers: L4 follows. A longer chain: limit
 	 * by source, without L4 fields. */
-	if (is_ipv6_ext(next)) {
-		pi->proto = next;
+	pi->proto = next;
+	if (is_ipv6_ext(next))
 		return -1;
-	}
-	return l4_proto6(pi, next);
+	return next;
 }
 
 /* parse_l4 reads ports (ICMP: type as dport). Returns 0 or a negative reason.
  * Unknown protocols have no ports and are not an error. Headers must fit in
- * the datagram (left); the end checks are for the verifier. */
-static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int proto)
+ * the datagram (left); the end checks are for the verifier. v4 says which
+ * IP family carried the packet: ICMP of the other one is malformed. */
+static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int proto, int v4)
 {
 	switch (proto) {
 	case IPPROTO_TCP: {
@@ -289,6 +290,8 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int p
 		/* type, code, checksum, and 4 bytes of rest-of-header */
 		__u8 *h = c->pos;
 
+		if ((proto == IPPROTO_ICMP) != v4)
+			return -EG_R_ICMP_FAMILY;
 		if (c->left < 8 || (void *)(h + 8) > c->end)
 			return -EG_R_BAD_L4;
 		pi->dport = h[0];
