@@ -363,7 +363,9 @@ func TestDissectorSees(t *testing.T) {
 // whole (see diffHarness.step) are compared between model and dissector
 // only. The seed corpus is parserCases and testdata/fuzz/FuzzFrames.
 //
-//	go test -run '^$' -fuzz FuzzFrames -fuzztime 20s -parallel 1 ./internal/loader/
+//	go test -run '^$' -fuzz FuzzFrames -fuzztime 100000x -parallel 1 ./internal/loader/
+//
+// (A count, not a duration: see FuzzDifferential.)
 func FuzzFrames(f *testing.F) {
 	for _, tc := range parserCases() {
 		f.Add(tc.frame)
