@@ -181,11 +181,10 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 
 	if ((void *)(ip6h + 1) > c->end)
 		return -EG_R_BAD_IPV6;
-	if (ip6h->version != 6)
-		return -EG_R_BAD_IPV6;
 	plen = bpf_ntohs(ip6h->payload_len);
-	if ((void *)(ip6h + 1) + plen > c->end)
-		return -EG_R_BAD_IP_LEN;
+	/* One exit for both, as in parse_ipv4: a bad version first. */
+	if (ip6h->version != 6 || (void *)(ip6h + 1) + plen > c->end)
+		return ip6h->version != 6 ? -EG_R_BAD_IPV6 : -EG_R_BAD_IP_LEN;
 	c->pos = ip6h + 1;
 	c->left = plen;
 	__builtin_memcpy(pi->addr, &ip6h->saddr, 16);
