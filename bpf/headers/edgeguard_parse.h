@@ -199,15 +199,15 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 	for (int i = 0; i < EG_MAX_IPV6_EXT; i++) {
 		struct ipv6_ext *ext = c->pos;
 
-		/* The first two bytes are checked against the payload length
-		 * (left) before they are read, and against the frame (end) for
-		 * the verifier; pos + left <= end makes the second one true
-		 * whenever the first is. */
+		/* The first two bytes are checked against the frame (end),
+		 * for the verifier, not against the payload length: a header
+		 * is at least 8 bytes, so when they lie past the datagram
+		 * ext_skip refuses it whatever they say. */
 		switch (next) {
 		case IPPROTO_HOPOPTS:
 		case IPPROTO_ROUTING:
 		case IPPROTO_DSTOPTS:
-			if (c->left < sizeof(*ext) || (void *)(ext + 1) > c->end)
+			if ((void *)(ext + 1) > c->end)
 				return -EG_R_BAD_IPV6;
 			next = ext->nexthdr;
 			if (ext_skip(c, (ext->hdrlen + 1) * 8))
@@ -216,7 +216,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 		case IPPROTO_AH:
 			/* At least next header, length, reserved, SPI and
 			 * sequence number (12 bytes, RFC 4302 2.2). */
-			if (c->left < sizeof(*ext) || (void *)(ext + 1) > c->end || ext->hdrlen < 1)
+			if ((void *)(ext + 1) > c->end || ext->hdrlen < 1)
 				return -EG_R_BAD_IPV6;
 			next = ext->nexthdr;
 			if (ext_skip(c, (ext->hdrlen + 2) * 4))
@@ -263,10 +263,12 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int p
 	case IPPROTO_TCP: {
 		struct tcphdr *th = c->pos;
 
-		if (c->left < sizeof(*th) || (void *)(th + 1) > c->end)
+		if ((void *)(th + 1) > c->end)
 			return -EG_R_BAD_L4;
-		/* The options must be there too; their contents are not read
-		 * (the kernel ignores a malformed option list). */
+		/* The header with its options must fit in the datagram (their
+		 * contents are not read: the kernel ignores a malformed option
+		 * list). This also refuses a header cut off by the datagram,
+		 * whatever the data offset read from past it says. */
 		if (th->doff < 5 || th->doff * 4 > c->left)
 			return -EG_R_BAD_L4;
 		pi->sport = bpf_ntohs(th->source);
