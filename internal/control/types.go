@@ -170,7 +170,10 @@ type ASNInfo struct {
 	Prefix  netip.Prefix `json:"prefix,omitempty"`
 	ASN     uint32       `json:"asn,omitempty"`
 	Country string       `json:"country,omitempty"`
-	Rule    string       `json:"rule"`
+	// Rule is empty when a list decides (List: deny or allow) before
+	// any rule.
+	Rule string `json:"rule"`
+	List string `json:"list,omitempty"`
 }
 
 // Duration is a time.Duration that reads and writes as "1m30s" in JSON.

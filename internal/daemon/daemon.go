@@ -104,6 +104,7 @@ type Daemon struct {
 
 	history *history
 	top     *topTalkers
+	recent  *recentSamples // last drop samples, for explain
 
 	lock        *os.File // held while the daemon runs (lockState)
 	reg         *prometheus.Registry
@@ -191,6 +192,7 @@ func newDaemon(o Options) *Daemon {
 		atts:        map[string]*loader.Attachment{},
 		history:     newHistory(16),
 		top:         newTopTalkers(5 * time.Minute),
+		recent:      newRecentSamples(),
 		escalations: make(chan control.ListChange, 256),
 	}
 	d.reg = d.newRegistry()

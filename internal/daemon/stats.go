@@ -320,6 +320,8 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 			}
 			return err
 		}
-		d.top.add(time.Now(), s)
+		now := time.Now()
+		d.top.add(now, s)
+		d.recent.add(now, s)
 	}
 }

@@ -94,17 +94,6 @@ func (r LegitResult) String() string {
 		r.Quantile(0.5).Round(time.Microsecond), r.Quantile(0.99).Round(time.Microsecond))
 }
 
-// Legit returns how many legit requests the UDP sockets answered.
-func (e *Echo) Legit() uint64 {
-	var n uint64
-	for _, cc := range e.counts {
-		cc.mu.Lock()
-		n += cc.legit
-		cc.mu.Unlock()
-	}
-	return n
-}
-
 func checkLegitBounds(rate, count int, d time.Duration) error {
 	switch {
 	case rate < 1 || rate > 100_000:
