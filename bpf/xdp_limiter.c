@@ -50,6 +50,15 @@ struct eg_btf_anchor {
 	enum eg_sizes sizes;
 	struct eg_prefix_val prefix_val;
 	struct eg_sample sample;
+	enum eg_standing standing;
+	enum eg_standing_why standing_why;
+	enum eg_class cls;
+	enum eg_class_agg class_agg;
+	enum eg_class_outcome class_outcome;
+	enum eg_standing_event standing_event;
+	enum eg_shifts shifts;
+	enum eg_l4_proto_bit l4_proto_bit;
+	enum eg_expiry expiry;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 

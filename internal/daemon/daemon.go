@@ -298,6 +298,7 @@ func (d *Daemon) sizes(t policy.Tables) loader.Sizes {
 	s := loader.Sizes{
 		MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
 		PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: t.IPv4DirectChunks,
+		StandingEntries: t.StandingEntries,
 	}
 	if d.opts.IPv4DirectChunks != 0 {
 		s.V4Chunks = d.opts.IPv4DirectChunks

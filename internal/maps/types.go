@@ -155,6 +155,10 @@ type Rule struct {
 	AggLen6 uint8
 	Mode    Mode
 	Action  RuleAction
+	// Reserve is the share of the prefix and ASN aggregates' burst
+	// tolerance that only established and validated sources may use, in
+	// parts per million (0: off; below 1,000,000).
+	Reserve uint32
 }
 
 // Settings are the global, per-generation settings.
@@ -164,6 +168,8 @@ type Settings struct {
 	Global    Bucket
 	Samples   Rate // drop samples per second sent to user space
 	Clock     Clock
+	// GlobalReserve is the global bucket's reserve, as Rule.Reserve.
+	GlobalReserve uint32
 }
 
 // PrefixFact says what is known about a source prefix.
@@ -189,4 +195,5 @@ type Generation struct {
 	Rules    []Rule
 	Prefixes []PrefixFact
 	L4       []L4Match
+	Standing StandingSettings
 }
