@@ -133,6 +133,19 @@ func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
 	for _, b := range path.Buckets {
 		e.Buckets = append(e.Buckets, explainBucket(b, rule, global))
 	}
+	if st, err := d.m.LookupStanding(ip); err != nil {
+		d.log.Warn("explain: read standing", "ip", ip, "err", err)
+	} else {
+		xs := &control.ExplainStanding{Standing: maps.StandingName(st.Standing), Tracked: st.Tracked}
+		if st.Why != maps.WhyNone {
+			xs.Why = maps.StandingWhyName(st.Why)
+		}
+		if st.Tracked {
+			t := st.Since
+			xs.Since = &t
+		}
+		e.Standing = xs
+	}
 	names := map[uint32]string{}
 	for id, slot := range slots {
 		names[slot] = d.cur.names[id]

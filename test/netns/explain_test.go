@@ -107,6 +107,9 @@ func TestExplain(t *testing.T) {
 		e.ASN.DataPlaneASN != 64501 || len(e.Buckets) != 4 {
 		t.Fatalf("explain %s: %+v", user, e)
 	}
+	if e.Standing == nil || e.Standing.Standing != "new" || e.Standing.Tracked {
+		t.Errorf("explain %s: standing %+v, want new and untracked", user, e.Standing)
+	}
 	if b := bucketOf(t, e, "per_asn"); b.Key != "AS64501" || b.Packets == nil || b.Packets.Limit != "5k/s burst 5k" || !b.Admits {
 		t.Errorf("per_asn bucket: %+v", b)
 	}
