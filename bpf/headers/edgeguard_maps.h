@@ -218,11 +218,12 @@ struct {
 	__type(value, struct eg_standing_cfg);
 } standing_cfg SEC(".maps");
 
-/* Class counters of congested aggregates:
- * index (agg * EG_CLASS_MAX + class) * EG_CO_MAX + outcome. */
+/* Class counters of congested aggregates: index
+ * ((dry * EG_CAGG_MAX + agg) * EG_CLASS_MAX + class) * EG_CO_MAX + outcome,
+ * dry 1 for refusals of dry-run rules ("would drop"). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, EG_CAGG_MAX * EG_CLASS_MAX * EG_CO_MAX);
+	__uint(max_entries, 2 * EG_CAGG_MAX * EG_CLASS_MAX * EG_CO_MAX);
 	__type(key, __u32);
 	__type(value, struct eg_counter);
 } class_stats SEC(".maps");

@@ -338,3 +338,107 @@ func (m *Maps) StandingCounts() (StandingCounts, error) {
 		Established: out[loader.LimiterEgStandingEventEG_SE_ESTABLISHED], Penalised: out[loader.LimiterEgStandingEventEG_SE_PENALISED],
 	}, nil
 }
+
+// Class is a source's admission class at an aggregate bucket: its standing,
+// or ClassUnknown for a packet admitted below the reserve band without a
+// standing lookup.
+type Class = loader.LimiterEgClass
+
+// Classes.
+const (
+	ClassNew         = loader.LimiterEgClassEG_CLASS_NEW
+	ClassEstablished = loader.LimiterEgClassEG_CLASS_ESTABLISHED
+	ClassValidated   = loader.LimiterEgClassEG_CLASS_VALIDATED
+	ClassPenalised   = loader.LimiterEgClassEG_CLASS_PENALISED
+	ClassUnknown     = loader.LimiterEgClassEG_CLASS_UNKNOWN
+	numClasses       = int(loader.LimiterEgClassEG_CLASS_MAX)
+)
+
+// ClassName is the metric label of a class.
+func ClassName(c Class) string {
+	if c == ClassUnknown {
+		return "unknown"
+	}
+	return StandingName(Standing(c))
+}
+
+// ClassAgg names the aggregates the class counters are kept for.
+type ClassAgg = loader.LimiterEgClassAgg
+
+// Class counter aggregates.
+const (
+	ClassAggPrefix = loader.LimiterEgClassAggEG_CAGG_PREFIX
+	ClassAggASN    = loader.LimiterEgClassAggEG_CAGG_ASN
+	ClassAggGlobal = loader.LimiterEgClassAggEG_CAGG_GLOBAL
+	numClassAggs   = int(loader.LimiterEgClassAggEG_CAGG_MAX)
+)
+
+var classAggNames = [...]string{"prefix", "asn", "global"}
+
+// ClassAggName is the metric label of a class counter aggregate.
+func ClassAggName(a ClassAgg) string {
+	if int(a) < len(classAggNames) {
+		return classAggNames[a]
+	}
+	return fmt.Sprintf("aggregate_%d", a)
+}
+
+// Outcome is what happened to a packet at a congested aggregate.
+type Outcome = loader.LimiterEgClassOutcome
+
+// Outcomes.
+const (
+	OutcomeAdmitted        = loader.LimiterEgClassOutcomeEG_CO_ADMITTED
+	OutcomeAdmittedReserve = loader.LimiterEgClassOutcomeEG_CO_ADMITTED_RESERVE
+	OutcomeRefusedReserve  = loader.LimiterEgClassOutcomeEG_CO_REFUSED_RESERVE
+	OutcomeRefusedFull     = loader.LimiterEgClassOutcomeEG_CO_REFUSED_FULL
+	numOutcomes            = int(loader.LimiterEgClassOutcomeEG_CO_MAX)
+)
+
+var outcomeNames = [...]string{"admitted", "admitted_reserve", "refused_reserve", "refused_full"}
+
+// OutcomeName is the metric label of an outcome.
+func OutcomeName(o Outcome) string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome_%d", o)
+}
+
+// ClassCounters count packets at congested aggregates by mode (0 enforce,
+// 1 dry-run: refusals there are "would drop"), aggregate, class and outcome.
+type ClassCounters [2][numClassAggs][numClasses][numOutcomes]Counter
+
+// ClassCounters reads the class counters summed over CPUs.
+func (m *Maps) ClassCounters() (ClassCounters, error) {
+	var out ClassCounters
+	ncpu, err := possibleCPUs()
+	if err != nil {
+		return out, err
+	}
+	n := int(m.o.ClassStats.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]loader.LimiterEgCounter, n*ncpu)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.o.ClassStats.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return out, fmt.Errorf("read class counters: %w", err)
+	}
+	for i := 0; i < got; i++ {
+		idx := int(keys[i])
+		o := idx % numOutcomes
+		idx /= numOutcomes
+		c := idx % numClasses
+		idx /= numClasses
+		a := idx % numClassAggs
+		dry := idx / numClassAggs
+		if dry > 1 {
+			continue
+		}
+		for _, v := range vals[i*ncpu : (i+1)*ncpu] {
+			out[dry][a][c][o].Packets += v.Packets
+			out[dry][a][c][o].Bytes += v.Bytes
+		}
+	}
+	return out, nil
+}
