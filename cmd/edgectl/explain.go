@@ -95,7 +95,7 @@ func printExplanation(out io.Writer, e control.Explanation) {
 	if len(e.Buckets) > 0 {
 		fmt.Fprintln(out)
 		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(w, "BUCKET\tKEY\tLIMIT\tAVAILABLE/BURST\tADMITS")
+		fmt.Fprintln(w, "BUCKET\tKEY\tLIMIT\tAVAILABLE/BURST\tRESERVE\tADMITS")
 		for _, b := range e.Buckets {
 			key := b.Key
 			if !b.Exists && b.Kind != "global" && key != "whole" {
@@ -108,7 +108,14 @@ func printExplanation(out io.Writer, e control.Explanation) {
 				if l.l == nil {
 					continue
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s/%s %s\t%s\n", b.Kind, key, l.l.Limit, human(l.l.Available), human(l.l.Burst), l.unit, yesNo(b.Admits))
+				rsv, admits := "-", yesNo(b.Admits)
+				if l.l.Reserve > 0 {
+					rsv = human(l.l.Reserve)
+				}
+				if b.ReserveRefuses {
+					admits = "no (reserve)"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s/%s %s\t%s\t%s\n", b.Kind, key, l.l.Limit, human(l.l.Available), human(l.l.Burst), l.unit, rsv, admits)
 			}
 		}
 		w.Flush()

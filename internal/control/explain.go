@@ -100,8 +100,11 @@ type ExplainBucket struct {
 	Exists  bool          `json:"exists"`
 	Packets *ExplainLevel `json:"packets,omitempty"`
 	Bytes   *ExplainLevel `json:"bytes,omitempty"`
-	// Admits says whether the probe packet fits.
-	Admits bool `json:"admits"`
+	// Admits says whether the probe packet fits; ReserveRefuses that it
+	// would fit but the bucket is in its reserve band and the source is
+	// neither established nor validated.
+	Admits         bool `json:"admits"`
+	ReserveRefuses bool `json:"reserve_refuses,omitempty"`
 }
 
 // ExplainLevel is one dimension of a bucket: its limit as the policy
@@ -111,6 +114,9 @@ type ExplainLevel struct {
 	Limit     string  `json:"limit"` // "200/s burst 400"
 	Burst     float64 `json:"burst"`
 	Available float64 `json:"available"`
+	// Reserve is the part of Burst only established and validated
+	// sources may use (0: no reserve).
+	Reserve float64 `json:"reserve,omitempty"`
 }
 
 // ExplainStanding is a source's standing.

@@ -277,7 +277,7 @@ func (d *Daemon) explainRule(ip netip.Addr, path maps.Path, rule *policy.Compile
 }
 
 func explainBucket(b maps.PathBucket, rule *policy.CompiledRule, global policy.Bucket) control.ExplainBucket {
-	out := control.ExplainBucket{Kind: string(b.Kind), Exists: b.Exists, Admits: b.Admits}
+	out := control.ExplainBucket{Kind: string(b.Kind), Exists: b.Exists, Admits: b.Admits, ReserveRefuses: b.ReserveRefuses}
 	var pb policy.Bucket
 	switch b.Kind {
 	case maps.BucketSource:
@@ -306,7 +306,7 @@ func explainBucket(b maps.PathBucket, rule *policy.CompiledRule, global policy.B
 		if !l.Limited {
 			return nil
 		}
-		x := &control.ExplainLevel{Burst: l.Burst, Available: l.Available}
+		x := &control.ExplainLevel{Burst: l.Burst, Available: l.Available, Reserve: l.Reserve}
 		if pl.IsSet() {
 			x.Limit = policy.FormatRate(pl.Rate, unit) + " burst " + policy.FormatBurst(pl.Burst, unit)
 		}
@@ -367,6 +367,15 @@ func explainWhy(e control.Explanation, path maps.Path) string {
 		avail := ""
 		if b.Packets != nil {
 			avail = fmt.Sprintf(" (%.2f of %.0f packets available)", b.Packets.Available, b.Packets.Burst)
+		}
+		if b.ReserveRefuses {
+			rsv := ""
+			if b.Packets != nil {
+				rsv = fmt.Sprintf(" (%.2f of %.0f packets available, the last %.0f only for established and validated sources)",
+					b.Packets.Available, b.Packets.Burst, b.Packets.Reserve)
+			}
+			return fmt.Sprintf("%s: its %s bucket %s is in its reserve band%s and the source is %s: the next packet %s (%s)",
+				s, b.Kind, b.Key, rsv, e.Standing.Standing, verb, e.Reason)
 		}
 		return fmt.Sprintf("%s: its %s bucket %s is empty%s: the next packet %s (%s)", s, b.Kind, b.Key, avail, verb, e.Reason)
 	}

@@ -48,6 +48,12 @@ type Path struct {
 	// them: per source, prefix aggregate, ASN aggregate, global. Only the
 	// limited ones are listed.
 	Buckets []PathBucket
+	// Standing is the source's standing as the aggregates see it (a
+	// penalty that is over reads as new); Privileged is set when it may
+	// use the aggregates' reserve (established or validated). Read only
+	// for rules with buckets.
+	Standing   StandingEntry
+	Privileged bool
 	// Verdict and Reason are what the next packet gets (ReasonOK: passed
 	// by every bucket).
 	Verdict Action
@@ -79,8 +85,11 @@ type PathBucket struct {
 	Exists bool
 	// Packets and Bytes are the two dimensions (Limited false: none).
 	Packets, Bytes BucketLevel
-	// Admits says whether the next probe packet fits.
-	Admits bool
+	// Admits says whether the next probe packet fits; ReserveRefuses that
+	// it would fit the whole tolerance but the source may not use the
+	// reserve band it is in.
+	Admits         bool
+	ReserveRefuses bool
 }
 
 // BucketLevel is one dimension of a GCRA bucket, in events (packets or
@@ -89,6 +98,10 @@ type PathBucket struct {
 type BucketLevel struct {
 	Limited          bool
 	Burst, Available float64
+	// Reserve is the part of Burst only established and validated
+	// sources may use (aggregates with a reserve): new and penalised ones
+	// find Available - Reserve.
+	Reserve float64
 }
 
 // explainMonoNS is CLOCK_MONOTONIC in ns, the data plane's clock (a
@@ -199,11 +212,27 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 	if out.Fact != nil {
 		asn = out.Fact.ASN
 	}
+	if out.Standing, err = m.LookupStanding(addr); err != nil {
+		return out, err
+	}
+	switch out.Standing.Standing {
+	case StandingEstablished, StandingValidated:
+		out.Privileged = true
+	case StandingPenalised:
+		var sc loader.LimiterEgStandingCfg
+		if err := m.o.StandingCfg.Lookup(gen, &sc); err != nil {
+			return out, fmt.Errorf("read standing settings of generation %d: %w", gen, err)
+		}
+		if ns-out.Standing.SinceNS >= sc.PenaltyNs {
+			out.Standing.Standing = StandingNew // the data plane reads an ended penalty as new
+		}
+	}
 	type step struct {
-		b      PathBucket
-		cfg    loader.LimiterEgBucketCfg
-		reason Reason
-		read   func(*loader.LimiterEgBucket) (bool, error)
+		b       PathBucket
+		cfg     loader.LimiterEgBucketCfg
+		reason  Reason
+		reserve uint16
+		read    func(*loader.LimiterEgBucket) (bool, error)
 	}
 	var steps []step
 	if bucketLimited(rule.Src) {
@@ -213,7 +242,7 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 		}
 		pfx, _ := addr.Prefix(bits)
 		k := loader.LimiterEgSrcKey{RuleId: rule.Id, Addr: LPMKey(pfx).Addr}
-		steps = append(steps, step{PathBucket{Kind: BucketSource, Key: pfx}, rule.Src, ReasonSrcLimit,
+		steps = append(steps, step{PathBucket{Kind: BucketSource, Key: pfx}, rule.Src, ReasonSrcLimit, 0,
 			func(b *loader.LimiterEgBucket) (bool, error) { return lookupBucket(m.o.SrcBuckets, k, b) }})
 	}
 	if AggMode(rule.AggMode) != AggNone && bucketLimited(rule.Agg) {
@@ -226,22 +255,22 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 			lk := LPMKey(pfx)
 			k := loader.LimiterEgAggKey{RuleId: rule.Id, Kind: uint8(loader.LimiterEgAggKindEG_AGG_KIND_PREFIX),
 				Len: uint8(lk.Prefixlen), Addr: lk.Addr}
-			steps = append(steps, step{PathBucket{Kind: BucketPrefix, Key: pfx}, rule.Agg, ReasonPrefixLimit,
+			steps = append(steps, step{PathBucket{Kind: BucketPrefix, Key: pfx}, rule.Agg, ReasonPrefixLimit, rule.Reserve,
 				func(b *loader.LimiterEgBucket) (bool, error) { return lookupBucket(m.o.AggBuckets, k, b) }})
 		} else {
 			slot := out.Slot
-			steps = append(steps, step{PathBucket{Kind: BucketPrefix, Whole: true}, rule.Agg, ReasonPrefixLimit,
+			steps = append(steps, step{PathBucket{Kind: BucketPrefix, Whole: true}, rule.Agg, ReasonPrefixLimit, rule.Reserve,
 				func(b *loader.LimiterEgBucket) (bool, error) { return lookupBucket(m.o.WholeBuckets, slot, b) }})
 		}
 	}
 	if asn != 0 && bucketLimited(rule.Asn) {
 		k := loader.LimiterEgAggKey{RuleId: rule.Id, Kind: uint8(loader.LimiterEgAggKindEG_AGG_KIND_ASN), Asn: asn}
-		steps = append(steps, step{PathBucket{Kind: BucketASN, ASN: asn}, rule.Asn, ReasonASNLimit,
+		steps = append(steps, step{PathBucket{Kind: BucketASN, ASN: asn}, rule.Asn, ReasonASNLimit, rule.Reserve,
 			func(b *loader.LimiterEgBucket) (bool, error) { return lookupBucket(m.o.AggBuckets, k, b) }})
 	}
 	if bucketLimited(cfg.Global) {
 		slot := uint32(loader.LimiterEgGlobalSlotEG_GLOBAL_BUCKET)
-		steps = append(steps, step{PathBucket{Kind: BucketGlobal}, cfg.Global, ReasonGlobalLimit,
+		steps = append(steps, step{PathBucket{Kind: BucketGlobal}, cfg.Global, ReasonGlobalLimit, cfg.Reserve,
 			func(b *loader.LimiterEgBucket) (bool, error) { return lookupBucket(m.o.GlobalBuckets, slot, b) }})
 	}
 	// The data plane first peeks at the aggregates (global, ASN, prefix)
@@ -257,8 +286,23 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 		s.b.Exists = exists
 		s.b.Packets = level(b.PktTat, now, s.cfg.PktT, s.cfg.PktTau, 1)
 		s.b.Bytes = level(b.ByteTat, now, s.cfg.ByteT, s.cfg.ByteTau, 1<<ByteShift)
-		s.b.Admits = (s.cfg.PktT == 0 || GCRA{TAT: b.PktTat}.WouldAdmit(now, s.cfg.PktT, s.cfg.PktTau)) &&
-			(s.cfg.ByteT == 0 || GCRA{TAT: b.ByteTat}.WouldAdmit(now, ByteCost(s.cfg, p.Len), s.cfg.ByteTau))
+		fits := func(cut func(uint64) uint64) bool {
+			return (s.cfg.PktT == 0 || GCRA{TAT: b.PktTat}.WouldAdmit(now, s.cfg.PktT, s.cfg.PktTau-cut(s.cfg.PktTau))) &&
+				(s.cfg.ByteT == 0 || GCRA{TAT: b.ByteTat}.WouldAdmit(now, ByteCost(s.cfg, p.Len), s.cfg.ByteTau-cut(s.cfg.ByteTau)))
+		}
+		s.b.Admits = fits(func(uint64) uint64 { return 0 })
+		if s.reserve != 0 {
+			cut := func(tau uint64) uint64 { return reserveCut(tau, s.reserve) }
+			if s.b.Packets.Limited {
+				s.b.Packets.Reserve = float64(cut(s.cfg.PktTau)) / float64(s.cfg.PktT)
+			}
+			if s.b.Bytes.Limited {
+				s.b.Bytes.Reserve = float64(cut(s.cfg.ByteTau)) / float64(s.cfg.ByteT) * (1 << ByteShift)
+			}
+			if s.b.Admits && !out.Privileged && !fits(cut) {
+				s.b.Admits, s.b.ReserveRefuses = false, true
+			}
+		}
 		if !s.b.Admits {
 			refusedBy[s.b.Kind] = s.reason
 		}
@@ -288,6 +332,12 @@ func (p Path) drop(r Reason, rule *loader.LimiterEgRule, cfg loader.LimiterEgCon
 }
 
 func bucketLimited(c loader.LimiterEgBucketCfg) bool { return c.PktT != 0 || c.ByteT != 0 }
+
+// reserveCut is the data plane's reserve_cut: tau × reserve / 65536,
+// without overflow.
+func reserveCut(tau uint64, reserve uint16) uint64 {
+	return (tau>>16)*uint64(reserve) + ((tau&0xffff)*uint64(reserve))>>16
+}
 
 // level reads a GCRA dimension: tolerance tau and debt max(tat-now, 0),
 // both in ticks, as events of t ticks (bytes: t per 2^ByteShift bytes).

@@ -2,6 +2,7 @@ package maps_test
 
 import (
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
@@ -102,12 +103,14 @@ func TestExplainPathAgreesWithProgram(t *testing.T) {
 			{ID: 7, Agg: maps.Bucket{Packets: perHour(2)}, AggMode: maps.AggWhole, SrcLen4: 32, SrcLen6: 64},
 			{ID: 9, Action: maps.RuleDrop, SrcLen4: 32, SrcLen6: 64},
 			{ID: 11, Src: maps.Bucket{Packets: perHour(1)}, SrcLen4: 32, SrcLen6: 64, Mode: maps.ModeDryRun},
+			{ID: 13, ASN: maps.Bucket{Packets: perHour(10)}, SrcLen4: 32, SrcLen6: 64, Reserve: 500_000},
 		},
 		Prefixes: []maps.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.51.100.0/24"), RuleID: 0, ASN: 64500, Country: [2]byte{'Z', 'Z'}},
 			{Prefix: netip.MustParsePrefix("198.51.101.0/24"), RuleID: 0, ASN: 64500},
 			{Prefix: netip.MustParsePrefix("192.0.2.0/24"), RuleID: 9},
 			{Prefix: netip.MustParsePrefix("2001:db8::/32"), RuleID: 11},
+			{Prefix: netip.MustParsePrefix("198.51.102.0/24"), RuleID: 13, ASN: 64502},
 		},
 		L4: []maps.L4Match{{Proto: 17, Dir: maps.L4Src, Port: 53, RuleID: 7}},
 	}
@@ -206,6 +209,33 @@ func TestExplainPathAgreesWithProgram(t *testing.T) {
 	}
 	if !l.send("2001:db8::2", 4000) {
 		t.Error("dry-run dropped")
+	}
+
+	// The reserve: new sources may fill the ASN bucket (10) to 5, an
+	// established one to 10.
+	for i := 1; i <= 6; i++ {
+		src := "198.51.102." + strconv.Itoa(i)
+		p := l.explain(udpProbe(src, 4000))
+		want := p.Verdict == maps.ActPass
+		if got := l.send(src, 4000); got != want || want != (i <= 5) {
+			t.Fatalf("new source %d into a bucket with a 50%% reserve: explain pass=%v, program pass=%v, want %v", i, want, got, i <= 5)
+		}
+		if b := bucket(t, p, maps.BucketASN); b.Packets.Reserve != 5 || (i == 6) != b.ReserveRefuses || p.Privileged {
+			t.Errorf("new source %d: ASN bucket %+v", i, b)
+		}
+	}
+	vip := netip.MustParseAddr("198.51.102.100")
+	if err := l.m.SetStanding(vip, maps.StandingEstablished); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 6; i++ {
+		p := l.explain(udpProbe(vip.String(), 4000))
+		want := p.Verdict == maps.ActPass
+		if got := l.send(vip.String(), 4000); got != want || want != (i < 5) || !p.Privileged ||
+			p.Standing.Standing != maps.StandingEstablished {
+			t.Fatalf("established source, packet %d: explain pass=%v (privileged %v), program pass=%v, want %v",
+				i+1, want, p.Privileged, got, i < 5)
+		}
 	}
 
 	// Lists: deny beats every rule; allow passes without buckets.
