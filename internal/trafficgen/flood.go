@@ -234,17 +234,6 @@ func (f Flood) drawSources(rng *rand.Rand) []netip.Addr {
 	return fixed
 }
 
-// SourceAddrs are the Distinct addresses Run sends from (the same ones for
-// the same Seed and Sources), so a test can ask the data plane about the
-// flood's sources afterwards. Nil when Distinct is 0 (random per packet).
-// An address may repeat when a prefix is small.
-func (f Flood) SourceAddrs() []netip.Addr {
-	if len(f.Sources) == 0 {
-		return nil
-	}
-	return f.drawSources(f.rng())
-}
-
 func (f Flood) frame(src netip.Addr, sport uint16) []byte {
 	fr := packet.Frame{Src: src, Dst: f.Dst, SrcPort: sport, DstPort: f.DstPort, Payload: f.Payload}
 	copy(fr.SrcMAC[:], f.SrcMAC)

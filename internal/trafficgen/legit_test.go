@@ -3,7 +3,6 @@ package trafficgen
 import (
 	"context"
 	"math/rand/v2"
-	"net/netip"
 	"testing"
 	"time"
 )
@@ -64,30 +63,4 @@ func TestBurstyBounds(t *testing.T) {
 	if _, err := (LegitUDP{Rate: 1, Count: 1, Duration: time.Second, Burst: 1001}).Run(context.Background()); err == nil {
 		t.Error("burst 1001 accepted")
 	}
-}
-
-// TestSourceAddrsAreTheFloodsSources: SourceAddrs draws what Run sends
-// from, spread over the prefixes in turn.
-func TestSourceAddrsAreTheFloodsSources(t *testing.T) {
-	f := Flood{Sources: prefixes("198.18.100.0/24", "198.18.101.0/24", "198.18.102.0/24"), Distinct: 9, Seed: 3}
-	a, b := f.SourceAddrs(), f.SourceAddrs()
-	if len(a) != 9 {
-		t.Fatalf("%d addresses, want 9", len(a))
-	}
-	for i := range a {
-		if a[i] != b[i] || !f.Sources[i%3].Contains(a[i]) {
-			t.Errorf("address %d: %s then %s, want the same, in %s", i, a[i], b[i], f.Sources[i%3])
-		}
-	}
-	if (Flood{Sources: f.Sources}).SourceAddrs() != nil {
-		t.Error("Distinct 0 has fixed addresses")
-	}
-}
-
-func prefixes(s ...string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range s {
-		out = append(out, netip.MustParsePrefix(p))
-	}
-	return out
 }
