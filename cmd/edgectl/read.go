@@ -48,6 +48,9 @@ func writeStatus(out io.Writer, st control.Status) error {
 	}
 	fmt.Fprintf(w, "asn data\t%d entries\n", st.ASNEntries)
 	fmt.Fprintf(w, "ipv4 lookup\t%s\n", ipv4Lookup(st.IPv4Direct))
+	for _, c := range st.Congestion {
+		fmt.Fprintf(w, "congestion\t%s\n", congestionLine(c))
+	}
 	for _, m := range st.Maps {
 		fill := ""
 		if m.Entries > 0 || m.Name == "src_buckets" || m.Name == "agg_buckets" || m.Name == "lists" {
@@ -109,7 +112,7 @@ func writeStats(out io.Writer, st control.Stats) error {
 		return err
 	}
 	fmt.Fprintf(out, "(rates over the last %s)\n", time.Duration(st.Window))
-	return nil
+	return writeStanding(out, st.Standing)
 }
 
 func newTopCommand() *cobra.Command {

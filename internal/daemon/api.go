@@ -268,6 +268,7 @@ func (d *Daemon) Status() control.Status {
 	}
 	st.DataGen, _ = d.m.ActiveGen()
 	st.IPv4Direct = ipv4DirectInfo(d.m.V4Direct())
+	st.Congestion = d.standing.status(time.Now())
 	for name, a := range d.atts {
 		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode)})
 	}

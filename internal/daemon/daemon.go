@@ -110,6 +110,7 @@ type Daemon struct {
 	reg         *prometheus.Registry
 	l7          *l7Stage // nil: no L7 stage running
 	escalations chan control.ListChange
+	standing    *standingWatch // congestion state (standing.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -194,6 +195,7 @@ func newDaemon(o Options) *Daemon {
 		top:         newTopTalkers(5 * time.Minute),
 		recent:      newRecentSamples(),
 		escalations: make(chan control.ListChange, 256),
+		standing:    &standingWatch{},
 	}
 	d.reg = d.newRegistry()
 	return d
@@ -451,6 +453,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.expireLists)
 	run("escalations", d.applyEscalations)
+	run("standing", d.watchStanding)
 	d.mu.Lock()
 	err := d.syncL7(ctx)
 	d.mu.Unlock()

@@ -149,7 +149,11 @@ func (d *Daemon) Stats() (control.Stats, error) {
 		}
 		old, cur = s, s
 	}
-	return buildStats(old, cur, d.ruleNames(), d.tables()), nil
+	st := buildStats(old, cur, d.ruleNames(), d.tables())
+	if s, err := d.standingStats(); err == nil {
+		st.Standing = s
+	}
+	return st, nil
 }
 
 func (d *Daemon) ruleNames() map[uint32]string {

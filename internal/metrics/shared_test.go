@@ -102,9 +102,10 @@ func TestCollectorLintsAlone(t *testing.T) {
 	sc := runScenario(t)
 	c := metrics.NewXDPCollector(sc.src, nil)
 	// 16 reasons x 3 actions x 2 interfaces x (packets, bytes), 3 rules x
-	// 3 actions x 2, 3 rule and 6 non-rule rejection series, 3 tables x 2,
-	// 5 policy series, 3 error series.
-	const want = 16*3*2*2 + 3*3*2 + 3 + 6 + 3*2 + 5 + 3
+	// 3 actions x 2, 3 rule and 6 non-rule rejection series, 4 tables x 2
+	// (sources, aggregates, standing, lists), 5 policy series, 4 error
+	// series.
+	const want = 16*3*2*2 + 3*3*2 + 3 + 6 + 4*2 + 5 + 4
 	if n := testutil.CollectAndCount(c); n != want {
 		t.Errorf("collected %d series, want %d", n, want)
 	}
