@@ -50,6 +50,15 @@ struct eg_btf_anchor {
 	enum eg_sizes sizes;
 	struct eg_prefix_val prefix_val;
 	struct eg_sample sample;
+	enum eg_standing standing;
+	enum eg_standing_why standing_why;
+	enum eg_class cls;
+	enum eg_class_agg class_agg;
+	enum eg_class_outcome class_outcome;
+	enum eg_standing_event standing_event;
+	enum eg_shifts shifts;
+	enum eg_l4_proto_bit l4_proto_bit;
+	enum eg_expiry expiry;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 
@@ -388,6 +397,354 @@ static __always_inline struct eg_bucket *create_charged(void *map, const void *k
 	return bpf_map_lookup_elem(map, key);
 }
 
+/* ---- Standing and the reserve (docs/operations.md, "Standing") ----
+ *
+ * Every aggregate bucket (prefix, whole, ASN, global; the buckets of
+ * country and L4 rules are the same buckets of their rules) has two
+ * tolerances in its one GCRA word: new and penalised sources may fill it to
+ * tau - reserve, established and validated sources to tau. A packet that
+ * fits below the band is admitted without asking who sent it, so an
+ * uncongested aggregate costs what it did; only a packet that meets the
+ * band looks up its source's standing. Either way one CAS charges it, and
+ * the aggregate never passes more than tau allows. */
+
+/* What the standing functions need of a packet, and what they found. The
+ * functions below that take it are global (verified once each, not once per
+ * call site), so it holds copies, not pointers, and a BPF function takes at
+ * most five arguments. */
+struct src_state {
+	__u64 now;     /* ticks */
+	__u8 addr[16]; /* the source, 16-byte form */
+	__u32 len;
+	__u32 gen;
+	__u8 v4;
+	__u8 looked;          /* cls is valid */
+	__u8 cls;             /* enum eg_class */
+	__u8 congested;       /* an aggregate on the path is congested */
+	__u8 refused_agg;     /* enum eg_class_agg of the refusing bucket */
+	__u8 refused_outcome; /* EG_CO_REFUSED_*, 0: not refused by an aggregate */
+	__u8 _pad[2];
+};
+
+/* reserve_cut is tau * reserve / 65536, without overflow. */
+static __always_inline __u64 reserve_cut(__u64 tau, __u16 reserve)
+{
+	return (tau >> 16) * reserve + (((tau & 0xffff) * reserve) >> 16);
+}
+
+static __always_inline int privileged(__u32 cls)
+{
+	return cls == EG_CLASS_ESTABLISHED || cls == EG_CLASS_VALIDATED;
+}
+
+static __always_inline void standing_key(struct eg_standing_key *k, const struct src_state *ss)
+{
+	mask_addr(k->addr, ss->addr, ss->v4 ? 128 : 64);
+}
+
+/* source_class looks the source's standing up once per packet: its entry,
+ * else standing.known_good (established), else new. A penalty that is over
+ * counts as new already (the entry itself changes at its next update). A
+ * new source met in a reserve band (reset) starts its clean history over:
+ * history gathered while congested does not count. */
+static __always_inline __u32 source_class(struct src_state *ss, int reset)
+{
+	struct eg_standing_cfg *scfg;
+	struct eg_standing_val *e;
+	struct eg_standing_key k;
+	struct eg_lpm_key lk;
+	__u32 cls = EG_CLASS_NEW, gen = ss->gen;
+
+	if (ss->looked)
+		return ss->cls;
+	ss->looked = 1;
+	standing_key(&k, ss);
+	e = bpf_map_lookup_elem(&standing, &k);
+	if (e) {
+		switch (e->standing) {
+		case EG_STANDING_ESTABLISHED:
+			cls = EG_CLASS_ESTABLISHED;
+			break;
+		case EG_STANDING_VALIDATED:
+			cls = EG_CLASS_VALIDATED;
+			break;
+		case EG_STANDING_PENALISED:
+			cls = EG_CLASS_PENALISED;
+			scfg = bpf_map_lookup_elem(&standing_cfg, &gen);
+			if (scfg && (ss->now >> EG_TICK_SHIFT) - e->since >= scfg->penalty_ns)
+				cls = EG_CLASS_NEW;
+			break;
+		default:
+			if (reset)
+				e->clean_since = ss->now >> EG_TICK_SHIFT;
+		}
+	}
+	if (cls == EG_CLASS_NEW) {
+		lk.prefixlen = 128;
+		__builtin_memcpy(lk.addr, ss->addr, 16);
+		if (bpf_map_lookup_elem(&known_good, &lk))
+			cls = EG_CLASS_ESTABLISHED;
+	}
+	ss->cls = cls;
+	return cls;
+}
+
+static __always_inline void count_class(__u32 dry, __u32 agg, __u32 cls, __u32 outcome, __u32 len)
+{
+	__u32 idx = ((dry * EG_CAGG_MAX + agg) * EG_CLASS_MAX + cls) * EG_CO_MAX + outcome;
+	struct eg_counter *c = bpf_map_lookup_elem(&class_stats, &idx);
+
+	if (c) {
+		c->packets++;
+		c->bytes += len;
+	}
+}
+
+/* bucket_would_admit_r is bucket_would_admit with the reserve taken off
+ * both tolerances. */
+static __always_inline int bucket_would_admit_r(const struct eg_bucket *b, const struct eg_bucket_cfg *cfg,
+						__u64 now, __u32 len, __u16 reserve)
+{
+	if (cfg->pkt_t &&
+	    !gcra_would_admit(&b->pkt_tat, now, cfg->pkt_t, cfg->pkt_tau - reserve_cut(cfg->pkt_tau, reserve)))
+		return 0;
+	if (cfg->byte_t && !gcra_would_admit(&b->byte_tat, now, byte_cost(cfg, len),
+					     cfg->byte_tau - reserve_cut(cfg->byte_tau, reserve)))
+		return 0;
+	return 1;
+}
+
+/* bucket_take_r is bucket_take with the reserve taken off both
+ * tolerances: one CAS per dimension, as before. */
+static __always_inline int bucket_take_r(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u64 now, __u32 len,
+					 __u16 reserve)
+{
+	if (cfg->pkt_t && !gcra_take(&b->pkt_tat, now, cfg->pkt_t, cfg->pkt_tau - reserve_cut(cfg->pkt_tau, reserve)))
+		return 0;
+	if (cfg->byte_t && !gcra_take(&b->byte_tat, now, byte_cost(cfg, len),
+				      cfg->byte_tau - reserve_cut(cfg->byte_tau, reserve))) {
+		if (cfg->pkt_t)
+			gcra_refund(&b->pkt_tat, cfg->pkt_t);
+		return 0;
+	}
+	return 1;
+}
+
+/* congested_after says whether a bucket that just admitted a packet is
+ * congested: filled past half the new-source tolerance. Under a flood the
+ * new class keeps it at that tolerance; in normal traffic it stays near
+ * empty. History gathered while congested does not count toward standing. */
+static __always_inline int congested_after(const struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u64 now,
+					   __u16 reserve)
+{
+	__u64 tat;
+
+	if (cfg->pkt_t) {
+		tat = *(volatile const __u64 *)&b->pkt_tat;
+		if (tat > now && tat - now > (cfg->pkt_tau - reserve_cut(cfg->pkt_tau, reserve)) / 2)
+			return 1;
+	}
+	if (cfg->byte_t) {
+		tat = *(volatile const __u64 *)&b->byte_tat;
+		if (tat > now && tat - now > (cfg->byte_tau - reserve_cut(cfg->byte_tau, reserve)) / 2)
+			return 1;
+	}
+	return 0;
+}
+
+/* eg_agg_peek is the look before any charge: 0 when the bucket would
+ * refuse this packet (its whole tolerance is used, or the source is new or
+ * penalised and the bucket is in its reserve band), recording why in ss.
+ * ra is reserve << 8 | enum eg_class_agg. */
+__attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
+					  struct src_state *ss)
+{
+	__u16 reserve = ra >> 8;
+
+	if (!b || !cfg || !ss)
+		return 1;
+	if (!bucket_would_admit(b, cfg, ss->now, ss->len)) {
+		ss->congested = 1;
+		ss->refused_agg = ra & 0xff;
+		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		return 0;
+	}
+	if (reserve && !bucket_would_admit_r(b, cfg, ss->now, ss->len, reserve)) {
+		ss->congested = 1;
+		if (!privileged(source_class(ss, 1))) {
+			ss->refused_agg = ra & 0xff;
+			ss->refused_outcome = EG_CO_REFUSED_RESERVE;
+			return 0;
+		}
+	}
+	return 1;
+}
+
+/* eg_agg_take charges an aggregate, with one CAS per dimension as before:
+ * below the band for any source; inside it for established and validated
+ * ones, whose standing is looked up only when the bucket is in its band.
+ * Returns 0 when refused (why in ss). */
+__attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
+					  struct src_state *ss)
+{
+	__u16 reserve = ra >> 8, r;
+	__u32 agg = ra & 0xff;
+	int band = 0;
+
+	if (!b || !cfg || !ss)
+		return 1;
+	r = reserve;
+	if (reserve && !bucket_would_admit_r(b, cfg, ss->now, ss->len, reserve)) {
+		/* In the band: only for established and validated sources. */
+		ss->congested = 1;
+		band = 1;
+		if (!privileged(source_class(ss, 1))) {
+			ss->refused_agg = agg;
+			ss->refused_outcome = bucket_would_admit(b, cfg, ss->now, ss->len) ? EG_CO_REFUSED_RESERVE
+											   : EG_CO_REFUSED_FULL;
+			return 0;
+		}
+		r = 0;
+	}
+	if (!bucket_take_r(b, cfg, ss->now, ss->len, r)) {
+		/* Another CPU filled it since the look: a source that was not
+		 * looked up loses this packet even if it was established. */
+		ss->congested = 1;
+		ss->refused_agg = agg;
+		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		return 0;
+	}
+	if (band || congested_after(b, cfg, ss->now, reserve)) {
+		ss->congested = 1;
+		if (reserve)
+			count_class(0, agg, source_class(ss, 0), band ? EG_CO_ADMITTED_RESERVE : EG_CO_ADMITTED,
+				    ss->len);
+	}
+	return 1;
+}
+
+/* standing_touch is 1 for the first packet of a source address in the
+ * current epoch (~1 s) with this salt, 0 after: standing is updated at most
+ * once per source per epoch for its admitted packets and once for its
+ * refusals by its own limit, whatever its rate. It shares the new-source
+ * filter's words under keys no bucket uses (rule ids 0xfffffffc-d). */
+static __always_inline int standing_touch(const struct src_state *ss, __u32 salt)
+{
+	struct eg_src_key k = { .rule_id = salt };
+	__u32 h, idx;
+	__u64 epoch, bit, mask = (1ULL << EG_SEEN_BITS) - 1;
+	__u64 *word, old, tag, cur = 0, prev = 0;
+
+	mask_addr(k.addr, ss->addr, ss->v4 ? 128 : 64);
+	h = key_hash((const __u32 *)&k, sizeof(k) / 4);
+	idx = (h >> 6) & eg_seen_mask;
+	epoch = ((ss->now >> EG_TICK_SHIFT) >> EG_SEEN_EPOCH_SHIFT) & 0xff;
+	bit = (1ULL << ((h & 63) % EG_SEEN_BITS)) | (1ULL << (((h * 0x9e3779b1U) >> 26) % EG_SEEN_BITS));
+	word = bpf_map_lookup_elem(&seen_filter, &idx);
+	if (!word)
+		return 0;
+	old = *(volatile __u64 *)word;
+	tag = old >> (2 * EG_SEEN_BITS);
+	if (tag == epoch) {
+		cur = (old >> EG_SEEN_BITS) & mask;
+		prev = old & mask;
+	} else if (((tag + 1) & 0xff) == epoch) {
+		prev = (old >> EG_SEEN_BITS) & mask;
+	}
+	if ((cur & bit) == bit)
+		return 0;
+	*(volatile __u64 *)word = (epoch << (2 * EG_SEEN_BITS)) | ((cur | bit) << EG_SEEN_BITS) | prev;
+	return 1;
+}
+
+static __always_inline void count_standing(__u32 ev)
+{
+	__u64 *c = bpf_map_lookup_elem(&standing_stats, &ev);
+
+	if (c)
+		*c += 1;
+}
+
+static __always_inline void set_standing(struct eg_standing_val *e, __u32 st, __u32 why, __u64 ns)
+{
+	e->standing = st;
+	e->why = why;
+	e->since = ns;
+	e->clean_since = ns;
+}
+
+/* eg_standing_update moves a source along its standing, at most once per
+ * source per epoch (standing_touch), after its packet's verdict (reason):
+ *  - refused by its own limit: an entry that exists is penalised (a source
+ *    without one stays new: nothing is created for refused packets);
+ *  - admitted while an aggregate on its path was congested: a new source's
+ *    clean history starts over;
+ *  - admitted: a new source gets an entry (only for packets admitted at the
+ *    new-source tolerance: a flood the aggregates refuse creates none); a
+ *    new source whose clean history reaches established_after, with no gap
+ *    longer than that, becomes established; a penalty that is over decays
+ *    to new. */
+__attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 reason)
+{
+	struct eg_standing_val fresh = {}, *e;
+	struct eg_standing_cfg *scfg;
+	struct eg_standing_key k;
+	__u32 gen;
+	__u64 ns;
+
+	if (!ss || !standing_touch(ss, reason == EG_R_SRC_LIMIT ? 0xfffffffc : 0xfffffffd))
+		return 0;
+	gen = ss->gen;
+	scfg = bpf_map_lookup_elem(&standing_cfg, &gen);
+	if (!scfg || !scfg->established_after_ns)
+		return 0;
+	ns = ss->now >> EG_TICK_SHIFT;
+	standing_key(&k, ss);
+	e = bpf_map_lookup_elem(&standing, &k);
+	if (reason == EG_R_SRC_LIMIT) {
+		if (!e)
+			return 0;
+		if (e->standing != EG_STANDING_PENALISED) {
+			set_standing(e, EG_STANDING_PENALISED, EG_WHY_OWN_LIMIT, ns);
+			count_standing(EG_SE_PENALISED);
+		} else {
+			e->since = ns; /* the penalty runs from the last offence */
+		}
+		e->last_seen = ns;
+		return 0;
+	}
+	if (!e) {
+		fresh.since = ns;
+		fresh.clean_since = ns;
+		fresh.last_seen = ns;
+		fresh.why = EG_WHY_FIRST_SEEN;
+		if (bpf_map_update_elem(&standing, &k, &fresh, BPF_NOEXIST) == 0)
+			count_standing(EG_SE_CREATED);
+		else
+			count_standing(EG_SE_FULL);
+		return 0;
+	}
+	if (e->standing == EG_STANDING_PENALISED) {
+		if (ns - e->since < scfg->penalty_ns) {
+			e->last_seen = ns;
+			return 0;
+		}
+		set_standing(e, EG_STANDING_NEW, EG_WHY_DECAYED, ns);
+	} else if (e->standing == EG_STANDING_NEW) {
+		if (ss->congested) {
+			e->clean_since = ns;
+			e->why = EG_WHY_CONGESTED;
+		} else if (ns - e->last_seen > scfg->established_after_ns) {
+			e->clean_since = ns; /* gone longer than the whole wait: start over */
+		} else if (ns - e->clean_since >= scfg->established_after_ns) {
+			set_standing(e, EG_STANDING_ESTABLISHED, EG_WHY_CLEAN, ns);
+			count_standing(EG_SE_ESTABLISHED);
+		}
+	}
+	e->last_seen = ns;
+	return 0;
+}
+
 SEC("xdp")
 int xdp_limiter(struct xdp_md *ctx)
 {
@@ -403,11 +760,12 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_agg_key ak, nk;
 	struct eg_src_key sk;
 	struct eg_lpm_key lk;
+	struct src_state ss = {};
 	__u32 zero = 0, gen, idx, slot;
 	__u64 now = 0;
 	__u16 l3;
 	void *trie;
-	int ret, v4, dry;
+	int ret, v4 = 0, dry;
 
 	pi.len = ctx->data_end - ctx->data;
 
@@ -499,6 +857,12 @@ int xdp_limiter(struct xdp_md *ctx)
 		goto verdict;
 	}
 
+	ss.now = now;
+	__builtin_memcpy(ss.addr, pi.addr, 16);
+	ss.len = pi.len;
+	ss.gen = gen;
+	ss.v4 = v4;
+
 	/* 4. Buckets. First look, without touching per-source state, whether
 	 * an aggregate above this source is already empty: then drop at once.
 	 * This is what keeps the per-source table from being churned by a
@@ -506,7 +870,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (bucket_limited(&cfg->global)) {
 		slot = EG_GLOBAL_BUCKET;
 		gb = bpf_map_lookup_elem(&global_buckets, &slot);
-		if (gb && !bucket_would_admit(gb, &cfg->global, now, pi.len)) {
+		if (gb && !eg_agg_peek(gb, &cfg->global, (__u32)cfg->reserve << 8 | EG_CAGG_GLOBAL, &ss)) {
 			v.reason = EG_R_GLOBAL_LIMIT;
 			goto limited;
 		}
@@ -514,7 +878,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (v.asn && bucket_limited(&rule->asn)) {
 		agg_asn_key(&nk, rule, v.asn);
 		nb = bpf_map_lookup_elem(&agg_buckets, &nk);
-		if (nb && !bucket_would_admit(nb, &rule->asn, now, pi.len)) {
+		if (nb && !eg_agg_peek(nb, &rule->asn, (__u32)rule->reserve << 8 | EG_CAGG_ASN, &ss)) {
 			v.reason = EG_R_ASN_LIMIT;
 			goto limited;
 		}
@@ -528,7 +892,7 @@ int xdp_limiter(struct xdp_md *ctx)
 			agg_derived_key(&ak, rule, &pi, v4);
 			ab = bpf_map_lookup_elem(&agg_buckets, &ak);
 		}
-		if (ab && !bucket_would_admit(ab, &rule->agg, now, pi.len)) {
+		if (ab && !eg_agg_peek(ab, &rule->agg, (__u32)rule->reserve << 8 | EG_CAGG_PREFIX, &ss)) {
 			v.reason = EG_R_PREFIX_LIMIT;
 			goto limited;
 		}
@@ -574,7 +938,7 @@ int xdp_limiter(struct xdp_md *ctx)
 			else if (seen_mark((const __u32 *)&ak, sizeof(ak) / 4, now, 0) != EG_SEEN_NEW)
 				ab = create_charged(&agg_buckets, &ak, &rule->agg, now, pi.len);
 		}
-		if (ab && !bucket_take(ab, &rule->agg, now, pi.len)) {
+		if (ab && !eg_agg_take(ab, &rule->agg, (__u32)rule->reserve << 8 | EG_CAGG_PREFIX, &ss)) {
 			v.reason = EG_R_PREFIX_LIMIT;
 			goto limited;
 		}
@@ -582,16 +946,16 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (v.asn && bucket_limited(&rule->asn)) {
 		if (!nb)
 			nb = lookup_or_create(&agg_buckets, &nk);
-		if (nb && !bucket_take(nb, &rule->asn, now, pi.len)) {
+		if (nb && !eg_agg_take(nb, &rule->asn, (__u32)rule->reserve << 8 | EG_CAGG_ASN, &ss)) {
 			v.reason = EG_R_ASN_LIMIT;
 			goto limited;
 		}
 	}
-	if (gb && !bucket_take(gb, &cfg->global, now, pi.len)) {
+	if (gb && !eg_agg_take(gb, &cfg->global, (__u32)cfg->reserve << 8 | EG_CAGG_GLOBAL, &ss)) {
 		v.reason = EG_R_GLOBAL_LIMIT;
 		goto limited;
 	}
-	return finish(ctx, &v, &pi, cfg, now);
+	goto standing_out;
 
 limited:
 	v.action = EG_ACT_DROP;
@@ -601,6 +965,14 @@ verdict:
 		dry = rule->mode == EG_MODE_DRY_RUN;
 	if (dry)
 		v.action = EG_ACT_WOULD_DROP;
+	/* Refusals by the reserve are counted by class, would-drops apart. */
+	if (ss.refused_outcome == EG_CO_REFUSED_RESERVE)
+		count_class(dry ? 1 : 0, ss.refused_agg, ss.cls, EG_CO_REFUSED_RESERVE, pi.len);
+standing_out:
+	/* At most once per source per epoch: admitted packets of limit rules
+	 * build history, refusals by the own limit penalise. */
+	if (v.reason == EG_R_OK || v.reason == EG_R_SRC_LIMIT)
+		eg_standing_update(&ss, v.reason);
 	return finish(ctx, &v, &pi, cfg, now);
 
 malformed:

@@ -27,6 +27,12 @@
 #ifndef EG_DEFAULT_V4_CHUNKS
 #define EG_DEFAULT_V4_CHUNKS 1024
 #endif
+#ifndef EG_DEFAULT_STANDING_ENTRIES
+#define EG_DEFAULT_STANDING_ENTRIES 65536
+#endif
+#ifndef EG_DEFAULT_KNOWN_GOOD_ENTRIES
+#define EG_DEFAULT_KNOWN_GOOD_ENTRIES 16384
+#endif
 #ifndef EG_DEFAULT_L4_ENTRIES
 #define EG_DEFAULT_L4_ENTRIES 1024
 #endif
@@ -189,3 +195,54 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } test_clock SEC(".maps");
+
+/* Source standing, keyed by address (/32, /64), not by rule. A plain hash,
+ * not an LRU: when it is full, new sources are not entered (they stay new
+ * and are counted, EG_SE_FULL) and nobody already in it is evicted; the
+ * daemon removes entries that aged out. Entries are created only for
+ * packets admitted at the new-source tolerance, so a flood an aggregate
+ * refuses creates none. Pinned: standing survives restarts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EG_DEFAULT_STANDING_ENTRIES);
+	__type(key, struct eg_standing_key);
+	__type(value, struct eg_standing_val);
+} standing SEC(".maps");
+
+/* Standing settings per generation, read only when a source's standing is
+ * updated (at most once per source per epoch). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct eg_standing_cfg);
+} standing_cfg SEC(".maps");
+
+/* Class counters of congested aggregates: index
+ * ((dry * EG_CAGG_MAX + agg) * EG_CLASS_MAX + class) * EG_CO_MAX + outcome,
+ * dry 1 for refusals of dry-run rules ("would drop"). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2 * EG_CAGG_MAX * EG_CLASS_MAX * EG_CO_MAX);
+	__type(key, __u32);
+	__type(value, struct eg_counter);
+} class_stats SEC(".maps");
+
+/* Standing table events, by enum eg_standing_event. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EG_SE_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} standing_stats SEC(".maps");
+
+/* standing.known_good: prefixes whose sources count as established when
+ * they have no standing entry of their own (cold start). Looked up only in
+ * an aggregate's reserve band. Value unused (1). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, EG_DEFAULT_KNOWN_GOOD_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct eg_lpm_key);
+	__type(value, __u32);
+} known_good SEC(".maps");

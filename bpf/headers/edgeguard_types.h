@@ -203,7 +203,11 @@ struct eg_rule {
 	__u8 mode;     /* enum eg_mode */
 	__u8 valid;
 	__u8 action; /* enum eg_rule_action */
-	__u8 _pad[4];
+	/* Share of the prefix and ASN aggregates' burst tolerance that only
+	 * established and validated sources may use, in 1/65536 (0: off).
+	 * Held in what was padding, so the layout (and pinned maps) stay. */
+	__u16 reserve;
+	__u8 _pad[2];
 };
 
 /* Settings of one policy generation. */
@@ -219,7 +223,8 @@ struct eg_config {
 	 * chose the trie, or the table did not fit. */
 	__u8 v4_direct;
 	__u8 clock; /* enum eg_clock */
-	__u8 _pad[2];
+	/* The global bucket's reserve, as eg_rule.reserve. */
+	__u16 reserve;
 };
 
 #define EG_L4P_TCP (1 << 0)
@@ -284,4 +289,110 @@ struct eg_sample {
 	__u8 reason;
 	__u8 action;
 	__u8 _pad[7];
+};
+
+/* Source standing (docs/operations.md, "Standing"): what the data plane
+ * knows of a source address (IPv4 /32, IPv6 /64), kept in the standing map,
+ * which is a plain hash, not an LRU, so a flood of new sources cannot evict
+ * the sources that earned their standing. */
+enum eg_standing {
+	EG_STANDING_NEW = 0,         /* no entry, or not yet established */
+	EG_STANDING_ESTABLISHED = 1, /* clean history for established_after */
+	EG_STANDING_VALIDATED = 2,   /* proved not spoofed (L7 promotion, import) */
+	EG_STANDING_PENALISED = 3,   /* exceeded its own limit, escalated or denied */
+	EG_STANDING_MAX = 4,
+};
+
+/* Why a source's standing last changed. */
+enum eg_standing_why {
+	EG_WHY_NONE = 0,
+	EG_WHY_FIRST_SEEN = 1,   /* entry created: a packet admitted as new */
+	EG_WHY_CLEAN = 2,        /* clean history for established_after */
+	EG_WHY_OWN_LIMIT = 3,    /* exceeded its own (per-source) limit */
+	EG_WHY_DENY = 4,         /* deny-listed (CLI, policy, L7 escalation) */
+	EG_WHY_DECAYED = 5,      /* penalty over: new again */
+	EG_WHY_IMPORT = 6,       /* standing.known_good */
+	EG_WHY_L7 = 7,           /* promoted by the L7 stage */
+	EG_WHY_CONGESTED = 8,    /* history restarted: seen while congested */
+	EG_WHY_SET = 9,          /* set by the operator (edgectl) */
+	EG_WHY_MAX = 10,
+};
+
+struct eg_standing_key {
+	__u8 addr[16]; /* IPv4 /32 as ::ffff:a.b.c.d, IPv6 masked to /64 */
+};
+
+/* Times are CLOCK_MONOTONIC ns. */
+struct eg_standing_val {
+	__u64 since;       /* when the current standing began */
+	__u64 clean_since; /* NEW: start of the clean history that counts */
+	__u64 last_seen;   /* last update (at most one per source per epoch) */
+	__u8 standing;     /* enum eg_standing */
+	__u8 why;          /* enum eg_standing_why */
+	__u8 _pad[6];
+};
+
+/* Standing settings of one policy generation (standing_cfg[gen]). */
+struct eg_standing_cfg {
+	__u64 established_after_ns; /* 0: standing off, nobody is promoted */
+	__u64 penalty_ns;
+};
+
+/* Admission classes in an aggregate bucket, for the class counters. UNKNOWN
+ * is a packet admitted below the reserve band: its standing was not looked
+ * up, which is what keeps an uncongested aggregate's cost unchanged. */
+enum eg_class {
+	EG_CLASS_NEW = 0,
+	EG_CLASS_ESTABLISHED = 1,
+	EG_CLASS_VALIDATED = 2,
+	EG_CLASS_PENALISED = 3,
+	EG_CLASS_UNKNOWN = 4,
+	EG_CLASS_MAX = 5,
+};
+
+/* Aggregates the class counters are kept for. */
+enum eg_class_agg {
+	EG_CAGG_PREFIX = 0, /* per_prefix, derived or whole */
+	EG_CAGG_ASN = 1,
+	EG_CAGG_GLOBAL = 2,
+	EG_CAGG_MAX = 3,
+};
+
+/* What happened to a packet at an aggregate that was congested (its level
+ * past half the new-source tolerance, or refusing). */
+enum eg_class_outcome {
+	EG_CO_ADMITTED = 0,        /* admitted below the reserve band */
+	EG_CO_ADMITTED_RESERVE = 1, /* admitted inside the band (established, validated) */
+	EG_CO_REFUSED_RESERVE = 2, /* refused by the reserve (new, penalised) */
+	EG_CO_REFUSED_FULL = 3,    /* refused: the whole tolerance was used */
+	EG_CO_MAX = 4,
+};
+
+/* Standing table events (standing_stats index). */
+enum eg_standing_event {
+	EG_SE_CREATED = 0,     /* entries created */
+	EG_SE_FULL = 1,        /* creations refused: table full */
+	EG_SE_ESTABLISHED = 2, /* promotions new -> established */
+	EG_SE_PENALISED = 3,   /* penalties */
+	EG_SE_MAX = 4,
+};
+
+/* Shifts of the data plane's fixed-point time and byte costs, as an enum so
+ * that bpf2go hands them to Go (EG_TICK_SHIFT, EG_BYTE_SHIFT above). */
+enum eg_shifts {
+	EG_SHIFT_TICK = EG_TICK_SHIFT,
+	EG_SHIFT_BYTE = EG_BYTE_SHIFT,
+};
+
+/* L4 protocol bits of eg_config.l4_protos, for Go. */
+enum eg_l4_proto_bit {
+	EG_L4BIT_TCP = EG_L4P_TCP,
+	EG_L4BIT_UDP = EG_L4P_UDP,
+	EG_L4BIT_ICMP = EG_L4P_ICMP,
+	EG_L4BIT_ICMPV6 = EG_L4P_ICMPV6,
+};
+
+/* "Never expires" (EG_FOREVER), for Go. */
+enum eg_expiry {
+	EG_EXPIRY_FOREVER = EG_FOREVER,
 };

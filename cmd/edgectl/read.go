@@ -3,15 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
 )
 
@@ -51,6 +48,9 @@ func writeStatus(out io.Writer, st control.Status) error {
 	}
 	fmt.Fprintf(w, "asn data\t%d entries\n", st.ASNEntries)
 	fmt.Fprintf(w, "ipv4 lookup\t%s\n", ipv4Lookup(st.IPv4Direct))
+	for _, c := range st.Congestion {
+		fmt.Fprintf(w, "congestion\t%s\n", congestionLine(c))
+	}
 	for _, m := range st.Maps {
 		fill := ""
 		if m.Entries > 0 || m.Name == "src_buckets" || m.Name == "agg_buckets" || m.Name == "lists" {
@@ -112,7 +112,7 @@ func writeStats(out io.Writer, st control.Stats) error {
 		return err
 	}
 	fmt.Fprintf(out, "(rates over the last %s)\n", time.Duration(st.Window))
-	return nil
+	return writeStanding(out, st.Standing)
 }
 
 func newTopCommand() *cobra.Command {
@@ -183,54 +183,4 @@ func writeTop(out io.Writer, t control.Top) {
 		}
 		w.Flush()
 	}
-}
-
-func newASNCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "asn", Short: "Look up IP-to-ASN data"}
-	var data string
-	lookup := &cobra.Command{
-		Use:   "lookup IP",
-		Short: "Show the ASN, country and rule of an address",
-		Long: `Show the ASN, country and rule the running daemon gives an address. With --data FILE
-it looks the address up in an iptoasn TSV (plain or gzip) or MaxMind .mmdb file instead,
-without a daemon.`,
-		Args: cobra.ExactArgs(1),
-	}
-	asJSON := addJSONFlag(lookup)
-	lookup.Flags().StringVar(&data, "data", "", "look up in this ASN data file instead of asking the daemon")
-	lookup.RunE = func(cmd *cobra.Command, args []string) error {
-		ip, err := netip.ParseAddr(args[0])
-		if err != nil {
-			return usageError{fmt.Errorf("bad address %q: %w", args[0], err)}
-		}
-		var info control.ASNInfo
-		if data != "" {
-			t, err := asn.Load(cmd.Context(), []string{data}, asn.Options{Progress: progressBar(cmd.ErrOrStderr(), "loading "+data)})
-			if err != nil {
-				return err
-			}
-			e, ok := t.Lookup(ip.Unmap())
-			info = control.ASNInfo{IP: ip, Found: ok}
-			if ok {
-				info.Prefix, info.ASN, info.Country = e.Prefix, e.ASN, asn.CountryString(e.Country)
-			}
-		} else if info, err = newClient(cmd).LookupASN(cmd.Context(), ip.String()); err != nil {
-			return err
-		}
-		if *asJSON {
-			return printJSON(cmd.OutOrStdout(), info)
-		}
-		if !info.Found {
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: no ASN data", info.IP)
-		} else {
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: AS%d %s (%s)", info.IP, info.ASN, strings.TrimSpace(info.Country), info.Prefix)
-		}
-		if info.Rule != "" {
-			fmt.Fprintf(cmd.OutOrStdout(), ", rule %s", info.Rule)
-		}
-		fmt.Fprintln(cmd.OutOrStdout())
-		return nil
-	}
-	cmd.AddCommand(lookup)
-	return cmd
 }

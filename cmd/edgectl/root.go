@@ -29,7 +29,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().String("socket", control.DefaultSocket, "the daemon's control socket")
 	root.AddCommand(newRunCommand(), newDetachCommand(), newVersionCommand(), newStatusCommand(),
 		newStatsCommand(), newTopCommand(), newPolicyCommand(), newListCommand(control.Deny),
-		newListCommand(control.Allow), newASNCommand(), newDemoCommand())
+		newListCommand(control.Allow), newASNCommand(), newDemoCommand(), newExplainCommand())
 	return root
 }
 

@@ -163,9 +163,3 @@ func (c *Client) AddToList(ctx context.Context, kind ListKind, ch ListChange) (L
 func (c *Client) RemoveFromList(ctx context.Context, kind ListKind, p string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/lists/"+string(kind), url.Values{"prefix": {p}}, nil, nil)
 }
-
-// LookupASN asks which ASN, country and rule an address maps to.
-func (c *Client) LookupASN(ctx context.Context, ip string) (ASNInfo, error) {
-	var a ASNInfo
-	return a, c.do(ctx, http.MethodGet, "/v1/asn", url.Values{"ip": {ip}}, nil, &a)
-}

@@ -31,6 +31,8 @@ type Status struct {
 	PinDir     string      `json:"pin_dir"`
 	ASNEntries int         `json:"asn_entries"`
 	IPv4Direct IPv4Direct  `json:"ipv4_direct_table"`
+	// Congestion is each aggregate kind's congestion state.
+	Congestion []Congestion `json:"congestion,omitempty"`
 }
 
 // IPv4Direct says how the active policy generation looks IPv4 sources up:
@@ -75,6 +77,8 @@ type Stats struct {
 	Totals []CounterStat   `json:"totals"` // by action and reason, non-zero only
 	Rules  []RuleStat      `json:"rules"`
 	Tables map[string]Fill `json:"tables"`
+	// Standing: congestion and class counters (internal/control/standing.go).
+	Standing *StandingStats `json:"standing,omitempty"`
 }
 
 // Fill is a table's occupancy.
@@ -170,7 +174,10 @@ type ASNInfo struct {
 	Prefix  netip.Prefix `json:"prefix,omitempty"`
 	ASN     uint32       `json:"asn,omitempty"`
 	Country string       `json:"country,omitempty"`
-	Rule    string       `json:"rule"`
+	// Rule is empty when a list decides (List: deny or allow) before
+	// any rule.
+	Rule string `json:"rule"`
+	List string `json:"list,omitempty"`
 }
 
 // Duration is a time.Duration that reads and writes as "1m30s" in JSON.

@@ -17,7 +17,6 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
@@ -164,14 +163,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("GET /v1/asn", func(w http.ResponseWriter, r *http.Request) {
-		ip, err := netip.ParseAddr(r.URL.Query().Get("ip"))
-		if err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("bad ip: %w", err))
-			return
-		}
-		writeJSON(w, d.LookupASN(ip.Unmap()))
-	})
+	d.explainRoutes(mux)
 	return mux
 }
 
@@ -276,6 +268,7 @@ func (d *Daemon) Status() control.Status {
 	}
 	st.DataGen, _ = d.m.ActiveGen()
 	st.IPv4Direct = ipv4DirectInfo(d.m.V4Direct())
+	st.Congestion = d.standing.status(time.Now())
 	for name, a := range d.atts {
 		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode)})
 	}
@@ -423,29 +416,6 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) error {
 	}
 	d.log.Info("list entry removed", "list", kind, "prefix", p)
 	return nil
-}
-
-// LookupASN tells what the data plane knows about an address.
-func (d *Daemon) LookupASN(ip netip.Addr) control.ASNInfo {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := control.ASNInfo{IP: ip, Rule: d.cur.names[0]}
-	var e asn.Entry
-	if d.asnTable != nil {
-		e, out.Found = d.asnTable.Lookup(ip)
-	}
-	if out.Found {
-		out.Prefix, out.ASN, out.Country = e.Prefix, e.ASN, asn.CountryString(e.Country)
-	}
-	// The rule is what the compiled prefix facts say, most specific first.
-	best := -1
-	for _, f := range d.cur.compiled.Prefixes {
-		if f.Prefix.Contains(ip) && f.Prefix.Bits() > best {
-			best = f.Prefix.Bits()
-			out.Rule = d.cur.names[f.RuleID]
-		}
-	}
-	return out
 }
 
 func writeJSON(w http.ResponseWriter, v any) { writeJSONStatus(w, http.StatusOK, v) }

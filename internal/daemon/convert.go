@@ -55,10 +55,16 @@ func aggMode(m policy.AggregateMode) maps.AggMode {
 func Generation(c *policy.Compiled) maps.Generation {
 	g := maps.Generation{
 		Settings: maps.Settings{
-			Mode:      maps.ModeEnforce,
-			Malformed: maps.ActPass,
-			Global:    bucket(c.Global),
-			Samples:   sampleBudget(),
+			Mode:          maps.ModeEnforce,
+			Malformed:     maps.ActPass,
+			Global:        bucket(c.Global),
+			Samples:       sampleBudget(),
+			GlobalReserve: c.GlobalReserve,
+		},
+		Standing: maps.StandingSettings{
+			EstablishedAfter: c.Standing.EstablishedAfter,
+			Penalty:          c.Standing.Penalty,
+			KnownGood:        c.Standing.KnownGood,
 		},
 	}
 	if c.Mode == policy.ModeDryRun {
@@ -77,9 +83,10 @@ func Generation(c *policy.Compiled) maps.Generation {
 			SrcLen4: r.SourceKey.V4, SrcLen6: r.SourceKey.V6,
 			Agg:     bucket(r.PerPrefix),
 			AggMode: aggMode(r.Aggregate), AggLen4: r.AggregateKey.V4, AggLen6: r.AggregateKey.V6,
-			ASN:    bucket(r.PerASN),
-			Mode:   ruleMode(r.Mode),
-			Action: ruleAction(r.Action),
+			ASN:     bucket(r.PerASN),
+			Mode:    ruleMode(r.Mode),
+			Action:  ruleAction(r.Action),
+			Reserve: r.Reserve,
 		})
 	}
 	for _, p := range c.Prefixes {

@@ -104,11 +104,13 @@ type Daemon struct {
 
 	history *history
 	top     *topTalkers
+	recent  *recentSamples // last drop samples, for explain
 
 	lock        *os.File // held while the daemon runs (lockState)
 	reg         *prometheus.Registry
 	l7          *l7Stage // nil: no L7 stage running
 	escalations chan control.ListChange
+	standing    *standingWatch // congestion state (standing.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -191,7 +193,9 @@ func newDaemon(o Options) *Daemon {
 		atts:        map[string]*loader.Attachment{},
 		history:     newHistory(16),
 		top:         newTopTalkers(5 * time.Minute),
+		recent:      newRecentSamples(),
 		escalations: make(chan control.ListChange, 256),
+		standing:    &standingWatch{},
 	}
 	d.reg = d.newRegistry()
 	return d
@@ -296,6 +300,7 @@ func (d *Daemon) sizes(t policy.Tables) loader.Sizes {
 	s := loader.Sizes{
 		MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
 		PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: t.IPv4DirectChunks,
+		StandingEntries: t.StandingEntries,
 	}
 	if d.opts.IPv4DirectChunks != 0 {
 		s.V4Chunks = d.opts.IPv4DirectChunks
@@ -448,6 +453,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.expireLists)
 	run("escalations", d.applyEscalations)
+	run("standing", d.watchStanding)
 	d.mu.Lock()
 	err := d.syncL7(ctx)
 	d.mu.Unlock()

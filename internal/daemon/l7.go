@@ -46,6 +46,7 @@ type l7Stage struct {
 	d       *Daemon
 	current atomic.Pointer[proxy.Proxy]
 	raw     []byte // the l7: section in force
+	promo   proxy.Promotion
 	listen  string
 	srv     *http.Server
 	done    chan error
@@ -70,7 +71,8 @@ func (d *Daemon) syncL7(ctx context.Context) error {
 		}
 		return nil
 	}
-	if s != nil && bytes.Equal(s.raw, raw) {
+	promo := promotion(d.cur.compiled)
+	if s != nil && bytes.Equal(s.raw, raw) && s.promo == promo {
 		return nil
 	}
 	if s != nil && s.listen != cfg.Listen {
@@ -85,7 +87,8 @@ func (d *Daemon) syncL7(ctx context.Context) error {
 			old.Close()
 		}
 	}
-	p, err := proxy.New(cfg, proxy.Options{Logger: d.log.With("stage", "l7"), Escalator: d, Registerer: d.reg})
+	p, err := proxy.New(cfg, proxy.Options{Logger: d.log.With("stage", "l7"), Escalator: d, Registerer: d.reg,
+		Promoter: d, Promotion: promo})
 	if err != nil {
 		return fmt.Errorf("l7 stage: %w", err)
 	}
@@ -103,7 +106,7 @@ func (d *Daemon) syncL7(ctx context.Context) error {
 		d.log.Info("l7 stage listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
 	}
 	s.current.Store(p)
-	s.raw = raw
+	s.raw, s.promo = raw, promo
 	return nil
 }
 

@@ -149,7 +149,11 @@ func (d *Daemon) Stats() (control.Stats, error) {
 		}
 		old, cur = s, s
 	}
-	return buildStats(old, cur, d.ruleNames(), d.tables()), nil
+	st := buildStats(old, cur, d.ruleNames(), d.tables())
+	if s, err := d.standingStats(); err == nil {
+		st.Standing = s
+	}
+	return st, nil
 }
 
 func (d *Daemon) ruleNames() map[uint32]string {
@@ -320,6 +324,8 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 			}
 			return err
 		}
-		d.top.add(time.Now(), s)
+		now := time.Now()
+		d.top.add(now, s)
+		d.recent.add(now, s)
 	}
 }

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -77,4 +79,15 @@ func (s xdpSource) PolicyStatus() metrics.PolicyStatus {
 		Reloads:           s.d.reloads,
 		ReloadFailures:    s.d.failures,
 	}
+}
+
+func (s xdpSource) ClassCounters() (maps.ClassCounters, error)   { return s.d.m.ClassCounters() }
+func (s xdpSource) StandingCounts() (maps.StandingCounts, error) { return s.d.m.StandingCounts() }
+
+func (s xdpSource) Congested() map[string]bool {
+	out := map[string]bool{}
+	for _, c := range s.d.standing.status(time.Now()) {
+		out[c.Aggregate] = c.Congested
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -84,6 +85,22 @@ func BenchmarkDataPlane(b *testing.B) {
 				b.Fatal(err)
 			}
 			return &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpDrop}
+		}).measure(b)
+	})
+	b.Run("congested_new_refused", func(b *testing.B) {
+		// A whole aggregate held inside its reserve band (see
+		// congestedCase): a new source's packet meets the band, looks its
+		// standing up (no entry, not known good) and is refused by the
+		// reserve without a charge.
+		cached(b, "congested_new_refused", func(b *testing.B) *benchCase {
+			return congestedCase(b, false)
+		}).measure(b)
+	})
+	b.Run("congested_established", func(b *testing.B) {
+		// The same aggregate, an established source: its standing is
+		// looked up and it is admitted inside the band.
+		cached(b, "congested_established", func(b *testing.B) *benchCase {
+			return congestedCase(b, true)
 		}).measure(b)
 	})
 	b.Run("pass_1M_keys", func(b *testing.B) {
@@ -565,4 +582,39 @@ func src4(host byte) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 0, hos
 func spread(i uint32) netip.Addr {
 	x := i * 2654435761
 	return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
+}
+
+// congestedCase is a policy whose default rule has a whole aggregate of
+// 1,000/s with a burst of 10^9 and a 50% reserve, standing on, and the
+// aggregate's bucket set three quarters full: inside the reserve band,
+// where it stays for the whole benchmark (each admitted packet adds 1 ms of
+// the 10^6 s tolerance, and time drains it at the same pace).
+func congestedCase(b *testing.B, established bool) *benchCase {
+	bd := loadBench(b, smallSizes)
+	r := generousRule(0)
+	r.AggMode = maps.AggWhole
+	r.Agg = maps.Bucket{Packets: maps.Rate{Count: 1000, Per: time.Second, Burst: 1_000_000_000}}
+	r.Reserve = 500_000
+	bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r},
+		Standing: maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: 5 * time.Minute}})
+	cfg, err := r.Agg.Cfg()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		b.Fatal(err)
+	}
+	tat := uint64(ts.Nano())<<uint64(loader.LimiterEgShiftsEG_SHIFT_TICK) + cfg.PktTau/4*3
+	if err := bd.d.Objects.WholeBuckets.Put(uint32(0), loader.LimiterEgBucket{PktTat: tat}); err != nil {
+		b.Fatal(err)
+	}
+	want := uint32(xdpDrop)
+	if established {
+		if err := bd.m.SetStanding(src4(1), maps.StandingEstablished); err != nil {
+			b.Fatal(err)
+		}
+		want = xdpPass
+	}
+	return &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: want}
 }

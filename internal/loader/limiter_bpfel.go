@@ -90,6 +90,15 @@ type LimiterEgBtfAnchor struct {
 		Action  uint8
 		Pad     [7]uint8
 	}
+	Standing      uint32
+	StandingWhy   uint32
+	Cls           uint32
+	ClassAgg      uint32
+	ClassOutcome  uint32
+	StandingEvent uint32
+	Shifts        uint32
+	L4ProtoBit    uint32
+	Expiry        uint64
 }
 
 type LimiterEgBucket struct {
@@ -105,6 +114,36 @@ type LimiterEgBucketCfg struct {
 	ByteT   uint64
 	ByteTau uint64
 }
+
+type LimiterEgClass uint32
+
+const (
+	LimiterEgClassEG_CLASS_NEW         LimiterEgClass = 0
+	LimiterEgClassEG_CLASS_ESTABLISHED LimiterEgClass = 1
+	LimiterEgClassEG_CLASS_VALIDATED   LimiterEgClass = 2
+	LimiterEgClassEG_CLASS_PENALISED   LimiterEgClass = 3
+	LimiterEgClassEG_CLASS_UNKNOWN     LimiterEgClass = 4
+	LimiterEgClassEG_CLASS_MAX         LimiterEgClass = 5
+)
+
+type LimiterEgClassAgg uint32
+
+const (
+	LimiterEgClassAggEG_CAGG_PREFIX LimiterEgClassAgg = 0
+	LimiterEgClassAggEG_CAGG_ASN    LimiterEgClassAgg = 1
+	LimiterEgClassAggEG_CAGG_GLOBAL LimiterEgClassAgg = 2
+	LimiterEgClassAggEG_CAGG_MAX    LimiterEgClassAgg = 3
+)
+
+type LimiterEgClassOutcome uint32
+
+const (
+	LimiterEgClassOutcomeEG_CO_ADMITTED         LimiterEgClassOutcome = 0
+	LimiterEgClassOutcomeEG_CO_ADMITTED_RESERVE LimiterEgClassOutcome = 1
+	LimiterEgClassOutcomeEG_CO_REFUSED_RESERVE  LimiterEgClassOutcome = 2
+	LimiterEgClassOutcomeEG_CO_REFUSED_FULL     LimiterEgClassOutcome = 3
+	LimiterEgClassOutcomeEG_CO_MAX              LimiterEgClassOutcome = 4
+)
 
 type LimiterEgClock uint32
 
@@ -123,7 +162,7 @@ type LimiterEgConfig struct {
 	Valid            uint8
 	V4Direct         uint8
 	Clock            uint8
-	Pad              [2]uint8
+	Reserve          uint16
 }
 
 type LimiterEgCounter struct {
@@ -131,6 +170,12 @@ type LimiterEgCounter struct {
 	Packets uint64
 	Bytes   uint64
 }
+
+type LimiterEgExpiry uint64
+
+const (
+	LimiterEgExpiryEG_EXPIRY_FOREVER LimiterEgExpiry = 18446744073709551615
+)
 
 type LimiterEgGlobalSlot uint32
 
@@ -157,6 +202,15 @@ type LimiterEgL4Key struct {
 	Port  uint16
 	Pad1  uint16
 }
+
+type LimiterEgL4ProtoBit uint32
+
+const (
+	LimiterEgL4ProtoBitEG_L4BIT_TCP    LimiterEgL4ProtoBit = 1
+	LimiterEgL4ProtoBitEG_L4BIT_UDP    LimiterEgL4ProtoBit = 2
+	LimiterEgL4ProtoBitEG_L4BIT_ICMP   LimiterEgL4ProtoBit = 4
+	LimiterEgL4ProtoBitEG_L4BIT_ICMPV6 LimiterEgL4ProtoBit = 8
+)
 
 type LimiterEgListVal struct {
 	_          structs.HostLayout
@@ -235,7 +289,8 @@ type LimiterEgRule struct {
 	Mode    uint8
 	Valid   uint8
 	Action  uint8
-	Pad     [4]uint8
+	Reserve uint16
+	Pad     [2]uint8
 }
 
 type LimiterEgRuleAction uint32
@@ -266,6 +321,13 @@ type LimiterEgSample struct {
 	Pad     [7]uint8
 }
 
+type LimiterEgShifts uint32
+
+const (
+	LimiterEgShiftsEG_SHIFT_TICK LimiterEgShifts = 4
+	LimiterEgShiftsEG_SHIFT_BYTE LimiterEgShifts = 16
+)
+
 type LimiterEgSizes uint32
 
 const (
@@ -287,6 +349,63 @@ type LimiterEgSrcKey struct {
 	Addr   [16]uint8
 }
 
+type LimiterEgStanding uint32
+
+const (
+	LimiterEgStandingEG_STANDING_NEW         LimiterEgStanding = 0
+	LimiterEgStandingEG_STANDING_ESTABLISHED LimiterEgStanding = 1
+	LimiterEgStandingEG_STANDING_VALIDATED   LimiterEgStanding = 2
+	LimiterEgStandingEG_STANDING_PENALISED   LimiterEgStanding = 3
+	LimiterEgStandingEG_STANDING_MAX         LimiterEgStanding = 4
+)
+
+type LimiterEgStandingCfg struct {
+	_                  structs.HostLayout
+	EstablishedAfterNs uint64
+	PenaltyNs          uint64
+}
+
+type LimiterEgStandingEvent uint32
+
+const (
+	LimiterEgStandingEventEG_SE_CREATED     LimiterEgStandingEvent = 0
+	LimiterEgStandingEventEG_SE_FULL        LimiterEgStandingEvent = 1
+	LimiterEgStandingEventEG_SE_ESTABLISHED LimiterEgStandingEvent = 2
+	LimiterEgStandingEventEG_SE_PENALISED   LimiterEgStandingEvent = 3
+	LimiterEgStandingEventEG_SE_MAX         LimiterEgStandingEvent = 4
+)
+
+type LimiterEgStandingKey struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+}
+
+type LimiterEgStandingVal struct {
+	_          structs.HostLayout
+	Since      uint64
+	CleanSince uint64
+	LastSeen   uint64
+	Standing   uint8
+	Why        uint8
+	Pad        [6]uint8
+}
+
+type LimiterEgStandingWhy uint32
+
+const (
+	LimiterEgStandingWhyEG_WHY_NONE       LimiterEgStandingWhy = 0
+	LimiterEgStandingWhyEG_WHY_FIRST_SEEN LimiterEgStandingWhy = 1
+	LimiterEgStandingWhyEG_WHY_CLEAN      LimiterEgStandingWhy = 2
+	LimiterEgStandingWhyEG_WHY_OWN_LIMIT  LimiterEgStandingWhy = 3
+	LimiterEgStandingWhyEG_WHY_DENY       LimiterEgStandingWhy = 4
+	LimiterEgStandingWhyEG_WHY_DECAYED    LimiterEgStandingWhy = 5
+	LimiterEgStandingWhyEG_WHY_IMPORT     LimiterEgStandingWhy = 6
+	LimiterEgStandingWhyEG_WHY_L7         LimiterEgStandingWhy = 7
+	LimiterEgStandingWhyEG_WHY_CONGESTED  LimiterEgStandingWhy = 8
+	LimiterEgStandingWhyEG_WHY_SET        LimiterEgStandingWhy = 9
+	LimiterEgStandingWhyEG_WHY_MAX        LimiterEgStandingWhy = 10
+)
+
 type LimiterEgV4Entry struct {
 	_      structs.HostLayout
 	RuleId uint32
@@ -299,9 +418,11 @@ type LimiterEgV4Entry struct {
 const (
 	LimiterMapActive        = "active"
 	LimiterMapAggBuckets    = "agg_buckets"
+	LimiterMapClassStats    = "class_stats"
 	LimiterMapConfigs       = "configs"
 	LimiterMapGlobalBuckets = "global_buckets"
 	LimiterMapIfaceSlots    = "iface_slots"
+	LimiterMapKnownGood     = "known_good"
 	LimiterMapL4Rules       = "l4_rules"
 	LimiterMapLists         = "lists"
 	LimiterMapPrefixGens    = "prefix_gens"
@@ -310,6 +431,9 @@ const (
 	LimiterMapSamples       = "samples"
 	LimiterMapSeenFilter    = "seen_filter"
 	LimiterMapSrcBuckets    = "src_buckets"
+	LimiterMapStanding      = "standing"
+	LimiterMapStandingCfg   = "standing_cfg"
+	LimiterMapStandingStats = "standing_stats"
 	LimiterMapStats         = "stats"
 	LimiterMapTestClock     = "test_clock"
 	LimiterMapV4Chunks      = "v4_chunks"
@@ -373,9 +497,11 @@ type LimiterProgramSpecs struct {
 type LimiterMapSpecs struct {
 	Active        *ebpf.MapSpec `ebpf:"active"`
 	AggBuckets    *ebpf.MapSpec `ebpf:"agg_buckets"`
+	ClassStats    *ebpf.MapSpec `ebpf:"class_stats"`
 	Configs       *ebpf.MapSpec `ebpf:"configs"`
 	GlobalBuckets *ebpf.MapSpec `ebpf:"global_buckets"`
 	IfaceSlots    *ebpf.MapSpec `ebpf:"iface_slots"`
+	KnownGood     *ebpf.MapSpec `ebpf:"known_good"`
 	L4Rules       *ebpf.MapSpec `ebpf:"l4_rules"`
 	Lists         *ebpf.MapSpec `ebpf:"lists"`
 	PrefixGens    *ebpf.MapSpec `ebpf:"prefix_gens"`
@@ -384,6 +510,9 @@ type LimiterMapSpecs struct {
 	Samples       *ebpf.MapSpec `ebpf:"samples"`
 	SeenFilter    *ebpf.MapSpec `ebpf:"seen_filter"`
 	SrcBuckets    *ebpf.MapSpec `ebpf:"src_buckets"`
+	Standing      *ebpf.MapSpec `ebpf:"standing"`
+	StandingCfg   *ebpf.MapSpec `ebpf:"standing_cfg"`
+	StandingStats *ebpf.MapSpec `ebpf:"standing_stats"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	TestClock     *ebpf.MapSpec `ebpf:"test_clock"`
 	V4Chunks      *ebpf.MapSpec `ebpf:"v4_chunks"`
@@ -423,9 +552,11 @@ func (o *LimiterObjects) Close() error {
 type LimiterMaps struct {
 	Active        *ebpf.Map `ebpf:"active"`
 	AggBuckets    *ebpf.Map `ebpf:"agg_buckets"`
+	ClassStats    *ebpf.Map `ebpf:"class_stats"`
 	Configs       *ebpf.Map `ebpf:"configs"`
 	GlobalBuckets *ebpf.Map `ebpf:"global_buckets"`
 	IfaceSlots    *ebpf.Map `ebpf:"iface_slots"`
+	KnownGood     *ebpf.Map `ebpf:"known_good"`
 	L4Rules       *ebpf.Map `ebpf:"l4_rules"`
 	Lists         *ebpf.Map `ebpf:"lists"`
 	PrefixGens    *ebpf.Map `ebpf:"prefix_gens"`
@@ -434,6 +565,9 @@ type LimiterMaps struct {
 	Samples       *ebpf.Map `ebpf:"samples"`
 	SeenFilter    *ebpf.Map `ebpf:"seen_filter"`
 	SrcBuckets    *ebpf.Map `ebpf:"src_buckets"`
+	Standing      *ebpf.Map `ebpf:"standing"`
+	StandingCfg   *ebpf.Map `ebpf:"standing_cfg"`
+	StandingStats *ebpf.Map `ebpf:"standing_stats"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	TestClock     *ebpf.Map `ebpf:"test_clock"`
 	V4Chunks      *ebpf.Map `ebpf:"v4_chunks"`
@@ -445,9 +579,11 @@ func (m *LimiterMaps) Close() error {
 	return _LimiterClose(
 		m.Active,
 		m.AggBuckets,
+		m.ClassStats,
 		m.Configs,
 		m.GlobalBuckets,
 		m.IfaceSlots,
+		m.KnownGood,
 		m.L4Rules,
 		m.Lists,
 		m.PrefixGens,
@@ -456,6 +592,9 @@ func (m *LimiterMaps) Close() error {
 		m.Samples,
 		m.SeenFilter,
 		m.SrcBuckets,
+		m.Standing,
+		m.StandingCfg,
+		m.StandingStats,
 		m.Stats,
 		m.TestClock,
 		m.V4Chunks,

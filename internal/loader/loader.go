@@ -30,6 +30,10 @@ type Sizes struct {
 	// generation (128 bytes each, allocated for both generations at
 	// load). A policy whose IPv4 facts need more falls back to the trie.
 	V4Chunks uint32
+	// StandingEntries is the capacity of the standing table (one entry per
+	// source address, /32 or /64; a plain hash, never evicted by the data
+	// plane, ~100 bytes an entry).
+	StandingEntries uint32
 }
 
 // DefaultSizes are sized for a busy edge host: 1M sources take ~130 MiB;
@@ -44,6 +48,8 @@ func DefaultSizes() Sizes {
 		ListEntries:   1 << 16,
 		L4Entries:     1024,
 		V4Chunks:      1 << 18,
+		// 256k sources: ~25 MiB.
+		StandingEntries: 1 << 18,
 	}
 }
 
@@ -83,6 +89,9 @@ func (s Sizes) WithDefaults() Sizes {
 	if s.V4Chunks != 0 {
 		d.V4Chunks = s.V4Chunks
 	}
+	if s.StandingEntries != 0 {
+		d.StandingEntries = s.StandingEntries
+	}
 	return d
 }
 
@@ -118,6 +127,8 @@ type Datapath struct {
 	Sizes   Sizes
 	pinDir  string
 	log     *slog.Logger
+	// testClock: the program reads time from the test_clock map.
+	testClock bool
 }
 
 // ErrIncompatiblePins means the pinned maps were made by a different version
@@ -138,6 +149,9 @@ func pinnedMaps() []string {
 		// its next packet: with an empty filter after a restart, every
 		// source, limited ones included, would get one packet through.
 		LimiterMapSeenFilter,
+		// Standing must survive restarts and policy swaps, or every
+		// established user would be new again after one.
+		LimiterMapStanding, LimiterMapStandingCfg, LimiterMapKnownGood, LimiterMapClassStats, LimiterMapStandingStats,
 	}
 }
 
@@ -160,6 +174,7 @@ func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
 		LimiterMapAggBuckets:   s.AggEntries,
 		LimiterMapLists:        s.ListEntries,
 		LimiterMapL4Rules:      2 * s.L4Entries,
+		LimiterMapStanding:     s.StandingEntries,
 	}
 	for name, n := range set {
 		m, ok := spec.Maps[name]
@@ -198,7 +213,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{Sizes: opts.Sizes.WithDefaults(), pinDir: opts.PinDir, log: log}
+	d := &Datapath{Sizes: opts.Sizes.WithDefaults(), pinDir: opts.PinDir, log: log, testClock: opts.TestClock}
 
 	var collOpts ebpf.CollectionOptions
 	var tmp string
@@ -352,6 +367,9 @@ func (d *Datapath) NewPrefixTrie() (*ebpf.Map, error) {
 // Logger is the logger the datapath was loaded with (a discarding one if
 // none was given), for the packages that write its maps.
 func (d *Datapath) Logger() *slog.Logger { return d.log }
+
+// TestClock reports whether the program reads time from the test_clock map.
+func (d *Datapath) TestClock() bool { return d.testClock }
 
 // PinDir is where this datapath's maps and links are pinned, or "".
 func (d *Datapath) PinDir() string { return d.pinDir }

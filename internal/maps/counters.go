@@ -163,6 +163,10 @@ func (m *Maps) Tables() (map[string]Occupancy, error) {
 		return nil, fmt.Errorf("count aggregates: %w", err)
 	}
 	out["aggregates"] = Occupancy{Entries: n, Capacity: int(m.o.AggBuckets.MaxEntries())}
+	if n, err = countBatch[loader.LimiterEgStandingKey, loader.LimiterEgStandingVal](m.o.Standing); err != nil {
+		return nil, fmt.Errorf("count standing: %w", err)
+	}
+	out["standing"] = Occupancy{Entries: n, Capacity: int(m.o.Standing.MaxEntries())}
 	var k loader.LimiterEgLpmKey
 	var v loader.LimiterEgListVal
 	n = 0

@@ -75,6 +75,9 @@ func (r Rule) compile() (loader.LimiterEgRule, error) {
 	if out.Asn, err = r.ASN.Cfg(); err != nil {
 		return out, fmt.Errorf("rule %d asn aggregate: %w", r.ID, err)
 	}
+	if out.Reserve, err = reserve16(r.Reserve); err != nil {
+		return out, fmt.Errorf("rule %d: %w", r.ID, err)
+	}
 	if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
 		return out, fmt.Errorf("rule %d: key length out of range", r.ID)
 	}
@@ -94,12 +97,26 @@ func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
 	if c.Global, err = s.Global.Cfg(); err != nil {
 		return c, fmt.Errorf("global bucket: %w", err)
 	}
+	if c.Reserve, err = reserve16(s.GlobalReserve); err != nil {
+		return c, fmt.Errorf("global: %w", err)
+	}
 	if s.Samples.Limited() {
 		if c.Sample, err = (Bucket{Packets: s.Samples}).Cfg(); err != nil {
 			return c, fmt.Errorf("sample budget: %w", err)
 		}
 	}
 	return c, nil
+}
+
+// reserve16 turns a reserve in parts per million into the data plane's
+// 1/65536 of the burst tolerance, rounded to nearest (within 0.0008% of the
+// tolerance).
+func reserve16(ppm uint32) (uint16, error) {
+	if ppm >= 1_000_000 {
+		return 0, fmt.Errorf("reserve %d ppm: must be below 100%%", ppm)
+	}
+	r := (uint64(ppm)*65536 + 500_000) / 1_000_000
+	return uint16(min(r, 65535)), nil
 }
 
 func l4Bit(proto uint8) uint8 {
@@ -217,6 +234,14 @@ func (m *Maps) Apply(g Generation) error {
 	}
 	if direct.Used {
 		cfg.V4Direct = 1
+	}
+	if err := m.o.StandingCfg.Put(next, g.Standing.compile()); err != nil {
+		return fmt.Errorf("write standing settings of generation %d: %w", next, err)
+	}
+	// Not per generation: known-good prefixes are facts about sources, and
+	// an entry one generation early or late changes one source's class.
+	if err := m.setKnownGood(g.Standing.KnownGood); err != nil {
+		return err
 	}
 	if err := m.o.Configs.Put(next, cfg); err != nil {
 		return fmt.Errorf("write settings of generation %d: %w", next, err)

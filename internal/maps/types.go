@@ -157,6 +157,10 @@ type Rule struct {
 	AggLen6 uint8
 	Mode    Mode
 	Action  RuleAction
+	// Reserve is the share of the prefix and ASN aggregates' burst
+	// tolerance that only established and validated sources may use, in
+	// parts per million (0: off; below 1,000,000).
+	Reserve uint32
 }
 
 // Settings are the global, per-generation settings.
@@ -166,6 +170,8 @@ type Settings struct {
 	Global    Bucket
 	Samples   Rate // drop samples per second sent to user space
 	Clock     Clock
+	// GlobalReserve is the global bucket's reserve, as Rule.Reserve.
+	GlobalReserve uint32
 }
 
 // PrefixFact says what is known about a source prefix.
@@ -191,4 +197,5 @@ type Generation struct {
 	Rules    []Rule
 	Prefixes []PrefixFact
 	L4       []L4Match
+	Standing StandingSettings
 }

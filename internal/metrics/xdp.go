@@ -62,6 +62,7 @@ const (
 	readIface = iota
 	readRules
 	readTables
+	readStanding
 	numReads
 )
 
@@ -72,6 +73,8 @@ func readName(i int) string {
 		return ReadIfaceCounters
 	case readRules:
 		return ReadRuleCounters
+	case readStanding:
+		return ReadStanding
 	}
 	return ReadTables
 }
@@ -256,6 +259,11 @@ func (c *XDPCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.reloads, st.Reloads, "success")
 	counter(c.reloads, st.ReloadFailures, "failure")
 
+	if ss, ok := c.src.(StandingSource); ok {
+		if err := c.collectStanding(ch, ss); err != nil {
+			c.failed(readStanding, err)
+		}
+	}
 	for i := range numReads {
 		counter(c.scrapeErrors, c.errors[i].Load(), readName(i))
 	}

@@ -20,10 +20,14 @@ var ErrTableTooSmall = errors.New("table too small")
 // bucket parameters, and the entries of the prefix-facts trie, the lists
 // trie and the L4 table. It is a pure value: internal/maps applies it.
 type Compiled struct {
-	Mode       Mode
-	Malformed  Verdict
-	Clock      Clock
-	Global     Bucket
+	Mode      Mode
+	Malformed Verdict
+	Clock     Clock
+	Global    Bucket
+	// GlobalReserve is the global bucket's reserve, in parts per million.
+	GlobalReserve uint32
+	// Standing are the standing rules; KnownGood sorted, deduplicated.
+	Standing   Standing
 	Interfaces []Interface
 	Tables     Tables
 	Metrics    Metrics
@@ -87,6 +91,10 @@ type CompiledRule struct {
 	// PerASN is keyed by the source's ASN. Sources with ASN 0 (unknown)
 	// have no ASN bucket.
 	PerASN Bucket
+	// Reserve is the share of PerPrefix's and PerASN's burst tolerance
+	// that only established and validated sources may use, in parts per
+	// million.
+	Reserve uint32
 }
 
 // PrefixFact is one prefix-facts trie entry.
@@ -154,14 +162,16 @@ type L4Entry struct {
 // does not validate it again.
 func Compile(p *Policy, asnData []asn.Entry) (*Compiled, error) {
 	c := &Compiled{
-		Mode:       p.Mode,
-		Malformed:  p.Malformed,
-		Clock:      p.Clock,
-		Global:     p.Global,
-		Interfaces: slices.Clone(p.Interfaces),
-		Tables:     p.Tables,
-		Metrics:    p.Metrics,
-		ASNData:    p.ASNData,
+		Mode:          p.Mode,
+		Malformed:     p.Malformed,
+		Clock:         p.Clock,
+		Global:        p.Global,
+		GlobalReserve: p.GlobalReserve,
+		Standing:      p.Standing,
+		Interfaces:    slices.Clone(p.Interfaces),
+		Tables:        p.Tables,
+		Metrics:       p.Metrics,
+		ASNData:       p.ASNData,
 	}
 	c.Rules = append(c.Rules, compileRule(0, DefaultRuleName, ActionLimit, RuleModeInherit, Match{}, p.Defaults))
 	for _, r := range p.Rules {
@@ -195,6 +205,7 @@ func compileRule(id uint32, name string, action Action, mode RuleMode, m Match, 
 	}
 	r.PerSource = l.PerSource.Bucket
 	r.PerASN = l.PerASN
+	r.Reserve = l.Reserve
 	if l.PerPrefix.IsSet() {
 		r.PerPrefix = l.PerPrefix.Bucket
 		if l.PerPrefix.Whole {

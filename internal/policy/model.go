@@ -39,6 +39,11 @@ type Policy struct {
 	// for each section it leaves out.
 	Defaults Limits
 	Global   Bucket
+	// GlobalReserve is global.reserve, in parts per million of the global
+	// bucket's burst tolerance (see Limits.Reserve).
+	GlobalReserve uint32
+	// Standing is the standing: section (docs/policy.md).
+	Standing Standing
 	Deny     []ListEntry
 	Allow    []ListEntry
 	Rules    []Rule
@@ -152,6 +157,11 @@ type Limits struct {
 	PerSource PerSource
 	PerPrefix PerPrefix
 	PerASN    Bucket
+	// Reserve is the share of the per_prefix and per_asn buckets' burst
+	// tolerance that only established and validated sources may use, in
+	// parts per million (DefaultReserve unless set; 0 turns it off; always
+	// below 100%).
+	Reserve uint32
 }
 
 // Rule is one prefix, ASN, country or L4 rule.
@@ -235,6 +245,9 @@ type Tables struct {
 	// policy whose IPv4 prefix facts need more uses the prefix trie for
 	// IPv4 sources, with the same answers but slower per packet.
 	IPv4DirectChunks uint32
+	// StandingEntries is the capacity of the standing table (one entry
+	// per source address).
+	StandingEntries uint32
 }
 
 // DefaultTables returns the capacities used for fields the file leaves out.
@@ -246,6 +259,7 @@ func DefaultTables() Tables {
 		ListEntries:      1 << 16,
 		MaxRules:         1 << 10,
 		IPv4DirectChunks: 1 << 18, // as the data plane's default
+		StandingEntries:  1 << 18,
 	}
 }
 
@@ -268,4 +282,42 @@ const (
 type ASNData struct {
 	Path   string
 	Format ASNFormat
+}
+
+// DefaultReserve is the reserve of every aggregate bucket unless the policy
+// says otherwise: 50% of its burst tolerance.
+const DefaultReserve = 500_000
+
+// Standing is the standing: section: how sources earn and lose the standing
+// that lets them use an aggregate's reserve (docs/operations.md, "Standing").
+type Standing struct {
+	// EstablishedAfter is the clean history (at or under its own limit,
+	// its aggregates not congested) a new source needs to become
+	// established.
+	EstablishedAfter time.Duration
+	// Penalty is how long a source stays penalised after it exceeded its
+	// own limit, was escalated or deny-listed.
+	Penalty time.Duration
+	// KnownGood are prefixes whose sources count as established from the
+	// start (cold start), sorted and deduplicated.
+	KnownGood []netip.Prefix
+	// L7Promotion lets the L7 stage mark sources validated.
+	L7Promotion L7Promotion
+}
+
+// L7Promotion is standing.l7_promotion.
+type L7Promotion struct {
+	Enabled bool
+	// Rate is the most promotions per Per the L7 stage may make.
+	Rate Rate
+}
+
+// DefaultStanding returns the standing settings a file without a standing:
+// section gets.
+func DefaultStanding() Standing {
+	return Standing{
+		EstablishedAfter: 30 * time.Second,
+		Penalty:          5 * time.Minute,
+		L7Promotion:      L7Promotion{Rate: Rate{Count: 100, Per: time.Second}},
+	}
 }

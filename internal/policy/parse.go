@@ -120,12 +120,15 @@ func (ps *parser) parse(data []byte) *Policy {
 		Clock:     ClockPrecise,
 		Defaults: Limits{
 			PerSource: PerSource{Key: KeyBits{V4: 32, V6: 64}},
+			Reserve:   DefaultReserve,
 		},
-		Tables:  DefaultTables(),
-		Metrics: Metrics{Listen: DefaultMetricsListen},
+		GlobalReserve: DefaultReserve,
+		Standing:      DefaultStanding(),
+		Tables:        DefaultTables(),
+		Metrics:       Metrics{Listen: DefaultMetricsListen},
 	}
 	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7")
+		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing")
 	if f == nil {
 		return nil
 	}
@@ -153,7 +156,15 @@ func (ps *parser) parse(data []byte) *Policy {
 		p.Defaults = ps.limits(n, "defaults", p.Defaults, true)
 	}
 	if n, ok := f["global"]; ok {
-		p.Global = ps.bucket(n, "global")
+		gf := ps.Fields(n, "global", "packets", "bytes", "reserve")
+		p.Global = ps.bucketFields(gf, "global")
+		if r, ok := gf["reserve"]; ok {
+			p.GlobalReserve = ps.reserve(r, "global.reserve")
+		}
+		ps.checkReserve(n, "global", p.Global, p.GlobalReserve)
+	}
+	if n, ok := f["standing"]; ok {
+		p.Standing = ps.standing(n, p.Standing)
 	}
 	var listsNode *yaml.Node
 	if n, ok := f["lists"]; ok {
@@ -237,7 +248,7 @@ func (ps *parser) interfaces(n *yaml.Node) []Interface {
 // A section that is present replaces the base section's limits; keys and
 // groups it leaves out are inherited.
 func (ps *parser) limits(n *yaml.Node, where string, base Limits, isDefaults bool) Limits {
-	f := ps.Fields(n, where, "per_source", "per_prefix", "per_asn")
+	f := ps.Fields(n, where, "per_source", "per_prefix", "per_asn", "reserve")
 	return ps.limitSections(f, where, base, isDefaults)
 }
 
@@ -274,6 +285,19 @@ func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limi
 	}
 	if n, ok := f["per_asn"]; ok {
 		out.PerASN = ps.bucket(n, where+".per_asn")
+	}
+	if n, ok := f["reserve"]; ok {
+		out.Reserve = ps.reserve(n, where+".reserve")
+	}
+	at := f["reserve"]
+	for _, k := range []string{"per_prefix", "per_asn"} {
+		if at == nil {
+			at = f[k]
+		}
+	}
+	if at != nil {
+		ps.checkReserve(at, where+".per_prefix", out.PerPrefix.Bucket, out.Reserve)
+		ps.checkReserve(at, where+".per_asn", out.PerASN, out.Reserve)
 	}
 	return out
 }
@@ -507,7 +531,7 @@ var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
 	var out []Rule
 	for _, item := range ps.Seq(n, "rules") {
-		f := ps.Fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn")
+		f := ps.Fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn", "reserve")
 		if f == nil {
 			continue
 		}
@@ -541,7 +565,7 @@ func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
 			r.Match = ps.match(m, where)
 		}
 		if r.Action != ActionLimit {
-			for _, k := range []string{"per_source", "per_prefix", "per_asn"} {
+			for _, k := range []string{"per_source", "per_prefix", "per_asn", "reserve"} {
 				if v, ok := f[k]; ok {
 					ps.Errorf(v, "%s: %s only applies with action: limit (this rule's action is %s)", where, k, r.Action)
 				}
@@ -765,7 +789,7 @@ func ParseCountry(s string) (Country, error) {
 func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.Node) {
 	out := base
 	f := ps.Fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules",
-		"ipv4_direct_chunks")
+		"ipv4_direct_chunks", "standing_entries")
 	set := func(key string, dst *uint32) {
 		if v, ok := f[key]; ok {
 			if u, ok := ps.UintIn(v, "tables."+key, 1, 1<<26); ok {
@@ -779,6 +803,7 @@ func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.No
 	set("list_entries", &out.ListEntries)
 	set("max_rules", &out.MaxRules)
 	set("ipv4_direct_chunks", &out.IPv4DirectChunks)
+	set("standing_entries", &out.StandingEntries)
 	return out, f
 }
 

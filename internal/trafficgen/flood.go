@@ -107,9 +107,22 @@ type Flood struct {
 	Count    int
 	Duration time.Duration
 	Seed     uint64
+	// Step is the pacing step: every Step the frames due by then leave
+	// back to back. Default 1 ms; at least MinFloodStep. A botnet's
+	// packets arrive independently, not in 1 ms clumps: against a full
+	// bucket a clump takes every token that refilled since the last one,
+	// and a user's packet arriving in between finds the tokens the clump
+	// left, so a coarse step flatters the users (scenarios that measure
+	// what users get against a flood use 100 µs). Steps under 1 ms sleep
+	// with nanosleep(2), which blocks the goroutine's thread: Go's timers
+	// wake no finer than about 1 ms.
+	Step time.Duration
 	// Progress, if set, counts frames sent as they go (for live displays).
 	Progress *atomic.Uint64
 }
+
+// MinFloodStep is the finest pacing step a flood takes.
+const MinFloodStep = 50 * time.Microsecond
 
 // FloodResult is what a flood did.
 type FloodResult struct {
@@ -133,6 +146,8 @@ func (f Flood) Validate() error {
 		return errors.New("flood needs 6-byte source and destination MACs")
 	case f.Distinct < 0:
 		return fmt.Errorf("flood distinct sources %d: want 0 (random) or more", f.Distinct)
+	case f.Step != 0 && (f.Step < MinFloodStep || f.Step > time.Second):
+		return fmt.Errorf("flood step %v: want %v to 1s (0: 1ms)", f.Step, MinFloodStep)
 	}
 	for _, p := range f.Sources {
 		if p.Addr().Is4() != f.Dst.Is4() {
@@ -147,18 +162,15 @@ func (f Flood) Validate() error {
 // by itself (that would look like drops the program never made).
 const maxStep = 200
 
-// Run sends the flood on c, paced in 1 ms steps (the frames due by then,
-// at most maxStep back to back), until Count frames went out, Duration
-// passed or ctx ended.
+// Run sends the flood on c, paced in steps of Step (the frames due by
+// then, at most maxStep back to back), until Count frames went out,
+// Duration passed or ctx ended.
 func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 	if err := f.Validate(); err != nil {
 		return FloodResult{}, err
 	}
-	rng := rand.New(rand.NewPCG(f.Seed, f.Seed^0x9e3779b97f4a7c15))
-	var fixed []netip.Addr
-	for i := 0; i < f.Distinct; i++ {
-		fixed = append(fixed, randomIn(rng, f.Sources[i%len(f.Sources)]))
-	}
+	rng := f.rng()
+	fixed := f.drawSources(rng)
 	var res FloodResult
 	start := time.Now()
 	deadline := start.Add(f.Duration)
@@ -192,10 +204,34 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 				}
 			}
 		}
-		time.Sleep(time.Millisecond)
+		f.sleepStep()
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
+}
+
+func (f Flood) sleepStep() {
+	switch {
+	case f.Step == 0:
+		time.Sleep(time.Millisecond)
+	case f.Step >= time.Millisecond:
+		time.Sleep(f.Step)
+	default:
+		ts := unix.NsecToTimespec(int64(f.Step))
+		unix.Nanosleep(&ts, nil) // EINTR: a shorter step, harmless
+	}
+}
+
+func (f Flood) rng() *rand.Rand { return rand.New(rand.NewPCG(f.Seed, f.Seed^0x9e3779b97f4a7c15)) }
+
+// drawSources draws the Distinct fixed addresses, source i from prefix
+// i mod len(Sources), so the addresses spread evenly over the prefixes.
+func (f Flood) drawSources(rng *rand.Rand) []netip.Addr {
+	var fixed []netip.Addr
+	for i := 0; i < f.Distinct; i++ {
+		fixed = append(fixed, randomIn(rng, f.Sources[i%len(f.Sources)]))
+	}
+	return fixed
 }
 
 func (f Flood) frame(src netip.Addr, sport uint16) []byte {

@@ -99,3 +99,23 @@ func TestFloodBounds(t *testing.T) {
 		t.Error("legit traffic without a duration accepted")
 	}
 }
+
+// TestFloodStepBounds: a pacing step under MinFloodStep or over a second
+// is refused; 0 is the default.
+func TestFloodStepBounds(t *testing.T) {
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	f := Flood{SrcMAC: mac, DstMAC: mac, Dst: netip.MustParseAddr("198.18.200.1"),
+		Sources: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}, Rate: 10, Count: 1, Duration: time.Second}
+	for _, step := range []time.Duration{0, MinFloodStep, 100 * time.Microsecond, time.Second} {
+		f.Step = step
+		if err := f.Validate(); err != nil {
+			t.Errorf("step %v: %v", step, err)
+		}
+	}
+	for _, step := range []time.Duration{-1, MinFloodStep - 1, time.Second + 1} {
+		f.Step = step
+		if err := f.Validate(); err == nil {
+			t.Errorf("step %v accepted", step)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
@@ -42,6 +43,15 @@ type LegitUDP struct {
 	Timeout time.Duration
 	// Progress, if set, counts requests and replies as they happen.
 	Progress *LegitProgress
+	// Burst > 1 makes the traffic bursty, the way a person's is (a page
+	// and its assets, then reading): requests leave in bursts of Burst
+	// back to back, and the gaps between bursts are drawn from an
+	// exponential distribution whose mean keeps the average at Rate per
+	// socket. So one second may carry several times Rate and the next
+	// nothing. Seed draws the gaps; each socket has its own stream, and
+	// its first burst comes at a random offset so sockets do not align.
+	Burst int
+	Seed  uint64
 }
 
 // LegitProgress counts requests and replies while a run goes on.
@@ -102,6 +112,9 @@ func (g LegitUDP) Run(ctx context.Context) (LegitResult, error) {
 	if err := checkLegitBounds(g.Rate, g.Count, g.Duration); err != nil {
 		return LegitResult{}, err
 	}
+	if g.Burst < 0 || g.Burst > 1000 {
+		return LegitResult{}, fmt.Errorf("legit burst %d: want 0 to 1000", g.Burst)
+	}
 	timeout := g.Timeout
 	if timeout == 0 {
 		timeout = time.Second
@@ -110,7 +123,7 @@ func (g LegitUDP) Run(ctx context.Context) (LegitResult, error) {
 	errs := make([]error, len(g.Conns))
 	var wg sync.WaitGroup
 	for i, c := range g.Conns {
-		wg.Go(func() { results[i], errs[i] = g.runOne(ctx, c, timeout) })
+		wg.Go(func() { results[i], errs[i] = g.runOne(ctx, c, timeout, uint64(i)) })
 	}
 	wg.Wait()
 	var total LegitResult
@@ -120,7 +133,7 @@ func (g LegitUDP) Run(ctx context.Context) (LegitResult, error) {
 	return total, errors.Join(errs...)
 }
 
-func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Duration) (LegitResult, error) {
+func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Duration, stream uint64) (LegitResult, error) {
 	var mu sync.Mutex
 	sentAt := map[uint64]time.Time{}
 	var res LegitResult
@@ -171,7 +184,14 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 	}()
 	msg := make([]byte, legitSize)
 	copy(msg, legitMagic)
-	paced(ctx, g.Rate, g.Count, g.Duration, func(i int) {
+	schedule := paced
+	if g.Burst > 1 {
+		rng := rand.New(rand.NewPCG(g.Seed, stream))
+		schedule = func(ctx context.Context, rate, count int, d time.Duration, send func(int)) {
+			bursty(ctx, rate, g.Burst, count, d, rng, send)
+		}
+	}
+	schedule(ctx, g.Rate, g.Count, g.Duration, func(i int) {
 		seq := uint64(i)
 		binary.BigEndian.PutUint64(msg[8:], seq)
 		mu.Lock()
@@ -388,5 +408,31 @@ func paced(ctx context.Context, rate, count int, duration time.Duration, send fu
 		case <-time.After(time.Until(next)):
 		}
 		send(seq)
+	}
+}
+
+// bursty calls send(seq) in bursts of burst calls back to back, the bursts
+// at exponentially distributed gaps of mean burst/rate seconds (the first
+// one after such a gap too), at most count times and never at or after
+// duration from now, until ctx ends.
+func bursty(ctx context.Context, rate, burst, count int, duration time.Duration, rng *rand.Rand, send func(seq int)) {
+	start := time.Now()
+	end := start.Add(duration)
+	mean := float64(time.Duration(burst) * time.Second / time.Duration(rate))
+	next := start.Add(time.Duration(rng.ExpFloat64() * mean))
+	for seq := 0; seq < count; {
+		if !next.Before(end) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(next)):
+		}
+		for k := 0; k < burst && seq < count; k++ {
+			send(seq)
+			seq++
+		}
+		next = next.Add(time.Duration(rng.ExpFloat64() * mean))
 	}
 }

@@ -33,6 +33,11 @@ type Options struct {
 	// Escalator, when set and Config.Escalation.Enabled, receives the
 	// sources to deny at the NIC.
 	Escalator Escalator
+	// Promoter, when set and Promotion.Enabled, receives the sources whose
+	// requests passed their route's limits, to mark them validated in the
+	// data plane (promote.go).
+	Promoter  Promoter
+	Promotion Promotion
 	// Registerer receives the proxy's metrics (nil: none registered).
 	Registerer prometheus.Registerer
 	// Transport carries requests to the upstream under the net-http engine
@@ -60,6 +65,7 @@ type Proxy struct {
 	upstream  *httputil.ReverseProxy
 	forward   http.Handler // the event loop's relay, else upstream
 	esc       *escalation
+	promo     *promotion
 	rc        *redis.Client
 	redisLims []*redislimit.Limiter
 	adaptive  []*shed.Limiter
@@ -209,6 +215,16 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			p.esc.run(p.ctx)
 		}()
 	}
+	if opts.Promotion.Enabled && opts.Promoter != nil {
+		if p.promo, err = newPromotion(opts.Promotion, p.clock, opts.Promoter, p.log); err != nil {
+			return nil, err
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.promo.run(p.ctx)
+		}()
+	}
 	for _, l := range p.adaptive {
 		p.wg.Add(1)
 		go func() {
@@ -222,6 +238,11 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		if err := reg.Register(p); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+		if p.promo != nil {
+			if err := reg.Register(p.promo); err != nil {
+				return nil, fmt.Errorf("proxy: register promotion metrics: %w", err)
+			}
 		}
 	}
 	ok = true
@@ -642,6 +663,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rt.mw.Respond(w, &lp, ext)
+	p.passed(r)
 	p.forward.ServeHTTP(w, r)
 }
 

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeguard/edgeguard/internal/asn"
+	"github.com/edgeguard/edgeguard/internal/control"
+)
+
+func newExplainCommand() *cobra.Command {
+	var q control.ExplainQuery
+	var output string
+	cmd := &cobra.Command{
+		Use:   "explain ADDR",
+		Short: "Say what the data plane would do with the next packet from an address, and why",
+		Long: `Explain reads the running data plane's maps and says what it would do with the next packet
+from ADDR: the deny or allow entry that covers it, its ASN and country, the rule it is charged
+to and where that rule came from (prefix, ASN, country, default or an L4 rule), every bucket
+on its path with what is available in it now, the source's standing, and the last drop
+samples the data plane sent for it. Nothing is charged or created.
+
+--proto, --sport and --dport describe the packet for the L4 rules (without --proto no L4
+rule matches); --len its size for byte limits.`,
+		Args: cobra.ExactArgs(1),
+	}
+	asJSON := addJSONFlag(cmd)
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVar(&q.Proto, "proto", "", "the packet's protocol: tcp, udp, icmp or icmpv6")
+	cmd.Flags().Uint16Var(&q.SPort, "sport", 0, "the packet's source port")
+	cmd.Flags().Uint16Var(&q.DPort, "dport", 0, "the packet's destination port (ICMP: the type)")
+	cmd.Flags().Uint32Var(&q.Len, "len", 64, "the frame's length in bytes")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ip, err := netip.ParseAddr(args[0])
+		if err != nil {
+			return usageError{fmt.Errorf("bad address %q: %w", args[0], err)}
+		}
+		if output != "table" && output != "json" {
+			return usageError{fmt.Errorf("bad --output %q: use table or json", output)}
+		}
+		q.IP = ip.String()
+		e, err := newClient(cmd).Explain(cmd.Context(), q)
+		if err != nil {
+			return err
+		}
+		if *asJSON || output == "json" {
+			return printJSON(cmd.OutOrStdout(), e)
+		}
+		printExplanation(cmd.OutOrStdout(), e)
+		return nil
+	}
+	return cmd
+}
+
+func printExplanation(out io.Writer, e control.Explanation) {
+	fmt.Fprintf(out, "%s: %s (%s)\n  %s\n\n", e.IP, e.Verdict, e.Reason, e.Why)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	if e.List != nil {
+		fmt.Fprintf(w, "list\t%s %s (%s", e.List.List, e.List.Prefix, e.List.Origin)
+		if e.List.Reason != "" {
+			fmt.Fprintf(w, ", %s", e.List.Reason)
+		}
+		if e.List.Expires != nil {
+			fmt.Fprintf(w, ", until %s", e.List.Expires.UTC().Format(time.RFC3339))
+		}
+		fmt.Fprintln(w, ")")
+	} else {
+		fmt.Fprintln(w, "list\tnone")
+	}
+	fmt.Fprintf(w, "asn\t%s\n", asnLine(e.ASN))
+	if e.Rule != nil {
+		from := e.Rule.From
+		if e.Rule.Match != "" {
+			from += " " + e.Rule.Match
+		}
+		fmt.Fprintf(w, "rule\t%s (id %d, from %s; %s, %s)\n", e.Rule.Name, e.Rule.ID, from, e.Rule.Action, e.Rule.Mode)
+	}
+	if s := e.Standing; s != nil {
+		line := s.Standing
+		if s.Since != nil {
+			line += " since " + s.Since.UTC().Format(time.RFC3339)
+		}
+		if s.Why != "" {
+			line += " (" + s.Why + ")"
+		}
+		fmt.Fprintf(w, "standing\t%s\n", line)
+	}
+	w.Flush()
+	if len(e.Buckets) > 0 {
+		fmt.Fprintln(out)
+		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "BUCKET\tKEY\tLIMIT\tAVAILABLE/BURST\tRESERVE\tADMITS")
+		for _, b := range e.Buckets {
+			key := b.Key
+			if !b.Exists && b.Kind != "global" && key != "whole" {
+				key += " (not in the table: full)"
+			}
+			for _, l := range []struct {
+				unit string
+				l    *control.ExplainLevel
+			}{{"packets", b.Packets}, {"bytes", b.Bytes}} {
+				if l.l == nil {
+					continue
+				}
+				rsv, admits := "-", yesNo(b.Admits)
+				if l.l.Reserve > 0 {
+					rsv = human(l.l.Reserve)
+				}
+				if b.ReserveRefuses {
+					admits = "no (reserve)"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s/%s %s\t%s\t%s\n", b.Kind, key, l.l.Limit, human(l.l.Available), human(l.l.Burst), l.unit, rsv, admits)
+			}
+		}
+		w.Flush()
+	}
+	fmt.Fprintln(out)
+	if len(e.Samples) == 0 {
+		fmt.Fprintln(out, "no drop samples of this address in the daemon's memory")
+		return
+	}
+	fmt.Fprintln(out, "last drop samples:")
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TIME\tACTION\tREASON\tRULE\tPROTO\tSPORT\tDPORT\tLEN")
+	for _, s := range e.Samples {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", s.Time.UTC().Format("15:04:05.000"), s.Action, s.Reason, s.Rule,
+			s.Proto, s.SPort, s.DPort, s.Len)
+	}
+	w.Flush()
+}
+
+func asnLine(a control.ExplainASN) string {
+	switch {
+	case !a.Data:
+		return "no ASN data loaded (the policy has no asn_data)"
+	case !a.Found:
+		return fmt.Sprintf("not in the ASN data (%d entries loaded)", a.Entries)
+	}
+	return fmt.Sprintf("AS%d %s (%s)", a.ASN, strings.TrimSpace(a.Country), a.Prefix)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func newASNCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "asn", Short: "Look up IP-to-ASN data", Args: cobra.NoArgs}
+	var data string
+	lookup := &cobra.Command{
+		Use:   "lookup IP",
+		Short: "Show the ASN, country and rule of an address",
+		Long: `Show the ASN, country and rule the running daemon gives an address (what 'edgectl explain'
+says of it, in short): an address a deny or allow entry covers is decided by the list, before
+any rule. With --data FILE it looks the address up in an iptoasn TSV (plain or gzip) or
+MaxMind .mmdb file instead, without a daemon.`,
+		Args: cobra.ExactArgs(1),
+	}
+	asJSON := addJSONFlag(lookup)
+	lookup.Flags().StringVar(&data, "data", "", "look up in this ASN data file instead of asking the daemon")
+	lookup.RunE = func(cmd *cobra.Command, args []string) error {
+		ip, err := netip.ParseAddr(args[0])
+		if err != nil {
+			return usageError{fmt.Errorf("bad address %q: %w", args[0], err)}
+		}
+		ip = ip.Unmap()
+		info := control.ASNInfo{IP: ip}
+		var e control.Explanation
+		if data != "" {
+			t, err := asn.Load(cmd.Context(), []string{data}, asn.Options{Progress: progressBar(cmd.ErrOrStderr(), "loading "+data)})
+			if err != nil {
+				return err
+			}
+			en, ok := t.Lookup(ip)
+			e.ASN = control.ExplainASN{Data: true, Entries: t.Len(), Found: ok}
+			if ok {
+				e.ASN.Prefix, e.ASN.ASN, e.ASN.Country = en.Prefix, en.ASN, asn.CountryString(en.Country)
+			}
+		} else {
+			if e, err = newClient(cmd).Explain(cmd.Context(), control.ExplainQuery{IP: ip.String()}); err != nil {
+				return err
+			}
+			if e.Rule != nil {
+				info.Rule = e.Rule.Name
+			}
+			if e.List != nil {
+				info.List = string(e.List.List)
+			}
+		}
+		info.Found, info.Prefix, info.ASN, info.Country = e.ASN.Found, e.ASN.Prefix, e.ASN.ASN, e.ASN.Country
+		if *asJSON {
+			return printJSON(cmd.OutOrStdout(), info)
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "%s: %s", ip, asnLine(e.ASN))
+		switch {
+		case e.List != nil:
+			fmt.Fprintf(cmd.OutOrStdout(), "; %s-listed by %s: no rule applies", e.List.List, e.List.Prefix)
+		case info.Rule != "":
+			fmt.Fprintf(cmd.OutOrStdout(), ", rule %s", info.Rule)
+		}
+		fmt.Fprintln(cmd.OutOrStdout())
+		return nil
+	}
+	cmd.AddCommand(lookup)
+	return cmd
+}

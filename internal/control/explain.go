@@ -1,0 +1,159 @@
+package control
+
+import (
+	"context"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// ExplainQuery is the packet `edgectl explain` asks about: a source
+// address and, optionally, the protocol, ports and length the L4 rules
+// and byte limits look at.
+type ExplainQuery struct {
+	IP    string
+	Proto string // tcp, udp, icmp, icmpv6; "" for none (no L4 rule matches)
+	SPort uint16
+	DPort uint16 // ICMP: the type
+	Len   uint32 // frame bytes; 0: 64
+}
+
+// Explanation is what the data plane would do with the next packet from
+// one address, and why, read from the live maps.
+type Explanation struct {
+	IP     netip.Addr    `json:"ip"`
+	Packet ExplainPacket `json:"packet"`
+	// Verdict is pass, drop or would_drop (dry-run); Reason the counter
+	// label it would be counted under (as in `edgectl stats`).
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason"`
+	// Why says it in one sentence.
+	Why string `json:"why"`
+	// Generation is the daemon's policy generation.
+	Generation uint64 `json:"generation"`
+	// List is the deny or allow entry that covers the address, if any.
+	List *ExplainList `json:"list,omitempty"`
+	ASN  ExplainASN   `json:"asn"`
+	// Rule is nil when the list decides (deny or allow) before any rule.
+	Rule *ExplainRule `json:"rule,omitempty"`
+	// Buckets on the packet's path, in the order the data plane charges
+	// them.
+	Buckets []ExplainBucket `json:"buckets"`
+	// Standing is the source's standing, when the data plane keeps one.
+	Standing *ExplainStanding `json:"standing,omitempty"`
+	// Samples are the last drop samples the data plane sent for this
+	// address (newest last), from the daemon's memory of the last ones.
+	Samples []ExplainSample `json:"samples"`
+}
+
+// ExplainPacket is the probe packet.
+type ExplainPacket struct {
+	Proto string `json:"proto,omitempty"`
+	SPort uint16 `json:"sport,omitempty"`
+	DPort uint16 `json:"dport,omitempty"`
+	Len   uint32 `json:"len"`
+}
+
+// ExplainList is the list entry that covers an address.
+type ExplainList struct {
+	List    ListKind     `json:"list"`   // deny or allow
+	Prefix  netip.Prefix `json:"prefix"` // the operator's entry
+	Origin  string       `json:"origin"` // policy, cli, l7
+	Reason  string       `json:"reason,omitempty"`
+	Expires *time.Time   `json:"expires,omitempty"`
+}
+
+// ExplainASN is what the ASN data says of the address.
+type ExplainASN struct {
+	// Data is false when the policy loads no ASN data; Entries is the
+	// table's size when it does.
+	Data    bool         `json:"data"`
+	Entries int          `json:"entries,omitempty"`
+	Found   bool         `json:"found"`
+	Prefix  netip.Prefix `json:"prefix,omitempty"`
+	ASN     uint32       `json:"asn,omitempty"`
+	Country string       `json:"country,omitempty"`
+	// DataPlaneASN is the ASN the data plane's prefix facts carry (what
+	// the per_asn bucket is keyed by; 0: none, the bucket is skipped).
+	DataPlaneASN uint32 `json:"dataplane_asn"`
+}
+
+// ExplainRule is the rule the packet is charged to and where it came from.
+type ExplainRule struct {
+	Name string `json:"name"`
+	ID   uint32 `json:"id"`
+	// From is prefix, asn, country, default or l4; Match says what
+	// matched ("198.51.100.0/24", "AS64500", "ZZ", "udp src port 53").
+	From   string `json:"from"`
+	Match  string `json:"match,omitempty"`
+	Action string `json:"action"` // limit, drop, pass
+	Mode   string `json:"mode"`   // enforce or dry-run, after inheritance
+}
+
+// ExplainBucket is one bucket on the path.
+type ExplainBucket struct {
+	Kind string `json:"kind"` // per_source, per_prefix, per_asn, global
+	Key  string `json:"key"`  // 198.51.100.7/32, 198.51.100.0/24, whole, AS64500, global
+	// Exists is false for a bucket the table does not hold yet: it reads
+	// as full.
+	Exists  bool          `json:"exists"`
+	Packets *ExplainLevel `json:"packets,omitempty"`
+	Bytes   *ExplainLevel `json:"bytes,omitempty"`
+	// Admits says whether the probe packet fits; ReserveRefuses that it
+	// would fit but the bucket is in its reserve band and the source is
+	// neither established nor validated.
+	Admits         bool `json:"admits"`
+	ReserveRefuses bool `json:"reserve_refuses,omitempty"`
+}
+
+// ExplainLevel is one dimension of a bucket: its limit as the policy
+// writes it, the burst tolerance and what is available now, in packets or
+// bytes (exact to a tick of the emission interval).
+type ExplainLevel struct {
+	Limit     string  `json:"limit"` // "200/s burst 400"
+	Burst     float64 `json:"burst"`
+	Available float64 `json:"available"`
+	// Reserve is the part of Burst only established and validated
+	// sources may use (0: no reserve).
+	Reserve float64 `json:"reserve,omitempty"`
+}
+
+// ExplainStanding is a source's standing.
+type ExplainStanding struct {
+	Standing string     `json:"standing"` // new, established, validated, penalised
+	Why      string     `json:"why,omitempty"`
+	Since    *time.Time `json:"since,omitempty"`
+	Tracked  bool       `json:"tracked"`
+}
+
+// ExplainSample is one drop sample of the address.
+type ExplainSample struct {
+	Time   time.Time `json:"time"`
+	Action string    `json:"action"`
+	Reason string    `json:"reason"`
+	Rule   string    `json:"rule"`
+	Proto  uint8     `json:"proto"`
+	SPort  uint16    `json:"sport"`
+	DPort  uint16    `json:"dport"`
+	Len    uint16    `json:"len"`
+}
+
+// Explain asks the daemon what it would do with q's packet.
+func (c *Client) Explain(ctx context.Context, q ExplainQuery) (Explanation, error) {
+	var e Explanation
+	v := url.Values{"ip": {q.IP}}
+	if q.Proto != "" {
+		v.Set("proto", q.Proto)
+	}
+	if q.SPort != 0 {
+		v.Set("sport", strconv.Itoa(int(q.SPort)))
+	}
+	if q.DPort != 0 {
+		v.Set("dport", strconv.Itoa(int(q.DPort)))
+	}
+	if q.Len != 0 {
+		v.Set("len", strconv.Itoa(int(q.Len)))
+	}
+	return e, c.do(ctx, "GET", "/v1/explain", v, nil, &e)
+}

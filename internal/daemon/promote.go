@@ -1,0 +1,43 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
+)
+
+// Promote implements proxy.Promoter: a source whose request passed its L7
+// route's limits completed a TCP handshake with this host, so its address
+// is not spoofed: the data plane's standing table marks it validated
+// (docs/operations.md, "L7 promotion"). A penalised source stays
+// penalised (its penalty decays on its own), and one already validated is
+// not written again. The proxy rate-limits the calls
+// (standing.l7_promotion.rate); no daemon lock is taken.
+func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error {
+	e, err := d.m.LookupStanding(src)
+	if err != nil {
+		return fmt.Errorf("promote %s: %w", src, err)
+	}
+	switch {
+	case e.Tracked && e.Standing == maps.StandingValidated:
+		return nil
+	case e.Tracked && e.Standing == maps.StandingPenalised:
+		d.log.Debug("l7 promotion of a penalised source skipped", "src", src, "reason", reason)
+		return nil
+	}
+	if err := d.m.SetStanding(src, maps.StandingValidated); err != nil {
+		return fmt.Errorf("promote %s: %w", src, err)
+	}
+	return nil
+}
+
+// promotion is the L7 stage's promotion setting from a compiled policy's
+// standing.l7_promotion.
+func promotion(c *policy.Compiled) proxy.Promotion {
+	lp := c.Standing.L7Promotion
+	return proxy.Promotion{Enabled: lp.Enabled, Rate: int64(lp.Rate.Count), Per: lp.Rate.Per}
+}

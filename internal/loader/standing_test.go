@@ -1,0 +1,109 @@
+package loader_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// TestStandingTable: the Go view of the standing table (SetStanding,
+// LookupStanding, known_good), at and past its bounds.
+func TestStandingTable(t *testing.T) {
+	sizes := smallSizes
+	sizes.StandingEntries = 4
+	td := newTestDatapath(t, sizes)
+	td.setClock(10 * time.Second)
+	g := defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64})
+	g.Standing = maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: time.Minute,
+		KnownGood: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")}}
+	td.apply(g)
+
+	a := netip.MustParseAddr("198.18.0.1")
+	e, err := td.m.LookupStanding(a)
+	if err != nil || e.Tracked || e.Standing != maps.StandingNew || e.Why != maps.WhyNone {
+		t.Fatalf("unknown source: %+v, %v", e, err)
+	}
+	if err := td.m.SetStanding(a, maps.StandingValidated); err != nil {
+		t.Fatal(err)
+	}
+	e, err = td.m.LookupStanding(netip.MustParseAddr("::ffff:198.18.0.1"))
+	if err != nil || !e.Tracked || e.Standing != maps.StandingValidated || e.Why != maps.WhyL7 || e.SinceNS != uint64(10*time.Second) ||
+		e.Addr != a {
+		t.Fatalf("after SetStanding validated: %+v, %v", e, err)
+	}
+	// IPv6 is keyed by its /64: another host of the /64 is the same source.
+	if err := td.m.SetStandingWhy(netip.MustParseAddr("fd00:1:2:3::1"), maps.StandingPenalised, maps.WhySet); err != nil {
+		t.Fatal(err)
+	}
+	e, err = td.m.LookupStanding(netip.MustParseAddr("fd00:1:2:3:ffff::9"))
+	if err != nil || e.Standing != maps.StandingPenalised || e.Addr != netip.MustParseAddr("fd00:1:2:3::") {
+		t.Fatalf("ipv6 /64: %+v, %v", e, err)
+	}
+	// Known good: established without an entry; an entry of its own wins.
+	kg := netip.MustParseAddr("198.51.100.77")
+	if e, err = td.m.LookupStanding(kg); err != nil || e.Standing != maps.StandingEstablished || !e.KnownGood || e.Tracked {
+		t.Fatalf("known good: %+v, %v", e, err)
+	}
+	if err := td.m.SetStanding(kg, maps.StandingPenalised); err != nil {
+		t.Fatal(err)
+	}
+	if e, err = td.m.LookupStanding(kg); err != nil || e.Standing != maps.StandingPenalised || e.KnownGood {
+		t.Fatalf("known good with own entry: %+v, %v", e, err)
+	}
+	if err := td.m.SetStanding(netip.MustParseAddr("198.18.0.4"), maps.StandingEstablished); err != nil {
+		t.Fatal(err)
+	}
+	// The table holds 4: the fifth is refused, and nobody is evicted.
+	err = td.m.SetStanding(netip.MustParseAddr("198.18.0.5"), maps.StandingEstablished)
+	if err == nil || !strings.Contains(err.Error(), "standing table full") {
+		t.Fatalf("fifth entry: %v", err)
+	}
+	all, err := td.m.Standings()
+	if err != nil || len(all) != 4 {
+		t.Fatalf("standings: %d entries, %v", len(all), err)
+	}
+	if err := td.m.SetStanding(a, maps.Standing(9)); err == nil {
+		t.Error("unknown standing accepted")
+	}
+	if err := td.m.SetStanding(netip.Addr{}, maps.StandingNew); err == nil {
+		t.Error("invalid address accepted")
+	}
+	if _, err := td.m.LookupStanding(netip.Addr{}); err == nil {
+		t.Error("invalid address looked up")
+	}
+	// A policy without known_good removes the prefixes.
+	g.Standing.KnownGood = nil
+	td.apply(g)
+	if e, err = td.m.LookupStanding(netip.MustParseAddr("2001:db8::1")); err != nil || e.Standing != maps.StandingNew {
+		t.Fatalf("known good removed: %+v, %v", e, err)
+	}
+	if err := td.m.DeleteStanding(a); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ = td.m.LookupStanding(a); e.Tracked {
+		t.Fatal("deleted entry still tracked")
+	}
+}
+
+// TestStandingSurvivesRestart: the standing table is pinned.
+func TestStandingSurvivesRestart(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	pin := "/sys/fs/bpf/eg-knowngood-test-" + strings.ReplaceAll(dir[len(dir)-8:], "/", "")
+	t.Cleanup(func() { loader.Unpin(pin) })
+	td := openPinnedTestDatapath(t, smallSizes, pin)
+	td.apply(defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64}))
+	a := netip.MustParseAddr("198.18.3.4")
+	if err := td.m.SetStanding(a, maps.StandingEstablished); err != nil {
+		t.Fatal(err)
+	}
+	td.d.Close()
+	td2 := openPinnedTestDatapath(t, smallSizes, pin)
+	if e, err := td2.m.LookupStanding(a); err != nil || e.Standing != maps.StandingEstablished {
+		t.Fatalf("after restart: %+v, %v", e, err)
+	}
+}

@@ -1,0 +1,191 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Bounds of the standing: durations.
+const (
+	minEstablishedAfter = time.Second
+	maxStandingDuration = 7 * 24 * time.Hour
+	// maxKnownGood is the known_good table's capacity in the data plane
+	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
+	maxKnownGood = 16384
+)
+
+// ParseReserve parses a reserve: "50%", "12.5%" or 0, to parts per million.
+// It must be below 100%.
+func ParseReserve(s string) (uint32, error) {
+	s = strings.TrimSpace(s)
+	if s == "0" {
+		return 0, nil
+	}
+	num, ok := strings.CutSuffix(s, "%")
+	if !ok {
+		return 0, fmt.Errorf("reserve %q: want a percentage of the burst like 50%% (or 0 to turn it off)", s)
+	}
+	whole, frac, _ := strings.Cut(num, ".")
+	if whole == "" || len(frac) > 4 || strings.ContainsAny(whole+frac, "+-") {
+		return 0, fmt.Errorf("reserve %q: want a percentage with at most 4 decimals, like 50%% or 12.5%%", s)
+	}
+	w, err := strconv.ParseUint(whole, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("reserve %q: want a percentage like 50%%", s)
+	}
+	var f uint64
+	if frac != "" {
+		if f, err = strconv.ParseUint(frac+strings.Repeat("0", 4-len(frac)), 10, 32); err != nil {
+			return 0, fmt.Errorf("reserve %q: want a percentage like 50%%", s)
+		}
+	}
+	if w >= 100 {
+		return 0, fmt.Errorf("reserve %q must be below 100%%: new sources need some of the burst", s)
+	}
+	return uint32(w*10_000 + f), nil
+}
+
+// FormatReserve is ParseReserve's inverse.
+func FormatReserve(ppm uint32) string {
+	if ppm == 0 {
+		return "0"
+	}
+	s := strconv.FormatFloat(float64(ppm)/10_000, 'f', -1, 64)
+	return s + "%"
+}
+
+func (ps *parser) reserve(n *yaml.Node, where string) uint32 {
+	s, ok := ps.Scalar(n, where)
+	if !ok {
+		return DefaultReserve
+	}
+	r, err := ParseReserve(s)
+	if err != nil {
+		ps.Errorf(n, "%s: %v", where, err)
+		return DefaultReserve
+	}
+	return r
+}
+
+// checkReserve reports a reserve that leaves new sources less than one
+// packet (or one 1,500-byte packet's bytes) of a bucket's burst: they could
+// never be admitted. A reserve is a depth of the burst tolerance, so it must
+// be smaller than the burst.
+func (ps *parser) checkReserve(n *yaml.Node, where string, b Bucket, ppm uint32) {
+	if ppm == 0 {
+		return
+	}
+	left := func(burst uint64) uint64 { return burst - (burst*uint64(ppm)+999_999)/1_000_000 }
+	if b.Packets.IsSet() && left(b.Packets.Burst) < 1 {
+		ps.Errorf(n, "%s: reserve %s of a burst of %d packets leaves new sources no packet; lower the reserve or raise the burst",
+			where, FormatReserve(ppm), b.Packets.Burst)
+	}
+	if b.Bytes.IsSet() && left(b.Bytes.Burst) < 1500 {
+		ps.Errorf(n, "%s: reserve %s of a burst of %d bytes leaves new sources less than one 1,500-byte packet; lower the reserve or raise the burst",
+			where, FormatReserve(ppm), b.Bytes.Burst)
+	}
+}
+
+func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration) time.Duration {
+	s, ok := ps.Scalar(n, where)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		ps.Errorf(n, "%s %q: want a duration like 30s or 5m", where, s)
+		return def
+	}
+	if d < lo || d > hi {
+		ps.Errorf(n, "%s %s: must be between %s and %s", where, s, lo, hi)
+		return def
+	}
+	return d
+}
+
+func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
+	out := base
+	f := ps.Fields(n, "standing", "established_after", "penalty", "known_good", "l7_promotion")
+	if v, ok := f["established_after"]; ok {
+		out.EstablishedAfter = ps.duration(v, "standing.established_after", minEstablishedAfter, maxStandingDuration, base.EstablishedAfter)
+	}
+	if v, ok := f["penalty"]; ok {
+		out.Penalty = ps.duration(v, "standing.penalty", time.Second, maxStandingDuration, base.Penalty)
+	}
+	if v, ok := f["known_good"]; ok {
+		out.KnownGood = ps.knownGood(v)
+	}
+	if v, ok := f["l7_promotion"]; ok {
+		pf := ps.Fields(v, "standing.l7_promotion", "enabled", "rate")
+		if e, ok := pf["enabled"]; ok {
+			switch s, _ := ps.Scalar(e, "standing.l7_promotion.enabled"); s {
+			case "true":
+				out.L7Promotion.Enabled = true
+			case "false":
+				out.L7Promotion.Enabled = false
+			default:
+				ps.Errorf(e, "standing.l7_promotion.enabled %q: want true or false", s)
+			}
+		}
+		if r, ok := pf["rate"]; ok {
+			if s, ok := ps.Scalar(r, "standing.l7_promotion.rate"); ok {
+				rate, unit, err := ParseRate(s)
+				switch {
+				case err != nil:
+					ps.Errorf(r, "standing.l7_promotion.rate: %v", err)
+				case unit != Packets:
+					ps.Errorf(r, "standing.l7_promotion.rate %q: want promotions per time, like 100/s", s)
+				case rate.Count == 0:
+					ps.Errorf(r, "standing.l7_promotion.rate must be above 0 (enabled: false turns promotion off)")
+				default:
+					out.L7Promotion.Rate = rate
+				}
+			}
+		}
+	}
+	return out
+}
+
+// knownGood parses standing.known_good: CIDRs, and {file: PATH} entries
+// naming files of one CIDR per line (# comments).
+func (ps *parser) knownGood(n *yaml.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, item := range ps.Seq(n, "standing.known_good") {
+		if item.Kind == yaml.MappingNode {
+			f := ps.Fields(item, "standing.known_good entry", "file")
+			file, ok := f["file"]
+			if !ok {
+				if f != nil {
+					ps.Errorf(item, "standing.known_good entry needs file: PATH (or write a CIDR)")
+				}
+				continue
+			}
+			for _, e := range ps.listFile(file, "standing.known_good") {
+				out = append(out, e.Prefix)
+			}
+			continue
+		}
+		s, ok := ps.Scalar(item, "standing.known_good entry")
+		if !ok {
+			continue
+		}
+		p, err := ParsePrefix(s)
+		if err != nil {
+			ps.Errorf(item, "standing.known_good: %v", err)
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, compareOutput)
+	out = slices.Compact(out)
+	if len(out) > maxKnownGood {
+		ps.Errorf(n, "standing.known_good has %d prefixes; the data plane holds at most %d (aggregate them into shorter prefixes)", len(out), maxKnownGood)
+	}
+	return out
+}

@@ -1,0 +1,121 @@
+package policy
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func parseStanding(t *testing.T, body string, files map[string]string) (*Policy, error) {
+	t.Helper()
+	read := func(name string) ([]byte, error) {
+		if s, ok := files[name]; ok {
+			return []byte(s), nil
+		}
+		return nil, errors.New("no such file")
+	}
+	return Parse("p.yaml", []byte("apiVersion: edgeguard/v1\n"+body), read)
+}
+
+func TestStandingDefaults(t *testing.T) {
+	p, err := parseStanding(t, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Standing.EstablishedAfter != 30*time.Second || p.Standing.Penalty != 5*time.Minute || p.Standing.L7Promotion.Enabled ||
+		p.Standing.L7Promotion.Rate != (Rate{Count: 100, Per: time.Second}) {
+		t.Errorf("standing defaults: %+v", p.Standing)
+	}
+	if p.GlobalReserve != DefaultReserve || p.Defaults.Reserve != DefaultReserve {
+		t.Errorf("reserve defaults: global %d, defaults %d", p.GlobalReserve, p.Defaults.Reserve)
+	}
+}
+
+func TestStandingFields(t *testing.T) {
+	p, err := parseStanding(t, `
+global: {packets: 3000/s, reserve: 12.5%}
+defaults:
+  reserve: 40%
+  per_prefix: {packets: 1000/s, group: {ipv4: 24, ipv6: 48}}
+standing:
+  established_after: 45s
+  penalty: 10m
+  known_good: [198.51.100.0/24, {file: kg.txt}, 198.51.100.0/24]
+  l7_promotion: {enabled: true, rate: 20/s}
+rules:
+  - name: a
+    match: {prefixes: [203.0.113.0/24]}
+    reserve: 0
+  - name: b
+    match: {prefixes: [192.0.2.0/24]}
+`, map[string]string{"kg.txt": "# customers\n2001:db8::/32\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.GlobalReserve != 125_000 || p.Defaults.Reserve != 400_000 || p.Rules[0].Limits.Reserve != 0 || p.Rules[1].Limits.Reserve != 400_000 {
+		t.Errorf("reserves: global %d defaults %d a %d b %d", p.GlobalReserve, p.Defaults.Reserve, p.Rules[0].Limits.Reserve, p.Rules[1].Limits.Reserve)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+	if len(p.Standing.KnownGood) != 2 || p.Standing.KnownGood[0] != want[0] || p.Standing.KnownGood[1] != want[1] {
+		t.Errorf("known_good %v, want %v", p.Standing.KnownGood, want)
+	}
+	if p.Standing.EstablishedAfter != 45*time.Second || p.Standing.Penalty != 10*time.Minute ||
+		!p.Standing.L7Promotion.Enabled || p.Standing.L7Promotion.Rate.Count != 20 {
+		t.Errorf("standing: %+v", p.Standing)
+	}
+	c, err := Compile(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.GlobalReserve != 125_000 || c.Rules[0].Reserve != 400_000 || c.Rules[1].Reserve != 0 || c.Standing.EstablishedAfter != 45*time.Second {
+		t.Errorf("compiled: global %d, rules %d %d, standing %+v", c.GlobalReserve, c.Rules[0].Reserve, c.Rules[1].Reserve, c.Standing)
+	}
+}
+
+func TestStandingRejects(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"global: {packets: 10/s, reserve: 100%}", "must be below 100%"},
+		{"global: {packets: 10/s, reserve: 150%}", "must be below 100%"},
+		{"global: {packets: 10/s, reserve: -5%}", "percentage"},
+		{"global: {packets: 10/s, reserve: 50}", "percentage of the burst"},
+		{"global: {packets: 10/s, reserve: 1.23456%}", "at most 4 decimals"},
+		{"global: {packets: {rate: 10/s, burst: 1}, reserve: 1%}", "leaves new sources no packet"},
+		{"global: {packets: {rate: 10/s, burst: 2}, reserve: 50%}", ""},
+		{"global: {packets: {rate: 10/s, burst: 2}, reserve: 50.01%}", "leaves new sources no packet"},
+		{"global: {bytes: {rate: 1MB/s, burst: 2000}, reserve: 50%}", "1,500-byte"},
+		{"defaults: {reserve: 99.9999%, per_asn: {packets: {rate: 100/s, burst: 100}}}", "no packet"},
+		{"standing: {established_after: 0s}", "between"},
+		{"standing: {established_after: 8d}", "want a duration"},
+		{"standing: {established_after: 200h}", "between"},
+		{"standing: {penalty: soon}", "want a duration"},
+		{"standing: {known_good: [10.0.0.1/8]}", "host bits"},
+		{"standing: {known_good: [{file: missing.txt}]}", "missing.txt"},
+		{"standing: {known_good: [{path: x}]}", "unknown field"},
+		{"standing: {l7_promotion: {enabled: yes}}", "want true or false"},
+		{"standing: {l7_promotion: {rate: 1Mbit/s}}", "promotions per time"},
+		{"standing: {colour: red}", "unknown field"},
+		{"rules: [{name: d, action: drop, match: {prefixes: [192.0.2.0/24]}, reserve: 10%}]", "only applies with action: limit"},
+	} {
+		_, err := parseStanding(t, tc.body, nil)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.body, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: got %v, want an error containing %q", tc.body, err, tc.want)
+		}
+	}
+}
+
+func TestReserveRoundTrip(t *testing.T) {
+	for _, s := range []string{"0", "50%", "12.5%", "0.0001%", "99.9999%"} {
+		r, err := ParseReserve(s)
+		if err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+		if got := FormatReserve(r); got != s {
+			t.Errorf("%s -> %d -> %s", s, r, got)
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package netns_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/testbed"
+)
+
+// promotePolicy: an L7 stage on every edge address, one route with one
+// request a minute for everyone (so the second request is a 429 whoever
+// sends it), and standing.l7_promotion as %s. A reload that changes the
+// promotion builds a new proxy, whose limits start afresh.
+const promotePolicy = `defaults:
+  per_source: {packets: {rate: 10000/s, burst: 10000}}
+standing:
+  l7_promotion: %s
+l7:
+  listen: 0.0.0.0:8080
+  upstream: http://%s
+  routes:
+    - name: api
+      match: {path_prefix: /}
+      limits:
+        - {name: everyone, key: global, rate: 1/min, burst: 1}
+`
+
+// TestL7Promotion: with standing.l7_promotion enabled, a client whose HTTP
+// request passes its route's limits is marked validated in the data
+// plane's standing table (edgectl explain shows it, reason l7_promotion);
+// while it is off nobody is, and turning it on is a policy reload.
+func TestL7Promotion(t *testing.T) {
+	s := newScenario(t, 2)
+	// The upstream: a plain HTTP server inside the edge namespace.
+	var upLn net.Listener
+	if err := s.lab.Star.Edge.Do(func() (err error) {
+		upLn, err = net.Listen("tcp", netip.AddrPortFrom(s.lab.Legit[0].EdgeAddr4, 9200).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
+	go up.Serve(upLn)
+	t.Cleanup(func() { up.Close() })
+
+	s.start(fmt.Sprintf(promotePolicy, "{enabled: false}", upLn.Addr()))
+	get := func(c *testbed.Client, src netip.Addr) int {
+		t.Helper()
+		tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := c.NS.Do(func() (err error) {
+				d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}
+				conn, err = d.DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		}}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Get("http://" + netip.AddrPortFrom(c.EdgeAddr4, 8080).String() + "/")
+		if err != nil {
+			t.Fatalf("GET from %s: %v", src, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	standing := func(a netip.Addr) (string, string) {
+		t.Helper()
+		e := s.explain(a.String())
+		if e.Standing == nil {
+			t.Fatalf("explain %s: no standing", a)
+		}
+		return e.Standing.Standing, e.Standing.Why
+	}
+	waitStanding := func(a netip.Addr, want string) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, why := standing(a)
+			if st == want || time.Now().After(deadline) {
+				if st != want {
+					t.Errorf("%s: standing %s (%s), want %s\n%s", a, st, why, want, s.lab.Daemon.Logs())
+				}
+				return why
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	// Off: a passing request changes nothing.
+	c0, c1 := s.lab.Legit[0], s.lab.Legit[1]
+	if code := get(c0, c0.Src4); code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	time.Sleep(500 * time.Millisecond) // a promotion, were one sent, takes a few ms
+	if st, _ := standing(c0.Src4); st != "new" {
+		t.Errorf("promotion off: %s is %s after a request, want new", c0.Src4, st)
+	}
+
+	// On, by a reload: the next passing request validates its source.
+	s.policy(fmt.Sprintf(promotePolicy, "{enabled: true, rate: 100/s}", upLn.Addr()))
+	s.waitGeneration(2)
+	if code := get(c1, c1.Src4); code != 200 {
+		t.Fatalf("request after the reload: %d", code)
+	}
+	if why := waitStanding(c1.Src4, "validated"); why != "l7_promotion" {
+		t.Errorf("%s validated for %q, want l7_promotion", c1.Src4, why)
+	}
+	// A request the route refuses (429: c1's request used the minute's
+	// one) promotes nothing.
+	if code := get(c0, c0.Src4); code != 429 {
+		t.Fatalf("second request from %s: %d, want 429", c0.Src4, code)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if st, _ := standing(c0.Src4); st != "new" {
+		t.Errorf("a 429 promoted %s to %s", c0.Src4, st)
+	}
+	// An address that made no request stays new.
+	if st, _ := standing(c1.Alt4); st != "new" {
+		t.Errorf("%s made no request and is %s", c1.Alt4, st)
+	}
+	report(t, "l7 promotion: %s validated after one request; a 429 and promotion off left sources new", c1.Src4)
+}
