@@ -35,3 +35,6 @@ lint: ## go vet and gofmt.
 DEB_OUT ?= .
 deb: ## Build the Debian package edgeguard_<version>_amd64.deb into DEB_OUT (default: here; docs/operations.md).
 	bash packaging/deb/build.sh $(DEB_OUT)
+
+kernel-matrix: ## Boot Debian's 6.1 and 6.12 kernels in QEMU and run the verifier, loader and netns tests in each (root; docs/operations.md).
+	bash scripts/kernel-matrix.sh --update-docs
