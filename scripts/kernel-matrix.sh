@@ -98,6 +98,11 @@ mkdir -p "$CACHE/debs"
 apt_opts=()
 apt_private() {
 	local d=$CACHE/apt
+	if [[ ! -e /usr/share/keyrings/debian-archive-keyring.gpg ]]; then
+		# Ubuntu has Debian's keys as a package too.
+		[[ $(id -u) -eq 0 ]] || { log "missing Debian's archive keys: apt-get install debian-archive-keyring"; exit 1; }
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debian-archive-keyring >/dev/null
+	fi
 	mkdir -p "$d/lists/partial" "$d/archives/partial" "$d/etc/preferences.d"
 	cat >"$d/etc/sources.list" <<-EOF
 		deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
