@@ -8,10 +8,10 @@ export BPF_CLANG := $(CLANG)
 export BPF_STRIP := $(STRIP)
 export BPF_CFLAGS := $(CFLAGS)
 
-.PHONY: help generate build test bench lint demo
+.PHONY: help generate build test bench lint demo deb kernel-matrix
 
 help: ## Show this help.
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 generate: ## Compile the BPF program and regenerate the Go bindings (needs clang-19).
 	go generate ./...
@@ -31,3 +31,10 @@ demo: ## Run the distributed-flood demo in private network namespaces (root).
 lint: ## go vet and gofmt.
 	go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+DEB_OUT ?= .
+deb: ## Build the Debian package edgeguard_<version>_amd64.deb into DEB_OUT (default: here; docs/operations.md).
+	bash packaging/deb/build.sh $(DEB_OUT)
+
+kernel-matrix: ## Boot Debian's 6.1 and 6.12 kernels in QEMU and run the verifier, loader and netns tests in each (root; docs/operations.md).
+	bash scripts/kernel-matrix.sh --update-docs

@@ -31,9 +31,19 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "bench/flood.sh: needs root (namespaces, XDP, nft, iptables)" >&2
 	exit 1
 fi
-for cmd in ip nft iptables-restore ethtool sysctl timeout go; do
-	command -v "$cmd" >/dev/null || { echo "bench/flood.sh: missing $cmd" >&2; exit 1; }
+# What this benchmark runs, and the Debian package that has it; all of
+# them but Go are installed by scripts/install-deps.sh.
+missing=()
+for need in ip:iproute2 nft:nftables iptables-restore:iptables ethtool:ethtool \
+	sysctl:procps timeout:coreutils go:; do
+	cmd=${need%%:*} pkg=${need#*:}
+	command -v "$cmd" >/dev/null || [[ -x /usr/sbin/$cmd ]] || missing+=("$cmd${pkg:+ (package $pkg)}")
 done
+if ((${#missing[@]})); then
+	echo "bench/flood.sh: missing ${missing[*]}" >&2
+	echo "bench/flood.sh: 'sudo scripts/install-deps.sh' installs them (Go 1.26 itself: see the README)" >&2
+	exit 1
+fi
 
 prefix="eg-flood-$$"
 bin=$(mktemp -d)

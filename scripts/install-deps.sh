@@ -22,6 +22,9 @@ needs=(
   "iptables:iptables"
   "wrk:wrk"
   "nginx:nginx"
+  "ethtool:ethtool"
+  "timeout:coreutils"
+  "sysctl:procps"
 )
 
 missing=()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,8 +35,20 @@ type Daemon struct {
 	waitErr chan error
 }
 
-// Start runs the daemon and waits up to 20 s for its control socket to
-// answer.
+// timeScale stretches the daemon's start, stop and command deadlines by
+// EDGEGUARD_TEST_TIME_SCALE (a whole factor, default 1): under an emulated
+// CPU (scripts/kernel-matrix.sh runs the tests under QEMU's TCG) the
+// daemon needs many times longer to load and attach. The tests'
+// assertions on counters do not change.
+func timeScale(d time.Duration) time.Duration {
+	if n, err := strconv.Atoi(os.Getenv("EDGEGUARD_TEST_TIME_SCALE")); err == nil && n > 1 {
+		return d * time.Duration(n)
+	}
+	return d
+}
+
+// Start runs the daemon and waits up to 20 s (times
+// EDGEGUARD_TEST_TIME_SCALE) for its control socket to answer.
 func (d *Daemon) Start(ctx context.Context) error {
 	args := append([]string{"--net=" + d.NS.Path(), d.Bin, "run",
 		"--config", d.Config, "--pin-dir", d.PinDir, "--socket", d.Socket, "--interval", "0"}, d.Args...)
@@ -50,7 +63,8 @@ func (d *Daemon) Start(ctx context.Context) error {
 	}
 	d.waitErr = make(chan error, 1)
 	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(d.cmd, d.waitErr)
-	deadline := time.Now().Add(20 * time.Second)
+	wait := timeScale(20 * time.Second)
+	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
 		if _, err := d.Ctl(ctx, "status", "--json"); err == nil {
 			return nil
@@ -66,7 +80,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}
 	}
 	d.Kill()
-	return fmt.Errorf("daemon socket did not come up within 20s\n%s", d.Logs())
+	return fmt.Errorf("daemon socket did not come up within %v\n%s", wait, d.Logs())
 }
 
 // Running reports whether the daemon process is running.
@@ -82,9 +96,9 @@ func (d *Daemon) Stop(sig syscall.Signal) error {
 	case <-d.waitErr:
 		d.cmd = nil
 		return nil
-	case <-time.After(15 * time.Second):
+	case <-time.After(timeScale(15 * time.Second)):
 		d.Kill()
-		return fmt.Errorf("daemon did not stop within 15s of %v", sig)
+		return fmt.Errorf("daemon did not stop within %v of %v", timeScale(15*time.Second), sig)
 	}
 }
 
@@ -110,7 +124,7 @@ func (d *Daemon) Logs() string { return d.logs.String() }
 // Ctl runs the real CLI against the daemon's socket.
 func (d *Daemon) Ctl(ctx context.Context, args ...string) ([]byte, error) {
 	args = append(args, "--socket", d.Socket)
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, timeScale(30*time.Second))
 	defer cancel()
 	out, err := exec.CommandContext(ctx, d.Bin, args...).CombinedOutput()
 	if err != nil {

@@ -14,6 +14,11 @@ import (
 var edgectlDir string
 
 var buildEdgectlOnce = sync.OnceValues(func() (string, error) {
+	// EDGECTL_BIN names a prebuilt edgectl, for machines without a Go
+	// toolchain (scripts/kernel-matrix.sh runs this binary in a VM).
+	if bin := os.Getenv("EDGECTL_BIN"); bin != "" {
+		return bin, nil
+	}
 	bin := filepath.Join(edgectlDir, "edgectl")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/edgeguard/edgeguard/cmd/edgectl").CombinedOutput()
 	if err != nil {
