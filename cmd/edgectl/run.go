@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -14,6 +13,9 @@ import (
 	"github.com/edgeguard/edgeguard/internal/daemon"
 	"github.com/edgeguard/edgeguard/internal/loader"
 )
+
+// defaultStateDir is systemd's StateDirectory=edgeguard.
+const defaultStateDir = "/var/lib/edgeguard"
 
 func newRunCommand() *cobra.Command {
 	var (
@@ -25,6 +27,7 @@ func newRunCommand() *cobra.Command {
 		keep     bool
 		interval time.Duration
 		v4Chunks uint32
+		stateDir string
 	)
 	cmd := &cobra.Command{
 		Use:   "run [--config FILE] [--iface IFACE ...]",
@@ -51,10 +54,6 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 				return err
 			}
 			socket, _ := cmd.Flags().GetString("socket")
-			stateDir := ""
-			if socket != "" {
-				stateDir = filepath.Dir(socket)
-			}
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
@@ -88,6 +87,8 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 	cmd.Flags().StringVar(&mode, "xdp-mode", "auto", "xdp attach mode for --iface: auto (native, else generic), native or generic")
 	cmd.Flags().StringVar(&pinDir, "pin-dir", loader.DefaultPinDir, "bpffs directory for pinned maps and links")
 	cmd.Flags().StringVar(&metrics, "metrics-listen", "", `metrics address, overriding the policy's ("off" disables)`)
+	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir,
+		"durable state: run-time list entries and the policy applied with 'edgectl policy apply' (\"\": in memory only)")
 	cmd.Flags().BoolVar(&keep, "keep", false, "on stop, keep the program attached and enforcing (pinned)")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between counter lines (0: none)")
 	cmd.Flags().Uint32Var(&v4Chunks, "ipv4-direct-chunks", 0,

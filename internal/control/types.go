@@ -18,19 +18,28 @@ type Error struct {
 
 // Status describes the running daemon.
 type Status struct {
-	Version    string      `json:"version"`
-	Policy     string      `json:"policy"` // file path or built-in name
-	Generation uint64      `json:"generation"`
-	DataGen    uint32      `json:"dataplane_generation"` // 0 or 1: the live half
-	LastReload ReloadInfo  `json:"last_reload"`
-	Mode       string      `json:"mode"`
-	Clock      string      `json:"clock"` // the policy's clock: precise or coarse
-	Interfaces []Interface `json:"interfaces"`
-	ProgramID  uint32      `json:"program_id"`
-	Maps       []MapInfo   `json:"maps"`
-	PinDir     string      `json:"pin_dir"`
-	ASNEntries int         `json:"asn_entries"`
-	IPv4Direct IPv4Direct  `json:"ipv4_direct_table"`
+	Version string `json:"version"`
+	Policy  string `json:"policy"` // file path or built-in name
+	// PolicyOrigin says why that policy runs: the config file, the
+	// built-in one, or one applied with 'edgectl policy apply'.
+	PolicyOrigin string      `json:"policy_origin,omitempty"`
+	Generation   uint64      `json:"generation"`
+	DataGen      uint32      `json:"dataplane_generation"` // 0 or 1: the live half
+	LastReload   ReloadInfo  `json:"last_reload"`
+	Mode         string      `json:"mode"`
+	Clock        string      `json:"clock"` // the policy's clock: precise or coarse
+	Interfaces   []Interface `json:"interfaces"`
+	ProgramID    uint32      `json:"program_id"`
+	Maps         []MapInfo   `json:"maps"`
+	PinDir       string      `json:"pin_dir"`
+	ASNEntries   int         `json:"asn_entries"`
+	IPv4Direct   IPv4Direct  `json:"ipv4_direct_table"`
+	StateDir     string      `json:"state_dir,omitempty"`
+	// Started is when the daemon started; UptimeSeconds is since then.
+	Started       time.Time `json:"started,omitzero"`
+	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
+	MetricsAddr   string    `json:"metrics_addr,omitempty"` // "" when metrics are off
+	L7            string    `json:"l7,omitempty"`           // "off" or "listening on ADDR"
 }
 
 // IPv4Direct says how the active policy generation looks IPv4 sources up:
@@ -159,6 +168,8 @@ type PolicyDoc struct {
 // PolicyChange is the answer to a diff or an apply.
 type PolicyChange struct {
 	Diff       string `json:"diff"`
+	Changes    int    `json:"changes"` // lines of Diff; 0: the policy is the running one
+	Warning    string `json:"warning,omitempty"`
 	Applied    bool   `json:"applied"`
 	Generation uint64 `json:"generation"`
 }

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -12,17 +10,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// metricsListen is where /metrics is served: the flag, else the policy.
-func (d *Daemon) metricsListen() string {
+// metricsAddr is where /metrics is served for policy next: the flag,
+// else the policy's metrics.listen (read at start only).
+func (d *Daemon) metricsAddr(next running) string {
 	if d.opts.MetricsListen != "" {
 		if d.opts.MetricsListen == "off" {
 			return ""
 		}
 		return d.opts.MetricsListen
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.cur.pol.Metrics.Listen
+	return next.pol.Metrics.Listen
 }
 
 // newRegistry makes the daemon's one metrics registry: Go runtime, process,
@@ -36,13 +33,9 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 }
 
 func (d *Daemon) serveMetrics(ctx context.Context) error {
-	addr := d.metricsListen()
-	if addr == "" {
+	ln := d.metricsLn
+	if ln == nil {
 		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("metrics listen on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))

@@ -55,26 +55,40 @@ func loadedDaemon(t *testing.T, o Options, policy string) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err := d.loadDatapath(next); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.dp.Close() })
+	if err := d.commitData(next); err != nil {
+		t.Fatal(err)
+	}
 	return d
+}
+
+// commitData is the data-plane half of apply (a generation and the lists,
+// no interfaces and no L7 stage), as the tests without interfaces need.
+func (d *Daemon) commitData(next running) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.m.Apply(Generation(next.compiled)); err != nil {
+		return err
+	}
+	d.cur = next
+	d.generation++
+	return d.syncLists()
 }
 
 // applyPolicy applies a new policy as a reload does, without touching
 // attachments.
 func (d *Daemon) applyPolicy(t *testing.T, policy string) error {
 	t.Helper()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.changeMu.Lock()
+	defer d.changeMu.Unlock()
 	next, err := d.prepare(context.Background(), []byte(policy), "p.yaml")
 	if err != nil {
 		return err
 	}
-	return d.commit(next, "api")
+	return d.commitData(next)
 }
 
 // v4Gauges are the IPv4 direct table's metrics in one gather of the

@@ -1,0 +1,336 @@
+package netns_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/testbed"
+	"github.com/edgeguard/edgeguard/test/netns"
+)
+
+// The control-plane tests: what a failed start, a failed apply and a
+// second daemon must leave alone. Each runs the real daemon in a private
+// namespace with its own pin directory.
+
+// secondDaemon is another daemon on the harness's namespace and config,
+// with its own socket and state directory, and the pin directory given.
+func secondDaemon(t *testing.T, h *daemonHarness, pinDir string, args ...string) *testbed.Daemon {
+	dir := t.TempDir()
+	d := &testbed.Daemon{Bin: h.Bin, NS: h.NS, Config: h.Config, PinDir: pinDir,
+		Socket: filepath.Join(dir, "run", "edgeguard.sock"), Args: args}
+	t.Cleanup(func() {
+		d.Kill()
+		if pinDir != h.PinDir {
+			os.RemoveAll(pinDir)
+		}
+	})
+	return d
+}
+
+func pinsPresent(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() {
+			out = append(out, strings.TrimPrefix(path, dir+"/"))
+		}
+		return nil
+	})
+	return out
+}
+
+// TestSecondDaemonOnSamePinsTouchesNothing: a daemon with its own socket
+// and state directory but the pin directory of a running one refuses to
+// start, and the first keeps its links, pins and enforcement.
+func TestSecondDaemonOnSamePinsTouchesNothing(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
+		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	h.start()
+	st := h.status()
+	prog := attachedProgID(t, s.Edge, "eg-c0")
+	if prog == 0 || prog != st.ProgramID {
+		t.Fatalf("eg-c0 carries program %d, daemon reports %d", prog, st.ProgramID)
+	}
+	pins := pinsPresent(t, h.PinDir)
+
+	second := secondDaemon(t, h, h.PinDir, "--metrics-listen", "127.0.0.1:19470")
+	err := second.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "another edgectl run holds "+h.PinDir) {
+		t.Fatalf("second daemon on the same pin dir: %v; want a refusal naming the pin dir lock", err)
+	}
+	if got := attachedProgID(t, s.Edge, "eg-c0"); got != prog {
+		t.Errorf("after the refused start eg-c0 carries program %d, want %d", got, prog)
+	}
+	if got := pinsPresent(t, h.PinDir); !slicesEqual(got, pins) {
+		t.Errorf("pins after the refused start: %v, want %v", got, pins)
+	}
+	if st := h.status(); len(st.Interfaces) != 1 || st.Generation != 1 {
+		t.Errorf("first daemon after the refused start: %+v", st)
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+func slicesEqual(a, b []string) bool {
+	return strings.Join(a, "\n") == strings.Join(b, "\n")
+}
+
+// TestFailedStartRemovesOnlyWhatItMade: a start that fails after loading
+// (an interface that does not exist, a taken metrics port) leaves no pinned
+// maps of its own behind, and never detaches or unpins what an earlier
+// run left enforcing with --keep.
+func TestFailedStartRemovesOnlyWhatItMade(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+
+	// Fresh pins, an interface that does not exist: nothing stays.
+	missing := strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000), "eg-c1", "eg-gone9", 1)
+	os.WriteFile(h.Config, []byte(missing), 0o644)
+	if err := h.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "eg-gone9") {
+		t.Fatalf("start with a missing interface: %v; want an error naming it", err)
+	}
+	if _, err := os.Stat(h.PinDir); !os.IsNotExist(err) {
+		t.Errorf("failed start left its pins behind: %v %v", err, pinsPresent(t, h.PinDir))
+	}
+	if got := attachedProgID(t, s.Edge, "eg-c0"); got != 0 {
+		t.Errorf("failed start left program %d attached to eg-c0", got)
+	}
+
+	// A daemon left enforcing with --keep; the next start fails on a
+	// taken metrics port: the kept program and its pins stay.
+	h.writePolicy(100000, 100000)
+	h.Args = []string{"--keep"}
+	h.start()
+	att := openDaemonFlow(t, s, 0)
+	if got := att.burst(t, 50); got != 50 {
+		t.Fatalf("before: %d of 50 through", got)
+	}
+	if _, err := h.ctl("deny", "add", s.Clients[0].Src4.String(), "--reason", "kept"); err != nil {
+		t.Fatal(err)
+	}
+	h.stop(syscall.SIGTERM)
+	prog := attachedProgID(t, s.Edge, "eg-c0")
+	pins := pinsPresent(t, h.PinDir)
+	if prog == 0 || len(pins) == 0 {
+		t.Fatalf("--keep stop: program %d, pins %v", prog, pins)
+	}
+	var ln net.Listener
+	if err := s.Edge.Do(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:19469"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	h.Args = nil
+	if err := h.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "metrics listen on 127.0.0.1:19469") {
+		t.Fatalf("start with the metrics port taken: %v; want an error naming the address", err)
+	}
+	if got := attachedProgID(t, s.Edge, "eg-c0"); got != prog {
+		t.Errorf("failed start changed eg-c0's program: %d, want %d", got, prog)
+	}
+	if got := pinsPresent(t, h.PinDir); !slicesEqual(got, pins) {
+		t.Errorf("pins after the failed start: %v, want %v", got, pins)
+	}
+	if got := att.burst(t, 50); got != 0 {
+		t.Errorf("after the failed start %d of 50 denied packets passed: the kept program stopped enforcing", got)
+	}
+	ln.Close()
+	h.start()
+	h.stop(syscall.SIGTERM)
+}
+
+// TestApplyIsAllOrNothing: a policy naming a missing interface, or an
+// l7.listen port that is taken, changes nothing: not the generation, the
+// running policy, the data plane's live generation, the interfaces nor
+// the limits packets meet; status says the change failed.
+func TestApplyIsAllOrNothing(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	h.start()
+	before := h.status()
+	att := openDaemonFlow(t, s, 0)
+	shown, err := h.ctl("policy", "show", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var taken net.Listener
+	if err := s.Edge.Do(func() (err error) { taken, err = net.Listen("tcp", "127.0.0.1:18090"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	tight := fmt.Sprintf(daemonPolicy, 10, 10)
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"missing interface", strings.Replace(tight, "eg-c1", "eg-gone9", 1), "eg-gone9"},
+		{"l7 port taken", tight + "l7:\n  listen: 127.0.0.1:18090\n  upstream: http://127.0.0.1:18091\n", "127.0.0.1:18090"},
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
+		os.WriteFile(path, []byte(tc.yaml), 0o644)
+		out, err := h.ctl("policy", "apply", path, "--yes")
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: apply succeeded or did not name %q: %v\n%s", tc.name, tc.want, err, out)
+		}
+		st := h.status()
+		if st.Generation != before.Generation || st.DataGen != before.DataGen || st.Policy != before.Policy ||
+			len(st.Interfaces) != len(before.Interfaces) || st.L7 != before.L7 {
+			t.Errorf("%s: status changed by a failed apply:\nbefore %+v\nafter  %+v", tc.name, before, st)
+		}
+		if st.LastReload.OK || st.LastReload.Trigger != "api" || !strings.Contains(st.LastReload.Error, tc.want) {
+			t.Errorf("%s: last reload %+v, want a failed api change naming %q", tc.name, st.LastReload, tc.want)
+		}
+		if now, _ := h.ctl("policy", "show", "--json"); now != shown {
+			t.Errorf("%s: GET /v1/policy changed:\n%s", tc.name, now)
+		}
+		// The limits packets meet are the old ones (100000/s, not 10/s).
+		if got := att.burst(t, 100); got != 100 {
+			t.Errorf("%s: %d of 100 passed: the refused policy's limits are live", tc.name, got)
+		}
+	}
+	if _, err := s.Edge.Netlink().LinkByName("eg-gone9"); err == nil {
+		t.Fatal("eg-gone9 exists")
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+// TestPinDirMustBeBPFFS: a --pin-dir on an ordinary directory is refused
+// with the fix, and nothing is mounted there.
+func TestPinDirMustBeBPFFS(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	plain := filepath.Join(t.TempDir(), "pins")
+	d := secondDaemon(t, h, plain)
+	err := d.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "not on a bpf filesystem") || !strings.Contains(err.Error(), "/sys/fs/bpf") {
+		t.Fatalf("--pin-dir %s: %v; want a refusal with the fix", plain, err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if bytes.Contains(mounts, []byte(filepath.Dir(plain))) {
+		t.Errorf("something is mounted under %s:\n%s", filepath.Dir(plain), mounts)
+	}
+	if _, err := os.Stat(plain); !os.IsNotExist(err) {
+		t.Errorf("refused start created %s", plain)
+	}
+}
+
+// TestControlRequestBounds: an oversized body is refused at once with 413,
+// and the daemon keeps answering.
+func TestControlRequestBounds(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
+		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	h.start()
+	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", h.Socket)
+		}}}
+	for _, tc := range []struct {
+		path string
+		size int
+	}{
+		{"/v1/lists/deny", 64 << 20},
+		{"/v1/policy", 64 << 20},
+		{"/v1/policy/diff", 17 << 20},
+	} {
+		body := bytes.Repeat([]byte(" "), tc.size)
+		body[0] = '{'
+		start := time.Now()
+		resp, err := c.Post("http://edgeguard"+tc.path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			// The server may close the connection before reading the
+			// whole body; that is a refusal too.
+			t.Logf("%s with %d bytes: %v after %v", tc.path, tc.size, err, time.Since(start))
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("%s with %d bytes: status %d, want 413", tc.path, tc.size, resp.StatusCode)
+		}
+	}
+	// Chunked (no Content-Length): still bounded.
+	pr, pw := io.Pipe()
+	go func() {
+		chunk := bytes.Repeat([]byte(" "), 1<<20)
+		pw.Write([]byte("{"))
+		for range 32 {
+			if _, err := pw.Write(chunk); err != nil {
+				break
+			}
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", "http://edgeguard/v1/lists/deny", pr)
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("chunked 32 MiB list change: status %d, want 413", resp.StatusCode)
+		}
+	}
+	if _, err := h.ctl("deny", "add", "198.18.200.1", "--reason", "after"); err != nil {
+		t.Errorf("deny add after oversized requests: %v", err)
+	}
+	out, err := h.ctl("deny", "list", "--json")
+	var e []control.ListEntry
+	if err != nil || json.Unmarshal([]byte(out), &e) != nil || len(e) != 1 || e[0].Reason != "after" {
+		t.Errorf("deny list after oversized requests: %v %v\n%s", e, err, out)
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+// TestCorruptStateFileIsSetAside: a lists file that does not parse is
+// reported, moved aside, and the daemon starts with the applied policy the
+// state directory also keeps.
+func TestCorruptStateFileIsSetAside(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	h.start()
+	next := filepath.Join(t.TempDir(), "next.yaml")
+	os.WriteFile(next, []byte(fmt.Sprintf(daemonPolicy, 90000, 90000)), 0o644)
+	if _, err := h.ctl("policy", "apply", next, "--yes"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.ctl("deny", "add", "198.18.200.1"); err != nil {
+		t.Fatal(err)
+	}
+	h.stop(syscall.SIGTERM)
+	state := filepath.Join(filepath.Dir(h.Socket), "state")
+	lists := filepath.Join(state, "lists.json")
+	if err := os.WriteFile(lists, []byte(`[{"list": "deny", "prefix": "198.18.`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	if !strings.Contains(h.Logs(), "state file does not parse") {
+		t.Errorf("no error about the corrupt file in the log:\n%s", h.Logs())
+	}
+	if _, err := os.Stat(lists + ".corrupt"); err != nil {
+		t.Errorf("corrupt file not kept aside: %v", err)
+	}
+	if st := h.status(); st.Policy != next {
+		t.Errorf("daemon runs %s (%s), want the applied %s", st.Policy, st.PolicyOrigin, next)
+	}
+	// Editing the config file supersedes the applied policy.
+	h.writePolicy(80000, 80000)
+	deadline := time.Now().Add(15 * time.Second)
+	for h.status().Policy != h.Config && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st := h.status(); st.Policy != h.Config || st.PolicyOrigin != "config file" {
+		t.Errorf("after editing the config file: runs %s (%s), want %s", st.Policy, st.PolicyOrigin, h.Config)
+	}
+	h.stop(syscall.SIGTERM)
+}
