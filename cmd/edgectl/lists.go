@@ -17,6 +17,7 @@ func newListCommand(kind control.ListKind) *cobra.Command {
 		Use:   string(kind),
 		Short: fmt.Sprintf("Change the %s list on the running daemon (%s)", kind, verb),
 	}
+	groupCommand(cmd)
 	var ttl time.Duration
 	var reason string
 	add := &cobra.Command{
@@ -24,8 +25,10 @@ func newListCommand(kind control.ListKind) *cobra.Command {
 		Short: fmt.Sprintf("Add an address or prefix to the %s list, at once, until removed or --ttl passes", kind),
 		Long: fmt.Sprintf(`Add an address or CIDR to the %s list of the running daemon. It takes effect at once
 and lasts until 'edgectl %s remove', or until --ttl passes (a temporary ban expires by
-itself). Entries added here live in the daemon, not in the policy file: a daemon restart
-forgets them; put permanent entries in the policy file.`, kind, kind),
+itself). Entries added here live in the daemon, not in the policy file: the daemon keeps
+them in its state directory (--state-dir, default /var/lib/edgeguard), so a restart or a
+reboot keeps them; 'edgectl detach --unpin' does not remove them. Put permanent entries in
+the policy file.`, kind, kind),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := policy.ParsePrefix(args[0])

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
@@ -37,8 +39,20 @@ func newStatusCommand() *cobra.Command {
 
 func writeStatus(out io.Writer, st control.Status) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	up := "?"
+	if !st.Started.IsZero() {
+		up = fmt.Sprintf("up %s (since %s)", (time.Duration(st.UptimeSeconds) * time.Second).String(), st.Started.UTC().Format(time.RFC3339))
+	}
+	metrics := cmp.Or(st.MetricsAddr, "off")
+	fmt.Fprintf(w, "daemon\tversion %s, %s, metrics %s, state %s\n", st.Version, up, metrics, cmp.Or(st.StateDir, "in memory only"))
 	fmt.Fprintf(w, "policy\t%s (generation %d, data plane half %d, mode %s, clock %s)\n",
 		st.Policy, st.Generation, st.DataGen, st.Mode, st.Clock)
+	if st.PolicyOrigin != "" {
+		fmt.Fprintf(w, "policy from\t%s\n", st.PolicyOrigin)
+	}
+	if st.L7 != "" {
+		fmt.Fprintf(w, "l7 stage\t%s\n", st.L7)
+	}
 	r := st.LastReload
 	result := "ok"
 	if !r.OK {
@@ -161,13 +175,16 @@ It refreshes every --every until interrupted; --once prints once (for scripts).`
 	return cmd
 }
 
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+// isTerminal says whether a command's stdin or stdout is a terminal.
+func isTerminal(rw any) bool {
+	f, ok := rw.(*os.File)
 	if !ok {
 		return false
 	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	// A terminal answers the termios ioctl; /dev/null, also a character
+	// device, does not.
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 func writeTop(out io.Writer, t control.Top) {
@@ -187,6 +204,7 @@ func writeTop(out io.Writer, t control.Top) {
 
 func newASNCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "asn", Short: "Look up IP-to-ASN data"}
+	groupCommand(cmd)
 	var data string
 	lookup := &cobra.Command{
 		Use:   "lookup IP",

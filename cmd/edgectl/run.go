@@ -76,7 +76,7 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 			err = daemon.Run(ctx, daemon.Options{
 				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
 				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(), IPv4DirectChunks: v4Chunks,
-				Logger: log, Reload: reload, Version: version,
+				Logger: log, Reload: reload, Build: buildInfo(),
 				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"),
 			})
 			return asValidation(err)

@@ -5,6 +5,8 @@ package control
 import (
 	"net/netip"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/version"
 )
 
 // DefaultSocket is where the daemon listens.
@@ -36,10 +38,11 @@ type Status struct {
 	IPv4Direct   IPv4Direct  `json:"ipv4_direct_table"`
 	StateDir     string      `json:"state_dir,omitempty"`
 	// Started is when the daemon started; UptimeSeconds is since then.
-	Started       time.Time `json:"started,omitzero"`
-	UptimeSeconds int64     `json:"uptime_seconds,omitempty"`
-	MetricsAddr   string    `json:"metrics_addr,omitempty"` // "" when metrics are off
-	L7            string    `json:"l7,omitempty"`           // "off" or "listening on ADDR"
+	Started       time.Time    `json:"started,omitzero"`
+	UptimeSeconds int64        `json:"uptime_seconds,omitempty"`
+	MetricsAddr   string       `json:"metrics_addr,omitempty"` // "" when metrics are off
+	L7            string       `json:"l7,omitempty"`           // "off" or "listening on ADDR"
+	Build         version.Info `json:"build"`
 }
 
 // IPv4Direct says how the active policy generation looks IPv4 sources up:

@@ -312,7 +312,7 @@ func (d *Daemon) Status() control.Status {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := control.Status{
-		Version: d.opts.Version, Policy: d.cur.source, PolicyOrigin: d.origin, Generation: d.generation,
+		Version: d.opts.Build.Version, Build: d.opts.Build, Policy: d.cur.source, PolicyOrigin: d.origin, Generation: d.generation,
 		LastReload: d.lastReload, Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
 		StateDir: d.opts.StateDir, Started: d.started, UptimeSeconds: int64(time.Since(d.started).Seconds()),
 		L7: "off",

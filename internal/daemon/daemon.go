@@ -29,6 +29,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/version"
 )
 
 // Options configure a daemon.
@@ -63,7 +64,9 @@ type Options struct {
 	Reload <-chan struct{}
 	// PollInterval is how often the policy file is checked for changes.
 	PollInterval time.Duration
-	Version      string
+	// Build is the daemon's version, shown in status and exported as
+	// edgeguard_build_info.
+	Build version.Info
 	// ASNProgress, if set, is told how far an ASN data load is (a CLI
 	// draws a progress bar with it).
 	ASNProgress func(done, total int64)

@@ -29,6 +29,14 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	d.registerXDP(reg)
 	reg.MustRegister(newV4DirectCollector(d))
+	b := d.opts.Build
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "edgeguard_build_info",
+		Help:        "Always 1; the labels say which build runs (commit empty when the build recorded none).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion},
+	})
+	build.Set(1)
+	reg.MustRegister(build)
 	return reg
 }
 
