@@ -54,6 +54,10 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 				return err
 			}
 			socket, _ := cmd.Flags().GetString("socket")
+			// A closed stdout (edgectl run | head -1) must not kill the
+			// daemon: with SIGPIPE ignored the write fails with EPIPE,
+			// which the daemon logs, and it keeps running.
+			signal.Ignore(syscall.SIGPIPE)
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)

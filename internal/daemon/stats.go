@@ -93,6 +93,7 @@ func (d *Daemon) sampleCounters(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastLine := time.Now()
+	out := d.opts.Out
 	for {
 		select {
 		case <-ctx.Done():
@@ -105,10 +106,15 @@ func (d *Daemon) sampleCounters(ctx context.Context) error {
 			continue
 		}
 		d.history.add(s)
-		if d.opts.Interval > 0 && d.opts.Out != nil && time.Since(lastLine) >= d.opts.Interval {
+		if d.opts.Interval > 0 && out != nil && time.Since(lastLine) >= d.opts.Interval {
 			if old, cur, ok := d.history.span(d.opts.Interval); ok {
 				occ, _ := d.m.Tables()
-				fmt.Fprintln(d.opts.Out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ))
+				if _, err := fmt.Fprintln(out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ)); err != nil {
+					// Stdout went away (edgectl run | head -1): the
+					// daemon goes on enforcing, without counter lines.
+					d.log.Warn("counter lines stopped: stdout is gone; the daemon keeps running", "err", err)
+					out = nil
+				}
 			}
 			lastLine = time.Now()
 		}

@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -334,3 +336,58 @@ func TestCorruptStateFileIsSetAside(t *testing.T) {
 	}
 	h.stop(syscall.SIGTERM)
 }
+
+// TestClosedStdoutDoesNotKillTheDaemon: 'edgectl run | head -1' closes the
+// daemon's stdout; the next counter line must not kill it (SIGPIPE).
+func TestClosedStdoutDoesNotKillTheDaemon(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
+		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	cmd := exec.Command("nsenter", "--net="+h.NS.Path(), h.Bin, "run", "--config", h.Config, "--pin-dir", h.PinDir,
+		"--socket", h.Socket, "--state-dir", filepath.Join(filepath.Dir(h.Socket), "state"), "--interval", "1s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuf
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	stdout.Close() // as head does after its line
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(logs.String(), "counter lines stopped") {
+		select {
+		case <-exited:
+			t.Fatalf("daemon exited after its stdout closed: %v\n%s", waitErr, logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no counter line attempted within 20s\n%s", logs.String())
+		}
+	}
+	if _, err := h.ctl("status"); err != nil {
+		t.Errorf("daemon does not answer after its stdout closed: %v", err)
+	}
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *lockedBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
