@@ -226,3 +226,47 @@ func (d *Daemon) listen(next running) error {
 	}
 	return nil
 }
+
+// unprotected lists the interfaces the daemon attached to that no longer
+// carry its program: deleted, re-created under a new index, or with the
+// program removed behind its back. Reads mu briefly, then netlink.
+func (d *Daemon) unprotected() []string {
+	d.mu.Lock()
+	type att struct {
+		name    string
+		ifindex int // 0: not attached
+	}
+	var atts []att
+	if d.cur.pol != nil {
+		for name := range d.wantIfaces(d.cur.pol) {
+			at := att{name: name}
+			if a := d.atts[name]; a != nil {
+				at.ifindex = a.Ifindex
+			}
+			atts = append(atts, at)
+		}
+	}
+	d.mu.Unlock()
+	var prog uint32
+	if info, err := d.dp.Objects.XdpLimiter.Info(); err == nil {
+		if id, ok := info.ID(); ok {
+			prog = uint32(id)
+		}
+	}
+	var out []string
+	for _, a := range atts {
+		l, err := netlink.LinkByName(a.name)
+		switch {
+		case err != nil:
+			out = append(out, fmt.Sprintf("interface %s: gone (%v): not protected", a.name, err))
+		case a.ifindex == 0:
+			out = append(out, fmt.Sprintf("interface %s: not attached: not protected", a.name))
+		case l.Attrs().Index != a.ifindex:
+			out = append(out, fmt.Sprintf("interface %s: re-created (ifindex %d, attached to %d): not protected", a.name, l.Attrs().Index, a.ifindex))
+		case l.Attrs().Xdp == nil || !l.Attrs().Xdp.Attached || (prog != 0 && l.Attrs().Xdp.ProgId != prog):
+			out = append(out, fmt.Sprintf("interface %s: does not carry program %d: not protected", a.name, prog))
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -537,6 +537,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.expireLists)
 	run("escalations", d.applyEscalations)
+	run("link watch", d.watchLinks)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -37,6 +38,15 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	})
 	build.Set(1)
 	reg.MustRegister(build)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "edgeguard_interfaces_unprotected",
+		Help: "Interfaces the policy names that do not carry the program now (deleted, or re-created and not yet re-attached).",
+	}, func() float64 {
+		if d.dp == nil {
+			return 0
+		}
+		return float64(len(d.unprotected()))
+	}))
 	return reg
 }
 
@@ -47,6 +57,24 @@ func (d *Daemon) serveMetrics(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+	// /healthz: the daemon's process serves. /readyz: it also enforces,
+	// i.e. every interface it attached to still exists under the same
+	// index and carries its program; else 503 and what is wrong.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if problems := d.unprotected(); len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			for _, p := range problems {
+				fmt.Fprintln(w, p)
+			}
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

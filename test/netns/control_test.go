@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/testbed"
 	"github.com/edgeguard/edgeguard/test/netns"
@@ -391,3 +393,98 @@ type lockedBuf struct {
 
 func (l *lockedBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
 func (l *lockedBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// TestInterfaceRecreatedIsReattached: an interface deleted while the
+// daemon runs is reported (/readyz 503, edgeguard_interfaces_unprotected)
+// and, re-created under the same name, attached again.
+func TestInterfaceRecreatedIsReattached(t *testing.T) {
+	s := netns.New(t).Star(1)
+	nl := s.Edge.Netlink()
+	addDummy := func() int {
+		t.Helper()
+		// A veth pair inside the namespace (no dummy module needed).
+		if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "egdum0"}, PeerName: "egdum0p"}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := nl.LinkByName("egdum0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nl.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().Index
+	}
+	first := addDummy()
+	h := newDaemonHarness(t, s.Edge)
+	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
+		"  - {name: eg-c1, xdp_mode: native}\n", "  - {name: egdum0, xdp_mode: generic}\n", 1)), 0o644)
+	h.start()
+	prog := h.status().ProgramID
+	if got := attachedProgID(t, s.Edge, "egdum0"); got != prog {
+		t.Fatalf("egdum0 carries %d, want %d", got, prog)
+	}
+	if code, body := h.get("/readyz"); code != 200 {
+		t.Fatalf("readyz before: %d %s", code, body)
+	}
+	l, _ := nl.LinkByName("egdum0")
+	if err := nl.LinkDel(l); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "readyz to report egdum0 gone", func() bool {
+		code, body := h.get("/readyz")
+		return code == 503 && strings.Contains(body, "egdum0")
+	})
+	checkMetricPositive(t, h.scrape(), "edgeguard_interfaces_unprotected", nil)
+	second := addDummy()
+	if second == first {
+		t.Fatalf("re-created egdum0 got the same ifindex %d", first)
+	}
+	waitFor(t, "egdum0 re-attached", func() bool {
+		for _, i := range h.status().Interfaces {
+			if i.Name == "egdum0" && i.Ifindex == second {
+				return true
+			}
+		}
+		return false
+	})
+	if got := attachedProgID(t, s.Edge, "egdum0"); got != prog {
+		t.Errorf("re-created egdum0 carries %d, want %d", got, prog)
+	}
+	if code, body := h.get("/readyz"); code != 200 {
+		t.Errorf("readyz after re-attach: %d %s", code, body)
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// get fetches a path of the metrics listener from inside the namespace.
+func (h *daemonHarness) get(path string) (int, string) {
+	h.t.Helper()
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := h.edge.Do(func() (err error) {
+			c, err = net.DialTimeout(network, addr, 5*time.Second)
+			return err
+		})
+		return c, err
+	}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://127.0.0.1:19469" + path)
+	if err != nil {
+		h.t.Fatalf("get %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
