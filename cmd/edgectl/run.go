@@ -106,16 +106,31 @@ func newDetachCommand() *cobra.Command {
 	var unpin bool
 	cmd := &cobra.Command{
 		Use:   "detach --unpin",
-		Short: "Detach a program left enforcing by 'run --keep' and drop all its state",
-		Args:  cobra.NoArgs,
+		Short: "Detach a program left enforcing by 'run --keep' and drop its data-plane state",
+		Long: `Remove the pins under --pin-dir: the pinned links (the program leaves the interfaces once no
+process holds it) and the pinned maps with all data-plane state (buckets, counters, the
+list entries as the data plane holds them). It refuses while a daemon runs on that pin
+directory: stop the daemon instead (without --keep it detaches by itself).
+
+The daemon's state directory (--state-dir, default /var/lib/edgeguard) is not touched: the
+run-time deny/allow entries and the policy applied with 'edgectl policy apply' are kept, and
+the next 'edgectl run' restores them. To drop those too, remove STATE_DIR/lists.json and
+STATE_DIR/applied-policy.json.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !unpin {
 				return usageError{fmt.Errorf("detach removes the pinned program and its state: confirm with --unpin")}
 			}
-			if err := loader.Unpin(pinDir); err != nil {
+			removed, err := daemon.Detach(pinDir)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "removed pins under %s; the program detaches once no process holds it\n", pinDir)
+			if !removed {
+				fmt.Fprintf(cmd.OutOrStdout(), "nothing pinned under %s: nothing to detach\n", pinDir)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed pins under %s; the program detaches once no process holds it "+
+				"(run-time list entries and the applied policy in the state directory are kept)\n", pinDir)
 			return nil
 		},
 	}

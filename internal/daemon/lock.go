@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
 // checkPinDir refuses a pin directory that is not on a bpf filesystem, or
@@ -101,4 +103,20 @@ func (d *Daemon) unlock() {
 		f.Close()
 	}
 	d.locks = nil
+}
+
+// Detach removes the pins under pinDir ('edgectl detach --unpin'), holding
+// the pin directory's lock so it never pulls the pins from under a running
+// daemon. The state directory is not touched. removed is false when
+// nothing was pinned there.
+func Detach(pinDir string) (removed bool, err error) {
+	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	f, err := lockDir(pinDir)
+	if err != nil {
+		return false, fmt.Errorf("a daemon runs on %s: stop it instead (without --keep it detaches by itself): %w", pinDir, err)
+	}
+	defer f.Close()
+	return true, loader.Unpin(pinDir)
 }

@@ -82,6 +82,14 @@ func TestSecondDaemonOnSamePinsTouchesNothing(t *testing.T) {
 	if got := pinsPresent(t, h.PinDir); !slicesEqual(got, pins) {
 		t.Errorf("pins after the refused start: %v, want %v", got, pins)
 	}
+	// Nor does detach --unpin pull the pins from under it.
+	if out, err := exec.Command(h.Bin, "detach", "--unpin", "--pin-dir", h.PinDir).CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "a daemon runs on") {
+		t.Errorf("detach --unpin under a running daemon: %v %s; want a refusal", err, out)
+	}
+	if got := pinsPresent(t, h.PinDir); !slicesEqual(got, pins) {
+		t.Errorf("pins after the refused detach: %v, want %v", got, pins)
+	}
 	if st := h.status(); len(st.Interfaces) != 1 || st.Generation != 1 {
 		t.Errorf("first daemon after the refused start: %+v", st)
 	}
