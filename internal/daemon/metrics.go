@@ -30,6 +30,13 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	d.registerXDP(reg)
 	reg.MustRegister(newV4DirectCollector(d))
+	reg.MustRegister(d.controlCollectors()...)
+	return reg
+}
+
+// controlCollectors are the daemon's own families: which build runs, and
+// how many interfaces the policy names go unprotected.
+func (d *Daemon) controlCollectors() []prometheus.Collector {
 	b := d.opts.Build
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "edgeguard_build_info",
@@ -37,8 +44,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 		ConstLabels: prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion},
 	})
 	build.Set(1)
-	reg.MustRegister(build)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	return []prometheus.Collector{build, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "edgeguard_interfaces_unprotected",
 		Help: "Interfaces the policy names that do not carry the program now (deleted, or re-created and not yet re-attached).",
 	}, func() float64 {
@@ -46,8 +52,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 			return 0
 		}
 		return float64(len(d.unprotected()))
-	}))
-	return reg
+	})}
 }
 
 func (d *Daemon) serveMetrics(ctx context.Context) error {

@@ -16,6 +16,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
+	"github.com/edgeguard/edgeguard/internal/version"
 )
 
 // TestIPv4DirectChunksDefault: a policy that leaves tables.
@@ -219,5 +220,38 @@ func TestAlertsReadExportedDaemonMetrics(t *testing.T) {
 		if !exported[n] {
 			t.Errorf("alerts.yml reads %s, which the daemon does not export (it exports %v)", n, exported)
 		}
+	}
+}
+
+// TestControlFamiliesExported: the daemon's own families (read by
+// alerts.yml and docs/metrics.md) gather, with the build's labels.
+func TestControlFamiliesExported(t *testing.T) {
+	d := newDaemon(Options{Build: version.Info{Version: "v9.9.9", Commit: "abc", GoVersion: "go1.x"}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(d.controlCollectors()...)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range fams {
+		var labels []string
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			labels = append(labels, l.GetName()+"="+l.GetValue())
+		}
+		got[f.GetName()] = strings.Join(labels, ",")
+	}
+	if got["edgeguard_build_info"] != "commit=abc,goversion=go1.x,version=v9.9.9" {
+		t.Errorf("edgeguard_build_info labels %q", got["edgeguard_build_info"])
+	}
+	if _, ok := got["edgeguard_interfaces_unprotected"]; !ok {
+		t.Errorf("edgeguard_interfaces_unprotected not exported: %v", got)
+	}
+	b, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "edgeguard_interfaces_unprotected > 0") {
+		t.Error("alerts.yml has no alert on edgeguard_interfaces_unprotected")
 	}
 }
