@@ -159,6 +159,9 @@ type ListChange struct {
 	TTL    Duration     `json:"ttl,omitempty"` // 0: until removed
 	Reason string       `json:"reason,omitempty"`
 	Origin string       `json:"origin,omitempty"` // cli (default) or l7
+	// Force adds a cli entry wider than the daemon's bound (IPv4 /16,
+	// IPv6 /32) or overlapping the policy's lists.protected prefixes.
+	Force bool `json:"force,omitempty"`
 }
 
 // PolicyDoc is a policy file's text.

@@ -418,13 +418,30 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 		return control.ListEntry{}, fmt.Errorf("unknown origin %q: use cli or l7", origin)
 	}
 	p := ch.Prefix.Masked()
+	if ch.Force && origin != "cli" {
+		return control.ListEntry{}, errors.New("force is for the operator's cli entries only")
+	}
+	if !ch.Force {
+		if err := checkWidth(kind, p); err != nil {
+			return control.ListEntry{}, err
+		}
+	}
 	e := dynEntry{origin: origin, reason: ch.Reason}
 	if ch.TTL > 0 {
 		e.expires = time.Now().Add(time.Duration(ch.TTL))
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if kind == control.Deny && !ch.Force {
+		if err := d.checkProtected(p); err != nil {
+			return control.ListEntry{}, err
+		}
+	}
 	prev, had := d.dyn[kind][p]
+	if had && e.reason == "" {
+		// Refreshing an entry (a new TTL) keeps why it was added.
+		e.reason = prev.reason
+	}
 	d.dyn[kind][p] = e
 	if err := d.syncLists(); err != nil {
 		if had {
@@ -437,8 +454,9 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 	if err := d.saveLists(); err != nil {
 		d.log.Error("list entry added but not saved: a restart forgets it", "err", err)
 	}
-	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin)
-	le := control.ListEntry{Prefix: p, Origin: origin, Reason: ch.Reason}
+	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin,
+		"reason", e.reason, "forced", ch.Force, "refreshed", had)
+	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason}
 	if !e.expires.IsZero() {
 		le.Expires = &e.expires
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -269,4 +270,42 @@ func (d *Daemon) unprotected() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Bounds of run-time list entries: wider prefixes need force (edgectl
+// --force). A deny or allow of a /15 or wider IPv4 (/31 or wider IPv6)
+// prefix covers more than an operator means by "this source"; 0.0.0.0/0
+// would drop (or unlimit) everything at once.
+const (
+	minRuntimeBits4 = 16
+	minRuntimeBits6 = 32
+)
+
+func checkWidth(kind control.ListKind, p netip.Prefix) error {
+	min := minRuntimeBits6
+	if p.Addr().Is4() {
+		min = minRuntimeBits4
+	}
+	if p.Bits() < min {
+		return fmt.Errorf("%s is wider than a /%d: a run-time %s entry that wide needs --force", p, min, kind)
+	}
+	return nil
+}
+
+// checkProtected refuses a deny that covers or falls inside one of the
+// policy's lists.protected prefixes. Caller holds d.mu.
+func (d *Daemon) checkProtected(p netip.Prefix) error {
+	if d.cur.pol == nil {
+		return nil
+	}
+	now := time.Now()
+	for _, e := range d.cur.pol.Protected {
+		if !e.Expires.IsZero() && !e.Expires.After(now) {
+			continue
+		}
+		if e.Prefix.Overlaps(p) {
+			return fmt.Errorf("%s overlaps the protected prefix %s (lists.protected, %s): denying it needs --force", p, e.Prefix, e.Source)
+		}
+	}
+	return nil
 }

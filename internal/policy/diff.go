@@ -399,9 +399,9 @@ func (d *differ) prefixes(a, b *Compiled) {
 }
 
 // DiffSections lists what Diff does not see because it is not compiled into
-// the data plane: the interfaces (with their XDP modes) and the l7: section
-// (key by key at its top level, each compared as written, positions
-// ignored). Either may be nil (an empty policy).
+// the data plane: the l7: section, key by key at its top level, each
+// compared as written (positions, comments and layout ignored). Either may
+// be nil (an empty policy).
 func DiffSections(from, to *Policy) []Change {
 	if from == nil {
 		from = &Policy{}
@@ -410,26 +410,6 @@ func DiffSections(from, to *Policy) []Change {
 		to = &Policy{}
 	}
 	var d differ
-	ifaces := func(p *Policy) map[string]string {
-		m := map[string]string{}
-		for _, i := range p.Interfaces {
-			m[i.Name] = string(cmp.Or(i.XDPMode, "auto"))
-		}
-		return m
-	}
-	a, b := ifaces(from), ifaces(to)
-	for _, name := range sortedKeys(a, b) {
-		oa, ina := a[name]
-		ob, inb := b[name]
-		switch {
-		case !ina:
-			d.add('+', "interface %s xdp_mode %s", name, ob)
-		case !inb:
-			d.add('-', "interface %s", name)
-		case oa != ob:
-			d.field("interface "+name+" xdp_mode", oa, ob)
-		}
-	}
 	la, lb := l7Keys(from.L7), l7Keys(to.L7)
 	switch {
 	case la == nil && lb != nil:
@@ -480,14 +460,13 @@ func flowYAML(n *yaml.Node) string {
 	return strings.TrimSpace(string(b))
 }
 
-// stripStyle copies n in flow style without positions or comments.
+// stripStyle copies n in flow style without positions, comments or quoting.
 func stripStyle(n *yaml.Node) *yaml.Node {
 	c := &yaml.Node{Kind: n.Kind, Tag: n.Tag, Value: n.Value, Style: yaml.FlowStyle, Alias: n.Alias}
 	if n.Kind == yaml.ScalarNode {
+		// Quoting is layout: the tag (kept) says whether "100" is a
+		// string, and the encoder quotes where the tag needs it.
 		c.Style = 0
-		if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0 {
-			c.Style = yaml.DoubleQuotedStyle
-		}
 	}
 	for _, k := range n.Content {
 		c.Content = append(c.Content, stripStyle(k))

@@ -158,7 +158,7 @@ func (ps *parser) parse(data []byte) *Policy {
 	var listsNode *yaml.Node
 	if n, ok := f["lists"]; ok {
 		listsNode = n
-		p.Deny, p.Allow = ps.lists(n)
+		p.Deny, p.Allow, p.Protected = ps.lists(n)
 	}
 	var rulesNode *yaml.Node
 	if n, ok := f["rules"]; ok {
@@ -400,15 +400,18 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
-func (ps *parser) lists(n *yaml.Node) (deny, allow []ListEntry) {
-	f := ps.Fields(n, "lists", "deny", "allow")
+func (ps *parser) lists(n *yaml.Node) (deny, allow, protected []ListEntry) {
+	f := ps.Fields(n, "lists", "deny", "allow", "protected")
 	if d, ok := f["deny"]; ok {
 		deny = ps.list(d, "lists.deny")
 	}
 	if a, ok := f["allow"]; ok {
 		allow = ps.list(a, "lists.allow")
 	}
-	return deny, allow
+	if p, ok := f["protected"]; ok {
+		protected = ps.list(p, "lists.protected")
+	}
+	return deny, allow, protected
 }
 
 func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
