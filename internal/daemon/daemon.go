@@ -182,6 +182,9 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.listen(next); err != nil {
 		return nil, err
 	}
+	if err := d.checkPins(); err != nil {
+		return nil, err
+	}
 	if o.PinDir != "" {
 		_, statErr := os.Stat(filepath.Join(o.PinDir, "maps"))
 		undo.maps = errors.Is(statErr, os.ErrNotExist)
@@ -192,6 +195,7 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.apply(ctx, next, "start"); err != nil {
 		return nil, err
 	}
+	d.recordPins()
 	return d, nil
 }
 
@@ -555,8 +559,26 @@ func (d *Daemon) stop() {
 	d.shutdownL7(d.takeL7())
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	kept := true
 	for name, a := range d.atts {
 		if d.opts.Keep {
+			// The pin is what keeps the program attached after exit: one
+			// deleted by hand is put back, or the stop says loudly that
+			// this interface is left unprotected.
+			if pin := linkPinPath(d.opts.PinDir, name); d.opts.PinDir != "" {
+				if _, err := os.Stat(pin); errors.Is(err, os.ErrNotExist) {
+					// Unpin first: the link still believes it is pinned
+					// there, and pinning to its own path does nothing.
+					a.Link.Unpin()
+					if err := a.Link.Pin(pin); err != nil {
+						kept = false
+						d.log.Error("--keep: the link pin was deleted and cannot be restored: the program leaves this interface now",
+							"iface", name, "pin", pin, "err", err)
+					} else {
+						d.log.Warn("--keep: the link pin was deleted; pinned it again", "iface", name, "pin", pin)
+					}
+				}
+			}
 			a.Release()
 			continue
 		}
@@ -567,7 +589,11 @@ func (d *Daemon) stop() {
 	d.dp.Close()
 	defer d.unlock()
 	if d.opts.Keep {
-		d.log.Info("stopped; the program keeps enforcing from its pins", "pins", d.opts.PinDir)
+		if kept {
+			d.log.Info("stopped; the program keeps enforcing from its pins", "pins", d.opts.PinDir)
+		} else {
+			d.log.Error("stopped; the program does NOT keep enforcing on every interface (see above)", "pins", d.opts.PinDir)
+		}
 		return
 	}
 	if err := loader.Unpin(d.opts.PinDir); err != nil {

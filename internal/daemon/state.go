@@ -9,9 +9,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
 // The state directory (--state-dir, /var/lib/edgeguard under systemd's
@@ -215,5 +217,100 @@ func (d *Daemon) dropApplied() {
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		d.log.Error("remove the applied policy; a restart may run it instead of the config file", "file", path, "err", err)
+	}
+}
+
+// pinsFile records which maps were pinned under which pin directory after
+// the last successful start, so that a pin deleted by hand is noticed
+// instead of silently recreated empty.
+const pinsFile = "pins.json"
+
+type pinRecord struct {
+	PinDir string   `json:"pin_dir"`
+	Maps   []string `json:"maps"`
+}
+
+// recreatable are maps a start may create afresh when their pin was
+// deleted: they hold counters and samples, not enforcement state; the loss
+// is a counter reset (which rate() handles) and a moment without samples.
+// Every other map holds buckets, the new-source filter, lists, the policy
+// generations or the IPv4 direct table: created empty beside a running
+// program, buckets would start full (a burst passes) and the running
+// program and the new one would disagree, so the start is refused.
+var recreatable = map[string]bool{
+	loader.LimiterMapStats: true, loader.LimiterMapRuleStats: true, loader.LimiterMapSamples: true,
+}
+
+func pinnedMapNames(pinDir string) ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(pinDir, "maps"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out, nil
+}
+
+// checkPins compares the map pins with those recorded at the last start.
+// Caller is start, before the data plane loads.
+func (d *Daemon) checkPins() error {
+	if d.opts.PinDir == "" {
+		return nil
+	}
+	have, err := pinnedMapNames(d.opts.PinDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // first start on this pin dir (or after detach --unpin, or a reboot)
+	}
+	if err != nil {
+		return fmt.Errorf("read pinned maps: %w", err)
+	}
+	var rec pinRecord
+	ok, err := d.readStateFile(pinsFile, func(b []byte) error { return json.Unmarshal(b, &rec) })
+	if err != nil || !ok || rec.PinDir != d.opts.PinDir {
+		return err
+	}
+	present := map[string]bool{}
+	for _, n := range have {
+		present[n] = true
+	}
+	var refuse, recreate []string
+	for _, n := range rec.Maps {
+		switch {
+		case present[n]:
+		case recreatable[n]:
+			recreate = append(recreate, n)
+		default:
+			refuse = append(refuse, n)
+		}
+	}
+	if len(recreate) > 0 {
+		d.log.Warn("pinned maps were deleted by hand; they are recreated empty (their counters restart from zero)",
+			"pin_dir", d.opts.PinDir, "maps", recreate)
+	}
+	if len(refuse) > 0 {
+		return fmt.Errorf("pinned maps deleted by hand under %s/maps: %s: they hold limiter state (buckets, lists, "+
+			"the policy generations), and recreated empty they would let bursts through while the running program "+
+			"keeps the old ones. Refusing to start; to start over on purpose run 'edgectl detach --unpin --pin-dir %s' "+
+			"(all data-plane state is lost) and start again", d.opts.PinDir, strings.Join(refuse, ", "), d.opts.PinDir)
+	}
+	return nil
+}
+
+// recordPins saves the map pins after a successful start.
+func (d *Daemon) recordPins() {
+	path := d.statePath(pinsFile)
+	if path == "" || d.opts.PinDir == "" {
+		return
+	}
+	names, err := pinnedMapNames(d.opts.PinDir)
+	if err != nil {
+		d.log.Warn("record pinned maps", "err", err)
+		return
+	}
+	data, _ := json.MarshalIndent(pinRecord{PinDir: d.opts.PinDir, Maps: names}, "", "  ")
+	if err := writeFileAtomic(path, data, 0o600); err != nil {
+		d.log.Warn("record pinned maps: a map pin deleted by hand will not be noticed", "err", err)
 	}
 }

@@ -500,3 +500,53 @@ func (h *daemonHarness) get(path string) (int, string) {
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
 }
+
+// TestDeletedPinsAreLoud: a link pin deleted under a --keep daemon is put
+// back at stop (the program keeps enforcing); a map pin deleted by hand
+// refuses the next start, naming the map, instead of recreating it empty;
+// a deleted counters map is recreated with a warning.
+func TestDeletedPinsAreLoud(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
+		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	h.Args = []string{"--keep"}
+	h.start()
+	prog := attachedProgID(t, s.Edge, "eg-c0")
+	if err := os.Remove(filepath.Join(h.PinDir, "links", "eg-c0")); err != nil {
+		t.Fatal(err)
+	}
+	h.stop(syscall.SIGTERM)
+	if !strings.Contains(h.Logs(), "link pin was deleted; pinned it again") {
+		t.Errorf("no word about the deleted link pin:\n%s", h.Logs())
+	}
+	if got := attachedProgID(t, s.Edge, "eg-c0"); got != prog {
+		t.Fatalf("after a --keep stop with its link pin deleted eg-c0 carries %d, want %d", got, prog)
+	}
+
+	if err := os.Remove(filepath.Join(h.PinDir, "maps", "src_buckets")); err != nil {
+		t.Fatal(err)
+	}
+	err := h.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "deleted by hand") || !strings.Contains(err.Error(), "src_buckets") {
+		t.Fatalf("start with src_buckets' pin deleted: %v; want a refusal naming it", err)
+	}
+	if got := attachedProgID(t, s.Edge, "eg-c0"); got != prog {
+		t.Errorf("refused start changed eg-c0's program: %d, want %d", got, prog)
+	}
+	// Start over on purpose, then lose only a counters map.
+	if out, err := exec.Command(h.Bin, "detach", "--unpin", "--pin-dir", h.PinDir).CombinedOutput(); err != nil {
+		t.Fatalf("detach --unpin: %v %s", err, out)
+	}
+	h.start()
+	h.stop(syscall.SIGTERM)
+	if err := os.Remove(filepath.Join(h.PinDir, "maps", "stats")); err != nil {
+		t.Fatal(err)
+	}
+	h.Args = nil
+	h.start()
+	if !strings.Contains(h.Logs(), "recreated empty") {
+		t.Errorf("no warning about the recreated stats map:\n%s", h.Logs())
+	}
+	h.stop(syscall.SIGTERM)
+}
