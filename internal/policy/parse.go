@@ -93,18 +93,11 @@ func (ps *parser) claim(n *yaml.Node, key, what, where string) bool {
 	return true
 }
 
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 func (ps *parser) parse(data []byte) *Policy {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			if m := yamlLineRE.FindStringSubmatch(line); m != nil {
-				n, _ := strconv.Atoi(m[1])
-				ps.ErrorAt(ps.File, Pos{Line: n}, "yaml syntax: %s", m[2])
-			} else {
-				ps.ErrorAt(ps.File, Pos{}, "yaml syntax: %s", strings.TrimPrefix(line, "yaml: "))
-			}
+		for _, se := range yamlcheck.SyntaxErrors(data, err) {
+			ps.ErrorAt(ps.File, se.Pos, "yaml syntax: %s", se.Message)
 		}
 		return nil
 	}
