@@ -118,3 +118,38 @@ func TestExitCodesSayWhatHappened(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateLoadsASNData: validate loads the policy's asn_data, resolved
+// beside the policy file (not the working directory), or says it did not.
+func TestValidateLoadsASNData(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "asn.tsv"), []byte("198.18.0.0\t198.18.0.255\t64500\tXX\tTEST\n"), 0o644)
+	pol := filepath.Join(dir, "p.yaml")
+	os.WriteFile(pol, []byte(`apiVersion: edgeguard/v1
+interfaces: [{name: eth0}]
+asn_data: {path: asn.tsv}
+rules:
+  - name: hoster
+    match: {asns: [64500, 64501]}
+    per_asn: {packets: {rate: 10k/s, burst: 20k}}
+`), 0o644)
+	run := func(args ...string) (int, string) {
+		var out bytes.Buffer
+		return executeWith(context.Background(), newRootCommand(), args, nil, &out), out.String()
+	}
+	code, out := run("policy", "validate", pol)
+	if code != 0 || !strings.Contains(out, "asn.tsv loaded, 1 ranges") {
+		t.Errorf("validate: exit %d\n%s", code, out)
+	}
+	if !strings.Contains(out, "64501") || strings.Contains(out, "AS64500 has no") {
+		t.Errorf("validate with data should warn about AS64501 only:\n%s", out)
+	}
+	code, out = run("policy", "validate", "--no-asn", pol)
+	if code != 0 || !strings.Contains(out, "NOT loaded") {
+		t.Errorf("validate --no-asn: exit %d\n%s", code, out)
+	}
+	os.Remove(filepath.Join(dir, "asn.tsv"))
+	if code, out = run("policy", "validate", pol); code != 1 || !strings.Contains(out, filepath.Join(dir, "asn.tsv")) {
+		t.Errorf("validate with the asn data missing: exit %d, want 1 naming the resolved path\n%s", code, out)
+	}
+}

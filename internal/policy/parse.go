@@ -809,6 +809,11 @@ func (ps *parser) asnData(n *yaml.Node) ASNData {
 	}
 	if v, ok := f["path"]; ok {
 		out.Path, _ = ps.Scalar(v, "asn_data.path")
+		// Like list files, a relative path is relative to the policy
+		// file, not to the daemon's working directory (/ under systemd).
+		if out.Path != "" && !filepath.IsAbs(out.Path) {
+			out.Path = filepath.Join(filepath.Dir(ps.File), out.Path)
+		}
 	} else {
 		ps.Errorf(n, "asn_data needs a path (an iptoasn TSV such as ip2asn-combined.tsv, or a .mmdb file)")
 	}
