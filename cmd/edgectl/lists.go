@@ -24,9 +24,9 @@ func newListCommand(kind control.ListKind) *cobra.Command {
 	add := &cobra.Command{
 		Use:   "add PREFIX",
 		Short: fmt.Sprintf("Add an address or prefix to the %s list, at once, until removed or --ttl passes", kind),
-		Long: fmt.Sprintf(`Add an address or CIDR to the %s list of the running daemon. It takes effect at once
-and lasts until 'edgectl %s remove', or until --ttl passes (a temporary ban expires by
-itself). Entries added here live in the daemon, not in the policy file: the daemon keeps
+		Long: fmt.Sprintf(`Add an address or CIDR to the %s list of the running daemon (%s). It takes effect at
+once and lasts until 'edgectl %s remove', or until --ttl passes (a temporary entry expires
+by itself). Deny wins over allow when both cover a source. Entries added here live in the daemon, not in the policy file: the daemon keeps
 them in its state directory (--state-dir, default /var/lib/edgeguard), so a restart or a
 reboot keeps them; 'edgectl detach --unpin' does not remove them. Put permanent entries in
 the policy file.
@@ -34,7 +34,7 @@ the policy file.
 Prefixes wider than an IPv4 /16 or an IPv6 /32 are refused without --force, and so are deny
 entries overlapping the policy's lists.protected prefixes (your own networks, monitoring,
 upstream resolvers: L7 escalation never denies those either). Adding an entry that exists
-refreshes it (its new --ttl counts from now) and keeps its reason unless --reason is given.`, kind, kind),
+refreshes it (its new --ttl counts from now) and keeps its reason unless --reason is given.`, kind, verb, kind),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := policy.ParsePrefix(args[0])

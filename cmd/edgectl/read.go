@@ -135,11 +135,13 @@ func newTopCommand() *cobra.Command {
 	var n int
 	cmd := &cobra.Command{
 		Use:   "top",
-		Short: "Show the top dropped sources, prefixes and ASNs from drop samples, refreshing live",
-		Long: `Show the top dropped sources, /24 (IPv4) or /48 (IPv6) prefixes and ASNs, from the data
-plane's drop samples over the last --window. Counts are samples: the data plane sends at
-most 1,000 per second, so shares are exact only while drops stay under that rate.
-It refreshes every --every until interrupted; --once prints once (for scripts).`,
+		Short: "Show the top dropped sources, prefixes, ASNs, reasons and rules from samples, refreshing live",
+		Long: `Show the top sources, /24 (IPv4) or /48 (IPv6) prefixes, ASNs, reasons (source_limit,
+deny_list, ...) and rules in the data plane's samples over the last --window. Each row is one
+key and ACTION: drop (the packets were dropped) or would_drop (a rule in dry-run mode would
+have dropped them; they passed). Counts are samples, not packets: the data plane sends at
+most 1,000 per second (bursts of 100), so shares are exact only while drops stay under
+that rate. It refreshes every --every until interrupted; --once prints once (for scripts).`,
 		Args: cobra.NoArgs,
 	}
 	asJSON := addJSONFlag(cmd)
@@ -188,15 +190,16 @@ func isTerminal(rw any) bool {
 }
 
 func writeTop(out io.Writer, t control.Top) {
-	fmt.Fprintf(out, "drop samples in the last %s: %d\n", time.Duration(t.Window), t.Samples)
+	fmt.Fprintf(out, "samples in the last %s: %d (ACTION drop: dropped; would_drop: a dry-run rule's, not dropped)\n",
+		time.Duration(t.Window), t.Samples)
 	for _, sec := range []struct {
 		title string
 		rows  []control.TopEntry
-	}{{"SOURCE", t.Sources}, {"PREFIX", t.Prefixes}, {"ASN", t.ASNs}} {
+	}{{"SOURCE", t.Sources}, {"PREFIX", t.Prefixes}, {"ASN", t.ASNs}, {"REASON", t.Reasons}, {"RULE", t.Rules}} {
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(w, "\n%s\tSAMPLES\tSHARE\n", sec.title)
+		fmt.Fprintf(w, "\n%s\tACTION\tSAMPLES\tSHARE\n", sec.title)
 		for _, r := range sec.rows {
-			fmt.Fprintf(w, "%s\t%d\t%.1f%%\n", r.Key, r.Samples, 100*r.Share)
+			fmt.Fprintf(w, "%s\t%s\t%d\t%.1f%%\n", r.Key, r.Action, r.Samples, 100*r.Share)
 		}
 		w.Flush()
 	}

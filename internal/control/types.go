@@ -117,21 +117,27 @@ type RuleStat struct {
 	WouldDropRate float64 `json:"would_drop_per_second"`
 }
 
-// Top lists the heaviest dropped sources, prefixes and ASNs seen in drop
-// samples. Counts are samples, not packets: the data plane sends at most
-// its sample budget per second, so shares are exact only while drops stay
-// under that budget.
+// Top lists the heaviest sources, prefixes, ASNs, reasons and rules seen
+// in the data plane's samples, each row one (key, action): drops and a
+// dry-run rule's would-drops apart. Counts are samples, not packets: the
+// data plane sends at most its sample budget per second, so shares are
+// exact only while drops stay under that budget.
 type Top struct {
 	Window   Duration   `json:"window"`
 	Samples  uint64     `json:"samples"`
 	Sources  []TopEntry `json:"sources"`
 	Prefixes []TopEntry `json:"prefixes"`
 	ASNs     []TopEntry `json:"asns"`
+	Reasons  []TopEntry `json:"reasons"` // Key: the verdict's reason (source_limit, deny_list, ...)
+	Rules    []TopEntry `json:"rules"`   // Key: the rule's name
 }
 
 // TopEntry is one talker.
 type TopEntry struct {
-	Key     string  `json:"key"`
+	Key string `json:"key"`
+	// Action is the verdict the samples recorded: drop, or would_drop for
+	// a rule in dry-run mode (never counted as a drop).
+	Action  string  `json:"action"`
 	Samples uint64  `json:"samples"`
 	Share   float64 `json:"share"` // of all samples in the window
 }

@@ -146,7 +146,14 @@ func (d *Daemon) controlMux() *http.ServeMux {
 			}
 			n = v
 		}
-		writeJSON(w, d.top.report(time.Now(), window, n))
+		names := d.ruleNames()
+		bySlot := map[uint32]string{}
+		if slots, err := d.m.RuleSlots(); err == nil {
+			for id, slot := range slots {
+				bySlot[slot] = names[id]
+			}
+		}
+		writeJSON(w, d.top.report(time.Now(), window, n, func(slot uint32) string { return bySlot[slot] }))
 	})
 	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
