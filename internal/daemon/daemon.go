@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	stdmaps "maps"
 	"net"
 	"net/netip"
 	"os"
@@ -174,8 +175,14 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(d.wantIfaces(next.pol)) == 0 {
+	want := d.wantIfaces(next.pol)
+	if len(want) == 0 {
 		return nil, errors.New("no interface to protect: list interfaces in the policy or pass --iface IFACE")
+	}
+	if o.ConfigPath == "" && len(o.Ifaces) == 0 {
+		names := slices.Sorted(stdmaps.Keys(want))
+		d.log.Warn("no --config and no --iface: the built-in policy protects its own interfaces; pass --iface IFACE for another",
+			"ifaces", strings.Join(names, ","))
 	}
 	// Addresses first: a taken port fails here, before anything is
 	// loaded or attached.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 const protectedPolicy = `apiVersion: edgeguard/v1
@@ -70,5 +72,16 @@ func TestAddToListBounds(t *testing.T) {
 		if le.Prefix == netip.MustParsePrefix("203.0.113.9/32") && le.Reason != "credential stuffing" {
 			t.Errorf("listed reason %q", le.Reason)
 		}
+	}
+}
+
+// TestTableSizeRefusalNamesFields: a policy whose tables differ from the
+// loaded maps is refused naming the policy fields, not a Go struct.
+func TestTableSizeRefusalNamesFields(t *testing.T) {
+	d := newDaemon(Options{})
+	d.dp = &loader.Datapath{Sizes: loader.DefaultSizes()}
+	err := d.checkSizes(policy.Tables{MaxRules: 7, PerSourceEntries: loader.DefaultSizes().SrcEntries})
+	if err == nil || !strings.Contains(err.Error(), "tables.max_rules 7 (loaded: ") || strings.Contains(err.Error(), "{") {
+		t.Errorf("refusal: %v", err)
 	}
 }
