@@ -23,13 +23,6 @@ func newPolicyCommand() *cobra.Command {
 	return cmd
 }
 
-// compileFile validates and compiles a policy file without ASN data,
-// l7: section included.
-func compileFile(path string) (*policy.Compiled, error) {
-	c, err := daemon.CheckFile(context.Background(), path, false, nil)
-	return c.Compiled, err
-}
-
 func newPolicyValidate() *cobra.Command {
 	var noASN bool
 	cmd := &cobra.Command{
