@@ -550,3 +550,65 @@ func TestDeletedPinsAreLoud(t *testing.T) {
 	}
 	h.stop(syscall.SIGTERM)
 }
+
+// TestStatusAnswersDuringASNLoad: while a policy change waits on its ASN
+// data (here a FIFO nobody writes to, so the load blocks as long as the
+// test wants), status, scrapes and deny add still answer: the daemon's
+// state lock is not held while a policy is prepared.
+func TestStatusAnswersDuringASNLoad(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	base := strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000), "  - {name: eg-c1, xdp_mode: native}\n", "", 1)
+	os.WriteFile(h.Config, []byte(base), 0o644)
+	h.start()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "asn.tsv")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	next := filepath.Join(dir, "next.yaml")
+	os.WriteFile(next, []byte(base+"asn_data: {path: "+fifo+"}\n"), 0o644)
+	done := make(chan error, 1)
+	go func() { _, err := h.ctl("policy", "apply", next, "--yes"); done <- err }()
+	// Wait until the daemon has the FIFO open (the load is under way).
+	waitFor(t, "the daemon to open the asn data", func() bool {
+		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return false // ENXIO: no reader yet
+		}
+		f.Close() // EOF for this read; the loader may open it again
+		return true
+	})
+	for _, cmd := range [][]string{{"status"}, {"deny", "add", "198.18.200.9", "--reason", "during load"}, {"deny", "list"}} {
+		start := time.Now()
+		if out, err := h.ctl(cmd...); err != nil {
+			t.Errorf("edgectl %v during an ASN load: %v\n%s", cmd, err, out)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("edgectl %v took %v during an ASN load", cmd, d)
+		}
+	}
+	if code, _ := h.get("/metrics"); code != 200 {
+		t.Errorf("scrape during an ASN load: %d", code)
+	}
+	// Let the load finish: every open of the FIFO gets garbage and EOF.
+	for {
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("apply with garbage ASN data succeeded")
+			}
+			// The CLI's diff step (a dry run, never counted) refused it.
+			if st := h.status(); st.Generation != 1 {
+				t.Errorf("after the refused apply: generation %d", st.Generation)
+			}
+			h.stop(syscall.SIGTERM)
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Write([]byte("not\tan asn file\n"))
+			f.Close()
+		}
+	}
+}
