@@ -42,7 +42,12 @@ validate is logged and the running one kept. Without --config it runs the built-
 policy (examples/edgeguard.yaml; see the README for its limits).
 
 On SIGINT/SIGTERM it detaches. With --keep the program stays attached and keeps enforcing from
-its pins under --pin-dir; the next 'edgectl run' takes it over.`,
+its pins under --pin-dir; the next 'edgectl run' takes it over.
+
+One daemon per --pin-dir (it holds a lock on the directory, which must be on the host's bpffs:
+inside a network namespace use 'nsenter --net=...', not 'ip netns exec'). Run-time list entries
+and a policy applied with 'edgectl policy apply' are kept in --state-dir across restarts and
+reboots; the --config file is never rewritten. A start that fails removes only what it made.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m, err := loader.ParseMode(mode)
