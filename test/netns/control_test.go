@@ -612,3 +612,23 @@ func TestStatusAnswersDuringASNLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestIPNetnsExecIsRefused: under 'ip netns exec' (a private /sys without
+// the host's bpffs) the daemon refuses to start, with the nsenter fix,
+// instead of pinning into a bpffs that vanishes with it.
+func TestIPNetnsExecIsRefused(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", filepath.Base(h.NS.Path()), h.Bin, "run", "--keep",
+		"--config", h.Config, "--pin-dir", h.PinDir, "--socket", h.Socket,
+		"--state-dir", filepath.Join(filepath.Dir(h.Socket), "state")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not on a bpf filesystem") || !strings.Contains(string(out), "nsenter --net") {
+		t.Fatalf("edgectl run --keep under ip netns exec: %v\n%s", err, out)
+	}
+	if got := attachedProgID(t, s.Edge, "eg-c0"); got != 0 {
+		t.Errorf("refused start left program %d attached", got)
+	}
+}
