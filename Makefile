@@ -16,8 +16,16 @@ help: ## Show this help.
 generate: ## Compile the BPF program and regenerate the Go bindings (needs clang-19).
 	go generate ./...
 
-build: ## Build edgectl into ./bin.
-	go build -o bin/edgectl ./cmd/edgectl
+# Version stamp for edgectl (edgectl version, status, edgeguard_build_info):
+# the commit's tag or hash, the commit and its date (not the build time, so a
+# rebuild of one commit is the same binary). Packaging uses EDGECTL_LDFLAGS too.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE ?= $(shell git log -1 --format=%cI 2>/dev/null)
+EDGECTL_LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(DATE)
+
+build: ## Build edgectl into ./bin, stamped with version, commit and date.
+	go build -ldflags "$(EDGECTL_LDFLAGS)" -o bin/edgectl ./cmd/edgectl
 
 test: ## Run every test (root needed for the BPF and netns tiers).
 	go test -count=1 -timeout 30m ./...

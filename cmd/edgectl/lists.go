@@ -17,15 +17,24 @@ func newListCommand(kind control.ListKind) *cobra.Command {
 		Use:   string(kind),
 		Short: fmt.Sprintf("Change the %s list on the running daemon (%s)", kind, verb),
 	}
+	groupCommand(cmd)
 	var ttl time.Duration
 	var reason string
+	var force bool
 	add := &cobra.Command{
 		Use:   "add PREFIX",
 		Short: fmt.Sprintf("Add an address or prefix to the %s list, at once, until removed or --ttl passes", kind),
-		Long: fmt.Sprintf(`Add an address or CIDR to the %s list of the running daemon. It takes effect at once
-and lasts until 'edgectl %s remove', or until --ttl passes (a temporary ban expires by
-itself). Entries added here live in the daemon, not in the policy file: a daemon restart
-forgets them; put permanent entries in the policy file.`, kind, kind),
+		Long: fmt.Sprintf(`Add an address or CIDR to the %s list of the running daemon (%s). It takes effect at
+once and lasts until 'edgectl %s remove', or until --ttl passes (a temporary entry expires
+by itself). Deny wins over allow when both cover a source. Entries added here live in the daemon, not in the policy file: the daemon keeps
+them in its state directory (--state-dir, default /var/lib/edgeguard), so a restart or a
+reboot keeps them; 'edgectl detach --unpin' does not remove them. Put permanent entries in
+the policy file.
+
+Prefixes wider than an IPv4 /16 or an IPv6 /32 are refused without --force, and so are deny
+entries overlapping the policy's lists.protected prefixes (your own networks, monitoring,
+upstream resolvers: L7 escalation never denies those either). Adding an entry that exists
+refreshes it (its new --ttl counts from now) and keeps its reason unless --reason is given.`, kind, verb, kind),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := policy.ParsePrefix(args[0])
@@ -35,7 +44,7 @@ forgets them; put permanent entries in the policy file.`, kind, kind),
 			if ttl < 0 {
 				return usageError{fmt.Errorf("--ttl must be positive")}
 			}
-			e, err := newClient(cmd).AddToList(cmd.Context(), kind, control.ListChange{Prefix: p, TTL: control.Duration(ttl), Reason: reason})
+			e, err := newClient(cmd).AddToList(cmd.Context(), kind, control.ListChange{Prefix: p, TTL: control.Duration(ttl), Reason: reason, Force: force})
 			if err != nil {
 				return err
 			}
@@ -48,7 +57,8 @@ forgets them; put permanent entries in the policy file.`, kind, kind),
 		},
 	}
 	add.Flags().DurationVar(&ttl, "ttl", 0, "remove the entry by itself after this long (e.g. 10m, 24h)")
-	add.Flags().StringVar(&reason, "reason", "", "a note shown by list")
+	add.Flags().StringVar(&reason, "reason", "", "why (shown by list and logged); re-adding an entry without --reason keeps its reason")
+	add.Flags().BoolVar(&force, "force", false, "add a prefix wider than IPv4 /16 or IPv6 /32, or (deny) one overlapping the policy's lists.protected")
 	remove := &cobra.Command{
 		Use:   "remove PREFIX",
 		Short: fmt.Sprintf("Remove an entry added with '%s add'", kind),

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/control"
 )
@@ -34,8 +36,20 @@ func newStatusCommand() *cobra.Command {
 
 func writeStatus(out io.Writer, st control.Status) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	up := "?"
+	if !st.Started.IsZero() {
+		up = fmt.Sprintf("up %s (since %s)", (time.Duration(st.UptimeSeconds) * time.Second).String(), st.Started.UTC().Format(time.RFC3339))
+	}
+	metrics := cmp.Or(st.MetricsAddr, "off")
+	fmt.Fprintf(w, "daemon\tversion %s, %s, metrics %s, state %s\n", st.Version, up, metrics, cmp.Or(st.StateDir, "in memory only"))
 	fmt.Fprintf(w, "policy\t%s (generation %d, data plane half %d, mode %s, clock %s)\n",
 		st.Policy, st.Generation, st.DataGen, st.Mode, st.Clock)
+	if st.PolicyOrigin != "" {
+		fmt.Fprintf(w, "policy from\t%s\n", st.PolicyOrigin)
+	}
+	if st.L7 != "" {
+		fmt.Fprintf(w, "l7 stage\t%s\n", st.L7)
+	}
 	r := st.LastReload
 	result := "ok"
 	if !r.OK {
@@ -121,11 +135,13 @@ func newTopCommand() *cobra.Command {
 	var n int
 	cmd := &cobra.Command{
 		Use:   "top",
-		Short: "Show the top dropped sources, prefixes and ASNs from drop samples, refreshing live",
-		Long: `Show the top dropped sources, /24 (IPv4) or /48 (IPv6) prefixes and ASNs, from the data
-plane's drop samples over the last --window. Counts are samples: the data plane sends at
-most 1,000 per second, so shares are exact only while drops stay under that rate.
-It refreshes every --every until interrupted; --once prints once (for scripts).`,
+		Short: "Show the top dropped sources, prefixes, ASNs, reasons and rules from samples, refreshing live",
+		Long: `Show the top sources, /24 (IPv4) or /48 (IPv6) prefixes, ASNs, reasons (source_limit,
+deny_list, ...) and rules in the data plane's samples over the last --window. Each row is one
+key and ACTION: drop (the packets were dropped) or would_drop (a rule in dry-run mode would
+have dropped them; they passed). Counts are samples, not packets: the data plane sends at
+most 1,000 per second (bursts of 100), so shares are exact only while drops stay under
+that rate. It refreshes every --every until interrupted; --once prints once (for scripts).`,
 		Args: cobra.NoArgs,
 	}
 	asJSON := addJSONFlag(cmd)
@@ -161,25 +177,29 @@ It refreshes every --every until interrupted; --once prints once (for scripts).`
 	return cmd
 }
 
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+// isTerminal says whether a command's stdin or stdout is a terminal.
+func isTerminal(rw any) bool {
+	f, ok := rw.(*os.File)
 	if !ok {
 		return false
 	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	// A terminal answers the termios ioctl; /dev/null, also a character
+	// device, does not.
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 func writeTop(out io.Writer, t control.Top) {
-	fmt.Fprintf(out, "drop samples in the last %s: %d\n", time.Duration(t.Window), t.Samples)
+	fmt.Fprintf(out, "samples in the last %s: %d (ACTION drop: dropped; would_drop: a dry-run rule's, not dropped)\n",
+		time.Duration(t.Window), t.Samples)
 	for _, sec := range []struct {
 		title string
 		rows  []control.TopEntry
-	}{{"SOURCE", t.Sources}, {"PREFIX", t.Prefixes}, {"ASN", t.ASNs}} {
+	}{{"SOURCE", t.Sources}, {"PREFIX", t.Prefixes}, {"ASN", t.ASNs}, {"REASON", t.Reasons}, {"RULE", t.Rules}} {
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(w, "\n%s\tSAMPLES\tSHARE\n", sec.title)
+		fmt.Fprintf(w, "\n%s\tACTION\tSAMPLES\tSHARE\n", sec.title)
 		for _, r := range sec.rows {
-			fmt.Fprintf(w, "%s\t%d\t%.1f%%\n", r.Key, r.Samples, 100*r.Share)
+			fmt.Fprintf(w, "%s\t%s\t%d\t%.1f%%\n", r.Key, r.Action, r.Samples, 100*r.Share)
 		}
 		w.Flush()
 	}

@@ -9,10 +9,17 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	buildversion "github.com/edgeguard/edgeguard/internal/version"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// Set by the Makefile (and the package build) with
+// -ldflags "-X main.version=... -X main.commit=... -X main.date=...".
+var version, commit, date string
+
+// buildInfo is this binary's version: the stamp, else the toolchain's.
+func buildInfo() buildversion.Info {
+	return buildversion.Read(buildversion.Stamp{Version: version, Commit: commit, Date: date})
+}
 
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
@@ -20,7 +27,9 @@ func newRootCommand() *cobra.Command {
 		Short:         "Run and control Edgeguard, an XDP + HTTP edge flood limiter",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildInfo().String(),
 	}
+	root.SetVersionTemplate("edgectl {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
@@ -32,6 +41,26 @@ func newRootCommand() *cobra.Command {
 		newListCommand(control.Allow), newASNCommand(), newDemoCommand(), newExplainCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
+}
+
+// groupCommand makes a command that only groups others refuse words it
+// does not know: cobra would print the group's help and exit 0 for a
+// mistyped subcommand ('edgectl deny ad 1.2.3.4').
+func groupCommand(cmd *cobra.Command) {
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return nil
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], c.CommandPath())
+		if c.SuggestionsMinimumDistance <= 0 {
+			c.SuggestionsMinimumDistance = 2
+		}
+		if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += fmt.Sprintf(": did you mean %q?", s[0])
+		}
+		return usageError{fmt.Errorf("%s (see '%s --help')", msg, c.CommandPath())}
+	}
+	cmd.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
 }
 
 func isCobraUsageError(err error) bool {
@@ -65,10 +94,11 @@ func newVersionCommand() *cobra.Command {
 	}
 	asJSON := addJSONFlag(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		info := buildInfo()
 		if *asJSON {
-			return printJSON(cmd.OutOrStdout(), map[string]string{"version": version})
+			return printJSON(cmd.OutOrStdout(), info)
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "edgectl %s\n", version)
+		fmt.Fprintf(cmd.OutOrStdout(), "edgectl %s\n", info)
 		return nil
 	}
 	return cmd

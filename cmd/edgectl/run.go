@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -14,6 +13,9 @@ import (
 	"github.com/edgeguard/edgeguard/internal/daemon"
 	"github.com/edgeguard/edgeguard/internal/loader"
 )
+
+// defaultStateDir is systemd's StateDirectory=edgeguard.
+const defaultStateDir = "/var/lib/edgeguard"
 
 func newRunCommand() *cobra.Command {
 	var (
@@ -25,6 +27,7 @@ func newRunCommand() *cobra.Command {
 		keep     bool
 		interval time.Duration
 		v4Chunks uint32
+		stateDir string
 	)
 	cmd := &cobra.Command{
 		Use:   "run [--config FILE] [--iface IFACE ...]",
@@ -39,7 +42,12 @@ validate is logged and the running one kept. Without --config it runs the built-
 policy (examples/edgeguard.yaml; see the README for its limits).
 
 On SIGINT/SIGTERM it detaches. With --keep the program stays attached and keeps enforcing from
-its pins under --pin-dir; the next 'edgectl run' takes it over.`,
+its pins under --pin-dir; the next 'edgectl run' takes it over.
+
+One daemon per --pin-dir (it holds a lock on the directory, which must be on the host's bpffs:
+inside a network namespace use 'nsenter --net=...', not 'ip netns exec'). Run-time list entries
+and a policy applied with 'edgectl policy apply' are kept in --state-dir across restarts and
+reboots; the --config file is never rewritten. A start that fails removes only what it made.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m, err := loader.ParseMode(mode)
@@ -51,10 +59,10 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 				return err
 			}
 			socket, _ := cmd.Flags().GetString("socket")
-			stateDir := ""
-			if socket != "" {
-				stateDir = filepath.Dir(socket)
-			}
+			// A closed stdout (edgectl run | head -1) must not kill the
+			// daemon: with SIGPIPE ignored the write fails with EPIPE,
+			// which the daemon logs, and it keeps running.
+			signal.Ignore(syscall.SIGPIPE)
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
@@ -77,7 +85,7 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 			err = daemon.Run(ctx, daemon.Options{
 				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
 				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(), IPv4DirectChunks: v4Chunks,
-				Logger: log, Reload: reload, Version: version,
+				Logger: log, Reload: reload, Build: buildInfo(),
 				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"),
 			})
 			return asValidation(err)
@@ -88,6 +96,8 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 	cmd.Flags().StringVar(&mode, "xdp-mode", "auto", "xdp attach mode for --iface: auto (native, else generic), native or generic")
 	cmd.Flags().StringVar(&pinDir, "pin-dir", loader.DefaultPinDir, "bpffs directory for pinned maps and links")
 	cmd.Flags().StringVar(&metrics, "metrics-listen", "", `metrics address, overriding the policy's ("off" disables)`)
+	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir,
+		"durable state: run-time list entries and the policy applied with 'edgectl policy apply' (\"\": in memory only)")
 	cmd.Flags().BoolVar(&keep, "keep", false, "on stop, keep the program attached and enforcing (pinned)")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between counter lines (0: none)")
 	cmd.Flags().Uint32Var(&v4Chunks, "ipv4-direct-chunks", 0,
@@ -101,16 +111,31 @@ func newDetachCommand() *cobra.Command {
 	var unpin bool
 	cmd := &cobra.Command{
 		Use:   "detach --unpin",
-		Short: "Detach a program left enforcing by 'run --keep' and drop all its state",
-		Args:  cobra.NoArgs,
+		Short: "Detach a program left enforcing by 'run --keep' and drop its data-plane state",
+		Long: `Remove the pins under --pin-dir: the pinned links (the program leaves the interfaces once no
+process holds it) and the pinned maps with all data-plane state (buckets, counters, the
+list entries as the data plane holds them). It refuses while a daemon runs on that pin
+directory: stop the daemon instead (without --keep it detaches by itself).
+
+The daemon's state directory (--state-dir, default /var/lib/edgeguard) is not touched: the
+run-time deny/allow entries and the policy applied with 'edgectl policy apply' are kept, and
+the next 'edgectl run' restores them. To drop those too, remove STATE_DIR/lists.json and
+STATE_DIR/applied-policy.json.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !unpin {
 				return usageError{fmt.Errorf("detach removes the pinned program and its state: confirm with --unpin")}
 			}
-			if err := loader.Unpin(pinDir); err != nil {
+			removed, err := daemon.Detach(pinDir)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "removed pins under %s; the program detaches once no process holds it\n", pinDir)
+			if !removed {
+				fmt.Fprintf(cmd.OutOrStdout(), "nothing pinned under %s: nothing to detach\n", pinDir)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed pins under %s; the program detaches once no process holds it "+
+				"(run-time list entries and the applied policy in the state directory are kept)\n", pinDir)
 			return nil
 		},
 	}

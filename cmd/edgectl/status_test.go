@@ -29,7 +29,9 @@ func statusFixture(v4 control.IPv4Direct) control.Status {
 			{Name: "rules", ID: 13, Capacity: 2048},
 		},
 		PinDir: "/sys/fs/bpf/edgeguard", ASNEntries: 500000,
-		IPv4Direct: v4,
+		IPv4Direct:   v4,
+		PolicyOrigin: "config file", StateDir: "/var/lib/edgeguard", MetricsAddr: "127.0.0.1:9469", L7: "off",
+		Started: time.Date(2026, 11, 30, 11, 0, 0, 0, time.UTC), UptimeSeconds: 3725,
 	}
 }
 

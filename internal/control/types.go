@@ -5,6 +5,8 @@ package control
 import (
 	"net/netip"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/version"
 )
 
 // DefaultSocket is where the daemon listens.
@@ -18,19 +20,29 @@ type Error struct {
 
 // Status describes the running daemon.
 type Status struct {
-	Version    string      `json:"version"`
-	Policy     string      `json:"policy"` // file path or built-in name
-	Generation uint64      `json:"generation"`
-	DataGen    uint32      `json:"dataplane_generation"` // 0 or 1: the live half
-	LastReload ReloadInfo  `json:"last_reload"`
-	Mode       string      `json:"mode"`
-	Clock      string      `json:"clock"` // the policy's clock: precise or coarse
-	Interfaces []Interface `json:"interfaces"`
-	ProgramID  uint32      `json:"program_id"`
-	Maps       []MapInfo   `json:"maps"`
-	PinDir     string      `json:"pin_dir"`
-	ASNEntries int         `json:"asn_entries"`
-	IPv4Direct IPv4Direct  `json:"ipv4_direct_table"`
+	Version string `json:"version"`
+	Policy  string `json:"policy"` // file path or built-in name
+	// PolicyOrigin says why that policy runs: the config file, the
+	// built-in one, or one applied with 'edgectl policy apply'.
+	PolicyOrigin string      `json:"policy_origin,omitempty"`
+	Generation   uint64      `json:"generation"`
+	DataGen      uint32      `json:"dataplane_generation"` // 0 or 1: the live half
+	LastReload   ReloadInfo  `json:"last_reload"`
+	Mode         string      `json:"mode"`
+	Clock        string      `json:"clock"` // the policy's clock: precise or coarse
+	Interfaces   []Interface `json:"interfaces"`
+	ProgramID    uint32      `json:"program_id"`
+	Maps         []MapInfo   `json:"maps"`
+	PinDir       string      `json:"pin_dir"`
+	ASNEntries   int         `json:"asn_entries"`
+	IPv4Direct   IPv4Direct  `json:"ipv4_direct_table"`
+	StateDir     string      `json:"state_dir,omitempty"`
+	// Started is when the daemon started; UptimeSeconds is since then.
+	Started       time.Time    `json:"started,omitzero"`
+	UptimeSeconds int64        `json:"uptime_seconds,omitempty"`
+	MetricsAddr   string       `json:"metrics_addr,omitempty"` // "" when metrics are off
+	L7            string       `json:"l7,omitempty"`           // "off" or "listening on ADDR"
+	Build         version.Info `json:"build"`
 	// Congestion is each aggregate kind's congestion state.
 	Congestion []Congestion `json:"congestion,omitempty"`
 }
@@ -109,21 +121,27 @@ type RuleStat struct {
 	WouldDropRate float64 `json:"would_drop_per_second"`
 }
 
-// Top lists the heaviest dropped sources, prefixes and ASNs seen in drop
-// samples. Counts are samples, not packets: the data plane sends at most
-// its sample budget per second, so shares are exact only while drops stay
-// under that budget.
+// Top lists the heaviest sources, prefixes, ASNs, reasons and rules seen
+// in the data plane's samples, each row one (key, action): drops and a
+// dry-run rule's would-drops apart. Counts are samples, not packets: the
+// data plane sends at most its sample budget per second, so shares are
+// exact only while drops stay under that budget.
 type Top struct {
 	Window   Duration   `json:"window"`
 	Samples  uint64     `json:"samples"`
 	Sources  []TopEntry `json:"sources"`
 	Prefixes []TopEntry `json:"prefixes"`
 	ASNs     []TopEntry `json:"asns"`
+	Reasons  []TopEntry `json:"reasons"` // Key: the verdict's reason (source_limit, deny_list, ...)
+	Rules    []TopEntry `json:"rules"`   // Key: the rule's name
 }
 
 // TopEntry is one talker.
 type TopEntry struct {
-	Key     string  `json:"key"`
+	Key string `json:"key"`
+	// Action is the verdict the samples recorded: drop, or would_drop for
+	// a rule in dry-run mode (never counted as a drop).
+	Action  string  `json:"action"`
 	Samples uint64  `json:"samples"`
 	Share   float64 `json:"share"` // of all samples in the window
 }
@@ -151,6 +169,9 @@ type ListChange struct {
 	TTL    Duration     `json:"ttl,omitempty"` // 0: until removed
 	Reason string       `json:"reason,omitempty"`
 	Origin string       `json:"origin,omitempty"` // cli (default) or l7
+	// Force adds a cli entry wider than the daemon's bound (IPv4 /16,
+	// IPv6 /32) or overlapping the policy's lists.protected prefixes.
+	Force bool `json:"force,omitempty"`
 }
 
 // PolicyDoc is a policy file's text.
@@ -163,6 +184,8 @@ type PolicyDoc struct {
 // PolicyChange is the answer to a diff or an apply.
 type PolicyChange struct {
 	Diff       string `json:"diff"`
+	Changes    int    `json:"changes"` // lines of Diff; 0: the policy is the running one
+	Warning    string `json:"warning,omitempty"`
 	Applied    bool   `json:"applied"`
 	Generation uint64 `json:"generation"`
 }

@@ -23,30 +23,49 @@ import (
 
 type peerUIDKey struct{}
 
-// serveControl serves the control API on the Unix socket, root only: the
-// socket is mode 0600 in a 0700 directory, and every connection's peer
-// credentials are checked as well.
-func (d *Daemon) serveControl(ctx context.Context) error {
-	if d.opts.Socket == "" {
-		return nil
+// Request body bounds of the control API: a policy document (the YAML
+// text inline; large prefix lists belong in list files, which the daemon
+// reads itself) and everything else, a few hundred bytes in practice.
+const (
+	maxPolicyBody = 16 << 20
+	maxSmallBody  = 64 << 10
+)
+
+// listenControl binds the control socket, root only: mode 0600 in a 0700
+// directory (every connection's peer credentials are checked as well). A
+// socket another daemon still answers on is refused, not stolen.
+func listenControl(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create socket dir: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(d.opts.Socket), 0o700); err != nil {
-		return fmt.Errorf("create socket dir: %w", err)
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("control socket %s: another edgectl run answers on it: stop it first, or pass another --socket", path)
 	}
-	if err := os.Remove(d.opts.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
 	}
-	ln, err := net.Listen("unix", d.opts.Socket)
+	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", d.opts.Socket, err)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
-	if err := os.Chmod(d.opts.Socket, 0o600); err != nil {
+	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
-		return fmt.Errorf("restrict socket: %w", err)
+		return nil, fmt.Errorf("restrict socket: %w", err)
+	}
+	return ln, nil
+}
+
+// serveControl serves the control API on the socket bound at start.
+func (d *Daemon) serveControl(ctx context.Context) error {
+	ln := d.controlLn
+	if ln == nil {
+		return nil
 	}
 	srv := &http.Server{
 		Handler:           d.rootOnly(d.controlMux()),
 		ReadHeaderTimeout: 5 * time.Second,
+		MaxHeaderBytes:    maxSmallBody,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, peerUIDKey{}, peerUID(c))
 		},
@@ -63,6 +82,26 @@ func (d *Daemon) serveControl(ctx context.Context) error {
 	}
 	os.Remove(d.opts.Socket)
 	return nil
+}
+
+// decodeBody decodes a JSON request body of at most limit bytes; a larger
+// one is refused with 413 before it is read whole.
+func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, what string, v any) bool {
+	if r.ContentLength > limit {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("%s: %d bytes, at most %d", what, r.ContentLength, limit))
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("%s: more than %d bytes", what, limit))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, fmt.Errorf("decode %s: %w", what, err))
+		return false
+	}
+	return true
 }
 
 func (d *Daemon) rootOnly(h http.Handler) http.Handler {
@@ -106,7 +145,14 @@ func (d *Daemon) controlMux() *http.ServeMux {
 			}
 			n = v
 		}
-		writeJSON(w, d.top.report(time.Now(), window, n))
+		names := d.ruleNames()
+		bySlot := map[uint32]string{}
+		if slots, err := d.m.RuleSlots(); err == nil {
+			for id, slot := range slots {
+				bySlot[slot] = names[id]
+			}
+		}
+		writeJSON(w, d.top.report(time.Now(), window, n, func(slot uint32) string { return bySlot[slot] }))
 	})
 	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
@@ -135,8 +181,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 			return
 		}
 		var ch control.ListChange
-		if err := json.NewDecoder(r.Body).Decode(&ch); err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("decode list change: %w", err))
+		if !decodeBody(w, r, maxSmallBody, "list change", &ch) {
 			return
 		}
 		e, err := d.AddToList(kind, ch)
@@ -175,20 +220,26 @@ func listKind(r *http.Request) (control.ListKind, error) {
 	return "", fmt.Errorf("unknown list %q: use deny or allow", r.PathValue("kind"))
 }
 
+// policyChange diffs (apply false) or applies a policy document. The
+// daemon's state lock is not held while the policy is parsed or its ASN
+// data loaded: only changeMu, which serializes changes.
 func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool) {
 	var doc control.PolicyDoc
-	if err := json.NewDecoder(r.Body).Decode(&doc); err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Errorf("decode policy: %w", err))
+	if !decodeBody(w, r, maxPolicyBody, "policy", &doc) {
 		return
 	}
 	source := doc.Source
 	if source == "" {
 		source = "policy"
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	next, err := d.prepare(r.Context(), []byte(doc.YAML), source)
+	d.changeMu.Lock()
+	defer d.changeMu.Unlock()
+	ctx := context.WithoutCancel(r.Context())
+	next, err := d.prepare(ctx, []byte(doc.YAML), source)
 	if err != nil {
+		if apply {
+			d.fail(err, "api")
+		}
 		var ve *policy.ValidationError
 		if errors.As(err, &ve) {
 			e := control.Error{Error: fmt.Sprintf("invalid policy %s: %d problem(s)", source, len(ve.Problems))}
@@ -201,58 +252,58 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 		writeError(w, http.StatusUnprocessableEntity, err)
 		return
 	}
-	change := control.PolicyChange{Diff: policy.FormatDiff(policy.Diff(d.cur.compiled, next.compiled)), Generation: d.generation}
+	d.mu.Lock()
+	cur, gen := d.cur, d.generation
+	d.mu.Unlock()
+	changes := append(policy.DiffSections(cur.pol, next.pol), policy.Diff(cur.compiled, next.compiled)...)
+	change := control.PolicyChange{Diff: policy.FormatDiff(changes), Changes: len(changes), Generation: gen}
 	if !apply {
 		writeJSON(w, change)
 		return
 	}
-	if d.opts.ConfigPath == "" {
-		writeError(w, http.StatusConflict, errors.New("the daemon runs the built-in policy (no --config): "+
-			"start it with --config FILE to change the policy at run time"))
+	// The applied policy is kept in the state directory, never written
+	// over the operator's config file: written and synced before the
+	// apply, put in place after it.
+	var pending *pendingFile
+	saved := appliedPolicy{Source: source, AppliedAt: time.Now().UTC(), ConfigPath: d.opts.ConfigPath,
+		ConfigSHA256: sha256Hex(d.fileRaw), YAML: doc.YAML}
+	if path := d.statePath(appliedFile); path != "" {
+		data, err := json.MarshalIndent(saved, "", "  ")
+		if err == nil {
+			pending, err = prepareFile(path, data, 0o600)
+		}
+		if err != nil {
+			err = fmt.Errorf("policy not applied: save it to the state directory: %w", err)
+			d.fail(err, "api")
+			writeError(w, http.StatusInternalServerError, err)
+			return
+		}
+	}
+	if err := d.apply(ctx, next, "api"); err != nil {
+		if pending != nil {
+			pending.abort()
+		}
+		d.fail(err, "api")
+		writeError(w, http.StatusUnprocessableEntity, fmt.Errorf("policy not applied, nothing changed: %w", err))
 		return
 	}
-	// Apply first, then make it the configuration: a policy the data
-	// plane refused never reaches the file.
-	next.source = d.opts.ConfigPath
-	if err := d.commit(next, "api"); err != nil {
-		d.failLocked(err, "api")
-		writeError(w, http.StatusInternalServerError, err)
-		return
+	d.applied = &saved
+	origin := fmt.Sprintf("applied with 'edgectl policy apply' at %s", saved.AppliedAt.Format(time.RFC3339))
+	if pending != nil {
+		if err := pending.commit(); err != nil {
+			origin += "; not saved, a restart runs the config file"
+			d.log.Error("policy applied but not saved: a restart runs the config file", "err", err)
+			change.Warning = fmt.Sprintf("applied, but not saved (%v): a restart runs the config file", err)
+		}
+	} else {
+		origin += "; no --state-dir, a restart runs the config file"
+		change.Warning = "applied, but the daemon has no --state-dir: a restart runs the config file"
 	}
-	if err := d.syncAttachments(); err != nil {
-		writeError(w, http.StatusInternalServerError, err)
-		return
-	}
-	if err := d.syncL7(context.WithoutCancel(r.Context())); err != nil {
-		writeError(w, http.StatusInternalServerError, err)
-		return
-	}
-	if err := writeFileAtomic(d.opts.ConfigPath, []byte(doc.YAML)); err != nil {
-		writeError(w, http.StatusInternalServerError, fmt.Errorf("policy applied, but saving it to %s failed: %w", d.opts.ConfigPath, err))
-		return
-	}
+	d.mu.Lock()
+	d.origin = origin
 	change.Applied, change.Generation = true, d.generation
+	d.mu.Unlock()
 	writeJSON(w, change)
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".edgeguard-policy-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // Status describes the daemon for `edgectl status`.
@@ -260,11 +311,19 @@ func (d *Daemon) Status() control.Status {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := control.Status{
-		Version: d.opts.Version, Policy: d.cur.source, Generation: d.generation, LastReload: d.lastReload,
-		Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
+		Version: d.opts.Build.Version, Build: d.opts.Build, Policy: d.cur.source, PolicyOrigin: d.origin, Generation: d.generation,
+		LastReload: d.lastReload, Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
+		StateDir: d.opts.StateDir, Started: d.started, UptimeSeconds: int64(time.Since(d.started).Seconds()),
+		L7: "off",
 	}
-	if d.asnTable != nil {
-		st.ASNEntries = d.asnTable.Len()
+	if d.metricsLn != nil {
+		st.MetricsAddr = d.metricsLn.Addr().String()
+	}
+	if d.l7 != nil {
+		st.L7 = "listening on " + d.l7.listen
+	}
+	if d.cur.asn != nil {
+		st.ASNEntries = d.cur.asn.Len()
 	}
 	st.DataGen, _ = d.m.ActiveGen()
 	st.IPv4Direct = ipv4DirectInfo(d.m.V4Direct())
@@ -359,13 +418,30 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 		return control.ListEntry{}, fmt.Errorf("unknown origin %q: use cli or l7", origin)
 	}
 	p := ch.Prefix.Masked()
+	if ch.Force && origin != "cli" {
+		return control.ListEntry{}, errors.New("force is for the operator's cli entries only")
+	}
+	if !ch.Force {
+		if err := checkWidth(kind, p); err != nil {
+			return control.ListEntry{}, err
+		}
+	}
 	e := dynEntry{origin: origin, reason: ch.Reason}
 	if ch.TTL > 0 {
 		e.expires = time.Now().Add(time.Duration(ch.TTL))
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if kind == control.Deny && !ch.Force {
+		if err := d.checkProtected(p); err != nil {
+			return control.ListEntry{}, err
+		}
+	}
 	prev, had := d.dyn[kind][p]
+	if had && e.reason == "" {
+		// Refreshing an entry (a new TTL) keeps why it was added.
+		e.reason = prev.reason
+	}
 	d.dyn[kind][p] = e
 	if err := d.syncLists(); err != nil {
 		if had {
@@ -378,8 +454,9 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 	if err := d.saveLists(); err != nil {
 		d.log.Error("list entry added but not saved: a restart forgets it", "err", err)
 	}
-	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin)
-	le := control.ListEntry{Prefix: p, Origin: origin, Reason: ch.Reason}
+	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin,
+		"reason", e.reason, "forced", ch.Force, "refreshed", had)
+	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason}
 	if !e.expires.IsZero() {
 		le.Expires = &e.expires
 	}

@@ -11,9 +11,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	stdmaps "maps"
+	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +30,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/version"
 )
 
 // Options configure a daemon.
@@ -40,8 +45,9 @@ type Options struct {
 	PinDir string
 	// Socket is the control socket path; empty disables it.
 	Socket string
-	// StateDir keeps run-time list entries across restarts; empty keeps
-	// them in memory only.
+	// StateDir keeps run-time list entries and the policy applied with
+	// 'edgectl policy apply' across restarts and reboots; empty keeps them
+	// in memory only.
 	StateDir string
 	// MetricsListen overrides the policy's metrics address; "off" disables.
 	MetricsListen string
@@ -59,7 +65,9 @@ type Options struct {
 	Reload <-chan struct{}
 	// PollInterval is how often the policy file is checked for changes.
 	PollInterval time.Duration
-	Version      string
+	// Build is the daemon's version, shown in status and exported as
+	// edgeguard_build_info.
+	Build version.Info
 	// ASNProgress, if set, is told how far an ASN data load is (a CLI
 	// draws a progress bar with it).
 	ASNProgress func(done, total int64)
@@ -74,6 +82,7 @@ type running struct {
 	names    map[uint32]string // rule id -> name
 	l7       *proxy.Config     // nil: no l7: section
 	l7raw    []byte
+	asn      *asn.Table // its ASN data, nil without
 }
 
 // dynEntry is a list entry added at run time.
@@ -85,29 +94,40 @@ type dynEntry struct {
 
 // Daemon is a running Edgeguard.
 type Daemon struct {
-	opts Options
-	log  *slog.Logger
-	dp   *loader.Datapath
-	m    *maps.Maps
+	opts    Options
+	log     *slog.Logger
+	dp      *loader.Datapath
+	m       *maps.Maps
+	started time.Time
 
-	mu         sync.Mutex // serializes every change of policy, lists, attachments
+	// changeMu serializes policy changes (reloads and applies). It is held
+	// while a policy is parsed, its ASN data loaded and its L7 stage
+	// readied; mu is not, so status, lists and scrapes go on meanwhile.
+	changeMu sync.Mutex
+	fileRaw  []byte         // the config file's content as last read (changeMu)
+	applied  *appliedPolicy // the running policy came from 'policy apply' (changeMu)
+	asnPath  string         // ASN data cache (changeMu)
+	asnStamp time.Time
+	asnTable *asn.Table
+
+	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
 	cur        running
+	origin     string // why the running policy is the one running
 	generation uint64
 	lastReload control.ReloadInfo
 	reloads    uint64
 	failures   uint64
 	dyn        map[control.ListKind]map[netip.Prefix]dynEntry
-	asnPath    string
-	asnStamp   time.Time
-	asnTable   *asn.Table
 	atts       map[string]*loader.Attachment
 
 	history *history
 	top     *topTalkers
 	recent  *recentSamples // last drop samples, for explain
 
-	lock        *os.File // held while the daemon runs (lockState)
+	locks       []*os.File // flocks held while the daemon runs (pin dir, state dir)
 	reg         *prometheus.Registry
+	metricsLn   net.Listener // bound at start, before anything is loaded
+	controlLn   net.Listener
 	l7          *l7Stage // nil: no L7 stage running
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
@@ -124,15 +144,32 @@ func Run(ctx context.Context, o Options) error {
 	return d.serve(ctx)
 }
 
+// startUndo records what a start created, so that a failed start removes
+// exactly that: it never detaches or unpins what an earlier run left
+// enforcing.
+type startUndo struct {
+	pinDir bool // the pin directory was made by this start
+	maps   bool // the pinned maps were created (not re-opened) by this start
+}
+
 func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	d := newDaemon(o)
-	if err := d.lockState(); err != nil {
+	var undo startUndo
+	defer func() {
+		if err != nil {
+			d.undoStart(undo)
+		}
+	}()
+	if undo.pinDir, err = d.lockPinDir(); err != nil {
+		return nil, err
+	}
+	if err := d.lockStateDir(); err != nil {
 		return nil, err
 	}
 	if err := d.loadLists(); err != nil {
 		return nil, err
 	}
-	raw, source, err := d.readConfig()
+	raw, source, err := d.choosePolicy()
 	if err != nil {
 		return nil, err
 	}
@@ -140,24 +177,72 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	ifaces := d.wantIfaces(next.pol)
-	if len(ifaces) == 0 {
+	want := d.wantIfaces(next.pol)
+	if len(want) == 0 {
 		return nil, errors.New("no interface to protect: list interfaces in the policy or pass --iface IFACE")
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	if o.ConfigPath == "" && len(o.Ifaces) == 0 {
+		names := slices.Sorted(stdmaps.Keys(want))
+		d.log.Warn("no --config and no --iface: the built-in policy protects its own interfaces; pass --iface IFACE for another",
+			"ifaces", strings.Join(names, ","))
+	}
+	// Addresses first: a taken port fails here, before anything is
+	// loaded or attached.
+	if err := d.listen(next); err != nil {
+		return nil, err
+	}
+	if err := d.checkPins(); err != nil {
+		return nil, err
+	}
+	if o.PinDir != "" {
+		_, statErr := os.Stat(filepath.Join(o.PinDir, "maps"))
+		undo.maps = errors.Is(statErr, os.ErrNotExist)
+	}
 	if err := d.loadDatapath(next); err != nil {
 		return nil, err
 	}
-	if err := d.syncAttachments(); err != nil {
-		d.dp.Close()
+	if err := d.apply(ctx, next, "start"); err != nil {
 		return nil, err
 	}
+	d.recordPins()
 	return d, nil
 }
 
+// undoStart removes what a failed start made: attachments it made (links
+// it took over are released and keep enforcing), the maps it created, the
+// pin directory if it made it, its listeners and locks.
+func (d *Daemon) undoStart(u startUndo) {
+	for _, a := range d.atts {
+		a.Release()
+	}
+	d.atts = map[string]*loader.Attachment{}
+	if d.dp != nil {
+		d.dp.Close()
+	}
+	if d.metricsLn != nil {
+		d.metricsLn.Close()
+	}
+	if d.controlLn != nil {
+		d.controlLn.Close()
+		os.Remove(d.opts.Socket)
+	}
+	if d.opts.PinDir != "" {
+		switch {
+		case u.pinDir:
+			if err := loader.Unpin(d.opts.PinDir); err != nil {
+				d.log.Error("failed start: remove the pins it made", "err", err)
+			}
+		case u.maps:
+			if err := os.RemoveAll(filepath.Join(d.opts.PinDir, "maps")); err != nil {
+				d.log.Error("failed start: remove the maps it made", "err", err)
+			}
+		}
+	}
+	d.unlock()
+}
+
 // loadDatapath loads (or re-opens from the pins) the data plane with the
-// policy's table sizes and applies the policy. Caller holds d.mu.
+// policy's table sizes. It applies nothing.
 func (d *Daemon) loadDatapath(next running) error {
 	t := next.pol.Tables
 	if d.opts.IPv4DirectChunks != 0 && d.opts.IPv4DirectChunks != t.IPv4DirectChunks {
@@ -169,10 +254,6 @@ func (d *Daemon) loadDatapath(next running) error {
 		return err
 	}
 	d.dp, d.m = dp, maps.New(dp)
-	if err := d.commit(next, "start"); err != nil {
-		dp.Close()
-		return err
-	}
 	return nil
 }
 
@@ -189,6 +270,7 @@ func newDaemon(o Options) *Daemon {
 	d := &Daemon{
 		opts:        o,
 		log:         log,
+		started:     time.Now(),
 		dyn:         map[control.ListKind]map[netip.Prefix]dynEntry{control.Deny: {}, control.Allow: {}},
 		atts:        map[string]*loader.Attachment{},
 		history:     newHistory(16),
@@ -220,34 +302,6 @@ func (d *Daemon) wantIfaces(p *policy.Policy) map[string]loader.Mode {
 	return out
 }
 
-// syncAttachments attaches to interfaces the policy gained and detaches
-// from those it lost. Caller holds d.mu.
-func (d *Daemon) syncAttachments() error {
-	want := d.wantIfaces(d.cur.pol)
-	for name, mode := range want {
-		if _, ok := d.atts[name]; ok {
-			continue
-		}
-		a, err := d.dp.Attach(name, mode)
-		if err != nil {
-			return err
-		}
-		d.atts[name] = a
-		d.log.Info("attached", "iface", name, "mode", a.Mode)
-	}
-	for name, a := range d.atts {
-		if _, ok := want[name]; ok {
-			continue
-		}
-		if err := a.Detach(); err != nil {
-			return err
-		}
-		delete(d.atts, name)
-		d.log.Info("detached", "iface", name)
-	}
-	return nil
-}
-
 func (d *Daemon) readConfig() ([]byte, string, error) {
 	if d.opts.ConfigPath == "" {
 		return examples.DefaultPolicy(), examples.DefaultPolicyName, nil
@@ -259,8 +313,41 @@ func (d *Daemon) readConfig() ([]byte, string, error) {
 	return raw, d.opts.ConfigPath, nil
 }
 
+// choosePolicy picks the policy to start with and logs which and why: the
+// one last applied with 'edgectl policy apply' while the config file is
+// unchanged since, else the config file (or the built-in policy).
+func (d *Daemon) choosePolicy() ([]byte, string, error) {
+	raw, source, err := d.readConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	d.fileRaw = raw
+	a, err := d.loadApplied()
+	if err != nil {
+		return nil, "", err
+	}
+	if a != nil && a.ConfigPath == d.opts.ConfigPath && a.ConfigSHA256 == sha256Hex(raw) {
+		d.applied = a
+		d.origin = fmt.Sprintf("applied with 'edgectl policy apply' at %s; %s unchanged since (state %s)",
+			a.AppliedAt.UTC().Format(time.RFC3339), source, d.statePath(appliedFile))
+		d.log.Info("running the applied policy", "policy", a.Source, "why", d.origin)
+		return []byte(a.YAML), a.Source, nil
+	}
+	if a != nil {
+		d.log.Info("the config file changed since the last 'edgectl policy apply': running the config file",
+			"policy", source, "superseded", d.statePath(appliedFile))
+		d.dropApplied()
+	}
+	d.origin = "config file"
+	if d.opts.ConfigPath == "" {
+		d.origin = "built-in (no --config)"
+	}
+	d.log.Info("running the policy", "policy", source, "why", d.origin)
+	return raw, source, nil
+}
+
 // prepare validates and compiles a policy, loading its ASN data if that
-// changed. It touches no map.
+// changed. It touches no map. Caller holds changeMu (or is starting).
 func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (running, error) {
 	p, err := policy.Parse(source, raw, os.ReadFile)
 	if err != nil {
@@ -291,7 +378,7 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	for _, r := range c.Rules {
 		names[r.ID] = r.Name
 	}
-	return running{source: source, raw: raw, pol: p, compiled: c, names: names, l7: l7cfg, l7raw: l7raw}, nil
+	return running{source: source, raw: raw, pol: p, compiled: c, names: names, l7: l7cfg, l7raw: l7raw, asn: table}, nil
 }
 
 // sizes are the data plane's table sizes for the policy's tables section;
@@ -309,17 +396,35 @@ func (d *Daemon) sizes(t policy.Tables) loader.Sizes {
 }
 
 // checkSizes refuses table sizes that differ from the loaded maps: those
-// are fixed at load time.
+// are fixed at load time. It names the policy fields that differ.
 func (d *Daemon) checkSizes(t policy.Tables) error {
-	s := d.dp.Sizes
-	if d.sizes(t).WithDefaults() != s {
-		return fmt.Errorf("tables: sizes differ from the loaded maps (%+v); table sizes are fixed at load time: "+
-			"restart with 'edgectl detach --unpin' first (all limiter state is lost)", s)
+	have, want := d.dp.Sizes, d.sizes(t).WithDefaults()
+	if want == have {
+		return nil
 	}
-	return nil
+	var diffs []string
+	for _, f := range []struct {
+		field      string
+		have, want uint32
+	}{
+		{"tables.max_rules", have.MaxRules, want.MaxRules},
+		{"tables.per_source_entries", have.SrcEntries, want.SrcEntries},
+		{"tables.aggregate_entries", have.AggEntries, want.AggEntries},
+		{"tables.prefix_entries", have.PrefixEntries, want.PrefixEntries},
+		{"tables.list_entries", have.ListEntries, want.ListEntries},
+		{"tables.ipv4_direct_chunks", have.V4Chunks, want.V4Chunks},
+		{"l4 entries", have.L4Entries, want.L4Entries},
+	} {
+		if f.have != f.want {
+			diffs = append(diffs, fmt.Sprintf("%s %d (loaded: %d)", f.field, f.want, f.have))
+		}
+	}
+	return fmt.Errorf("tables: %s; table sizes are fixed when the maps are created: "+
+		"restart with 'edgectl detach --unpin' first (all limiter state is lost)", strings.Join(diffs, ", "))
 }
 
-// asnData returns the ASN table for path, reloading it when the file changed.
+// asnData returns the ASN table for path, reloading it when the file
+// changed. Caller holds changeMu (or is starting).
 func (d *Daemon) asnData(ctx context.Context, path string) (*asn.Table, error) {
 	if path == "" {
 		return nil, nil
@@ -341,78 +446,67 @@ func (d *Daemon) asnData(ctx context.Context, path string) (*asn.Table, error) {
 	return t, nil
 }
 
-// commit makes next the running policy: a new data-plane generation, then
-// the lists. Caller holds d.mu.
-func (d *Daemon) commit(next running, trigger string) error {
-	if err := d.m.Apply(Generation(next.compiled)); err != nil {
-		return fmt.Errorf("apply policy: %w", err)
-	}
-	d.cur = next
-	d.generation++
-	if err := d.syncLists(); err != nil {
-		return err
-	}
-	d.lastReload = control.ReloadInfo{Time: time.Now(), OK: true, Trigger: trigger}
-	d.reloads++
-	gen, _ := d.m.ActiveGen()
-	d.log.Info("policy applied", "policy", next.source, "generation", d.generation, "dataplane_generation", gen,
-		"rules", len(next.compiled.Rules), "prefixes", len(next.compiled.Prefixes), "trigger", trigger)
-	for _, w := range next.compiled.Warnings {
-		d.log.Warn("policy warning", "policy", next.source, "warning", w)
-	}
-	return nil
-}
-
 // reload re-reads the policy file and applies it if it changed. A bad
-// policy is logged and counted; the running one stays.
+// policy is logged and counted; the running one stays. While a policy
+// applied with 'edgectl policy apply' runs, the file is applied only once
+// its content changes (on SIGHUP as on a file change).
 func (d *Daemon) reload(ctx context.Context, trigger string) {
+	d.changeMu.Lock()
+	defer d.changeMu.Unlock()
 	raw, source, err := d.readConfig()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err == nil && bytes.Equal(raw, d.cur.raw) && trigger == "file-change" {
+	if err != nil {
+		d.fail(err, trigger)
 		return
 	}
+	changed := !bytes.Equal(raw, d.fileRaw)
+	if !changed && (trigger == "file-change" || d.applied != nil) {
+		if trigger != "file-change" {
+			d.log.Info("config file unchanged since 'edgectl policy apply': the applied policy stays",
+				"config", source, "applied", d.applied.Source)
+		}
+		return
+	}
+	next, err := d.prepare(ctx, raw, source)
 	if err == nil {
-		err = d.applyLocked(ctx, raw, source, trigger)
+		err = d.apply(ctx, next, trigger)
 	}
 	if err != nil {
-		d.failLocked(err, trigger)
+		d.fail(err, trigger)
+		return
 	}
+	d.fileRaw = raw
+	if d.applied != nil {
+		d.applied = nil
+		d.dropApplied()
+	}
+	d.mu.Lock()
+	d.origin = "config file"
+	d.mu.Unlock()
 }
 
-func (d *Daemon) failLocked(err error, trigger string) {
+// fail records a rejected change: the running policy, its generation and
+// the data plane are as they were.
+func (d *Daemon) fail(err error, trigger string) {
+	d.mu.Lock()
 	d.failures++
 	d.lastReload = control.ReloadInfo{Time: time.Now(), OK: false, Error: err.Error(), Trigger: trigger}
+	d.mu.Unlock()
 	d.log.Error("policy rejected; the running policy stays in force", "trigger", trigger, "err", err)
 }
 
-func (d *Daemon) applyLocked(ctx context.Context, raw []byte, source, trigger string) error {
-	next, err := d.prepare(ctx, raw, source)
-	if err != nil {
-		return err
-	}
-	if err := d.commit(next, trigger); err != nil {
-		return err
-	}
-	if err := d.syncAttachments(); err != nil {
-		return err
-	}
-	return d.syncL7(ctx)
-}
-
-// syncLists writes the policy's lists merged with the run-time entries.
-// Caller holds d.mu.
-func (d *Daemon) syncLists() error {
-	deny := slices.Clone(d.cur.pol.Deny)
-	allow := slices.Clone(d.cur.pol.Allow)
+// listEntries are the data plane's list entries for policy p merged with
+// the run-time entries, dropping expired run-time ones. Caller holds d.mu.
+func (d *Daemon) listEntries(p *policy.Policy) ([]maps.ListEntry, error) {
+	deny := slices.Clone(p.Deny)
+	allow := slices.Clone(p.Allow)
 	now := time.Now()
 	for kind, entries := range d.dyn {
-		for p, e := range entries {
+		for pfx, e := range entries {
 			if !e.expires.IsZero() && !e.expires.After(now) {
-				delete(entries, p)
+				delete(entries, pfx)
 				continue
 			}
-			le := policy.ListEntry{Prefix: p, Expires: e.expires, Source: e.origin}
+			le := policy.ListEntry{Prefix: pfx, Expires: e.expires, Source: e.origin}
 			if kind == control.Deny {
 				deny = append(deny, le)
 			} else {
@@ -420,7 +514,13 @@ func (d *Daemon) syncLists() error {
 			}
 		}
 	}
-	entries, err := ListEntries(policy.CompileLists(deny, allow))
+	return ListEntries(policy.CompileLists(deny, allow))
+}
+
+// syncLists writes the running policy's lists merged with the run-time
+// entries. Caller holds d.mu.
+func (d *Daemon) syncLists() error {
+	entries, err := d.listEntries(d.cur.pol)
 	if err != nil {
 		return err
 	}
@@ -454,15 +554,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("list expiry", d.expireLists)
 	run("escalations", d.applyEscalations)
 	run("standing", d.watchStanding)
-	d.mu.Lock()
-	err := d.syncL7(ctx)
-	d.mu.Unlock()
-	if err != nil {
-		cancel()
-		wg.Wait()
-		d.stop()
-		return err
-	}
+	run("link watch", d.watchLinks)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()
@@ -475,11 +567,31 @@ func (d *Daemon) serve(ctx context.Context) error {
 }
 
 func (d *Daemon) stop() {
+	// The L7 stage drains its requests without the daemon's locks held:
+	// status and scrapes answer meanwhile.
+	d.shutdownL7(d.takeL7())
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.stopL7()
+	kept := true
 	for name, a := range d.atts {
 		if d.opts.Keep {
+			// The pin is what keeps the program attached after exit: one
+			// deleted by hand is put back, or the stop says loudly that
+			// this interface is left unprotected.
+			if pin := linkPinPath(d.opts.PinDir, name); d.opts.PinDir != "" {
+				if _, err := os.Stat(pin); errors.Is(err, os.ErrNotExist) {
+					// Unpin first: the link still believes it is pinned
+					// there, and pinning to its own path does nothing.
+					a.Link.Unpin()
+					if err := a.Link.Pin(pin); err != nil {
+						kept = false
+						d.log.Error("--keep: the link pin was deleted and cannot be restored: the program leaves this interface now",
+							"iface", name, "pin", pin, "err", err)
+					} else {
+						d.log.Warn("--keep: the link pin was deleted; pinned it again", "iface", name, "pin", pin)
+					}
+				}
+			}
 			a.Release()
 			continue
 		}
@@ -488,8 +600,13 @@ func (d *Daemon) stop() {
 		}
 	}
 	d.dp.Close()
+	defer d.unlock()
 	if d.opts.Keep {
-		d.log.Info("stopped; the program keeps enforcing from its pins", "pins", d.opts.PinDir)
+		if kept {
+			d.log.Info("stopped; the program keeps enforcing from its pins", "pins", d.opts.PinDir)
+		} else {
+			d.log.Error("stopped; the program does NOT keep enforcing on every interface (see above)", "pins", d.opts.PinDir)
+		}
 		return
 	}
 	if err := loader.Unpin(d.opts.PinDir); err != nil {

@@ -157,9 +157,9 @@ func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
 
 func (d *Daemon) explainASN(ip netip.Addr, path maps.Path) control.ExplainASN {
 	var a control.ExplainASN
-	if d.asnTable != nil {
-		a.Data, a.Entries = true, d.asnTable.Len()
-		if en, ok := d.asnTable.Lookup(ip); ok {
+	if t := d.cur.asn; t != nil {
+		a.Data, a.Entries = true, t.Len()
+		if en, ok := t.Lookup(ip); ok {
 			a.Found, a.Prefix, a.ASN, a.Country = true, en.Prefix, en.ASN, asn.CountryString(en.Country)
 		}
 	}

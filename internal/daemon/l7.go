@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/control"
@@ -210,4 +211,106 @@ func withL7Problems(err error, raw []byte, source string) error {
 		}
 	}
 	return ve
+}
+
+// --- Minimal prepareL7, by the control branch so that its atomic apply
+// works; l7stage's implementation replaces everything below at merge. ---
+
+// prepareL7 readies the L7 stage for next without changing what serves
+// now: it checks that a proxy can be built from the section and binds a
+// new listener when the stage is new or its address changes, so a taken
+// port fails here. commit makes it live and cannot fail (a proxy that
+// fails to build there, which the check makes unlikely, is logged and the
+// stage answers 503); abort undoes prepare. Caller holds changeMu.
+func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
+	noop := func() {}
+	d.mu.Lock()
+	s := d.l7
+	d.mu.Unlock()
+	cfg := next.l7
+	if cfg == nil {
+		if s == nil {
+			return noop, noop, nil
+		}
+		return func() { d.shutdownL7(d.takeL7()) }, noop, nil
+	}
+	if s != nil && bytes.Equal(s.raw, next.l7raw) {
+		return noop, noop, nil
+	}
+	trial, err := proxy.New(cfg, proxy.Options{Logger: d.log.With("stage", "l7"), Escalator: d, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		return nil, nil, fmt.Errorf("l7 stage: %w", err)
+	}
+	trial.Close()
+	var ln net.Listener
+	if s == nil || s.listen != cfg.Listen {
+		var lc net.ListenConfig
+		if ln, err = lc.Listen(ctx, "tcp", cfg.Listen); err != nil {
+			return nil, nil, fmt.Errorf("l7 stage: listen on %s (l7.listen): %w", cfg.Listen, err)
+		}
+	}
+	abort = func() {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+	raw := next.l7raw
+	commit = func() {
+		if ln != nil {
+			d.shutdownL7(d.takeL7())
+		} else if old := s.current.Load(); old != nil {
+			// The old proxy unregisters its metrics on Close, which the
+			// new one needs.
+			old.Close()
+		}
+		p, err := proxy.New(cfg, proxy.Options{Logger: d.log.With("stage", "l7"), Escalator: d, Registerer: d.reg})
+		if err != nil {
+			d.log.Error("l7 stage: the new proxy failed to build; the stage answers 503", "err", err)
+		}
+		st := s
+		if ln != nil {
+			st = &l7Stage{d: d, listen: cfg.Listen, done: make(chan error, 1)}
+			st.srv = &http.Server{Handler: st, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+			go func() { st.done <- st.srv.Serve(ln) }()
+			d.log.Info("l7 stage listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
+		}
+		if p != nil {
+			st.current.Store(p)
+		} else {
+			st.current.Store(nil)
+		}
+		d.mu.Lock()
+		st.raw = raw
+		d.l7 = st
+		d.mu.Unlock()
+	}
+	return commit, abort, nil
+}
+
+// takeL7 removes the L7 stage from the daemon's state, for shutdownL7.
+func (d *Daemon) takeL7() *l7Stage {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.l7
+	d.l7 = nil
+	return s
+}
+
+// shutdownL7 drains and closes a stage taken with takeL7, with no lock
+// held: status and scrapes answer meanwhile.
+func (d *Daemon) shutdownL7(s *l7Stage) {
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), proxy.ShutdownTimeout)
+	defer cancel()
+	if err := s.srv.Shutdown(ctx); err != nil {
+		s.srv.Close()
+	}
+	if err := <-s.done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		d.log.Error("l7 stage", "err", err)
+	}
+	if p := s.current.Load(); p != nil {
+		p.Close()
+	}
 }

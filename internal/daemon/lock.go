@@ -1,32 +1,122 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
-// lockState takes an exclusive lock on StateDir/lock, so two daemons never
-// drive the same pins and socket at once. The lock dies with the process,
-// however it exits.
-func (d *Daemon) lockState() error {
+// checkPinDir refuses a pin directory that is not on a bpf filesystem, or
+// whose parent is not: pins there would not be pins. The daemon never
+// mounts a bpffs itself: one mounted over an ordinary directory stays
+// mounted behind the operator's back, and under 'ip netns exec' (which
+// gives the command a private /sys) it would be private to the process and
+// vanish with it, taking a --keep'd program's pins along.
+func checkPinDir(pinDir string) error {
+	dir := pinDir
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		dir = filepath.Dir(pinDir)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("pin dir %s: %w (is bpffs mounted? mount -t bpf bpf /sys/fs/bpf)", pinDir, err)
+	}
+	if st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	return fmt.Errorf("pin dir %s: %s is not on a bpf filesystem, so pins there would not outlive the daemon: "+
+		"choose a --pin-dir under /sys/fs/bpf, or mount the host's bpffs (mount -t bpf bpf /sys/fs/bpf); "+
+		"inside a network namespace run the daemon with 'nsenter --net=/run/netns/NAME', not 'ip netns exec' "+
+		"(which mounts a private /sys without the host's bpffs)", pinDir, dir)
+}
+
+// lockPinDir takes an exclusive flock on the pin directory itself (bpffs
+// holds no regular files to lock), creating it if needed, so two daemons
+// never drive the same pins, whatever their sockets and state directories.
+// The lock dies with the process, however it exits. created says whether
+// the directory was made here.
+func (d *Daemon) lockPinDir() (created bool, err error) {
+	dir := d.opts.PinDir
+	if dir == "" {
+		return false, nil
+	}
+	if err := checkPinDir(dir); err != nil {
+		return false, err
+	}
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return false, fmt.Errorf("create pin dir: %w", err)
+		}
+		created = true
+	}
+	f, err := lockDir(dir)
+	if err != nil {
+		if created {
+			os.Remove(dir)
+		}
+		return false, err
+	}
+	d.locks = append(d.locks, f)
+	return created, nil
+}
+
+// lockStateDir locks the state directory the same way: two daemons with
+// different pin directories must not share run-time lists either.
+func (d *Daemon) lockStateDir() error {
 	if d.opts.StateDir == "" {
 		return nil
 	}
 	if err := os.MkdirAll(d.opts.StateDir, 0o700); err != nil {
 		return fmt.Errorf("create state dir: %w", err)
 	}
-	path := filepath.Join(d.opts.StateDir, "lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := lockDir(d.opts.StateDir)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", path, err)
+		return err
+	}
+	d.locks = append(d.locks, f)
+	return nil
+}
+
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open %s to lock it: %w", dir, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		return fmt.Errorf("another edgectl run holds %s: stop it first (edgectl status shows it): %w", path, err)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another edgectl run holds %s: stop it first (edgectl status shows it): %w", dir, err)
+		}
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
-	d.lock = f
-	return nil
+	return f, nil
+}
+
+// unlock releases the directory locks (at stop, and after a failed start).
+func (d *Daemon) unlock() {
+	for _, f := range d.locks {
+		f.Close()
+	}
+	d.locks = nil
+}
+
+// Detach removes the pins under pinDir ('edgectl detach --unpin'), holding
+// the pin directory's lock so it never pulls the pins from under a running
+// daemon. The state directory is not touched. removed is false when
+// nothing was pinned there.
+func Detach(pinDir string) (removed bool, err error) {
+	if _, err := os.Stat(pinDir); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	f, err := lockDir(pinDir)
+	if err != nil {
+		return false, fmt.Errorf("a daemon runs on %s: stop it instead (without --keep it detaches by itself): %w", pinDir, err)
+	}
+	defer f.Close()
+	return true, loader.Unpin(pinDir)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -12,17 +11,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// metricsListen is where /metrics is served: the flag, else the policy.
-func (d *Daemon) metricsListen() string {
+// metricsAddr is where /metrics is served for policy next: the flag,
+// else the policy's metrics.listen (read at start only).
+func (d *Daemon) metricsAddr(next running) string {
 	if d.opts.MetricsListen != "" {
 		if d.opts.MetricsListen == "off" {
 			return ""
 		}
 		return d.opts.MetricsListen
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.cur.pol.Metrics.Listen
+	return next.pol.Metrics.Listen
 }
 
 // newRegistry makes the daemon's one metrics registry: Go runtime, process,
@@ -32,20 +30,56 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	d.registerXDP(reg)
 	reg.MustRegister(newV4DirectCollector(d))
+	reg.MustRegister(d.controlCollectors()...)
 	return reg
 }
 
+// controlCollectors are the daemon's own families: which build runs, and
+// how many interfaces the policy names go unprotected.
+func (d *Daemon) controlCollectors() []prometheus.Collector {
+	b := d.opts.Build
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "edgeguard_build_info",
+		Help:        "Always 1; the labels say which build runs (commit empty when the build recorded none).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion},
+	})
+	build.Set(1)
+	return []prometheus.Collector{build, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "edgeguard_interfaces_unprotected",
+		Help: "Interfaces the policy names that do not carry the program now (deleted, or re-created and not yet re-attached).",
+	}, func() float64 {
+		if d.dp == nil {
+			return 0
+		}
+		return float64(len(d.unprotected()))
+	})}
+}
+
 func (d *Daemon) serveMetrics(ctx context.Context) error {
-	addr := d.metricsListen()
-	if addr == "" {
+	ln := d.metricsLn
+	if ln == nil {
 		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("metrics listen on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+	// /healthz: the daemon's process serves. /readyz: it also enforces,
+	// i.e. every interface it attached to still exists under the same
+	// index and carries its program; else 503 and what is wrong.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if problems := d.unprotected(); len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			for _, p := range problems {
+				fmt.Fprintln(w, p)
+			}
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

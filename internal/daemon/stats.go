@@ -93,6 +93,7 @@ func (d *Daemon) sampleCounters(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastLine := time.Now()
+	out := d.opts.Out
 	for {
 		select {
 		case <-ctx.Done():
@@ -105,10 +106,15 @@ func (d *Daemon) sampleCounters(ctx context.Context) error {
 			continue
 		}
 		d.history.add(s)
-		if d.opts.Interval > 0 && d.opts.Out != nil && time.Since(lastLine) >= d.opts.Interval {
+		if d.opts.Interval > 0 && out != nil && time.Since(lastLine) >= d.opts.Interval {
 			if old, cur, ok := d.history.span(d.opts.Interval); ok {
 				occ, _ := d.m.Tables()
-				fmt.Fprintln(d.opts.Out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ))
+				if _, err := fmt.Fprintln(out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ)); err != nil {
+					// Stdout went away (edgectl run | head -1): the
+					// daemon goes on enforcing, without counter lines.
+					d.log.Warn("counter lines stopped: stdout is gone; the daemon keeps running", "err", err)
+					out = nil
+				}
 			}
 			lastLine = time.Now()
 		}
@@ -211,19 +217,36 @@ func buildStats(old, cur snapshot, names map[uint32]string, tables map[string]co
 	return st
 }
 
-// topTalkers counts drop samples per second, per source, prefix and ASN.
+// topTalkers counts samples per second, per source, prefix, ASN, reason
+// and rule, each split by action: a dry-run rule's would-drops are never
+// counted as drops.
 type topTalkers struct {
 	mu      sync.Mutex
 	keep    time.Duration
 	seconds []topSecond
 }
 
+// topKind is which table a count belongs to.
+type topKind uint8
+
+const (
+	topSource topKind = iota
+	topPrefix
+	topASN
+	topReason
+	topRule // key: the rule's table slot, named at report time
+)
+
+type topKey struct {
+	kind   topKind
+	key    string
+	action maps.Action
+}
+
 type topSecond struct {
-	at       int64 // unix second
-	n        uint64
-	sources  map[netip.Addr]uint64
-	prefixes map[netip.Prefix]uint64
-	asns     map[uint32]uint64
+	at     int64 // unix second
+	n      uint64
+	counts map[topKey]uint64
 }
 
 func newTopTalkers(keep time.Duration) *topTalkers { return &topTalkers{keep: keep} }
@@ -243,8 +266,7 @@ func (t *topTalkers) add(now time.Time, s maps.Sample) {
 	defer t.mu.Unlock()
 	sec := now.Unix()
 	if len(t.seconds) == 0 || t.seconds[len(t.seconds)-1].at != sec {
-		t.seconds = append(t.seconds, topSecond{at: sec, sources: map[netip.Addr]uint64{},
-			prefixes: map[netip.Prefix]uint64{}, asns: map[uint32]uint64{}})
+		t.seconds = append(t.seconds, topSecond{at: sec, counts: map[topKey]uint64{}})
 		cut := 0
 		for cut < len(t.seconds) && time.Duration(sec-t.seconds[cut].at)*time.Second > t.keep {
 			cut++
@@ -253,51 +275,58 @@ func (t *topTalkers) add(now time.Time, s maps.Sample) {
 	}
 	b := &t.seconds[len(t.seconds)-1]
 	b.n++
-	b.sources[s.Source]++
-	b.prefixes[sourcePrefix(s.Source)]++
+	a := s.Action
+	b.counts[topKey{topSource, s.Source.String(), a}]++
+	b.counts[topKey{topPrefix, sourcePrefix(s.Source).String(), a}]++
 	if s.ASN != 0 {
-		b.asns[s.ASN]++
+		b.counts[topKey{topASN, "AS" + strconv.FormatUint(uint64(s.ASN), 10), a}]++
 	}
+	b.counts[topKey{topReason, maps.ReasonName(s.Reason), a}]++
+	b.counts[topKey{topRule, strconv.FormatUint(uint64(s.RuleID), 10), a}]++
 }
 
-func (t *topTalkers) report(now time.Time, window time.Duration, n int) control.Top {
+// report sums the window; ruleName names a rule table slot ("" for a slot
+// that holds no rule of the live generation).
+func (t *topTalkers) report(now time.Time, window time.Duration, n int, ruleName func(slot uint32) string) control.Top {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := control.Top{Window: control.Duration(window)}
-	src := map[string]uint64{}
-	pfx := map[string]uint64{}
-	asns := map[string]uint64{}
+	sums := map[topKind]map[[2]string]uint64{}
+	for k := topSource; k <= topRule; k++ {
+		sums[k] = map[[2]string]uint64{}
+	}
 	for _, b := range t.seconds {
 		if time.Duration(now.Unix()-b.at)*time.Second >= window {
 			continue
 		}
 		out.Samples += b.n
-		for k, v := range b.sources {
-			src[k.String()] += v
-		}
-		for k, v := range b.prefixes {
-			pfx[k.String()] += v
-		}
-		for k, v := range b.asns {
-			asns["AS"+strconv.FormatUint(uint64(k), 10)] += v
+		for k, v := range b.counts {
+			key := k.key
+			if k.kind == topRule {
+				slot, _ := strconv.ParseUint(key, 10, 32)
+				key = cmp.Or(ruleName(uint32(slot)), "slot "+key)
+			}
+			sums[k.kind][[2]string{key, maps.ActionName(k.action)}] += v
 		}
 	}
-	out.Sources = topN(src, out.Samples, n)
-	out.Prefixes = topN(pfx, out.Samples, n)
-	out.ASNs = topN(asns, out.Samples, n)
+	out.Sources = topN(sums[topSource], out.Samples, n)
+	out.Prefixes = topN(sums[topPrefix], out.Samples, n)
+	out.ASNs = topN(sums[topASN], out.Samples, n)
+	out.Reasons = topN(sums[topReason], out.Samples, n)
+	out.Rules = topN(sums[topRule], out.Samples, n)
 	return out
 }
 
-func topN(m map[string]uint64, total uint64, n int) []control.TopEntry {
+func topN(m map[[2]string]uint64, total uint64, n int) []control.TopEntry {
 	out := make([]control.TopEntry, 0, len(m))
 	for k, v := range m {
-		out = append(out, control.TopEntry{Key: k, Samples: v, Share: float64(v) / float64(max(total, 1))})
+		out = append(out, control.TopEntry{Key: k[0], Action: k[1], Samples: v, Share: float64(v) / float64(max(total, 1))})
 	}
 	slices.SortFunc(out, func(a, b control.TopEntry) int {
 		if c := cmp.Compare(b.Samples, a.Samples); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.Key, b.Key)
+		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Action, b.Action))
 	})
 	if len(out) > n {
 		out = out[:n]

@@ -16,6 +16,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
+	"github.com/edgeguard/edgeguard/internal/version"
 )
 
 // TestIPv4DirectChunksDefault: a policy that leaves tables.
@@ -55,26 +56,40 @@ func loadedDaemon(t *testing.T, o Options, policy string) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err := d.loadDatapath(next); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.dp.Close() })
+	if err := d.commitData(next); err != nil {
+		t.Fatal(err)
+	}
 	return d
+}
+
+// commitData is the data-plane half of apply (a generation and the lists,
+// no interfaces and no L7 stage), as the tests without interfaces need.
+func (d *Daemon) commitData(next running) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.m.Apply(Generation(next.compiled)); err != nil {
+		return err
+	}
+	d.cur = next
+	d.generation++
+	return d.syncLists()
 }
 
 // applyPolicy applies a new policy as a reload does, without touching
 // attachments.
 func (d *Daemon) applyPolicy(t *testing.T, policy string) error {
 	t.Helper()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.changeMu.Lock()
+	defer d.changeMu.Unlock()
 	next, err := d.prepare(context.Background(), []byte(policy), "p.yaml")
 	if err != nil {
 		return err
 	}
-	return d.commit(next, "api")
+	return d.commitData(next)
 }
 
 // v4Gauges are the IPv4 direct table's metrics in one gather of the
@@ -205,5 +220,38 @@ func TestAlertsReadExportedDaemonMetrics(t *testing.T) {
 		if !exported[n] {
 			t.Errorf("alerts.yml reads %s, which the daemon does not export (it exports %v)", n, exported)
 		}
+	}
+}
+
+// TestControlFamiliesExported: the daemon's own families (read by
+// alerts.yml and docs/metrics.md) gather, with the build's labels.
+func TestControlFamiliesExported(t *testing.T) {
+	d := newDaemon(Options{Build: version.Info{Version: "v9.9.9", Commit: "abc", GoVersion: "go1.x"}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(d.controlCollectors()...)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range fams {
+		var labels []string
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			labels = append(labels, l.GetName()+"="+l.GetValue())
+		}
+		got[f.GetName()] = strings.Join(labels, ",")
+	}
+	if got["edgeguard_build_info"] != "commit=abc,goversion=go1.x,version=v9.9.9" {
+		t.Errorf("edgeguard_build_info labels %q", got["edgeguard_build_info"])
+	}
+	if _, ok := got["edgeguard_interfaces_unprotected"]; !ok {
+		t.Errorf("edgeguard_interfaces_unprotected not exported: %v", got)
+	}
+	b, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "edgeguard_interfaces_unprotected > 0") {
+		t.Error("alerts.yml has no alert on edgeguard_interfaces_unprotected")
 	}
 }

@@ -219,6 +219,8 @@ var daemonFamilies = map[string]bool{
 	"edgeguard_ipv4_direct_table_over_budget":     true,
 	"edgeguard_ipv4_direct_table_chunks":          true,
 	"edgeguard_ipv4_direct_table_capacity_chunks": true,
+	"edgeguard_interfaces_unprotected":            true,
+	"edgeguard_build_info":                        true,
 }
 
 // TestDeployedQueriesUseExportedMetrics checks every metric the dashboard

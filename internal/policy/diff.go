@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // Change is one line of a diff between two compiled policies.
@@ -394,4 +396,80 @@ func (d *differ) prefixes(a, b *Compiled) {
 	if added+removed+changed > 0 {
 		d.add('~', "prefix facts %d -> %d entries (%d added, %d removed, %d changed)", len(a.Prefixes), len(b.Prefixes), added, removed, changed)
 	}
+}
+
+// DiffSections lists what Diff does not see because it is not compiled into
+// the data plane: the l7: section, key by key at its top level, each
+// compared as written (positions, comments and layout ignored). Either may
+// be nil (an empty policy).
+func DiffSections(from, to *Policy) []Change {
+	if from == nil {
+		from = &Policy{}
+	}
+	if to == nil {
+		to = &Policy{}
+	}
+	var d differ
+	la, lb := l7Keys(from.L7), l7Keys(to.L7)
+	switch {
+	case la == nil && lb != nil:
+		d.add('+', "l7 section")
+	case la != nil && lb == nil:
+		d.add('-', "l7 section")
+	}
+	if la != nil && lb != nil {
+		for _, k := range sortedKeys(la, lb) {
+			va, ina := la[k]
+			vb, inb := lb[k]
+			switch {
+			case !ina:
+				d.add('+', "l7 %s: %s", k, vb)
+			case !inb:
+				d.add('-', "l7 %s", k)
+			case va != vb:
+				d.field("l7 "+k, va, vb)
+			}
+		}
+	}
+	return d.out
+}
+
+// l7Keys renders each top-level key of an l7: section as one line of flow
+// YAML, so two sections compare by content; nil without a section.
+func l7Keys(n *yaml.Node) map[string]string {
+	if n == nil {
+		return nil
+	}
+	out := map[string]string{}
+	if n.Kind != yaml.MappingNode {
+		out["(section)"] = flowYAML(n)
+		return out
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		out[n.Content[i].Value] = flowYAML(n.Content[i+1])
+	}
+	return out
+}
+
+func flowYAML(n *yaml.Node) string {
+	c := stripStyle(n)
+	b, err := yaml.Marshal(c)
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stripStyle copies n in flow style without positions, comments or quoting.
+func stripStyle(n *yaml.Node) *yaml.Node {
+	c := &yaml.Node{Kind: n.Kind, Tag: n.Tag, Value: n.Value, Style: yaml.FlowStyle, Alias: n.Alias}
+	if n.Kind == yaml.ScalarNode {
+		// Quoting is layout: the tag (kept) says whether "100" is a
+		// string, and the encoder quotes where the tag needs it.
+		c.Style = 0
+	}
+	for _, k := range n.Content {
+		c.Content = append(c.Content, stripStyle(k))
+	}
+	return c
 }

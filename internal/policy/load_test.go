@@ -61,7 +61,7 @@ func TestParseProblems(t *testing.T) {
 		name, src, want string
 	}{
 		{"empty", "", "p.yaml: empty policy file"},
-		{"syntax", "apiVersion: [\n", "p.yaml:1: yaml syntax"},
+		{"syntax", "apiVersion: [\n", "p.yaml:1:1: yaml syntax"},
 		{"missing version", "mode: enforce\n", "p.yaml:1:1: missing apiVersion; allowed: edgeguard/v1"},
 		{"not a mapping", "- a\n", "p.yaml:1:1: the policy must be a mapping, got a list"},
 		{"duplicate key", "apiVersion: edgeguard/v1\nmode: enforce\nmode: dry-run\n", `p.yaml:3:1: field "mode" in the policy is already set at line 2`},

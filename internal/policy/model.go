@@ -46,10 +46,14 @@ type Policy struct {
 	Standing Standing
 	Deny     []ListEntry
 	Allow    []ListEntry
-	Rules    []Rule
-	Tables   Tables
-	Metrics  Metrics
-	ASNData  ASNData
+	// Protected (lists.protected) are prefixes run-time deny entries may
+	// not cover or fall inside: 'edgectl deny add' refuses them without
+	// --force, and L7 escalation never denies them.
+	Protected []ListEntry
+	Rules     []Rule
+	Tables    Tables
+	Metrics   Metrics
+	ASNData   ASNData
 	// L7 is the raw l7: section, kept with its position for the L7 stage to
 	// decode and validate. Nil when the file has no l7: section.
 	L7 *yaml.Node

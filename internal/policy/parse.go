@@ -93,18 +93,11 @@ func (ps *parser) claim(n *yaml.Node, key, what, where string) bool {
 	return true
 }
 
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 func (ps *parser) parse(data []byte) *Policy {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			if m := yamlLineRE.FindStringSubmatch(line); m != nil {
-				n, _ := strconv.Atoi(m[1])
-				ps.ErrorAt(ps.File, Pos{Line: n}, "yaml syntax: %s", m[2])
-			} else {
-				ps.ErrorAt(ps.File, Pos{}, "yaml syntax: %s", strings.TrimPrefix(line, "yaml: "))
-			}
+		for _, se := range yamlcheck.SyntaxErrors(data, err) {
+			ps.ErrorAt(ps.File, se.Pos, "yaml syntax: %s", se.Message)
 		}
 		return nil
 	}
@@ -169,7 +162,7 @@ func (ps *parser) parse(data []byte) *Policy {
 	var listsNode *yaml.Node
 	if n, ok := f["lists"]; ok {
 		listsNode = n
-		p.Deny, p.Allow = ps.lists(n)
+		p.Deny, p.Allow, p.Protected = ps.lists(n)
 	}
 	var rulesNode *yaml.Node
 	if n, ok := f["rules"]; ok {
@@ -424,15 +417,18 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
-func (ps *parser) lists(n *yaml.Node) (deny, allow []ListEntry) {
-	f := ps.Fields(n, "lists", "deny", "allow")
+func (ps *parser) lists(n *yaml.Node) (deny, allow, protected []ListEntry) {
+	f := ps.Fields(n, "lists", "deny", "allow", "protected")
 	if d, ok := f["deny"]; ok {
 		deny = ps.list(d, "lists.deny")
 	}
 	if a, ok := f["allow"]; ok {
 		allow = ps.list(a, "lists.allow")
 	}
-	return deny, allow
+	if p, ok := f["protected"]; ok {
+		protected = ps.list(p, "lists.protected")
+	}
+	return deny, allow, protected
 }
 
 func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
@@ -838,6 +834,11 @@ func (ps *parser) asnData(n *yaml.Node) ASNData {
 	}
 	if v, ok := f["path"]; ok {
 		out.Path, _ = ps.Scalar(v, "asn_data.path")
+		// Like list files, a relative path is relative to the policy
+		// file, not to the daemon's working directory (/ under systemd).
+		if out.Path != "" && !filepath.IsAbs(out.Path) {
+			out.Path = filepath.Join(filepath.Dir(ps.File), out.Path)
+		}
 	} else {
 		ps.Errorf(n, "asn_data needs a path (an iptoasn TSV such as ip2asn-combined.tsv, or a .mmdb file)")
 	}

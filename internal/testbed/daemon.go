@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +28,8 @@ type Daemon struct {
 	Config string     // policy file
 	PinDir string     // under /sys/fs/bpf
 	Socket string     // control socket
+	// StateDir is the daemon's --state-dir; empty: "state" beside Socket.
+	StateDir string
 	// Args are extra arguments for `edgectl run`.
 	Args []string
 
@@ -50,8 +53,12 @@ func timeScale(d time.Duration) time.Duration {
 // Start runs the daemon and waits up to 20 s (times
 // EDGEGUARD_TEST_TIME_SCALE) for its control socket to answer.
 func (d *Daemon) Start(ctx context.Context) error {
-	args := append([]string{"--net=" + d.NS.Path(), d.Bin, "run",
-		"--config", d.Config, "--pin-dir", d.PinDir, "--socket", d.Socket, "--interval", "0"}, d.Args...)
+	state := d.StateDir
+	if state == "" {
+		state = filepath.Join(filepath.Dir(d.Socket), "state")
+	}
+	args := append([]string{"--net=" + d.NS.Path(), d.Bin, "run", "--config", d.Config, "--pin-dir", d.PinDir,
+		"--socket", d.Socket, "--state-dir", state, "--interval", "0"}, d.Args...)
 	d.cmd = exec.Command("nsenter", args...)
 	d.cmd.Stdout = &d.logs
 	d.cmd.Stderr = &d.logs

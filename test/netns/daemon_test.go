@@ -280,7 +280,8 @@ func TestDaemonLifecycle(t *testing.T) {
 	}
 
 	// The CLI's apply: shows the diff, applies without asking (--yes), and
-	// saves the file over the daemon's config.
+	// keeps the applied policy in the state directory; the operator's
+	// config file is left as it is.
 	next := filepath.Join(t.TempDir(), "next.yaml")
 	if err := os.WriteFile(next, []byte(fmt.Sprintf(daemonPolicy, 90000, 90000)), 0o644); err != nil {
 		t.Fatal(err)
@@ -292,8 +293,11 @@ func TestDaemonLifecycle(t *testing.T) {
 	if !strings.Contains(out, "~ rule default") || !strings.Contains(out, "applied: generation 4") {
 		t.Errorf("policy apply output:\n%s", out)
 	}
-	if saved, _ := os.ReadFile(h.Config); !strings.Contains(string(saved), "90000/s") {
-		t.Errorf("applied policy not saved to the config file:\n%s", saved)
+	if saved, _ := os.ReadFile(h.Config); strings.Contains(string(saved), "90000/s") {
+		t.Errorf("policy apply rewrote the operator's config file:\n%s", saved)
+	}
+	if st := h.status(); st.Policy != next || !strings.Contains(st.PolicyOrigin, "policy apply") {
+		t.Errorf("status after apply: policy %q (%s), want %s applied with policy apply", st.Policy, st.PolicyOrigin, next)
 	}
 
 	// Only root may use the control socket.
@@ -313,9 +317,13 @@ func TestDaemonLifecycle(t *testing.T) {
 	if got := attacker.burst(t, 200); got != 0 {
 		t.Errorf("daemon killed: %d of 200 denied packets got through", got)
 	}
-	// A new daemon takes over the pinned link and state, and restores the
-	// run-time deny entry.
+	// A new daemon takes over the pinned link and state, restores the
+	// run-time deny entry, and runs the applied policy (the config file is
+	// unchanged since the apply).
 	h.start()
+	if st := h.status(); st.Policy != next {
+		t.Errorf("restarted daemon runs %q (%s), want the applied %s", st.Policy, st.PolicyOrigin, next)
+	}
 	if got := attacker.burst(t, 200); got != 0 {
 		t.Errorf("daemon restarted: %d of 200 denied packets got through", got)
 	}
