@@ -118,6 +118,18 @@ type Datapath struct {
 	Sizes   Sizes
 	pinDir  string
 	log     *slog.Logger
+	// entry, if set, is the program Attach attaches instead of the
+	// limiter: the SYN path's, which tail-calls the limiter (LoadSyn).
+	entry *ebpf.Program
+}
+
+// Entry is the program Attach attaches: the SYN path's when it is loaded,
+// else the limiter.
+func (d *Datapath) Entry() *ebpf.Program {
+	if d.entry != nil {
+		return d.entry
+	}
+	return d.Objects.XdpLimiter
 }
 
 // ErrIncompatiblePins means the pinned maps were made by a different version
