@@ -208,6 +208,7 @@ static __noinline __u32 cookie_mac(const struct eg_syn_secret *k, const __u64 *w
 /* The parsed TCP segment the SYN path works on. Addresses unified (v4 as
  * v4-mapped v6). */
 struct seg {
+	__u8 smac[6], dmac[6];
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u64 mac_words[6];
@@ -326,6 +327,8 @@ static __always_inline int parse(struct xdp_md *ctx, struct seg *s)
 
 	if ((void *)(eth + 1) > end)
 		return -1;
+	__builtin_memcpy(s->smac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(s->dmac, eth->h_dest, ETH_ALEN);
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
 
@@ -491,10 +494,14 @@ static __always_inline int answer(struct xdp_md *ctx, struct seg *s, const struc
 		__builtin_memset(&t.opt[10], 1, 10);
 	}
 
-	/* Resize the frame: Ethernet + IP header + 40 bytes of TCP. */
-	frame = s->l4off + sizeof(t);
+	/* Resize the frame to Ethernet + IP header + 40 bytes of TCP. Every
+	 * byte is written below, so growing may take headroom when a driver
+	 * leaves too little tailroom (small frames on veth do). */
+	frame = sizeof(struct ethhdr) + (s->v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)) + sizeof(t);
 	delta = (int)frame - (int)(ctx->data_end - ctx->data);
-	if (delta && bpf_xdp_adjust_tail(ctx, delta))
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
+		return -1;
+	if (delta > 0 && bpf_xdp_adjust_tail(ctx, delta) && bpf_xdp_adjust_head(ctx, -delta))
 		return -1;
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
@@ -502,13 +509,12 @@ static __always_inline int answer(struct xdp_md *ctx, struct seg *s, const struc
 	if (s->v4) {
 		struct ethhdr *eth = data;
 		struct iphdr *ip = (void *)(eth + 1);
-		__u8 mac[ETH_ALEN];
 
 		if ((void *)(ip + 1) + sizeof(t) > end)
 			return -1;
-		__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
-		__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_dest, s->smac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, s->dmac, ETH_ALEN);
+		eth->h_proto = bpf_htons(ETH_P_IP);
 		ip->version = 4;
 		ip->ihl = 5;
 		ip->tos = 0;
@@ -530,13 +536,12 @@ static __always_inline int answer(struct xdp_md *ctx, struct seg *s, const struc
 	} else {
 		struct ethhdr *eth = data;
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
-		__u8 mac[ETH_ALEN];
 
 		if ((void *)(ip6 + 1) + sizeof(t) > end)
 			return -1;
-		__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
-		__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_dest, s->smac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, s->dmac, ETH_ALEN);
+		eth->h_proto = bpf_htons(ETH_P_IPV6);
 		*(__be32 *)ip6 = bpf_htonl(0x60000000);
 		ip6->payload_len = bpf_htons(sizeof(t));
 		ip6->nexthdr = IPPROTO_TCP;
@@ -876,6 +881,8 @@ int eg_syn_tc(struct __sk_buff *skb)
 		count(c, EG_SYNC_REQSK_FAIL);
 		return TCX_NEXT;
 	}
+	/* Fails with -EINVAL for an MPTCP listener (Go >= 1.24 listens with
+	 * MPTCP by default): counted, and the kernel answers the ACK. */
 	ret = bpf_sk_assign_tcp_reqsk(skb, (struct sock *)tp, &attrs, sizeof(attrs));
 	bpf_sk_release(skc);
 	count(c, ret == 0 ? EG_SYNC_REQSK : EG_SYNC_REQSK_FAIL);
