@@ -60,7 +60,7 @@ type SynCounters struct {
 	SYNs, Answered, WouldAnswer, AnswerLimited, BadSYN, ValidatedPass uint64
 	CookieValid, CookieInvalid, OutOfStateDrop, OutOfStateBudget      uint64
 	Established, Activations, Requests, RequestFailures, Denied       uint64
-	Active bool
+	Active                                                            bool
 }
 
 // Syn writes and reads the SYN path's maps.
