@@ -112,7 +112,7 @@ func writeStats(out io.Writer, st control.Stats) error {
 		return err
 	}
 	fmt.Fprintf(out, "(rates over the last %s)\n", time.Duration(st.Window))
-	return nil
+	return writeSynStats(out, st.SYN)
 }
 
 func newTopCommand() *cobra.Command {

@@ -75,6 +75,7 @@ type Stats struct {
 	Totals []CounterStat   `json:"totals"` // by action and reason, non-zero only
 	Rules  []RuleStat      `json:"rules"`
 	Tables map[string]Fill `json:"tables"`
+	SYN    *SYNStats       `json:"syn,omitempty"` // the SYN path (syn.go); nil before it loads
 }
 
 // Fill is a table's occupancy.

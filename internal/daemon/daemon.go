@@ -109,6 +109,7 @@ type Daemon struct {
 	reg         *prometheus.Registry
 	l7          *l7Stage // nil: no L7 stage running
 	escalations chan control.ListChange
+	syn         *synStage // the SYN path (syn.go); nil before the datapath loads
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -167,6 +168,7 @@ func (d *Daemon) loadDatapath(next running) error {
 		return err
 	}
 	d.dp, d.m = dp, maps.New(dp)
+	d.startSyn()
 	if err := d.commit(next, "start"); err != nil {
 		dp.Close()
 		return err
@@ -241,7 +243,7 @@ func (d *Daemon) syncAttachments() error {
 		delete(d.atts, name)
 		d.log.Info("detached", "iface", name)
 	}
-	return nil
+	return d.syncSynTC()
 }
 
 func (d *Daemon) readConfig() ([]byte, string, error) {
@@ -341,6 +343,9 @@ func (d *Daemon) asnData(ctx context.Context, path string) (*asn.Table, error) {
 func (d *Daemon) commit(next running, trigger string) error {
 	if err := d.m.Apply(Generation(next.compiled)); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
+	}
+	if err := d.applySyn(next.pol); err != nil {
+		return err
 	}
 	d.cur = next
 	d.generation++
@@ -472,6 +477,7 @@ func (d *Daemon) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stopL7()
+	d.stopSyn()
 	for name, a := range d.atts {
 		if d.opts.Keep {
 			a.Release()

@@ -32,6 +32,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	d.registerXDP(reg)
 	reg.MustRegister(newV4DirectCollector(d))
+	reg.MustRegister(newSynCollector(d))
 	return reg
 }
 

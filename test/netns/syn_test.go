@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -520,4 +521,115 @@ func TestSynEstablishedSurvive(t *testing.T) {
 	if got := l.counters(); got.Established < 3 || got.OutOfStateDrop != 0 {
 		t.Errorf("counters %+v: want the connection's segments counted established, nothing out of state", got)
 	}
+}
+
+const synDaemonPolicy = `apiVersion: edgeguard/v1
+interfaces:
+  - {name: eg-c0, xdp_mode: native}
+  - {name: eg-c1, xdp_mode: native}
+defaults:
+  per_source:
+    key: {ipv4: 32, ipv6: 64}
+    packets: {rate: 100000/s, burst: 200000}
+  per_prefix: {}
+  per_asn: {}
+metrics:
+  listen: 127.0.0.1:19469
+syn:
+  validated_for: 0s
+  services:
+    - name: api
+      listen: ["0.0.0.0:%d", "[::]:%d"]
+      protection: %s
+`
+
+// TestSynDaemon: the real daemon runs the SYN path from the policy's syn:
+// section. A connection made before it starts survives protection turning
+// on, a reload and a restart (kill, then take-over from the pins); new
+// clients connect through cookies; stats and metrics count them.
+func TestSynDaemon(t *testing.T) {
+	netns.RequireRoot(t)
+	requireSyn(t)
+	tb := netns.New(t)
+	star := tb.Star(2)
+	for _, c := range star.Clients {
+		napiPeer(t, c.NS, "eg-up")
+	}
+	l := &synLab{t: t, star: star}
+	var err error
+	l.ln, err = listenTCP(star.Edge, fmt.Sprintf("[::]:%d", synPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.ln.Close() })
+	go l.serve(l.ln)
+	c := star.Clients[0]
+	conn, err := c.NS.DialTCP(netip.AddrPortFrom(c.Src4, 0), netip.AddrPortFrom(c.EdgeAddr4, synPort), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	echo := func(when string) {
+		t.Helper()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Write([]byte("hello")); err != nil {
+			t.Fatalf("%s: write: %v", when, err)
+		}
+		buf := make([]byte, 5)
+		if _, err := conn.Read(buf); err != nil || string(buf) != "hello" {
+			t.Fatalf("%s: read %q, %v", when, buf, err)
+		}
+	}
+	echo("before the daemon")
+
+	h := newDaemonHarness(t, star.Edge)
+	write := func(mode string) {
+		t.Helper()
+		tmp := h.Config + ".new"
+		if err := os.WriteFile(tmp, []byte(fmt.Sprintf(synDaemonPolicy, synPort, synPort, mode)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, h.Config); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("always")
+	h.start()
+	echo("protection on")
+	if res := l.connect(20, 2, 0, false); res.ok != 20 {
+		t.Fatalf("new clients through cookies: %d of 20 connected\n%s", res.ok, h.Logs())
+	}
+	if res := l.connect(10, 2, 0, true); res.ok != 10 {
+		t.Fatalf("new IPv6 clients through cookies: %d of 10 connected\n%s", res.ok, h.Logs())
+	}
+	st, err := h.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.SYN == nil || !st.SYN.Available || len(st.SYN.Services) != 1 || st.SYN.Services[0].CookiesValid < 30 ||
+		st.SYN.Services[0].Requests < 30 || !st.SYN.Services[0].Active {
+		t.Fatalf("stats syn = %+v", st.SYN)
+	}
+	out, err := h.ctl("stats")
+	if err != nil || !strings.Contains(out, "SYN SERVICE") || !strings.Contains(out, "api") {
+		t.Errorf("edgectl stats: %v\n%s", err, out)
+	}
+	fams := h.scrape()
+	if f := fams["edgeguard_syn_packets_total"]; f == nil || len(f.Metric) == 0 {
+		t.Errorf("no edgeguard_syn_packets_total in /metrics")
+	}
+
+	write("auto")
+	if out, err := h.ctl("policy", "apply", h.Config); err != nil {
+		t.Fatalf("policy apply: %v\n%s", err, out)
+	}
+	echo("after a reload")
+	h.Kill()
+	echo("daemon killed, pins enforcing")
+	h.start()
+	echo("after a restart")
+	if res := l.connect(10, 2, 0, false); res.ok != 10 {
+		t.Fatalf("after the restart: %d of 10 connected\n%s", res.ok, h.Logs())
+	}
+	h.stop(syscall.SIGTERM)
 }
