@@ -453,3 +453,115 @@ func exec(name string, args ...string) error {
 	}
 	return nil
 }
+
+// TestSynAutoHysteresis: auto turns on within the window in which SYNs
+// reach the on rate, stays on while windows stay at or above the off rate,
+// and turns off only after a window under it and hold since the last busy
+// one; while off, SYNs go on to the limiter (counted as would-answer).
+func TestSynAutoHysteresis(t *testing.T) {
+	const window = time.Duration(1 << 30)
+	svc := testService
+	svc.Mode = maps.SynAuto
+	svc.OnRate, svc.OffRate, svc.Hold = 100, 20, 3*window
+	svc.ValidatedFor = 0
+	p := newSynTestPath(t, svc)
+	inNewNetns(t, func() {
+		src, dst := netip.MustParseAddr("198.18.9.9"), netip.MustParseAddr("198.18.0.1")
+		seq := uint32(0)
+		syn := func() uint32 {
+			seq++
+			s := tcpSeg{src: src, dst: dst, sport: uint16(1024 + seq%60000), dport: 8080, seq: seq, flags: 0x02,
+				opts: linuxSYNOpts(1460, 1, 7)}
+			ret, _ := p.run(t, s.frame())
+			return ret
+		}
+		// 100/s is 107 SYNs per 2^30 ns window.
+		at := 10 * window
+		p.at(t, at)
+		for i := range 106 {
+			if ret := syn(); ret != xdpPass {
+				t.Fatalf("SYN %d below the on rate: action %d, want pass (to the kernel)", i, ret)
+			}
+		}
+		if ret := syn(); ret != xdpTX {
+			t.Fatalf("SYN reaching the on rate: action %d, want XDP_TX", ret)
+		}
+		if c := p.counters(t); !c.Active || c.Activations != 1 || c.WouldAnswer != 106 {
+			t.Fatalf("after the on rate: %+v", c)
+		}
+		// Windows at or above the off rate (20/s is 21 SYNs per
+		// window): busy, so protection stays on.
+		for w := 1; w <= 3; w++ {
+			p.at(t, at+time.Duration(w)*window)
+			for range 25 {
+				if ret := syn(); ret != xdpTX {
+					t.Fatalf("window %d at the off rate: action %d, want XDP_TX", w, ret)
+				}
+			}
+		}
+		// Quiet windows: the first SYN after them sees a window under
+		// off; hold (3 windows) since the last busy one has passed.
+		p.at(t, at+5*window)
+		if ret := syn(); ret != xdpTX {
+			t.Fatalf("one quiet window, hold not over: action %d, want XDP_TX", ret)
+		}
+		p.at(t, at+8*window)
+		if ret := syn(); ret != xdpPass {
+			t.Fatalf("after hold under the off rate: action %d, want pass", ret)
+		}
+		if c := p.counters(t); c.Active {
+			t.Fatalf("still active: %+v", c)
+		}
+	})
+}
+
+// TestSynAnswerBudget: SYN-ACKs to one source prefix stop at its burst
+// (the host is no reflector), refill at the rate, and another prefix has
+// its own budget; monitor mode answers nothing.
+func TestSynAnswerBudget(t *testing.T) {
+	svc := testService
+	svc.Answers = maps.Rate{Count: 10, Per: time.Second, Burst: 5}
+	svc.AnswerLen4, svc.AnswerLen6 = 24, 48
+	svc.ValidatedFor = 0
+	p := newSynTestPath(t, svc)
+	inNewNetns(t, func() {
+		dst := netip.MustParseAddr("198.18.0.1")
+		send := func(src string, n int) (tx, drop int) {
+			for i := range n {
+				s := tcpSeg{src: netip.MustParseAddr(src), dst: dst, sport: uint16(2000 + i), dport: 8080, seq: uint32(i), flags: 0x02}
+				switch ret, _ := p.run(t, s.frame()); ret {
+				case xdpTX:
+					tx++
+				case xdpDrop:
+					drop++
+				}
+			}
+			return
+		}
+		p.at(t, time.Hour)
+		if tx, drop := send("198.18.5.1", 8); tx != 5 || drop != 3 {
+			t.Errorf("8 SYNs from one /24: %d answered, %d dropped; want 5, 3", tx, drop)
+		}
+		if tx, _ := send("198.18.5.200", 1); tx != 0 {
+			t.Errorf("same /24, other address: answered %d, want 0 (the budget is the prefix's)", tx)
+		}
+		if tx, _ := send("198.18.6.1", 1); tx != 1 {
+			t.Errorf("another /24: answered %d, want 1", tx)
+		}
+		p.at(t, time.Hour+200*time.Millisecond) // 2 more at 10/s
+		if tx, drop := send("198.18.5.1", 3); tx != 2 || drop != 1 {
+			t.Errorf("after 200 ms: %d answered, %d dropped; want 2, 1", tx, drop)
+		}
+		if c := p.counters(t); c.AnswerLimited != 5 || c.Answered != 8 {
+			t.Errorf("counters %+v: want 8 answered, 5 limited", c)
+		}
+		mon := svc
+		mon.Mode = maps.SynMonitor
+		if err := p.syn.ApplySyn([]maps.SynService{mon}); err != nil {
+			t.Fatal(err)
+		}
+		if tx, drop := send("198.18.7.1", 3); tx != 0 || drop != 0 {
+			t.Errorf("monitor: %d answered, %d dropped; want none (the kernel answers)", tx, drop)
+		}
+	})
+}
