@@ -57,28 +57,43 @@ func checkSynSysctls(read func(string) ([]byte, error)) []string {
 	return bad
 }
 
-// startSyn loads the SYN path in front of the freshly loaded limiter, or
-// records and reports why it cannot run. Never fatal: the limiter works
-// without it. Caller holds d.mu.
+// startSyn makes the SYN stage. Nothing is probed or loaded until a
+// policy protects a service (applySyn): a policy without a syn: section
+// runs the limiter exactly as before, at no cost. Caller holds d.mu.
 func (d *Daemon) startSyn() {
-	st := &synStage{}
-	d.syn = st
+	d.syn = &synStage{}
+}
+
+// loadSyn puts the SYN path in front of the limiter: loaded, and swapped
+// into every attached interface's link (atomic, no packet unseen). Caller
+// holds d.mu.
+func (d *Daemon) loadSyn() error {
+	st := d.syn
 	p, err := loader.LoadSyn(d.dp, loader.SynOptions{Logger: d.log})
 	if err != nil {
 		st.unavailable = err
-		if errors.Is(err, loader.ErrSynUnavailable) {
-			d.log.Warn("syn protection off", "why", err)
-		} else {
-			d.log.Error("syn protection off: loading it failed", "err", err)
-		}
-		return
+		return err
 	}
-	st.path, st.m = p, maps.NewSyn(p)
 	if bad := checkSynSysctls(os.ReadFile); len(bad) > 0 {
 		d.log.Warn("syn protection: kernel settings differ from what it needs; "+
 			"install deploy/sysctl.d/60-edgeguard-syn.conf (sysctl --system)", "sysctls", strings.Join(bad, ", "))
 	}
+	for name, a := range d.atts {
+		if err := a.Link.Update(d.dp.Entry()); err != nil {
+			// Put back what was there; the limiter keeps running alone.
+			d.dp.ClearEntry()
+			for _, b := range d.atts {
+				b.Link.Update(d.dp.Entry())
+			}
+			p.Close()
+			st.unavailable = err
+			return fmt.Errorf("put the syn path in front of the limiter on %s: %w", name, err)
+		}
+	}
+	st.path, st.m = p, maps.NewSyn(p)
+	st.unavailable = nil
 	d.log.Info("syn protection loaded (XDP SYN cookies, tcx request hand-off)")
+	return nil
 }
 
 // synServices turns the policy's syn: section into the data plane's form.
@@ -120,11 +135,28 @@ func synServices(s *policy.SYN) ([]maps.SynService, []string, []bool) {
 func (d *Daemon) applySyn(p *policy.Policy) error {
 	st := d.syn
 	svcs, names, always := synServices(p.SYN)
-	if st == nil || st.path == nil {
-		if len(svcs) > 0 && st != nil {
-			d.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", st.unavailable)
-		}
+	if st == nil {
 		return nil
+	}
+	if st.path == nil {
+		if len(svcs) == 0 {
+			return nil
+		}
+		if st.unavailable != nil && errors.Is(st.unavailable, loader.ErrSynUnavailable) {
+			d.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", st.unavailable)
+			return nil
+		}
+		if err := d.loadSyn(); err != nil {
+			if errors.Is(err, loader.ErrSynUnavailable) {
+				d.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", err)
+			} else {
+				d.log.Error("syn protection off: loading it failed; the limiter runs alone", "err", err)
+			}
+			return nil
+		}
+		if err := d.syncSynTC(); err != nil {
+			return err
+		}
 	}
 	if err := st.m.ApplySyn(svcs); err != nil {
 		return fmt.Errorf("apply syn services: %w", err)
@@ -181,7 +213,11 @@ func (d *Daemon) synStats() *control.SYNStats {
 	}
 	out := &control.SYNStats{Available: st.path != nil}
 	if st.path == nil {
-		out.Unavailable = st.unavailable.Error()
+		if st.unavailable != nil {
+			out.Unavailable = st.unavailable.Error()
+		} else {
+			out.Unavailable = "no protected service in the policy (syn: section)"
+		}
 		return out
 	}
 	st.mu.Lock()
@@ -223,7 +259,8 @@ func newSynCollector(d *Daemon) *synCollector {
 		active: prometheus.NewDesc("edgeguard_syn_protection_active",
 			"1 while the service's SYNs are answered by the data plane (always, or auto while on).", []string{"service"}, nil),
 		loaded: prometheus.NewDesc("edgeguard_syn_path_loaded",
-			"1 when the SYN path is loaded, 0 when this kernel lacks what it needs (the log says what).", nil, nil),
+			"1 when the SYN path is in front of the limiter; 0 before a policy protects a service, or when this kernel "+
+				"lacks what it needs (the log and edgectl stats say which).", nil, nil),
 		failures: prometheus.NewDesc("edgeguard_syn_activations_total",
 			"Times auto protection turned on, per service.", []string{"service"}, nil),
 	}

@@ -53,11 +53,14 @@ type SynPath struct {
 }
 
 // synPinnedMaps survive a restart: the secret (cookies in flight stay
-// valid), validated sources, budgets, auto state and counters.
+// valid), validated sources, budgets, auto state and counters, and
+// syn_next: the kernel empties a program array when its last user-space
+// reference goes, so without a pin a daemon that dies would leave the SYN
+// path tail-calling nothing, and every packet would pass unlimited.
 func synPinnedMaps() []string {
 	return []string{
 		SyncookieMapSynAnswers, SyncookieMapSynCounters, SyncookieMapSynEndpoints, SyncookieMapSynSecret,
-		SyncookieMapSynServices, SyncookieMapSynState, SyncookieMapSynValidated,
+		SyncookieMapSynServices, SyncookieMapSynState, SyncookieMapSynValidated, SyncookieMapSynNext,
 	}
 }
 
@@ -124,6 +127,10 @@ func LoadSyn(dp *Datapath, opts SynOptions) (_ *SynPath, err error) {
 	dp.entry = s.Objects.EgSynXdp
 	return s, nil
 }
+
+// ClearEntry makes Attach attach the limiter itself again (the SYN path
+// could not be put in front of it).
+func (d *Datapath) ClearEntry() { d.entry = nil }
 
 // ensureSecret sets the cookie key once: a pinned key survives restarts,
 // so cookies sent before one still validate after it.

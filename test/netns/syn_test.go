@@ -512,6 +512,20 @@ func TestSynEstablishedSurvive(t *testing.T) {
 	echo("protection on")
 	l.sp.Release()
 	l.dp.Close()
+	// Every file descriptor is closed, as when a daemon dies: the pinned
+	// program array still sends what the SYN path does not decide to the
+	// limiter (the kernel empties an unpinned one with its last fd).
+	next, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "syn", "maps", loader.SyncookieMapSynNext), nil)
+	if err != nil {
+		t.Fatalf("pinned syn_next: %v", err)
+	}
+	var progID uint32
+	err = next.Lookup(uint32(0), &progID)
+	next.Close()
+	if err != nil {
+		t.Fatalf("syn_next[0] after every fd closed: %v (the limiter would be bypassed)", err)
+	}
+	echo("every fd closed")
 	l.load(synService(maps.SynAlways), pinDir)
 	echo("after a restart")
 	if err := l.syn.ApplySyn([]maps.SynService{synService(maps.SynAuto)}); err != nil {
@@ -535,7 +549,9 @@ defaults:
   per_asn: {}
 metrics:
   listen: 127.0.0.1:19469
-syn:
+%s`
+
+const synDaemonSection = `syn:
   validated_for: 0s
   services:
     - name: api
@@ -585,16 +601,31 @@ func TestSynDaemon(t *testing.T) {
 	h := newDaemonHarness(t, star.Edge)
 	write := func(mode string) {
 		t.Helper()
+		section := ""
+		if mode != "" {
+			section = fmt.Sprintf(synDaemonSection, synPort, synPort, mode)
+		}
 		tmp := h.Config + ".new"
-		if err := os.WriteFile(tmp, []byte(fmt.Sprintf(synDaemonPolicy, synPort, synPort, mode)), 0o644); err != nil {
+		if err := os.WriteFile(tmp, []byte(fmt.Sprintf(synDaemonPolicy, section)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Rename(tmp, h.Config); err != nil {
 			t.Fatal(err)
 		}
 	}
-	write("always")
+	// No syn: section: the limiter alone, as before this feature.
+	write("")
 	h.start()
+	echo("daemon without syn protection")
+	if st, err := h.Stats(context.Background()); err != nil || st.SYN == nil || st.SYN.Available {
+		t.Fatalf("stats without a syn: section: %+v, %v", st.SYN, err)
+	}
+	// Applying a policy that protects the port puts the SYN path in front
+	// of the running limiter.
+	write("always")
+	if out, err := h.ctl("policy", "apply", "--yes", h.Config); err != nil {
+		t.Fatalf("policy apply: %v\n%s", err, out)
+	}
 	echo("protection on")
 	if res := l.connect(20, 2, 0, false); res.ok != 20 {
 		t.Fatalf("new clients through cookies: %d of 20 connected\n%s", res.ok, h.Logs())
@@ -608,7 +639,7 @@ func TestSynDaemon(t *testing.T) {
 	}
 	if st.SYN == nil || !st.SYN.Available || len(st.SYN.Services) != 1 || st.SYN.Services[0].CookiesValid < 30 ||
 		st.SYN.Services[0].Requests < 30 || !st.SYN.Services[0].Active {
-		t.Fatalf("stats syn = %+v", st.SYN)
+		t.Fatalf("stats syn = %+v\n%s", st.SYN, h.Logs())
 	}
 	out, err := h.ctl("stats")
 	if err != nil || !strings.Contains(out, "SYN SERVICE") || !strings.Contains(out, "api") {
@@ -620,7 +651,7 @@ func TestSynDaemon(t *testing.T) {
 	}
 
 	write("auto")
-	if out, err := h.ctl("policy", "apply", h.Config); err != nil {
+	if out, err := h.ctl("policy", "apply", "--yes", h.Config); err != nil {
 		t.Fatalf("policy apply: %v\n%s", err, out)
 	}
 	echo("after a reload")
