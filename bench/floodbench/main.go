@@ -69,7 +69,7 @@ func main() {
 	flag.BoolVar(&c.threaded, "threaded", false, "threaded NAPI on the flood interface, timed by its kthread "+
 		"(default: NAPI runs as softirq on the generator's CPU, timed with the generator thread, minus the floor)")
 	flag.IntVar(&c.rounds, "rounds", 1, "run the case list this many times, interleaved, and print medians")
-	flag.StringVar(&c.suites, "suites", "compare,sources,rules", "comma-separated: compare, sources, rules")
+	flag.StringVar(&c.suites, "suites", "compare,sources,rules", "comma-separated: compare, sources, rules, syn (SYN flood vs the kernel's SYN cookies and SYNPROXY)")
 	flag.StringVar(&c.filterList, "filters", "", "only these filters in compare (comma-separated substrings)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -189,6 +189,14 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		defer rc.close()
 		fmt.Println("# rx ns/pkt: time in the NET_RX softirq (net_rx_action, timed at irq:softirq_entry/exit) per packet " +
 			"received: the receiving side alone, without the generator; 'per rx CPU-s' divides by that time")
+	}
+	if strings.Contains(","+c.suites+",", ",syn,") {
+		if err := runSynSuite(ctx, c, rc); err != nil {
+			return err
+		}
+		if len(cases(c)) == 0 {
+			return nil
+		}
 	}
 	fmt.Println("| suite | filter | sources | extra rules | received Mpps | ring drops | flood dropped | flood passed pps | filter's count | ns CPU/pkt | above floor | dropped per CPU-s (M) | rx ns/pkt | dropped per rx CPU-s (M) | legit success |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -22,6 +22,7 @@ func TestDocsNameRealCommandsAndFlags(t *testing.T) {
 	docs, _ := filepath.Glob("../../docs/*.md")
 	files = append(files, docs...)
 	root := newRootCommand()
+	root.InitDefaultCompletionCmd() // cobra adds 'completion' when it runs
 	checked := 0
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -49,7 +50,9 @@ func TestDocsNameRealCommandsAndFlags(t *testing.T) {
 				}
 				cmd, rest := resolve(root, words)
 				if cmd == root {
-					if w := strings.TrimRight(words[0], "`.,;:)"); !strings.HasPrefix(w, "-") {
+					// A path after edgectl is a build output or an argument
+					// (go build -o bin/edgectl ./cmd/edgectl), not a command.
+					if w := strings.TrimRight(words[0], "`.,;:)"); !strings.HasPrefix(w, "-") && !strings.ContainsAny(w[:1], "./") {
 						t.Errorf("%s:%d: edgectl %s: no such command", f, i+1, w)
 					}
 					continue

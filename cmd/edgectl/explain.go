@@ -153,7 +153,8 @@ func yesNo(b bool) string {
 }
 
 func newASNCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "asn", Short: "Look up IP-to-ASN data", Args: cobra.NoArgs}
+	cmd := &cobra.Command{Use: "asn", Short: "Look up IP-to-ASN data"}
+	groupCommand(cmd)
 	var data string
 	lookup := &cobra.Command{
 		Use:   "lookup IP",

@@ -126,7 +126,10 @@ func writeStats(out io.Writer, st control.Stats) error {
 		return err
 	}
 	fmt.Fprintf(out, "(rates over the last %s)\n", time.Duration(st.Window))
-	return writeStanding(out, st.Standing)
+	if err := writeStanding(out, st.Standing); err != nil {
+		return err
+	}
+	return writeSynStats(out, st.SYN)
 }
 
 func newTopCommand() *cobra.Command {

@@ -91,6 +91,7 @@ type Stats struct {
 	Tables map[string]Fill `json:"tables"`
 	// Standing: congestion and class counters (internal/control/standing.go).
 	Standing *StandingStats `json:"standing,omitempty"`
+	SYN      *SYNStats      `json:"syn,omitempty"` // the SYN path (syn.go); nil before it loads
 }
 
 // Fill is a table's occupancy.

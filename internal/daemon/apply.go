@@ -121,6 +121,15 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	d.lastReload = control.ReloadInfo{Time: time.Now(), OK: true, Trigger: trigger}
 	d.reloads++
 	gen, _ := d.m.ActiveGen()
+	// The SYN path is protection on top of the limiter: when it cannot be
+	// loaded or written, the limiter runs alone, the log and 'edgectl
+	// stats' say why, and the policy still applies.
+	if err := d.applySyn(next.pol); err != nil {
+		d.log.Error("syn protection: the policy's syn: section is not in force", "err", err)
+	}
+	if err := d.syncSynTC(); err != nil {
+		d.log.Error("syn protection: tcx hand-off", "err", err)
+	}
 	d.mu.Unlock()
 
 	l7commit()
@@ -134,6 +143,13 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 			continue
 		}
 		d.log.Info("detached", "iface", name)
+	}
+	if len(drop) > 0 {
+		d.mu.Lock()
+		if err := d.syncSynTC(); err != nil {
+			d.log.Error("syn protection: tcx hand-off", "err", err)
+		}
+		d.mu.Unlock()
 	}
 	d.log.Info("policy applied", "policy", next.source, "generation", d.generation, "dataplane_generation", gen,
 		"rules", len(next.compiled.Rules), "prefixes", len(next.compiled.Prefixes), "trigger", trigger)

@@ -131,6 +131,7 @@ type Daemon struct {
 	l7          *l7Stage // nil: no L7 stage running
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
+	syn         *synStage // the SYN path (syn.go); nil before the datapath loads
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -254,6 +255,7 @@ func (d *Daemon) loadDatapath(next running) error {
 		return err
 	}
 	d.dp, d.m = dp, maps.New(dp)
+	d.startSyn()
 	return nil
 }
 
@@ -573,6 +575,7 @@ func (d *Daemon) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	kept := true
+	d.stopSyn()
 	for name, a := range d.atts {
 		if d.opts.Keep {
 			// The pin is what keeps the program attached after exit: one

@@ -31,6 +31,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	d.registerXDP(reg)
 	reg.MustRegister(newV4DirectCollector(d))
 	reg.MustRegister(d.controlCollectors()...)
+	reg.MustRegister(newSynCollector(d))
 	return reg
 }
 

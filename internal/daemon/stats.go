@@ -159,6 +159,7 @@ func (d *Daemon) Stats() (control.Stats, error) {
 	if s, err := d.standingStats(); err == nil {
 		st.Standing = s
 	}
+	st.SYN = d.synStats()
 	return st, nil
 }
 

@@ -70,7 +70,7 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 	}
 	if pin := d.linkPin(iface); pin != "" {
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
-			err := l.Update(d.Objects.XdpLimiter)
+			err := l.Update(d.Entry())
 			switch {
 			case err == nil:
 				d.log.Info("took over pinned xdp link", "iface", iface)
@@ -109,7 +109,7 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 		if m == ModeGeneric {
 			flags = link.XDPGenericMode
 		}
-		l, err = link.AttachXDP(link.XDPOptions{Program: d.Objects.XdpLimiter, Interface: ifc.Index, Flags: flags})
+		l, err = link.AttachXDP(link.XDPOptions{Program: d.Entry(), Interface: ifc.Index, Flags: flags})
 		if err == nil {
 			used = m
 			break

@@ -129,6 +129,18 @@ type Datapath struct {
 	log     *slog.Logger
 	// testClock: the program reads time from the test_clock map.
 	testClock bool
+	// entry, if set, is the program Attach attaches instead of the
+	// limiter: the SYN path's, which tail-calls the limiter (LoadSyn).
+	entry *ebpf.Program
+}
+
+// Entry is the program Attach attaches: the SYN path's when it is loaded,
+// else the limiter.
+func (d *Datapath) Entry() *ebpf.Program {
+	if d.entry != nil {
+		return d.entry
+	}
+	return d.Objects.XdpLimiter
 }
 
 // ErrIncompatiblePins means the pinned maps were made by a different version

@@ -57,6 +57,9 @@ type Policy struct {
 	// L7 is the raw l7: section, kept with its position for the L7 stage to
 	// decode and validate. Nil when the file has no l7: section.
 	L7 *yaml.Node
+	// SYN is the syn: section (SYN cookies in the data plane, syn.go);
+	// nil without one.
+	SYN *SYN
 }
 
 // Interface is one network interface the XDP program attaches to.

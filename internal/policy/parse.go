@@ -121,7 +121,7 @@ func (ps *parser) parse(data []byte) *Policy {
 		Metrics:       Metrics{Listen: DefaultMetricsListen},
 	}
 	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing")
+		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn")
 	if f == nil {
 		return nil
 	}
@@ -181,6 +181,9 @@ func (ps *parser) parse(data []byte) *Policy {
 	}
 	if n, ok := f["l7"]; ok {
 		p.L7 = n
+	}
+	if n, ok := f["syn"]; ok {
+		p.SYN = ps.syn(n)
 	}
 	ps.crossCheck(p, root, listsNode, rulesNode, tableAt)
 	return p

@@ -1,0 +1,303 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
+)
+
+// synStage is the SYN path as the daemon runs it (docs/tcp.md): loaded in
+// front of the limiter when the kernel has what it needs, configured from
+// the policy's syn: section.
+type synStage struct {
+	mu          sync.Mutex // guards names (read by metrics and stats)
+	path        *loader.SynPath
+	m           *maps.Syn
+	names       []string // service id -> name
+	always      []bool   // service id -> protection: always
+	unavailable error    // why the SYN path is off on this kernel
+}
+
+// synSysctls are what the SYN path needs from the kernel's TCP settings
+// (deploy/sysctl.d/60-edgeguard-syn.conf ships them): with
+// tcp_syncookies 0 the kernel takes no cookie request, with 2 it answers
+// every SYN that reaches it itself; without timestamps, SACK or window
+// scaling it refuses requests that carry them.
+var synSysctls = []struct{ key, want string }{
+	{"net/ipv4/tcp_syncookies", "1"},
+	{"net/ipv4/tcp_timestamps", "1"},
+	{"net/ipv4/tcp_sack", "1"},
+	{"net/ipv4/tcp_window_scaling", "1"},
+}
+
+// checkSynSysctls returns what is set differently from what the SYN path
+// needs, as "key=have (want W)".
+func checkSynSysctls(read func(string) ([]byte, error)) []string {
+	var bad []string
+	for _, s := range synSysctls {
+		b, err := read("/proc/sys/" + s.key)
+		have := strings.TrimSpace(string(b))
+		if err != nil {
+			have = "unreadable: " + err.Error()
+		}
+		if have != s.want {
+			bad = append(bad, fmt.Sprintf("%s=%s (want %s)", strings.ReplaceAll(s.key, "/", "."), have, s.want))
+		}
+	}
+	return bad
+}
+
+// startSyn makes the SYN stage. Nothing is probed or loaded until a
+// policy protects a service (applySyn): a policy without a syn: section
+// runs the limiter exactly as before, at no cost. Caller holds d.mu.
+func (d *Daemon) startSyn() {
+	d.syn = &synStage{}
+}
+
+// loadSyn puts the SYN path in front of the limiter: loaded, and swapped
+// into every attached interface's link (atomic, no packet unseen). Caller
+// holds d.mu.
+func (d *Daemon) loadSyn() error {
+	st := d.syn
+	p, err := loader.LoadSyn(d.dp, loader.SynOptions{Logger: d.log})
+	if err != nil {
+		st.unavailable = err
+		return err
+	}
+	if bad := checkSynSysctls(os.ReadFile); len(bad) > 0 {
+		d.log.Warn("syn protection: kernel settings differ from what it needs; "+
+			"install deploy/sysctl.d/60-edgeguard-syn.conf (sysctl --system)", "sysctls", strings.Join(bad, ", "))
+	}
+	for name, a := range d.atts {
+		if err := a.Link.Update(d.dp.Entry()); err != nil {
+			// Put back what was there; the limiter keeps running alone.
+			d.dp.ClearEntry()
+			for _, b := range d.atts {
+				b.Link.Update(d.dp.Entry())
+			}
+			p.Close()
+			st.unavailable = err
+			return fmt.Errorf("put the syn path in front of the limiter on %s: %w", name, err)
+		}
+	}
+	st.path, st.m = p, maps.NewSyn(p)
+	st.unavailable = nil
+	d.log.Info("syn protection loaded (XDP SYN cookies, tcx request hand-off)")
+	return nil
+}
+
+// synServices turns the policy's syn: section into the data plane's form.
+func synServices(s *policy.SYN) ([]maps.SynService, []string, []bool) {
+	if s == nil {
+		return nil, nil, nil
+	}
+	perSecond := func(r policy.Rate) uint64 {
+		if r.Per <= 0 {
+			return 0
+		}
+		return r.Count * uint64(time.Second) / uint64(r.Per)
+	}
+	rate := func(l policy.Limit) maps.Rate {
+		return maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}
+	}
+	modes := map[policy.SYNMode]maps.SynMode{
+		policy.SYNOff: maps.SynOff, policy.SYNMonitor: maps.SynMonitor, policy.SYNAuto: maps.SynAuto, policy.SYNAlways: maps.SynAlways,
+	}
+	out := make([]maps.SynService, 0, len(s.Services))
+	names := make([]string, 0, len(s.Services))
+	always := make([]bool, 0, len(s.Services))
+	for _, svc := range s.Services {
+		out = append(out, maps.SynService{
+			Mode: modes[svc.Protection], Endpoints: svc.Listen,
+			MSS4: svc.MSS, MSS6: svc.MSS6, WScale: svc.WindowScale,
+			OnRate: perSecond(svc.On), OffRate: perSecond(svc.Off), Hold: svc.Hold,
+			OutOfState: rate(svc.OutOfState), Answers: rate(svc.Answers),
+			AnswerLen4: svc.AnswerPrefix4, AnswerLen6: svc.AnswerPrefix6,
+			ValidatedFor: s.ValidatedFor,
+		})
+		names = append(names, svc.Name)
+		always = append(always, svc.Protection == policy.SYNAlways)
+	}
+	return out, names, always
+}
+
+// applySyn writes the policy's protected services. Caller holds d.mu.
+func (d *Daemon) applySyn(p *policy.Policy) error {
+	st := d.syn
+	svcs, names, always := synServices(p.SYN)
+	if st == nil {
+		return nil
+	}
+	if st.path == nil {
+		if len(svcs) == 0 {
+			return nil
+		}
+		if st.unavailable != nil && errors.Is(st.unavailable, loader.ErrSynUnavailable) {
+			d.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", st.unavailable)
+			return nil
+		}
+		if err := d.loadSyn(); err != nil {
+			if errors.Is(err, loader.ErrSynUnavailable) {
+				d.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", err)
+			} else {
+				d.log.Error("syn protection off: loading it failed; the limiter runs alone", "err", err)
+			}
+			return nil
+		}
+		if err := d.syncSynTC(); err != nil {
+			return err
+		}
+	}
+	if err := st.m.ApplySyn(svcs); err != nil {
+		return fmt.Errorf("apply syn services: %w", err)
+	}
+	st.mu.Lock()
+	st.names, st.always = names, always
+	st.mu.Unlock()
+	return nil
+}
+
+// syncSynTC puts the tcx program on every attached interface. Caller holds
+// d.mu.
+func (d *Daemon) syncSynTC() error {
+	if d.syn == nil || d.syn.path == nil {
+		return nil
+	}
+	for name := range d.atts {
+		if err := d.syn.path.AttachTC(name); err != nil {
+			return err
+		}
+	}
+	for _, name := range d.syn.path.TCIfaces() {
+		if _, ok := d.atts[name]; !ok {
+			if err := d.syn.path.DetachTC(name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// stopSyn releases the SYN path (kept, pinned, with --keep) or removes it.
+// Caller holds d.mu.
+func (d *Daemon) stopSyn() {
+	if d.syn == nil || d.syn.path == nil {
+		return
+	}
+	if d.opts.Keep {
+		d.syn.path.Release()
+		return
+	}
+	if err := d.syn.path.Close(); err != nil {
+		d.log.Error("syn path close", "err", err)
+	}
+}
+
+// synStats are the per-service counters for `edgectl stats`.
+func (d *Daemon) synStats() *control.SYNStats {
+	d.mu.Lock()
+	st := d.syn
+	d.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	out := &control.SYNStats{Available: st.path != nil}
+	if st.path == nil {
+		if st.unavailable != nil {
+			out.Unavailable = st.unavailable.Error()
+		} else {
+			out.Unavailable = "no protected service in the policy (syn: section)"
+		}
+		return out
+	}
+	st.mu.Lock()
+	names, always := st.names, st.always
+	st.mu.Unlock()
+	cs, err := st.m.SynCounters(len(names))
+	if err != nil {
+		out.Error = err.Error()
+		return out
+	}
+	for i, c := range cs {
+		out.Services = append(out.Services, control.SYNServiceStat{
+			Service: names[i], Active: c.Active || always[i], SYNs: c.SYNs, Answered: c.Answered, WouldAnswer: c.WouldAnswer,
+			AnswerLimited: c.AnswerLimited, CookiesValid: c.CookieValid, CookiesInvalid: c.CookieInvalid,
+			OutOfStateDropped: c.OutOfStateDrop, OutOfStatePassed: c.OutOfStateBudget, Established: c.Established,
+			ValidatedPassed: c.ValidatedPass, Requests: c.Requests, RequestFailures: c.RequestFailures,
+			BadSYNs: c.BadSYN, Denied: c.Denied, Activations: c.Activations,
+		})
+	}
+	return out
+}
+
+// synCollector exports the SYN path's counters at scrape time.
+type synCollector struct {
+	d        *Daemon
+	counter  *prometheus.Desc
+	active   *prometheus.Desc
+	loaded   *prometheus.Desc
+	failures *prometheus.Desc
+}
+
+func newSynCollector(d *Daemon) *synCollector {
+	return &synCollector{
+		d: d,
+		counter: prometheus.NewDesc("edgeguard_syn_packets_total",
+			"SYN path decisions per protected service (docs/tcp.md): syn, answered, would_answer, answer_limited, "+
+				"bad_syn, validated_pass, cookie_valid, cookie_invalid, out_of_state_drop, out_of_state_pass, "+
+				"established, request, request_failed, deny.", []string{"service", "event"}, nil),
+		active: prometheus.NewDesc("edgeguard_syn_protection_active",
+			"1 while the service's SYNs are answered by the data plane (always, or auto while on).", []string{"service"}, nil),
+		loaded: prometheus.NewDesc("edgeguard_syn_path_loaded",
+			"1 when the SYN path is in front of the limiter; 0 before a policy protects a service, or when this kernel "+
+				"lacks what it needs (the log and edgectl stats say which).", nil, nil),
+		failures: prometheus.NewDesc("edgeguard_syn_activations_total",
+			"Times auto protection turned on, per service.", []string{"service"}, nil),
+	}
+}
+
+func (c *synCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.counter
+	ch <- c.active
+	ch <- c.loaded
+	ch <- c.failures
+}
+
+func (c *synCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.d.synStats()
+	if st == nil {
+		return
+	}
+	loaded := 0.0
+	if st.Available {
+		loaded = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.loaded, prometheus.GaugeValue, loaded)
+	for _, s := range st.Services {
+		for event, v := range map[string]uint64{
+			"syn": s.SYNs, "answered": s.Answered, "would_answer": s.WouldAnswer, "answer_limited": s.AnswerLimited,
+			"bad_syn": s.BadSYNs, "validated_pass": s.ValidatedPassed, "cookie_valid": s.CookiesValid,
+			"cookie_invalid": s.CookiesInvalid, "out_of_state_drop": s.OutOfStateDropped,
+			"out_of_state_pass": s.OutOfStatePassed, "established": s.Established, "request": s.Requests,
+			"request_failed": s.RequestFailures, "deny": s.Denied,
+		} {
+			ch <- prometheus.MustNewConstMetric(c.counter, prometheus.CounterValue, float64(v), s.Service, event)
+		}
+		active := 0.0
+		if s.Active {
+			active = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, active, s.Service)
+		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(s.Activations), s.Service)
+	}
+}
