@@ -131,7 +131,7 @@ type Daemon struct {
 	l7          *l7Stage // nil: no L7 stage running
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
-	syn         *synStage // the SYN path (syn.go); nil before the datapath loads
+	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
