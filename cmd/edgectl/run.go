@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -55,6 +56,12 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 			if socket != "" {
 				stateDir = filepath.Dir(socket)
 			}
+			// The process-wide setting, here only: the L7 event loop runs
+			// one loop per core, each on its own OS thread, and one P more
+			// than loops keeps the runtime from retaking a sleeping loop's
+			// P every 20µs (docs/l7-proxy.md, "Engines").
+			cores := runtime.GOMAXPROCS(0)
+			runtime.GOMAXPROCS(cores + 1)
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
@@ -78,7 +85,7 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
 				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(), IPv4DirectChunks: v4Chunks,
 				Logger: log, Reload: reload, Version: version,
-				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"),
+				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"), L7Loops: cores,
 			})
 			return asValidation(err)
 		},

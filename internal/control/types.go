@@ -31,6 +31,7 @@ type Status struct {
 	PinDir     string      `json:"pin_dir"`
 	ASNEntries int         `json:"asn_entries"`
 	IPv4Direct IPv4Direct  `json:"ipv4_direct_table"`
+	L7         *L7Status   `json:"l7,omitempty"` // nil: no L7 stage
 }
 
 // IPv4Direct says how the active policy generation looks IPv4 sources up:

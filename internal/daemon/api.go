@@ -222,19 +222,24 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 	// Apply first, then make it the configuration: a policy the data
 	// plane refused never reaches the file.
 	next.source = d.opts.ConfigPath
+	commitL7, abortL7, err := d.prepareL7(context.WithoutCancel(r.Context()), &next)
+	if err != nil {
+		d.failLocked(err, "api")
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
 	if err := d.commit(next, "api"); err != nil {
+		abortL7()
 		d.failLocked(err, "api")
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
 	if err := d.syncAttachments(); err != nil {
+		abortL7()
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	if err := d.syncL7(context.WithoutCancel(r.Context())); err != nil {
-		writeError(w, http.StatusInternalServerError, err)
-		return
-	}
+	commitL7()
 	if err := writeFileAtomic(d.opts.ConfigPath, []byte(doc.YAML)); err != nil {
 		writeError(w, http.StatusInternalServerError, fmt.Errorf("policy applied, but saving it to %s failed: %w", d.opts.ConfigPath, err))
 		return
@@ -276,6 +281,7 @@ func (d *Daemon) Status() control.Status {
 	}
 	st.DataGen, _ = d.m.ActiveGen()
 	st.IPv4Direct = ipv4DirectInfo(d.m.V4Direct())
+	st.L7 = d.l7Status()
 	for name, a := range d.atts {
 		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode)})
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/l7/stage"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -63,6 +64,10 @@ type Options struct {
 	// ASNProgress, if set, is told how far an ASN data load is (a CLI
 	// draws a progress bar with it).
 	ASNProgress func(done, total int64)
+	// L7Loops is the L7 event loop engine's number of loops when the
+	// policy sets no l7.loops (0: GOMAXPROCS). edgectl run passes the
+	// cores it found before raising GOMAXPROCS by one.
+	L7Loops int
 }
 
 // running is the policy in force.
@@ -107,7 +112,7 @@ type Daemon struct {
 
 	lock        *os.File // held while the daemon runs (lockState)
 	reg         *prometheus.Registry
-	l7          *l7Stage // nil: no L7 stage running
+	l7          *stage.Stage
 	escalations chan control.ListChange
 }
 
@@ -144,13 +149,22 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// The L7 stage's listener is bound before anything is loaded: a taken
+	// port fails the start with nothing attached.
+	commitL7, abortL7, err := d.prepareL7(ctx, &next)
+	if err != nil {
+		return nil, err
+	}
 	if err := d.loadDatapath(next); err != nil {
+		abortL7()
 		return nil, err
 	}
 	if err := d.syncAttachments(); err != nil {
+		abortL7()
 		d.dp.Close()
 		return nil, err
 	}
+	commitL7()
 	return d, nil
 }
 
@@ -194,6 +208,8 @@ func newDaemon(o Options) *Daemon {
 		escalations: make(chan control.ListChange, 256),
 	}
 	d.reg = d.newRegistry()
+	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Loops: o.L7Loops})
+	d.reg.MustRegister(d.l7.Collector())
 	return d
 }
 
@@ -386,13 +402,20 @@ func (d *Daemon) applyLocked(ctx context.Context, raw []byte, source, trigger st
 	if err != nil {
 		return err
 	}
+	commitL7, abortL7, err := d.prepareL7(ctx, &next)
+	if err != nil {
+		return err
+	}
 	if err := d.commit(next, trigger); err != nil {
+		abortL7()
 		return err
 	}
 	if err := d.syncAttachments(); err != nil {
+		abortL7()
 		return err
 	}
-	return d.syncL7(ctx)
+	commitL7()
+	return nil
 }
 
 // syncLists writes the policy's lists merged with the run-time entries.
@@ -448,15 +471,6 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.expireLists)
 	run("escalations", d.applyEscalations)
-	d.mu.Lock()
-	err := d.syncL7(ctx)
-	d.mu.Unlock()
-	if err != nil {
-		cancel()
-		wg.Wait()
-		d.stop()
-		return err
-	}
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()
@@ -469,9 +483,10 @@ func (d *Daemon) serve(ctx context.Context) error {
 }
 
 func (d *Daemon) stop() {
+	// The L7 stage drains (up to its shutdown timeout) without the lock.
+	d.l7.Close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.stopL7()
 	for name, a := range d.atts {
 		if d.opts.Keep {
 			a.Release()

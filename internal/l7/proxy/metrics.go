@@ -38,10 +38,17 @@ func (p *Proxy) Describe(ch chan<- *prometheus.Desc) {
 	if len(p.mws) > 0 {
 		p.mws[0].Describe(ch)
 	}
+	for _, c := range p.parts.collectors() {
+		c.Describe(ch)
+	}
 }
 
-// Collect implements prometheus.Collector; it reads counters at scrape time.
+// Collect implements prometheus.Collector; it reads counters at scrape
+// time: the Proxy's own series, its routes' and its parts'.
 func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range p.parts.collectors() {
+		c.Collect(ch)
+	}
 	for _, mw := range p.mws {
 		mw.Collect(ch)
 	}
@@ -62,18 +69,23 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// registry records what a Proxy registers so Close (or a failed New) can
-// unregister it: a policy reload then builds the next Proxy on the same
-// registry.
+// registry holds the collectors of a Proxy's parts (its shedding
+// limiters, its redis limiters): a private prometheus.Registry checks them
+// as they are added (a name or label clash is an error of New), and the
+// Proxy collects them with its own series. Nothing outside the Proxy sees
+// them until the Proxy itself is registered (Options.Registerer) or
+// collected (the L7 stage collects the Proxy that serves).
 type registry struct {
-	reg prometheus.Registerer
+	check *prometheus.Registry
 
 	mu         sync.Mutex
 	registered []prometheus.Collector
 }
 
+func newRegistry() *registry { return &registry{check: prometheus.NewRegistry()} }
+
 func (r *registry) Register(c prometheus.Collector) error {
-	if err := r.reg.Register(c); err != nil {
+	if err := r.check.Register(c); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -90,15 +102,20 @@ func (r *registry) MustRegister(cs ...prometheus.Collector) {
 	}
 }
 
-func (r *registry) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
-
-// unregisterAll unregisters everything registered through r.
-func (r *registry) unregisterAll() {
+func (r *registry) Unregister(c prometheus.Collector) bool {
 	r.mu.Lock()
-	cs := r.registered
-	r.registered = nil
-	r.mu.Unlock()
-	for _, c := range cs {
-		r.reg.Unregister(c)
+	defer r.mu.Unlock()
+	for i, rc := range r.registered {
+		if rc == c {
+			r.registered = append(r.registered[:i], r.registered[i+1:]...)
+			return r.check.Unregister(c)
+		}
 	}
+	return false
+}
+
+func (r *registry) collectors() []prometheus.Collector {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]prometheus.Collector(nil), r.registered...)
 }

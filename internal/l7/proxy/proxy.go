@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -33,7 +32,10 @@ type Options struct {
 	// Escalator, when set and Config.Escalation.Enabled, receives the
 	// sources to deny at the NIC.
 	Escalator Escalator
-	// Registerer receives the proxy's metrics (nil: none registered).
+	// Registerer, when set, has the Proxy (a prometheus.Collector of all
+	// its series) registered on it by New and unregistered by Close. The
+	// L7 stage leaves it nil and collects the Proxy that serves itself, so
+	// a Proxy prepared for a reload registers nothing.
 	Registerer prometheus.Registerer
 	// Transport carries requests to the upstream under the net-http engine
 	// and when the Proxy is used as an http.Handler (default: an
@@ -42,13 +44,9 @@ type Options struct {
 	Transport http.RoundTripper
 }
 
-// ShutdownTimeout bounds how long Serve waits for requests in flight after
-// its context ends.
-const ShutdownTimeout = 10 * time.Second
-
-// Proxy is the L7 reverse proxy. It is an http.Handler; Serve runs it on
-// Config.Listen. Close (or the end of Serve) releases its Redis clients and
-// background goroutines.
+// Proxy is the L7 reverse proxy's decisions: an http.Handler that the L7
+// stage (internal/l7/stage) serves with the engine its Config names. Close
+// releases its Redis clients and background goroutines.
 type Proxy struct {
 	cfg       *Config
 	log       *slog.Logger
@@ -65,7 +63,8 @@ type Proxy struct {
 	adaptive  []*shed.Limiter
 	mws       []*l7.Middleware
 	descs     proxyDescs
-	reg       *registry // nil without Options.Registerer
+	parts     *registry             // the collectors of its limiters
+	reg       prometheus.Registerer // Options.Registerer, or nil
 
 	upstreamErrors atomic.Int64
 
@@ -123,11 +122,8 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		p.clock = l7.NewSystemClock()
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
-	var reg prometheus.Registerer
-	if opts.Registerer != nil {
-		p.reg = &registry{reg: opts.Registerer}
-		reg = p.reg
-	}
+	p.parts = newRegistry()
+	reg := prometheus.Registerer(p.parts)
 	ok := false
 	defer func() {
 		if !ok {
@@ -216,13 +212,14 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			l.Run(p.ctx)
 		}()
 	}
-	if reg != nil {
-		if err := reg.Register(shedMetrics); err != nil {
-			return nil, fmt.Errorf("proxy: register shedding metrics: %w", err)
-		}
-		if err := reg.Register(p); err != nil {
+	if err := reg.Register(shedMetrics); err != nil {
+		return nil, fmt.Errorf("proxy: register shedding metrics: %w", err)
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(p); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
 		}
+		p.reg = opts.Registerer
 	}
 	ok = true
 	return p, nil
@@ -250,12 +247,13 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		},
 		Transport:    tr,
 		BufferPool:   new(bufferPool),
-		ErrorHandler: p.badGateway,
+		ErrorHandler: p.BadGateway,
 	}
 }
 
-// badGateway answers a request the upstream did not answer (both engines).
-func (p *Proxy) badGateway(w http.ResponseWriter, r *http.Request, err error) {
+// BadGateway answers a request the upstream did not answer (both engines:
+// the event loop calls it through its Config.BadGateway).
+func (p *Proxy) BadGateway(w http.ResponseWriter, r *http.Request, err error) {
 	p.upstreamErrors.Add(1)
 	if r.Context().Err() == nil {
 		p.log.Warn("l7 proxy: upstream request failed", "upstream", p.cfg.Upstream.Host, "path", r.URL.Path, "err", err)
@@ -280,11 +278,12 @@ func (p *Proxy) peerTrusted(r *http.Request) bool {
 	if err != nil {
 		return false
 	}
-	return p.trusted(a)
+	return p.Trusted(a)
 }
 
-// trusted reports whether a is inside one of the trusted proxy prefixes.
-func (p *Proxy) trusted(a netip.Addr) bool {
+// Trusted reports whether a is inside one of the trusted proxy prefixes
+// (the event loop's Config.TrustedPeer).
+func (p *Proxy) Trusted(a netip.Addr) bool {
 	a = a.Unmap()
 	for _, pf := range p.cfg.TrustedProxies {
 		if pf.Contains(a) {
@@ -669,7 +668,7 @@ func (p *Proxy) rejected(r *http.Request) {
 		return
 	}
 	a, ok := p.km.keys.ClientIP(r)
-	if !ok || p.trusted(a) {
+	if !ok || p.Trusted(a) {
 		// A trusted proxy's address (a request without forwarding headers,
 		// or one naming only trusted hops) is never denied at the NIC: that
 		// would drop every client behind it.
@@ -678,70 +677,9 @@ func (p *Proxy) rejected(r *http.Request) {
 	p.esc.note(a)
 }
 
-// Serve listens on Config.Listen and serves until ctx ends, then shuts down
-// gracefully (ShutdownTimeout) and closes the Proxy.
-func (p *Proxy) Serve(ctx context.Context) error {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", p.cfg.Listen)
-	if err != nil {
-		p.Close()
-		return fmt.Errorf("proxy: listen on %s: %w", p.cfg.Listen, err)
-	}
-	return p.ServeListener(ctx, ln)
-}
-
-// ServeListener is Serve on a listener the caller opened (it is closed on
-// return), with the Config's engine.
-func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
-	defer p.Close()
-	if p.cfg.ServingEngine() == EngineEventLoop {
-		srv, err := eventloop.New(eventloop.Config{
-			Upstream:          p.cfg.Upstream,
-			Handler:           p,
-			TrustedPeer:       p.trusted,
-			BadGateway:        p.badGateway,
-			Logger:            p.log,
-			Loops:             p.cfg.Loops,
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       2 * time.Minute,
-			ShutdownTimeout:   ShutdownTimeout,
-		})
-		if err != nil {
-			_ = ln.Close()
-			return fmt.Errorf("proxy: %w", err)
-		}
-		if err := srv.Serve(ctx, ln); err != nil {
-			return fmt.Errorf("proxy: serve on %s: %w", ln.Addr(), err)
-		}
-		return nil
-	}
-	srv := &http.Server{
-		Handler:           p,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	select {
-	case err := <-done:
-		return fmt.Errorf("proxy: serve on %s: %w", ln.Addr(), err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("proxy: graceful shutdown on %s: %w", ln.Addr(), err)
-	}
-	<-done
-	return nil
-}
-
 // Close stops the background goroutines, closes the Redis limiters and
-// client, and unregisters the Proxy's metrics (so the next Proxy can
-// register on the same registry). It is safe to call more than once.
+// client, and unregisters the Proxy from Options.Registerer (so the next
+// Proxy can register on the same registry). It is safe to call more than once.
 func (p *Proxy) Close() {
 	p.closeOnce.Do(func() {
 		p.cancel()
@@ -753,7 +691,7 @@ func (p *Proxy) Close() {
 			_ = p.rc.Close()
 		}
 		if p.reg != nil {
-			p.reg.unregisterAll()
+			p.reg.Unregister(p)
 		}
 	})
 }
