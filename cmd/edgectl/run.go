@@ -10,9 +10,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/edgeguard/edgeguard/internal/daemon"
+	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
@@ -62,6 +64,8 @@ its pins under --pin-dir; the next 'edgectl run' takes it over.`,
 			// P every 20µs (docs/l7-proxy.md, "Engines").
 			cores := runtime.GOMAXPROCS(0)
 			runtime.GOMAXPROCS(cores + 1)
+			// go-redis logs through one process-wide logger: structured, ours.
+			redis.SetLogger(redislimit.ClientLogger(log.With("stage", "l7")))
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)

@@ -163,14 +163,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 	}
 	p.unmatched = wrap(p.forward)
 	if cfg.Redis != nil {
-		p.rc = redis.NewClient(&redis.Options{
-			Addr:         cfg.Redis.Addr,
-			DialTimeout:  cfg.Redis.Timeout,
-			ReadTimeout:  cfg.Redis.Timeout,
-			WriteTimeout: cfg.Redis.Timeout,
-			MaxRetries:   -1, // the breaker decides; no retry storms
-			PoolSize:     64,
-		})
+		p.rc = redis.NewClient(redislimit.ClientOptions(cfg.Redis.Addr, cfg.Redis.Timeout))
 	}
 	for _, rc := range cfg.Routes {
 		rt, err := p.newRoute(rc, reg)
