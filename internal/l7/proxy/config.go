@@ -174,8 +174,12 @@ type Limit struct {
 	// Burst for gcra and token-bucket (0: Count).
 	Burst int64
 	// Algorithm: AlgGCRA (default), AlgSlidingWindow, AlgTokenBucket,
-	// AlgFixedWindow. Redis limits: gcra or sliding-window.
+	// AlgFixedWindow, AlgLeakyBucket. Redis limits: gcra, sliding-window or
+	// leaky_bucket without Shape.
 	Algorithm string
+	// Shape (leaky_bucket, local backend, not shadow): an admitted request
+	// is held until its release slot, at most (Burst-1) intervals.
+	Shape bool
 	// Shadow counts would-be rejections and never rejects.
 	Shadow bool
 	// Backend is BackendLocal (default) or BackendRedis.
@@ -192,8 +196,11 @@ const (
 	AlgSlidingWindow = "sliding-window"
 	AlgTokenBucket   = "token-bucket"
 	AlgFixedWindow   = "fixed-window"
-	BackendLocal     = "local"
-	BackendRedis     = "redis"
+	// AlgLeakyBucket is spelled with an underscore, as the issue and the
+	// policy reference name it; "leaky-bucket" is accepted too.
+	AlgLeakyBucket = "leaky_bucket"
+	BackendLocal   = "local"
+	BackendRedis   = "redis"
 )
 
 // Tiers adds limits per tier; the tier is named by a header a trusted auth

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -88,9 +89,11 @@ type route struct {
 	// redisCounters are the redis limits' counters by rule name.
 	redisCounters map[string]*redisCounters
 	// mayBlock: a request on this route may wait (a concurrency queue, its
-	// own or the global one; Redis): under the event loop it is decided on
-	// a goroutine (eventloop.Go).
+	// own or the global one; Redis; a shaping limit): under the event loop
+	// it is decided on a goroutine (eventloop.Go).
 	mayBlock bool
+	// shapes: a limit of the route or of one of its tiers has shape: true.
+	shapes bool
 }
 
 // redisGroup is the redis limits that apply to a request in one tier and
@@ -182,7 +185,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			h = mw(h)
 		}
 		rt.handler = wrap(h)
-		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0
+		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0 || rt.shapes
 		p.routes = append(p.routes, rt)
 	}
 	if cfg.Escalation.Enabled && opts.Escalator == nil {
@@ -345,6 +348,7 @@ func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 		Key:       p.km.hashFunc(l.Key, route),
 		Algorithm: alg,
 		Shadow:    l.Shadow,
+		Shape:     l.Shape,
 		Store:     l7.StoreConfig{Capacity: capacity},
 	}, nil
 }
@@ -371,6 +375,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 		if err != nil {
 			return nil, err
 		}
+		rt.shapes = rt.shapes || l.Shape
 		mc.Rules = append(mc.Rules, r)
 	}
 	anyRedis := len(routeRedis) > 0
@@ -388,6 +393,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 				if err != nil {
 					return nil, err
 				}
+				rt.shapes = rt.shapes || l.Shape
 				tier.Rules = append(tier.Rules, r)
 			}
 			mc.Tiers = append(mc.Tiers, tier)
@@ -634,7 +640,25 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rt.mw.Respond(w, &lp, ext)
+	if d := lp.Delay(); d > 0 && !p.hold(r, d) {
+		return // the client left while its request was held
+	}
 	p.forward.ServeHTTP(w, r)
+}
+
+// hold keeps a request admitted by a shaping limit until its release slot
+// (on the request's goroutine: a shaping route is decided off the event
+// loop). It reports false when the client left first; the slot stays
+// taken (the upstream sees a gap, never a burst).
+func (p *Proxy) hold(r *http.Request, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 // refundRedis gives a group's charge back; a failure leaves the charge in
