@@ -100,6 +100,10 @@ type Concurrency struct {
 	PriorityHeader string
 	// RetryAfter is advertised on 503 (default 1s).
 	RetryAfter time.Duration
+	// CriticalReserve is the percentage of MaxInFlight (rounded up, at
+	// most all but one slot) only critical requests may use (default 10;
+	// 0: none). Decode fills it; 0 in a Config built by hand means none.
+	CriticalReserve int
 }
 
 // Redis configures the Redis backend.

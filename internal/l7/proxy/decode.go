@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/shed"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
@@ -320,11 +321,11 @@ func (d *decoder) paths(n *yaml.Node, where string) []string {
 
 func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 	f := d.Fields(n, where, "max_in_flight", "queue", "queue_timeout", "adaptive", "adaptive_max",
-		"priority_header", "retry_after")
+		"priority_header", "retry_after", "critical_reserve")
 	if f == nil {
 		return nil
 	}
-	c := &Concurrency{QueueTimeout: time.Second, RetryAfter: time.Second}
+	c := &Concurrency{QueueTimeout: time.Second, RetryAfter: time.Second, CriticalReserve: shed.DefaultCriticalReservePercent}
 	if v, ok := f["max_in_flight"]; ok {
 		x, _ := d.integer(v, "max_in_flight", 1, 1<<20)
 		c.MaxInFlight = int(x)
@@ -354,6 +355,16 @@ func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 	}
 	if v, ok := f["retry_after"]; ok {
 		c.RetryAfter, _ = d.duration(v, "retry_after")
+	}
+	if v, ok := f["critical_reserve"]; ok {
+		if s, sok := d.Scalar(v, "critical_reserve"); sok {
+			pct, err := strconv.Atoi(strings.TrimSuffix(s, "%"))
+			if err != nil || !strings.HasSuffix(s, "%") || pct < 0 || pct >= 100 {
+				d.Errorf(v, "critical_reserve %q: want a percentage from 0%% to 99%% (0%%: no reserve)", s)
+			} else {
+				c.CriticalReserve = pct
+			}
+		}
 	}
 	return c
 }

@@ -310,11 +310,15 @@ func priorityFunc(header string) func(*http.Request) shed.Priority {
 
 func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(http.Handler) http.Handler, error) {
 	sc := shed.Config{
-		MaxInFlight:  c.MaxInFlight,
-		MaxQueue:     c.Queue,
-		QueueTimeout: c.QueueTimeout,
-		Clock:        p.clock,
-		Logger:       p.log,
+		MaxInFlight:            c.MaxInFlight,
+		MaxQueue:               c.Queue,
+		QueueTimeout:           c.QueueTimeout,
+		CriticalReservePercent: c.CriticalReserve,
+		Clock:                  p.clock,
+		Logger:                 p.log,
+	}
+	if c.CriticalReserve == 0 {
+		sc.CriticalReservePercent = -1 // shed: negative is none, 0 its default
 	}
 	if c.Adaptive {
 		sc.Adaptive = &shed.AdaptiveConfig{InitialLimit: c.MaxInFlight, MaxLimit: max(c.AdaptiveMax, c.MaxInFlight)}
