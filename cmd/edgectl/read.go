@@ -51,6 +51,7 @@ func writeStatus(out io.Writer, st control.Status) error {
 	}
 	fmt.Fprintf(w, "asn data\t%d entries\n", st.ASNEntries)
 	fmt.Fprintf(w, "ipv4 lookup\t%s\n", ipv4Lookup(st.IPv4Direct))
+	writeL7Status(w, st.L7)
 	for _, m := range st.Maps {
 		fill := ""
 		if m.Entries > 0 || m.Name == "src_buckets" || m.Name == "agg_buckets" || m.Name == "lists" {

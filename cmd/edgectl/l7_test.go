@@ -1,0 +1,33 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+)
+
+// TestStatusL7Section: `edgectl status` names the engine the L7 stage
+// serves with, its address, upstream and routes; without an L7 stage the
+// line is absent.
+func TestStatusL7Section(t *testing.T) {
+	st := statusFixture(control.IPv4Direct{})
+	var without bytes.Buffer
+	if err := writeStatus(&without, st); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(without.String(), "l7 stage") {
+		t.Fatalf("an l7 line without an L7 stage:\n%s", without.String())
+	}
+	st.L7 = &control.L7Status{Engine: "event-loop", Listen: "198.18.0.1:8080", Upstream: "http://127.0.0.1:9000",
+		Routes: []string{"api", "login"}}
+	var with bytes.Buffer
+	if err := writeStatus(&with, st); err != nil {
+		t.Fatal(err)
+	}
+	want := "l7 stage     event-loop engine on 198.18.0.1:8080, upstream http://127.0.0.1:9000, routes api, login\n"
+	if !strings.Contains(with.String(), want) {
+		t.Fatalf("status:\n%s\nwant the line %q", with.String(), want)
+	}
+}
