@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -10,7 +12,7 @@ import (
 // (rate_limit_*{layer="l7"}) come from each route's l7.Middleware; the redis
 // limits report into the same families with the same help text.
 type proxyDescs struct {
-	upstreamErrors, escalations, redisAllowed, redisRejected, redisShadow *prometheus.Desc
+	upstreamErrors, escalations, redisAllowed, redisRejected, redisShadow, requests *prometheus.Desc
 }
 
 func newProxyDescs() proxyDescs {
@@ -25,6 +27,10 @@ func newProxyDescs() proxyDescs {
 			"Requests rejected, by rule and reason.", []string{"layer", "rule", "reason"}, nil),
 		redisShadow: prometheus.NewDesc("rate_limit_shadow_would_reject_total",
 			"Requests a shadow rule would have rejected (never rejected).", []string{"layer", "rule"}, nil),
+		requests: prometheus.NewDesc("edgeguard_l7_requests_total",
+			"Requests the L7 stage decided, by route ((unmatched), (exempt) for the global exempt paths) and decision "+
+				"(allowed, limited: 429, shed: 503, escalated: the 429 that sent the source to the XDP deny list).",
+			[]string{"route", "decision"}, nil),
 	}
 }
 
@@ -32,7 +38,7 @@ func newProxyDescs() proxyDescs {
 // their descriptors (same names and labels): one describes them all.
 func (p *Proxy) Describe(ch chan<- *prometheus.Desc) {
 	d := &p.descs
-	for _, desc := range []*prometheus.Desc{d.upstreamErrors, d.escalations, d.redisAllowed, d.redisRejected, d.redisShadow} {
+	for _, desc := range []*prometheus.Desc{d.upstreamErrors, d.escalations, d.redisAllowed, d.redisRejected, d.redisShadow, d.requests} {
 		ch <- desc
 	}
 	if len(p.mws) > 0 {
@@ -54,6 +60,11 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	}
 	d := &p.descs
 	ch <- prometheus.MustNewConstMetric(d.upstreamErrors, prometheus.CounterValue, float64(p.upstreamErrors.Load()))
+	for _, rt := range p.routes {
+		rt.counts.collect(ch, d.requests, rt.name)
+	}
+	p.unmatchedCounts.collect(ch, d.requests, routeUnmatched)
+	p.exemptCounts.collect(ch, d.requests, routeExempt)
 	if p.esc != nil {
 		ch <- prometheus.MustNewConstMetric(d.escalations, prometheus.CounterValue, float64(p.esc.sent.Load()), "sent")
 		ch <- prometheus.MustNewConstMetric(d.escalations, prometheus.CounterValue, float64(p.esc.failed.Load()), "failed")
@@ -118,4 +129,78 @@ func (r *registry) collectors() []prometheus.Collector {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]prometheus.Collector(nil), r.registered...)
+}
+
+// Decisions of the L7 stage on a request, the decision label of
+// edgeguard_l7_requests_total. Exclusive: a request counts once.
+const (
+	decisionAllowed   = iota // passed to the upstream (exempt and unlimited requests included)
+	decisionLimited          // answered 429
+	decisionShed             // answered 503 (concurrency limits; a rate limiter shutting down)
+	decisionEscalated        // answered 429, and that rejection sent the source to the XDP deny list
+	numDecisions
+)
+
+// decisionName is a decision's label value.
+func decisionName(i int) string {
+	switch i {
+	case decisionAllowed:
+		return "allowed"
+	case decisionLimited:
+		return "limited"
+	case decisionShed:
+		return "shed"
+	}
+	return "escalated"
+}
+
+// Route labels of requests no route decides.
+const (
+	routeUnmatched = "(unmatched)" // no route matched (a route name cannot hold parentheses)
+	routeExempt    = "(exempt)"    // a global exempt path
+)
+
+// routeCounters count one route's decisions.
+type routeCounters struct {
+	n [numDecisions]atomic.Int64
+}
+
+func (c *routeCounters) limited(escalated bool) {
+	if escalated {
+		c.n[decisionEscalated].Add(1)
+		return
+	}
+	c.n[decisionLimited].Add(1)
+}
+
+func (c *routeCounters) shedFunc() func(*http.Request) {
+	return func(*http.Request) { c.n[decisionShed].Add(1) }
+}
+
+func (c *routeCounters) collect(ch chan<- prometheus.Metric, desc *prometheus.Desc, route string) {
+	for i := range numDecisions {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(c.n[i].Load()), route, decisionName(i))
+	}
+}
+
+// RouteDecisions are one route's request counts by decision, for
+// `edgectl stats`.
+type RouteDecisions struct {
+	Route                             string
+	Allowed, Limited, Shed, Escalated int64
+}
+
+func (c *routeCounters) decisions(route string) RouteDecisions {
+	return RouteDecisions{Route: route, Allowed: c.n[decisionAllowed].Load(), Limited: c.n[decisionLimited].Load(),
+		Shed: c.n[decisionShed].Load(), Escalated: c.n[decisionEscalated].Load()}
+}
+
+// Decisions are the request counts by route (in match order, then the
+// unmatched and exempt requests) and decision since the Proxy was built.
+func (p *Proxy) Decisions() []RouteDecisions {
+	out := make([]RouteDecisions, 0, len(p.routes)+2)
+	for _, rt := range p.routes {
+		out = append(out, rt.counts.decisions(rt.name))
+	}
+	return append(out, p.unmatchedCounts.decisions(routeUnmatched), p.exemptCounts.decisions(routeExempt))
 }

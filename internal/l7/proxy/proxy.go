@@ -68,6 +68,9 @@ type Proxy struct {
 	reg       prometheus.Registerer // Options.Registerer, or nil
 
 	upstreamErrors atomic.Int64
+	// unmatchedCounts are the decisions on requests no route matched,
+	// exemptCounts those on the global exempt paths.
+	unmatchedCounts, exemptCounts *routeCounters
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -94,6 +97,7 @@ type route struct {
 	mayBlock bool
 	// shapes: a limit of the route or of one of its tiers has shape: true.
 	shapes bool
+	counts routeCounters
 }
 
 // redisGroup is the redis limits that apply to a request in one tier and
@@ -147,7 +151,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 	})
 	shedMetrics := shed.NewCollector()
-	var global func(http.Handler) http.Handler
+	var global func(onShed func(*http.Request)) func(http.Handler) http.Handler
 	if cfg.Concurrency != nil {
 		l, mw, err := p.newShed(*cfg.Concurrency, "global")
 		if err != nil {
@@ -158,13 +162,18 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		global = mw
 	}
-	wrap := func(h http.Handler) http.Handler {
+	wrap := func(h http.Handler, c *routeCounters) http.Handler {
 		if global != nil {
-			return global(h)
+			return global(c.shedFunc())(h)
 		}
 		return h
 	}
-	p.unmatched = wrap(p.forward)
+	p.unmatchedCounts = new(routeCounters)
+	p.exemptCounts = new(routeCounters)
+	p.unmatched = wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.unmatchedCounts.n[decisionAllowed].Add(1)
+		p.forward.ServeHTTP(w, r)
+	}), p.unmatchedCounts)
 	if cfg.Redis != nil {
 		p.rc = redis.NewClient(redislimit.ClientOptions(cfg.Redis.Addr, cfg.Redis.Timeout))
 	}
@@ -182,9 +191,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			if err := shedMetrics.Add("route:"+rc.Name, l); err != nil {
 				return nil, fmt.Errorf("proxy: %w", err)
 			}
-			h = mw(h)
+			h = mw(rt.counts.shedFunc())(h)
 		}
-		rt.handler = wrap(h)
+		rt.handler = wrap(h, &rt.counts)
 		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0 || rt.shapes
 		p.routes = append(p.routes, rt)
 	}
@@ -308,7 +317,9 @@ func priorityFunc(header string) func(*http.Request) shed.Priority {
 	}
 }
 
-func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(http.Handler) http.Handler, error) {
+// newShed builds a concurrency limiter and the constructor of its
+// middleware, one per route that shares it (each counts its own sheds).
+func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(onShed func(*http.Request)) func(http.Handler) http.Handler, error) {
 	sc := shed.Config{
 		MaxInFlight:            c.MaxInFlight,
 		MaxQueue:               c.Queue,
@@ -330,11 +341,14 @@ func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(http.Ha
 	if c.Adaptive {
 		p.adaptive = append(p.adaptive, l)
 	}
-	mw := shed.Middleware(l, shed.MiddlewareOptions{
-		Priority:   priorityFunc(c.PriorityHeader),
-		RetryAfter: c.RetryAfter,
-		Logger:     p.log,
-	})
+	mw := func(onShed func(*http.Request)) func(http.Handler) http.Handler {
+		return shed.Middleware(l, shed.MiddlewareOptions{
+			Priority:   priorityFunc(c.PriorityHeader),
+			RetryAfter: c.RetryAfter,
+			Logger:     p.log,
+			OnShed:     onShed,
+		})
+	}
 	return l, mw, nil
 }
 
@@ -519,6 +533,7 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	if _, ok := p.exempt[path]; ok {
+		p.exemptCounts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
 		return
 	}
@@ -528,6 +543,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if rt.exempt != nil {
 			if _, ok := rt.exempt[path]; ok {
+				rt.counts.n[decisionAllowed].Add(1)
 				p.forward.ServeHTTP(w, r)
 				return
 			}
@@ -557,18 +573,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Shadow groups are charged on their own and never refuse or refund.
 func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 	if rt.mw == nil {
+		rt.counts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
 		return
 	}
 	var lp l7.Pending
 	rt.mw.Decide(r, &lp)
 	if lp.Skipped() {
+		rt.counts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
 		return
 	}
 	if !lp.Allowed() {
 		rt.mw.Respond(w, &lp, nil)
-		p.rejected(r)
+		rt.counts.limited(p.rejected(r))
 		return
 	}
 	type charged struct {
@@ -593,6 +611,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 			if r.Context().Err() != nil {
 				return // the client is gone
 			}
+			rt.counts.n[decisionShed].Add(1)
 			shedUnavailable(w, "the rate limiter is shutting down")
 			return
 		}
@@ -634,10 +653,11 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		rt.mw.Respond(w, &lp, ext)
-		p.rejected(r)
+		rt.counts.limited(p.rejected(r))
 		return
 	}
 	lp.Commit()
+	rt.counts.n[decisionAllowed].Add(1)
 	for _, c := range took {
 		for _, rd := range c.res.Rules {
 			c.g.counters[rd.Rule].allowed.Add(1)
@@ -683,19 +703,20 @@ func shedUnavailable(w http.ResponseWriter, detail string) {
 	}, 1)
 }
 
-// rejected notes a 429 for escalation.
-func (p *Proxy) rejected(r *http.Request) {
+// rejected notes a 429 for escalation; it reports whether this rejection
+// sent the source to the deny list.
+func (p *Proxy) rejected(r *http.Request) bool {
 	if p.esc == nil {
-		return
+		return false
 	}
 	a, ok := p.km.keys.ClientIP(r)
 	if !ok || p.Trusted(a) {
 		// A trusted proxy's address (a request without forwarding headers,
 		// or one naming only trusted hops) is never denied at the NIC: that
 		// would drop every client behind it.
-		return
+		return false
 	}
-	p.esc.note(a)
+	return p.esc.note(a)
 }
 
 // Close stops the background goroutines, closes the Redis limiters and
