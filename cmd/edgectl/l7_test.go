@@ -31,3 +31,26 @@ func TestStatusL7Section(t *testing.T) {
 		t.Fatalf("status:\n%s\nwant the line %q", with.String(), want)
 	}
 }
+
+// TestStatsL7Section: `edgectl stats` ends with the L7 stage's requests by
+// route and decision; nothing without an L7 stage.
+func TestStatsL7Section(t *testing.T) {
+	var without bytes.Buffer
+	if err := writeStats(&without, control.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(without.String(), "L7 ROUTE") {
+		t.Fatalf("an l7 section without an L7 stage:\n%s", without.String())
+	}
+	var with bytes.Buffer
+	st := control.Stats{L7: []control.L7RouteStat{{Route: "api", Allowed: 10, Limited: 3, Escalated: 1}, {Route: "(unmatched)", Allowed: 2}}}
+	if err := writeStats(&with, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"   L7 ROUTE  ALLOWED  LIMITED  SHED  ESCALATED\n", "        api       10        3     0          1\n",
+		"(unmatched)        2        0     0          0\n"} {
+		if !strings.Contains(with.String(), want) {
+			t.Fatalf("stats:\n%s\nwant %q", with.String(), want)
+		}
+	}
+}

@@ -113,7 +113,7 @@ func writeStats(out io.Writer, st control.Stats) error {
 		return err
 	}
 	fmt.Fprintf(out, "(rates over the last %s)\n", time.Duration(st.Window))
-	return nil
+	return writeL7Stats(out, st.L7)
 }
 
 func newTopCommand() *cobra.Command {

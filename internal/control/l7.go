@@ -8,3 +8,14 @@ type L7Status struct {
 	Upstream string   `json:"upstream"`
 	Routes   []string `json:"routes"` // in match order
 }
+
+// L7RouteStat is one route's request counts by decision in `edgectl stats`,
+// since the L7 stage's last reload (a change of the l7: section starts them
+// at zero). Route is a route name, "(unmatched)" or "(exempt)".
+type L7RouteStat struct {
+	Route     string `json:"route"`
+	Allowed   int64  `json:"allowed"`
+	Limited   int64  `json:"limited"`
+	Shed      int64  `json:"shed"`
+	Escalated int64  `json:"escalated"`
+}

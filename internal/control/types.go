@@ -76,6 +76,7 @@ type Stats struct {
 	Totals []CounterStat   `json:"totals"` // by action and reason, non-zero only
 	Rules  []RuleStat      `json:"rules"`
 	Tables map[string]Fill `json:"tables"`
+	L7     []L7RouteStat   `json:"l7,omitempty"` // nil: no L7 stage
 }
 
 // Fill is a table's occupancy.

@@ -57,6 +57,16 @@ func (d *Daemon) l7Status() *control.L7Status {
 	return &control.L7Status{Engine: string(st.Engine), Listen: st.Addr, Upstream: st.Upstream, Routes: st.Routes}
 }
 
+// l7Stats are the L7 stage's request counts by route and decision (nil:
+// not serving).
+func (d *Daemon) l7Stats() []control.L7RouteStat {
+	var out []control.L7RouteStat
+	for _, r := range d.l7.Decisions() {
+		out = append(out, control.L7RouteStat{Route: r.Route, Allowed: r.Allowed, Limited: r.Limited, Shed: r.Shed, Escalated: r.Escalated})
+	}
+	return out
+}
+
 // Escalate implements proxy.Escalator: a source the L7 stage keeps
 // rejecting is denied at the NIC for ttl. It never waits for the daemon's
 // lock (a reload may hold it while closing the proxy that is calling): the

@@ -149,7 +149,9 @@ func (d *Daemon) Stats() (control.Stats, error) {
 		}
 		old, cur = s, s
 	}
-	return buildStats(old, cur, d.ruleNames(), d.tables()), nil
+	st := buildStats(old, cur, d.ruleNames(), d.tables())
+	st.L7 = d.l7Stats()
+	return st, nil
 }
 
 func (d *Daemon) ruleNames() map[uint32]string {

@@ -2,6 +2,7 @@ package netns_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -144,6 +146,18 @@ func TestL7StageEngineThroughDaemon(t *testing.T) {
 	}
 	if _, code := get("/limited"); code != 429 {
 		t.Fatalf("second /limited: %d, want 429", code)
+	}
+	// edgectl stats carries the L7 requests by route and decision.
+	out, err := h.ctl("stats", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats control.Stats
+	if err := json.Unmarshal([]byte(out), &stats); err != nil {
+		t.Fatal(err)
+	}
+	if len(stats.L7) == 0 || stats.L7[0].Route != "api" || stats.L7[0].Allowed != 1 || stats.L7[0].Limited != 1 {
+		t.Fatalf("stats l7: %+v, want api with 1 allowed and 1 limited", stats.L7)
 	}
 
 	gen := h.status().Generation

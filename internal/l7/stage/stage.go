@@ -442,6 +442,18 @@ func (s *Stage) Status() Status {
 		Routes: run.cur.Load().RouteNames()}
 }
 
+// Decisions are the serving proxy's request counts by route and decision
+// (nil when the stage is stopped).
+func (s *Stage) Decisions() []proxy.RouteDecisions {
+	s.mu.Lock()
+	run := s.run
+	s.mu.Unlock()
+	if run == nil {
+		return nil
+	}
+	return run.cur.Load().Decisions()
+}
+
 // ServeHTTP hands the request to the instance's current proxy.
 func (in *instance) ServeHTTP(w http.ResponseWriter, r *http.Request) { in.cur.Load().ServeHTTP(w, r) }
 
