@@ -65,7 +65,7 @@ type Config struct {
 	// Rules apply to every limited request.
 	Rules []Rule
 	// Tiers add rules per tier; SelectTier picks the tier by name (a
-	// header, an API-key lookup: see TierByHeader, TierByKey). A request
+	// header, an API-key lookup: see TierByHeader). A request
 	// whose tier is "" or unknown gets DefaultTier, or no tier rules if
 	// DefaultTier is "".
 	Tiers       []Tier
