@@ -47,9 +47,6 @@ func writeStatus(out io.Writer, st control.Status) error {
 	if st.PolicyOrigin != "" {
 		fmt.Fprintf(w, "policy from\t%s\n", st.PolicyOrigin)
 	}
-	if st.L7 != "" {
-		fmt.Fprintf(w, "l7 stage\t%s\n", st.L7)
-	}
 	r := st.LastReload
 	result := "ok"
 	if !r.OK {
@@ -65,6 +62,7 @@ func writeStatus(out io.Writer, st control.Status) error {
 	for _, c := range st.Congestion {
 		fmt.Fprintf(w, "congestion\t%s\n", congestionLine(c))
 	}
+	writeL7Status(w, st.L7)
 	for _, m := range st.Maps {
 		fill := ""
 		if m.Entries > 0 || m.Name == "src_buckets" || m.Name == "agg_buckets" || m.Name == "lists" {
@@ -129,7 +127,10 @@ func writeStats(out io.Writer, st control.Stats) error {
 	if err := writeStanding(out, st.Standing); err != nil {
 		return err
 	}
-	return writeSynStats(out, st.SYN)
+	if err := writeSynStats(out, st.SYN); err != nil {
+		return err
+	}
+	return writeL7Stats(out, st.L7)
 }
 
 func newTopCommand() *cobra.Command {

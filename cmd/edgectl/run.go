@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/edgeguard/edgeguard/internal/daemon"
+	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
@@ -63,6 +66,14 @@ reboots; the --config file is never rewritten. A start that fails removes only w
 			// daemon: with SIGPIPE ignored the write fails with EPIPE,
 			// which the daemon logs, and it keeps running.
 			signal.Ignore(syscall.SIGPIPE)
+			// The process-wide setting, here only: the L7 event loop runs
+			// one loop per core, each on its own OS thread, and one P more
+			// than loops keeps the runtime from retaking a sleeping loop's
+			// P every 20µs (docs/l7-proxy.md, "Engines").
+			cores := runtime.GOMAXPROCS(0)
+			runtime.GOMAXPROCS(cores + 1)
+			// go-redis logs through one process-wide logger: structured, ours.
+			redis.SetLogger(redislimit.ClientLogger(log.With("stage", "l7")))
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
@@ -86,7 +97,7 @@ reboots; the --config file is never rewritten. A start that fails removes only w
 				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
 				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(), IPv4DirectChunks: v4Chunks,
 				Logger: log, Reload: reload, Build: buildInfo(),
-				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"),
+				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"), L7Loops: cores,
 			})
 			return asValidation(err)
 		},

@@ -30,7 +30,7 @@ func statusFixture(v4 control.IPv4Direct) control.Status {
 		},
 		PinDir: "/sys/fs/bpf/edgeguard", ASNEntries: 500000,
 		IPv4Direct:   v4,
-		PolicyOrigin: "config file", StateDir: "/var/lib/edgeguard", MetricsAddr: "127.0.0.1:9469", L7: "off",
+		PolicyOrigin: "config file", StateDir: "/var/lib/edgeguard", MetricsAddr: "127.0.0.1:9469",
 		Started: time.Date(2026, 11, 30, 11, 0, 0, 0, time.UTC), UptimeSeconds: 3725,
 	}
 }

@@ -41,8 +41,8 @@ type Status struct {
 	Started       time.Time    `json:"started,omitzero"`
 	UptimeSeconds int64        `json:"uptime_seconds,omitempty"`
 	MetricsAddr   string       `json:"metrics_addr,omitempty"` // "" when metrics are off
-	L7            string       `json:"l7,omitempty"`           // "off" or "listening on ADDR"
 	Build         version.Info `json:"build"`
+	L7            *L7Status    `json:"l7,omitempty"` // nil: no L7 stage
 	// Congestion is each aggregate kind's congestion state.
 	Congestion []Congestion `json:"congestion,omitempty"`
 }
@@ -92,6 +92,7 @@ type Stats struct {
 	// Standing: congestion and class counters (internal/control/standing.go).
 	Standing *StandingStats `json:"standing,omitempty"`
 	SYN      *SYNStats      `json:"syn,omitempty"` // the SYN path (syn.go); nil before it loads
+	L7       []L7RouteStat  `json:"l7,omitempty"`  // nil: no L7 stage
 }
 
 // Fill is a table's occupancy.

@@ -314,13 +314,9 @@ func (d *Daemon) Status() control.Status {
 		Version: d.opts.Build.Version, Build: d.opts.Build, Policy: d.cur.source, PolicyOrigin: d.origin, Generation: d.generation,
 		LastReload: d.lastReload, Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
 		StateDir: d.opts.StateDir, Started: d.started, UptimeSeconds: int64(time.Since(d.started).Seconds()),
-		L7: "off",
 	}
 	if d.metricsLn != nil {
 		st.MetricsAddr = d.metricsLn.Addr().String()
-	}
-	if d.l7 != nil {
-		st.L7 = "listening on " + d.l7.listen
 	}
 	if d.cur.asn != nil {
 		st.ASNEntries = d.cur.asn.Len()
@@ -328,6 +324,7 @@ func (d *Daemon) Status() control.Status {
 	st.DataGen, _ = d.m.ActiveGen()
 	st.IPv4Direct = ipv4DirectInfo(d.m.V4Direct())
 	st.Congestion = d.standing.status(time.Now())
+	st.L7 = d.l7Status()
 	for name, a := range d.atts {
 		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode)})
 	}

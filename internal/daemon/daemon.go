@@ -27,6 +27,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/l7/stage"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -71,6 +72,10 @@ type Options struct {
 	// ASNProgress, if set, is told how far an ASN data load is (a CLI
 	// draws a progress bar with it).
 	ASNProgress func(done, total int64)
+	// L7Loops is the L7 event loop engine's number of loops when the
+	// policy sets no l7.loops (0: GOMAXPROCS). edgectl run passes the
+	// cores it found before raising GOMAXPROCS by one.
+	L7Loops int
 }
 
 // running is the policy in force.
@@ -128,7 +133,7 @@ type Daemon struct {
 	reg         *prometheus.Registry
 	metricsLn   net.Listener // bound at start, before anything is loaded
 	controlLn   net.Listener
-	l7          *l7Stage // nil: no L7 stage running
+	l7          *stage.Stage
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
 	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
@@ -282,6 +287,8 @@ func newDaemon(o Options) *Daemon {
 		standing:    &standingWatch{},
 	}
 	d.reg = d.newRegistry()
+	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops})
+	d.reg.MustRegister(d.l7.Collector())
 	return d
 }
 
@@ -571,7 +578,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 func (d *Daemon) stop() {
 	// The L7 stage drains its requests without the daemon's locks held:
 	// status and scrapes answer meanwhile.
-	d.shutdownL7(d.takeL7())
+	d.l7.Close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	kept := true

@@ -1,20 +1,15 @@
 package daemon
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"slices"
-	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/control"
@@ -39,96 +34,37 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, []byte, error) {
 	return cfg, raw, nil
 }
 
-// l7Stage is the HTTP stage: one listener whose handler is the current
-// proxy. A reload that changes the l7: section builds a new proxy and swaps
-// it in; the listener stays, so connections are never refused. Rate-limit
-// state of the L7 stage starts afresh on such a reload (XDP state does not).
-type l7Stage struct {
-	d       *Daemon
-	current atomic.Pointer[proxy.Proxy]
-	raw     []byte // the l7: section in force
-	promo   proxy.Promotion
-	listen  string
-	srv     *http.Server
-	done    chan error
-}
-
-func (s *l7Stage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p := s.current.Load()
-	if p == nil {
-		http.Error(w, "edgeguard l7 stage not configured", http.StatusServiceUnavailable)
-		return
-	}
-	p.ServeHTTP(w, r)
-}
-
-// syncL7 makes the L7 stage match the running policy. Caller holds d.mu.
-func (d *Daemon) syncL7(ctx context.Context) error {
-	cfg, raw := d.cur.l7, d.cur.l7raw
-	s := d.l7
-	if cfg == nil {
-		if s != nil {
-			d.stopL7()
-		}
-		return nil
-	}
-	promo := promotion(d.cur.compiled)
-	if s != nil && bytes.Equal(s.raw, raw) && s.promo == promo {
-		return nil
-	}
-	if s != nil && s.listen != cfg.Listen {
-		d.stopL7()
-		s = nil
-	}
-	// The old proxy unregisters its metrics on Close, which the new one
-	// needs; requests in between are served by the old proxy's handler
-	// with its limiters still in memory.
-	if s != nil {
-		if old := s.current.Load(); old != nil {
-			old.Close()
-		}
-	}
-	p, err := proxy.New(cfg, proxy.Options{Logger: d.log.With("stage", "l7"), Escalator: d, Registerer: d.reg,
-		Promoter: d, Promotion: promo})
+// prepareL7 readies the L7 stage (internal/l7/stage) for next without
+// changing what serves now: it builds next's proxy and, when the stage is
+// new or its listen address changes, binds the new listener, so a taken
+// port fails here. commit makes it live and cannot fail (it does not wait
+// for a replaced engine to drain); abort undoes prepare. next.l7 == nil
+// stops the stage at commit. Caller holds d.mu.
+func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
+	ch, err := d.l7.Prepare(ctx, next.l7, next.l7raw, promotion(next.compiled))
 	if err != nil {
-		return fmt.Errorf("l7 stage: %w", err)
+		return nil, nil, fmt.Errorf("l7 stage: %w", err)
 	}
-	if s == nil {
-		var lc net.ListenConfig
-		ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
-		if err != nil {
-			p.Close()
-			return fmt.Errorf("l7 stage: listen on %s: %w", cfg.Listen, err)
-		}
-		s = &l7Stage{d: d, listen: cfg.Listen, done: make(chan error, 1)}
-		s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-		go func() { s.done <- s.srv.Serve(ln) }()
-		d.l7 = s
-		d.log.Info("l7 stage listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
-	}
-	s.current.Store(p)
-	s.raw, s.promo = raw, promo
-	return nil
+	return ch.Commit, ch.Abort, nil
 }
 
-// stopL7 shuts the L7 stage down gracefully. Caller holds d.mu.
-func (d *Daemon) stopL7() {
-	s := d.l7
-	if s == nil {
-		return
+// l7Status is the L7 stage's part of the status (nil: not serving).
+func (d *Daemon) l7Status() *control.L7Status {
+	st := d.l7.Status()
+	if !st.Running {
+		return nil
 	}
-	d.l7 = nil
-	ctx, cancel := context.WithTimeout(context.Background(), proxy.ShutdownTimeout)
-	defer cancel()
-	if err := s.srv.Shutdown(ctx); err != nil {
-		s.srv.Close()
+	return &control.L7Status{Engine: string(st.Engine), Listen: st.Addr, Upstream: st.Upstream, Routes: st.Routes}
+}
+
+// l7Stats are the L7 stage's request counts by route and decision (nil:
+// not serving).
+func (d *Daemon) l7Stats() []control.L7RouteStat {
+	var out []control.L7RouteStat
+	for _, r := range d.l7.Decisions() {
+		out = append(out, control.L7RouteStat{Route: r.Route, Allowed: r.Allowed, Limited: r.Limited, Shed: r.Shed, Escalated: r.Escalated})
 	}
-	if err := <-s.done; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		d.log.Error("l7 stage", "err", err)
-	}
-	if p := s.current.Load(); p != nil {
-		p.Close()
-	}
+	return out
 }
 
 // Escalate implements proxy.Escalator: a source the L7 stage keeps
@@ -211,106 +147,4 @@ func withL7Problems(err error, raw []byte, source string) error {
 		}
 	}
 	return ve
-}
-
-// --- Minimal prepareL7, by the control branch so that its atomic apply
-// works; l7stage's implementation replaces everything below at merge. ---
-
-// prepareL7 readies the L7 stage for next without changing what serves
-// now: it checks that a proxy can be built from the section and binds a
-// new listener when the stage is new or its address changes, so a taken
-// port fails here. commit makes it live and cannot fail (a proxy that
-// fails to build there, which the check makes unlikely, is logged and the
-// stage answers 503); abort undoes prepare. Caller holds changeMu.
-func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
-	noop := func() {}
-	d.mu.Lock()
-	s := d.l7
-	d.mu.Unlock()
-	cfg := next.l7
-	if cfg == nil {
-		if s == nil {
-			return noop, noop, nil
-		}
-		return func() { d.shutdownL7(d.takeL7()) }, noop, nil
-	}
-	if s != nil && bytes.Equal(s.raw, next.l7raw) {
-		return noop, noop, nil
-	}
-	trial, err := proxy.New(cfg, proxy.Options{Logger: d.log.With("stage", "l7"), Escalator: d, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		return nil, nil, fmt.Errorf("l7 stage: %w", err)
-	}
-	trial.Close()
-	var ln net.Listener
-	if s == nil || s.listen != cfg.Listen {
-		var lc net.ListenConfig
-		if ln, err = lc.Listen(ctx, "tcp", cfg.Listen); err != nil {
-			return nil, nil, fmt.Errorf("l7 stage: listen on %s (l7.listen): %w", cfg.Listen, err)
-		}
-	}
-	abort = func() {
-		if ln != nil {
-			ln.Close()
-		}
-	}
-	raw := next.l7raw
-	commit = func() {
-		if ln != nil {
-			d.shutdownL7(d.takeL7())
-		} else if old := s.current.Load(); old != nil {
-			// The old proxy unregisters its metrics on Close, which the
-			// new one needs.
-			old.Close()
-		}
-		p, err := proxy.New(cfg, proxy.Options{Logger: d.log.With("stage", "l7"), Escalator: d, Registerer: d.reg})
-		if err != nil {
-			d.log.Error("l7 stage: the new proxy failed to build; the stage answers 503", "err", err)
-		}
-		st := s
-		if ln != nil {
-			st = &l7Stage{d: d, listen: cfg.Listen, done: make(chan error, 1)}
-			st.srv = &http.Server{Handler: st, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-			go func() { st.done <- st.srv.Serve(ln) }()
-			d.log.Info("l7 stage listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.String())
-		}
-		if p != nil {
-			st.current.Store(p)
-		} else {
-			st.current.Store(nil)
-		}
-		d.mu.Lock()
-		st.raw = raw
-		d.l7 = st
-		d.mu.Unlock()
-	}
-	return commit, abort, nil
-}
-
-// takeL7 removes the L7 stage from the daemon's state, for shutdownL7.
-func (d *Daemon) takeL7() *l7Stage {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s := d.l7
-	d.l7 = nil
-	return s
-}
-
-// shutdownL7 drains and closes a stage taken with takeL7, with no lock
-// held: status and scrapes answer meanwhile.
-func (d *Daemon) shutdownL7(s *l7Stage) {
-	if s == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), proxy.ShutdownTimeout)
-	defer cancel()
-	if err := s.srv.Shutdown(ctx); err != nil {
-		s.srv.Close()
-	}
-	if err := <-s.done; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		d.log.Error("l7 stage", "err", err)
-	}
-	if p := s.current.Load(); p != nil {
-		p.Close()
-	}
 }

@@ -1,8 +1,6 @@
 package l7
 
 import (
-	"context"
-	"errors"
 	"math/big"
 	"math/rand/v2"
 	"testing"
@@ -116,26 +114,11 @@ func TestSlidingWindowStopsBoundaryBurst(t *testing.T) {
 	})
 }
 
-func TestSlidingLogExact(t *testing.T) {
-	var c ManualClock
-	l := mustAlg(NewSlidingLog(3, time.Second, &c))
-	check := func(at, n int64, allowed bool, remain int64, retry time.Duration) {
-		t.Helper()
-		d := l.TakeAt(at, n)
-		if d.Allowed != allowed || d.Remaining != remain || (!allowed && d.RetryAfter != retry) {
-			t.Fatalf("t=%dms n=%d: got %+v", at/ms, n, d)
-		}
-	}
-	check(0, 1, true, 2, 0)
-	check(400*ms, 1, true, 1, 0)
-	check(800*ms, 1, true, 0, 0)
-	check(999*ms, 1, false, 0, time.Millisecond)
-	check(1000*ms, 2, false, 1, 400*time.Millisecond) // the t=0 unit has left
-	check(1000*ms, 1, true, 0, 0)
-	check(1000*ms, 4, false, 0, Never)
-	if _, err := NewSlidingLog(MaxSlidingLogEntries+1, time.Second, &c); err == nil {
-		t.Fatal("limit above the memory cap accepted")
-	}
+// schedule is one request through b as a shaper: the new state, how long
+// it is held, the decision.
+func schedule(b *LeakyBucket, s State, at int64) (State, time.Duration, Decision) {
+	ns, d := b.Take(s, at, 1)
+	return ns, b.Delay(d, 1), d
 }
 
 func TestLeakyBucketQueue(t *testing.T) {
@@ -160,22 +143,11 @@ func TestLeakyBucketQueue(t *testing.T) {
 		{1000 * ms, true, 0},
 	}
 	for i, w := range want {
-		ns, wait, d := b.Schedule(s, w.at)
+		ns, wait, d := schedule(b, s, w.at)
 		if d.Allowed != w.ok || (w.ok && wait != w.wait) {
 			t.Fatalf("step %d: got ok=%v wait=%s, want %v %s", i, d.Allowed, wait, w.ok, w.wait)
 		}
-		if !d.Allowed {
-			if ns != s {
-				t.Fatalf("step %d: rejected request took a slot", i)
-			}
-			// It fits exactly RetryAfter later.
-			if _, _, d2 := b.Schedule(s, w.at+int64(d.RetryAfter)); !d2.Allowed {
-				t.Fatalf("step %d: not admitted after RetryAfter %s", i, d.RetryAfter)
-			}
-			if _, _, d2 := b.Schedule(s, w.at+int64(d.RetryAfter)-1); d2.Allowed {
-				t.Fatalf("step %d: admitted before RetryAfter %s", i, d.RetryAfter)
-			}
-		}
+		checkInvariants(t, b, s, w.at, 1)
 		s = ns
 	}
 	mw, err := NewLeakyBucket(10, time.Second, 100, 250*time.Millisecond)
@@ -186,7 +158,7 @@ func TestLeakyBucketQueue(t *testing.T) {
 	admitted := 0
 	for range 10 {
 		var d Decision
-		s, _, d = mw.Schedule(s, 0)
+		s, _, d = schedule(mw, s, 0)
 		if d.Allowed {
 			admitted++
 		}
@@ -194,58 +166,47 @@ func TestLeakyBucketQueue(t *testing.T) {
 	if admitted != 3 { // waits 0, 100, 200; 300 > max wait
 		t.Fatalf("max wait 250ms admitted %d at once, want 3", admitted)
 	}
-}
-
-// TestLeakyQueueReleasesAtFixedRate uses the real clock: releases must be
-// spaced by at least the interval (timers never fire early); the upper bound
-// is loose for a noisy machine.
-func TestLeakyQueueReleasesAtFixedRate(t *testing.T) {
-	b, err := NewLeakyBucket(50, time.Second, 10, time.Second) // I = 20ms
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := NewLeakyQueue(b, NewSystemClock())
-	start := time.Now()
-	done := make(chan time.Duration, 5)
-	for range 5 {
-		go func() {
-			if err := q.Wait(t.Context()); err != nil {
-				t.Error(err)
-			}
-			done <- time.Since(start)
-		}()
-	}
-	var last time.Duration
-	for range 5 {
-		if at := <-done; at > last {
-			last = at
+	// Depth 0: a strict one-per-interval policer.
+	strict := mustAlg(NewLeakyBucket(10, time.Second, 0, 0))
+	s = State{}
+	for i, w := range []struct {
+		at int64
+		ok bool
+	}{{0, true}, {0, false}, {99 * ms, false}, {100 * ms, true}, {150 * ms, false}, {200 * ms, true}} {
+		var d Decision
+		checkInvariants(t, strict, s, w.at, 1)
+		s, d = strict.Take(s, w.at, 1)
+		if d.Allowed != w.ok {
+			t.Fatalf("depth 0, step %d at %dms: allowed %v, want %v", i, w.at/ms, d.Allowed, w.ok)
 		}
 	}
-	if last < 80*time.Millisecond || last > 5*time.Second {
-		t.Fatalf("5 requests at 20ms interval released by %s, want >= 80ms", last)
+	if _, err := NewLeakyBucket(10, time.Second, -1, 0); err == nil {
+		t.Fatal("negative depth accepted")
 	}
 }
 
-// TestLeakyQueueCancelAndFull: a caller whose context ends keeps its slot,
-// and a full queue refuses at once without taking one.
-func TestLeakyQueueCancelAndFull(t *testing.T) {
-	b, err := NewLeakyBucket(1, 10*time.Second, 1, 0) // I = 10s, one waiter
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := NewLeakyQueue(b, NewSystemClock())
-	if err := q.Wait(t.Context()); err != nil {
-		t.Fatalf("first caller: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
-	defer cancel()
-	if err := q.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("second caller: %v, want deadline exceeded", err)
-	}
-	// The cancelled caller's slot (~10s away) is still taken: the next
-	// would wait ~20s > depth*I.
-	if err := q.Wait(t.Context()); !errors.Is(err, ErrQueueFull) {
-		t.Fatalf("third caller: %v, want ErrQueueFull", err)
+// TestLeakyBucketRandom checks the leaky bucket against the
+// continuous-state form of the same meter (ITU-T I.371): a backlog X, in
+// nanoseconds of work, drains at one per nanosecond; a request for n units
+// at t is admitted iff its last unit would wait at most the bound,
+// max(0, X-(t-LCT)) + (n-1)*I <= bound, and then adds n*I.
+func TestLeakyBucketRandom(t *testing.T) {
+	for _, c := range []struct {
+		limit int64
+		depth int64
+		wait  time.Duration
+	}{{10, 3, 0}, {7, 0, 0}, {100, 20, 50 * time.Millisecond}, {3, 1, 0}} {
+		b := mustAlg(NewLeakyBucket(c.limit, time.Second, c.depth, c.wait))
+		I, bound := b.Interval(), b.bound
+		var x, lct int64
+		randomTimeline(t, b, uint64(c.limit*100+c.depth), func(now, n int64) bool {
+			backlog := max(0, x-(now-lct))
+			if backlog+(n-1)*I > bound {
+				return false
+			}
+			x, lct = backlog+n*I, now
+			return true
+		})
 	}
 }
 
@@ -395,34 +356,6 @@ func TestSlidingWindowAgainstRationals(t *testing.T) {
 	}
 }
 
-func TestSlidingLogAgainstDefinition(t *testing.T) {
-	var c ManualClock
-	l := mustAlg(NewSlidingLog(20, time.Second, &c))
-	r := rand.New(rand.NewPCG(5, 1))
-	var admitted []int64
-	now := int64(0)
-	for i := range 3000 {
-		now += r.Int64N(int64(time.Second) / 8)
-		n := 1 + r.Int64N(5)
-		live := int64(0)
-		for _, a := range admitted {
-			if now-a < int64(time.Second) {
-				live++
-			}
-		}
-		want := live+n <= 20
-		d := l.TakeAt(now, n)
-		if d.Allowed != want {
-			t.Fatalf("step %d: allowed=%v, want %v (live %d, n %d)", i, d.Allowed, want, live, n)
-		}
-		if want {
-			for range n {
-				admitted = append(admitted, now)
-			}
-		}
-	}
-}
-
 func TestConstructorsRejectBadParameters(t *testing.T) {
 	bad := []error{}
 	_, err := NewGCRA(0, time.Second, 0)
@@ -437,7 +370,7 @@ func TestConstructorsRejectBadParameters(t *testing.T) {
 	bad = append(bad, err)
 	_, err = NewFixedWindow(-1, time.Second)
 	bad = append(bad, err)
-	_, err = NewLeakyBucket(10, time.Second, 0, 0)
+	_, err = NewLeakyBucket(10, time.Second, -1, 0)
 	bad = append(bad, err)
 	for i, err := range bad {
 		if err == nil {

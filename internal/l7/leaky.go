@@ -1,38 +1,39 @@
 package l7
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
-// ErrQueueFull is returned by LeakyQueue.Wait when the queue is at its depth
-// or the wait would exceed the maximum.
-var ErrQueueFull = errors.New("leaky bucket queue full")
-
-// LeakyBucket is the leaky bucket as a queue: requests are released one at a
-// time at a fixed interval I = Window/Limit, never in bursts, for smoothing
-// calls to a downstream that cannot take them. A request arriving at t gets
-// the release slot max(t, N) where N is the next free slot, and N becomes
-// slot+I. It is admitted (queued) iff its wait slot-t is at most
-// min(Depth*I, MaxWait): at most Depth requests wait at once and none waits
-// longer than MaxWait. Rejected requests take no slot.
+// LeakyBucket is the leaky bucket: requests leave it one at a time at a
+// fixed interval I = Window/Limit, and at most Depth wait behind the one
+// leaving. As a policer (the keyed Store's Algorithm) it admits what fits
+// and passes it at once; as a shaper (Rule.Shape) the caller also holds
+// each admitted request until its release slot (Delay), so the downstream
+// sees at most one request per I, never a burst.
 //
-// State[0] is N (zero is a fresh, empty queue); State[1] is unused.
-// Error bound: I is truncated to whole nanoseconds (as GCRA). Memory per
-// key: 8 bytes of state.
+// Definition: a request for n units arriving at t gets the release slot
+// max(t, N), where N is the next free slot; it is admitted iff the last of
+// its units waits at most bound = min(Depth*I, MaxWait), i.e.
+// max(t, N) - t + (n-1)*I <= bound, and then N = max(t, N) + n*I. Rejected
+// requests take no slot. With N the theoretical arrival time this is the
+// GCRA with a burst tolerance of bound + I (the two are the same meter),
+// so a fresh key admits Depth+1 requests at once.
+//
+// State[0] is N (zero: an empty bucket); State[1] counts refunds (see
+// Refund) and plays no part in decisions. Error bound: I is truncated to
+// whole nanoseconds (as GCRA). Memory per key: 8 bytes of state.
 type LeakyBucket struct {
 	limit    int64
 	window   int64
 	interval int64
 	bound    int64 // min(depth*interval, maxWait)
-	depth    int64
+	perI     divisor
 }
 
 // NewLeakyBucket returns a leaky bucket releasing limit requests per window,
-// with at most depth requests waiting and no wait above maxWait (0 means no
+// with at most depth requests waiting behind the one released (0: none, a
+// strict one-per-interval policer) and no wait above maxWait (0 means no
 // bound other than depth).
 func NewLeakyBucket(limit int64, window time.Duration, depth int64, maxWait time.Duration) (*LeakyBucket, error) {
 	if err := validate("leaky_bucket", limit, window); err != nil {
@@ -42,8 +43,8 @@ func NewLeakyBucket(limit int64, window time.Duration, depth int64, maxWait time
 		return nil, fmt.Errorf("leaky_bucket: limit %d per %s: interval below 1ns: %w", limit, window, ErrInvalidLimit)
 	}
 	interval := int64(window) / limit
-	if depth < 1 || depth > maxScaled/interval {
-		return nil, fmt.Errorf("leaky_bucket: depth %d: must be in [1, 2^62/interval]: %w", depth, ErrInvalidLimit)
+	if depth < 0 || depth > maxScaled/interval-1 {
+		return nil, fmt.Errorf("leaky_bucket: depth %d: must be in [0, 2^62/interval): %w", depth, ErrInvalidLimit)
 	}
 	if maxWait < 0 {
 		return nil, fmt.Errorf("leaky_bucket: max wait %s: must not be negative: %w", maxWait, ErrInvalidLimit)
@@ -52,76 +53,78 @@ func NewLeakyBucket(limit int64, window time.Duration, depth int64, maxWait time
 	if maxWait > 0 && int64(maxWait) < bound {
 		bound = int64(maxWait)
 	}
-	return &LeakyBucket{limit: limit, window: int64(window), interval: interval, bound: bound, depth: depth}, nil
+	return &LeakyBucket{limit: limit, window: int64(window), interval: interval, bound: bound,
+		perI: newDivisor(interval)}, nil
 }
+
+// Name returns "leaky_bucket".
+func (b *LeakyBucket) Name() string { return "leaky_bucket" }
+
+// Limit returns requests per window.
+func (b *LeakyBucket) Limit() int64 { return b.limit }
+
+// Window returns the window.
+func (b *LeakyBucket) Window() time.Duration { return time.Duration(b.window) }
 
 // Interval returns the release interval I in nanoseconds.
 func (b *LeakyBucket) Interval() int64 { return b.interval }
 
-// Schedule decides for one request arriving at now. When admitted, wait is
-// how long it must wait before release; when rejected, the state is
-// unchanged and the Decision's RetryAfter is the time until it would fit.
-func (b *LeakyBucket) Schedule(s State, now int64) (State, time.Duration, Decision) {
+// Take implements Algorithm.
+func (b *LeakyBucket) Take(s State, now, n int64) (State, Decision) {
 	d := Decision{Limit: b.limit, Window: time.Duration(b.window)}
 	slot := max(s[0], now)
 	wait := slot - now
+	last := wait + (n-1)*b.interval // the wait of the request's last unit
+	if n == 0 {
+		last = wait - b.interval
+	}
 	d.Reset = time.Duration(wait)
-	if wait > b.bound {
-		d.Remaining = 0
-		d.RetryAfter = time.Duration(wait - b.bound)
-		return s, 0, d
+	if wait <= b.bound {
+		d.Remaining = b.perI.div(b.bound-wait) + 1
+	}
+	if (n-1)*b.interval > b.bound {
+		d.RetryAfter = Never
+		return s, d
+	}
+	if last > b.bound {
+		d.RetryAfter = time.Duration(last - b.bound)
+		return s, d
 	}
 	d.Allowed = true
-	// The k-th next request would wait wait+k*I; count those within bound.
-	d.Remaining = (b.bound - wait) / b.interval
-	d.Reset = time.Duration(wait + b.interval)
-	return State{slot + b.interval, 0}, time.Duration(wait), d
-}
-
-// LeakyQueue is a single-key leaky bucket that really queues: Wait blocks
-// each caller until its release slot. A caller whose context ends while
-// queued keeps its slot (the downstream sees a gap, never a burst). Safe for
-// concurrent use.
-type LeakyQueue struct {
-	bucket *LeakyBucket
-	clock  Clock
-
-	mu    sync.Mutex
-	state State
-}
-
-// NewLeakyQueue returns a queue releasing through bucket, timed by clock.
-func NewLeakyQueue(bucket *LeakyBucket, clock Clock) *LeakyQueue {
-	return &LeakyQueue{bucket: bucket, clock: clock}
-}
-
-// Reserve takes a release slot at the clock's current time without waiting:
-// the caller must wait the returned duration before calling the downstream.
-func (q *LeakyQueue) Reserve() (time.Duration, Decision) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var wait time.Duration
-	var d Decision
-	q.state, wait, d = q.bucket.Schedule(q.state, q.clock.Now())
-	return wait, d
-}
-
-// Wait blocks until the caller's release slot, or returns ErrQueueFull at
-// once when the queue is full, or the context's error if it ends first.
-func (q *LeakyQueue) Wait(ctx context.Context) error {
-	wait, d := q.Reserve()
-	if !d.Allowed {
-		return fmt.Errorf("leaky queue: retry after %s: %w", d.RetryAfter, ErrQueueFull)
+	if n == 0 {
+		return s, d
 	}
-	if wait <= 0 {
-		return ctx.Err()
+	next := slot + n*b.interval
+	d.Reset = time.Duration(next - now)
+	// The k-th next request would wait next-now+(k-1)*I; count those within bound.
+	d.Remaining = 0
+	if next-now <= b.bound {
+		d.Remaining = b.perI.div(b.bound-(next-now)) + 1
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("leaky queue: waiting %s: %w", wait, ctx.Err())
+	return State{next, s[1]}, d
+}
+
+// Delay is how long a shaper holds a request of n units that Take admitted
+// with decision d: until the release slot of its first unit (0 when it may
+// leave at once).
+func (b *LeakyBucket) Delay(d Decision, n int64) time.Duration {
+	if !d.Allowed || n <= 0 {
+		return 0
 	}
+	return max(0, d.Reset-time.Duration(n*b.interval))
+}
+
+// Idle implements Algorithm: the bucket is empty once N has passed.
+func (b *LeakyBucket) Idle(s State, now int64) bool { return s[0] <= now }
+
+// Refund implements Algorithm exactly as GCRA's (N is GCRA's TAT): the part
+// of the charge not yet drained at now, R = max(after, now) - max(before,
+// now), comes off N, unless another refund came between the charge and this
+// one (State[1] counts them); then the charge stays (the strict side).
+func (b *LeakyBucket) Refund(cur, before, after State, now int64) State {
+	r := max(after[0], now) - max(before[0], now)
+	if r <= 0 || cur[1] != after[1] {
+		return cur
+	}
+	return State{max(cur[0], now) - r, cur[1] + 1}
 }

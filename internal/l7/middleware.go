@@ -29,6 +29,16 @@ type Rule struct {
 	// Store sizes the rule's keyed store (Capacity 0 means 1<<18 keys,
 	// 6 MiB, allocated up front).
 	Store StoreConfig
+	// Shape makes the rule a shaper: an admitted request is also held
+	// until its release slot (Pending.Delay). It needs an Algorithm that
+	// schedules (LeakyBucket) and is not for shadow rules.
+	Shape bool
+}
+
+// shaper is an Algorithm that says how long a shaping rule holds an
+// admitted request (LeakyBucket).
+type shaper interface {
+	Delay(d Decision, n int64) time.Duration
 }
 
 // Tier is a named set of extra rules (free, pro, enterprise), applied on
@@ -55,7 +65,7 @@ type Config struct {
 	// Rules apply to every limited request.
 	Rules []Rule
 	// Tiers add rules per tier; SelectTier picks the tier by name (a
-	// header, an API-key lookup: see TierByHeader, TierByKey). A request
+	// header, an API-key lookup: see TierByHeader). A request
 	// whose tier is "" or unknown gets DefaultTier, or no tier rules if
 	// DefaultTier is "".
 	Tiers       []Tier
@@ -98,6 +108,7 @@ type rule struct {
 	shadow  bool
 	policy  string // `"name";q=100;w=60`
 	counter *ruleCounters
+	shaper  shaper // nil: not shaping
 }
 
 type tier struct {
@@ -228,6 +239,15 @@ func newRule(tierName string, rc Rule) (*rule, error) {
 	if cost == 0 {
 		cost = 1
 	}
+	var sh shaper
+	if rc.Shape {
+		s, ok := rc.Algorithm.(shaper)
+		if !ok || rc.Shadow {
+			return nil, fmt.Errorf("middleware: rule %q: shape needs a scheduling algorithm (leaky_bucket), not %s, on an enforced rule: %w",
+				rc.Name, rc.Algorithm.Name(), ErrInvalidConfig)
+		}
+		sh = s
+	}
 	if _, d := rc.Algorithm.Take(State{}, 0, cost); cost < 0 || !d.Allowed {
 		return nil, fmt.Errorf("middleware: rule %q: cost %d never fits the limit: %w", rc.Name, cost, ErrInvalidConfig)
 	}
@@ -248,6 +268,7 @@ func newRule(tierName string, rc Rule) (*rule, error) {
 		shadow:  rc.Shadow,
 		policy:  PolicyItem(rc.Name, rc.Algorithm.Limit(), rc.Algorithm.Window()),
 		counter: new(ruleCounters),
+		shaper:  sh,
 	}, nil
 }
 

@@ -211,7 +211,9 @@ func TestMiddlewareTiers(t *testing.T) {
 			{Name: "free", Rules: []Rule{{Name: "free-key", Key: apiKey, Algorithm: mustAlg(NewGCRA(1, time.Minute, 0)), Store: StoreConfig{Capacity: 64}}}},
 			{Name: "pro", Rules: []Rule{{Name: "pro-key", Key: apiKey, Algorithm: mustAlg(NewGCRA(3, time.Minute, 0)), Store: StoreConfig{Capacity: 64}}}},
 		},
-		SelectTier:  TierByKey("X-Api-Key", map[string]string{"k-pro": "pro", "k-free": "free"}),
+		SelectTier: func(r *http.Request) string { // an API-key lookup, as an auth layer would do
+			return map[string]string{"k-pro": "pro", "k-free": "free"}[r.Header.Get("X-Api-Key")]
+		},
 		DefaultTier: "free",
 	})
 	count := func(key string) int {

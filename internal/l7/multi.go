@@ -2,7 +2,7 @@ package l7
 
 import "sync"
 
-// MaxChecks is the most limits TakeAll checks at once.
+// MaxChecks is the most limits one request is checked against at once.
 const MaxChecks = 8
 
 // Check is one limit of a multi-limit request: n units of key in store.
@@ -12,25 +12,21 @@ type Check struct {
 	N     int64
 }
 
-// TakeAll applies several limits all-or-nothing: the request is charged on
-// every check only if every check allows it; if any rejects, nothing is
+// takeAll applies several limits all-or-nothing: the request is charged
+// on every check only if every check allows it; if any rejects, nothing is
 // charged anywhere. It locks every shard involved (in a global order: store
-// id, then shard, so concurrent TakeAll calls cannot deadlock), decides and
-// writes under those locks, and rolls back on failure, so two concurrent
-// requests can neither lose an update nor observe a charge that is later
-// undone. out[i] receives the decision of checks[i]; for a rejected request
-// the decisions of the checks that passed report their uncharged state.
+// id, then shard, so concurrent calls cannot deadlock), decides and writes
+// under those locks, and rolls back on failure, so two concurrent requests
+// can neither lose an update nor observe a charge that is later undone.
+// out[i] receives the decision of checks[i]; for a rejected request the
+// decisions of the checks that passed report their uncharged state.
 // len(checks) must be at most MaxChecks and len(out) at least len(checks).
-func TakeAll(now int64, checks []Check, out []Decision) bool {
-	return takeAll(now, checks, out, nil, nil)
-}
-
-// takeAll is TakeAll; full, if not nil, marks the checks rejected only
+// full, if not nil, marks the checks rejected only
 // because their store was full (StoreConfig.FailClosed); charges, if not
 // nil, receives what an admitted request wrote, for refundAll.
 func takeAll(now int64, checks []Check, out []Decision, full *[MaxChecks]bool, charges *[MaxChecks]undo) bool {
 	if len(checks) > MaxChecks {
-		panic("l7: TakeAll: more than MaxChecks checks")
+		panic("l7: takeAll: more than MaxChecks checks")
 	}
 	if len(checks) == 1 {
 		// One limit: its shard lock alone makes it atomic.

@@ -146,6 +146,22 @@ func (p *verdict) commit() {
 	}
 }
 
+// Delay is how long the request must be held before it is passed on: the
+// longest release wait over its shaping rules (Rule.Shape), 0 when none
+// shapes. Ask it after Commit (it means nothing for a refunded request).
+func (p *Pending) Delay() time.Duration {
+	if !p.allowed {
+		return 0
+	}
+	var d time.Duration
+	for i := range p.n {
+		if sh := p.applied[i].shaper; sh != nil {
+			d = max(d, sh.Delay(p.out[i], p.applied[i].cost))
+		}
+	}
+	return d
+}
+
 // Refund settles an admitted request that another backend refused: every
 // local charge is given back (Algorithm.Refund, under the same shard
 // locks, at a time read once they are held) and the local decisions are

@@ -15,6 +15,8 @@ func refundAlgorithms() []Algorithm {
 		mustAlg(NewFixedWindow(10, time.Second)),
 		mustAlg(NewSlidingWindow(10, time.Second)),
 		mustAlg(NewSlidingWindow(1, time.Second)),
+		mustAlg(NewLeakyBucket(10, time.Second, 3, 0)),
+		mustAlg(NewLeakyBucket(5, time.Second, 0, 0)),
 	}
 }
 

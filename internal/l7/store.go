@@ -123,7 +123,7 @@ type storeShard struct {
 // 3e-8).
 type Store struct {
 	alg        Algorithm
-	id         uint64 // random; orders shard locks across stores in TakeAll
+	id         uint64 // random; orders shard locks across stores in takeAll
 	shift      uint
 	failClosed bool
 	shards     []storeShard
@@ -237,7 +237,7 @@ func (s *Store) Take(key uint64, now, n int64) Decision {
 // Peek reports key's state at now without taking anything.
 func (s *Store) Peek(key uint64, now int64) Decision { return s.Take(key, now, 0) }
 
-// undo records a slot's previous content so TakeAll can roll back, and
+// undo records a slot's previous content so takeAll can roll back, and
 // what the charge wrote (after) so a later refund can give it back.
 type undo struct {
 	b     *bucket

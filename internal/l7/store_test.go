@@ -129,7 +129,7 @@ func TestTakeAllAllOrNothing(t *testing.T) {
 			var out [2]Decision
 			for range 100 {
 				checks := []Check{{Store: perIP, Key: 7, N: 1}, {Store: perTenant, Key: 9, N: 1}}
-				if TakeAll(0, checks, out[:]) {
+				if takeAllTest(0, checks, out[:]) {
 					passed.Add(1)
 				} else if out[1].Allowed || !out[0].Allowed {
 					t.Error("rejection blamed on the wrong limit")
@@ -145,7 +145,7 @@ func TestTakeAllAllOrNothing(t *testing.T) {
 		var out [2]Decision
 		for range 100 {
 			checks := []Check{{Store: perTenant, Key: 1, N: 1}, {Store: perIP, Key: 1, N: 1}}
-			TakeAll(0, checks, out[:])
+			takeAllTest(0, checks, out[:])
 		}
 	}()
 	wg.Wait()
@@ -157,7 +157,7 @@ func TestTakeAllAllOrNothing(t *testing.T) {
 	}
 	// A rejected TakeAll reports the uncharged state of the passing limit.
 	var out [2]Decision
-	if TakeAll(0, []Check{{perIP, 7, 1}, {perTenant, 9, 1}}, out[:]) {
+	if takeAllTest(0, []Check{{perIP, 7, 1}, {perTenant, 9, 1}}, out[:]) {
 		t.Fatal("tenant quota exceeded but passed")
 	}
 	if out[0].Remaining != 50 || out[1].Allowed {
@@ -170,10 +170,10 @@ func TestTakeAllAllOrNothing(t *testing.T) {
 func TestTakeAllSameKeyTwice(t *testing.T) {
 	s := newStore(t, mustAlg(NewFixedWindow(3, time.Hour)), StoreConfig{Capacity: 64})
 	var out [2]Decision
-	if !TakeAll(0, []Check{{s, 1, 1}, {s, 1, 1}}, out[:]) || out[1].Remaining != 1 {
+	if !takeAllTest(0, []Check{{s, 1, 1}, {s, 1, 1}}, out[:]) || out[1].Remaining != 1 {
 		t.Fatalf("first: %+v", out)
 	}
-	if TakeAll(0, []Check{{s, 1, 1}, {s, 1, 1}}, out[:]) {
+	if takeAllTest(0, []Check{{s, 1, 1}, {s, 1, 1}}, out[:]) {
 		t.Fatal("4 units passed a limit of 3")
 	}
 	if d := s.Peek(1, 0); d.Remaining != 1 {
@@ -188,7 +188,7 @@ func TestStoreTakeDoesNotAllocate(t *testing.T) {
 	checks := []Check{{s, 5, 1}, {other, 6, 1}}
 	if a := testing.AllocsPerRun(100, func() {
 		s.Take(42, 0, 1)
-		TakeAll(0, checks, out[:])
+		takeAllTest(0, checks, out[:])
 	}); a != 0 {
 		t.Fatalf("%.1f allocs per take", a)
 	}
@@ -243,7 +243,7 @@ func TestTakeAllRollbackRestoresInsertAndEviction(t *testing.T) {
 	full := newStore(t, mustAlg(NewFixedWindow(1, time.Hour)), StoreConfig{Capacity: 8})
 	full.Take(1, 0, 1)
 	var out [2]Decision
-	if TakeAll(0, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
+	if takeAllTest(0, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
 		t.Fatal("passed an exhausted limit")
 	}
 	if st := a.Stats(); st.Keys != 0 {
@@ -252,7 +252,7 @@ func TestTakeAllRollbackRestoresInsertAndEviction(t *testing.T) {
 	for k := uint64(1); k <= 8; k++ {
 		a.Take(k, 0, 1) // fill the one bucket; idle again at 1s
 	}
-	if TakeAll(2000*ms, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
+	if takeAllTest(2000*ms, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
 		t.Fatal("passed an exhausted limit")
 	}
 	if st := a.Stats(); st.Keys != 8 || st.Evictions != 0 {
@@ -266,4 +266,9 @@ func TestTakeAllRollbackRestoresInsertAndEviction(t *testing.T) {
 	if d := a.Peek(100, 2000*ms); d.Remaining != 1 {
 		t.Fatalf("rolled-back key 100 charged: %+v", d)
 	}
+}
+
+// takeAllTest is takeAll without the store-full marks and refund records.
+func takeAllTest(now int64, checks []Check, out []Decision) bool {
+	return takeAll(now, checks, out, nil, nil)
 }

@@ -100,6 +100,10 @@ type Concurrency struct {
 	PriorityHeader string
 	// RetryAfter is advertised on 503 (default 1s).
 	RetryAfter time.Duration
+	// CriticalReserve is the percentage of MaxInFlight (rounded up, at
+	// most all but one slot) only critical requests may use (default 10;
+	// 0: none). Decode fills it; 0 in a Config built by hand means none.
+	CriticalReserve int
 }
 
 // Redis configures the Redis backend.
@@ -174,8 +178,12 @@ type Limit struct {
 	// Burst for gcra and token-bucket (0: Count).
 	Burst int64
 	// Algorithm: AlgGCRA (default), AlgSlidingWindow, AlgTokenBucket,
-	// AlgFixedWindow. Redis limits: gcra or sliding-window.
+	// AlgFixedWindow, AlgLeakyBucket. Redis limits: gcra, sliding-window or
+	// leaky_bucket without Shape.
 	Algorithm string
+	// Shape (leaky_bucket, local backend, not shadow): an admitted request
+	// is held until its release slot, at most (Burst-1) intervals.
+	Shape bool
 	// Shadow counts would-be rejections and never rejects.
 	Shadow bool
 	// Backend is BackendLocal (default) or BackendRedis.
@@ -192,8 +200,11 @@ const (
 	AlgSlidingWindow = "sliding-window"
 	AlgTokenBucket   = "token-bucket"
 	AlgFixedWindow   = "fixed-window"
-	BackendLocal     = "local"
-	BackendRedis     = "redis"
+	// AlgLeakyBucket is spelled with an underscore, as the issue and the
+	// policy reference name it; "leaky-bucket" is accepted too.
+	AlgLeakyBucket = "leaky_bucket"
+	BackendLocal   = "local"
+	BackendRedis   = "redis"
 )
 
 // Tiers adds limits per tier; the tier is named by a header a trusted auth

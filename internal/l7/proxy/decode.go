@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/shed"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
@@ -320,11 +321,11 @@ func (d *decoder) paths(n *yaml.Node, where string) []string {
 
 func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 	f := d.Fields(n, where, "max_in_flight", "queue", "queue_timeout", "adaptive", "adaptive_max",
-		"priority_header", "retry_after")
+		"priority_header", "retry_after", "critical_reserve")
 	if f == nil {
 		return nil
 	}
-	c := &Concurrency{QueueTimeout: time.Second, RetryAfter: time.Second}
+	c := &Concurrency{QueueTimeout: time.Second, RetryAfter: time.Second, CriticalReserve: shed.DefaultCriticalReservePercent}
 	if v, ok := f["max_in_flight"]; ok {
 		x, _ := d.integer(v, "max_in_flight", 1, 1<<20)
 		c.MaxInFlight = int(x)
@@ -354,6 +355,16 @@ func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 	}
 	if v, ok := f["retry_after"]; ok {
 		c.RetryAfter, _ = d.duration(v, "retry_after")
+	}
+	if v, ok := f["critical_reserve"]; ok {
+		if s, sok := d.Scalar(v, "critical_reserve"); sok {
+			pct, err := strconv.Atoi(strings.TrimSuffix(s, "%"))
+			if err != nil || !strings.HasSuffix(s, "%") || pct < 0 || pct >= 100 {
+				d.Errorf(v, "critical_reserve %q: want a percentage from 0%% to 99%% (0%%: no reserve)", s)
+			} else {
+				c.CriticalReserve = pct
+			}
+		}
 	}
 	return c
 }
@@ -584,7 +595,7 @@ func (d *decoder) limits(n *yaml.Node, where string, rc *Redis) []Limit {
 }
 
 func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
-	f := d.Fields(n, where+" limit", "name", "key", "rate", "burst", "algorithm", "shadow", "backend",
+	f := d.Fields(n, where+" limit", "name", "key", "rate", "burst", "algorithm", "shape", "shadow", "backend",
 		"failure", "capacity")
 	if f == nil {
 		return Limit{}, false
@@ -641,8 +652,25 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		l.Burst, _ = d.integer(v, "limit burst", 1, 1<<40)
 	}
 	if v, has := f["algorithm"]; has {
-		s, aok := d.enum(v, "limit algorithm", AlgGCRA, AlgSlidingWindow, AlgTokenBucket, AlgFixedWindow)
-		l.Algorithm, ok = s, ok && aok
+		if s, sok := d.Scalar(v, "limit algorithm"); sok {
+			if alias, isAlias := algorithmAlias(s); isAlias {
+				v = &yaml.Node{Kind: yaml.ScalarNode, Value: alias, Line: v.Line, Column: v.Column}
+			}
+			if s == "sliding_log" || s == "sliding-log" {
+				d.Errorf(v, "limit %q: algorithm %s is not supported: it keeps one timestamp per admitted request "+
+					"(8 bytes times the rate, for every key); use sliding-window (a counter, exact formula, 16 bytes per key) "+
+					"or gcra", l.Name, s)
+				ok = false
+			} else {
+				s, aok := d.enum(v, "limit algorithm", AlgGCRA, AlgSlidingWindow, AlgTokenBucket, AlgFixedWindow, AlgLeakyBucket)
+				l.Algorithm, ok = s, ok && aok
+			}
+		} else {
+			ok = false
+		}
+	}
+	if v, has := f["shape"]; has {
+		l.Shape = d.boolean(v, "limit shape")
 	}
 	if v, has := f["shadow"]; has {
 		l.Shadow = d.boolean(v, "limit shadow")
@@ -668,12 +696,25 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		l.Capacity = int(x)
 	}
 	if (l.Algorithm == AlgSlidingWindow || l.Algorithm == AlgFixedWindow) && l.Burst != 0 {
-		d.Errorf(f["burst"], "limit %q: burst applies to gcra and token-bucket, not %s", l.Name, l.Algorithm)
+		d.Errorf(f["burst"], "limit %q: burst applies to gcra, token-bucket and leaky_bucket, not %s", l.Name, l.Algorithm)
 		ok = false
 	}
+	if l.Shape {
+		switch {
+		case l.Algorithm != AlgLeakyBucket:
+			d.Errorf(f["shape"], "limit %q: shape: true applies to algorithm leaky_bucket, not %s", l.Name, l.Algorithm)
+			ok = false
+		case l.Shadow:
+			d.Errorf(f["shape"], "limit %q: shape: true with shadow: true is not supported (a shadow limit never holds a request)", l.Name)
+			ok = false
+		case l.Backend == BackendRedis:
+			d.Errorf(f["shape"], "limit %q: shape: true with backend redis is not supported (the release slot is decided from local state)", l.Name)
+			ok = false
+		}
+	}
 	if ok && l.Backend == BackendRedis {
-		if l.Algorithm != AlgGCRA && l.Algorithm != AlgSlidingWindow {
-			d.Errorf(f["algorithm"], "limit %q: backend redis supports gcra and sliding-window, not %s", l.Name, l.Algorithm)
+		if l.Algorithm != AlgGCRA && l.Algorithm != AlgSlidingWindow && l.Algorithm != AlgLeakyBucket {
+			d.Errorf(f["algorithm"], "limit %q: backend redis supports gcra, sliding-window and leaky_bucket, not %s", l.Name, l.Algorithm)
 			ok = false
 		} else if _, err := redisRule(l); err != nil {
 			d.Errorf(rateNode, "limit %q: %v", l.Name, err)
@@ -686,6 +727,22 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		}
 	}
 	return l, ok
+}
+
+// algorithmAlias is the canonical name of another spelling of an
+// algorithm (hyphens and underscores both accepted), and whether s is one.
+func algorithmAlias(s string) (string, bool) {
+	switch s {
+	case "sliding_window":
+		return AlgSlidingWindow, true
+	case "token_bucket":
+		return AlgTokenBucket, true
+	case "fixed_window":
+		return AlgFixedWindow, true
+	case "leaky-bucket":
+		return AlgLeakyBucket, true
+	}
+	return "", false
 }
 
 func (d *decoder) key(n *yaml.Node) (Key, bool) {

@@ -61,7 +61,21 @@ func TestDecodeProblems(t *testing.T) {
 `, []string{`p.yaml:4:51: queue_timeout "5": want a positive duration`,
 			`p.yaml:8:36: limit "a": rate "100/fortnight": unknown unit`,
 			`p.yaml:9:36: limit "b": rate "10Mbit/s" counts bytes; an L7 rate counts requests`,
-			`p.yaml:10:53: limit algorithm "leaky": want one of gcra, sliding-window, token-bucket, fixed-window`}},
+			`p.yaml:10:53: limit algorithm "leaky": want one of gcra, sliding-window, token-bucket, fixed-window, leaky_bucket`}},
+		{"unsupported algorithm combinations", validHead + `  redis: {addr: "127.0.0.1:6379"}
+  routes:
+    - name: api
+      limits:
+        - {name: a, key: ip, rate: 10/s, algorithm: gcra, shape: true}
+        - {name: b, key: ip, rate: 10/s, algorithm: leaky_bucket, shape: true, shadow: true}
+        - {name: c, key: ip, rate: 10/s, algorithm: leaky_bucket, shape: true, backend: redis}
+        - {name: d, key: ip, rate: 10/s, algorithm: sliding_log}
+        - {name: e, key: ip, rate: 10/s, algorithm: token-bucket, backend: redis}
+`, []string{`p.yaml:8:66: limit "a": shape: true applies to algorithm leaky_bucket, not gcra`,
+			`p.yaml:9:74: limit "b": shape: true with shadow: true is not supported`,
+			`p.yaml:10:74: limit "c": shape: true with backend redis is not supported (the release slot is decided from local state)`,
+			`p.yaml:11:53: limit "d": algorithm sliding_log is not supported: it keeps one timestamp per admitted request`,
+			`p.yaml:12:53: limit "e": backend redis supports gcra, sliding-window and leaky_bucket, not token-bucket`}},
 		{"bad keys and duplicate names", validHead + `  routes:
     - name: api
       limits:
@@ -102,7 +116,7 @@ func TestDecodeProblems(t *testing.T) {
         levels:
           free: [{name: f, key: ip, rate: 1/s, backend: redis}]
           pro: [{name: p, key: ip, rate: 1/s, backend: redis, algorithm: token-bucket}]
-`, []string{`p.yaml:11:74: limit "p": backend redis supports gcra and sliding-window, not token-bucket`}},
+`, []string{`p.yaml:11:74: limit "p": backend redis supports gcra, sliding-window and leaky_bucket, not token-bucket`}},
 		{"escalation and headers", validHead + `  headers: {draft: 9}
   escalation: {enabled: yes, rejections: 0, ttl: -1m, prefix_v4: 33}
 `, []string{`p.yaml:4:20: headers draft "9": want one of 10, none`,

@@ -94,21 +94,24 @@ func (e *escalation) prefix(a netip.Addr) netip.Prefix {
 	return p
 }
 
-// note counts one rejection of a; it never blocks.
-func (e *escalation) note(a netip.Addr) {
+// note counts one rejection of a; it never blocks. It reports whether this
+// rejection queued a for the deny list.
+func (e *escalation) note(a netip.Addr) bool {
 	p := e.prefix(a)
 	key := maphash.Comparable(e.seed, p)
 	now := e.clock.Now()
 	if e.counts.Take(key, now, 1).Allowed {
-		return // still within the threshold
+		return false // still within the threshold
 	}
 	if !e.once.Take(key, now, 1).Allowed {
-		return // escalated less than TTL ago
+		return false // escalated less than TTL ago
 	}
 	select {
 	case e.queue <- p:
+		return true
 	default:
 		e.dropped.Add(1)
+		return false
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,7 +17,52 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 )
+
+// ServeListener serves p on ln with the engine its Config names until ctx
+// ends, then closes p: the proxy's tests drive a Proxy through both
+// engines without the L7 stage (internal/l7/stage, which imports this
+// package, serves the daemon's Proxy the same way and is tested there,
+// reload and shutdown included).
+func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
+	defer p.Close()
+	const shutdownTimeout = 10 * time.Second
+	if p.cfg.ServingEngine() == EngineEventLoop {
+		srv, err := eventloop.New(eventloop.Config{
+			Upstream:          p.cfg.Upstream,
+			Handler:           p,
+			TrustedPeer:       p.Trusted,
+			BadGateway:        p.BadGateway,
+			Logger:            p.log,
+			Loops:             p.cfg.Loops,
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			ShutdownTimeout:   shutdownTimeout,
+		})
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("proxy: %w", err)
+		}
+		return srv.Serve(ctx, ln)
+	}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return err
+	}
+	<-done
+	return nil
+}
 
 // upstream is a real HTTP server on loopback that answers 200 and echoes
 // what it received in response headers.

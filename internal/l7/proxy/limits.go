@@ -23,6 +23,15 @@ func newAlgorithm(l Limit) (l7.Algorithm, error) {
 		return l7.NewSlidingWindow(l.Count, l.Per)
 	case AlgFixedWindow:
 		return l7.NewFixedWindow(l.Count, l.Per)
+	case AlgLeakyBucket:
+		// burst is the bucket's size: the requests admitted at once from an
+		// empty bucket (policing), or admitted and queued (shaping): the one
+		// released now and burst-1 waiting.
+		burst := l.Burst
+		if burst == 0 {
+			burst = l.Count
+		}
+		return l7.NewLeakyBucket(l.Count, l.Per, burst-1, 0)
 	}
 	return nil, fmt.Errorf("unknown algorithm %q", l.Algorithm)
 }
@@ -32,7 +41,12 @@ func newAlgorithm(l Limit) (l7.Algorithm, error) {
 func redisRule(l Limit) (redislimit.Rule, error) {
 	r := redislimit.Rule{Name: l.Name, Limit: l.Count, Window: l.Per, Burst: l.Burst, Failure: redislimit.FailOpen}
 	switch l.Algorithm {
-	case AlgGCRA:
+	case AlgGCRA, AlgLeakyBucket:
+		// The leaky bucket as a policer is the same meter as GCRA with its
+		// burst (l7.LeakyBucket): Redis decides it with the GCRA script.
+		if l.Shape {
+			return r, fmt.Errorf("shape: true needs backend local (the release slot is decided from local state)")
+		}
 		r.Algorithm = redislimit.GCRA
 		if int64(l.Per)/l.Count < 1 {
 			return r, fmt.Errorf("rate %d per %s: interval below 1ns", l.Count, l.Per)
@@ -43,7 +57,7 @@ func redisRule(l Limit) (redislimit.Rule, error) {
 			return r, fmt.Errorf("sliding-window in redis needs a whole number of microseconds, not %s", l.Per)
 		}
 	default:
-		return r, fmt.Errorf("backend redis supports gcra and sliding-window, not %s", l.Algorithm)
+		return r, fmt.Errorf("backend redis supports gcra, sliding-window and leaky_bucket, not %s", l.Algorithm)
 	}
 	if l.Failure == FailureClosed {
 		r.Failure = redislimit.FailClosed

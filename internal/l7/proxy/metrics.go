@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -10,7 +12,7 @@ import (
 // (rate_limit_*{layer="l7"}) come from each route's l7.Middleware; the redis
 // limits report into the same families with the same help text.
 type proxyDescs struct {
-	upstreamErrors, escalations, redisAllowed, redisRejected, redisShadow *prometheus.Desc
+	upstreamErrors, escalations, redisAllowed, redisRejected, redisShadow, requests *prometheus.Desc
 }
 
 func newProxyDescs() proxyDescs {
@@ -25,6 +27,10 @@ func newProxyDescs() proxyDescs {
 			"Requests rejected, by rule and reason.", []string{"layer", "rule", "reason"}, nil),
 		redisShadow: prometheus.NewDesc("rate_limit_shadow_would_reject_total",
 			"Requests a shadow rule would have rejected (never rejected).", []string{"layer", "rule"}, nil),
+		requests: prometheus.NewDesc("edgeguard_l7_requests_total",
+			"Requests the L7 stage decided, by route ((unmatched), (exempt) for the global exempt paths) and decision "+
+				"(allowed, limited: 429, shed: 503, escalated: the 429 that sent the source to the XDP deny list).",
+			[]string{"route", "decision"}, nil),
 	}
 }
 
@@ -32,21 +38,33 @@ func newProxyDescs() proxyDescs {
 // their descriptors (same names and labels): one describes them all.
 func (p *Proxy) Describe(ch chan<- *prometheus.Desc) {
 	d := &p.descs
-	for _, desc := range []*prometheus.Desc{d.upstreamErrors, d.escalations, d.redisAllowed, d.redisRejected, d.redisShadow} {
+	for _, desc := range []*prometheus.Desc{d.upstreamErrors, d.escalations, d.redisAllowed, d.redisRejected, d.redisShadow, d.requests} {
 		ch <- desc
 	}
 	if len(p.mws) > 0 {
 		p.mws[0].Describe(ch)
 	}
+	for _, c := range p.parts.collectors() {
+		c.Describe(ch)
+	}
 }
 
-// Collect implements prometheus.Collector; it reads counters at scrape time.
+// Collect implements prometheus.Collector; it reads counters at scrape
+// time: the Proxy's own series, its routes' and its parts'.
 func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range p.parts.collectors() {
+		c.Collect(ch)
+	}
 	for _, mw := range p.mws {
 		mw.Collect(ch)
 	}
 	d := &p.descs
 	ch <- prometheus.MustNewConstMetric(d.upstreamErrors, prometheus.CounterValue, float64(p.upstreamErrors.Load()))
+	for _, rt := range p.routes {
+		rt.counts.collect(ch, d.requests, rt.name)
+	}
+	p.unmatchedCounts.collect(ch, d.requests, routeUnmatched)
+	p.exemptCounts.collect(ch, d.requests, routeExempt)
 	if p.esc != nil {
 		ch <- prometheus.MustNewConstMetric(d.escalations, prometheus.CounterValue, float64(p.esc.sent.Load()), "sent")
 		ch <- prometheus.MustNewConstMetric(d.escalations, prometheus.CounterValue, float64(p.esc.failed.Load()), "failed")
@@ -62,18 +80,23 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// registry records what a Proxy registers so Close (or a failed New) can
-// unregister it: a policy reload then builds the next Proxy on the same
-// registry.
+// registry holds the collectors of a Proxy's parts (its shedding
+// limiters, its redis limiters): a private prometheus.Registry checks them
+// as they are added (a name or label clash is an error of New), and the
+// Proxy collects them with its own series. Nothing outside the Proxy sees
+// them until the Proxy itself is registered (Options.Registerer) or
+// collected (the L7 stage collects the Proxy that serves).
 type registry struct {
-	reg prometheus.Registerer
+	check *prometheus.Registry
 
 	mu         sync.Mutex
 	registered []prometheus.Collector
 }
 
+func newRegistry() *registry { return &registry{check: prometheus.NewRegistry()} }
+
 func (r *registry) Register(c prometheus.Collector) error {
-	if err := r.reg.Register(c); err != nil {
+	if err := r.check.Register(c); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -90,15 +113,94 @@ func (r *registry) MustRegister(cs ...prometheus.Collector) {
 	}
 }
 
-func (r *registry) Unregister(c prometheus.Collector) bool { return r.reg.Unregister(c) }
-
-// unregisterAll unregisters everything registered through r.
-func (r *registry) unregisterAll() {
+func (r *registry) Unregister(c prometheus.Collector) bool {
 	r.mu.Lock()
-	cs := r.registered
-	r.registered = nil
-	r.mu.Unlock()
-	for _, c := range cs {
-		r.reg.Unregister(c)
+	defer r.mu.Unlock()
+	for i, rc := range r.registered {
+		if rc == c {
+			r.registered = append(r.registered[:i], r.registered[i+1:]...)
+			return r.check.Unregister(c)
+		}
 	}
+	return false
+}
+
+func (r *registry) collectors() []prometheus.Collector {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]prometheus.Collector(nil), r.registered...)
+}
+
+// Decisions of the L7 stage on a request, the decision label of
+// edgeguard_l7_requests_total. Exclusive: a request counts once.
+const (
+	decisionAllowed   = iota // passed to the upstream (exempt and unlimited requests included)
+	decisionLimited          // answered 429
+	decisionShed             // answered 503 (concurrency limits; a rate limiter shutting down)
+	decisionEscalated        // answered 429, and that rejection sent the source to the XDP deny list
+	numDecisions
+)
+
+// decisionName is a decision's label value.
+func decisionName(i int) string {
+	switch i {
+	case decisionAllowed:
+		return "allowed"
+	case decisionLimited:
+		return "limited"
+	case decisionShed:
+		return "shed"
+	}
+	return "escalated"
+}
+
+// Route labels of requests no route decides.
+const (
+	routeUnmatched = "(unmatched)" // no route matched (a route name cannot hold parentheses)
+	routeExempt    = "(exempt)"    // a global exempt path
+)
+
+// routeCounters count one route's decisions.
+type routeCounters struct {
+	n [numDecisions]atomic.Int64
+}
+
+func (c *routeCounters) limited(escalated bool) {
+	if escalated {
+		c.n[decisionEscalated].Add(1)
+		return
+	}
+	c.n[decisionLimited].Add(1)
+}
+
+func (c *routeCounters) shedFunc() func(*http.Request) {
+	return func(*http.Request) { c.n[decisionShed].Add(1) }
+}
+
+func (c *routeCounters) collect(ch chan<- prometheus.Metric, desc *prometheus.Desc, route string) {
+	for i := range numDecisions {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(c.n[i].Load()), route, decisionName(i))
+	}
+}
+
+// RouteDecisions are one route's request counts by decision, for
+// `edgectl stats`.
+type RouteDecisions struct {
+	Route                             string
+	Allowed, Limited, Shed, Escalated int64
+}
+
+func (c *routeCounters) decisions(route string) RouteDecisions {
+	return RouteDecisions{Route: route, Allowed: c.n[decisionAllowed].Load(), Limited: c.n[decisionLimited].Load(),
+		Shed: c.n[decisionShed].Load(), Escalated: c.n[decisionEscalated].Load()}
+}
+
+// Decisions are the request counts by route (in match order, then the
+// unmatched and exempt requests) and decision since the Proxy was built.
+func (p *Proxy) Decisions() []RouteDecisions {
+	out := make([]RouteDecisions, 0, len(p.routes)+2)
+	for _, rt := range p.routes {
+		out = append(out, rt.counts.decisions(rt.name))
+	}
+	return append(out, p.unmatchedCounts.decisions(routeUnmatched), p.exemptCounts.decisions(routeExempt))
 }

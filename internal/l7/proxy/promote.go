@@ -170,7 +170,7 @@ func (p *Proxy) passed(r *http.Request) {
 		return
 	}
 	a := ap.Addr().Unmap()
-	if p.trusted(a) {
+	if p.Trusted(a) {
 		return
 	}
 	p.promo.note(a)

@@ -38,7 +38,10 @@ type Options struct {
 	// data plane (promote.go).
 	Promoter  Promoter
 	Promotion Promotion
-	// Registerer receives the proxy's metrics (nil: none registered).
+	// Registerer, when set, has the Proxy (a prometheus.Collector of all
+	// its series) registered on it by New and unregistered by Close. The
+	// L7 stage leaves it nil and collects the Proxy that serves itself, so
+	// a Proxy prepared for a reload registers nothing.
 	Registerer prometheus.Registerer
 	// Transport carries requests to the upstream under the net-http engine
 	// and when the Proxy is used as an http.Handler (default: an
@@ -47,13 +50,9 @@ type Options struct {
 	Transport http.RoundTripper
 }
 
-// ShutdownTimeout bounds how long Serve waits for requests in flight after
-// its context ends.
-const ShutdownTimeout = 10 * time.Second
-
-// Proxy is the L7 reverse proxy. It is an http.Handler; Serve runs it on
-// Config.Listen. Close (or the end of Serve) releases its Redis clients and
-// background goroutines.
+// Proxy is the L7 reverse proxy's decisions: an http.Handler that the L7
+// stage (internal/l7/stage) serves with the engine its Config names. Close
+// releases its Redis clients and background goroutines.
 type Proxy struct {
 	cfg       *Config
 	log       *slog.Logger
@@ -71,9 +70,13 @@ type Proxy struct {
 	adaptive  []*shed.Limiter
 	mws       []*l7.Middleware
 	descs     proxyDescs
-	reg       *registry // nil without Options.Registerer
+	parts     *registry             // the collectors of its limiters
+	reg       prometheus.Registerer // Options.Registerer, or nil
 
 	upstreamErrors atomic.Int64
+	// unmatchedCounts are the decisions on requests no route matched,
+	// exemptCounts those on the global exempt paths.
+	unmatchedCounts, exemptCounts *routeCounters
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -95,9 +98,12 @@ type route struct {
 	// redisCounters are the redis limits' counters by rule name.
 	redisCounters map[string]*redisCounters
 	// mayBlock: a request on this route may wait (a concurrency queue, its
-	// own or the global one; Redis): under the event loop it is decided on
-	// a goroutine (eventloop.Go).
+	// own or the global one; Redis; a shaping limit): under the event loop
+	// it is decided on a goroutine (eventloop.Go).
 	mayBlock bool
+	// shapes: a limit of the route or of one of its tiers has shape: true.
+	shapes bool
+	counts routeCounters
 }
 
 // redisGroup is the redis limits that apply to a request in one tier and
@@ -129,11 +135,8 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		p.clock = l7.NewSystemClock()
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
-	var reg prometheus.Registerer
-	if opts.Registerer != nil {
-		p.reg = &registry{reg: opts.Registerer}
-		reg = p.reg
-	}
+	p.parts = newRegistry()
+	reg := prometheus.Registerer(p.parts)
 	ok := false
 	defer func() {
 		if !ok {
@@ -154,7 +157,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 	})
 	shedMetrics := shed.NewCollector()
-	var global func(http.Handler) http.Handler
+	var global func(onShed func(*http.Request)) func(http.Handler) http.Handler
 	if cfg.Concurrency != nil {
 		l, mw, err := p.newShed(*cfg.Concurrency, "global")
 		if err != nil {
@@ -165,22 +168,20 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		global = mw
 	}
-	wrap := func(h http.Handler) http.Handler {
+	wrap := func(h http.Handler, c *routeCounters) http.Handler {
 		if global != nil {
-			return global(h)
+			return global(c.shedFunc())(h)
 		}
 		return h
 	}
-	p.unmatched = wrap(p.forward)
+	p.unmatchedCounts = new(routeCounters)
+	p.exemptCounts = new(routeCounters)
+	p.unmatched = wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.unmatchedCounts.n[decisionAllowed].Add(1)
+		p.forward.ServeHTTP(w, r)
+	}), p.unmatchedCounts)
 	if cfg.Redis != nil {
-		p.rc = redis.NewClient(&redis.Options{
-			Addr:         cfg.Redis.Addr,
-			DialTimeout:  cfg.Redis.Timeout,
-			ReadTimeout:  cfg.Redis.Timeout,
-			WriteTimeout: cfg.Redis.Timeout,
-			MaxRetries:   -1, // the breaker decides; no retry storms
-			PoolSize:     64,
-		})
+		p.rc = redis.NewClient(redislimit.ClientOptions(cfg.Redis.Addr, cfg.Redis.Timeout))
 	}
 	for _, rc := range cfg.Routes {
 		rt, err := p.newRoute(rc, reg)
@@ -196,10 +197,10 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			if err := shedMetrics.Add("route:"+rc.Name, l); err != nil {
 				return nil, fmt.Errorf("proxy: %w", err)
 			}
-			h = mw(h)
+			h = mw(rt.counts.shedFunc())(h)
 		}
-		rt.handler = wrap(h)
-		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0
+		rt.handler = wrap(h, &rt.counts)
+		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0 || rt.shapes
 		p.routes = append(p.routes, rt)
 	}
 	if cfg.Escalation.Enabled && opts.Escalator == nil {
@@ -232,18 +233,19 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			l.Run(p.ctx)
 		}()
 	}
-	if reg != nil {
-		if err := reg.Register(shedMetrics); err != nil {
-			return nil, fmt.Errorf("proxy: register shedding metrics: %w", err)
+	if err := reg.Register(shedMetrics); err != nil {
+		return nil, fmt.Errorf("proxy: register shedding metrics: %w", err)
+	}
+	if p.promo != nil {
+		if err := reg.Register(p.promo); err != nil {
+			return nil, fmt.Errorf("proxy: register promotion metrics: %w", err)
 		}
-		if err := reg.Register(p); err != nil {
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(p); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
 		}
-		if p.promo != nil {
-			if err := reg.Register(p.promo); err != nil {
-				return nil, fmt.Errorf("proxy: register promotion metrics: %w", err)
-			}
-		}
+		p.reg = opts.Registerer
 	}
 	ok = true
 	return p, nil
@@ -271,12 +273,13 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		},
 		Transport:    tr,
 		BufferPool:   new(bufferPool),
-		ErrorHandler: p.badGateway,
+		ErrorHandler: p.BadGateway,
 	}
 }
 
-// badGateway answers a request the upstream did not answer (both engines).
-func (p *Proxy) badGateway(w http.ResponseWriter, r *http.Request, err error) {
+// BadGateway answers a request the upstream did not answer (both engines:
+// the event loop calls it through its Config.BadGateway).
+func (p *Proxy) BadGateway(w http.ResponseWriter, r *http.Request, err error) {
 	p.upstreamErrors.Add(1)
 	if r.Context().Err() == nil {
 		p.log.Warn("l7 proxy: upstream request failed", "upstream", p.cfg.Upstream.Host, "path", r.URL.Path, "err", err)
@@ -301,11 +304,12 @@ func (p *Proxy) peerTrusted(r *http.Request) bool {
 	if err != nil {
 		return false
 	}
-	return p.trusted(a)
+	return p.Trusted(a)
 }
 
-// trusted reports whether a is inside one of the trusted proxy prefixes.
-func (p *Proxy) trusted(a netip.Addr) bool {
+// Trusted reports whether a is inside one of the trusted proxy prefixes
+// (the event loop's Config.TrustedPeer).
+func (p *Proxy) Trusted(a netip.Addr) bool {
 	a = a.Unmap()
 	for _, pf := range p.cfg.TrustedProxies {
 		if pf.Contains(a) {
@@ -334,13 +338,19 @@ func priorityFunc(header string) func(*http.Request) shed.Priority {
 	}
 }
 
-func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(http.Handler) http.Handler, error) {
+// newShed builds a concurrency limiter and the constructor of its
+// middleware, one per route that shares it (each counts its own sheds).
+func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(onShed func(*http.Request)) func(http.Handler) http.Handler, error) {
 	sc := shed.Config{
-		MaxInFlight:  c.MaxInFlight,
-		MaxQueue:     c.Queue,
-		QueueTimeout: c.QueueTimeout,
-		Clock:        p.clock,
-		Logger:       p.log,
+		MaxInFlight:            c.MaxInFlight,
+		MaxQueue:               c.Queue,
+		QueueTimeout:           c.QueueTimeout,
+		CriticalReservePercent: c.CriticalReserve,
+		Clock:                  p.clock,
+		Logger:                 p.log,
+	}
+	if c.CriticalReserve == 0 {
+		sc.CriticalReservePercent = -1 // shed: negative is none, 0 its default
 	}
 	if c.Adaptive {
 		sc.Adaptive = &shed.AdaptiveConfig{InitialLimit: c.MaxInFlight, MaxLimit: max(c.AdaptiveMax, c.MaxInFlight)}
@@ -352,11 +362,14 @@ func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(http.Ha
 	if c.Adaptive {
 		p.adaptive = append(p.adaptive, l)
 	}
-	mw := shed.Middleware(l, shed.MiddlewareOptions{
-		Priority:   priorityFunc(c.PriorityHeader),
-		RetryAfter: c.RetryAfter,
-		Logger:     p.log,
-	})
+	mw := func(onShed func(*http.Request)) func(http.Handler) http.Handler {
+		return shed.Middleware(l, shed.MiddlewareOptions{
+			Priority:   priorityFunc(c.PriorityHeader),
+			RetryAfter: c.RetryAfter,
+			Logger:     p.log,
+			OnShed:     onShed,
+		})
+	}
 	return l, mw, nil
 }
 
@@ -374,6 +387,7 @@ func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 		Key:       p.km.hashFunc(l.Key, route),
 		Algorithm: alg,
 		Shadow:    l.Shadow,
+		Shape:     l.Shape,
 		Store:     l7.StoreConfig{Capacity: capacity},
 	}, nil
 }
@@ -400,6 +414,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 		if err != nil {
 			return nil, err
 		}
+		rt.shapes = rt.shapes || l.Shape
 		mc.Rules = append(mc.Rules, r)
 	}
 	anyRedis := len(routeRedis) > 0
@@ -417,6 +432,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 				if err != nil {
 					return nil, err
 				}
+				rt.shapes = rt.shapes || l.Shape
 				tier.Rules = append(tier.Rules, r)
 			}
 			mc.Tiers = append(mc.Tiers, tier)
@@ -538,6 +554,7 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	if _, ok := p.exempt[path]; ok {
+		p.exemptCounts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
 		return
 	}
@@ -547,6 +564,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if rt.exempt != nil {
 			if _, ok := rt.exempt[path]; ok {
+				rt.counts.n[decisionAllowed].Add(1)
 				p.forward.ServeHTTP(w, r)
 				return
 			}
@@ -576,18 +594,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Shadow groups are charged on their own and never refuse or refund.
 func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 	if rt.mw == nil {
+		rt.counts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
 		return
 	}
 	var lp l7.Pending
 	rt.mw.Decide(r, &lp)
 	if lp.Skipped() {
+		rt.counts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
 		return
 	}
 	if !lp.Allowed() {
 		rt.mw.Respond(w, &lp, nil)
-		p.rejected(r)
+		rt.counts.limited(p.rejected(r))
 		return
 	}
 	type charged struct {
@@ -612,6 +632,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 			if r.Context().Err() != nil {
 				return // the client is gone
 			}
+			rt.counts.n[decisionShed].Add(1)
 			shedUnavailable(w, "the rate limiter is shutting down")
 			return
 		}
@@ -653,10 +674,11 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		rt.mw.Respond(w, &lp, ext)
-		p.rejected(r)
+		rt.counts.limited(p.rejected(r))
 		return
 	}
 	lp.Commit()
+	rt.counts.n[decisionAllowed].Add(1)
 	for _, c := range took {
 		for _, rd := range c.res.Rules {
 			c.g.counters[rd.Rule].allowed.Add(1)
@@ -664,7 +686,25 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 	}
 	rt.mw.Respond(w, &lp, ext)
 	p.passed(r)
+	if d := lp.Delay(); d > 0 && !p.hold(r, d) {
+		return // the client left while its request was held
+	}
 	p.forward.ServeHTTP(w, r)
+}
+
+// hold keeps a request admitted by a shaping limit until its release slot
+// (on the request's goroutine: a shaping route is decided off the event
+// loop). It reports false when the client left first; the slot stays
+// taken (the upstream sees a gap, never a burst).
+func (p *Proxy) hold(r *http.Request, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 // refundRedis gives a group's charge back; a failure leaves the charge in
@@ -685,85 +725,25 @@ func shedUnavailable(w http.ResponseWriter, detail string) {
 	}, 1)
 }
 
-// rejected notes a 429 for escalation.
-func (p *Proxy) rejected(r *http.Request) {
+// rejected notes a 429 for escalation; it reports whether this rejection
+// sent the source to the deny list.
+func (p *Proxy) rejected(r *http.Request) bool {
 	if p.esc == nil {
-		return
+		return false
 	}
 	a, ok := p.km.keys.ClientIP(r)
-	if !ok || p.trusted(a) {
+	if !ok || p.Trusted(a) {
 		// A trusted proxy's address (a request without forwarding headers,
 		// or one naming only trusted hops) is never denied at the NIC: that
 		// would drop every client behind it.
-		return
+		return false
 	}
-	p.esc.note(a)
-}
-
-// Serve listens on Config.Listen and serves until ctx ends, then shuts down
-// gracefully (ShutdownTimeout) and closes the Proxy.
-func (p *Proxy) Serve(ctx context.Context) error {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", p.cfg.Listen)
-	if err != nil {
-		p.Close()
-		return fmt.Errorf("proxy: listen on %s: %w", p.cfg.Listen, err)
-	}
-	return p.ServeListener(ctx, ln)
-}
-
-// ServeListener is Serve on a listener the caller opened (it is closed on
-// return), with the Config's engine.
-func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
-	defer p.Close()
-	if p.cfg.ServingEngine() == EngineEventLoop {
-		srv, err := eventloop.New(eventloop.Config{
-			Upstream:          p.cfg.Upstream,
-			Handler:           p,
-			TrustedPeer:       p.trusted,
-			BadGateway:        p.badGateway,
-			Logger:            p.log,
-			Loops:             p.cfg.Loops,
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       2 * time.Minute,
-			ShutdownTimeout:   ShutdownTimeout,
-		})
-		if err != nil {
-			_ = ln.Close()
-			return fmt.Errorf("proxy: %w", err)
-		}
-		if err := srv.Serve(ctx, ln); err != nil {
-			return fmt.Errorf("proxy: serve on %s: %w", ln.Addr(), err)
-		}
-		return nil
-	}
-	srv := &http.Server{
-		Handler:           p,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	select {
-	case err := <-done:
-		return fmt.Errorf("proxy: serve on %s: %w", ln.Addr(), err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("proxy: graceful shutdown on %s: %w", ln.Addr(), err)
-	}
-	<-done
-	return nil
+	return p.esc.note(a)
 }
 
 // Close stops the background goroutines, closes the Redis limiters and
-// client, and unregisters the Proxy's metrics (so the next Proxy can
-// register on the same registry). It is safe to call more than once.
+// client, and unregisters the Proxy from Options.Registerer (so the next
+// Proxy can register on the same registry). It is safe to call more than once.
 func (p *Proxy) Close() {
 	p.closeOnce.Do(func() {
 		p.cancel()
@@ -775,7 +755,7 @@ func (p *Proxy) Close() {
 			_ = p.rc.Close()
 		}
 		if p.reg != nil {
-			p.reg.unregisterAll()
+			p.reg.Unregister(p)
 		}
 	})
 }

@@ -627,60 +627,6 @@ func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (d *discardWriter) WriteHeader(c int)           { d.code = c }
 
-func TestServeGracefulShutdown(t *testing.T) {
-	up := startUpstream(t)
-	up.hold = make(chan struct{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cfg := decodeYAML(t, `
-l7:
-  listen: 127.0.0.1:1
-  upstream: UPSTREAM
-`, up.srv.URL)
-	cfg.Listen = addr
-	p, err := New(cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx) }()
-	got := make(chan int, 1)
-	go func() {
-		for {
-			resp, err := testClient.Get("http://" + addr + "/slow")
-			if err != nil {
-				time.Sleep(10 * time.Millisecond) // not listening yet
-				continue
-			}
-			resp.Body.Close()
-			got <- resp.StatusCode
-			return
-		}
-	}()
-	select {
-	case <-up.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("request never reached the upstream")
-	}
-	cancel()
-	time.Sleep(50 * time.Millisecond) // let Shutdown close the listener
-	close(up.hold)
-	if c := <-got; c != 200 {
-		t.Fatalf("in-flight request during shutdown: %d, want 200", c)
-	}
-	if err := <-served; err != nil {
-		t.Fatalf("Serve: %v", err)
-	}
-	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		t.Fatal("still listening after Serve returned")
-	}
-}
-
 func TestMatchDoesNotAllocate(t *testing.T) {
 	cfg := decodeYAML(t, `
 l7:

@@ -16,6 +16,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -764,10 +765,15 @@ func (l *Limiter) failed(op string, err error) {
 	l.warn.warn("redis limiter: round trip failed", slog.String("op", op), slog.String("kind", kind), slog.String("error", err.Error()))
 }
 
+// errorKind names a failed round trip's cause for the errors metric:
+// refused (nothing listens: the connect failed at once), timeout, server
+// (Redis answered with an error), connection (any other network failure).
 func errorKind(err error) string {
 	var rerr redis.Error
 	var nerr net.Error
 	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
 	case errors.As(err, &nerr) && nerr.Timeout():

@@ -33,6 +33,9 @@ type MiddlewareOptions struct {
 	RetryAfter time.Duration
 	// Logger receives unexpected admission errors. Nil discards.
 	Logger *slog.Logger
+	// OnShed, if set, is called for every request the middleware answers
+	// with 503 (the proxy counts them per route).
+	OnShed func(*http.Request)
 }
 
 // Problem is the RFC 9457 body of a 503 answer.
@@ -90,7 +93,7 @@ func newMiddleware(acquire func(*http.Request, Priority) (Permit, error), opts M
 		}
 		resp.bodies[r] = body
 	}
-	priority := opts.Priority
+	priority, onShed := opts.Priority, opts.OnShed
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			p := PriorityDefault
@@ -99,6 +102,9 @@ func newMiddleware(acquire func(*http.Request, Priority) (Permit, error), opts M
 			}
 			permit, err := acquire(r, p)
 			if err != nil {
+				if onShed != nil {
+					onShed(r)
+				}
 				resp.write(w, r, err)
 				return
 			}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+)
+
+// TestStatusL7Section: `edgectl status` names the engine the L7 stage
+// serves with, its address, upstream and routes; without an L7 stage it
+// says off.
+func TestStatusL7Section(t *testing.T) {
+	st := statusFixture(control.IPv4Direct{})
+	var without bytes.Buffer
+	if err := writeStatus(&without, st); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(without.String(), "l7 stage     off\n") {
+		t.Fatalf("no 'l7 stage off' line without an L7 stage:\n%s", without.String())
+	}
+	st.L7 = &control.L7Status{Engine: "event-loop", Listen: "198.18.0.1:8080", Upstream: "http://127.0.0.1:9000",
+		Routes: []string{"api", "login"}}
+	var with bytes.Buffer
+	if err := writeStatus(&with, st); err != nil {
+		t.Fatal(err)
+	}
+	want := "l7 stage     event-loop engine on 198.18.0.1:8080, upstream http://127.0.0.1:9000, routes api, login\n"
+	if !strings.Contains(with.String(), want) {
+		t.Fatalf("status:\n%s\nwant the line %q", with.String(), want)
+	}
+}
+
+// TestStatsL7Section: `edgectl stats` ends with the L7 stage's requests by
+// route and decision; nothing without an L7 stage.
+func TestStatsL7Section(t *testing.T) {
+	var without bytes.Buffer
+	if err := writeStats(&without, control.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(without.String(), "L7 ROUTE") {
+		t.Fatalf("an l7 section without an L7 stage:\n%s", without.String())
+	}
+	var with bytes.Buffer
+	st := control.Stats{L7: []control.L7RouteStat{{Route: "api", Allowed: 10, Limited: 3, Escalated: 1}, {Route: "(unmatched)", Allowed: 2}}}
+	if err := writeStats(&with, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"   L7 ROUTE  ALLOWED  LIMITED  SHED  ESCALATED\n", "        api       10        3     0          1\n",
+		"(unmatched)        2        0     0          0\n"} {
+		if !strings.Contains(with.String(), want) {
+			t.Fatalf("stats:\n%s\nwant %q", with.String(), want)
+		}
+	}
+}

@@ -1,0 +1,38 @@
+package stage
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	infoDesc = prometheus.NewDesc("edgeguard_l7_stage_info",
+		"The L7 stage serving: 1, labelled with its engine (event-loop or net-http) and bound address; absent when the policy has no l7 section.",
+		[]string{"engine", "addr"}, nil)
+	startsDesc = prometheus.NewDesc("edgeguard_l7_stage_engine_starts_total",
+		"Engine instances the L7 stage started (one at start, one per reload that changes the engine, upstream, loops or address).",
+		nil, nil)
+	failuresDesc = prometheus.NewDesc("edgeguard_l7_stage_engine_failures_total",
+		"Engine instances that ended with an error (they could not serve, or requests were still in flight after the shutdown timeout).",
+		nil, nil)
+)
+
+// collector is the stage's series and those of the proxy that serves. It
+// describes nothing (an unchecked collector): the proxy behind it changes
+// with reloads, and the registry checks what it collects at each scrape.
+type collector struct{ s *Stage }
+
+func (collector) Describe(chan<- *prometheus.Desc) {}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	ch <- prometheus.MustNewConstMetric(startsDesc, prometheus.CounterValue, float64(s.started.Load()))
+	ch <- prometheus.MustNewConstMetric(failuresDesc, prometheus.CounterValue, float64(s.failed.Load()))
+	s.mu.Lock()
+	run := s.run
+	s.mu.Unlock()
+	if run == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(infoDesc, prometheus.GaugeValue, 1, string(run.engine), run.sock.ln.Addr().String())
+	run.cur.Load().Collect(ch)
+}
