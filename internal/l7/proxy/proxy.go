@@ -144,7 +144,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 	p.upstream = p.newReverseProxy(opts.Transport)
 	p.forward = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !eventloop.Forward(w, r) {
-			p.upstream.ServeHTTP(w, r)
+			p.forwardNetHTTP(w, r)
 		}
 	})
 	shedMetrics := shed.NewCollector()
@@ -252,6 +252,26 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		BufferPool:   new(bufferPool),
 		ErrorHandler: p.badGateway,
 	}
+}
+
+// forwardNetHTTP proxies r with httputil.ReverseProxy (the net-http
+// engine). A request with a body is served full duplex: otherwise
+// net/http's server, once the response head is written, reads what is left
+// of the request body and closes it (its "consume the body before
+// replying" rule in chunkWriter.writeHeader), while http.Transport's
+// writeLoop, having sent Content-Length bytes, still reads the body once
+// more to see its end. That read fails on the closed body, and the
+// writeLoop closes the upstream connection under the response being
+// copied: the client got a truncated response (the 2 MiB POST of
+// TestEnginesAgree, under load). In full-duplex mode the server leaves the
+// body to the handler, which closes it when the relay is over.
+func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		// ErrNotSupported from a writer that is not net/http's server's
+		// (a recorder in a test): nothing to protect against there.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+	}
+	p.upstream.ServeHTTP(w, r)
 }
 
 // badGateway answers a request the upstream did not answer (both engines).
