@@ -56,6 +56,15 @@ type Config struct {
 	// ShutdownTimeout bounds how long Serve waits for requests in flight
 	// once its context ends (default 10s).
 	ShutdownTimeout time.Duration
+	// BodyReadTimeout bounds the wait for the next bytes of a request body
+	// the relay is waiting for (default 60s, nginx's client_body_timeout):
+	// past it the connection is closed (its upstream connection too). The
+	// wait does not run while the upstream is not taking the body.
+	BodyReadTimeout time.Duration
+	// AcceptPaused, when set, is called (on a loop) each time a loop stops
+	// accepting for a while because accept4 ran out of file descriptors
+	// or socket memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): for a metric.
+	AcceptPaused func(err error)
 }
 
 // Limits of the engine (documented in docs/l7-proxy.md, "Engines").
@@ -110,6 +119,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = 60 * time.Second
 	}
 	if cfg.BadGateway == nil {
 		cfg.BadGateway = func(w http.ResponseWriter, _ *http.Request, _ error) {
