@@ -428,7 +428,7 @@ func (c *conn) begin(head []byte) {
 		c.reqBody.set(bodyNone, 0)
 	}
 	c.w.reset()
-	c.callHandler(&c.req, c.l.s.cfg.Handler)
+	c.decide(&c.req, c.l.s.cfg.Handler)
 	if c.w.panicked {
 		c.answerPanic()
 	} else if c.w.later != nil {
@@ -463,16 +463,26 @@ func (c *conn) keepHead(head []byte) {
 	}
 }
 
-// callHandler runs h; a panic is logged and noted in c.w.panicked (from a
-// handler on its goroutine too: the loop answers for it).
-func (c *conn) callHandler(r *http.Request, h http.Handler) {
-	defer func() {
-		if v := recover(); v != nil {
-			c.l.s.log.Error("l7 event loop: handler panicked", "path", r.URL.Path, "panic", fmt.Sprint(v))
-			c.w.panicked = true
-		}
-	}()
-	h.ServeHTTP(&c.w, r)
+// decide asks h for its decision on the loop and notes it in c.w; a panic
+// is logged and noted in c.w.panicked (the loop answers for it).
+func (c *conn) decide(r *http.Request, h Handler) {
+	defer c.recoverHandler(r)
+	d := h.Decide(&c.w, r)
+	c.w.forward, c.w.later = d.forward, d.later
+}
+
+// decideOffLoop runs an OffLoop decision on its goroutine; a panic is
+// logged and noted in c.w.panicked (the loop answers for it).
+func (c *conn) decideOffLoop(r *http.Request, h OffLoop) {
+	defer c.recoverHandler(r)
+	h(&c.w, r, &Relay{w: &c.w})
+}
+
+func (c *conn) recoverHandler(r *http.Request) {
+	if v := recover(); v != nil {
+		c.l.s.log.Error("l7 event loop: handler panicked", "path", r.URL.Path, "panic", fmt.Sprint(v))
+		c.w.panicked = true
+	}
 }
 
 // answerPanic replaces whatever a panicking handler left with a 500, and
@@ -484,8 +494,8 @@ func (c *conn) answerPanic() {
 	c.closeAfter = true
 }
 
-// runAsync runs the handler Go named on its own goroutine; handlerReturned
-// resumes the connection on the loop.
+// runAsync runs the decision Continue handed over on its own goroutine;
+// handlerReturned resumes the connection on the loop.
 func (c *conn) runAsync() {
 	c.state = stateHandler
 	c.w.async = true
@@ -504,7 +514,7 @@ func (c *conn) runAsync() {
 	s.handlers.Add(1)
 	go func() {
 		defer s.handlers.Done()
-		c.callHandler(r, h)
+		c.decideOffLoop(r, h)
 		c.l.post(c.handlerReturned)
 	}()
 }
@@ -521,7 +531,7 @@ func (c *conn) handlerReturned() {
 	}
 	switch {
 	case c.w.forward:
-		// The relay has ended (Forward returned). A panic after it
+		// The relay has ended (Relay.Forward returned). A panic after it
 		// closes the connection: a 500 now would answer no request.
 		if c.w.panicked {
 			c.w.panicked = false

@@ -23,10 +23,10 @@ type Config struct {
 	// not empty, is joined in front of every request's path (as
 	// httputil.ProxyRequest.SetURL does).
 	Upstream *url.URL
-	// Handler decides each request on its loop: it answers it itself,
-	// calls Forward to have it proxied, or, when its decision may block (a
-	// network round trip, a queue), calls Go to decide on a goroutine.
-	Handler http.Handler
+	// Handler decides each request on its loop: it answers it itself
+	// (Respond), has it proxied (Forward), or, when its decision may block
+	// (a network round trip, a queue), decides on a goroutine (Continue).
+	Handler Handler
 	// TrustedPeer reports whether a peer's X-Forwarded-For is kept (and
 	// appended to); otherwise it is replaced by the peer's address. Nil:
 	// no peer is trusted.

@@ -58,7 +58,7 @@ type Proxy struct {
 	routes    []*route
 	unmatched http.Handler
 	upstream  *httputil.ReverseProxy
-	forward   http.Handler // the event loop's relay, else upstream
+	forward   http.Handler // forwardFrom: the event loop's relay, else upstream
 	esc       *escalation
 	rc        *redis.Client
 	redisLims []*redislimit.Limiter
@@ -67,7 +67,12 @@ type Proxy struct {
 	descs     proxyDescs
 	reg       *registry // nil without Options.Registerer
 
+	// unmatchedOffLoop is unmatched as the event loop's decision off the
+	// loop (nil without a global concurrency limit: decided on the loop).
+	unmatchedOffLoop eventloop.OffLoop
+
 	upstreamErrors atomic.Int64
+	acceptPauses   atomic.Int64 // edgeguard_l7_accept_paused_total
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -90,8 +95,9 @@ type route struct {
 	redisCounters map[string]*redisCounters
 	// mayBlock: a request on this route may wait (a concurrency queue, its
 	// own or the global one; Redis): under the event loop it is decided on
-	// a goroutine (eventloop.Go).
+	// a goroutine (offLoop, through eventloop.Continue).
 	mayBlock bool
+	offLoop  eventloop.OffLoop
 }
 
 // redisGroup is the redis limits that apply to a request in one tier and
@@ -142,11 +148,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		p.exempt[s] = struct{}{}
 	}
 	p.upstream = p.newReverseProxy(opts.Transport)
-	p.forward = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !eventloop.Forward(w, r) {
-			p.forwardNetHTTP(w, r)
-		}
-	})
+	p.forward = http.HandlerFunc(p.forwardFrom)
 	shedMetrics := shed.NewCollector()
 	var global func(http.Handler) http.Handler
 	if cfg.Concurrency != nil {
@@ -166,6 +168,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		return h
 	}
 	p.unmatched = wrap(p.forward)
+	if cfg.Concurrency != nil {
+		p.unmatchedOffLoop = offLoop(p.unmatched)
+	}
 	if cfg.Redis != nil {
 		p.rc = redis.NewClient(&redis.Options{
 			Addr:         cfg.Redis.Addr,
@@ -181,7 +186,11 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		if err != nil {
 			return nil, err
 		}
-		h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.limit(rt, w, r) }))
+		h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if p.limit(rt, w, r) {
+				p.forwardFrom(w, r)
+			}
+		}))
 		if rc.Concurrency != nil {
 			l, mw, err := p.newShed(*rc.Concurrency, "route "+rc.Name)
 			if err != nil {
@@ -194,6 +203,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		rt.handler = wrap(h)
 		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0
+		if rt.mayBlock {
+			rt.offLoop = offLoop(rt.handler)
+		}
 		p.routes = append(p.routes, rt)
 	}
 	if cfg.Escalation.Enabled && opts.Escalator == nil {
@@ -221,6 +233,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: register shedding metrics: %w", err)
 		}
 		if err := reg.Register(p); err != nil {
+			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+		if err := reg.Register(p.acceptPausesMetric()); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
 		}
 	}
@@ -531,14 +546,33 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 	return groups, nil
 }
 
-// ServeHTTP routes r: exempt paths go straight to the upstream; the first
-// matching route applies its concurrency limits and rate limits; a request
-// no route matches gets only the global concurrency limit.
+// ServeHTTP is the net-http engine's way in (and the Proxy as an
+// http.Handler): it refuses what the event loop's parser refuses on the
+// wire (refuseNetHTTP), then routes r as Decide does: exempt paths go
+// straight to the upstream; the first matching route applies its
+// concurrency limits and rate limits; a request no route matches gets only
+// the global concurrency limit.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if refuseNetHTTP(w, r) {
+		return
+	}
+	rt, exempt := p.pick(r)
+	switch {
+	case exempt:
+		p.forward.ServeHTTP(w, r)
+	case rt == nil:
+		p.unmatched.ServeHTTP(w, r)
+	default:
+		rt.handler.ServeHTTP(w, r)
+	}
+}
+
+// pick is the routing both engines share: the first route r matches (nil:
+// none), or exempt when r's path is exempt (globally or in that route).
+func (p *Proxy) pick(r *http.Request) (rt *route, exempt bool) {
 	path := r.URL.Path
 	if _, ok := p.exempt[path]; ok {
-		p.forward.ServeHTTP(w, r)
-		return
+		return nil, true
 	}
 	for _, rt := range p.routes {
 		if !rt.match.matches(r) {
@@ -546,24 +580,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if rt.exempt != nil {
 			if _, ok := rt.exempt[path]; ok {
-				p.forward.ServeHTTP(w, r)
-				return
+				return nil, true
 			}
 		}
-		if rt.mayBlock && eventloop.Go(w, r, rt.handler) {
-			return // decided on a goroutine, off the event loop
-		}
-		rt.handler.ServeHTTP(w, r)
-		return
+		return rt, false
 	}
-	if p.cfg.Concurrency != nil && eventloop.Go(w, r, p.unmatched) {
-		return
-	}
-	p.unmatched.ServeHTTP(w, r)
+	return nil, false
 }
 
-// limit decides rt's limits all-or-nothing across both backends, writes
-// the headers of every limit that applied, and proxies or answers 429.
+// limit decides rt's limits all-or-nothing across both backends and writes
+// the headers of every limit that applied; it reports true when the
+// request may be proxied (the caller proxies it), false when it answered
+// (429, 503) or the client left.
 //
 // The local limits (with tiers and shadow rules) are decided and charged
 // first, under their shard locks; a request they refuse is answered at once
@@ -573,21 +601,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // are given back (l7.Pending.Refund, redislimit.Limiter.Refund), so the
 // 429 reports the longest wait over every refused limit of both backends.
 // Shadow groups are charged on their own and never refuse or refund.
-func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 	if rt.mw == nil {
-		p.forward.ServeHTTP(w, r)
-		return
+		return true
 	}
 	var lp l7.Pending
 	rt.mw.Decide(r, &lp)
 	if lp.Skipped() {
-		p.forward.ServeHTTP(w, r)
-		return
+		return true
 	}
 	if !lp.Allowed() {
 		rt.mw.Respond(w, &lp, nil)
 		p.rejected(r)
-		return
+		return false
 	}
 	type charged struct {
 		g   *redisGroup
@@ -609,10 +635,10 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 				p.refundRedis(c.g, c.res)
 			}
 			if r.Context().Err() != nil {
-				return // the client is gone
+				return false // the client is gone
 			}
 			shedUnavailable(w, "the rate limiter is shutting down")
-			return
+			return false
 		}
 		if g.shadow {
 			for _, rd := range res.Rules {
@@ -653,7 +679,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 		}
 		rt.mw.Respond(w, &lp, ext)
 		p.rejected(r)
-		return
+		return false
 	}
 	lp.Commit()
 	for _, c := range took {
@@ -662,7 +688,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rt.mw.Respond(w, &lp, ext)
-	p.forward.ServeHTTP(w, r)
+	return true
 }
 
 // refundRedis gives a group's charge back; a failure leaves the charge in
@@ -715,17 +741,7 @@ func (p *Proxy) Serve(ctx context.Context) error {
 func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 	defer p.Close()
 	if p.cfg.ServingEngine() == EngineEventLoop {
-		srv, err := eventloop.New(eventloop.Config{
-			Upstream:          p.cfg.Upstream,
-			Handler:           p,
-			TrustedPeer:       p.trusted,
-			BadGateway:        p.badGateway,
-			Logger:            p.log,
-			Loops:             p.cfg.Loops,
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       2 * time.Minute,
-			ShutdownTimeout:   ShutdownTimeout,
-		})
+		srv, err := eventloop.New(p.eventLoopConfig())
 		if err != nil {
 			_ = ln.Close()
 			return fmt.Errorf("proxy: %w", err)
@@ -743,7 +759,7 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() { done <- srv.Serve(countingListener{Listener: ln, pauses: &p.acceptPauses}) }()
 	select {
 	case err := <-done:
 		return fmt.Errorf("proxy: serve on %s: %w", ln.Addr(), err)

@@ -1,0 +1,166 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
+)
+
+// The engine hand-off: both engines run the same routing (pick), limits
+// (limit) and concurrency middlewares; only the last step, proxying,
+// differs. Under net/http it is httputil.ReverseProxy (forwardNetHTTP).
+// Under the event loop the Proxy is an eventloop.Handler: Decide returns
+// the decision (Respond, Forward, or Continue on a goroutine when the
+// route may block), and a request decided on a goroutine is proxied
+// through the *eventloop.Relay the engine hands it. That relay reaches the
+// innermost handler of a route's chain (under shed.Middleware, an
+// http.Handler middleware) in the request's context (withRelay).
+
+// BodyReadTimeout bounds the wait for the next bytes of a request body the
+// event loop is relaying (eventloop.Config.BodyReadTimeout): nginx's
+// client_body_timeout default.
+const BodyReadTimeout = 60 * time.Second
+
+// Decide is the event loop's way in: the decision for r, made on the loop.
+// A route that may block (a concurrency limit, Redis) is decided on a
+// goroutine; the others here, where only local limits run.
+func (p *Proxy) Decide(w http.ResponseWriter, r *http.Request) eventloop.Decision {
+	rt, exempt := p.pick(r)
+	switch {
+	case exempt:
+		return eventloop.Forward()
+	case rt == nil:
+		if p.unmatchedOffLoop != nil {
+			return eventloop.Continue(p.unmatchedOffLoop)
+		}
+		return eventloop.Forward()
+	case rt.offLoop != nil:
+		return eventloop.Continue(rt.offLoop)
+	case p.limit(rt, w, r):
+		return eventloop.Forward()
+	}
+	return eventloop.Respond()
+}
+
+type relayKey struct{}
+
+// offLoop runs h (a route's chain) on the event loop's goroutine, with the
+// engine's relay in the request's context for forwardFrom.
+func offLoop(h http.Handler) eventloop.OffLoop {
+	return func(w http.ResponseWriter, r *http.Request, relay *eventloop.Relay) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), relayKey{}, relay)))
+	}
+}
+
+// forwardFrom proxies a request its route let through: by the event loop's
+// relay when the request was decided off the loop, else by the net-http
+// engine's ReverseProxy.
+func (p *Proxy) forwardFrom(w http.ResponseWriter, r *http.Request) {
+	if relay, ok := r.Context().Value(relayKey{}).(*eventloop.Relay); ok {
+		relay.Forward()
+		return
+	}
+	p.forwardNetHTTP(w, r)
+}
+
+// refuseNetHTTP answers 400, closing the connection, for the requests the
+// event loop refuses on the wire but net/http's server lets through, so
+// that both engines refuse the same messages:
+//   - a target with a fragment ("/exact#x"): net/http takes "#x" into the
+//     path, which misses a "/exact" route, and an upstream that cuts the
+//     fragment off serves /exact;
+//   - a host (from an absolute-form target, which net/http does not check)
+//     with bytes a Host field may not hold ("http://a<script>/x").
+//
+// It reports whether it answered.
+func refuseNetHTTP(w http.ResponseWriter, r *http.Request) bool {
+	reason := ""
+	switch {
+	case strings.IndexByte(r.RequestURI, '#') >= 0:
+		reason = "fragment in the request target"
+	case !validHost(r.Host):
+		reason = "invalid host"
+	default:
+		return false
+	}
+	h := w.Header()
+	h.Set("Connection", "close")
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusBadRequest)
+	_, _ = w.Write([]byte("400 Bad Request: " + reason + "\n"))
+	return true
+}
+
+// validHost reports whether every byte of h may appear in a Host field
+// (uri-host and port, as net/http's server checks the Host field and the
+// event loop checks both the field and an absolute-form target's host).
+func validHost(h string) bool {
+	for i := range len(h) {
+		c := h[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!$%&'()*+,-.:;=[]_~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// acceptPauseErr reports whether an accept error is the process or the
+// system running out of descriptors or socket memory: both engines back
+// off (net/http's Serve 5ms doubling to 1s for a temporary error, the
+// event loop the same) and the metric counts it.
+func acceptPauseErr(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
+
+// countingListener counts the accept errors net/http's Serve backs off on.
+type countingListener struct {
+	net.Listener
+	pauses *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil && acceptPauseErr(err) {
+		l.pauses.Add(1)
+	}
+	return c, err
+}
+
+// acceptPausesMetric is edgeguard_l7_accept_paused_total.
+func (p *Proxy) acceptPausesMetric() prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "edgeguard_l7_accept_paused_total",
+		Help: "Times the L7 listener stopped accepting for a while (5ms doubling to 1s) because accept ran out of " +
+			"file descriptors or socket memory (EMFILE, ENFILE, ENOBUFS, ENOMEM).",
+	}, func() float64 { return float64(p.acceptPauses.Load()) })
+}
+
+// eventLoopConfig is the event loop's configuration for p.
+func (p *Proxy) eventLoopConfig() eventloop.Config {
+	return eventloop.Config{
+		Upstream:          p.cfg.Upstream,
+		Handler:           p,
+		TrustedPeer:       p.trusted,
+		BadGateway:        p.badGateway,
+		Logger:            p.log,
+		Loops:             p.cfg.Loops,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ShutdownTimeout:   ShutdownTimeout,
+		BodyReadTimeout:   BodyReadTimeout,
+		AcceptPaused:      func(error) { p.acceptPauses.Add(1) },
+	}
+}
