@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -79,12 +81,19 @@ func (p *Proxy) forwardFrom(w http.ResponseWriter, r *http.Request) {
 //     path, which misses a "/exact" route, and an upstream that cuts the
 //     fragment off serves /exact;
 //   - a host (from an absolute-form target, which net/http does not check)
-//     with bytes a Host field may not hold ("http://a<script>/x").
+//     with bytes a Host field may not hold ("http://a<script>/x");
+//   - a version other than HTTP/1.0 and 1.1 (net/http serves any HTTP/1.x;
+//     the event loop answers 505 rather than guess at 1.7's framing);
+//   - CONNECT (405: the proxy does not tunnel).
 //
 // It reports whether it answered.
 func refuseNetHTTP(w http.ResponseWriter, r *http.Request) bool {
-	reason := ""
+	status, reason := http.StatusBadRequest, ""
 	switch {
+	case r.ProtoMajor != 1 || r.ProtoMinor > 1:
+		status, reason = http.StatusHTTPVersionNotSupported, "unsupported http version "+r.Proto
+	case r.Method == http.MethodConnect:
+		status, reason = http.StatusMethodNotAllowed, "CONNECT is not proxied"
 	case strings.IndexByte(r.RequestURI, '#') >= 0:
 		reason = "fragment in the request target"
 	case !validHost(r.Host):
@@ -95,8 +104,8 @@ func refuseNetHTTP(w http.ResponseWriter, r *http.Request) bool {
 	h := w.Header()
 	h.Set("Connection", "close")
 	h.Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(http.StatusBadRequest)
-	_, _ = w.Write([]byte("400 Bad Request: " + reason + "\n"))
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(strconv.Itoa(status) + " " + http.StatusText(status) + ": " + reason + "\n"))
 	return true
 }
 
@@ -163,4 +172,51 @@ func (p *Proxy) eventLoopConfig() eventloop.Config {
 		BodyReadTimeout:   BodyReadTimeout,
 		AcceptPaused:      func(error) { p.acceptPauses.Add(1) },
 	}
+}
+
+// checkResponse is the net-http engine's ReverseProxy.ModifyResponse: it
+// holds an upstream's response to what the event loop relays. net/http's
+// client takes any HTTP/1.x or HTTP/2.0 status line, a status below 100,
+// control bytes in the reason phrase and header field names with spaces, and ReverseProxy copies a Content-Length field as the
+// upstream spelled it ("002"): a response head that a client behind could
+// read differently. A response the event loop answers 502 is an error here
+// (ErrorHandler: 502); a Content-Length is written in decimal.
+func checkResponse(res *http.Response) error {
+	if res.ProtoMajor != 1 || res.ProtoMinor > 1 {
+		return fmt.Errorf("unsupported http version %s in the upstream's response", res.Proto)
+	}
+	if res.StatusCode < 100 {
+		return fmt.Errorf("status %d in the upstream's response", res.StatusCode)
+	}
+	for i := range len(res.Status) {
+		if c := res.Status[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return fmt.Errorf("control byte in the upstream's status line")
+		}
+	}
+	for name := range res.Header {
+		if !validFieldName(name) {
+			return fmt.Errorf("invalid header field name %q in the upstream's response", name)
+		}
+	}
+	if _, ok := res.Header["Content-Length"]; ok && res.ContentLength >= 0 {
+		res.Header["Content-Length"] = []string{strconv.FormatInt(res.ContentLength, 10)}
+	}
+	return nil
+}
+
+// validFieldName reports whether name is a token (RFC 9110 5.6.2).
+func validFieldName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := range len(name) {
+		c := name[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -263,9 +263,10 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		Transport:    tr,
-		BufferPool:   new(bufferPool),
-		ErrorHandler: p.badGateway,
+		Transport:      tr,
+		BufferPool:     new(bufferPool),
+		ErrorHandler:   p.badGateway,
+		ModifyResponse: checkResponse,
 	}
 }
 
