@@ -302,10 +302,11 @@ func trunc(s string) string {
 // each connection then carries what the engine sent for one request) and
 // keeps every byte each connection received, until its end.
 type corpusUpstream struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns [][]byte
-	open  sync.WaitGroup
+	ln     net.Listener
+	mu     sync.Mutex
+	done   *sync.Cond // signalled when a connection ends
+	conns  [][]byte   // what each ended connection received
+	active int        // connections being served
 	// response is what the upstream writes once it has read a request
 	// (a raw response vector); it then closes.
 	response atomic.Pointer[string]
@@ -321,6 +322,7 @@ func startCorpusUpstream(t *testing.T) *corpusUpstream {
 		t.Fatal(err)
 	}
 	u := &corpusUpstream{ln: ln}
+	u.done = sync.NewCond(&u.mu)
 	u.response.Store(strp("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"))
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -331,11 +333,12 @@ func startCorpusUpstream(t *testing.T) *corpusUpstream {
 			if err != nil {
 				return
 			}
-			u.open.Add(1)
+			u.mu.Lock()
+			u.active++
+			u.mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer u.open.Done()
 				u.serve(c)
 			}()
 		}
@@ -361,22 +364,25 @@ func (u *corpusUpstream) serve(c net.Conn) {
 			_, _ = io.WriteString(c, resp)
 		}
 	}
-	if u.hangUp.Load() {
-		return
+	if !u.hangUp.Load() {
+		_ = c.(*net.TCPConn).CloseWrite()
+		_, _ = io.Copy(io.Discard, br)
 	}
-	_ = c.(*net.TCPConn).CloseWrite()
-	_, _ = io.Copy(io.Discard, br)
 	u.mu.Lock()
 	u.conns = append(u.conns, bytes.Clone(seen.Bytes()))
+	u.active--
+	u.done.Broadcast()
 	u.mu.Unlock()
 }
 
 // take waits for the connections open now to end and returns what they
 // received, forgetting it.
 func (u *corpusUpstream) take() [][]byte {
-	u.open.Wait()
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	for u.active > 0 {
+		u.done.Wait()
+	}
 	out := u.conns
 	u.conns = nil
 	return out
