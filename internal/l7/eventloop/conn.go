@@ -233,6 +233,9 @@ type conn struct {
 	headSeen   int   // input bytes known not to end a request head
 	holdOut    bool  // output waits for a handler on its goroutine to return
 	deadline   int64 // loop time; 0: none
+	// bodyDeadline: while a request body is relayed, the loop time by
+	// which its next bytes must have come (BodyReadTimeout).
+	bodyDeadline int64
 
 	head    requestHead
 	headBuf []byte // a copy of the head's bytes, which head's fields point into
@@ -425,7 +428,7 @@ func (c *conn) begin(head []byte) {
 		c.reqBody.set(bodyNone, 0)
 	}
 	c.w.reset()
-	c.callHandler(&c.req, c.l.s.cfg.Handler)
+	c.decide(&c.req, c.l.s.cfg.Handler)
 	if c.w.panicked {
 		c.answerPanic()
 	} else if c.w.later != nil {
@@ -460,16 +463,26 @@ func (c *conn) keepHead(head []byte) {
 	}
 }
 
-// callHandler runs h; a panic is logged and noted in c.w.panicked (from a
-// handler on its goroutine too: the loop answers for it).
-func (c *conn) callHandler(r *http.Request, h http.Handler) {
-	defer func() {
-		if v := recover(); v != nil {
-			c.l.s.log.Error("l7 event loop: handler panicked", "path", r.URL.Path, "panic", fmt.Sprint(v))
-			c.w.panicked = true
-		}
-	}()
-	h.ServeHTTP(&c.w, r)
+// decide asks h for its decision on the loop and notes it in c.w; a panic
+// is logged and noted in c.w.panicked (the loop answers for it).
+func (c *conn) decide(r *http.Request, h Handler) {
+	defer c.recoverHandler(r)
+	d := h.Decide(&c.w, r)
+	c.w.forward, c.w.later = d.forward, d.later
+}
+
+// decideOffLoop runs an OffLoop decision on its goroutine; a panic is
+// logged and noted in c.w.panicked (the loop answers for it).
+func (c *conn) decideOffLoop(r *http.Request, h OffLoop) {
+	defer c.recoverHandler(r)
+	h(&c.w, r, &Relay{w: &c.w})
+}
+
+func (c *conn) recoverHandler(r *http.Request) {
+	if v := recover(); v != nil {
+		c.l.s.log.Error("l7 event loop: handler panicked", "path", r.URL.Path, "panic", fmt.Sprint(v))
+		c.w.panicked = true
+	}
 }
 
 // answerPanic replaces whatever a panicking handler left with a 500, and
@@ -481,8 +494,8 @@ func (c *conn) answerPanic() {
 	c.closeAfter = true
 }
 
-// runAsync runs the handler Go named on its own goroutine; handlerReturned
-// resumes the connection on the loop.
+// runAsync runs the decision Continue handed over on its own goroutine;
+// handlerReturned resumes the connection on the loop.
 func (c *conn) runAsync() {
 	c.state = stateHandler
 	c.w.async = true
@@ -501,7 +514,7 @@ func (c *conn) runAsync() {
 	s.handlers.Add(1)
 	go func() {
 		defer s.handlers.Done()
-		c.callHandler(r, h)
+		c.decideOffLoop(r, h)
 		c.l.post(c.handlerReturned)
 	}()
 }
@@ -518,7 +531,7 @@ func (c *conn) handlerReturned() {
 	}
 	switch {
 	case c.w.forward:
-		// The relay has ended (Forward returned). A panic after it
+		// The relay has ended (Relay.Forward returned). A panic after it
 		// closes the connection: a 500 now would answer no request.
 		if c.w.panicked {
 			c.w.panicked = false
@@ -646,6 +659,12 @@ func (c *conn) buildRequest(head []byte) error {
 	if method == http.MethodConnect {
 		return &wireError{status: http.StatusMethodNotAllowed, reason: "CONNECT is not proxied"}
 	}
+	if strings.IndexByte(target, '#') >= 0 {
+		// RFC 9112 3.2: a request-target has no fragment. net/http would
+		// take "/exact#x" as the path "/exact#x" (no route's "/exact"),
+		// and an upstream that cuts the fragment off would serve /exact.
+		return &wireError{status: http.StatusBadRequest, reason: "fragment in the request target"}
+	}
 	c.url = url.URL{}
 	host := sub(h.host)
 	if target[0] == '/' && strings.IndexByte(target, '%') < 0 {
@@ -658,6 +677,14 @@ func (c *conn) buildRequest(head []byte) error {
 		}
 		c.url = *u
 		if u.Host != "" {
+			// The target's host replaces the Host field (RFC 9112 3.2.2),
+			// so it is held to the Host field's byte set: url.Parse lets
+			// "a<script>" through.
+			for i := range len(u.Host) {
+				if !isHostByte(u.Host[i]) {
+					return &wireError{status: http.StatusBadRequest, reason: "invalid host in the request target"}
+				}
+			}
 			host = u.Host
 		}
 	}
@@ -720,6 +747,22 @@ func (c *conn) startForward() {
 	c.up = u
 	u.client = c
 	c.queueUpstreamHead()
+	c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
+}
+
+// bodyOverdue reports whether the client has let the relay wait for the
+// next bytes of its request body past BodyReadTimeout; while the upstream
+// is not taking the body (connecting, or its queue full), the wait starts
+// over.
+func (c *conn) bodyOverdue() bool {
+	if c.state != stateForward || c.reqBody.done || c.up == nil {
+		return false
+	}
+	if c.up.connecting || c.up.out.pending() >= maxPending {
+		c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
+		return false
+	}
+	return c.l.now > c.bodyDeadline
 }
 
 // upstreamTarget is the request target sent upstream: the client's, with
@@ -791,7 +834,7 @@ func (c *conn) queueUpstreamHead() {
 		case equalFold(f.name, "Upgrade"):
 			upgrade = f.value
 			continue
-		case hopByHop(f.name, h.connection), equalFold(f.name, "Host"),
+		case framingField(f.name), hopByHop(f.name, h.connection), equalFold(f.name, "Host"),
 			equalFold(f.name, "X-Forwarded-Host"), equalFold(f.name, "X-Forwarded-Proto"),
 			equalFold(f.name, "Forwarded"):
 			continue
@@ -809,6 +852,7 @@ func (c *conn) queueUpstreamHead() {
 		b = appendField(b, "X-Forwarded-Host", c.req.Host)
 	}
 	b = append(b, "X-Forwarded-Proto: http\r\n"...)
+	b = appendFraming(b, h.chunked, h.contentLength)
 	if wantTrailers {
 		b = append(b, "Te: trailers\r\n"...)
 	}
@@ -825,8 +869,12 @@ func (c *conn) queueUpstreamHead() {
 }
 
 // hopByHop reports whether a field is for this connection only: the
-// RFC 9110 7.6.1 list and whatever the Connection fields name.
-// Transfer-Encoding and Trailer stay: bodies are relayed unchanged.
+// RFC 9110 7.6.1 list and whatever the Connection fields name, except the
+// framing fields. Content-Length and Transfer-Encoding frame the body that
+// is relayed unchanged: a Connection field naming them does not remove
+// them (dropping Content-Length but relaying the body would make the body
+// the upstream's next request: request smuggling). The caller writes them
+// itself (framingField).
 func hopByHop(name []byte, connection [][]byte) bool {
 	switch {
 	case equalFold(name, "Connection"), equalFold(name, "Proxy-Connection"), equalFold(name, "Keep-Alive"),
@@ -834,12 +882,39 @@ func hopByHop(name []byte, connection [][]byte) bool {
 		equalFold(name, "Te"), equalFold(name, "Upgrade"):
 		return true
 	}
+	if framingField(name) {
+		return false
+	}
 	for _, t := range connection {
-		if len(t) == len(name) && equalFoldBytes(t, name) && !equalFold(name, "Transfer-Encoding") {
+		if len(t) == len(name) && equalFoldBytes(t, name) {
 			return true
 		}
 	}
 	return false
+}
+
+// framingField reports whether name is Content-Length or
+// Transfer-Encoding. The relay never copies them as received: it writes
+// the framing the parser decided on, once, in one spelling
+// (appendFraming), so that a recipient cannot read "Content-Length: 005",
+// a repeated Content-Length or "Transfer-Encoding: ChUnKeD" differently.
+func framingField(name []byte) bool {
+	return equalFold(name, "Content-Length") || equalFold(name, "Transfer-Encoding")
+}
+
+// appendFraming writes the framing fields of a relayed message: exactly
+// one of "Transfer-Encoding: chunked" and "Content-Length: N" (decimal, no
+// leading zeros), or neither.
+func appendFraming(b []byte, chunked bool, contentLength int64) []byte {
+	switch {
+	case chunked:
+		return append(b, "Transfer-Encoding: chunked\r\n"...)
+	case contentLength >= 0:
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, contentLength, 10)
+		return append(b, "\r\n"...)
+	}
+	return b
 }
 
 // equalFold compares ASCII case-insensitively.
@@ -929,6 +1004,9 @@ func (c *conn) stepForward() bool {
 			u.out.b = append(u.out.grow(c.l), data[:n]...)
 			c.in.consume(c.l, n)
 			progress = n > 0
+			if progress {
+				c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
+			}
 		} else if c.readable {
 			n, eof := c.read(bufSize)
 			if c.state == stateClosed {
@@ -1041,6 +1119,14 @@ func (c *conn) responseHead(data []byte) bool {
 		u.in.consume(c.l, n)
 		return true
 	}
+	if c.resp.chunked && c.head.minor == 0 {
+		// The request went upstream as HTTP/1.0, so the upstream may not
+		// send chunked (RFC 9112 6.1), and an HTTP/1.0 client could not
+		// read it: the relay does not re-frame bodies, so this is 502.
+		u.in.consume(c.l, n)
+		c.upstreamFailed(errors.New("chunked response to an http/1.0 request"))
+		return true
+	}
 	switch {
 	case c.isHEAD || status == http.StatusNoContent || status == http.StatusNotModified:
 		c.respBody.set(bodyNone, 0)
@@ -1085,10 +1171,16 @@ func (c *conn) queueResponseHead(upgrade bool) {
 			b = appendRaw(b, f)
 			continue
 		}
-		if hopByHop(f.name, r.connection) || (r.chunked && equalFold(f.name, "Content-Length")) {
+		if framingField(f.name) || hopByHop(f.name, r.connection) {
 			continue
 		}
 		b = appendRaw(b, f)
+	}
+	if final && !upgrade {
+		// The framing the relay follows (a chunked response's
+		// Content-Length, which RFC 9112 6.3 says chunked overrides, is
+		// not relayed).
+		b = appendFraming(b, r.chunked, r.contentLength)
 	}
 	if final {
 		for k, vs := range c.w.hdr {
@@ -1163,7 +1255,7 @@ func (c *conn) upstreamFailed(err error) {
 		c.close() // the client has part of a response: cut it
 		return
 	}
-	if u != nil && u.reused && !u.gotBytes && c.reqBody.kind == bodyNone && !c.retried {
+	if u != nil && u.reused && !u.gotBytes && c.reqBody.kind == bodyNone && !c.retried && c.replayable() {
 		c.retried = true
 		c.startForward()
 		return
@@ -1190,6 +1282,22 @@ func (c *conn) upstreamFailed(err error) {
 	}
 	c.respondLocal()
 	c.afterRelay()
+}
+
+// replayable reports whether the request may be sent again on a new
+// upstream connection when a reused one closed before answering: as
+// net/http's Transport decides (RFC 9110 9.2.2), a GET, HEAD, OPTIONS or
+// TRACE, or a request carrying Idempotency-Key or X-Idempotency-Key. (The
+// caller has checked that it has no body.) A POST is never re-sent: the
+// upstream may have acted on it before the connection closed.
+func (c *conn) replayable() bool {
+	switch c.req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, a := c.req.Header["Idempotency-Key"]
+	_, b := c.req.Header["X-Idempotency-Key"]
+	return a || b
 }
 
 // stepTunnel moves bytes both ways after a 101, until either side closes.

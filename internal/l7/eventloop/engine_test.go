@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"net/textproto"
 	"strconv"
@@ -474,10 +473,10 @@ func TestHeaders(t *testing.T) {
 			"X-Resp-Kept: yes\r\n"+
 			"\r\nok")
 		cfg := proxyConfig(t, up.url())
-		cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 			w.Header().Set("Ratelimit-Policy", "10;w=1")
 			w.Header().Set("Ratelimit", "limit=10, remaining=9, reset=1")
-			eventloop.Forward(w, r)
+			forward()
 		})
 		addr := startEngine(t, cfg)
 		c, br := dial(t, addr)
@@ -551,9 +550,9 @@ func TestHeaders(t *testing.T) {
 func TestHandlerAnswers(t *testing.T) {
 	up, seen := recordingUpstream(t, nil)
 	cfg := proxyConfig(t, up.URL)
-	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 		if r.URL.Path != "/limited" {
-			eventloop.Forward(w, r)
+			forward()
 			return
 		}
 		w.Header().Set("Retry-After", "1")
@@ -639,7 +638,7 @@ func TestMayBlock(t *testing.T) {
 	forwarded := make(chan bool, 4)
 	cfg := proxyConfig(t, up.URL)
 	cfg.Loops = 1 // the blocked handler and the other client share one loop
-	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 		if strings.HasPrefix(r.URL.Path, "/block") {
 			entered <- r.URL.Path
 			select {
@@ -654,7 +653,8 @@ func TestMayBlock(t *testing.T) {
 			return
 		}
 		w.Header().Set("X-Handler", "was here")
-		ok := eventloop.Forward(w, r)
+		forward()
+		ok := true
 		if strings.HasPrefix(r.URL.Path, "/block") {
 			forwarded <- ok
 		}
@@ -713,7 +713,7 @@ func TestMayBlock(t *testing.T) {
 		blocking := make(chan struct{})
 		cancelled := make(chan struct{}, 1)
 		cfg := proxyConfig(t, up.URL)
-		cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 			entered <- r.URL.Path
 			select {
 			case <-blocking:
@@ -1224,9 +1224,9 @@ func TestClientCloses(t *testing.T) {
 func TestHandlerPanics(t *testing.T) {
 	up, _ := recordingUpstream(t, nil)
 	cfg := proxyConfig(t, up.URL)
-	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 		if strings.HasSuffix(r.URL.Path, "/after") {
-			eventloop.Forward(w, r)
+			forward()
 		}
 		panic("handler bug")
 	})
@@ -1287,12 +1287,12 @@ func TestMoreFraming(t *testing.T) {
 			_, _ = io.WriteString(w, "upstream "+r.URL.Path)
 		})
 		cfg := proxyConfig(t, up.URL)
-		cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 			if strings.HasPrefix(r.URL.Path, "/local") {
 				_, _ = io.WriteString(w, "handler "+r.URL.Path)
 				return
 			}
-			eventloop.Forward(w, r)
+			forward()
 		})
 		addr := startEngine(t, cfg)
 		c, br := dial(t, addr)
@@ -1368,14 +1368,14 @@ func TestShutdownBlockedHandler(t *testing.T) {
 			if timeout {
 				cfg.ShutdownTimeout = 200 * time.Millisecond
 			}
-			cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 				entered <- struct{}{}
 				select {
 				case <-release:
 				case <-r.Context().Done():
 					return
 				}
-				eventloop.Forward(w, r)
+				forward()
 			})
 			cfg.Handler = onGoroutine(func(*http.Request) bool { return true }, cfg.Handler)
 			e := runEngine(t, cfg)
@@ -1523,7 +1523,7 @@ func TestMixedTraffic(t *testing.T) {
 	}))
 	cfg := proxyConfig(t, up.URL)
 	cfg.Loops = 2
-	cfg.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cfg.Handler = serveWith(nil, func(w http.ResponseWriter, r *http.Request, forward func()) {
 		if strings.HasPrefix(r.URL.Path, "/async") {
 			time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
 		}
@@ -1532,7 +1532,7 @@ func TestMixedTraffic(t *testing.T) {
 			_, _ = io.WriteString(w, "no")
 			return
 		}
-		eventloop.Forward(w, r)
+		forward()
 	})
 	cfg.Handler = onGoroutine(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/async") }, cfg.Handler)
 	addr := startEngine(t, cfg)
@@ -1637,10 +1637,6 @@ func TestNewAndServe(t *testing.T) {
 		if _, err := eventloop.New(cfg); err == nil {
 			t.Errorf("New accepted %+v", cfg)
 		}
-	}
-
-	if eventloop.Forward(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil)) {
-		t.Errorf("Forward accepted a writer that is not the engine's")
 	}
 
 	srv, err := eventloop.New(proxyConfig(t, "http://127.0.0.1:1"))

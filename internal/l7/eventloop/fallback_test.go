@@ -27,7 +27,7 @@ func TestDialFallsBackToTheNextAddress(t *testing.T) {
 	dead := refusingAddr(t)
 
 	srv, err := eventloop.New(eventloop.Config{Upstream: mustURL(t, up.URL), Loops: 1,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { eventloop.Forward(w, r) })})
+		Handler: forwardAll(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

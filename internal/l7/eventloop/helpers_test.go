@@ -108,12 +108,39 @@ func startEngine(t *testing.T, cfg eventloop.Config) (addr string) {
 }
 
 // forwardAll is a handler that has every request proxied.
-func forwardAll(t *testing.T) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !eventloop.Forward(w, r) {
-			t.Errorf("Forward refused the engine's own writer")
-		}
-	})
+func forwardAll(*testing.T) eventloop.Handler {
+	return serveWith(nil, func(_ http.ResponseWriter, _ *http.Request, forward func()) { forward() })
+}
+
+// testHandler is a test's handler, run on the loop or off it (serveWith):
+// it answers on w, or calls forward to have the request proxied (off the
+// loop, forward returns once the response has been relayed).
+type testHandler func(w http.ResponseWriter, r *http.Request, forward func())
+
+// serveWith makes h the engine's Handler: the requests offLoop picks
+// (nil: none) are decided on a goroutine (Continue), as a handler that
+// may block would have them; the others on the loop.
+func serveWith(offLoop func(*http.Request) bool, h testHandler) eventloop.Handler {
+	return &testServe{offLoop: offLoop, h: h}
+}
+
+type testServe struct {
+	offLoop func(*http.Request) bool
+	h       testHandler
+}
+
+func (s *testServe) Decide(w http.ResponseWriter, r *http.Request) eventloop.Decision {
+	if s.offLoop != nil && s.offLoop(r) {
+		return eventloop.Continue(func(w http.ResponseWriter, r *http.Request, relay *eventloop.Relay) {
+			s.h(w, r, relay.Forward)
+		})
+	}
+	forward := false
+	s.h(w, r, func() { forward = true })
+	if forward {
+		return eventloop.Forward()
+	}
+	return eventloop.Respond()
 }
 
 // proxyConfig is a Config forwarding everything to upstream, with short
@@ -352,13 +379,10 @@ func firstDiff(a, b []byte) string {
 	return fmt.Sprintf("lengths %d and %d", len(a), len(b))
 }
 
-// onGoroutine wraps h: the requests cond picks run on their own goroutine
-// (eventloop.Go), as a handler that may block would have them.
-func onGoroutine(cond func(*http.Request) bool, h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if cond(r) && eventloop.Go(w, r, h) {
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
+// onGoroutine is h (made by serveWith) with the requests cond picks
+// decided on a goroutine.
+func onGoroutine(cond func(*http.Request) bool, h eventloop.Handler) eventloop.Handler {
+	s := *h.(*testServe)
+	s.offLoop = cond
+	return &s
 }

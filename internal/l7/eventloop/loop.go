@@ -45,6 +45,13 @@ type loop struct {
 	draining bool
 	done     bool
 	err      error
+	// acceptPaused: the listener is out of this loop's epoll set until
+	// acceptResume (loop time), after accept4 ran out of file descriptors;
+	// acceptBackoff is the next pause (5ms doubling to 1s, as net/http's
+	// Serve; reset by an accepted connection).
+	acceptPaused  bool
+	acceptResume  int64
+	acceptBackoff time.Duration
 }
 
 // pollable is what an epoll event's fd belongs to.
@@ -118,7 +125,7 @@ func (l *loop) run() {
 		// nothing is.
 		n, err := pollNow(l.epfd, events)
 		if err == nil && n == 0 {
-			n, err = unix.EpollWait(l.epfd, events, 1000)
+			n, err = unix.EpollWait(l.epfd, events, l.pollTimeout())
 		}
 		if err != nil {
 			if errors.Is(err, unix.EINTR) {
@@ -129,6 +136,9 @@ func (l *loop) run() {
 			return
 		}
 		l.now = int64(time.Since(l.start))
+		if l.acceptPaused && l.now >= l.acceptResume {
+			l.resumeAccept()
+		}
 		for i := range n {
 			ev := &events[i]
 			fd := int(ev.Fd)
@@ -180,17 +190,32 @@ func (l *loop) forget(fd int) {
 	unix.Close(fd) // closing removes it from the epoll set
 }
 
+// pollTimeout is how long epoll_wait may sleep, in milliseconds: a second
+// (the sweep's tick), or less when a paused listener is due back.
+func (l *loop) pollTimeout() int {
+	ms := 1000
+	if l.acceptPaused {
+		ms = min(ms, max(1, int((l.acceptResume-int64(time.Since(l.start))+int64(time.Millisecond)-1)/int64(time.Millisecond))))
+	}
+	return ms
+}
+
 // accept takes up to 16 new connections per wake-up and deals them to the
 // loops in turn.
 func (l *loop) accept() {
 	for range 16 {
 		fd, sa, err := unix.Accept4(l.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 		if err != nil {
-			if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.ECONNABORTED) && !errors.Is(err, unix.EINTR) {
+			switch {
+			case errors.Is(err, unix.EMFILE), errors.Is(err, unix.ENFILE),
+				errors.Is(err, unix.ENOBUFS), errors.Is(err, unix.ENOMEM):
+				l.pauseAccept(err)
+			case !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.ECONNABORTED) && !errors.Is(err, unix.EINTR):
 				l.s.log.Debug("l7 event loop: accept", "err", err)
 			}
 			return
 		}
+		l.acceptBackoff = 0
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		peer := sockaddrAddrPort(sa)
 		target := l.peers[l.s.next.Add(1)%uint64(len(l.peers))]
@@ -199,6 +224,41 @@ func (l *loop) accept() {
 			continue
 		}
 		target.post(func() { target.adopt(fd, peer) })
+	}
+}
+
+// pauseAccept takes the listener out of the loop's epoll set for a while:
+// out of file descriptors (or socket memory), accept4 fails at once while
+// the connection waits in the backlog, and the level-triggered listener
+// would wake the loop again straight away (a core spent spinning). The
+// pending connections wait in the listen backlog meanwhile.
+func (l *loop) pauseAccept(err error) {
+	if l.lfd < 0 || l.acceptPaused {
+		return
+	}
+	if l.acceptBackoff == 0 {
+		l.acceptBackoff = 5 * time.Millisecond
+	} else {
+		l.acceptBackoff = min(2*l.acceptBackoff, time.Second)
+	}
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, l.lfd, nil)
+	l.acceptPaused = true
+	l.acceptResume = l.now + int64(l.acceptBackoff)
+	if f := l.s.cfg.AcceptPaused; f != nil {
+		f(err)
+	}
+	l.s.log.Warn("l7 event loop: accept failed; pausing", "err", err, "pause", l.acceptBackoff)
+}
+
+// resumeAccept puts the listener back after a pause.
+func (l *loop) resumeAccept() {
+	l.acceptPaused = false
+	if l.lfd < 0 || l.draining {
+		return
+	}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, l.lfd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(l.lfd)}); err != nil {
+		l.err = fmt.Errorf("eventloop: epoll add listener: %w", err)
+		l.closeAll()
 	}
 }
 
@@ -232,8 +292,9 @@ func (l *loop) adopt(fd int, peer netip.AddrPort) {
 }
 
 // sweep closes connections past their deadlines: a head not read in
-// ReadHeaderTimeout, a kept-alive connection idle past IdleTimeout, an
-// upstream connect past DialTimeout, an idle upstream connection past 90s.
+// ReadHeaderTimeout, a kept-alive connection idle past IdleTimeout, a
+// request body stalled past BodyReadTimeout, an upstream connect past
+// DialTimeout, an idle upstream connection past 90s.
 func (l *loop) sweep() {
 	for c := range l.conns {
 		if c.up != nil && c.up.connecting && l.now > c.up.deadline {
@@ -243,6 +304,11 @@ func (l *loop) sweep() {
 			continue
 		}
 		if c.deadline > 0 && l.now > c.deadline {
+			c.close()
+			continue
+		}
+		if c.bodyOverdue() {
+			l.s.log.Debug("l7 event loop: request body timed out", "peer", c.remoteAddr)
 			c.close()
 		}
 	}

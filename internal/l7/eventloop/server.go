@@ -23,10 +23,10 @@ type Config struct {
 	// not empty, is joined in front of every request's path (as
 	// httputil.ProxyRequest.SetURL does).
 	Upstream *url.URL
-	// Handler decides each request on its loop: it answers it itself,
-	// calls Forward to have it proxied, or, when its decision may block (a
-	// network round trip, a queue), calls Go to decide on a goroutine.
-	Handler http.Handler
+	// Handler decides each request on its loop: it answers it itself
+	// (Respond), has it proxied (Forward), or, when its decision may block
+	// (a network round trip, a queue), decides on a goroutine (Continue).
+	Handler Handler
 	// TrustedPeer reports whether a peer's X-Forwarded-For is kept (and
 	// appended to); otherwise it is replaced by the peer's address. Nil:
 	// no peer is trusted.
@@ -37,13 +37,11 @@ type Config struct {
 	// Logger receives connection-level errors at debug level (default:
 	// discard).
 	Logger *slog.Logger
-	// Loops is the number of event loops (default GOMAXPROCS: one per
-	// core). Serve raises GOMAXPROCS to at least Loops+1: a P is
-	// left for handlers on goroutines, the garbage collector and timers,
-	// and a loop asleep in epoll_wait leaves an idle P behind, so the
-	// runtime's sysmon does not wake every 20µs to take the sleeping
-	// loop's P back (on a 2-core VM those wake-ups cost ~10% of the
-	// proxy's CPU).
+	// Loops is the number of event loops (default GOMAXPROCS). Serve
+	// leaves GOMAXPROCS alone (a process-wide setting: edgectl run sets it
+	// to the cores plus one and passes the cores as Loops, so a P is left
+	// for handlers, the garbage collector and timers, and a loop asleep in
+	// epoll_wait leaves an idle P behind; docs/l7-proxy.md, "Engines").
 	Loops int
 	// ReadHeaderTimeout bounds the time from a request's first byte to the
 	// end of its head (default 10s); IdleTimeout bounds the wait for the
@@ -56,6 +54,15 @@ type Config struct {
 	// ShutdownTimeout bounds how long Serve waits for requests in flight
 	// once its context ends (default 10s).
 	ShutdownTimeout time.Duration
+	// BodyReadTimeout bounds the wait for the next bytes of a request body
+	// the relay is waiting for (default 60s, nginx's client_body_timeout):
+	// past it the connection is closed (its upstream connection too). The
+	// wait does not run while the upstream is not taking the body.
+	BodyReadTimeout time.Duration
+	// AcceptPaused, when set, is called (on a loop) each time a loop stops
+	// accepting for a while because accept4 ran out of file descriptors
+	// or socket memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): for a metric.
+	AcceptPaused func(err error)
 }
 
 // Limits of the engine (documented in docs/l7-proxy.md, "Engines").
@@ -111,6 +118,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = 60 * time.Second
+	}
 	if cfg.BadGateway == nil {
 		cfg.BadGateway = func(w http.ResponseWriter, _ *http.Request, _ error) {
 			w.Header()["Content-Type"] = []string{"text/plain; charset=utf-8"}
@@ -155,11 +165,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) (err error) {
 		return fmt.Errorf("eventloop: listener: %w", err)
 	}
 
-	if want := s.cfg.Loops + 1; runtime.GOMAXPROCS(0) < want {
-		// Left raised on return: a P too many costs nothing, and two
-		// Servers overlapping in a reload cannot undo each other.
-		runtime.GOMAXPROCS(want)
-	}
 	rctx, stopResolve := context.WithCancel(context.Background())
 	defer stopResolve()
 	s.resolve(rctx)

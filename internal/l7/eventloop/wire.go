@@ -13,10 +13,17 @@ package eventloop
 //     "chunked" (any case); anything else is 501 ("chunked," too), an empty one
 //     400, with Content-Length 400, in HTTP/1.0 400.
 //   - An HTTP/1.0 response with Transfer-Encoding is 502: RFC 9112 6.1 says its
-//     framing is faulty, and a proxy cannot forward faulty framing safely.
+//     framing is faulty, and a proxy cannot forward faulty framing safely. So
+//     is a response whose Transfer-Encoding is not exactly one "chunked".
+//   - A request target holding '#' is 400 (RFC 9112 3.2 has no fragment in
+//     a request-target; an upstream that cuts it off would serve a path that
+//     no route matched).
 //   - Chunk lines end in CRLF only (a bare LF there is what RFC errata 7633
 //     refused, and what net/http rejects); so do trailer lines, whose fields
 //     follow the header rules (no obs-fold, no whitespace before the colon).
+//   - Trailer fields are relayed with their values, except the framing,
+//     routing, connection and forwarding fields (refusedTrailer): a body
+//     whose trailer section has one is malformed, and cut off there.
 //   - The Host value is checked with the byte set net/http's server uses
 //     (x/net/http/httpguts ValidHostHeader), which excludes whitespace and CTLs.
 
@@ -375,7 +382,6 @@ type framingFields struct {
 	hasLength        bool
 	transferEncoding int    // Transfer-Encoding fields seen
 	firstCodings     []byte // the first Transfer-Encoding value
-	lastCoding       []byte // the final transfer coding over all fields
 	codings          int    // transfer codings listed over all fields
 	close, keepAlive bool   // Connection tokens
 	upgradeToken     bool
@@ -404,7 +410,6 @@ func (f *framingFields) collect(field header, connection [][]byte, malformed int
 			var coding []byte
 			coding, rest = nextListElement(rest)
 			if len(coding) > 0 {
-				f.lastCoding = coding
 				f.codings++
 			}
 		}
@@ -520,15 +525,20 @@ func (h *responseHead) interpretFields() error {
 	h.keepAlive = f.keepAliveFor(h.minor)
 	if f.transferEncoding > 0 {
 		// RFC 9112 6.3: chunked as the final coding frames the body and
-		// overrides Content-Length; any other coding leaves the body to end
-		// when the connection closes.
+		// overrides Content-Length (which is then not relayed). Another
+		// coding would leave the body to end when the connection closes:
+		// like net/http's Transport, the relay takes exactly one
+		// Transfer-Encoding field holding exactly "chunked" (any case), and
+		// answers anything else 502 rather than guess.
 		switch {
 		case h.minor == 0:
 			return &wireError{http.StatusBadGateway, "transfer-encoding in an http/1.0 response"}
 		case f.codings == 0:
 			return &wireError{http.StatusBadGateway, "empty transfer-encoding"}
+		case f.transferEncoding != 1 || !lowerEquals(f.firstCodings, "chunked"):
+			return &wireError{http.StatusBadGateway, "unsupported transfer-encoding"}
 		}
-		h.chunked = lowerEquals(f.lastCoding, "chunked")
+		h.chunked = true
 		return nil
 	}
 	if f.hasLength {
@@ -663,6 +673,26 @@ type chunkedScanner struct {
 	trailer  int    // bytes of the trailer section so far
 	overhead int64  // non-data bytes beyond an allowance, counted as net/http counts them (never negative)
 	err      error  // sticky
+	// name holds the start of the trailer field name being read (names
+	// longer than it are none of the refused ones).
+	name    [len("x-forwarded-proto")]byte
+	nameLen int
+}
+
+// refusedTrailer reports whether a trailer field may not be relayed: one
+// that frames the message, routes it, names the connection's options or
+// says who sent it (RFC 9110 6.5.1 forbids the first three in trailers; a
+// recipient that merges trailers into the header fields would take them
+// as sent by the proxy). A chunked body with one is cut off there.
+func refusedTrailer(name []byte) bool {
+	for _, f := range [...]string{"content-length", "transfer-encoding", "trailer", "host", "connection",
+		"keep-alive", "te", "upgrade", "proxy-connection", "proxy-authorization", "x-forwarded-for",
+		"x-forwarded-host", "x-forwarded-proto", "forwarded"} {
+		if lowerEquals(name, f) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *chunkedScanner) reset() { *s = chunkedScanner{} }
@@ -800,16 +830,24 @@ func (s *chunkedScanner) step(c byte) string {
 			return "invalid trailer field name"
 		}
 		s.state = chunkTrailerName
+		s.name[0], s.nameLen = c, 1
 		return s.countTrailerLine()
 	case chunkTrailerName:
 		switch {
 		case c == ':':
+			if s.nameLen <= len(s.name) && refusedTrailer(s.name[:s.nameLen]) {
+				return "refused trailer field"
+			}
 			s.state = chunkTrailerValue
 		case c == ' ' || c == '\t':
 			return "whitespace before the colon of a trailer field"
 		case !isTchar(c):
 			return "invalid trailer field name"
 		}
+		if s.nameLen < len(s.name) {
+			s.name[s.nameLen] = c
+		}
+		s.nameLen++
 		return s.countTrailerLine()
 	case chunkTrailerValue:
 		switch {

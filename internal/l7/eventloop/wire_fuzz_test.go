@@ -30,10 +30,8 @@ package eventloop
 // Response heads (net/http: http.ReadResponse), with 2, 3 and 6 above:
 //  9. Status codes below 100 ("099", or "+99" which strconv.Atoi reads as 99)
 //     are 502; net/http accepts any three characters Atoi reads as >= 0.
-//  10. Transfer codings: a coding list ending in chunked is chunked and any
-//     other coding is close-delimited (RFC 9112 6.3); net/http rejects all
-//     but a lone "chunked". Compared with the Transfer-Encoding fields
-//     renamed. An HTTP/1.0 response with Transfer-Encoding is 502 (faulty
+//  10. Transfer codings: like net/http, only a lone "chunked" (any case) is
+//     accepted. An HTTP/1.0 response with Transfer-Encoding is 502 (faulty
 //     framing, RFC 9112 6.1); net/http ignores the Transfer-Encoding.
 //  11. Whitespace before a field's colon is 502; net/http's client keeps
 //     such a field (go.dev/issue/34540). RFC 9112 5.1 has a proxy remove it.
@@ -51,6 +49,9 @@ package eventloop
 //     rejects a trailer section it cannot see the end of in its 4 KiB buffer.
 //  15. Chunk extensions must not hold CTLs other than HTAB; net/http skips
 //     extensions unread.
+//  16. A trailer field that frames, routes, names connection options or
+//     says who forwarded (Content-Length, Host, X-Forwarded-For, ...:
+//     refusedTrailer) is refused; net/http reads any name into Trailer.
 
 import (
 	"bufio"
@@ -459,6 +460,7 @@ func compareChunkedWithNetHTTP(t testing.TB, body []byte, splitSeed uint64) {
 		case "bare lf in trailer section", "obs-fold or whitespace before a trailer field",
 			"whitespace before the colon of a trailer field": // difference 13
 		case "invalid byte in chunk extension": // difference 15
+		case "refused trailer field": // difference 16
 		default:
 			t.Fatalf("%q: we reject (%v), net/http accepts %d bytes", body, err, consumed)
 		}

@@ -6,19 +6,20 @@ import (
 
 // writer is the http.ResponseWriter the handler gets: it keeps the status,
 // header fields and body of a response the handler writes itself, and the
-// header fields to add to the upstream's response when it calls Forward.
+// header fields to add to the upstream's response when it decides Forward.
 type writer struct {
 	c      *conn
 	hdr    http.Header
 	status int
 	body   []byte
-	// forward: the handler called Forward. async: the handler runs on its
-	// own goroutine; Forward then waits on done for the relay's end.
+	// forward: the handler decided Forward (or called Relay.Forward).
+	// async: the handler runs on its own goroutine; Relay.Forward then
+	// waits on done for the relay's end.
 	forward, async bool
 	done           chan struct{}
-	// later is the handler Go asked to run on a goroutine; panicked: the
+	// later is the decision Continue handed to a goroutine; panicked: the
 	// handler panicked (the loop answers for it).
-	later    http.Handler
+	later    OffLoop
 	panicked bool
 }
 
@@ -61,41 +62,68 @@ func (w *writer) signal() {
 	}
 }
 
-// Forward has the request proxied to the upstream when w is the engine's
-// writer: the header fields set on w are added to the upstream's response.
-// On a request whose handler runs on its own goroutine (Go), Forward
-// returns when the response has been relayed (or failed). It
-// reports false, doing nothing, for any other writer: the caller then
-// proxies by other means.
-func Forward(w http.ResponseWriter, r *http.Request) bool {
-	ew, ok := w.(*writer)
-	if !ok {
-		return false
-	}
-	ew.forward = true
-	if ew.async {
-		c := ew.c
-		c.l.post(func() {
-			c.startForward()
-			c.step()
-		})
-		<-ew.done
-	}
-	return true
+// Handler decides the requests a Server reads. Decide runs on the event
+// loop and must not block: it answers the request itself (writes a
+// response on w and returns Respond), has it proxied (Forward), or hands
+// a decision that may block (a Redis round trip, a concurrency queue) to
+// a goroutine (Continue), so the loop goes on with its other connections.
+type Handler interface {
+	Decide(w http.ResponseWriter, r *http.Request) Decision
 }
 
-// Go has h decide the request on its own goroutine when w is the engine's
-// writer and the caller runs on the loop: for a decision that may block (a
-// Redis round trip, a concurrency queue), so the loop goes on with its other
-// connections meanwhile. h gets a request whose context ends when the client
-// leaves. The caller must return at once and must not have written a
-// response. Go reports false, doing nothing, for any other writer or when
-// already on a goroutine: the caller then runs h itself.
-func Go(w http.ResponseWriter, r *http.Request, h http.Handler) bool {
-	ew, ok := w.(*writer)
-	if !ok || ew.async {
-		return false
+// Decision is a Handler's verdict on one request: Respond, Forward or
+// Continue.
+type Decision struct {
+	forward bool
+	later   OffLoop
+}
+
+// Respond is the decision of a handler that wrote the response on w (a
+// 429, a 503): status, header fields, body. A handler that wrote nothing
+// answers 200 with an empty body.
+func Respond() Decision { return Decision{} }
+
+// Forward is the decision to proxy the request to the upstream; the header
+// fields set on w (RateLimit, RateLimit-Policy) are added to the
+// upstream's response. A handler that also wrote a status on w is answered
+// with what it wrote instead: a response written is never dropped.
+func Forward() Decision { return Decision{forward: true} }
+
+// Continue is the decision to decide off the loop: h runs on its own
+// goroutine with a request whose context ends when the client leaves, and
+// the loop resumes the connection when h returns. A nil h is Respond.
+func Continue(h OffLoop) Decision { return Decision{later: h} }
+
+// OffLoop decides a request on a goroutine: it writes a response on w, or
+// calls relay.Forward to have the request proxied. Forward returns once
+// the response has been relayed (or failed), so what h holds across the
+// call (a concurrency slot) is held for the whole exchange, as under
+// net/http; the client's next request is read once h has returned.
+type OffLoop func(w http.ResponseWriter, r *http.Request, relay *Relay)
+
+// Relay proxies a request decided off the loop (OffLoop).
+type Relay struct {
+	w    *writer
+	used bool
+}
+
+// Forward proxies the request to the upstream, with the header fields set
+// on the handler's writer added to the upstream's response, and returns
+// when the response has been relayed or has failed. Only the first call
+// does anything; a response written on the writer before it is dropped.
+func (rl *Relay) Forward() {
+	if rl == nil || rl.used {
+		return
 	}
-	ew.later = h
-	return true
+	rl.used = true
+	ew := rl.w
+	ew.forward = true
+	ew.status = 0
+	ew.body = ew.body[:0]
+	c := ew.c
+	c.l.post(func() {
+		c.startForward()
+		c.step()
+	})
+	<-ew.done
 }

@@ -11,11 +11,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -782,5 +785,61 @@ func TestEventLoopRefusesHTTPSUpstream(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("ServeListener served until its context ended")
+	}
+}
+
+// TestAcceptPausedMetric: the accept back-off counter is exposed (at 0)
+// under both engines, and counts what the event loop reports.
+func TestAcceptPausedMetric(t *testing.T) {
+	up := startRecordingUpstream(t)
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		reg := prometheus.NewRegistry()
+		cfg := decodeYAML(t, "l7:\n  listen: 127.0.0.1:0\n  upstream: UPSTREAM\n  engine: "+string(e)+"\n", up.srv.URL)
+		p, _ := startProxy(t, cfg, Options{Registerer: reg})
+		value := func() (float64, bool) {
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatalf("gather: %v", err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() == "edgeguard_l7_accept_paused_total" {
+					return mf.GetMetric()[0].GetCounter().GetValue(), true
+				}
+			}
+			return 0, false
+		}
+		if v, ok := value(); !ok || v != 0 {
+			t.Fatalf("%s: edgeguard_l7_accept_paused_total = %v (present %v), want 0", e, v, ok)
+		}
+		p.AcceptPaused(nil)
+		if v, _ := value(); v != 1 {
+			t.Fatalf("%s: after one pause the counter is %v", e, v)
+		}
+	}
+}
+
+type failingListener struct {
+	net.Listener
+	err error
+}
+
+func (l failingListener) Accept() (net.Conn, error) { return nil, l.err }
+
+// TestCountingListener: net/http's Serve backs off on an accept error out
+// of descriptors; the net-http engine's listener counts those, not others.
+func TestCountingListener(t *testing.T) {
+	var n atomic.Int64
+	for _, c := range []struct {
+		errno syscall.Errno
+		count bool
+	}{{syscall.EMFILE, true}, {syscall.ENFILE, true}, {syscall.ENOBUFS, true}, {syscall.ECONNABORTED, false}, {syscall.EINVAL, false}} {
+		before := n.Load()
+		err := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", c.errno)}
+		if _, got := CountAcceptPauses(failingListener{err: err}, func(error) { n.Add(1) }).Accept(); got != err {
+			t.Fatalf("%v: Accept returned %v, want the listener's error", c.errno, got)
+		}
+		if counted := n.Load() > before; counted != c.count {
+			t.Errorf("%v: counted %v, want %v", c.errno, counted, c.count)
+		}
 	}
 }

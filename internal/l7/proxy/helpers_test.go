@@ -39,6 +39,8 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ShutdownTimeout:   shutdownTimeout,
+			BodyReadTimeout:   BodyReadTimeout,
+			AcceptPaused:      p.AcceptPaused,
 		})
 		if err != nil {
 			_ = ln.Close()
@@ -48,7 +50,7 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 	}
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() { done <- srv.Serve(CountAcceptPauses(ln, p.AcceptPaused)) }()
 	select {
 	case err := <-done:
 		return err

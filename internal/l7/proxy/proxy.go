@@ -62,7 +62,7 @@ type Proxy struct {
 	routes    []*route
 	unmatched http.Handler
 	upstream  *httputil.ReverseProxy
-	forward   http.Handler // the event loop's relay, else upstream
+	forward   http.Handler // forwardFrom: the event loop's relay, else upstream
 	esc       *escalation
 	promo     *promotion
 	rc        *redis.Client
@@ -73,10 +73,15 @@ type Proxy struct {
 	parts     *registry             // the collectors of its limiters
 	reg       prometheus.Registerer // Options.Registerer, or nil
 
+	// unmatchedOffLoop is unmatched as the event loop's decision off the
+	// loop (nil without a global concurrency limit: decided on the loop).
+	unmatchedOffLoop eventloop.OffLoop
+
 	upstreamErrors atomic.Int64
 	// unmatchedCounts are the decisions on requests no route matched,
 	// exemptCounts those on the global exempt paths.
 	unmatchedCounts, exemptCounts *routeCounters
+	acceptPauses                  atomic.Int64 // edgeguard_l7_accept_paused_total
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -102,8 +107,9 @@ type route struct {
 	// it is decided on a goroutine (eventloop.Go).
 	mayBlock bool
 	// shapes: a limit of the route or of one of its tiers has shape: true.
-	shapes bool
-	counts routeCounters
+	shapes  bool
+	counts  routeCounters
+	offLoop eventloop.OffLoop
 }
 
 // redisGroup is the redis limits that apply to a request in one tier and
@@ -151,11 +157,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		p.exempt[s] = struct{}{}
 	}
 	p.upstream = p.newReverseProxy(opts.Transport)
-	p.forward = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !eventloop.Forward(w, r) {
-			p.upstream.ServeHTTP(w, r)
-		}
-	})
+	p.forward = http.HandlerFunc(p.forwardFrom)
 	shedMetrics := shed.NewCollector()
 	var global func(onShed func(*http.Request)) func(http.Handler) http.Handler
 	if cfg.Concurrency != nil {
@@ -180,6 +182,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		p.unmatchedCounts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
 	}), p.unmatchedCounts)
+	if cfg.Concurrency != nil {
+		p.unmatchedOffLoop = offLoop(p.unmatched)
+	}
 	if cfg.Redis != nil {
 		p.rc = redis.NewClient(redislimit.ClientOptions(cfg.Redis.Addr, cfg.Redis.Timeout))
 	}
@@ -188,7 +193,11 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		if err != nil {
 			return nil, err
 		}
-		h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.limit(rt, w, r) }))
+		h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if p.limit(rt, w, r) {
+				p.forwardFrom(w, r)
+			}
+		}))
 		if rc.Concurrency != nil {
 			l, mw, err := p.newShed(*rc.Concurrency, "route "+rc.Name)
 			if err != nil {
@@ -201,6 +210,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		rt.handler = wrap(h, &rt.counts)
 		rt.mayBlock = cfg.Concurrency != nil || rc.Concurrency != nil || len(rt.redis) > 0 || rt.shapes
+		if rt.mayBlock {
+			rt.offLoop = offLoop(rt.handler)
+		}
 		p.routes = append(p.routes, rt)
 	}
 	if cfg.Escalation.Enabled && opts.Escalator == nil {
@@ -241,6 +253,9 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: register promotion metrics: %w", err)
 		}
 	}
+	if err := reg.Register(p.acceptPausesMetric()); err != nil {
+		return nil, fmt.Errorf("proxy: register metrics: %w", err)
+	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(p); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
@@ -271,10 +286,31 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		Transport:    tr,
-		BufferPool:   new(bufferPool),
-		ErrorHandler: p.BadGateway,
+		Transport:      tr,
+		BufferPool:     new(bufferPool),
+		ErrorHandler:   p.BadGateway,
+		ModifyResponse: checkResponse,
 	}
+}
+
+// forwardNetHTTP proxies r with httputil.ReverseProxy (the net-http
+// engine). A request with a body is served full duplex: otherwise
+// net/http's server, once the response head is written, reads what is left
+// of the request body and closes it (its "consume the body before
+// replying" rule in chunkWriter.writeHeader), while http.Transport's
+// writeLoop, having sent Content-Length bytes, still reads the body once
+// more to see its end. That read fails on the closed body, and the
+// writeLoop closes the upstream connection under the response being
+// copied: the client got a truncated response (the 2 MiB POST of
+// TestEnginesAgree, under load). In full-duplex mode the server leaves the
+// body to the handler, which closes it when the relay is over.
+func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		// ErrNotSupported from a writer that is not net/http's server's
+		// (a recorder in a test): nothing to protect against there.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+	}
+	p.upstream.ServeHTTP(w, r)
 }
 
 // BadGateway answers a request the upstream did not answer (both engines:
@@ -548,15 +584,45 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 	return groups, nil
 }
 
-// ServeHTTP routes r: exempt paths go straight to the upstream; the first
-// matching route applies its concurrency limits and rate limits; a request
-// no route matches gets only the global concurrency limit.
+// ServeHTTP is the net-http engine's way in (and the Proxy as an
+// http.Handler): it refuses what the event loop's parser refuses on the
+// wire (refuseNetHTTP), then routes r as Decide does: exempt paths go
+// straight to the upstream; the first matching route applies its
+// concurrency limits and rate limits; a request no route matches gets only
+// the global concurrency limit.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if refuseNetHTTP(w, r) {
+		return
+	}
+	rt, exempt := p.pick(r)
+	switch {
+	case exempt:
+		p.countExempt(rt)
+		p.forward.ServeHTTP(w, r)
+	case rt == nil:
+		p.unmatched.ServeHTTP(w, r)
+	default:
+		rt.handler.ServeHTTP(w, r)
+	}
+}
+
+// countExempt counts a request on an exempt path as allowed: on its route
+// (rt), or on the global exempt paths' counters (rt nil).
+func (p *Proxy) countExempt(rt *route) {
+	if rt == nil {
+		p.exemptCounts.n[decisionAllowed].Add(1)
+		return
+	}
+	rt.counts.n[decisionAllowed].Add(1)
+}
+
+// pick is the routing both engines share: the first route r matches (nil:
+// none), and whether r's path is exempt: globally (rt nil) or in that
+// route.
+func (p *Proxy) pick(r *http.Request) (rt *route, exempt bool) {
 	path := r.URL.Path
 	if _, ok := p.exempt[path]; ok {
-		p.exemptCounts.n[decisionAllowed].Add(1)
-		p.forward.ServeHTTP(w, r)
-		return
+		return nil, true
 	}
 	for _, rt := range p.routes {
 		if !rt.match.matches(r) {
@@ -564,25 +630,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if rt.exempt != nil {
 			if _, ok := rt.exempt[path]; ok {
-				rt.counts.n[decisionAllowed].Add(1)
-				p.forward.ServeHTTP(w, r)
-				return
+				return rt, true
 			}
 		}
-		if rt.mayBlock && eventloop.Go(w, r, rt.handler) {
-			return // decided on a goroutine, off the event loop
-		}
-		rt.handler.ServeHTTP(w, r)
-		return
+		return rt, false
 	}
-	if p.cfg.Concurrency != nil && eventloop.Go(w, r, p.unmatched) {
-		return
-	}
-	p.unmatched.ServeHTTP(w, r)
+	return nil, false
 }
 
-// limit decides rt's limits all-or-nothing across both backends, writes
-// the headers of every limit that applied, and proxies or answers 429.
+// limit decides rt's limits all-or-nothing across both backends and writes
+// the headers of every limit that applied; it reports true when the
+// request may be proxied (the caller proxies it), false when it answered
+// (429, 503) or the client left.
 //
 // The local limits (with tiers and shadow rules) are decided and charged
 // first, under their shard locks; a request they refuse is answered at once
@@ -592,23 +651,21 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // are given back (l7.Pending.Refund, redislimit.Limiter.Refund), so the
 // 429 reports the longest wait over every refused limit of both backends.
 // Shadow groups are charged on their own and never refuse or refund.
-func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 	if rt.mw == nil {
 		rt.counts.n[decisionAllowed].Add(1)
-		p.forward.ServeHTTP(w, r)
-		return
+		return true
 	}
 	var lp l7.Pending
 	rt.mw.Decide(r, &lp)
 	if lp.Skipped() {
 		rt.counts.n[decisionAllowed].Add(1)
-		p.forward.ServeHTTP(w, r)
-		return
+		return true
 	}
 	if !lp.Allowed() {
 		rt.mw.Respond(w, &lp, nil)
 		rt.counts.limited(p.rejected(r))
-		return
+		return false
 	}
 	type charged struct {
 		g   *redisGroup
@@ -630,11 +687,11 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 				p.refundRedis(c.g, c.res)
 			}
 			if r.Context().Err() != nil {
-				return // the client is gone
+				return false // the client is gone
 			}
 			rt.counts.n[decisionShed].Add(1)
 			shedUnavailable(w, "the rate limiter is shutting down")
-			return
+			return false
 		}
 		if g.shadow {
 			for _, rd := range res.Rules {
@@ -675,7 +732,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 		}
 		rt.mw.Respond(w, &lp, ext)
 		rt.counts.limited(p.rejected(r))
-		return
+		return false
 	}
 	lp.Commit()
 	rt.counts.n[decisionAllowed].Add(1)
@@ -687,9 +744,9 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) {
 	rt.mw.Respond(w, &lp, ext)
 	p.passed(r)
 	if d := lp.Delay(); d > 0 && !p.hold(r, d) {
-		return // the client left while its request was held
+		return false // the client left while its request was held
 	}
-	p.forward.ServeHTTP(w, r)
+	return true
 }
 
 // hold keeps a request admitted by a shaping limit until its release slot

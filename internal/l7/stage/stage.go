@@ -53,10 +53,10 @@ const (
 	// connection's wait for its next request.
 	ReadHeaderTimeout = 10 * time.Second
 	IdleTimeout       = 2 * time.Minute
-	// BodyReadTimeout bounds the wait for the next bytes of a request body
-	// under the net/http engine (each read of the body must make progress
-	// within it; a body that stalls longer ends the request).
-	BodyReadTimeout = 30 * time.Second
+	// BodyReadTimeout bounds the wait for the next bytes of a request body,
+	// under both engines (each read of the body must make progress within
+	// it; a body that stalls longer ends the request).
+	BodyReadTimeout = proxy.BodyReadTimeout
 )
 
 // Options are the stage's collaborators.
@@ -310,6 +310,8 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 			ReadHeaderTimeout: ReadHeaderTimeout,
 			IdleTimeout:       IdleTimeout,
 			ShutdownTimeout:   ShutdownTimeout,
+			BodyReadTimeout:   s.opts.BodyReadTimeout,
+			AcceptPaused:      func(err error) { in.cur.Load().AcceptPaused(err) },
 		})
 		if err != nil {
 			_ = ln.Close()
@@ -326,7 +328,9 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 		}
 		in.serve = func(ctx context.Context) error {
 			done := make(chan error, 1)
-			go func() { done <- srv.Serve(ln) }()
+			go func() {
+				done <- srv.Serve(proxy.CountAcceptPauses(ln, func(err error) { in.cur.Load().AcceptPaused(err) }))
+			}()
 			select {
 			case err := <-done:
 				return err
@@ -463,6 +467,11 @@ func (s *Stage) Decisions() []proxy.RouteDecisions {
 // ServeHTTP hands the request to the instance's current proxy.
 func (in *instance) ServeHTTP(w http.ResponseWriter, r *http.Request) { in.cur.Load().ServeHTTP(w, r) }
 
+// Decide is the event loop's way in: the serving proxy's decision.
+func (in *instance) Decide(w http.ResponseWriter, r *http.Request) eventloop.Decision {
+	return in.cur.Load().Decide(w, r)
+}
+
 func (in *instance) trusted(a netip.Addr) bool { return in.cur.Load().Trusted(a) }
 
 func (in *instance) badGateway(w http.ResponseWriter, r *http.Request, err error) {
@@ -479,13 +488,24 @@ type bodyTimeout struct {
 }
 
 func (b bodyTimeout) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var db *deadlineBody
 	if r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(b.timeout)) == nil {
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, timeout: b.timeout}
+			db = &deadlineBody{ReadCloser: r.Body, rc: rc, timeout: b.timeout}
+			r.Body = db
 		}
 	}
 	b.h.ServeHTTP(w, r)
+	if db != nil && db.failed {
+		// The rest of the body is unread: the connection cannot carry
+		// another request. A full-duplex request (the proxy serves bodies
+		// full duplex) leaves that to the handler, so it is closed here,
+		// after the answer is flushed.
+		if c, _, err := db.rc.Hijack(); err == nil {
+			_ = c.Close()
+		}
+	}
 }
 
 type deadlineBody struct {
@@ -493,6 +513,7 @@ type deadlineBody struct {
 	rc      *http.ResponseController
 	timeout time.Duration
 	done    bool
+	failed  bool // a read failed before the body's end
 }
 
 func (d *deadlineBody) Read(p []byte) (int, error) {
@@ -505,7 +526,7 @@ func (d *deadlineBody) Read(p []byte) (int, error) {
 		d.done = true
 		_ = d.rc.SetReadDeadline(time.Time{})
 	case err != nil:
-		d.done = true
+		d.done, d.failed = true, true
 	case n > 0:
 		_ = d.rc.SetReadDeadline(time.Now().Add(d.timeout))
 	}
