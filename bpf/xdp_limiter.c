@@ -337,7 +337,7 @@ enum eg_seen {
 	EG_SEEN_ACTIVE = 2,
 };
 
-static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settle)
+static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settle, int *first)
 {
 	__u32 h = key_hash(w, n);
 	__u32 idx = (h >> 6) & eg_seen_mask;
@@ -368,6 +368,9 @@ static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settl
 		nprev |= bit;
 	if (tag != epoch || ncur != cur || nprev != prev)
 		*(volatile __u64 *)word = (epoch << (2 * EG_SEEN_BITS)) | (ncur << EG_SEEN_BITS) | nprev;
+	/* The key's first packet of this epoch: standing's once-per-epoch
+	 * update rides on it (standing_touch, without a second word). */
+	*first = (cur & bit) != bit;
 	return state;
 }
 
@@ -408,6 +411,27 @@ static __always_inline struct eg_bucket *create_charged(void *map, const void *k
  * band looks up its source's standing. Either way one CAS charges it, and
  * the aggregate never passes more than tau allows. */
 
+/* Whether the packet is its source's first of the epoch, when the
+ * per-source filter already knows (touched in xdp_limiter). */
+enum {
+	EG_TOUCH_UNKNOWN = 0,
+	EG_TOUCH_FIRST = 1,
+	EG_TOUCH_NO = 2,
+};
+
+/* What eg_standing_update is told. */
+enum {
+	EG_UPD_ADMITTED = 0,  /* admitted */
+	EG_UPD_OWN_LIMIT = 1, /* refused by its own limit */
+};
+
+/* One refusal by a source's own limit in EG_PENALTY_SAMPLE (at random)
+ * looks at its standing, at most once per epoch: a source over its limit
+ * is penalised after EG_PENALTY_SAMPLE refusals on average, and the drop
+ * path of a source over its limit stays as cheap as it was. Programs on
+ * the test clock look at every refusal. */
+#define EG_PENALTY_SAMPLE 16
+
 /* What the standing functions need of a packet, and what they found. The
  * functions below that take it are global (verified once each, not once per
  * call site), so it holds copies, not pointers, and a BPF function takes at
@@ -423,7 +447,8 @@ struct src_state {
 	__u8 congested;       /* an aggregate on the path is congested */
 	__u8 refused_agg;     /* enum eg_class_agg of the refusing bucket */
 	__u8 refused_outcome; /* EG_CO_REFUSED_*, 0: not refused by an aggregate */
-	__u8 _pad[2];
+	__u8 touched;         /* EG_TOUCH_*: first packet of the epoch, if known */
+	__u8 _pad;
 };
 
 /* reserve_cut is tau * reserve / 65536, without overflow. */
@@ -684,7 +709,7 @@ static __always_inline void set_standing(struct eg_standing_val *e, __u32 st, __
  *    new source whose clean history reaches established_after, with no gap
  *    longer than that, becomes established; a penalty that is over decays
  *    to new. */
-__attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 reason)
+__attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 what)
 {
 	struct eg_standing_val fresh = {}, *e;
 	struct eg_standing_cfg *scfg;
@@ -692,7 +717,12 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 rea
 	__u32 gen;
 	__u64 ns;
 
-	if (!ss || !standing_touch(ss, reason == EG_R_SRC_LIMIT ? 0xfffffffc : 0xfffffffd))
+	if (!ss)
+		return 0;
+	if (what == EG_UPD_ADMITTED && ss->touched == EG_TOUCH_NO)
+		return 0;
+	if ((what == EG_UPD_OWN_LIMIT || ss->touched != EG_TOUCH_FIRST) &&
+	    !standing_touch(ss, what == EG_UPD_OWN_LIMIT ? 0xfffffffc : 0xfffffffd))
 		return 0;
 	gen = ss->gen;
 	scfg = bpf_map_lookup_elem(&standing_cfg, &gen);
@@ -701,7 +731,7 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 rea
 	ns = ss->now >> EG_TICK_SHIFT;
 	standing_key(&k, ss);
 	e = bpf_map_lookup_elem(&standing, &k);
-	if (reason == EG_R_SRC_LIMIT) {
+	if (what == EG_UPD_OWN_LIMIT) {
 		if (!e)
 			return 0;
 		if (e->standing != EG_STANDING_PENALISED) {
@@ -761,6 +791,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_src_key sk;
 	struct eg_lpm_key lk;
 	struct src_state ss = {};
+	int afirst = 0;
 	__u32 zero = 0, gen, idx, slot;
 	__u64 now = 0;
 	__u16 l3;
@@ -912,7 +943,13 @@ int xdp_limiter(struct xdp_md *ctx)
 			/* The filter first: a source not seen in this epoch or
 			 * the last costs one bit and no table lookup; its packet
 			 * is charged when the source shows up again. */
-			int seen = seen_mark((const __u32 *)&sk, sizeof(sk) / 4, now, 1);
+			int first = 0;
+			int seen = seen_mark((const __u32 *)&sk, sizeof(sk) / 4, now, 1, &first);
+
+			/* A per-source key that is the standing key (/32, /64)
+			 * answers standing's "first packet of this epoch". */
+			if (v4 ? rule->src_len4 == 32 : rule->src_len6 == 64)
+				ss.touched = EG_TOUCH_FIRST + !first;
 
 			sb = NULL;
 			if (seen != EG_SEEN_NEW) {
@@ -935,7 +972,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		if (!ab && rule->agg_mode == EG_AGG_DERIVED) {
 			if (!gated(&rule->agg))
 				ab = lookup_or_create(&agg_buckets, &ak);
-			else if (seen_mark((const __u32 *)&ak, sizeof(ak) / 4, now, 0) != EG_SEEN_NEW)
+			else if (seen_mark((const __u32 *)&ak, sizeof(ak) / 4, now, 0, &afirst) != EG_SEEN_NEW)
 				ab = create_charged(&agg_buckets, &ak, &rule->agg, now, pi.len);
 		}
 		if (ab && !eg_agg_take(ab, &rule->agg, (__u32)rule->reserve << 8 | EG_CAGG_PREFIX, &ss)) {
@@ -971,8 +1008,10 @@ verdict:
 standing_out:
 	/* At most once per source per epoch: admitted packets of limit rules
 	 * build history, refusals by the own limit penalise. */
-	if (v.reason == EG_R_OK || v.reason == EG_R_SRC_LIMIT)
-		eg_standing_update(&ss, v.reason);
+	if (v.reason == EG_R_OK)
+		eg_standing_update(&ss, EG_UPD_ADMITTED);
+	else if (v.reason == EG_R_SRC_LIMIT && (eg_test_clock || (bpf_get_prandom_u32() & (EG_PENALTY_SAMPLE - 1)) == 0))
+		eg_standing_update(&ss, EG_UPD_OWN_LIMIT);
 	return finish(ctx, &v, &pi, cfg, now);
 
 malformed:

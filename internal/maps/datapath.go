@@ -75,7 +75,7 @@ func (r Rule) compile() (loader.LimiterEgRule, error) {
 	if out.Asn, err = r.ASN.Cfg(); err != nil {
 		return out, fmt.Errorf("rule %d asn aggregate: %w", r.ID, err)
 	}
-	if out.Reserve, err = reserve16(r.Reserve); err != nil {
+	if out.Reserve, err = Reserve16(r.Reserve); err != nil {
 		return out, fmt.Errorf("rule %d: %w", r.ID, err)
 	}
 	if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
@@ -97,7 +97,7 @@ func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
 	if c.Global, err = s.Global.Cfg(); err != nil {
 		return c, fmt.Errorf("global bucket: %w", err)
 	}
-	if c.Reserve, err = reserve16(s.GlobalReserve); err != nil {
+	if c.Reserve, err = Reserve16(s.GlobalReserve); err != nil {
 		return c, fmt.Errorf("global: %w", err)
 	}
 	if s.Samples.Limited() {
@@ -108,10 +108,10 @@ func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
 	return c, nil
 }
 
-// reserve16 turns a reserve in parts per million into the data plane's
+// Reserve16 turns a reserve in parts per million into the data plane's
 // 1/65536 of the burst tolerance, rounded to nearest (within 0.0008% of the
 // tolerance).
-func reserve16(ppm uint32) (uint16, error) {
+func Reserve16(ppm uint32) (uint16, error) {
 	if ppm >= 1_000_000 {
 		return 0, fmt.Errorf("reserve %d ppm: must be below 100%%", ppm)
 	}
