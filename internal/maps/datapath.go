@@ -119,16 +119,19 @@ func Reserve16(ppm uint32) (uint16, error) {
 	return uint16(min(r, 65535)), nil
 }
 
-func l4Bit(proto uint8) uint8 {
+// L4Bit is the bit of eg_config.l4_protos for an IP protocol (EG_L4P_*,
+// through bpf2go: enum eg_l4_proto_bit), 0 for a protocol L4 rules cannot
+// match.
+func L4Bit(proto uint8) uint8 {
 	switch proto {
 	case 6:
-		return 1 << 0
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_TCP)
 	case 17:
-		return 1 << 1
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_UDP)
 	case 1:
-		return 1 << 2
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_ICMP)
 	case 58:
-		return 1 << 3
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_ICMPV6)
 	}
 	return 0
 }
@@ -191,10 +194,10 @@ func (m *Maps) Apply(g Generation) error {
 		if !ok {
 			return fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Proto, l.Port, l.RuleID)
 		}
-		if l4Bit(l.Proto) == 0 {
+		if L4Bit(l.Proto) == 0 {
 			return fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Proto)
 		}
-		protos |= l4Bit(l.Proto)
+		protos |= L4Bit(l.Proto)
 		l4[i] = l
 		l4[i].RuleID = slot
 	}

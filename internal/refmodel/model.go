@@ -156,19 +156,7 @@ func New(maxRules, srcEntries uint32) *Model {
 // ErrInvalidGeneration wraps every reason Apply refuses a generation.
 var ErrInvalidGeneration = errors.New("invalid generation")
 
-func l4Bit(proto uint8) uint8 {
-	switch proto {
-	case protoTCP:
-		return 1 << 0
-	case protoUDP:
-		return 1 << 1
-	case protoICMP:
-		return 1 << 2
-	case protoICMPv6:
-		return 1 << 3
-	}
-	return 0
-}
+func l4Bit(proto uint8) uint8 { return maps.L4Bit(proto) }
 
 // Apply makes g the live policy, as maps.Maps.Apply does: rules, settings,
 // L4 matches and prefix facts are replaced together; bucket state, lists
