@@ -181,6 +181,8 @@ func (d *Daemon) sweepStanding() error {
 			if err := d.m.SetStandingWhy(e.Addr, maps.StandingPenalised, maps.WhyDeny); err != nil {
 				return err
 			}
+			d.log.Debug("source penalised", "source", e.Addr, "was", maps.StandingName(e.Standing),
+				"why", maps.StandingWhyName(maps.WhyDeny))
 			penalised++
 			continue
 		}

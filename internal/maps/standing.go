@@ -37,16 +37,6 @@ func StandingName(s Standing) string {
 	return fmt.Sprintf("standing_%d", s)
 }
 
-// ParseStanding is StandingName's inverse.
-func ParseStanding(s string) (Standing, error) {
-	for i, n := range standingNames {
-		if n == s {
-			return Standing(i), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown standing %q; allowed: new, established, validated, penalised", s)
-}
-
 // StandingWhy says why a source's standing last changed.
 type StandingWhy = loader.LimiterEgStandingWhy
 
