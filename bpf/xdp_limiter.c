@@ -448,7 +448,10 @@ struct src_state {
 	__u8 refused_agg;     /* enum eg_class_agg of the refusing bucket */
 	__u8 refused_outcome; /* EG_CO_REFUSED_*, 0: not refused by an aggregate */
 	__u8 touched;         /* EG_TOUCH_*: first packet of the epoch, if known */
-	__u8 _pad;
+	__u8 tcp;             /* a TCP packet with ports and daddr below */
+	__u8 daddr[16];       /* the destination, 16-byte form (TCP only) */
+	__u16 sport, dport;   /* host order */
+	__u32 _pad2;
 };
 
 /* reserve_cut is tau * reserve / 65536, without overflow. */
@@ -709,7 +712,39 @@ static __always_inline void set_standing(struct eg_standing_val *e, __u32 st, __
  *    new source whose clean history reaches established_after, with no gap
  *    longer than that, becomes established; a penalty that is over decays
  *    to new. */
-__attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 what)
+/* tcp_established: whether this host holds the packet's TCP connection
+ * in state ESTABLISHED, i.e. the source completed a handshake with us and
+ * is not spoofed. bpf_skc_lookup_tcp finds the socket in the packet's
+ * network namespace (a listener or request socket is not ESTABLISHED). */
+static __always_inline int tcp_established(struct xdp_md *ctx, const struct src_state *ss)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 size;
+	int ok;
+
+	if (ss->v4) {
+		__builtin_memcpy(&t.ipv4.saddr, ss->addr + 12, 4);
+		__builtin_memcpy(&t.ipv4.daddr, ss->daddr + 12, 4);
+		t.ipv4.sport = bpf_htons(ss->sport);
+		t.ipv4.dport = bpf_htons(ss->dport);
+		size = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, ss->addr, 16);
+		__builtin_memcpy(t.ipv6.daddr, ss->daddr, 16);
+		t.ipv6.sport = bpf_htons(ss->sport);
+		t.ipv6.dport = bpf_htons(ss->dport);
+		size = sizeof(t.ipv6);
+	}
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	ok = sk->state == BPF_TCP_ESTABLISHED;
+	bpf_sk_release(sk);
+	return ok;
+}
+
+__attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 what, struct xdp_md *ctx)
 {
 	struct eg_standing_val fresh = {}, *e;
 	struct eg_standing_cfg *scfg;
@@ -760,6 +795,13 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 			return 0;
 		}
 		set_standing(e, EG_STANDING_NEW, EG_WHY_DECAYED, ns);
+	} else if ((e->standing == EG_STANDING_NEW || e->standing == EG_STANDING_ESTABLISHED) && ss->tcp &&
+		   tcp_established(ctx, ss)) {
+		/* A completed handshake proves the address is not spoofed,
+		 * congested or not: that is what a user arriving during an
+		 * attack can do. */
+		set_standing(e, EG_STANDING_VALIDATED, EG_WHY_TCP, ns);
+		count_standing(EG_SE_VALIDATED);
 	} else if (e->standing == EG_STANDING_NEW) {
 		if (ss->congested) {
 			e->clean_since = ns;
@@ -792,6 +834,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_lpm_key lk;
 	struct src_state ss = {};
 	int afirst = 0;
+	void *l3p = NULL;
 	__u32 zero = 0, gen, idx, slot;
 	__u64 now = 0;
 	__u16 l3;
@@ -803,6 +846,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	ret = parse_eth(&c, &l3);
 	if (ret < 0)
 		goto malformed;
+	l3p = c.pos; /* for the TCP handshake check of standing */
 	if (l3 == bpf_htons(ETH_P_IP)) {
 		ret = parse_ipv4(&c, &pi);
 	} else if (l3 == bpf_htons(ETH_P_IPV6)) {
@@ -893,6 +937,30 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.len = pi.len;
 	ss.gen = gen;
 	ss.v4 = v4;
+	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
+		/* The destination, for bpf_skc_lookup_tcp; parsing already
+		 * bounds-checked these headers, the verifier wants it again. */
+		if (v4) {
+			struct iphdr *iph = l3p;
+
+			if ((void *)(iph + 1) <= (void *)(long)ctx->data_end) {
+				__builtin_memset(ss.daddr, 0, 10);
+				ss.daddr[10] = 0xff;
+				ss.daddr[11] = 0xff;
+				__builtin_memcpy(ss.daddr + 12, &iph->daddr, 4);
+				ss.tcp = 1;
+			}
+		} else {
+			struct ipv6hdr *ip6h = l3p;
+
+			if ((void *)(ip6h + 1) <= (void *)(long)ctx->data_end) {
+				__builtin_memcpy(ss.daddr, &ip6h->daddr, 16);
+				ss.tcp = 1;
+			}
+		}
+		ss.sport = pi.sport;
+		ss.dport = pi.dport;
+	}
 
 	/* 4. Buckets. First look, without touching per-source state, whether
 	 * an aggregate above this source is already empty: then drop at once.
@@ -1009,9 +1077,9 @@ standing_out:
 	/* At most once per source per epoch: admitted packets of limit rules
 	 * build history, refusals by the own limit penalise. */
 	if (v.reason == EG_R_OK)
-		eg_standing_update(&ss, EG_UPD_ADMITTED);
+		eg_standing_update(&ss, EG_UPD_ADMITTED, ctx);
 	else if (v.reason == EG_R_SRC_LIMIT && (eg_test_clock || (bpf_get_prandom_u32() & (EG_PENALTY_SAMPLE - 1)) == 0))
-		eg_standing_update(&ss, EG_UPD_OWN_LIMIT);
+		eg_standing_update(&ss, EG_UPD_OWN_LIMIT, ctx);
 	return finish(ctx, &v, &pi, cfg, now);
 
 malformed:

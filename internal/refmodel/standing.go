@@ -185,7 +185,9 @@ func setStanding(e *StandingVal, st maps.Standing, why maps.StandingWhy, ns uint
 }
 
 // standingUpdate is eg_standing_update, as a program on the test clock
-// runs it (every refusal by the own limit is looked at).
+// runs it (every refusal by the own limit is looked at), for packets that
+// belong to no TCP connection of the host: the model has no sockets, so it
+// never validates by handshake (the differential test's frames name none).
 func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 	if !ownLimit && ss.touched == touchNo {
 		return
