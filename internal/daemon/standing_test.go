@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 )
@@ -112,6 +115,15 @@ metrics: {listen: ""}
 	}
 	if st := d.Status(); len(st.Congestion) != 3 {
 		t.Errorf("status congestion: %+v", st.Congestion)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	d.registerXDP(reg)
+	for name, want := range map[string]int{
+		"edgeguard_xdp_class_packets_total": 2 * 3 * 5 * 4, "edgeguard_standing_events_total": 5, "edgeguard_aggregate_congested": 3,
+	} {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != want {
+			t.Errorf("%s: %d series (%v), want %d", name, n, err, want)
+		}
 	}
 	stats, err := d.Stats()
 	if err != nil || stats.Standing == nil || stats.Tables["standing"].Capacity != 1024 {
