@@ -337,7 +337,7 @@ enum eg_seen {
 	EG_SEEN_ACTIVE = 2,
 };
 
-static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settle)
+static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settle, int *first)
 {
 	__u32 h = key_hash(w, n);
 	__u32 idx = (h >> 6) & eg_seen_mask;
@@ -368,6 +368,9 @@ static __always_inline int seen_mark(const __u32 *w, int n, __u64 now, int settl
 		nprev |= bit;
 	if (tag != epoch || ncur != cur || nprev != prev)
 		*(volatile __u64 *)word = (epoch << (2 * EG_SEEN_BITS)) | (ncur << EG_SEEN_BITS) | nprev;
+	/* The key's first packet of this epoch: standing's once-per-epoch
+	 * update rides on it (standing_touch, without a second word). */
+	*first = (cur & bit) != bit;
 	return state;
 }
 
@@ -408,6 +411,27 @@ static __always_inline struct eg_bucket *create_charged(void *map, const void *k
  * band looks up its source's standing. Either way one CAS charges it, and
  * the aggregate never passes more than tau allows. */
 
+/* Whether the packet is its source's first of the epoch, when the
+ * per-source filter already knows (touched in xdp_limiter). */
+enum {
+	EG_TOUCH_UNKNOWN = 0,
+	EG_TOUCH_FIRST = 1,
+	EG_TOUCH_NO = 2,
+};
+
+/* What eg_standing_update is told. */
+enum {
+	EG_UPD_ADMITTED = 0,  /* admitted */
+	EG_UPD_OWN_LIMIT = 1, /* refused by its own limit */
+};
+
+/* One refusal by a source's own limit in EG_PENALTY_SAMPLE (at random)
+ * looks at its standing, at most once per epoch: a source over its limit
+ * is penalised after EG_PENALTY_SAMPLE refusals on average, and the drop
+ * path of a source over its limit stays as cheap as it was. Programs on
+ * the test clock look at every refusal. */
+#define EG_PENALTY_SAMPLE 16
+
 /* What the standing functions need of a packet, and what they found. The
  * functions below that take it are global (verified once each, not once per
  * call site), so it holds copies, not pointers, and a BPF function takes at
@@ -423,7 +447,11 @@ struct src_state {
 	__u8 congested;       /* an aggregate on the path is congested */
 	__u8 refused_agg;     /* enum eg_class_agg of the refusing bucket */
 	__u8 refused_outcome; /* EG_CO_REFUSED_*, 0: not refused by an aggregate */
-	__u8 _pad[2];
+	__u8 touched;         /* EG_TOUCH_*: first packet of the epoch, if known */
+	__u8 tcp;             /* a TCP packet with ports and daddr below */
+	__u8 daddr[16];       /* the destination, 16-byte form (TCP only) */
+	__u16 sport, dport;   /* host order */
+	__u32 _pad2;
 };
 
 /* reserve_cut is tau * reserve / 65536, without overflow. */
@@ -684,7 +712,39 @@ static __always_inline void set_standing(struct eg_standing_val *e, __u32 st, __
  *    new source whose clean history reaches established_after, with no gap
  *    longer than that, becomes established; a penalty that is over decays
  *    to new. */
-__attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 reason)
+/* tcp_established: whether this host holds the packet's TCP connection
+ * in state ESTABLISHED, i.e. the source completed a handshake with us and
+ * is not spoofed. bpf_skc_lookup_tcp finds the socket in the packet's
+ * network namespace (a listener or request socket is not ESTABLISHED). */
+static __always_inline int tcp_established(struct xdp_md *ctx, const struct src_state *ss)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 size;
+	int ok;
+
+	if (ss->v4) {
+		__builtin_memcpy(&t.ipv4.saddr, ss->addr + 12, 4);
+		__builtin_memcpy(&t.ipv4.daddr, ss->daddr + 12, 4);
+		t.ipv4.sport = bpf_htons(ss->sport);
+		t.ipv4.dport = bpf_htons(ss->dport);
+		size = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, ss->addr, 16);
+		__builtin_memcpy(t.ipv6.daddr, ss->daddr, 16);
+		t.ipv6.sport = bpf_htons(ss->sport);
+		t.ipv6.dport = bpf_htons(ss->dport);
+		size = sizeof(t.ipv6);
+	}
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	ok = sk->state == BPF_TCP_ESTABLISHED;
+	bpf_sk_release(sk);
+	return ok;
+}
+
+__attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 what, struct xdp_md *ctx)
 {
 	struct eg_standing_val fresh = {}, *e;
 	struct eg_standing_cfg *scfg;
@@ -692,7 +752,12 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 rea
 	__u32 gen;
 	__u64 ns;
 
-	if (!ss || !standing_touch(ss, reason == EG_R_SRC_LIMIT ? 0xfffffffc : 0xfffffffd))
+	if (!ss)
+		return 0;
+	if (what == EG_UPD_ADMITTED && ss->touched == EG_TOUCH_NO)
+		return 0;
+	if ((what == EG_UPD_OWN_LIMIT || ss->touched != EG_TOUCH_FIRST) &&
+	    !standing_touch(ss, what == EG_UPD_OWN_LIMIT ? 0xfffffffc : 0xfffffffd))
 		return 0;
 	gen = ss->gen;
 	scfg = bpf_map_lookup_elem(&standing_cfg, &gen);
@@ -701,7 +766,7 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 rea
 	ns = ss->now >> EG_TICK_SHIFT;
 	standing_key(&k, ss);
 	e = bpf_map_lookup_elem(&standing, &k);
-	if (reason == EG_R_SRC_LIMIT) {
+	if (what == EG_UPD_OWN_LIMIT) {
 		if (!e)
 			return 0;
 		if (e->standing != EG_STANDING_PENALISED) {
@@ -730,6 +795,13 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 rea
 			return 0;
 		}
 		set_standing(e, EG_STANDING_NEW, EG_WHY_DECAYED, ns);
+	} else if ((e->standing == EG_STANDING_NEW || e->standing == EG_STANDING_ESTABLISHED) && ss->tcp &&
+		   tcp_established(ctx, ss)) {
+		/* A completed handshake proves the address is not spoofed,
+		 * congested or not: that is what a user arriving during an
+		 * attack can do. */
+		set_standing(e, EG_STANDING_VALIDATED, EG_WHY_TCP, ns);
+		count_standing(EG_SE_VALIDATED);
 	} else if (e->standing == EG_STANDING_NEW) {
 		if (ss->congested) {
 			e->clean_since = ns;
@@ -761,6 +833,8 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_src_key sk;
 	struct eg_lpm_key lk;
 	struct src_state ss = {};
+	int afirst = 0;
+	void *l3p = NULL;
 	__u32 zero = 0, gen, idx, slot;
 	__u64 now = 0;
 	__u16 l3;
@@ -772,6 +846,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	ret = parse_eth(&c, &l3);
 	if (ret < 0)
 		goto malformed;
+	l3p = c.pos; /* for the TCP handshake check of standing */
 	if (l3 == bpf_htons(ETH_P_IP)) {
 		ret = parse_ipv4(&c, &pi);
 	} else if (l3 == bpf_htons(ETH_P_IPV6)) {
@@ -862,6 +937,30 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.len = pi.len;
 	ss.gen = gen;
 	ss.v4 = v4;
+	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
+		/* The destination, for bpf_skc_lookup_tcp; parsing already
+		 * bounds-checked these headers, the verifier wants it again. */
+		if (v4) {
+			struct iphdr *iph = l3p;
+
+			if ((void *)(iph + 1) <= (void *)(long)ctx->data_end) {
+				__builtin_memset(ss.daddr, 0, 10);
+				ss.daddr[10] = 0xff;
+				ss.daddr[11] = 0xff;
+				__builtin_memcpy(ss.daddr + 12, &iph->daddr, 4);
+				ss.tcp = 1;
+			}
+		} else {
+			struct ipv6hdr *ip6h = l3p;
+
+			if ((void *)(ip6h + 1) <= (void *)(long)ctx->data_end) {
+				__builtin_memcpy(ss.daddr, &ip6h->daddr, 16);
+				ss.tcp = 1;
+			}
+		}
+		ss.sport = pi.sport;
+		ss.dport = pi.dport;
+	}
 
 	/* 4. Buckets. First look, without touching per-source state, whether
 	 * an aggregate above this source is already empty: then drop at once.
@@ -912,7 +1011,13 @@ int xdp_limiter(struct xdp_md *ctx)
 			/* The filter first: a source not seen in this epoch or
 			 * the last costs one bit and no table lookup; its packet
 			 * is charged when the source shows up again. */
-			int seen = seen_mark((const __u32 *)&sk, sizeof(sk) / 4, now, 1);
+			int first = 0;
+			int seen = seen_mark((const __u32 *)&sk, sizeof(sk) / 4, now, 1, &first);
+
+			/* A per-source key that is the standing key (/32, /64)
+			 * answers standing's "first packet of this epoch". */
+			if (v4 ? rule->src_len4 == 32 : rule->src_len6 == 64)
+				ss.touched = EG_TOUCH_FIRST + !first;
 
 			sb = NULL;
 			if (seen != EG_SEEN_NEW) {
@@ -935,7 +1040,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		if (!ab && rule->agg_mode == EG_AGG_DERIVED) {
 			if (!gated(&rule->agg))
 				ab = lookup_or_create(&agg_buckets, &ak);
-			else if (seen_mark((const __u32 *)&ak, sizeof(ak) / 4, now, 0) != EG_SEEN_NEW)
+			else if (seen_mark((const __u32 *)&ak, sizeof(ak) / 4, now, 0, &afirst) != EG_SEEN_NEW)
 				ab = create_charged(&agg_buckets, &ak, &rule->agg, now, pi.len);
 		}
 		if (ab && !eg_agg_take(ab, &rule->agg, (__u32)rule->reserve << 8 | EG_CAGG_PREFIX, &ss)) {
@@ -971,8 +1076,10 @@ verdict:
 standing_out:
 	/* At most once per source per epoch: admitted packets of limit rules
 	 * build history, refusals by the own limit penalise. */
-	if (v.reason == EG_R_OK || v.reason == EG_R_SRC_LIMIT)
-		eg_standing_update(&ss, v.reason);
+	if (v.reason == EG_R_OK)
+		eg_standing_update(&ss, EG_UPD_ADMITTED, ctx);
+	else if (v.reason == EG_R_SRC_LIMIT && (eg_test_clock || (bpf_get_prandom_u32() & (EG_PENALTY_SAMPLE - 1)) == 0))
+		eg_standing_update(&ss, EG_UPD_OWN_LIMIT, ctx);
 	return finish(ctx, &v, &pi, cfg, now);
 
 malformed:

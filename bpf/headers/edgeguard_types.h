@@ -298,7 +298,7 @@ struct eg_sample {
 enum eg_standing {
 	EG_STANDING_NEW = 0,         /* no entry, or not yet established */
 	EG_STANDING_ESTABLISHED = 1, /* clean history for established_after */
-	EG_STANDING_VALIDATED = 2,   /* proved not spoofed (L7 promotion, import) */
+	EG_STANDING_VALIDATED = 2,   /* proved not spoofed (TCP handshake, L7 promotion) */
 	EG_STANDING_PENALISED = 3,   /* exceeded its own limit, escalated or denied */
 	EG_STANDING_MAX = 4,
 };
@@ -315,7 +315,8 @@ enum eg_standing_why {
 	EG_WHY_L7 = 7,           /* promoted by the L7 stage */
 	EG_WHY_CONGESTED = 8,    /* history restarted: seen while congested */
 	EG_WHY_SET = 9,          /* set by the operator (edgectl) */
-	EG_WHY_MAX = 10,
+	EG_WHY_TCP = 10,         /* its TCP connection is ESTABLISHED on this host */
+	EG_WHY_MAX = 11,
 };
 
 struct eg_standing_key {
@@ -374,7 +375,8 @@ enum eg_standing_event {
 	EG_SE_FULL = 1,        /* creations refused: table full */
 	EG_SE_ESTABLISHED = 2, /* promotions new -> established */
 	EG_SE_PENALISED = 3,   /* penalties */
-	EG_SE_MAX = 4,
+	EG_SE_VALIDATED = 4,   /* validations by a completed TCP handshake */
+	EG_SE_MAX = 5,
 };
 
 /* Shifts of the data plane's fixed-point time and byte costs, as an enum so

@@ -344,6 +344,7 @@ func (d *Daemon) Status() control.Status {
 		{"whole_buckets", "", o.WholeBuckets},
 		{"lists", "lists", o.Lists}, {"prefix_gens", "", o.PrefixGens}, {"rules", "", o.Rules},
 		{"l4_rules", "", o.L4Rules}, {"stats", "", o.Stats}, {"samples", "", o.Samples},
+		{"standing", "standing", o.Standing}, {"known_good", "", o.KnownGood},
 	} {
 		mi := control.MapInfo{Name: m.name, Capacity: int(m.m.MaxEntries())}
 		if info, err := m.m.Info(); err == nil {

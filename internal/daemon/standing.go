@@ -181,6 +181,8 @@ func (d *Daemon) sweepStanding() error {
 			if err := d.m.SetStandingWhy(e.Addr, maps.StandingPenalised, maps.WhyDeny); err != nil {
 				return err
 			}
+			d.log.Debug("source penalised", "source", e.Addr, "was", maps.StandingName(e.Standing),
+				"why", maps.StandingWhyName(maps.WhyDeny))
 			penalised++
 			continue
 		}
@@ -228,7 +230,7 @@ func (d *Daemon) standingStats() (*control.StandingStats, error) {
 	out := &control.StandingStats{
 		Congestion: d.standing.status(time.Now()),
 		Events: map[string]uint64{"created": ev.Created, "table_full": ev.Full,
-			"established": ev.Established, "penalised": ev.Penalised},
+			"established": ev.Established, "penalised": ev.Penalised, "validated_tcp": ev.Validated},
 	}
 	for dry := range c {
 		for agg := range c[dry] {

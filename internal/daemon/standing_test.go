@@ -3,10 +3,15 @@ package daemon
 import (
 	"bytes"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 )
 
@@ -51,5 +56,77 @@ func TestCongestionEvents(t *testing.T) {
 	if !strings.Contains(log, "aggregate left congestion") || !strings.Contains(log, "aggregate=asn") ||
 		!strings.Contains(log, "established:300") {
 		t.Fatalf("leave event: %s", log)
+	}
+}
+
+// TestStandingSweep: the daemon's sweep penalises deny-listed sources and
+// removes entries that carry nothing; the policy's standing: section
+// reaches the data plane.
+func TestStandingSweep(t *testing.T) {
+	d := loadedDaemon(t, Options{}, `apiVersion: edgeguard/v1
+tables: {per_source_entries: 4096, aggregate_entries: 4096, prefix_entries: 4096, list_entries: 1024, max_rules: 16, standing_entries: 1024}
+lists:
+  deny: [198.51.100.0/24]
+standing:
+  established_after: 30s
+  known_good: [192.0.2.0/24]
+metrics: {listen: ""}
+`)
+	put := func(addr string, st maps.Standing, lastSeen uint64) {
+		t.Helper()
+		v := loader.LimiterEgStandingVal{Since: 1, CleanSince: 1, LastSeen: lastSeen, Standing: uint8(st), Why: uint8(maps.WhySet)}
+		if err := d.dp.Objects.Standing.Put(maps.StandingKey(netip.MustParseAddr(addr)), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mono, err := nowMono()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put("198.51.100.5", maps.StandingEstablished, mono.mono)           // deny-listed
+	put("198.18.0.1", maps.StandingNew, mono.mono-uint64(time.Minute)) // new, idle 1 min > 30 s
+	put("198.18.0.2", maps.StandingNew, mono.mono)                     // new, active
+	put("198.18.0.3", maps.StandingEstablished, mono.mono-uint64(time.Minute))
+	if err := d.sweepStanding(); err != nil {
+		t.Fatal(err)
+	}
+	look := func(addr string) maps.StandingEntry {
+		t.Helper()
+		e, err := d.m.LookupStanding(netip.MustParseAddr(addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	if e := look("198.51.100.5"); e.Standing != maps.StandingPenalised || e.Why != maps.WhyDeny {
+		t.Errorf("deny-listed source: %+v", e)
+	}
+	if e := look("198.18.0.1"); e.Tracked {
+		t.Errorf("idle new source kept: %+v", e)
+	}
+	if e := look("198.18.0.2"); !e.Tracked {
+		t.Error("active new source removed")
+	}
+	if e := look("198.18.0.3"); e.Standing != maps.StandingEstablished {
+		t.Errorf("established source: %+v", e)
+	}
+	if e := look("192.0.2.77"); e.Standing != maps.StandingEstablished || !e.KnownGood {
+		t.Errorf("known_good from the policy: %+v", e)
+	}
+	if st := d.Status(); len(st.Congestion) != 3 {
+		t.Errorf("status congestion: %+v", st.Congestion)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	d.registerXDP(reg)
+	for name, want := range map[string]int{
+		"edgeguard_xdp_class_packets_total": 2 * 3 * 5 * 4, "edgeguard_standing_events_total": 5, "edgeguard_aggregate_congested": 3,
+	} {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != want {
+			t.Errorf("%s: %d series (%v), want %d", name, n, err, want)
+		}
+	}
+	stats, err := d.Stats()
+	if err != nil || stats.Standing == nil || stats.Tables["standing"].Capacity != 1024 {
+		t.Errorf("stats standing: %+v, tables %+v, %v", stats.Standing, stats.Tables, err)
 	}
 }

@@ -29,6 +29,8 @@ type diffHarness struct {
 	model     *refmodel.Model
 	base      maps.Counters
 	baseRules map[uint32]maps.RuleCounters
+	baseClass maps.ClassCounters
+	baseEv    maps.StandingCounts
 	log       []string // the run so far, printed on a difference
 }
 
@@ -58,8 +60,27 @@ func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
 	if err := h.model.SetLists(lists); err != nil {
 		h.tb.Fatalf("model set lists: %v", err)
 	}
+	// One validated and one penalised source, on both sides.
+	for _, s := range []struct {
+		addr string
+		st   maps.Standing
+	}{{"198.18.1.7", maps.StandingValidated}, {"198.18.2.9", maps.StandingPenalised}} {
+		k := maps.StandingKey(netip.MustParseAddr(s.addr))
+		v := loader.LimiterEgStandingVal{Since: diffStart, CleanSince: diffStart, LastSeen: diffStart, Standing: uint8(s.st), Why: uint8(maps.WhySet)}
+		if err := h.td.d.Objects.Standing.Put(k, v); err != nil {
+			h.tb.Fatalf("set standing: %v", err)
+		}
+		h.model.SetStanding(k, s.st, maps.WhySet, diffStart)
+	}
 	h.base = h.td.counters()
 	h.baseRules = h.ruleCounters()
+	var err error
+	if h.baseClass, err = h.td.m.ClassCounters(); err != nil {
+		h.tb.Fatal(err)
+	}
+	if h.baseEv, err = h.td.m.StandingCounts(); err != nil {
+		h.tb.Fatal(err)
+	}
 	h.log = h.log[:0]
 }
 
@@ -101,6 +122,17 @@ func clearTables(td *testDatapath) {
 	for slot := uint32(0); slot < 2; slot++ {
 		if err := o.GlobalBuckets.Put(slot, loader.LimiterEgBucket{}); err != nil {
 			td.tb.Fatalf("clear global_buckets: %v", err)
+		}
+	}
+	var stk loader.LimiterEgStandingKey
+	var stv loader.LimiterEgStandingVal
+	var stKeys []loader.LimiterEgStandingKey
+	for it := o.Standing.Iterate(); it.Next(&stk, &stv); {
+		stKeys = append(stKeys, stk)
+	}
+	for _, k := range stKeys {
+		if err := o.Standing.Delete(k); err != nil {
+			td.tb.Fatalf("clear standing: %v", err)
 		}
 	}
 	// The new-source filter is state too: a fresh model starts empty.
@@ -292,6 +324,53 @@ func (h *diffHarness) checkState() {
 	if mg := h.model.GlobalBucket(); b != mg {
 		h.fail("global bucket: program %+v, model %+v", b, mg)
 	}
+	// Standing: the table, the class counters and the events.
+	st := map[refmodel.StandingKey]refmodel.StandingVal{}
+	var stk refmodel.StandingKey
+	var stv refmodel.StandingVal
+	for it := o.Standing.Iterate(); it.Next(&stk, &stv); {
+		st[stk] = stv
+	}
+	if ms := h.model.Standing(); !reflect.DeepEqual(st, ms) {
+		n := 0
+		for k, v := range st {
+			if mv, ok := ms[k]; (!ok || mv != v) && n < 10 {
+				h.log = append(h.log, fmt.Sprintf("standing %v: program %+v, model %+v (present %v)", netip.AddrFrom16(k.Addr), v, mv, ok))
+				n++
+			}
+		}
+		h.fail("standing tables differ: program %d entries, model %d", len(st), len(ms))
+	}
+	cc, err := h.td.m.ClassCounters()
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	for d := range cc {
+		for a := range cc[d] {
+			for c := range cc[d][a] {
+				for o := range cc[d][a][c] {
+					got := cc[d][a][c][o]
+					got.Packets -= h.baseClass[d][a][c][o].Packets
+					got.Bytes -= h.baseClass[d][a][c][o].Bytes
+					if want := h.model.ClassCounters()[d][a][c][o]; got != want {
+						h.fail("class counter dry=%d %s/%s/%s: program %+v, model %+v", d, maps.ClassAggName(maps.ClassAgg(a)),
+							maps.ClassName(maps.Class(c)), maps.OutcomeName(maps.Outcome(o)), got, want)
+					}
+				}
+			}
+		}
+	}
+	ev, err := h.td.m.StandingCounts()
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	ev.Created -= h.baseEv.Created
+	ev.Established -= h.baseEv.Established
+	ev.Penalised -= h.baseEv.Penalised
+	ev.Full -= h.baseEv.Full
+	if mev := h.model.StandingCounts(); ev != mev {
+		h.fail("standing events: program %+v, model %+v", ev, mev)
+	}
 }
 
 // bucketDiff lists the keys whose buckets differ (at most ten).
@@ -395,6 +474,20 @@ func randPolicy(r *rand.Rand) maps.Generation {
 	}
 	if r.IntN(4) == 0 {
 		g.L4 = append(g.L4, maps.L4Match{Proto: packet.ProtoUDP, Dir: maps.L4Any, RuleID: dRuleNTP})
+	}
+	// Reserves and standing: short enough to move sources along the
+	// timeline (it spans a few seconds).
+	for i := range g.Rules {
+		g.Rules[i].Reserve = pick[uint32](r, 0, 300_000, 500_000, 500_000, 900_000)
+	}
+	g.Settings.GlobalReserve = pick[uint32](r, 0, 500_000, 750_000)
+	if r.IntN(4) != 0 {
+		g.Standing = maps.StandingSettings{
+			EstablishedAfter: pick(r, time.Second, 2*time.Second),
+			Penalty:          pick(r, time.Second, 3*time.Second),
+			KnownGood: []netip.Prefix{netip.MustParsePrefix("198.18.1.128/25"), netip.MustParsePrefix("fd00:4::/48"),
+				netip.MustParsePrefix("203.0.113.7/32")},
+		}
 	}
 	if r.IntN(2) == 0 {
 		// Drop samples use their own bucket and must change no verdict.
@@ -566,6 +659,19 @@ func runDiff(h *diffHarness, seed uint64, n int, extra []byte) map[string]int {
 		seen[maps.ReasonName(v.Reason)]++
 	}
 	h.checkState()
+	ev := h.model.StandingCounts()
+	seen["standing_created"] += int(ev.Created)
+	seen["standing_established"] += int(ev.Established)
+	seen["standing_penalised"] += int(ev.Penalised)
+	cc := h.model.ClassCounters()
+	for d := range cc {
+		for a := range cc[d] {
+			for c := range cc[d][a] {
+				seen["class_"+maps.OutcomeName(maps.Outcome(maps.OutcomeRefusedReserve))] += int(cc[d][a][c][maps.OutcomeRefusedReserve].Packets)
+				seen["class_"+maps.OutcomeName(maps.Outcome(maps.OutcomeAdmittedReserve))] += int(cc[d][a][c][maps.OutcomeAdmittedReserve].Packets)
+			}
+		}
+	}
 	return seen
 }
 
@@ -593,6 +699,12 @@ func TestDifferential(t *testing.T) {
 	for r := maps.ReasonOK; r < maps.Reason(loader.LimiterEgReasonEG_R_MAX); r++ {
 		if r != maps.ReasonBadEth && seen[maps.ReasonName(r)] == 0 {
 			t.Errorf("no packet got reason %s", maps.ReasonName(r))
+		}
+	}
+	// And every part of standing and the reserve.
+	for _, k := range []string{"standing_created", "standing_established", "standing_penalised", "class_refused_reserve", "class_admitted_reserve"} {
+		if seen[k] == 0 {
+			t.Errorf("no run reached %s", k)
 		}
 	}
 	t.Logf("verdicts seen: %v", seen)

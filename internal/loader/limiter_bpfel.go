@@ -372,7 +372,8 @@ const (
 	LimiterEgStandingEventEG_SE_FULL        LimiterEgStandingEvent = 1
 	LimiterEgStandingEventEG_SE_ESTABLISHED LimiterEgStandingEvent = 2
 	LimiterEgStandingEventEG_SE_PENALISED   LimiterEgStandingEvent = 3
-	LimiterEgStandingEventEG_SE_MAX         LimiterEgStandingEvent = 4
+	LimiterEgStandingEventEG_SE_VALIDATED   LimiterEgStandingEvent = 4
+	LimiterEgStandingEventEG_SE_MAX         LimiterEgStandingEvent = 5
 )
 
 type LimiterEgStandingKey struct {
@@ -403,7 +404,8 @@ const (
 	LimiterEgStandingWhyEG_WHY_L7         LimiterEgStandingWhy = 7
 	LimiterEgStandingWhyEG_WHY_CONGESTED  LimiterEgStandingWhy = 8
 	LimiterEgStandingWhyEG_WHY_SET        LimiterEgStandingWhy = 9
-	LimiterEgStandingWhyEG_WHY_MAX        LimiterEgStandingWhy = 10
+	LimiterEgStandingWhyEG_WHY_TCP        LimiterEgStandingWhy = 10
+	LimiterEgStandingWhyEG_WHY_MAX        LimiterEgStandingWhy = 11
 )
 
 type LimiterEgV4Entry struct {

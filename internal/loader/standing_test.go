@@ -1,6 +1,7 @@
 package loader_test
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/packet"
 )
 
 // TestStandingTable: the Go view of the standing table (SetStanding,
@@ -105,5 +107,54 @@ func TestStandingSurvivesRestart(t *testing.T) {
 	td2 := openPinnedTestDatapath(t, smallSizes, pin)
 	if e, err := td2.m.LookupStanding(a); err != nil || e.Standing != maps.StandingEstablished {
 		t.Fatalf("after restart: %+v, %v", e, err)
+	}
+}
+
+// TestStandingTCPValidation: a source whose TCP connection to this host is
+// ESTABLISHED (a real loopback connection, found by bpf_skc_lookup_tcp)
+// becomes validated at its next update; a packet of no connection does
+// not.
+func TestStandingTCPValidation(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	g := defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: perSecond(1000, 1000)}})
+	g.Standing = maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: time.Minute}
+	td.apply(g)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	must(t, err)
+	t.Cleanup(func() { ln.Close() })
+	conn, err := net.Dial("tcp4", ln.Addr().String())
+	must(t, err)
+	t.Cleanup(func() { conn.Close() })
+	srv, err := ln.Accept()
+	must(t, err)
+	t.Cleanup(func() { srv.Close() })
+	client := conn.LocalAddr().(*net.TCPAddr)
+	server := ln.Addr().(*net.TCPAddr)
+	lo := netip.MustParseAddr("127.0.0.1")
+	frame := func(sport, dport int) []byte {
+		return packet.Frame{Src: lo, Dst: lo, Proto: packet.ProtoTCP, SrcPort: uint16(sport), DstPort: uint16(dport),
+			TCPFlags: 0x10, Payload: 10}.Build()
+	}
+	// A port with no connection: the source stays new.
+	td.setClock(time.Hour)
+	td.run(frame(client.Port, server.Port+1))
+	td.run(frame(client.Port, server.Port+1))
+	td.setClock(time.Hour + 2*time.Second)
+	td.run(frame(client.Port, server.Port+1))
+	e, err := td.m.LookupStanding(lo)
+	must(t, err)
+	if e.Standing != maps.StandingNew {
+		t.Fatalf("no connection: %+v", e)
+	}
+	// Its connection: validated at the next epoch's first packet.
+	td.setClock(time.Hour + 4*time.Second)
+	td.run(frame(client.Port, server.Port))
+	if e, _ = td.m.LookupStanding(lo); e.Standing != maps.StandingValidated || e.Why != maps.WhyTCP {
+		t.Fatalf("established connection: %+v", e)
+	}
+	st, err := td.m.StandingCounts()
+	must(t, err)
+	if st.Validated != 1 {
+		t.Errorf("validated_tcp events: %d, want 1", st.Validated)
 	}
 }

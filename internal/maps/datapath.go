@@ -75,7 +75,7 @@ func (r Rule) compile() (loader.LimiterEgRule, error) {
 	if out.Asn, err = r.ASN.Cfg(); err != nil {
 		return out, fmt.Errorf("rule %d asn aggregate: %w", r.ID, err)
 	}
-	if out.Reserve, err = reserve16(r.Reserve); err != nil {
+	if out.Reserve, err = Reserve16(r.Reserve); err != nil {
 		return out, fmt.Errorf("rule %d: %w", r.ID, err)
 	}
 	if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
@@ -97,7 +97,7 @@ func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
 	if c.Global, err = s.Global.Cfg(); err != nil {
 		return c, fmt.Errorf("global bucket: %w", err)
 	}
-	if c.Reserve, err = reserve16(s.GlobalReserve); err != nil {
+	if c.Reserve, err = Reserve16(s.GlobalReserve); err != nil {
 		return c, fmt.Errorf("global: %w", err)
 	}
 	if s.Samples.Limited() {
@@ -108,10 +108,10 @@ func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
 	return c, nil
 }
 
-// reserve16 turns a reserve in parts per million into the data plane's
+// Reserve16 turns a reserve in parts per million into the data plane's
 // 1/65536 of the burst tolerance, rounded to nearest (within 0.0008% of the
 // tolerance).
-func reserve16(ppm uint32) (uint16, error) {
+func Reserve16(ppm uint32) (uint16, error) {
 	if ppm >= 1_000_000 {
 		return 0, fmt.Errorf("reserve %d ppm: must be below 100%%", ppm)
 	}
@@ -119,16 +119,19 @@ func reserve16(ppm uint32) (uint16, error) {
 	return uint16(min(r, 65535)), nil
 }
 
-func l4Bit(proto uint8) uint8 {
+// L4Bit is the bit of eg_config.l4_protos for an IP protocol (EG_L4P_*,
+// through bpf2go: enum eg_l4_proto_bit), 0 for a protocol L4 rules cannot
+// match.
+func L4Bit(proto uint8) uint8 {
 	switch proto {
 	case 6:
-		return 1 << 0
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_TCP)
 	case 17:
-		return 1 << 1
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_UDP)
 	case 1:
-		return 1 << 2
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_ICMP)
 	case 58:
-		return 1 << 3
+		return uint8(loader.LimiterEgL4ProtoBitEG_L4BIT_ICMPV6)
 	}
 	return 0
 }
@@ -191,10 +194,10 @@ func (m *Maps) Apply(g Generation) error {
 		if !ok {
 			return fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Proto, l.Port, l.RuleID)
 		}
-		if l4Bit(l.Proto) == 0 {
+		if L4Bit(l.Proto) == 0 {
 			return fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Proto)
 		}
-		protos |= l4Bit(l.Proto)
+		protos |= L4Bit(l.Proto)
 		l4[i] = l
 		l4[i].RuleID = slot
 	}

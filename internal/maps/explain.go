@@ -176,7 +176,7 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 	}
 
 	// 3. L4 rules.
-	if bit := l4Bit(p.Proto); bit != 0 && cfg.L4Protos&bit != 0 {
+	if bit := L4Bit(p.Proto); bit != 0 && cfg.L4Protos&bit != 0 {
 		if l4, ok, err := m.l4Lookup(uint8(gen), p); err != nil {
 			return out, err
 		} else if ok {

@@ -8,11 +8,11 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
-// TickShift and ByteShift mirror EG_TICK_SHIFT and EG_BYTE_SHIFT in
-// bpf/headers/edgeguard_types.h.
+// TickShift and ByteShift are EG_TICK_SHIFT and EG_BYTE_SHIFT of
+// bpf/headers/edgeguard_types.h, through bpf2go (enum eg_shifts).
 const (
-	TickShift = 4
-	ByteShift = 16
+	TickShift = uint64(loader.LimiterEgShiftsEG_SHIFT_TICK)
+	ByteShift = uint64(loader.LimiterEgShiftsEG_SHIFT_BYTE)
 )
 
 // BucketCfg is the data plane's GCRA parameter block.

@@ -10,8 +10,9 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
-// Forever is the expiry of an entry that never expires.
-const Forever = ^uint64(0)
+// Forever is the expiry of an entry that never expires (EG_FOREVER, through
+// bpf2go: enum eg_expiry).
+const Forever = uint64(loader.LimiterEgExpiryEG_EXPIRY_FOREVER)
 
 // Origin says who put a list entry there.
 type Origin = loader.LimiterEgOrigin

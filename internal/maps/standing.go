@@ -37,16 +37,6 @@ func StandingName(s Standing) string {
 	return fmt.Sprintf("standing_%d", s)
 }
 
-// ParseStanding is StandingName's inverse.
-func ParseStanding(s string) (Standing, error) {
-	for i, n := range standingNames {
-		if n == s {
-			return Standing(i), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown standing %q; allowed: new, established, validated, penalised", s)
-}
-
 // StandingWhy says why a source's standing last changed.
 type StandingWhy = loader.LimiterEgStandingWhy
 
@@ -62,10 +52,11 @@ const (
 	WhyL7        = loader.LimiterEgStandingWhyEG_WHY_L7
 	WhyCongested = loader.LimiterEgStandingWhyEG_WHY_CONGESTED
 	WhySet       = loader.LimiterEgStandingWhyEG_WHY_SET
+	WhyTCP       = loader.LimiterEgStandingWhyEG_WHY_TCP
 )
 
 var whyNames = [...]string{"none", "first_seen", "clean_history", "own_limit", "deny_list", "penalty_over",
-	"known_good", "l7_promotion", "congested", "set"}
+	"known_good", "l7_promotion", "congested", "set", "tcp_handshake"}
 
 // StandingWhyName is the display label of a standing change reason.
 func StandingWhyName(w StandingWhy) string {
@@ -314,6 +305,8 @@ func (m *Maps) setKnownGood(want []netip.Prefix) error {
 // StandingCounts are the standing table's event counters.
 type StandingCounts struct {
 	Created, Full, Established, Penalised uint64
+	// Validated counts validations by a completed TCP handshake.
+	Validated uint64
 }
 
 // StandingCounts reads the standing table's event counters, summed over
@@ -336,6 +329,7 @@ func (m *Maps) StandingCounts() (StandingCounts, error) {
 	return StandingCounts{
 		Created: out[loader.LimiterEgStandingEventEG_SE_CREATED], Full: out[loader.LimiterEgStandingEventEG_SE_FULL],
 		Established: out[loader.LimiterEgStandingEventEG_SE_ESTABLISHED], Penalised: out[loader.LimiterEgStandingEventEG_SE_PENALISED],
+		Validated: out[loader.LimiterEgStandingEventEG_SE_VALIDATED],
 	}, nil
 }
 

@@ -26,7 +26,7 @@ func (c *XDPCollector) collectStanding(ch chan<- prometheus.Metric, src Standing
 		"Packets at congested aggregate buckets, by aggregate kind, source class (standing; unknown: admitted below the reserve band without a lookup), outcome and mode (dry-run: would drop).",
 		[]string{"aggregate", "class", "outcome", "mode"}, nil)
 	events := prometheus.NewDesc("edgeguard_standing_events_total",
-		"Standing table changes made by the data plane: created, table_full (a new source not entered), established, penalised.",
+		"Standing table changes made by the data plane: created, table_full (a new source not entered), established, penalised, validated_tcp (a completed TCP handshake).",
 		[]string{"event"}, nil)
 	congested := prometheus.NewDesc("edgeguard_aggregate_congested",
 		"1 while an aggregate kind refuses new sources (its reserve is in use), else 0.",
@@ -53,7 +53,8 @@ func (c *XDPCollector) collectStanding(ch chan<- prometheus.Metric, src Standing
 			}
 		}
 	}
-	for name, v := range map[string]uint64{"created": ev.Created, "table_full": ev.Full, "established": ev.Established, "penalised": ev.Penalised} {
+	for name, v := range map[string]uint64{"created": ev.Created, "table_full": ev.Full, "established": ev.Established,
+		"penalised": ev.Penalised, "validated_tcp": ev.Validated} {
 		ch <- prometheus.MustNewConstMetric(events, prometheus.CounterValue, float64(v), name)
 	}
 	for name, on := range src.Congested() {

@@ -70,6 +70,9 @@ func RuleID(name string) uint32 {
 type parser struct {
 	yamlcheck.Checker
 	readFile func(string) ([]byte, error)
+	// defaultReserveSet: defaults: writes a reserve, so rules inherit it
+	// as if written (and its bound is checked).
+	defaultReserveSet bool
 	// claimed records which rule (and where) first matched each prefix,
 	// ASN, country and L4 key, to report overlaps at the second one.
 	claimed map[string]claim
@@ -153,8 +156,10 @@ func (ps *parser) parse(data []byte) *Policy {
 		p.Global = ps.bucketFields(gf, "global")
 		if r, ok := gf["reserve"]; ok {
 			p.GlobalReserve = ps.reserve(r, "global.reserve")
+			ps.checkReserve(r, "global", p.Global, p.GlobalReserve)
+		} else {
+			p.GlobalReserve = implicitReserve(DefaultReserve, p.Global)
 		}
-		ps.checkReserve(n, "global", p.Global, p.GlobalReserve)
 	}
 	if n, ok := f["standing"]; ok {
 		p.Standing = ps.standing(n, p.Standing)
@@ -282,8 +287,18 @@ func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limi
 	if n, ok := f["per_asn"]; ok {
 		out.PerASN = ps.bucket(n, where+".per_asn")
 	}
+	explicit := ps.defaultReserveSet && !isDefaults
 	if n, ok := f["reserve"]; ok {
 		out.Reserve = ps.reserve(n, where+".reserve")
+		explicit = true
+		if isDefaults {
+			ps.defaultReserveSet = true
+		}
+	}
+	if !explicit {
+		// The built-in default applies where it leaves new sources a packet.
+		out.Reserve = implicitReserve(DefaultReserve, out.PerPrefix.Bucket, out.PerASN)
+		return out
 	}
 	at := f["reserve"]
 	for _, k := range []string{"per_prefix", "per_asn"} {

@@ -73,6 +73,26 @@ func (ps *parser) reserve(n *yaml.Node, where string) uint32 {
 	return r
 }
 
+// reserveFits reports whether a reserve leaves new sources at least one
+// packet of a bucket's packet burst and one 1,500-byte packet of its byte
+// burst.
+func reserveFits(b Bucket, ppm uint32) bool {
+	left := func(burst uint64) uint64 { return burst - (burst*uint64(ppm)+999_999)/1_000_000 }
+	return (!b.Packets.IsSet() || left(b.Packets.Burst) >= 1) && (!b.Bytes.IsSet() || left(b.Bytes.Burst) >= 1500)
+}
+
+// implicitReserve is the reserve a bucket gets from the default when the
+// file writes none: DefaultReserve where it fits, else 0, so that a policy
+// with small bursts keeps admitting new sources.
+func implicitReserve(ppm uint32, bs ...Bucket) uint32 {
+	for _, b := range bs {
+		if !reserveFits(b, ppm) {
+			return 0
+		}
+	}
+	return ppm
+}
+
 // checkReserve reports a reserve that leaves new sources less than one
 // packet (or one 1,500-byte packet's bytes) of a bucket's burst: they could
 // never be admitted. A reserve is a depth of the burst tolerance, so it must

@@ -86,6 +86,7 @@ func TestStandingRejects(t *testing.T) {
 		{"global: {packets: {rate: 10/s, burst: 2}, reserve: 50.01%}", "leaves new sources no packet"},
 		{"global: {bytes: {rate: 1MB/s, burst: 2000}, reserve: 50%}", "1,500-byte"},
 		{"defaults: {reserve: 99.9999%, per_asn: {packets: {rate: 100/s, burst: 100}}}", "no packet"},
+		{"defaults: {reserve: 50%}\nrules: [{name: r, match: {prefixes: [192.0.2.0/24]}, per_asn: {packets: {rate: 1/s, burst: 1}}}]", "no packet"},
 		{"standing: {established_after: 0s}", "between"},
 		{"standing: {established_after: 8d}", "want a duration"},
 		{"standing: {established_after: 200h}", "between"},
@@ -117,5 +118,26 @@ func TestReserveRoundTrip(t *testing.T) {
 		if got := FormatReserve(r); got != s {
 			t.Errorf("%s -> %d -> %s", s, r, got)
 		}
+	}
+}
+
+// TestImplicitReserveFits: the built-in 50% applies only where it leaves new
+// sources a packet; a small burst gets no reserve rather than an error (a
+// policy that loaded before reserves existed still loads and admits).
+func TestImplicitReserveFits(t *testing.T) {
+	p, err := parseStanding(t, `
+global: {packets: {rate: 1/s, burst: 1}}
+defaults:
+  per_asn: {packets: {rate: 1/s, burst: 1}}
+rules:
+  - name: big
+    match: {prefixes: [192.0.2.0/24]}
+    per_asn: {packets: 1000/s}
+`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.GlobalReserve != 0 || p.Defaults.Reserve != 0 || p.Rules[0].Limits.Reserve != DefaultReserve {
+		t.Errorf("implicit reserves: global %d, defaults %d, rule %d", p.GlobalReserve, p.Defaults.Reserve, p.Rules[0].Limits.Reserve)
 	}
 }

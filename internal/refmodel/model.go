@@ -83,6 +83,7 @@ type rule struct {
 	mode                  maps.Mode
 	action                maps.RuleAction
 	srcLim, aggLim, asLim bool
+	reserve               uint16
 }
 
 type l4Key struct {
@@ -106,6 +107,8 @@ type generation struct {
 	global    maps.BucketCfg
 	globalLim bool
 	l4Protos  uint8
+	reserve   uint16 // the global bucket's
+	standing  loader.LimiterEgStandingCfg
 	rules     map[uint32]rule
 	l4        map[l4Key]uint32
 	prefixes  lpmTable[fact]
@@ -125,6 +128,11 @@ type Model struct {
 	rules    map[uint32]maps.RuleCounters
 	seen     map[uint32]uint64 // new-source filter words
 	seenMask uint32
+	// Standing (standing.go): the table, known_good, and counters.
+	standing  map[StandingKey]StandingVal
+	knownGood lpmTable[bool]
+	classes   maps.ClassCounters
+	events    maps.StandingCounts
 }
 
 // New returns a model of a program loaded with room for maxRules rules
@@ -141,25 +149,14 @@ func New(maxRules, srcEntries uint32) *Model {
 		agg:      map[AggKey]Bucket{},
 		whole:    map[uint32]Bucket{},
 		rules:    map[uint32]maps.RuleCounters{},
+		standing: map[StandingKey]StandingVal{},
 	}
 }
 
 // ErrInvalidGeneration wraps every reason Apply refuses a generation.
 var ErrInvalidGeneration = errors.New("invalid generation")
 
-func l4Bit(proto uint8) uint8 {
-	switch proto {
-	case protoTCP:
-		return 1 << 0
-	case protoUDP:
-		return 1 << 1
-	case protoICMP:
-		return 1 << 2
-	case protoICMPv6:
-		return 1 << 3
-	}
-	return 0
-}
+func l4Bit(proto uint8) uint8 { return maps.L4Bit(proto) }
 
 // Apply makes g the live policy, as maps.Maps.Apply does: rules, settings,
 // L4 matches and prefix facts are replaced together; bucket state, lists
@@ -192,6 +189,9 @@ func (m *Model) Apply(g maps.Generation) error {
 		if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
 			return fmt.Errorf("%w: rule %d: key length out of range", ErrInvalidGeneration, r.ID)
 		}
+		if c.reserve, err = maps.Reserve16(r.Reserve); err != nil {
+			return fmt.Errorf("%w: rule %d: %w", ErrInvalidGeneration, r.ID, err)
+		}
 		c.srcLim, c.aggLim, c.asLim = limited(c.src), limited(c.agg), limited(c.asn)
 		n.rules[r.ID] = c
 	}
@@ -217,6 +217,18 @@ func (m *Model) Apply(g maps.Generation) error {
 		return fmt.Errorf("%w: global bucket: %w", ErrInvalidGeneration, err)
 	}
 	n.globalLim = limited(n.global)
+	if n.reserve, err = maps.Reserve16(g.Settings.GlobalReserve); err != nil {
+		return fmt.Errorf("%w: global: %w", ErrInvalidGeneration, err)
+	}
+	n.standing = loader.LimiterEgStandingCfg{EstablishedAfterNs: uint64(max(g.Standing.EstablishedAfter, 0)),
+		PenaltyNs: uint64(max(g.Standing.Penalty, 0))}
+	kg := map[prefixKey]bool{}
+	for _, p := range g.Standing.KnownGood {
+		if !p.IsValid() {
+			return fmt.Errorf("%w: standing.known_good: invalid prefix", ErrInvalidGeneration)
+		}
+		kg[keyOf(p)] = true
+	}
 	for _, f := range g.Prefixes {
 		if !f.Prefix.IsValid() {
 			return fmt.Errorf("%w: invalid prefix in prefix facts", ErrInvalidGeneration)
@@ -225,6 +237,7 @@ func (m *Model) Apply(g maps.Generation) error {
 	}
 	n.prefixes = newLPMTable(facts)
 	m.gen = n
+	m.knownGood = newLPMTable(kg)
 	// Rule counters and whole-aggregate buckets live in table slots that
 	// survive with the rule id (maps.Maps.Apply); a rule that leaves and
 	// comes back starts at zero, with a full bucket.
@@ -416,27 +429,29 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		v.Reason = maps.ReasonRulePass
 		return v
 	case maps.RuleDrop:
-		return m.limited(v, maps.ReasonRuleDrop, &r)
+		return m.limited(v, maps.ReasonRuleDrop, &r, nil)
 	}
 	v4 := isV4Mapped(pi.Addr)
 
+	ss := &srcState{now: now, addr: pi.Addr, len: pi.Len, v4: v4}
+
 	// 4. Peek at the aggregates without creating anything.
 	var ak, nk AggKey
-	if g.globalLim && !wouldAdmit(m.global, g.global, now, pi.Len) {
-		return m.limited(v, maps.ReasonGlobalLimit, &r)
+	if g.globalLim && !m.aggPeek(m.global, g.global, g.reserve, maps.ClassAggGlobal, ss) {
+		return m.limited(v, maps.ReasonGlobalLimit, &r, ss)
 	}
 	if asn != 0 && r.asLim {
 		nk = AggKey{RuleId: r.id, Kind: AggKindASN, Asn: asn}
-		if nb, ok := m.agg[nk]; ok && !wouldAdmit(nb, r.asn, now, pi.Len) {
-			return m.limited(v, maps.ReasonASNLimit, &r)
+		if nb, ok := m.agg[nk]; ok && !m.aggPeek(nb, r.asn, r.reserve, maps.ClassAggASN, ss) {
+			return m.limited(v, maps.ReasonASNLimit, &r, ss)
 		}
 	}
 	if r.aggMode != maps.AggNone && r.aggLim {
 		if r.aggMode != maps.AggDerived {
 			// Whole: an array slot, always there (zero is a full
 			// bucket), so it is always peeked at.
-			if !wouldAdmit(m.whole[r.id], r.agg, now, pi.Len) {
-				return m.limited(v, maps.ReasonPrefixLimit, &r)
+			if !m.aggPeek(m.whole[r.id], r.agg, r.reserve, maps.ClassAggPrefix, ss) {
+				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
 		} else {
 			n := int(min(r.aggLen6, 128))
@@ -444,8 +459,8 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 				n = 96 + int(min(r.aggLen4, 32))
 			}
 			ak = AggKey{RuleId: r.id, Kind: AggKindPrefix, Addr: maskAddr(pi.Addr, n), Len: uint8(n)}
-			if ab, ok := m.agg[ak]; ok && !wouldAdmit(ab, r.agg, now, pi.Len) {
-				return m.limited(v, maps.ReasonPrefixLimit, &r)
+			if ab, ok := m.agg[ak]; ok && !m.aggPeek(ab, r.agg, r.reserve, maps.ClassAggPrefix, ss) {
+				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
 		}
 	}
@@ -465,7 +480,14 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			// The new-source filter first: a key not seen in this epoch
 			// or the last passes uncharged and is charged for it when it
 			// comes again (at creation, or on its bucket).
-			switch m.seenMark(srcKeyBytes(sk), now, true) {
+			state, first := m.seenMark(srcKeyBytes(sk), now, true)
+			if (v4 && r.srcLen4 == 32) || (!v4 && r.srcLen6 == 64) {
+				ss.touched = touchNo
+				if first {
+					ss.touched = touchFirst
+				}
+			}
+			switch state {
 			case seenNew:
 				have = false
 			case seenDeferred:
@@ -484,52 +506,53 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			ok := take(&b, r.src, now, pi.Len)
 			m.src[sk] = b
 			if !ok {
-				return m.limited(v, maps.ReasonSrcLimit, &r)
+				return m.limited(v, maps.ReasonSrcLimit, &r, ss)
 			}
 		}
 	}
 	if r.aggMode != maps.AggNone && r.aggLim && r.aggMode != maps.AggDerived {
 		b := m.whole[r.id]
-		ok := take(&b, r.agg, now, pi.Len)
+		ok := m.aggTake(&b, r.agg, r.reserve, maps.ClassAggPrefix, ss)
 		m.whole[r.id] = b
 		if !ok {
-			return m.limited(v, maps.ReasonPrefixLimit, &r)
+			return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 		}
 	}
 	if r.aggMode == maps.AggDerived && r.aggLim {
 		b, have := m.agg[ak]
 		if !have && gated(r.agg) {
-			if m.seenMark(aggKeyBytes(ak), now, false) != seenNew {
+			if state, _ := m.seenMark(aggKeyBytes(ak), now, false); state != seenNew {
 				b, have = charged(r.agg, now, pi.Len), true
 			}
 		} else {
 			have = true
 		}
 		if have {
-			ok := take(&b, r.agg, now, pi.Len)
+			ok := m.aggTake(&b, r.agg, r.reserve, maps.ClassAggPrefix, ss)
 			m.agg[ak] = b
 			if !ok {
-				return m.limited(v, maps.ReasonPrefixLimit, &r)
+				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
 		}
 	}
 	if asn != 0 && r.asLim {
 		b := m.agg[nk]
-		ok := take(&b, r.asn, now, pi.Len)
+		ok := m.aggTake(&b, r.asn, r.reserve, maps.ClassAggASN, ss)
 		m.agg[nk] = b
 		if !ok {
-			return m.limited(v, maps.ReasonASNLimit, &r)
+			return m.limited(v, maps.ReasonASNLimit, &r, ss)
 		}
 	}
-	if g.globalLim && !take(&m.global, g.global, now, pi.Len) {
-		return m.limited(v, maps.ReasonGlobalLimit, &r)
+	if g.globalLim && !m.aggTake(&m.global, g.global, g.reserve, maps.ClassAggGlobal, ss) {
+		return m.limited(v, maps.ReasonGlobalLimit, &r, ss)
 	}
+	m.standingUpdate(ss, false)
 	return v
 }
 
 // limited turns v into a drop, or a would-drop when the rule (or, if it
 // inherits, the global setting) is dry-run.
-func (m *Model) limited(v Verdict, reason maps.Reason, r *rule) Verdict {
+func (m *Model) limited(v Verdict, reason maps.Reason, r *rule, ss *srcState) Verdict {
 	v.Reason = reason
 	v.Action = maps.ActDrop
 	dry := m.gen.mode == maps.ModeDryRun
@@ -538,6 +561,19 @@ func (m *Model) limited(v Verdict, reason maps.Reason, r *rule) Verdict {
 	}
 	if dry {
 		v.Action = maps.ActWouldDrop
+	}
+	if ss != nil {
+		if ss.refusedOutcome == maps.OutcomeRefusedReserve {
+			d := 0
+			if dry {
+				d = 1
+			}
+			m.classes[d][ss.refusedAgg][ss.cls][maps.OutcomeRefusedReserve].Packets++
+			m.classes[d][ss.refusedAgg][ss.cls][maps.OutcomeRefusedReserve].Bytes += uint64(ss.len)
+		}
+		if reason == maps.ReasonSrcLimit {
+			m.standingUpdate(ss, true)
+		}
 	}
 	return v
 }

@@ -55,7 +55,9 @@ const (
 // (seenActive), only in this one (seenDeferred) or in neither (seenNew);
 // it marks key in this epoch and, with settle, a deferred key in the
 // previous one too.
-func (m *Model) seenMark(key []byte, now uint64, settle bool) int {
+// first is whether key was not yet marked in this epoch (standing's
+// once-per-epoch update rides on it).
+func (m *Model) seenMark(key []byte, now uint64, settle bool) (state int, first bool) {
 	h := keyHash(key)
 	idx := (h >> 6) & m.seenMask
 	epoch := ((now >> maps.TickShift) >> seenEpochShift) & 0xff
@@ -70,7 +72,7 @@ func (m *Model) seenMark(key []byte, now uint64, settle bool) int {
 	case (tag+1)&0xff == epoch:
 		prev = (old >> seenBits) & mask
 	}
-	state := seenNew
+	state = seenNew
 	switch {
 	case prev&bit == bit:
 		state = seenActive
@@ -84,7 +86,7 @@ func (m *Model) seenMark(key []byte, now uint64, settle bool) int {
 	if tag != epoch || ncur != cur || nprev != prev {
 		m.seen[idx] = epoch<<(2*seenBits) | ncur<<seenBits | nprev
 	}
-	return state
+	return state, cur&bit != bit
 }
 
 // gated is gated(): creation through the filter only for packet limits
