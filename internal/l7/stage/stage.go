@@ -248,6 +248,9 @@ func (s *Stage) Prepare(ctx context.Context, cfg *proxy.Config, raw []byte, prom
 		sock = run.sock
 	} else {
 		var lc net.ListenConfig
+		// Plain TCP, not Go's default MPTCP: the kernel refuses SYN-cookie
+		// requests (the syn: section's, docs/tcp.md) for MPTCP listeners.
+		lc.SetMultipathTCP(false)
 		ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
 		if err != nil {
 			p.Close()
