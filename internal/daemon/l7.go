@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"time"
 
@@ -95,28 +94,6 @@ func (d *Daemon) applyEscalations(ctx context.Context) error {
 			}
 		}
 	}
-}
-
-// Validate checks a policy file as the daemon would before applying it
-// (without loading its ASN data): the XDP side compiled, and the l7:
-// section decoded.
-func Validate(path string) (*policy.Compiled, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("load policy: %w", err)
-	}
-	p, err := policy.Parse(path, raw, os.ReadFile)
-	if err != nil {
-		return nil, withL7Problems(err, raw, path)
-	}
-	c, err := policy.Compile(p, nil)
-	if err != nil {
-		return nil, err
-	}
-	if _, _, err := decodeL7(p, path); err != nil {
-		return nil, err
-	}
-	return c, nil
 }
 
 // withL7Problems adds the l7: section's problems to a policy validation

@@ -13,7 +13,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/trafficgen"
 )
 
-// explainASNData covers only the lab's two /16s: 10.1.2.3 and 127.0.0.1
+// explainASNData covers only the lab's two /16s: 203.0.113.9 and 127.0.0.1
 // are not in it.
 const explainASNData = "198.18.0.0\t198.18.255.255\t64501\tZZ\tLEGIT-CLIENTS\n" +
 	"198.19.0.0\t198.19.255.255\t64500\tZZ\tATTACKER\n"
@@ -92,8 +92,8 @@ func TestExplain(t *testing.T) {
 		!strings.Contains(txt, "deny-listed by 127.0.0.0/8") || !strings.Contains(txt, "not in the ASN data (2 entries loaded)") {
 		t.Errorf("asn lookup 127.0.0.1: %q", txt)
 	}
-	if txt := s.ctlText("asn", "lookup", "10.1.2.3"); !strings.Contains(txt, "not in the ASN data") || !strings.Contains(txt, "rule default") {
-		t.Errorf("asn lookup 10.1.2.3: %q", txt)
+	if txt := s.ctlText("asn", "lookup", "203.0.113.9"); !strings.Contains(txt, "not in the ASN data") || !strings.Contains(txt, "rule default") {
+		t.Errorf("asn lookup 203.0.113.9: %q", txt)
 	}
 	// Allow-listed: passes without buckets.
 	if e := s.explain("198.18.1.7"); e.Verdict != "pass" || e.Reason != "allow_list" || e.List == nil || e.List.List != control.Allow || len(e.Buckets) != 0 {
