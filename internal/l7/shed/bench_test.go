@@ -2,13 +2,12 @@ package shed
 
 import (
 	"context"
-	"strconv"
 	"testing"
 )
 
 // BenchmarkShedAcquire measures one Acquire+Release on the fast path (a
 // free slot, an empty queue): serial, parallel on one limiter, with the
-// adaptive limit's sampling, and through a Keyed table.
+// adaptive limit's sampling.
 func BenchmarkShedAcquire(b *testing.B) {
 	ctx := context.Background()
 	for _, lc := range []struct {
@@ -55,35 +54,6 @@ func BenchmarkShedAcquire(b *testing.B) {
 			})
 		})
 	}
-	b.Run("parallel-keyed", func(b *testing.B) {
-		k, err := NewKeyed(KeyedConfig{PerKey: Config{MaxInFlight: 1 << 20}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		keys := make([]string, 1024)
-		for i := range keys {
-			keys[i] = "client-" + strconv.Itoa(i)
-			p, err := k.Acquire(ctx, keys[i], PriorityDefault) // create the key's limiter
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Release()
-		}
-		b.ReportAllocs()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			i := 0
-			for pb.Next() {
-				p, err := k.Acquire(ctx, keys[i%len(keys)], PriorityDefault)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				p.Release()
-				i++
-			}
-		})
-	})
 	b.Run("shed-at-limit", func(b *testing.B) {
 		l, err := New(Config{MaxInFlight: 1})
 		if err != nil {

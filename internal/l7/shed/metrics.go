@@ -11,14 +11,12 @@ import (
 
 // Collector exports limiters' state as Prometheus metrics, read at scrape
 // time. Each limiter is labelled by the name it was added under (a route or
-// policy name chosen by the operator); keyed limiters are summed over their
-// keys, so no metric ever carries a client key.
+// policy name chosen by the operator), never by a client key.
 type Collector struct {
 	inFlight  *prometheus.Desc
 	queue     *prometheus.Desc
 	limit     *prometheus.Desc
 	baseline  *prometheus.Desc
-	keys      *prometheus.Desc
 	admitted  *prometheus.Desc
 	shedTotal *prometheus.Desc
 
@@ -29,7 +27,6 @@ type Collector struct {
 type collectorSource struct {
 	name    string
 	limiter *Limiter
-	keyed   *Keyed
 }
 
 // NewCollector returns a Collector with no limiters.
@@ -38,15 +35,13 @@ func NewCollector() *Collector {
 	name := []string{"limiter"}
 	return &Collector{
 		inFlight: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "in_flight"),
-			"Requests holding a concurrency slot (summed over keys for keyed limiters).", name, nil),
+			"Requests holding a concurrency slot.", name, nil),
 		queue: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "queue_depth"),
-			"Requests waiting for a concurrency slot (summed over keys for keyed limiters).", name, nil),
+			"Requests waiting for a concurrency slot.", name, nil),
 		limit: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "concurrency_limit"),
-			"Current concurrency limit: the adaptive limit, or the static one (per key for keyed limiters).", name, nil),
+			"Current concurrency limit: the adaptive limit, or the static one.", name, nil),
 		baseline: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "latency_baseline_seconds"),
 			"Baseline service latency the adaptive limit compares against (adaptive limiters only).", name, nil),
-		keys: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "keys"),
-			"Keys holding their own limiter (keyed limiters only).", name, nil),
 		admitted: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "admitted_total"),
 			"Requests given a concurrency slot.", []string{"limiter", "priority"}, nil),
 		shedTotal: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "requests_shed_total"),
@@ -57,11 +52,6 @@ func NewCollector() *Collector {
 // Add exports l under name.
 func (c *Collector) Add(name string, l *Limiter) error {
 	return c.add(collectorSource{name: name, limiter: l})
-}
-
-// AddKeyed exports k, summed over its keys, under name.
-func (c *Collector) AddKeyed(name string, k *Keyed) error {
-	return c.add(collectorSource{name: name, keyed: k})
 }
 
 func (c *Collector) add(s collectorSource) error {
@@ -82,7 +72,7 @@ func (c *Collector) add(s collectorSource) error {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.inFlight, c.queue, c.limit, c.baseline, c.keys, c.admitted, c.shedTotal} {
+	for _, d := range []*prometheus.Desc{c.inFlight, c.queue, c.limit, c.baseline, c.admitted, c.shedTotal} {
 		ch <- d
 	}
 }
@@ -94,15 +84,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Unlock()
 	for _, src := range sources {
 		var s Stats
-		if src.keyed != nil {
-			s = src.keyed.Stats()
-			ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(src.keyed.Keys()), src.name)
-		} else {
-			s = src.limiter.Stats()
-			if src.limiter.adaptive != nil {
-				ch <- prometheus.MustNewConstMetric(c.baseline, prometheus.GaugeValue,
-					src.limiter.Baseline().Seconds(), src.name)
-			}
+		s = src.limiter.Stats()
+		if src.limiter.adaptive != nil {
+			ch <- prometheus.MustNewConstMetric(c.baseline, prometheus.GaugeValue,
+				src.limiter.Baseline().Seconds(), src.name)
 		}
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight), src.name)
 		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, float64(s.QueueDepth), src.name)

@@ -38,18 +38,18 @@ func TestCollectorExposition(t *testing.T) {
 	}
 
 	want := `
-# HELP edgeguard_l7_shed_concurrency_limit Current concurrency limit: the adaptive limit, or the static one (per key for keyed limiters).
+# HELP edgeguard_l7_shed_concurrency_limit Current concurrency limit: the adaptive limit, or the static one.
 # TYPE edgeguard_l7_shed_concurrency_limit gauge
 edgeguard_l7_shed_concurrency_limit{limiter="adaptive"} 11
 edgeguard_l7_shed_concurrency_limit{limiter="api"} 2
-# HELP edgeguard_l7_shed_in_flight Requests holding a concurrency slot (summed over keys for keyed limiters).
+# HELP edgeguard_l7_shed_in_flight Requests holding a concurrency slot.
 # TYPE edgeguard_l7_shed_in_flight gauge
 edgeguard_l7_shed_in_flight{limiter="adaptive"} 0
 edgeguard_l7_shed_in_flight{limiter="api"} 2
 # HELP edgeguard_l7_shed_latency_baseline_seconds Baseline service latency the adaptive limit compares against (adaptive limiters only).
 # TYPE edgeguard_l7_shed_latency_baseline_seconds gauge
 edgeguard_l7_shed_latency_baseline_seconds{limiter="adaptive"} 0.025
-# HELP edgeguard_l7_shed_queue_depth Requests waiting for a concurrency slot (summed over keys for keyed limiters).
+# HELP edgeguard_l7_shed_queue_depth Requests waiting for a concurrency slot.
 # TYPE edgeguard_l7_shed_queue_depth gauge
 edgeguard_l7_shed_queue_depth{limiter="adaptive"} 0
 edgeguard_l7_shed_queue_depth{limiter="api"} 0
@@ -117,67 +117,4 @@ func gatheredValue(t *testing.T, g prometheus.Gatherer, metric string, labels ma
 	}
 	t.Fatalf("no sample %s%v", metric, labels)
 	return 0
-}
-
-// Keyed limiters are summed over keys; no label carries a key, and dropped
-// keys' counters survive.
-func TestCollectorKeyedSumsWithoutKeyLabels(t *testing.T) {
-	env := newManualEnv()
-	k, err := NewKeyed(KeyedConfig{PerKey: Config{MaxInFlight: 1, Clock: env.clock, AfterFunc: env.timers.AfterFunc}, Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	a, err := k.Acquire(ctx, "tenant-a", PriorityDefault)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := k.Acquire(ctx, "tenant-b", PriorityDefault)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = k.Acquire(ctx, "tenant-a", PriorityDefault)
-	wantShed(t, err, ReasonAtLimit)
-	b.Release()
-	if dropped := k.Sweep(); dropped != 1 {
-		t.Fatalf("Sweep dropped %d, want 1 (tenant-b is idle)", dropped)
-	}
-
-	c := NewCollector()
-	if err := c.AddKeyed("per-tenant", k); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(c)
-	for metric, want := range map[string]float64{
-		"edgeguard_l7_shed_in_flight":         1,
-		"edgeguard_l7_shed_keys":              1,
-		"edgeguard_l7_shed_concurrency_limit": 1,
-	} {
-		if got := gatheredValue(t, reg, metric, map[string]string{"limiter": "per-tenant"}); got != want {
-			t.Errorf("%s = %v, want %v", metric, got, want)
-		}
-	}
-	if got := gatheredValue(t, reg, "edgeguard_l7_shed_admitted_total",
-		map[string]string{"limiter": "per-tenant", "priority": "default"}); got != 2 {
-		t.Errorf("admitted = %v, want 2 (tenant-b's count kept after it was dropped)", got)
-	}
-	if got := gatheredValue(t, reg, "edgeguard_l7_shed_requests_shed_total",
-		map[string]string{"limiter": "per-tenant", "priority": "default", "reason": "at_limit"}); got != 1 {
-		t.Errorf("shed at_limit = %v, want 1", got)
-	}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if strings.Contains(lp.GetValue(), "tenant-") {
-					t.Errorf("%s carries a client key in label %s=%q", f.GetName(), lp.GetName(), lp.GetValue())
-				}
-			}
-		}
-	}
-	a.Release()
 }

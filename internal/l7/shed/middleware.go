@@ -24,7 +24,7 @@ const ProblemTitle = "Temporarily reduced capacity"
 // MiddlewareOptions.RetryAfter is zero.
 const DefaultRetryAfter = time.Second
 
-// MiddlewareOptions configure Middleware and KeyedMiddleware.
+// MiddlewareOptions configure Middleware.
 type MiddlewareOptions struct {
 	// Priority classifies each request. Nil means PriorityDefault for all.
 	Priority func(*http.Request) Priority
@@ -54,13 +54,6 @@ type Problem struct {
 func Middleware(l *Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
 	return newMiddleware(func(r *http.Request, p Priority) (Permit, error) {
 		return l.Acquire(r.Context(), p)
-	}, opts)
-}
-
-// KeyedMiddleware is Middleware with one limiter per key(r).
-func KeyedMiddleware(k *Keyed, key func(*http.Request) string, opts MiddlewareOptions) func(http.Handler) http.Handler {
-	return newMiddleware(func(r *http.Request, p Priority) (Permit, error) {
-		return k.Acquire(r.Context(), key(r), p)
 	}, opts)
 }
 

@@ -173,30 +173,6 @@ func TestMiddlewarePriorityFromRequest(t *testing.T) {
 	}
 }
 
-func TestKeyedMiddlewareLimitsEachKeyAlone(t *testing.T) {
-	k, err := NewKeyed(KeyedConfig{PerKey: Config{MaxInFlight: 1}, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := func(r *http.Request) string { return r.Header.Get("X-Tenant") }
-	h, srv := startServer(t, KeyedMiddleware(k, key, MiddlewareOptions{}))
-	c := srv.Client()
-
-	waitA := startHeld(t, c, h, get(t, srv.URL, "X-Tenant", "a"))
-	resp, err := c.Do(get(t, srv.URL, "X-Tenant", "a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkShed(t, resp, "1", ReasonAtLimit)
-	waitB := startHeld(t, c, h, get(t, srv.URL, "X-Tenant", "b"))
-	h.open()
-	waitA()
-	waitB()
-	if got := k.Keys(); got != 2 {
-		t.Fatalf("keys = %d, want 2", got)
-	}
-}
-
 // A request that waits in the queue past QueueTimeout gets the 503 too. The
 // timeout runs on real timers here; nothing is asserted about how long it
 // took.
