@@ -84,18 +84,9 @@ func (r Rate) check(what string) error {
 // (bpf/headers/edgeguard_gcra.h), for tests and the reference model.
 type GCRA struct{ TAT uint64 }
 
-// Take admits an event of cost inc at now (ticks) iff it fits the tolerance
-// tau, and then charges it; a rejected event changes nothing.
-func (g *GCRA) Take(now, inc, tau uint64) bool {
-	base := max(g.TAT, now)
-	if base+inc-now > tau {
-		return false
-	}
-	g.TAT = base + inc
-	return true
-}
-
-// WouldAdmit is Take without the charge.
+// WouldAdmit reports whether an event of cost inc at now (ticks) fits the
+// tolerance tau; it charges nothing (the reference model charges with
+// max(TAT, now) + inc, as the program does).
 func (g GCRA) WouldAdmit(now, inc, tau uint64) bool {
 	return max(g.TAT, now)+inc-now <= tau
 }

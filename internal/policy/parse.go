@@ -8,7 +8,6 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -21,17 +20,6 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
-
-// Load reads and validates the policy file at path. List files named in it
-// are read relative to the policy file's directory. On any problem it returns
-// a *ValidationError listing all of them, and no policy.
-func Load(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("load policy: %w", err)
-	}
-	return Parse(path, data, os.ReadFile)
-}
 
 // Parse validates a policy held in memory. file names it in messages and
 // anchors relative list-file paths; readFile reads list files (os.ReadFile

@@ -341,18 +341,26 @@ func wouldAdmit(b Bucket, c maps.BucketCfg, now uint64, n uint32) bool {
 // packet the byte dimension rejects gives back its packet charge by
 // subtraction (which leaves max(old TAT, now), not the old TAT).
 func take(b *Bucket, c maps.BucketCfg, now uint64, n uint32) bool {
-	pkt, byt := maps.GCRA{TAT: b.PktTat}, maps.GCRA{TAT: b.ByteTat}
-	if c.PktT != 0 && !pkt.Take(now, c.PktT, c.PktTau) {
+	if c.PktT != 0 && !gcraTake(&b.PktTat, now, c.PktT, c.PktTau) {
 		return false
 	}
-	b.PktTat = pkt.TAT
-	if c.ByteT != 0 && !byt.Take(now, maps.ByteCost(c, n), c.ByteTau) {
+	if c.ByteT != 0 && !gcraTake(&b.ByteTat, now, maps.ByteCost(c, n), c.ByteTau) {
 		if c.PktT != 0 {
 			b.PktTat -= c.PktT
 		}
 		return false
 	}
-	b.ByteTat = byt.TAT
+	return true
+}
+
+// gcraTake admits an event of cost inc at now iff it fits the tolerance
+// tau (maps.GCRA.WouldAdmit), and then charges it, as the program's GCRA
+// does; a rejected event changes nothing.
+func gcraTake(tat *uint64, now, inc, tau uint64) bool {
+	if !(maps.GCRA{TAT: *tat}).WouldAdmit(now, inc, tau) {
+		return false
+	}
+	*tat = max(*tat, now) + inc
 	return true
 }
 

@@ -240,11 +240,11 @@ func TestDecodeEngine(t *testing.T) {
 // builds.
 func TestExamplePolicy(t *testing.T) {
 	const path = "../../../examples/edgeguard.yaml"
-	if _, err := policy.Load(path); err != nil {
-		t.Fatal(err)
-	}
 	data, err := os.ReadFile(path)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.Parse(path, data, os.ReadFile); err != nil {
 		t.Fatal(err)
 	}
 	text := string(data)
