@@ -2,7 +2,6 @@ package shed
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/bits"
@@ -57,15 +56,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// errLimiterClosed is returned by a Limiter that Keyed has retired; Keyed
-// looks the key up again.
-var errLimiterClosed = errors.New("limiter retired from its key table")
-
-// closedInFlight marks a retired limiter's in-flight count. Any value below
-// zero means closed; this one stays negative whatever happens to it.
-const closedInFlight = -1 << 40
-
-// Limiter bounds the requests in flight for one route or key. The fast path
+// Limiter bounds the requests in flight for one route (or the global limit). The fast path
 // (a free slot and an empty queue) is one atomic compare-and-swap and takes
 // no lock; only queueing and hand-off take the limiter's own mutex.
 type Limiter struct {
@@ -215,20 +206,17 @@ func reserveFor(limit, pct int64) int64 {
 }
 
 // tryTake takes a slot if fewer than thr are in flight.
-func (l *Limiter) tryTake(thr int64) (ok bool, closed bool) {
+func (l *Limiter) tryTake(thr int64) bool {
 	for {
 		n := l.inFlight.Load()
-		if n < 0 {
-			return false, true
-		}
 		if n >= thr {
-			return false, false
+			return false
 		}
 		if l.inFlight.CompareAndSwap(n, n+1) {
 			if l.adaptive != nil {
 				l.adaptive.noteInFlight(n + 1)
 			}
-			return true, false
+			return true
 		}
 	}
 }
@@ -254,12 +242,8 @@ func (l *Limiter) Acquire(ctx context.Context, p Priority) (Permit, error) {
 		p = PriorityDefault
 	}
 	if l.waiting.Load() == 0 {
-		ok, closed := l.tryTake(l.threshold(p))
-		if ok {
+		if l.tryTake(l.threshold(p)) {
 			return l.grant(p), nil
-		}
-		if closed {
-			return Permit{}, errLimiterClosed
 		}
 	}
 	return l.acquireSlow(ctx, p)
@@ -272,16 +256,9 @@ func (l *Limiter) acquireSlow(ctx context.Context, p Priority) (Permit, error) {
 	// go to those already queued; only then may this request take one, and
 	// only if nobody it would queue behind is still waiting.
 	l.dispatchLocked()
-	var ok, closed bool
-	if l.aheadLocked(p.rank()) == 0 {
-		ok, closed = l.tryTake(l.threshold(p))
-	}
-	if ok || closed {
+	if l.aheadLocked(p.rank()) == 0 && l.tryTake(l.threshold(p)) {
 		l.waiting.Add(-1)
 		l.mu.Unlock()
-		if closed {
-			return Permit{}, errLimiterClosed
-		}
 		return l.grant(p), nil
 	}
 	if reason, shed := l.admitToQueueLocked(p); shed {
@@ -413,7 +390,7 @@ func (l *Limiter) dispatchLocked() {
 		}
 		// The head of the best queue is the only candidate: default and
 		// sheddable share a threshold, and critical's is the highest.
-		if ok, _ := l.tryTake(l.threshold(w.prio)); !ok {
+		if !l.tryTake(l.threshold(w.prio)) {
 			return
 		}
 		l.removeLocked(w, waiterGranted, 0)
@@ -429,18 +406,6 @@ func (l *Limiter) setLimit(n int64) {
 		l.dispatchLocked()
 		l.mu.Unlock()
 	}
-}
-
-// close retires an idle limiter so that Keyed can drop it: it succeeds only
-// with nothing in flight and nothing queued, and afterwards every Acquire
-// returns errLimiterClosed.
-func (l *Limiter) close() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.waiting.Load() != 0 {
-		return false
-	}
-	return l.inFlight.CompareAndSwap(0, closedInFlight)
 }
 
 // InFlight returns the number of requests holding a slot.
@@ -485,16 +450,6 @@ func (l *Limiter) addCounters(s *Stats) {
 		s.Admitted[p] += l.admitted[p].Load()
 		for r := range numReasons {
 			s.Shed[r][p] += l.shed[r][p].Load()
-		}
-	}
-}
-
-// addCounters adds o's counters (not its gauges) to s.
-func (s *Stats) addCounters(o *Stats) {
-	for p := range numPriorities {
-		s.Admitted[p] += o.Admitted[p]
-		for r := range numReasons {
-			s.Shed[r][p] += o.Shed[r][p]
 		}
 	}
 }
