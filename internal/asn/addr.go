@@ -95,14 +95,6 @@ func lowMask(k int) u128 {
 	return u128{hi: ^uint64(0), lo: ^uint64(0)}
 }
 
-// maxAddr is the highest address of the family: 255.255.255.255 or ffff:…:ffff.
-func maxAddr(is6 bool) u128 {
-	if is6 {
-		return lowMask(128)
-	}
-	return lowMask(32)
-}
-
 func familyBits(is6 bool) int {
 	if is6 {
 		return 128
