@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Standing is what the data plane knows of a source address
@@ -104,7 +105,9 @@ func standingAddr(k loader.LimiterEgStandingKey) netip.Addr {
 	return netip.AddrFrom16(k.Addr).Unmap()
 }
 
-func monoNow() (uint64, error) {
+// MonoNow reads CLOCK_MONOTONIC, the clock of the data plane's expiry and
+// standing times, in nanoseconds.
+func MonoNow() (uint64, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return 0, fmt.Errorf("read monotonic clock: %w", err)
@@ -149,7 +152,7 @@ func (m *Maps) LookupStanding(a netip.Addr) (StandingEntry, error) {
 	if err != nil {
 		return StandingEntry{}, fmt.Errorf("lookup standing %s: %w", a, err)
 	}
-	mono, err := monoNow()
+	mono, err := MonoNow()
 	if err != nil {
 		return StandingEntry{}, err
 	}
@@ -212,7 +215,7 @@ func (m *Maps) DeleteStanding(a netip.Addr) error {
 // Standings returns every entry of the standing table (a batch read: call it
 // from a background loop, not per request).
 func (m *Maps) Standings() ([]StandingEntry, error) {
-	mono, err := monoNow()
+	mono, err := MonoNow()
 	if err != nil {
 		return nil, err
 	}
@@ -246,22 +249,12 @@ func (m *Maps) clockNS() (uint64, error) {
 		}
 		return ns, nil
 	}
-	return monoNow()
+	return MonoNow()
 }
 
-// StandingSettings are a generation's standing rules.
-type StandingSettings struct {
-	// EstablishedAfter is the clean history a new source needs to become
-	// established; 0 turns promotion off.
-	EstablishedAfter time.Duration
-	// Penalty is how long a source stays penalised.
-	Penalty time.Duration
-	// KnownGood are prefixes whose sources count as established until
-	// they earn a standing of their own (cold start).
-	KnownGood []netip.Prefix
-}
-
-func (s StandingSettings) compile() loader.LimiterEgStandingCfg {
+// StandingConfig is a generation's standing rules as the data plane holds
+// them (known_good is a table of its own, see Apply).
+func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
 	return loader.LimiterEgStandingCfg{EstablishedAfterNs: uint64(max(s.EstablishedAfter, 0)), PenaltyNs: uint64(max(s.Penalty, 0))}
 }
 

@@ -5,7 +5,6 @@ package maps
 
 import (
 	"fmt"
-	"net/netip"
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
@@ -128,7 +127,8 @@ const (
 )
 
 // Rate is Count events per Per, with a burst of Burst events. A zero Count
-// means no limit.
+// means no limit. The SYN path's settings (SynService) use it; the limiter's
+// buckets come from policy.Bucket (see BucketConfig).
 type Rate struct {
 	Count uint64
 	Per   time.Duration
@@ -137,65 +137,3 @@ type Rate struct {
 
 // Limited reports whether the rate limits anything.
 func (r Rate) Limited() bool { return r.Count != 0 }
-
-// Bucket limits packets and bytes; either may be unlimited.
-type Bucket struct {
-	Packets Rate
-	Bytes   Rate
-}
-
-// Rule is one compiled rule as the data plane sees it.
-type Rule struct {
-	ID      uint32
-	Src     Bucket
-	Agg     Bucket
-	ASN     Bucket
-	SrcLen4 uint8 // per-source key length for IPv4 (default 32)
-	SrcLen6 uint8 // for IPv6 (default 64)
-	AggMode AggMode
-	AggLen4 uint8
-	AggLen6 uint8
-	Mode    Mode
-	Action  RuleAction
-	// Reserve is the share of the prefix and ASN aggregates' burst
-	// tolerance that only established and validated sources may use, in
-	// parts per million (0: off; below 1,000,000).
-	Reserve uint32
-}
-
-// Settings are the global, per-generation settings.
-type Settings struct {
-	Mode      Mode   // ModeEnforce or ModeDryRun
-	Malformed Action // ActPass or ActDrop
-	Global    Bucket
-	Samples   Rate // drop samples per second sent to user space
-	Clock     Clock
-	// GlobalReserve is the global bucket's reserve, as Rule.Reserve.
-	GlobalReserve uint32
-}
-
-// PrefixFact says what is known about a source prefix.
-type PrefixFact struct {
-	Prefix  netip.Prefix
-	RuleID  uint32
-	ASN     uint32
-	Country [2]byte
-}
-
-// L4Match sends packets of a protocol (and port) to a rule.
-type L4Match struct {
-	Proto  uint8
-	Dir    L4Dir
-	Port   uint16
-	RuleID uint32
-}
-
-// Generation is a whole policy as the data plane sees it. Applying one is
-// atomic: packets see either the old generation or the new one.
-type Generation struct {
-	Settings Settings
-	Rules    []Rule
-	Prefixes []PrefixFact
-	L4       []L4Match
-	Standing StandingSettings
-}
