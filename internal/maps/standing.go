@@ -28,12 +28,10 @@ const (
 	numStandings        = int(loader.LimiterEgStandingEG_STANDING_MAX)
 )
 
-var standingNames = [...]string{"new", "established", "validated", "penalised"}
-
 // StandingName is the display and metric label of a standing.
 func StandingName(s Standing) string {
-	if int(s) < len(standingNames) {
-		return standingNames[s]
+	if int(s) < len(loader.LimiterEgStandingNames) {
+		return loader.LimiterEgStandingNames[s]
 	}
 	return fmt.Sprintf("standing_%d", s)
 }
@@ -45,24 +43,21 @@ type StandingWhy = loader.LimiterEgStandingWhy
 const (
 	WhyNone      = loader.LimiterEgStandingWhyEG_WHY_NONE
 	WhyFirstSeen = loader.LimiterEgStandingWhyEG_WHY_FIRST_SEEN
-	WhyClean     = loader.LimiterEgStandingWhyEG_WHY_CLEAN
+	WhyClean     = loader.LimiterEgStandingWhyEG_WHY_CLEAN_HISTORY
 	WhyOwnLimit  = loader.LimiterEgStandingWhyEG_WHY_OWN_LIMIT
-	WhyDeny      = loader.LimiterEgStandingWhyEG_WHY_DENY
-	WhyDecayed   = loader.LimiterEgStandingWhyEG_WHY_DECAYED
-	WhyImport    = loader.LimiterEgStandingWhyEG_WHY_IMPORT
-	WhyL7        = loader.LimiterEgStandingWhyEG_WHY_L7
+	WhyDeny      = loader.LimiterEgStandingWhyEG_WHY_DENY_LIST
+	WhyDecayed   = loader.LimiterEgStandingWhyEG_WHY_PENALTY_OVER
+	WhyImport    = loader.LimiterEgStandingWhyEG_WHY_KNOWN_GOOD
+	WhyL7        = loader.LimiterEgStandingWhyEG_WHY_L7PROMOTION
 	WhyCongested = loader.LimiterEgStandingWhyEG_WHY_CONGESTED
 	WhySet       = loader.LimiterEgStandingWhyEG_WHY_SET
-	WhyTCP       = loader.LimiterEgStandingWhyEG_WHY_TCP
+	WhyTCP       = loader.LimiterEgStandingWhyEG_WHY_TCP_HANDSHAKE
 )
-
-var whyNames = [...]string{"none", "first_seen", "clean_history", "own_limit", "deny_list", "penalty_over",
-	"known_good", "l7_promotion", "congested", "set", "tcp_handshake"}
 
 // StandingWhyName is the display label of a standing change reason.
 func StandingWhyName(w StandingWhy) string {
-	if int(w) < len(whyNames) {
-		return whyNames[w]
+	if int(w) < len(loader.LimiterEgStandingWhyNames) {
+		return loader.LimiterEgStandingWhyNames[w]
 	}
 	return fmt.Sprintf("why_%d", w)
 }
@@ -343,10 +338,10 @@ const (
 
 // ClassName is the metric label of a class.
 func ClassName(c Class) string {
-	if c == ClassUnknown {
-		return "unknown"
+	if int(c) < len(loader.LimiterEgClassNames) {
+		return loader.LimiterEgClassNames[c]
 	}
-	return StandingName(Standing(c))
+	return fmt.Sprintf("class_%d", c)
 }
 
 // ClassAgg names the aggregates the class counters are kept for.
@@ -360,12 +355,10 @@ const (
 	numClassAggs   = int(loader.LimiterEgClassAggEG_CAGG_MAX)
 )
 
-var classAggNames = [...]string{"prefix", "asn", "global"}
-
 // ClassAggName is the metric label of a class counter aggregate.
 func ClassAggName(a ClassAgg) string {
-	if int(a) < len(classAggNames) {
-		return classAggNames[a]
+	if int(a) < len(loader.LimiterEgClassAggNames) {
+		return loader.LimiterEgClassAggNames[a]
 	}
 	return fmt.Sprintf("aggregate_%d", a)
 }
@@ -382,12 +375,10 @@ const (
 	numOutcomes            = int(loader.LimiterEgClassOutcomeEG_CO_MAX)
 )
 
-var outcomeNames = [...]string{"admitted", "admitted_reserve", "refused_reserve", "refused_full"}
-
 // OutcomeName is the metric label of an outcome.
 func OutcomeName(o Outcome) string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
+	if int(o) < len(loader.LimiterEgClassOutcomeNames) {
+		return loader.LimiterEgClassOutcomeNames[o]
 	}
 	return fmt.Sprintf("outcome_%d", o)
 }

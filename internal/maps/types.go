@@ -30,43 +30,37 @@ const (
 	ReasonOK          = loader.LimiterEgReasonEG_R_OK
 	ReasonNonIP       = loader.LimiterEgReasonEG_R_NON_IP
 	ReasonNoPolicy    = loader.LimiterEgReasonEG_R_NO_POLICY
-	ReasonAllow       = loader.LimiterEgReasonEG_R_ALLOW
-	ReasonDeny        = loader.LimiterEgReasonEG_R_DENY
-	ReasonSrcLimit    = loader.LimiterEgReasonEG_R_SRC_LIMIT
+	ReasonAllow       = loader.LimiterEgReasonEG_R_ALLOW_LIST
+	ReasonDeny        = loader.LimiterEgReasonEG_R_DENY_LIST
+	ReasonSrcLimit    = loader.LimiterEgReasonEG_R_SOURCE_LIMIT
 	ReasonPrefixLimit = loader.LimiterEgReasonEG_R_PREFIX_LIMIT
 	ReasonASNLimit    = loader.LimiterEgReasonEG_R_ASN_LIMIT
 	ReasonGlobalLimit = loader.LimiterEgReasonEG_R_GLOBAL_LIMIT
-	ReasonBadEth      = loader.LimiterEgReasonEG_R_BAD_ETH
+	ReasonBadEth      = loader.LimiterEgReasonEG_R_BAD_ETHERNET
 	ReasonBadVLAN     = loader.LimiterEgReasonEG_R_BAD_VLAN
 	ReasonBadIPv4     = loader.LimiterEgReasonEG_R_BAD_IPV4
 	ReasonBadIPv6     = loader.LimiterEgReasonEG_R_BAD_IPV6
 	ReasonBadL4       = loader.LimiterEgReasonEG_R_BAD_L4
 	ReasonRuleDrop    = loader.LimiterEgReasonEG_R_RULE_DROP
 	ReasonRulePass    = loader.LimiterEgReasonEG_R_RULE_PASS
-	ReasonBadIPLen    = loader.LimiterEgReasonEG_R_BAD_IP_LEN
-	ReasonICMPFamily  = loader.LimiterEgReasonEG_R_ICMP_FAMILY
+	ReasonBadIPLen    = loader.LimiterEgReasonEG_R_BAD_IP_LENGTH
+	ReasonICMPFamily  = loader.LimiterEgReasonEG_R_ICMP_WRONG_FAMILY
 )
 
-var actionNames = [...]string{"pass", "drop", "would_drop"}
-
-var reasonNames = [...]string{
-	"ok", "non_ip", "no_policy", "allow_list", "deny_list", "source_limit", "prefix_limit",
-	"asn_limit", "global_limit", "bad_ethernet", "bad_vlan", "bad_ipv4", "bad_ipv6", "bad_l4",
-	"rule_drop", "rule_pass", "bad_ip_length", "icmp_wrong_family",
-}
-
-// ActionName is the metric label of an action.
+// ActionName is the metric label of an action: its C enumerator
+// (enum eg_action) without EG_ACT_, lowercased (internal/loader/enumnames).
 func ActionName(a Action) string {
-	if int(a) < len(actionNames) {
-		return actionNames[a]
+	if int(a) < len(loader.LimiterEgActionNames) {
+		return loader.LimiterEgActionNames[a]
 	}
 	return fmt.Sprintf("action_%d", a)
 }
 
-// ReasonName is the metric label of a reason.
+// ReasonName is the metric label of a reason: its C enumerator (enum
+// eg_reason) without EG_R_, lowercased.
 func ReasonName(r Reason) string {
-	if int(r) < len(reasonNames) {
-		return reasonNames[r]
+	if int(r) < len(loader.LimiterEgReasonNames) {
+		return loader.LimiterEgReasonNames[r]
 	}
 	return fmt.Sprintf("reason_%d", r)
 }
