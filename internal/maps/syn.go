@@ -251,21 +251,6 @@ func (s *Syn) SynCounters(n int) ([]SynCounters, error) {
 	return out, nil
 }
 
-// SynValidated returns when addr last completed a handshake through a
-// cookie, and whether it ever did (as far as the LRU table remembers).
-// This is what the standing map will consult (docs/tcp.md).
-func (s *Syn) SynValidated(addr netip.Addr) (time.Duration, bool, error) {
-	var v loader.SyncookieEgSynValidated
-	err := s.o.SynValidated.Lookup(Addr16(addr), &v)
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("syn: read validated %v: %w", addr, err)
-	}
-	return time.Duration(v.SinceNs), true, nil
-}
-
 // SetSynTestClock sets the SYN path's clock when loaded with TestClock.
 func (s *Syn) SetSynTestClock(ns uint64) error {
 	return s.o.SynTestClock.Put(uint32(0), ns)
