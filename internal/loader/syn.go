@@ -196,6 +196,11 @@ func (s *SynPath) AttachTC(iface string) error {
 			// Severed (interface re-created) or otherwise stale: start afresh.
 			l.Unpin()
 			l.Close()
+		} else if l, err := adoptRenamed(s.log, filepath.Dir(s.pinDir), "tcx", ifc.Index, iface, s.Objects.EgSynTc, pin); err != nil {
+			return fmt.Errorf("attach syn tcx to %s: %w", iface, err)
+		} else if l != nil {
+			s.tcx[iface] = l
+			return nil
 		}
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: s.Objects.EgSynTc, Attach: ebpf.AttachTCXIngress})
