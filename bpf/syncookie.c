@@ -14,9 +14,11 @@
  *    no reflector; a packet without SYN is looked up with
  *    bpf_skc_lookup_tcp: one of a known connection (any state but LISTEN)
  *    goes on to the limiter, an ACK whose cookie checks out goes on with
- *    metadata for the tcx program (and its source is marked validated),
+ *    metadata for the tcx program (and its source becomes validated in
+ *    the limiter's standing map),
  *    anything else is out of state: dropped, or passed on within the
- *    service's budget.
+ *    service's budget. A validated source (the limiter's standing map,
+ *    shared) bypasses the SYN path for a while.
  *  - eg_syn_tc (tcx ingress) turns the metadata into a request socket with
  *    bpf_sk_assign_tcp_reqsk: the kernel creates the connection without
  *    ever having seen the SYN, and without its own cookie check (which only
@@ -90,14 +92,28 @@ struct {
 	__type(value, struct eg_syn_counters);
 } syn_counters SEC(".maps");
 
-/* Sources that completed a handshake through a cookie. LRU: a flood cannot
- * fill it, since only valid cookies (a completed round trip) insert. */
+/* The limiter's standing table (edgeguard_types.h; the loader replaces
+ * this definition with the limiter's map, as it does lists): a source
+ * whose cookie checks out becomes validated there, and a validated source
+ * (by a cookie, an ESTABLISHED connection or the L7 stage) bypasses the SYN
+ * path for the service's validated_ns. A plain hash: when it is full the
+ * source is not entered (counted EG_SE_FULL) and nobody is evicted. Only a
+ * valid cookie (a completed round trip) inserts, so a spoofed flood cannot
+ * fill it. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
-	__type(key, __u8[16]);
-	__type(value, struct eg_syn_validated);
-} syn_validated SEC(".maps");
+	__type(key, struct eg_standing_key);
+	__type(value, struct eg_standing_val);
+} standing SEC(".maps");
+
+/* The limiter's standing events (replaced like standing). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EG_SE_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} standing_stats SEC(".maps");
 
 /* Answer budgets per source prefix. LRU: a spoofed flood from many
  * prefixes evicts old budgets, which then start full again; each prefix
@@ -154,6 +170,56 @@ static __always_inline __u64 now_ns(void)
 		return t ? *t : 0;
 	}
 	return bpf_ktime_get_ns();
+}
+
+static __always_inline void count_standing(__u32 ev)
+{
+	__u64 *c = bpf_map_lookup_elem(&standing_stats, &ev);
+
+	if (c)
+		*c += 1;
+}
+
+/* standing_key is the limiter's: IPv4 /32 (v4-mapped), IPv6 /64. */
+static __always_inline void standing_key(struct eg_standing_key *k, const __u8 *addr, int v4)
+{
+	__builtin_memcpy(k->addr, addr, 16);
+	if (!v4)
+		__builtin_memset(&k->addr[8], 0, 8);
+}
+
+/* validate records that the source completed a handshake with our cookie:
+ * its standing becomes validated (why: TCP) from now, unless it is
+ * penalised (a penalty is about what it sent, which a handshake does not
+ * undo). Racing CPUs may both write the same values. */
+static __always_inline void validate(const struct eg_standing_key *k, __u64 now)
+{
+	struct eg_standing_val fresh = {
+		.since = now, .clean_since = now, .last_seen = now,
+		.standing = EG_STANDING_VALIDATED, .why = EG_WHY_TCP_HANDSHAKE,
+	};
+	struct eg_standing_val *e = bpf_map_lookup_elem(&standing, k);
+	long err;
+
+	if (e) {
+		if (e->standing != EG_STANDING_PENALISED) {
+			if (e->standing != EG_STANDING_VALIDATED)
+				count_standing(EG_SE_VALIDATED);
+			e->standing = EG_STANDING_VALIDATED;
+			e->why = EG_WHY_TCP_HANDSHAKE;
+			e->since = now;
+			e->clean_since = now;
+		}
+		e->last_seen = now;
+		return;
+	}
+	err = bpf_map_update_elem(&standing, k, &fresh, BPF_NOEXIST);
+	if (err == 0) {
+		count_standing(EG_SE_CREATED);
+		count_standing(EG_SE_VALIDATED);
+	} else if (err == -7 /* E2BIG: the table is full */) {
+		count_standing(EG_SE_FULL);
+	}
 }
 
 static __always_inline void count(struct eg_syn_counters *c, __u32 what)
@@ -628,7 +694,8 @@ static __always_inline int decide(struct xdp_md *ctx)
 	struct eg_syn_state *st;
 	struct eg_syn_counters *c;
 	struct eg_syn_secret *key;
-	struct eg_syn_validated *val;
+	struct eg_standing_val *val;
+	struct eg_standing_key sk;
 	struct seg s = {};
 	struct eg_lpm_key lk;
 	struct eg_list_val *lv;
@@ -672,8 +739,9 @@ static __always_inline int decide(struct xdp_md *ctx)
 		if (svc->mode == EG_SYN_AUTO)
 			auto_update(st, svc, now, c);
 		active = svc->mode == EG_SYN_ALWAYS || (svc->mode == EG_SYN_AUTO && st->active);
-		val = bpf_map_lookup_elem(&syn_validated, s.saddr);
-		if (val && svc->validated_ns && now - val->since_ns < svc->validated_ns) {
+		standing_key(&sk, s.saddr, s.v4);
+		val = svc->validated_ns ? bpf_map_lookup_elem(&standing, &sk) : NULL;
+		if (val && val->standing == EG_STANDING_VALIDATED && now - val->since < svc->validated_ns) {
 			count(c, EG_SYNC_VALIDATED_PASS);
 			return EG_SYN_CONTINUE;
 		}
@@ -724,7 +792,6 @@ static __always_inline int decide(struct xdp_md *ctx)
 	active = svc->mode == EG_SYN_ALWAYS || (svc->mode == EG_SYN_AUTO && st->active);
 	if ((s.flags & (F_SYN | F_ACK | F_RST)) == F_ACK && state == EG_TCP_LISTEN && !s.ip_opts &&
 	    check_cookie(&s, key, now) == 0) {
-		struct eg_syn_validated nv = { .since_ns = now, .service = id };
 		struct eg_syn_meta *m;
 		void *data;
 
@@ -737,7 +804,8 @@ static __always_inline int decide(struct xdp_md *ctx)
 		s.wscale = ws;
 		s.wscale_ok = ws_ok;
 		s.sack_ok = sack;
-		bpf_map_update_elem(&syn_validated, s.saddr, &nv, BPF_ANY);
+		standing_key(&sk, s.saddr, s.v4);
+		validate(&sk, now);
 		if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*m)))
 			return XDP_DROP;
 		m = (void *)(long)ctx->data_meta;

@@ -98,13 +98,6 @@ struct eg_syn_counters {
 	__u64 c[EG_SYNC_MAX];
 };
 
-/* syn_validated value: a source whose cookie checked out. */
-struct eg_syn_validated {
-	__u64 since_ns; /* when it last completed a handshake through a cookie */
-	__u32 service;  /* the service it completed it with */
-	__u32 _pad;
-};
-
 struct eg_syn_prefix_key {
 	__u8 addr[16]; /* masked to the service's answer prefix */
 	__u32 service;

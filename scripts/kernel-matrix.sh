@@ -3,7 +3,7 @@
 # with a small initramfs (busybox, the kernel's own veth module, static
 # test binaries built here) and runs inside each the verifier probe
 # (scripts/kernel-matrix/progstat: are the committed BPF objects accepted,
-# with how many instructions), the loader tests (BPF_PROG_TEST_RUN:
+# with how many instructions; the SYN path's object where its probe passes), the loader tests (BPF_PROG_TEST_RUN:
 # verdicts, rate limits, the differential test against the reference
 # model) and one netns flood scenario with the real daemon. Prints one
 # table row per kernel; docs/operations.md ("Kernel matrix") has the last
@@ -280,13 +280,30 @@ for pkg in "${kernels[@]}"; do
 	egkm=$(tr -d '\r' <"$out" | grep -a '^EGKM ' || true)
 	uname=$(sed -n 's/^EGKM kernel //p' <<<"$egkm")
 	prog_out=$(sed -n 's/^EGKM out progstat | //p' <<<"$egkm")
-	ver_line=$(grep -m1 '^EGKM verifier ' <<<"$prog_out" || true)
+	ver_line=$(grep -m1 '^EGKM verifier object=limiter ' <<<"$prog_out" || true)
 	if [[ $ver_line == *result=accepted* ]]; then
 		verifier="accepted: $(field "$ver_line" insns) insns, $(field "$ver_line" xlated) xlated, $(field "$ver_line" verified) processed"
 	elif [[ -n $ver_line ]]; then
 		verifier="REJECTED ($( (grep '^EGKM verifier-log' <<<"$prog_out" || true) | tail -n 2 | sed 's/^EGKM verifier-log //' | tr '\n' ' '))"
 	else
 		verifier="no result (guest log: $out)"
+	fi
+	# The SYN path: its own object, loaded only after its probe passed
+	# (Linux >= 6.9); one line per program, or one "unavailable" line.
+	syn_lines=$(grep '^EGKM verifier object=syncookie ' <<<"$prog_out" || true)
+	if [[ $syn_lines == *result=unavailable* ]]; then
+		# The probe's reason, up to its first ";".
+		why=$(sed -n 's/^EGKM verifier-why //p' <<<"$prog_out" | head -n 1 | cut -d';' -f1)
+		synres="unavailable, as designed (${why:-no reason given})"
+	elif [[ $syn_lines == *result=accepted* ]]; then
+		synres=$(while read -r l; do
+			echo "$(field "$l" program): $(field "$l" insns) insns, $(field "$l" verified) processed"
+		done <<<"$syn_lines" | paste -sd ';' | sed 's/;/; /g')
+		synres="accepted: $synres"
+	elif [[ $syn_lines == *result=rejected* ]]; then
+		synres="REJECTED ($( (grep '^EGKM verifier-log' <<<"$prog_out" || true) | tail -n 2 | sed 's/^EGKM verifier-log //' | tr '\n' ' '))"
+	else
+		synres="no result"
 	fi
 	loader_out=$(sed -n 's/^EGKM out loader | //p' <<<"$egkm")
 	lpass=$(grep -c '^--- PASS' <<<"$loader_out" || true)
@@ -302,7 +319,7 @@ for pkg in "${kernels[@]}"; do
 	report=$(grep -m1 -E '^    Test[^:]*: offered' <<<"$sc_out" | sed -E 's/^    [^:]*: //; s/; legit.*//' || true)
 	if [[ $src == 0 ]]; then sres=pass; else sres="FAIL (rc ${src:-none})"; fi
 	scenario="$sres: ${report:-no report}"
-	row="| $pkg ($version) | ${uname:-?} | $accel, ${secs}s | $verifier | $loader | $scenario |"
+	row="| $pkg ($version) | ${uname:-?} | $accel, ${secs}s | $verifier | $synres | $loader | $scenario |"
 	rows+=("$row")
 	log "$row"
 done
@@ -310,8 +327,8 @@ done
 {
 	echo "Kernel matrix, $(date -u +%Y-%m-%d) UTC, commit $commit, BPF objects sha256 $objsum (scripts/kernel-matrix.sh)"
 	echo
-	echo "| package | uname -r | accel, guest time | verifier (committed objects) | loader tests | netns scenario ($SCENARIO) |"
-	echo "| --- | --- | --- | --- | --- | --- |"
+	echo "| package | uname -r | accel, guest time | verifier: limiter (committed objects) | verifier: SYN path (syncookie object) | loader tests | netns scenario ($SCENARIO) |"
+	echo "| --- | --- | --- | --- | --- | --- | --- |"
 	printf '%s\n' "${rows[@]}"
 } >"$work/table.md"
 cat "$work/table.md"

@@ -121,6 +121,20 @@ static __always_inline int ipv4_bad(const struct cursor *c, const struct iphdr *
 	return -EG_R_BAD_IP_LENGTH;
 }
 
+/* len16 is a 16-bit length field in host order, bounded where the verifier
+ * can see it. Older verifiers (Debian 12's 6.1, scripts/kernel-matrix.sh)
+ * keep no bounds through a byte swap (BPF_END) and refuse packet pointer
+ * arithmetic with its result ("math between pkt pointer and register with
+ * unbounded min value"); the mask is one instruction, and the empty asm
+ * keeps the compiler from dropping it as redundant. */
+static __always_inline __u32 len16(__be16 v)
+{
+	__u32 x = bpf_ntohs(v);
+
+	asm volatile("" : "+r"(x));
+	return x & 0xffff;
+}
+
 /* parse_ipv4 fills the v4-mapped source and returns the L4 protocol, or -1
  * for a non-first fragment (no L4 header), or a negative reason. */
 static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
@@ -131,7 +145,7 @@ static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 	if ((void *)(iph + 1) > c->end)
 		return -EG_R_BAD_IPV4;
 	hlen = iph->ihl * 4;
-	tot = bpf_ntohs(iph->tot_len);
+	tot = len16(iph->tot_len);
 	/* Version 4 and IHL >= 5 (the first byte is 0x45-0x4f), a total
 	 * length of at least IHL*4 (the kernel drops less in ip_rcv_core;
 	 * total length 0 is not TSO here, XDP sees frames as they came off
@@ -181,7 +195,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 
 	if ((void *)(ip6h + 1) > c->end)
 		return -EG_R_BAD_IPV6;
-	plen = bpf_ntohs(ip6h->payload_len);
+	plen = len16(ip6h->payload_len);
 	/* One exit for both, as in parse_ipv4: a bad version first. */
 	if (ip6h->version != 6 || (void *)(ip6h + 1) + plen > c->end)
 		return ip6h->version != 6 ? -EG_R_BAD_IPV6 : -EG_R_BAD_IP_LENGTH;

@@ -24,7 +24,10 @@ func newExplainCommand() *cobra.Command {
 from ADDR: the deny or allow entry that covers it, its ASN and country, the rule it is charged
 to and where that rule came from (prefix, ASN, country, default or an L4 rule), every bucket
 on its path with what is available in it now, the source's standing, and the last drop
-samples the data plane sent for it. Nothing is charged or created.
+samples the data plane sent for it. When the policy protects TCP services (syn:), it also
+says what the SYN path would do with a SYN from ADDR to each one (answered with a cookie,
+passed as a validated source, dropped by the answer budget of its prefix, ...), what is
+left of that budget, and the service's SYN counters. Nothing is charged or created.
 
 --proto, --sport and --dport describe the packet for the L4 rules (without --proto no L4
 rule matches); --len its size for byte limits.`,
@@ -91,6 +94,7 @@ func printExplanation(out io.Writer, e control.Explanation) {
 		}
 		fmt.Fprintf(w, "standing\t%s\n", line)
 	}
+	printExplainSYN(w, e.SYN)
 	w.Flush()
 	if len(e.Buckets) > 0 {
 		fmt.Fprintln(out)
@@ -212,4 +216,40 @@ MaxMind .mmdb file instead, without a daemon.`,
 	}
 	cmd.AddCommand(lookup)
 	return cmd
+}
+
+// printExplainSYN adds the SYN path's lines: whether the source bypasses
+// it, and per protected service what a SYN from the address gets, its
+// answer budget and the service's counters.
+func printExplainSYN(w io.Writer, x *control.ExplainSYN) {
+	if x == nil {
+		return
+	}
+	if !x.Available {
+		fmt.Fprintf(w, "syn\tSYN path not loaded: %s\n", x.Unavailable)
+		return
+	}
+	if x.Bypass {
+		fmt.Fprintf(w, "syn\tvalidated source: its SYNs bypass the SYN path until %s\n", x.BypassUntil.UTC().Format(time.RFC3339))
+	}
+	for _, s := range x.Services {
+		state := s.Protection
+		if s.Active {
+			state += ", on"
+		} else {
+			state += ", not on"
+		}
+		if s.Probe {
+			state += "; the probe's port"
+		}
+		fmt.Fprintf(w, "syn %s\t%s: a SYN from here %s\n", s.Service, state, s.Next)
+		budget := "no answer budget"
+		if s.AnswersBurst > 0 {
+			budget = fmt.Sprintf("answers for %s: %s of %s left", s.AnswerPrefix, human(s.AnswersAvailable), human(s.AnswersBurst))
+		}
+		c := s.Counters
+		fmt.Fprintf(w, "\t%s; service counters: %d SYNs, %d answered, %d answer-limited, %d cookies valid, %d invalid, "+
+			"%d out-of-state dropped, %d validated passed\n",
+			budget, c.SYNs, c.Answered, c.AnswerLimited, c.CookiesValid, c.CookiesInvalid, c.OutOfStateDropped, c.ValidatedPassed)
+	}
 }

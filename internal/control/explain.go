@@ -42,6 +42,8 @@ type Explanation struct {
 	Buckets []ExplainBucket `json:"buckets"`
 	// Standing is the source's standing, when the data plane keeps one.
 	Standing *ExplainStanding `json:"standing,omitempty"`
+	// SYN is the SYN path's view, when the policy protects TCP services.
+	SYN *ExplainSYN `json:"syn,omitempty"`
 	// Samples are the last drop samples the data plane sent for this
 	// address (newest last), from the daemon's memory of the last ones.
 	Samples []ExplainSample `json:"samples"`

@@ -1,5 +1,10 @@
 package control
 
+import (
+	"net/netip"
+	"time"
+)
+
 // SYNStats is the SYN path's part of `edgectl stats` (docs/tcp.md).
 type SYNStats struct {
 	// Available is false when this kernel lacks what the SYN path needs;
@@ -29,4 +34,38 @@ type SYNServiceStat struct {
 	RequestFailures   uint64 `json:"request_failures"`
 	Denied            uint64 `json:"denied"`
 	Activations       uint64 `json:"activations"`
+}
+
+// ExplainSYN is the SYN path's part of `edgectl explain ADDR`: what it
+// would do with a bare SYN from the address to each protected service
+// (docs/tcp.md).
+type ExplainSYN struct {
+	// Available is false when the SYN path is not loaded although the
+	// policy protects services; Unavailable then says why.
+	Available   bool   `json:"available"`
+	Unavailable string `json:"unavailable,omitempty"`
+	// Bypass: the source has validated standing, so its SYNs skip the
+	// SYN path (to the limiter and the kernel) until BypassUntil.
+	Bypass      bool                `json:"bypass"`
+	BypassUntil *time.Time          `json:"bypass_until,omitempty"`
+	Services    []ExplainSYNService `json:"services,omitempty"`
+}
+
+// ExplainSYNService is one protected service, as seen from the address.
+type ExplainSYNService struct {
+	Service    string `json:"service"`
+	Protection string `json:"protection"` // off, monitor, auto, always
+	Active     bool   `json:"active"`     // SYNs answered by the data plane now
+	// Probe: the probe packet (--proto tcp --dport) is to this service.
+	Probe bool `json:"probe,omitempty"`
+	// Next is what a bare SYN from the address to the service gets now.
+	Next string `json:"next"`
+	// AnswerPrefix is the source's answer prefix; AnswersAvailable of
+	// AnswersBurst SYN-ACKs are left in its budget (both 0: no budget).
+	AnswerPrefix     netip.Prefix `json:"answer_prefix"`
+	AnswersAvailable float64      `json:"answers_available"`
+	AnswersBurst     float64      `json:"answers_burst"`
+	// Counters are the service's counters since the SYN path was loaded
+	// (all sources).
+	Counters SYNServiceStat `json:"counters"`
 }

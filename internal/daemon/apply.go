@@ -162,16 +162,12 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 // attach attaches to one interface, noting whether it took over a link an
 // earlier run pinned (a failed start releases those instead of detaching).
 func (d *Daemon) attach(name string, mode loader.Mode) (_ *loader.Attachment, taken bool, _ error) {
-	if d.opts.PinDir != "" {
-		_, err := os.Stat(linkPinPath(d.opts.PinDir, name))
-		taken = err == nil
-	}
 	a, err := d.dp.Attach(name, mode)
 	if err != nil {
 		return nil, false, err
 	}
-	d.log.Info("attached", "iface", name, "mode", a.Mode, "took_over", taken)
-	return a, taken, nil
+	d.log.Info("attached", "iface", name, "mode", a.Mode, "took_over", a.TookOver)
+	return a, a.TookOver, nil
 }
 
 // linkPinPath is where the loader pins the link of an interface
@@ -185,7 +181,7 @@ func (d *Daemon) checkAttachable(name string) error {
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
-			return fmt.Errorf("interface %s: no such network interface (ip link show lists them)", name)
+			return fmt.Errorf("interface %s: no such network interface (ip link show lists them)%s", name, d.renamedHint(name))
 		}
 		return fmt.Errorf("interface %s: %w", name, err)
 	}
@@ -196,6 +192,9 @@ func (d *Daemon) checkAttachable(name string) error {
 	if d.opts.PinDir != "" {
 		if _, err := os.Stat(linkPinPath(d.opts.PinDir, name)); err == nil {
 			return nil // our pinned link: Attach takes it over
+		}
+		if d.ourPinnedLinkOn(l.Attrs().Index) {
+			return nil // ours, pinned under the interface's old name: Attach adopts it
 		}
 	}
 	if info, err := d.dp.Objects.XdpLimiter.Info(); err == nil {

@@ -210,6 +210,9 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.apply(ctx, next, "start"); err != nil {
 		return nil, err
 	}
+	d.mu.Lock()
+	d.tidyLinkPins() // links.go: pins no attachment took over
+	d.mu.Unlock()
 	d.recordPins()
 	return d, nil
 }

@@ -133,7 +133,8 @@ func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
 	for _, b := range path.Buckets {
 		e.Buckets = append(e.Buckets, explainBucket(b, rule, global))
 	}
-	if st, err := d.m.LookupStanding(ip); err != nil {
+	st, err := d.m.LookupStanding(ip)
+	if err != nil {
 		d.log.Warn("explain: read standing", "ip", ip, "err", err)
 	} else {
 		xs := &control.ExplainStanding{Standing: maps.StandingName(st.Standing), Tracked: st.Tracked}
@@ -146,6 +147,7 @@ func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
 		}
 		e.Standing = xs
 	}
+	e.SYN = d.explainSYN(ip, p, path.Reason == maps.ReasonDeny, st)
 	names := map[uint32]string{}
 	for id, slot := range slots {
 		names[slot] = d.cur.names[id]

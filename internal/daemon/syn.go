@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -23,9 +24,10 @@ type synStage struct {
 	mu          sync.Mutex // guards names (read by metrics and stats)
 	path        *loader.SynPath
 	m           *maps.Syn
-	names       []string // service id -> name
-	always      []bool   // service id -> protection: always
-	unavailable error    // why the SYN path is off on this kernel
+	names       []string          // service id -> name
+	always      []bool            // service id -> protection: always
+	svcs        []maps.SynService // service id -> what the data plane holds
+	unavailable error             // why the SYN path is off on this kernel
 }
 
 // synSysctls are what the SYN path needs from the kernel's TCP settings
@@ -162,7 +164,7 @@ func (d *Daemon) applySyn(p *policy.Policy) error {
 		return fmt.Errorf("apply syn services: %w", err)
 	}
 	st.mu.Lock()
-	st.names, st.always = names, always
+	st.names, st.always, st.svcs = names, always, svcs
 	st.mu.Unlock()
 	return nil
 }
@@ -208,6 +210,11 @@ func (d *Daemon) synStats() *control.SYNStats {
 	d.mu.Lock()
 	st := d.syn
 	d.mu.Unlock()
+	return st.stats()
+}
+
+// stats reads the counters; nil for a daemon without a SYN stage.
+func (st *synStage) stats() *control.SYNStats {
 	if st == nil {
 		return nil
 	}
@@ -274,7 +281,11 @@ func (c *synCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *synCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.d.synStats()
+	synStatsToMetrics(c, c.d.synStats(), ch)
+}
+
+// synStatsToMetrics writes one stats reading as metrics.
+func synStatsToMetrics(c *synCollector, st *control.SYNStats, ch chan<- prometheus.Metric) {
 	if st == nil {
 		return
 	}
@@ -300,4 +311,67 @@ func (c *synCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, active, s.Service)
 		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(s.Activations), s.Service)
 	}
+}
+
+// explainSYN is the SYN path's part of `edgectl explain`: for each
+// protected service, what a bare SYN from ip would get now, in the order
+// the data plane decides (deny list, mode, validated bypass, protection
+// on, answer budget), with the source's answer budget and the service's
+// counters. nil when the policy protects no service. Caller holds d.mu.
+func (d *Daemon) explainSYN(ip netip.Addr, p maps.Probe, denied bool, std maps.StandingEntry) *control.ExplainSYN {
+	st := d.syn
+	if st == nil || d.cur.pol == nil || d.cur.pol.SYN == nil || len(d.cur.pol.SYN.Services) == 0 {
+		return nil
+	}
+	stats := st.stats()
+	out := &control.ExplainSYN{Available: stats != nil && stats.Available}
+	if !out.Available {
+		if stats != nil {
+			out.Unavailable = stats.Unavailable
+		}
+		return out
+	}
+	st.mu.Lock()
+	svcs := st.svcs
+	st.mu.Unlock()
+	validatedFor := d.cur.pol.SYN.ValidatedFor
+	if std.Tracked && std.Standing == maps.StandingValidated && validatedFor > 0 {
+		if until := std.Since.Add(validatedFor); until.After(time.Now()) {
+			out.Bypass, out.BypassUntil = true, &until
+		}
+	}
+	for id, svc := range svcs {
+		x := control.ExplainSYNService{Protection: maps.SynModeName(svc.Mode)}
+		if id < len(stats.Services) {
+			x.Counters = stats.Services[id]
+			x.Service, x.Active = x.Counters.Service, x.Counters.Active
+		}
+		for _, ep := range svc.Endpoints {
+			if p.Proto == 6 && p.DPort == ep.Port() {
+				x.Probe = true
+			}
+		}
+		b, err := st.m.AnswerBudget(ip, id, svc)
+		if err != nil {
+			d.log.Warn("explain: read syn answer budget", "ip", ip, "service", x.Service, "err", err)
+		}
+		x.AnswerPrefix, x.AnswersAvailable, x.AnswersBurst = b.Prefix, b.Available, b.Burst
+		switch {
+		case denied:
+			x.Next = "dropped: the source is deny-listed (deny)"
+		case svc.Mode == maps.SynOff:
+			x.Next = "passes to the limiter: protection off"
+		case out.Bypass:
+			x.Next = "passes to the limiter and the kernel: validated source, no cookie until " +
+				out.BypassUntil.UTC().Format(time.RFC3339) + " (validated_pass)"
+		case !x.Active:
+			x.Next = "passes to the limiter and the kernel: protection not on now (would_answer)"
+		case b.Limited && b.Available < 1:
+			x.Next = fmt.Sprintf("dropped: the answer budget of %s is spent (answer_limited)", b.Prefix)
+		default:
+			x.Next = "answered in XDP with a SYN-ACK carrying a cookie (answered)"
+		}
+		out.Services = append(out.Services, x)
+	}
+	return out
 }

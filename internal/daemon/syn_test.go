@@ -4,8 +4,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/edgeguard/edgeguard/internal/control"
 )
 
 // TestSynSysctls: the shipped sysctl.d file sets exactly what the daemon
@@ -56,5 +62,75 @@ func TestSynSysctls(t *testing.T) {
 	bad := checkSynSysctls(fake(good))
 	if len(bad) != 2 || !strings.Contains(bad[0], "net.ipv4.tcp_syncookies=2 (want 1)") || !strings.Contains(bad[1], "tcp_sack=unreadable") {
 		t.Errorf("check = %v", bad)
+	}
+}
+
+// TestDashboardSynPanels: every SYN path series the Grafana dashboard
+// reads (deploy/grafana/edgeguard.json) is one the daemon's SYN collector
+// exports, every one it exports is shown, and every event label value a
+// panel selects is one the collector writes.
+func TestDashboardSynPanels(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "grafana", "edgeguard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := map[string]bool{}
+	for _, m := range regexp.MustCompile(`edgeguard_syn_[a-z_]+`).FindAllString(string(raw), -1) {
+		read[m] = true
+	}
+	descs := make(chan *prometheus.Desc, 8)
+	c := newSynCollector(nil)
+	c.Describe(descs)
+	close(descs)
+	exported := map[string]bool{}
+	for d := range descs {
+		m := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("no name in %s", d)
+		}
+		exported[m[1]] = true
+	}
+	for n := range read {
+		if !exported[n] {
+			t.Errorf("the dashboard reads %s, which the SYN collector does not export", n)
+		}
+	}
+	for n := range exported {
+		if !read[n] {
+			t.Errorf("the dashboard does not show %s", n)
+		}
+	}
+	// The events Collect writes, from a stats reading with one service.
+	d := newDaemon(Options{})
+	d.syn = &synStage{}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newSynCollector(d))
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	events := map[string]bool{}
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		synStatsToMetrics(c, &control.SYNStats{Available: true, Services: []control.SYNServiceStat{{Service: "api"}}}, ch)
+		close(ch)
+	}()
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range pb.Label {
+			if l.GetName() == "event" {
+				events[l.GetValue()] = true
+			}
+		}
+	}
+	if len(events) < 10 {
+		t.Fatalf("events written: %v", events)
+	}
+	for _, m := range regexp.MustCompile(`event=\\"([a-z_]+)\\"`).FindAllStringSubmatch(string(raw), -1) {
+		if !events[m[1]] {
+			t.Errorf("the dashboard selects event=%q, which the collector never writes (it writes %v)", m[1], events)
+		}
 	}
 }

@@ -43,6 +43,10 @@ type Attachment struct {
 	Mode    Mode   // the mode actually in use
 	Slot    uint32 // counter slot (0: shared "other" slot)
 	Link    link.Link
+	// TookOver: the link is one an earlier run pinned (under this name,
+	// or under the interface's old name before a rename); a failed start
+	// releases it, it never detaches it.
+	TookOver bool
 }
 
 // ErrOtherProgram means another XDP program is attached to the interface.
@@ -74,7 +78,7 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 			switch {
 			case err == nil:
 				d.log.Info("took over pinned xdp link", "iface", iface)
-				return &Attachment{Iface: iface, Ifindex: ifc.Index, Mode: pinnedMode(ifc.Index), Slot: slot, Link: l}, nil
+				return &Attachment{Iface: iface, Ifindex: ifc.Index, Mode: pinnedMode(ifc.Index), Slot: slot, Link: l, TookOver: true}, nil
 			case errors.Is(err, unix.ENOLINK):
 				// The interface was deleted (and maybe re-created under
 				// the same name) while no daemon ran: the link is severed
@@ -92,6 +96,14 @@ func (d *Datapath) Attach(iface string, mode Mode) (*Attachment, error) {
 			}
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("open pinned xdp link %s: %w", pin, err)
+		}
+		// No pin under this name: one under the interface's old name?
+		l, err := adoptRenamed(d.log, d.pinDir, "xdp", ifc.Index, iface, d.Entry(), pin)
+		if err != nil {
+			return nil, err
+		}
+		if l != nil {
+			return &Attachment{Iface: iface, Ifindex: ifc.Index, Mode: pinnedMode(ifc.Index), Slot: slot, Link: l, TookOver: true}, nil
 		}
 	}
 	if err := checkNoOtherXDP(ifc); err != nil {

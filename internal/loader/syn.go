@@ -53,14 +53,14 @@ type SynPath struct {
 }
 
 // synPinnedMaps survive a restart: the secret (cookies in flight stay
-// valid), validated sources, budgets, auto state and counters, and
+// valid), budgets, auto state and counters, and
 // syn_next: the kernel empties a program array when its last user-space
 // reference goes, so without a pin a daemon that dies would leave the SYN
 // path tail-calling nothing, and every packet would pass unlimited.
 func synPinnedMaps() []string {
 	return []string{
 		SyncookieMapSynAnswers, SyncookieMapSynCounters, SyncookieMapSynEndpoints, SyncookieMapSynSecret,
-		SyncookieMapSynServices, SyncookieMapSynState, SyncookieMapSynValidated, SyncookieMapSynNext,
+		SyncookieMapSynServices, SyncookieMapSynState, SyncookieMapSynNext,
 	}
 }
 
@@ -80,15 +80,22 @@ func LoadSyn(dp *Datapath, opts SynOptions) (_ *SynPath, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse embedded syn object: %w", err)
 	}
-	// The limiter's lists, shared: deny-listed sources get no answer.
+	// The limiter's lists, shared: deny-listed sources get no answer. Its
+	// standing table, shared: a valid cookie makes its source validated
+	// there, and validated sources bypass the SYN path (docs/tcp.md).
 	spec.Maps[SyncookieMapLists].MaxEntries = dp.Objects.Lists.MaxEntries()
+	spec.Maps[SyncookieMapStanding].MaxEntries = dp.Objects.Standing.MaxEntries()
 	if opts.TestClock {
 		if err := spec.Variables["eg_syn_test_clock"].Set(uint8(1)); err != nil {
 			return nil, fmt.Errorf("set eg_syn_test_clock: %w", err)
 		}
 	}
 	s := &SynPath{tcx: map[string]link.Link{}, log: log}
-	collOpts := ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{SyncookieMapLists: dp.Objects.Lists}}
+	collOpts := ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		SyncookieMapLists:         dp.Objects.Lists,
+		SyncookieMapStanding:      dp.Objects.Standing,
+		SyncookieMapStandingStats: dp.Objects.StandingStats,
+	}}
 	if os.Getenv("EG_SYN_VLOG") != "" {
 		collOpts.Programs.LogLevel = ebpf.LogLevelBranch
 	}
@@ -101,6 +108,14 @@ func LoadSyn(dp *Datapath, opts SynOptions) (_ *SynPath, err error) {
 		collOpts.Maps.PinPath = mapDir
 		for _, name := range synPinnedMaps() {
 			spec.Maps[name].Pinning = ebpf.PinByName
+		}
+		// Before standing was shared, validated sources had a table of
+		// their own; its pin holds nothing anyone reads now.
+		old := filepath.Join(mapDir, "syn_validated")
+		if err := os.Remove(old); err == nil {
+			log.Info("removed the retired syn_validated pin: validated sources are the standing table's now", "pin", old)
+		} else if !errors.Is(err, os.ErrNotExist) {
+			log.Warn("remove the retired syn_validated pin", "pin", old, "err", err)
 		}
 	}
 	if err := spec.LoadAndAssign(&s.Objects, &collOpts); err != nil {
@@ -181,6 +196,11 @@ func (s *SynPath) AttachTC(iface string) error {
 			// Severed (interface re-created) or otherwise stale: start afresh.
 			l.Unpin()
 			l.Close()
+		} else if l, err := adoptRenamed(s.log, filepath.Dir(s.pinDir), "tcx", ifc.Index, iface, s.Objects.EgSynTc, pin); err != nil {
+			return fmt.Errorf("attach syn tcx to %s: %w", iface, err)
+		} else if l != nil {
+			s.tcx[iface] = l
+			return nil
 		}
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: s.Objects.EgSynTc, Attach: ebpf.AttachTCXIngress})

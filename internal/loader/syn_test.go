@@ -177,7 +177,11 @@ type synTestPath struct {
 }
 
 func newSynTestPath(t *testing.T, svc maps.SynService) *synTestPath {
-	td := newTestDatapath(t, smallSizes)
+	return newSynTestPathSizes(t, svc, smallSizes)
+}
+
+func newSynTestPathSizes(t *testing.T, svc maps.SynService, sizes loader.Sizes) *synTestPath {
+	td := newTestDatapath(t, sizes)
 	sp, err := loader.LoadSyn(td.d, loader.SynOptions{TestClock: true})
 	if err != nil {
 		t.Fatalf("load syn path: %v", err)
@@ -375,8 +379,11 @@ func TestSynCookieAnswer(t *testing.T) {
 				if ret, _ := p.run(t, ack.frame()); ret != xdpPass {
 					t.Errorf("ACK with our cookie: action %d, want pass", ret)
 				}
-				if since, ok, err := p.syn.SynValidated(src); err != nil || !ok || since != now+30*time.Second {
-					t.Errorf("validated: %v %v %v", since, ok, err)
+				// The source is validated in the limiter's own standing
+				// table (shared with the SYN path).
+				if e, err := p.m.LookupStanding(src); err != nil || !e.Tracked || e.Standing != maps.StandingValidated ||
+					e.Why != maps.WhyTCP || e.SinceNS != uint64(now+30*time.Second) {
+					t.Errorf("standing after a valid cookie: %+v, %v; want validated (tcp) since %v", e, err, now+30*time.Second)
 				}
 				// Two windows later the same cookie is stale.
 				p.at(t, now+3*(1<<36))
@@ -564,5 +571,184 @@ func TestSynAnswerBudget(t *testing.T) {
 		if tx, drop := send("198.18.7.1", 3); tx != 0 || drop != 0 {
 			t.Errorf("monitor: %d answered, %d dropped; want none (the kernel answers)", tx, drop)
 		}
+	})
+}
+
+// handshake sends a SYN from src:sport, which must be answered, and the
+// ACK that completes it with the answer's cookie; it returns the ACK's
+// action.
+func (p *synTestPath) handshake(t *testing.T, src, dst netip.Addr, sport uint16, isn uint32) uint32 {
+	t.Helper()
+	syn := tcpSeg{src: src, dst: dst, sport: sport, dport: 8080, seq: isn, flags: 0x02, opts: linuxSYNOpts(1460, 5, 7)}
+	ret, out := p.run(t, syn.frame())
+	if ret != xdpTX {
+		t.Fatalf("SYN from %v: action %d, want XDP_TX", src, ret)
+	}
+	a := decodeSynAck(t, out)
+	ack := tcpSeg{src: src, dst: dst, sport: sport, dport: 8080, seq: isn + 1, ack: a.seq + 1, flags: 0x10}
+	ret, _ = p.run(t, ack.frame())
+	return ret
+}
+
+// TestSynValidatedStanding: the SYN path and the limiter share one standing
+// table. A valid cookie makes a new source validated there (created and
+// validated are counted with the limiter's events); its next SYNs bypass
+// the SYN path for validated_for, then get cookies again, and a completed
+// one renews it. A source validated by other means (the L7 stage) bypasses
+// too; a penalised one stays penalised and gets no bypass; with the table
+// full the source is not entered, nobody is evicted, and its handshakes
+// keep working through cookies.
+func TestSynValidatedStanding(t *testing.T) {
+	dst := netip.MustParseAddr("198.18.0.1")
+	synFrom := func(src netip.Addr, sport uint16) []byte {
+		return tcpSeg{src: src, dst: dst, sport: sport, dport: 8080, seq: 77, flags: 0x02, opts: linuxSYNOpts(1460, 5, 7)}.frame()
+	}
+	t.Run("bypass", func(t *testing.T) {
+		p := newSynTestPath(t, testService) // validated_for 1 min
+		inNewNetns(t, func() {
+			ln, err := net.Listen("tcp4", ":8080")
+			if err != nil {
+				t.Errorf("listen: %v", err)
+				return
+			}
+			defer ln.Close()
+			user := netip.MustParseAddr("198.18.20.1")
+			now := time.Hour
+			p.at(t, now)
+			if e, _ := p.m.LookupStanding(user); e.Tracked {
+				t.Fatalf("standing before any handshake: %+v", e)
+			}
+			if ret := p.handshake(t, user, dst, 40001, 1000); ret != xdpPass {
+				t.Fatalf("ACK with our cookie: action %d, want pass", ret)
+			}
+			e, err := p.m.LookupStanding(user)
+			if err != nil || e.Standing != maps.StandingValidated || e.Why != maps.WhyTCP || e.SinceNS != uint64(now) {
+				t.Fatalf("standing: %+v %v; want validated (tcp) since %v", e, err, now)
+			}
+			if ev, err := p.m.StandingCounts(); err != nil || ev.Created != 1 || ev.Validated != 1 {
+				t.Errorf("standing events %+v %v: want 1 created, 1 validated", ev, err)
+			}
+			// Within validated_for: the SYN goes on to the limiter (and
+			// the kernel), unanswered.
+			p.at(t, now+59*time.Second)
+			if ret, _ := p.run(t, synFrom(user, 40002)); ret != xdpPass {
+				t.Errorf("SYN of a validated source: action %d, want pass (bypass)", ret)
+			}
+			// After it: cookies again; a completed handshake renews.
+			p.at(t, now+61*time.Second)
+			if ret := p.handshake(t, user, dst, 40003, 2000); ret != xdpPass {
+				t.Errorf("renewing handshake: ACK action %d, want pass", ret)
+			}
+			if e, _ := p.m.LookupStanding(user); e.Standing != maps.StandingValidated || e.SinceNS != uint64(now+61*time.Second) {
+				t.Errorf("standing after renewal: %+v, want since %v", e, now+61*time.Second)
+			}
+			if ev, _ := p.m.StandingCounts(); ev.Created != 1 || ev.Validated != 1 {
+				t.Errorf("standing events %+v: a renewal is not a new validation", ev)
+			}
+			// Validated by the L7 stage (or a connection the limiter
+			// saw): the same bypass.
+			l7 := netip.MustParseAddr("198.18.21.1")
+			if err := p.m.SetStanding(l7, maps.StandingValidated); err != nil {
+				t.Fatal(err)
+			}
+			if ret, _ := p.run(t, synFrom(l7, 40004)); ret != xdpPass {
+				t.Errorf("SYN of an L7-validated source: action %d, want pass (bypass)", ret)
+			}
+			// Penalised: a handshake does not lift the penalty, and
+			// gives no bypass.
+			bad := netip.MustParseAddr("198.18.22.1")
+			if err := p.m.SetStanding(bad, maps.StandingPenalised); err != nil {
+				t.Fatal(err)
+			}
+			if ret := p.handshake(t, bad, dst, 40005, 3000); ret != xdpPass {
+				t.Errorf("penalised source's ACK: action %d, want pass (the limiter decides)", ret)
+			}
+			if e, _ := p.m.LookupStanding(bad); e.Standing != maps.StandingPenalised {
+				t.Errorf("penalised source after a handshake: %+v, want still penalised", e)
+			}
+			if ret, _ := p.run(t, synFrom(bad, 40006)); ret != xdpTX {
+				t.Errorf("penalised source's SYN: action %d, want XDP_TX (no bypass)", ret)
+			}
+			c := p.counters(t)
+			if c.ValidatedPass != 2 || c.CookieValid != 3 || c.Answered != 4 {
+				t.Errorf("counters %+v: want 2 validated passes, 3 valid cookies, 4 answered", c)
+			}
+		})
+	})
+	t.Run("ipv6 /64", func(t *testing.T) {
+		p := newSynTestPath(t, testService)
+		inNewNetns(t, func() {
+			ln, err := net.Listen("tcp6", ":8080")
+			if err != nil {
+				t.Errorf("listen: %v", err)
+				return
+			}
+			defer ln.Close()
+			d6 := netip.MustParseAddr("fd00::1")
+			p.at(t, time.Hour)
+			syn := func(src netip.Addr, sport uint16) (uint32, []byte) {
+				return p.run(t, tcpSeg{src: src, dst: d6, sport: sport, dport: 8080, seq: 9, flags: 0x02,
+					opts: linuxSYNOpts(1460, 5, 7)}.frame())
+			}
+			user := netip.MustParseAddr("fd00:0:0:7::1")
+			ret, out := syn(user, 40010)
+			if ret != xdpTX {
+				t.Fatalf("SYN: action %d", ret)
+			}
+			a := decodeSynAck(t, out)
+			ack := tcpSeg{src: user, dst: d6, sport: 40010, dport: 8080, seq: 10, ack: a.seq + 1, flags: 0x10}
+			if ret, _ := p.run(t, ack.frame()); ret != xdpPass {
+				t.Fatalf("ACK: action %d", ret)
+			}
+			// Standing is per /64: another address of it bypasses, one
+			// of another /64 does not.
+			if e, _ := p.m.LookupStanding(netip.MustParseAddr("fd00:0:0:7::99")); e.Standing != maps.StandingValidated {
+				t.Errorf("standing of the /64: %+v", e)
+			}
+			if ret, _ := syn(netip.MustParseAddr("fd00:0:0:7::99"), 40011); ret != xdpPass {
+				t.Errorf("same /64: action %d, want pass (bypass)", ret)
+			}
+			if ret, _ := syn(netip.MustParseAddr("fd00:0:0:8::1"), 40012); ret != xdpTX {
+				t.Errorf("another /64: action %d, want XDP_TX", ret)
+			}
+		})
+	})
+	t.Run("table full", func(t *testing.T) {
+		sizes := smallSizes
+		sizes.StandingEntries = 2
+		p := newSynTestPathSizes(t, testService, sizes)
+		inNewNetns(t, func() {
+			ln, err := net.Listen("tcp4", ":8080")
+			if err != nil {
+				t.Errorf("listen: %v", err)
+				return
+			}
+			defer ln.Close()
+			p.at(t, time.Hour)
+			kept := []netip.Addr{netip.MustParseAddr("198.18.30.1"), netip.MustParseAddr("198.18.30.2")}
+			for _, a := range kept {
+				if err := p.m.SetStanding(a, maps.StandingEstablished); err != nil {
+					t.Fatal(err)
+				}
+			}
+			late := netip.MustParseAddr("198.18.31.1")
+			if ret := p.handshake(t, late, dst, 40020, 1); ret != xdpPass {
+				t.Errorf("ACK with the table full: action %d, want pass (the cookie still works)", ret)
+			}
+			if e, _ := p.m.LookupStanding(late); e.Tracked {
+				t.Errorf("entered although the table is full: %+v", e)
+			}
+			for _, a := range kept {
+				if e, _ := p.m.LookupStanding(a); e.Standing != maps.StandingEstablished {
+					t.Errorf("%v evicted or changed: %+v", a, e)
+				}
+			}
+			if ev, _ := p.m.StandingCounts(); ev.Full != 1 || ev.Validated != 0 {
+				t.Errorf("standing events %+v: want 1 full, 0 validated", ev)
+			}
+			if ret, _ := p.run(t, synFrom(late, 40021)); ret != xdpTX {
+				t.Errorf("next SYN of the unrecorded source: action %d, want XDP_TX (cookies again)", ret)
+			}
+		})
 	})
 }

@@ -27,6 +27,21 @@ type SyncookieEgLpmKey struct {
 	Addr      [16]uint8
 }
 
+type SyncookieEgStandingKey struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+}
+
+type SyncookieEgStandingVal struct {
+	_          structs.HostLayout
+	Since      uint64
+	CleanSince uint64
+	LastSeen   uint64
+	Standing   uint8
+	Why        uint8
+	Pad        [6]uint8
+}
+
 type SyncookieEgSynBtfAnchor struct {
 	_       structs.HostLayout
 	Mode    uint32
@@ -158,18 +173,13 @@ type SyncookieEgSynState struct {
 	Pad      uint32
 }
 
-type SyncookieEgSynValidated struct {
-	_       structs.HostLayout
-	SinceNs uint64
-	Service uint32
-	Pad     uint32
-}
-
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SyncookieMapLists          = "lists"
+	SyncookieMapStanding       = "standing"
+	SyncookieMapStandingStats  = "standing_stats"
 	SyncookieMapSynAnswers     = "syn_answers"
 	SyncookieMapSynCounters    = "syn_counters"
 	SyncookieMapSynEndpoints   = "syn_endpoints"
@@ -178,7 +188,6 @@ const (
 	SyncookieMapSynServices    = "syn_services"
 	SyncookieMapSynState       = "syn_state"
 	SyncookieMapSynTestClock   = "syn_test_clock"
-	SyncookieMapSynValidated   = "syn_validated"
 	SyncookieProgEgSynTc       = "eg_syn_tc"
 	SyncookieProgEgSynXdp      = "eg_syn_xdp"
 	SyncookieVarEgSynBtfAnchor = "eg_syn_btf_anchor"
@@ -235,16 +244,17 @@ type SyncookieProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SyncookieMapSpecs struct {
-	Lists        *ebpf.MapSpec `ebpf:"lists"`
-	SynAnswers   *ebpf.MapSpec `ebpf:"syn_answers"`
-	SynCounters  *ebpf.MapSpec `ebpf:"syn_counters"`
-	SynEndpoints *ebpf.MapSpec `ebpf:"syn_endpoints"`
-	SynNext      *ebpf.MapSpec `ebpf:"syn_next"`
-	SynSecret    *ebpf.MapSpec `ebpf:"syn_secret"`
-	SynServices  *ebpf.MapSpec `ebpf:"syn_services"`
-	SynState     *ebpf.MapSpec `ebpf:"syn_state"`
-	SynTestClock *ebpf.MapSpec `ebpf:"syn_test_clock"`
-	SynValidated *ebpf.MapSpec `ebpf:"syn_validated"`
+	Lists         *ebpf.MapSpec `ebpf:"lists"`
+	Standing      *ebpf.MapSpec `ebpf:"standing"`
+	StandingStats *ebpf.MapSpec `ebpf:"standing_stats"`
+	SynAnswers    *ebpf.MapSpec `ebpf:"syn_answers"`
+	SynCounters   *ebpf.MapSpec `ebpf:"syn_counters"`
+	SynEndpoints  *ebpf.MapSpec `ebpf:"syn_endpoints"`
+	SynNext       *ebpf.MapSpec `ebpf:"syn_next"`
+	SynSecret     *ebpf.MapSpec `ebpf:"syn_secret"`
+	SynServices   *ebpf.MapSpec `ebpf:"syn_services"`
+	SynState      *ebpf.MapSpec `ebpf:"syn_state"`
+	SynTestClock  *ebpf.MapSpec `ebpf:"syn_test_clock"`
 }
 
 // SyncookieVariableSpecs contains global variables before they are loaded into the kernel.
@@ -275,21 +285,24 @@ func (o *SyncookieObjects) Close() error {
 //
 // It can be passed to LoadSyncookieObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SyncookieMaps struct {
-	Lists        *ebpf.Map `ebpf:"lists"`
-	SynAnswers   *ebpf.Map `ebpf:"syn_answers"`
-	SynCounters  *ebpf.Map `ebpf:"syn_counters"`
-	SynEndpoints *ebpf.Map `ebpf:"syn_endpoints"`
-	SynNext      *ebpf.Map `ebpf:"syn_next"`
-	SynSecret    *ebpf.Map `ebpf:"syn_secret"`
-	SynServices  *ebpf.Map `ebpf:"syn_services"`
-	SynState     *ebpf.Map `ebpf:"syn_state"`
-	SynTestClock *ebpf.Map `ebpf:"syn_test_clock"`
-	SynValidated *ebpf.Map `ebpf:"syn_validated"`
+	Lists         *ebpf.Map `ebpf:"lists"`
+	Standing      *ebpf.Map `ebpf:"standing"`
+	StandingStats *ebpf.Map `ebpf:"standing_stats"`
+	SynAnswers    *ebpf.Map `ebpf:"syn_answers"`
+	SynCounters   *ebpf.Map `ebpf:"syn_counters"`
+	SynEndpoints  *ebpf.Map `ebpf:"syn_endpoints"`
+	SynNext       *ebpf.Map `ebpf:"syn_next"`
+	SynSecret     *ebpf.Map `ebpf:"syn_secret"`
+	SynServices   *ebpf.Map `ebpf:"syn_services"`
+	SynState      *ebpf.Map `ebpf:"syn_state"`
+	SynTestClock  *ebpf.Map `ebpf:"syn_test_clock"`
 }
 
 func (m *SyncookieMaps) Close() error {
 	return _SyncookieClose(
 		m.Lists,
+		m.Standing,
+		m.StandingStats,
 		m.SynAnswers,
 		m.SynCounters,
 		m.SynEndpoints,
@@ -298,7 +311,6 @@ func (m *SyncookieMaps) Close() error {
 		m.SynServices,
 		m.SynState,
 		m.SynTestClock,
-		m.SynValidated,
 	)
 }
 

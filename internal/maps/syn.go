@@ -251,19 +251,75 @@ func (s *Syn) SynCounters(n int) ([]SynCounters, error) {
 	return out, nil
 }
 
-// SynValidated returns when addr last completed a handshake through a
-// cookie, and whether it ever did (as far as the LRU table remembers).
-// This is what the standing map will consult (docs/tcp.md).
-func (s *Syn) SynValidated(addr netip.Addr) (time.Duration, bool, error) {
-	var v loader.SyncookieEgSynValidated
-	err := s.o.SynValidated.Lookup(Addr16(addr), &v)
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return 0, false, nil
+// SynModeName names a protection mode as the policy spells it.
+func SynModeName(m SynMode) string {
+	switch m {
+	case SynOff:
+		return "off"
+	case SynMonitor:
+		return "monitor"
+	case SynAuto:
+		return "auto"
+	case SynAlways:
+		return "always"
 	}
+	return fmt.Sprintf("mode %d", m)
+}
+
+// SynAnswerBudget is what is left of one source prefix's SYN-ACK budget at
+// one service.
+type SynAnswerBudget struct {
+	// Prefix is the source's answer prefix (answers.per).
+	Prefix netip.Prefix
+	// Limited is false when the service answers without a budget.
+	Limited bool
+	// Available is how many SYN-ACKs the prefix may get now, of Burst.
+	Available, Burst float64
+}
+
+// AnswerBudget reads addr's prefix budget at service id (the id of svc in
+// the slice given to ApplySyn), at the kernel's monotonic clock. Nothing
+// is charged. A prefix without an entry has its whole burst.
+func (s *Syn) AnswerBudget(addr netip.Addr, id int, svc SynService) (SynAnswerBudget, error) {
+	addr = addr.Unmap()
+	bits := int(svc.AnswerLen6)
+	if addr.Is4() {
+		bits = int(svc.AnswerLen4)
+	}
+	pfx, err := addr.Prefix(bits)
 	if err != nil {
-		return 0, false, fmt.Errorf("syn: read validated %v: %w", addr, err)
+		return SynAnswerBudget{}, fmt.Errorf("syn: answer prefix of %v: %w", addr, err)
 	}
-	return time.Duration(v.SinceNs), true, nil
+	b := SynAnswerBudget{Prefix: pfx}
+	t, tau, err := gcraNs(svc.Answers)
+	if err != nil || t == 0 {
+		return b, err
+	}
+	b.Limited = true
+	b.Burst = float64(tau/t + 1)
+	k := loader.SyncookieEgSynPrefixKey{Addr: Addr16(pfx.Addr()), Service: uint32(id)}
+	var tat uint64
+	switch err := s.o.SynAnswers.Lookup(k, &tat); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		b.Available = b.Burst
+		return b, nil
+	case err != nil:
+		return b, fmt.Errorf("syn: read answer budget of %v: %w", pfx, err)
+	}
+	now, err := MonoNow()
+	if err != nil {
+		return b, err
+	}
+	// The data plane answers while tat <= now + tau, and moves tat by t
+	// per answer.
+	b.Available = b.Burst
+	if tat > now {
+		b.Available = 0
+		if d := tat - now; d <= tau {
+			b.Available = float64((tau-d)/t + 1)
+		}
+	}
+	return b, nil
 }
 
 // SetSynTestClock sets the SYN path's clock when loaded with TestClock.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -652,6 +654,32 @@ func TestSynDaemon(t *testing.T) {
 	fams := h.scrape()
 	if f := fams["edgeguard_syn_packets_total"]; f == nil || len(f.Metric) == 0 {
 		t.Errorf("no edgeguard_syn_packets_total in /metrics")
+	}
+	// explain: the clients' address completed handshakes through cookies,
+	// so it is validated in the limiter's standing (the table the SYN path
+	// shares); with validated_for 0 it gets no bypass, and its next SYN is
+	// answered with a cookie, within its /24's answer budget.
+	out, err = h.ctl("explain", c.Src4.String(), "--proto", "tcp", "--dport", strconv.Itoa(synPort), "-o", "json")
+	if err != nil {
+		t.Fatalf("edgectl explain: %v\n%s", err, out)
+	}
+	var ex control.Explanation
+	if err := json.Unmarshal([]byte(out), &ex); err != nil {
+		t.Fatalf("explain json: %v\n%s", err, out)
+	}
+	if ex.Standing == nil || ex.Standing.Standing != "validated" || ex.Standing.Why != "tcp" {
+		t.Errorf("explain standing of a client that completed cookie handshakes: %+v, want validated (tcp)", ex.Standing)
+	}
+	if x := ex.SYN; x == nil || !x.Available || x.Bypass || len(x.Services) != 1 {
+		t.Errorf("explain syn: %+v", x)
+	} else if sv := x.Services[0]; sv.Service != "api" || sv.Protection != "always" || !sv.Active || !sv.Probe ||
+		!strings.HasPrefix(sv.Next, "answered in XDP") || sv.AnswerPrefix != netip.PrefixFrom(c.Src4, 24).Masked() ||
+		sv.AnswersBurst != 2000 || sv.AnswersAvailable > sv.AnswersBurst || sv.Counters.CookiesValid < 30 {
+		t.Errorf("explain syn service: %+v", sv)
+	}
+	if out, err := h.ctl("explain", c.Src4.String()); err != nil || !strings.Contains(out, "syn api") ||
+		!strings.Contains(out, "a SYN from here answered in XDP") {
+		t.Errorf("edgectl explain (table): %v\n%s", err, out)
 	}
 
 	write("auto")
