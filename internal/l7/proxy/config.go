@@ -52,6 +52,10 @@ type Config struct {
 	// Loops is the event loop engine's number of loops (0: GOMAXPROCS,
 	// one per core; see eventloop.Config.Loops).
 	Loops int
+	// AccessLog is where the stage writes one JSON line per request:
+	// "stderr", an absolute file path (reopened on SIGUSR1), or "" for
+	// none (internal/l7/accesslog).
+	AccessLog string
 }
 
 // Engine is what serves the proxy's connections.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -152,7 +153,8 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		return nil
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
-		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops")
+		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops",
+		"access_log")
 	if f == nil {
 		return nil
 	}
@@ -178,6 +180,18 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		}
 		if cfg.Engine == EngineEventLoop && cfg.Upstream != nil && cfg.Upstream.Scheme == "https" {
 			d.Errorf(n, "l7 engine event-loop: the upstream is https and the event loop speaks plain http; use auto or net-http")
+		}
+	}
+	if n, ok := f["access_log"]; ok {
+		if s, ok := d.Scalar(n, "l7 access_log"); ok {
+			switch {
+			case s == "stderr":
+				cfg.AccessLog = s
+			case !strings.HasPrefix(s, "/") || strings.ContainsRune(s, 0) || strings.HasSuffix(s, "/"):
+				d.Errorf(n, "l7 access_log %q: want stderr or an absolute file path", s)
+			default:
+				cfg.AccessLog = filepath.Clean(s)
+			}
 		}
 	}
 	if n, ok := f["loops"]; ok {
