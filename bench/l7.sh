@@ -111,11 +111,11 @@ YAML
 }
 policy event-loop "$EL_PORT" eg-l7b0 19481 >"$tmp/el.yaml"
 policy net-http "$NH_PORT" eg-l7b2 19482 >"$tmp/nh.yaml"
-mkdir -p "$tmp/el" "$tmp/nh" # a state directory each (the socket's)
-nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/el.yaml" --pin-dir "$pins-el" --socket "$tmp/el/edgeguard.sock" --interval 0 \
+mkdir -p "$tmp/el" "$tmp/nh" # a state directory each (its lock, the socket)
+nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/el.yaml" --pin-dir "$pins-el" --socket "$tmp/el/edgeguard.sock" --state-dir "$tmp/el" --interval 0 \
 	>"$tmp/el.log" 2>&1 &
 pids+=($!)
-nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/nh.yaml" --pin-dir "$pins-nh" --socket "$tmp/nh/edgeguard.sock" --interval 0 \
+nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/nh.yaml" --pin-dir "$pins-nh" --socket "$tmp/nh/edgeguard.sock" --state-dir "$tmp/nh" --interval 0 \
 	>"$tmp/nh.log" 2>&1 &
 pids+=($!)
 

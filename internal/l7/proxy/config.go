@@ -182,7 +182,7 @@ type Limit struct {
 	// Burst for gcra and token-bucket (0: Count).
 	Burst int64
 	// Algorithm: AlgGCRA (default), AlgSlidingWindow, AlgTokenBucket,
-	// AlgFixedWindow, AlgLeakyBucket. Redis limits: gcra, sliding-window or
+	// AlgFixedWindow, AlgLeakyBucket, AlgSlidingLog. Redis limits: gcra, sliding-window or
 	// leaky_bucket without Shape.
 	Algorithm string
 	// Shape (leaky_bucket, local backend, not shadow): an admitted request
@@ -207,7 +207,10 @@ const (
 	// AlgLeakyBucket is spelled with an underscore, as the issue and the
 	// policy reference name it; "leaky-bucket" is accepted too.
 	AlgLeakyBucket = "leaky_bucket"
-	BackendLocal   = "local"
+	// AlgSlidingLog, the exact sliding log (local backend only), is
+	// spelled like AlgLeakyBucket; "sliding-log" is accepted too.
+	AlgSlidingLog = "sliding_log"
+	BackendLocal  = "local"
 	BackendRedis   = "redis"
 )
 
