@@ -39,7 +39,7 @@ func TestSlidingLogKnownSequence(t *testing.T) {
 		{11 * s, 1, true, 0, 0},
 		{12 * s, 1, true, 0, 0},
 		{12 * s, 1, false, 0, 8 * time.Second}, // log 10s, 11s, 12s
-		{5 * s, 1, false, 0, 8 * time.Second}, // a stale clock is read as the newest time (12s)
+		{5 * s, 1, false, 0, 8 * time.Second},  // a stale clock is read as the newest time (12s)
 		{22 * s, 3, true, 0, 0},                // all three left at 22s
 	} {
 		d := st.Take(7, c.at, c.n)

@@ -127,7 +127,7 @@ type storeShard struct {
 type Store struct {
 	alg        Algorithm
 	log        *SlidingLog // alg, when it keeps a log per key
-	id         uint64 // random; orders shard locks across stores in takeAll
+	id         uint64      // random; orders shard locks across stores in takeAll
 	shift      uint
 	failClosed bool
 	shards     []storeShard

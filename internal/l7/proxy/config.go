@@ -211,7 +211,7 @@ const (
 	// spelled like AlgLeakyBucket; "sliding-log" is accepted too.
 	AlgSlidingLog = "sliding_log"
 	BackendLocal  = "local"
-	BackendRedis   = "redis"
+	BackendRedis  = "redis"
 )
 
 // Tiers adds limits per tier; the tier is named by a header a trusted auth
