@@ -184,14 +184,9 @@ func (s *Store) shardIndex(key uint64) int {
 	return int(key>>s.shift) & (len(s.shards) - 1)
 }
 
-// buckets returns the key's two candidate buckets (two-choice hashing: a
+// bucketIndexes returns the key's two candidate buckets (two-choice hashing: a
 // new key goes to the emptier one, which keeps overflow negligible up to
 // ~90% fill). Lemire's multiply-shift maps 32 hash bits to a bucket index.
-func (sh *storeShard) buckets2(key uint64) (*bucket, *bucket) {
-	i1, i2 := sh.bucketIndexes(key)
-	return &sh.buckets[i1], &sh.buckets[i2]
-}
-
 func (sh *storeShard) bucketIndexes(key uint64) (int, int) {
 	n := uint64(len(sh.buckets))
 	k2 := key * 0x9e3779b97f4a7c15

@@ -93,15 +93,6 @@ func (d *Daemon) Start(ctx context.Context) error {
 // Running reports whether the daemon process is running.
 func (d *Daemon) Running() bool { return d.cmd != nil }
 
-// Signal sends sig to the running daemon and returns at once (SIGHUP:
-// reload; SIGUSR1: reopen the L7 access log).
-func (d *Daemon) Signal(sig syscall.Signal) error {
-	if d.cmd == nil {
-		return fmt.Errorf("daemon not running")
-	}
-	return d.cmd.Process.Signal(sig)
-}
-
 // Stop sends sig and waits up to 15 s for the daemon to exit, then kills it.
 func (d *Daemon) Stop(sig syscall.Signal) error {
 	if d.cmd == nil {

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -116,7 +117,11 @@ func TestL7AccessLogReopen(t *testing.T) {
 	if err := os.Rename(logPath, rotated); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Signal(syscall.SIGUSR1); err != nil {
+	pid, err := daemonPID(h.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(15 * time.Second)
@@ -187,4 +192,25 @@ func waitLines(t *testing.T, path string, n int) []map[string]any {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// daemonPID finds the test's daemon: the process whose command line names
+// its control socket (a path in the test's own temporary directory).
+func daemonPID(socket string) (int, error) {
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		return 0, err
+	}
+	want := "--socket\x00" + socket + "\x00"
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), want) || !strings.Contains(string(b), "\x00run\x00") {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(p, "/proc/%d/cmdline", &pid); err == nil {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no process runs with --socket %s", socket)
 }
