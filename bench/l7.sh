@@ -206,6 +206,8 @@ for round in $(seq "$ROUNDS"); do
 	echo
 done
 
+echo "# load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
 if true; then
 	echo "# medians of $ROUNDS round(s) (p50 and p99 in ms; ratio: edgeguard / nginx req/s, median of the rounds' ratios)"
 	printf "%-34s %10s %10s %10s %8s\n" "case" "req/s" "p50" "p99" "ratio"
