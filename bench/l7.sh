@@ -111,11 +111,11 @@ YAML
 }
 policy event-loop "$EL_PORT" eg-l7b0 19481 >"$tmp/el.yaml"
 policy net-http "$NH_PORT" eg-l7b2 19482 >"$tmp/nh.yaml"
-mkdir -p "$tmp/el" "$tmp/nh" # a state directory each (the socket's)
-nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/el.yaml" --pin-dir "$pins-el" --socket "$tmp/el/edgeguard.sock" --interval 0 \
+mkdir -p "$tmp/el" "$tmp/nh" # a state directory each (its lock, the socket)
+nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/el.yaml" --pin-dir "$pins-el" --socket "$tmp/el/edgeguard.sock" --state-dir "$tmp/el" --interval 0 \
 	>"$tmp/el.log" 2>&1 &
 pids+=($!)
-nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/nh.yaml" --pin-dir "$pins-nh" --socket "$tmp/nh/edgeguard.sock" --interval 0 \
+nsenter --net="/run/netns/$ns" "$tmp/edgectl" run --config "$tmp/nh.yaml" --pin-dir "$pins-nh" --socket "$tmp/nh/edgeguard.sock" --state-dir "$tmp/nh" --interval 0 \
 	>"$tmp/nh.log" 2>&1 &
 pids+=($!)
 
@@ -206,6 +206,8 @@ for round in $(seq "$ROUNDS"); do
 	echo
 done
 
+echo "# load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
 if true; then
 	echo "# medians of $ROUNDS round(s) (p50 and p99 in ms; ratio: edgeguard / nginx req/s, median of the rounds' ratios)"
 	printf "%-34s %10s %10s %10s %8s\n" "case" "req/s" "p50" "p99" "ratio"

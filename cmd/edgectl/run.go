@@ -41,7 +41,8 @@ It loads the XDP program (or takes over the one pinned by an earlier run, withou
 enforcement), attaches it to the policy's interfaces (or those given with --iface), applies
 the policy atomically and serves /metrics and the control socket used by the other edgectl
 commands. It reloads the policy on SIGHUP and when the file changes; a policy that does not
-validate is logged and the running one kept. Without --config it runs the built-in default
+validate is logged and the running one kept. SIGUSR1 reopens the L7 access log file
+(l7.access_log), for logrotate. Without --config it runs the built-in default
 policy (examples/edgeguard.yaml; see the README for its limits).
 
 On SIGINT/SIGTERM it detaches. With --keep the program stays attached and keeps enforcing from
@@ -78,6 +79,10 @@ reboots; the --config file is never rewritten. A start that fails removes only w
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
+			reopen := make(chan struct{}, 1)
+			usr1 := make(chan os.Signal, 1)
+			signal.Notify(usr1, syscall.SIGUSR1)
+			defer signal.Stop(usr1)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			go func() {
@@ -90,13 +95,18 @@ reboots; the --config file is never rewritten. A start that fails removes only w
 						case reload <- struct{}{}:
 						default:
 						}
+					case <-usr1:
+						select {
+						case reopen <- struct{}{}:
+						default:
+						}
 					}
 				}
 			}()
 			err = daemon.Run(ctx, daemon.Options{
 				ConfigPath: config, Ifaces: ifaces, Mode: m, PinDir: pinDir, Socket: socket, StateDir: stateDir,
 				MetricsListen: metrics, Keep: keep, Interval: interval, Out: cmd.OutOrStdout(), IPv4DirectChunks: v4Chunks,
-				Logger: log, Reload: reload, Build: buildInfo(),
+				Logger: log, Reload: reload, ReopenLogs: reopen, Build: buildInfo(),
 				ASNProgress: progressBar(cmd.ErrOrStderr(), "loading asn data"), L7Loops: cores,
 			})
 			return asValidation(err)

@@ -64,6 +64,8 @@ type Options struct {
 	Logger   *slog.Logger
 	// Reload triggers a reload of the policy file (SIGHUP).
 	Reload <-chan struct{}
+	// ReopenLogs reopens the L7 access log file (SIGUSR1, for logrotate).
+	ReopenLogs <-chan struct{}
 	// PollInterval is how often the policy file is checked for changes.
 	PollInterval time.Duration
 	// Build is the daemon's version, shown in status and exported as
@@ -565,6 +567,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.expireLists)
 	run("escalations", d.applyEscalations)
+	run("log reopen", d.reopenLogs)
 	run("standing", d.watchStanding)
 	run("link watch", d.watchLinks)
 	<-ctx.Done()

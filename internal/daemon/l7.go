@@ -96,6 +96,24 @@ func (d *Daemon) applyEscalations(ctx context.Context) error {
 	}
 }
 
+// reopenLogs reopens the L7 access log on ReopenLogs (SIGUSR1): logrotate
+// renames the file, then signals; the next lines go to a new file at the
+// configured path. A failure is logged and the old file kept.
+func (d *Daemon) reopenLogs(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-d.opts.ReopenLogs:
+			if err := d.l7.ReopenAccessLog(); err != nil {
+				d.log.Error("reopen the l7 access log; still writing the old file", "err", err)
+				continue
+			}
+			d.log.Info("l7 access log reopened", "trigger", "sigusr1")
+		}
+	}
+}
+
 // withL7Problems adds the l7: section's problems to a policy validation
 // error, so one look shows everything wrong with a file even when its XDP
 // part already failed.

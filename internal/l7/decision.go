@@ -3,7 +3,6 @@
 package l7
 
 import (
-	"sync/atomic"
 	"time"
 )
 
@@ -21,18 +20,6 @@ func NewSystemClock() *SystemClock { return &SystemClock{start: time.Now()} }
 
 // Now returns nanoseconds since the clock was made.
 func (c *SystemClock) Now() int64 { return int64(time.Since(c.start)) }
-
-// ManualClock is a Clock that moves only when told to. Safe for concurrent use.
-type ManualClock struct{ ns atomic.Int64 }
-
-// Now returns the clock's current reading.
-func (c *ManualClock) Now() int64 { return c.ns.Load() }
-
-// Set moves the clock to ns.
-func (c *ManualClock) Set(ns int64) { c.ns.Store(ns) }
-
-// Advance moves the clock forward by d.
-func (c *ManualClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // Decision is what every limiter answers for one request.
 //

@@ -1,6 +1,8 @@
 package l7
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"encoding/json"
 	"io"
 	"net/http"
@@ -18,14 +20,14 @@ import (
 
 type testServer struct {
 	t     *testing.T
-	clock *ManualClock
+	clock *l7test.ManualClock
 	mw    *Middleware
 	srv   *httptest.Server
 }
 
 func newTestServer(t *testing.T, cfg Config) *testServer {
 	t.Helper()
-	clock := new(ManualClock)
+	clock := new(l7test.ManualClock)
 	clock.Set(int64(1000 * time.Second))
 	cfg.Clock = clock
 	mw, err := NewMiddleware(cfg)
@@ -306,7 +308,7 @@ func (w *discardWriter) WriteHeader(s int)           { w.status = s }
 
 func TestMiddlewareAllocations(t *testing.T) {
 	k := newKeys(t, KeyConfig{})
-	clock := new(ManualClock)
+	clock := new(l7test.ManualClock)
 	mw, err := NewMiddleware(Config{
 		Rules: []Rule{
 			perIPRule(t, k, "per-ip", mustAlg(NewGCRA(1<<20, time.Second, 0))),
@@ -432,7 +434,7 @@ func TestMiddlewareFailClosedStoreFull(t *testing.T) {
 
 func TestMiddlewareCheckForOtherFrameworks(t *testing.T) {
 	k := newKeys(t, KeyConfig{})
-	mw, err := NewMiddleware(Config{Rules: []Rule{perIPRule(t, k, "per-ip", mustAlg(NewGCRA(1, time.Hour, 0)))}, Clock: new(ManualClock)})
+	mw, err := NewMiddleware(Config{Rules: []Rule{perIPRule(t, k, "per-ip", mustAlg(NewGCRA(1, time.Hour, 0)))}, Clock: new(l7test.ManualClock)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +478,7 @@ func TestMiddlewareTrustedProxyClients(t *testing.T) {
 // is never served stale from the cache.
 func TestMiddlewareHeaderValueCache(t *testing.T) {
 	k := newKeys(t, KeyConfig{})
-	clock := new(ManualClock)
+	clock := new(l7test.ManualClock)
 	mw, err := NewMiddleware(Config{
 		Rules:         []Rule{perIPRule(t, k, "per-ip", mustAlg(NewGCRA(10, time.Second, 0)))}, // T = 100ms
 		LegacyHeaders: true,

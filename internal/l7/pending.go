@@ -122,6 +122,17 @@ func (p *Pending) Skipped() bool { return p.skipped }
 // Allowed reports whether every local rule admitted the request.
 func (p *Pending) Allowed() bool { return p.allowed }
 
+// Refused is the name of the first enforced local rule that refused the
+// request ("" when none did), for the access log.
+func (p *Pending) Refused() string {
+	for i := range p.n {
+		if !p.out[i].Allowed && p.applied[i] != nil {
+			return p.applied[i].name
+		}
+	}
+	return ""
+}
+
 // Tier is the name of the tier the request was decided in ("" for the
 // route's rules alone).
 func (p *Pending) Tier() string {

@@ -1,6 +1,8 @@
 package l7
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -12,7 +14,7 @@ import (
 // never come, and its 429 reports both backends' limits.
 func TestPendingRefundGivesBackEveryLocalCharge(t *testing.T) {
 	k := newKeys(t, KeyConfig{})
-	clock := new(ManualClock)
+	clock := new(l7test.ManualClock)
 	clock.Set(int64(1000 * time.Second))
 	mw, err := NewMiddleware(Config{Clock: clock, LegacyHeaders: true, Rules: []Rule{
 		perIPRule(t, k, "per-ip", mustAlg(NewGCRA(2, time.Minute, 0))),

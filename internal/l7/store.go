@@ -104,8 +104,11 @@ type bucket struct {
 }
 
 type storeShard struct {
-	mu        sync.Mutex
-	buckets   []bucket
+	mu      sync.Mutex
+	buckets []bucket
+	// logs are the sliding log's rings by slot (bucket*8+way), allocated
+	// on a slot's first logged units; nil for the other algorithms.
+	logs      [][]int64
 	keys      int64
 	evictions int64
 	full      int64
@@ -123,7 +126,8 @@ type storeShard struct {
 // 3e-8).
 type Store struct {
 	alg        Algorithm
-	id         uint64 // random; orders shard locks across stores in takeAll
+	log        *SlidingLog // alg, when it keeps a log per key
+	id         uint64      // random; orders shard locks across stores in takeAll
 	shift      uint
 	failClosed bool
 	shards     []storeShard
@@ -163,8 +167,12 @@ func NewStore(alg Algorithm, cfg StoreConfig) (*Store, error) {
 	if bits == 0 {
 		s.shift = 63 // key>>63 is 0 or 1; mask below keeps shard 0
 	}
+	s.log, _ = alg.(*SlidingLog)
 	for i := range s.shards {
 		s.shards[i].buckets = make([]bucket, perShard)
+		if s.log != nil {
+			s.shards[i].logs = make([][]int64, perShard*bucketWays)
+		}
 	}
 	return s, nil
 }
@@ -176,13 +184,23 @@ func (s *Store) shardIndex(key uint64) int {
 	return int(key>>s.shift) & (len(s.shards) - 1)
 }
 
-// buckets returns the key's two candidate buckets (two-choice hashing: a
+// bucketIndexes returns the key's two candidate buckets (two-choice hashing: a
 // new key goes to the emptier one, which keeps overflow negligible up to
 // ~90% fill). Lemire's multiply-shift maps 32 hash bits to a bucket index.
-func (sh *storeShard) buckets2(key uint64) (*bucket, *bucket) {
+func (sh *storeShard) bucketIndexes(key uint64) (int, int) {
 	n := uint64(len(sh.buckets))
 	k2 := key * 0x9e3779b97f4a7c15
-	return &sh.buckets[(key&0xffffffff)*n>>32], &sh.buckets[(k2>>32)*n>>32]
+	return int((key & 0xffffffff) * n >> 32), int((k2 >> 32) * n >> 32)
+}
+
+// ring is the sliding log of slot (bucket bi, way i), allocated on first
+// use.
+func (s *Store) ring(sh *storeShard, bi, i int) []int64 {
+	r := &sh.logs[bi*bucketWays+i]
+	if *r == nil {
+		*r = make([]int64, s.log.limit)
+	}
+	return *r
 }
 
 func (b *bucket) find(key uint64) int {
@@ -258,13 +276,21 @@ const (
 // takeLocked decides and, when allowed, writes. If u is not nil the slot's
 // previous content is saved in it (u.b == nil when nothing was written).
 func (s *Store) takeLocked(sh *storeShard, key uint64, now, n int64, u *undo, d *Decision) bool {
-	b1, b2 := sh.buckets2(key)
-	b, i := b1, b1.find(key)
+	i1, i2 := sh.bucketIndexes(key)
+	b1, b2 := &sh.buckets[i1], &sh.buckets[i2]
+	b, bi, i := b1, i1, b1.find(key)
 	if i < 0 {
-		b, i = b2, b2.find(key)
+		b, bi, i = b2, i2, b2.find(key)
 	}
 	if i >= 0 {
-		st := s.take(b.states[i], now, n, d)
+		var st State
+		if s.log != nil {
+			// (A fresh key's take, below, reads no ring: a new key never
+			// needs its slot's log until its second take.)
+			st = s.log.takeLog(b.states[i], s.ring(sh, bi, i), now, n, d)
+		} else {
+			st = s.take(b.states[i], now, n, d)
+		}
 		if d.Allowed && st != b.states[i] {
 			if u != nil {
 				*u = undo{b: b, sh: sh, key: key, state: b.states[i], after: st, i: int32(i), kind: undoUpdate}
@@ -344,13 +370,29 @@ func (s *Store) refundLocked(sh *storeShard, key uint64, u *undo, now int64) {
 		return
 	}
 	b, i := u.b, int(u.i)
+	bi := -1
 	if b.keys[i] != key {
-		b1, b2 := sh.buckets2(key)
-		if b, i = b1, b1.find(key); i < 0 {
-			if b, i = b2, b2.find(key); i < 0 {
+		i1, i2 := sh.bucketIndexes(key)
+		if b, bi, i = &sh.buckets[i1], i1, sh.buckets[i1].find(key); i < 0 {
+			if b, bi, i = &sh.buckets[i2], i2, sh.buckets[i2].find(key); i < 0 {
 				return
 			}
 		}
+	}
+	if s.log != nil {
+		if bi < 0 {
+			// The slot the charge wrote: one of the key's two buckets.
+			i1, _ := sh.bucketIndexes(key)
+			if bi = i1; &sh.buckets[i1] != b {
+				_, bi = sh.bucketIndexes(key)
+			}
+		}
+		var ring []int64
+		if sh.logs[bi*bucketWays+i] != nil {
+			ring = s.ring(sh, bi, i)
+		}
+		b.states[i] = s.log.refundLog(b.states[i], u.before(), u.after, ring, now)
+		return
 	}
 	b.states[i] = s.alg.Refund(b.states[i], u.before(), u.after, now)
 }

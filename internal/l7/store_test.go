@@ -1,6 +1,8 @@
 package l7
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -198,7 +200,7 @@ func TestStoreTakeDoesNotAllocate(t *testing.T) {
 // path: exactly the burst passes at one instant.
 func TestLimiterConcurrentExact(t *testing.T) {
 	for _, alg := range []Algorithm{mustAlg(NewGCRA(500, time.Hour, 0)), mustAlg(NewTokenBucket(500, time.Hour, 0))} {
-		l := NewLimiter(alg, new(ManualClock))
+		l := NewLimiter(alg, new(l7test.ManualClock))
 		var passed atomic.Int64
 		var wg sync.WaitGroup
 		for range 8 {

@@ -227,10 +227,16 @@ var daemonFamilies = map[string]bool{
 // proxy it serves); TestDashboardL7Panels (internal/l7/stage) checks the
 // dashboard's queries of them against a real stage.
 var l7StageFamilies = map[string]bool{
-	"edgeguard_l7_requests_total":              true,
-	"edgeguard_l7_stage_info":                  true,
-	"edgeguard_l7_stage_engine_starts_total":   true,
-	"edgeguard_l7_stage_engine_failures_total": true,
+	"edgeguard_l7_requests_total":                   true,
+	"edgeguard_l7_stage_info":                       true,
+	"edgeguard_l7_stage_engine_starts_total":        true,
+	"edgeguard_l7_stage_engine_failures_total":      true,
+	"edgeguard_l7_responses_total":                  true,
+	"edgeguard_l7_in_flight":                        true,
+	"edgeguard_l7_request_duration_seconds_bucket":  true,
+	"edgeguard_l7_upstream_duration_seconds_bucket": true,
+	"edgeguard_l7_access_log_lines_total":           true,
+	"edgeguard_l7_access_log_write_errors_total":    true,
 }
 
 // synFamilies are exported by the daemon's SYN path collector

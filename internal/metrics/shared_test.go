@@ -1,6 +1,8 @@
 package metrics_test
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -29,7 +31,7 @@ func newL7(t *testing.T, n int) (*l7.Middleware, int) {
 	}
 	mw, err := l7.NewMiddleware(l7.Config{
 		Rules: []l7.Rule{{Name: "per-ip", Key: keys.IP(), Algorithm: alg, Store: l7.StoreConfig{Capacity: 64}}},
-		Clock: new(l7.ManualClock),
+		Clock: new(l7test.ManualClock),
 	})
 	if err != nil {
 		t.Fatal(err)

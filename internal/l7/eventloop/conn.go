@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -254,6 +255,13 @@ type conn struct {
 	respBody    bodyFraming
 	respHead    bool // the final response head has been read
 	respStarted bool // bytes of a response have been queued for the client
+
+	// The request's observation (Decision.Observe): nil when none is
+	// pending. tStart, tUp and tUpEnd are loop times (tUp 0: not
+	// forwarded); status is the final status queued.
+	obs                 Observer
+	tStart, tUp, tUpEnd int64
+	status              int
 }
 
 func newConn(l *loop, fd int, peer netip.AddrPort) *conn {
@@ -428,6 +436,7 @@ func (c *conn) begin(head []byte) {
 		c.reqBody.set(bodyNone, 0)
 	}
 	c.w.reset()
+	c.tStart, c.tUp, c.tUpEnd, c.status = c.l.now, 0, 0, 0
 	c.decide(&c.req, c.l.s.cfg.Handler)
 	if c.w.panicked {
 		c.answerPanic()
@@ -468,7 +477,28 @@ func (c *conn) keepHead(head []byte) {
 func (c *conn) decide(r *http.Request, h Handler) {
 	defer c.recoverHandler(r)
 	d := h.Decide(&c.w, r)
-	c.w.forward, c.w.later = d.forward, d.later
+	c.w.forward, c.w.later, c.obs = d.forward, d.later, d.obs
+}
+
+// report tells the request's Observer how it ended, once. Not while its
+// decision still runs on a goroutine (handlerReturned reports then): the
+// observer may be in use there.
+func (c *conn) report(aborted bool) {
+	o := c.obs
+	if o == nil || c.w.async {
+		return
+	}
+	c.obs = nil
+	e := Exchange{Request: &c.req, Status: c.status, Total: time.Duration(c.l.now - c.tStart), Aborted: aborted}
+	if c.tUp != 0 {
+		e.Forwarded = true
+		end := c.tUpEnd
+		if end == 0 {
+			end = c.l.now
+		}
+		e.Upstream = time.Duration(end - c.tUp)
+	}
+	o.Done(e)
 }
 
 // decideOffLoop runs an OffLoop decision on its goroutine; a panic is
@@ -527,6 +557,7 @@ func (c *conn) handlerReturned() {
 	c.w.async = false
 	c.holdOut = false
 	if c.state == stateClosed {
+		c.report(true)
 		return
 	}
 	switch {
@@ -559,6 +590,7 @@ func (c *conn) decided() {
 
 // endRequest readies the connection for its next request.
 func (c *conn) endRequest() {
+	c.report(false)
 	c.state = stateHead
 	c.respHead, c.respStarted = false, false
 	if c.l.draining {
@@ -596,6 +628,7 @@ func (c *conn) respondLocal() {
 	if status == 0 {
 		status = http.StatusOK
 	}
+	c.status = status
 	b := c.out.grow(c.l)
 	b = append(b, "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(status), 10)
@@ -739,6 +772,9 @@ func (c *conn) startForward() {
 	}
 	c.state = stateForward
 	c.respHead, c.respStarted = false, false
+	if c.tUp == 0 {
+		c.tUp = max(c.l.now, 1)
+	}
 	u, err := c.l.upstream()
 	if err != nil {
 		c.upstreamFailed(err)
@@ -1105,6 +1141,7 @@ func (c *conn) responseHead(data []byte) bool {
 			c.upstreamFailed(errors.New("101 to a request without an upgrade"))
 			return true
 		}
+		c.status = status
 		c.queueResponseHead(true)
 		u.in.consume(c.l, n)
 		c.state = stateTunnel
@@ -1142,6 +1179,7 @@ func (c *conn) responseHead(data []byte) bool {
 		c.closeAfter = true
 	}
 	c.respHead = true
+	c.status = status
 	c.queueResponseHead(false)
 	u.in.consume(c.l, n)
 	if c.respBody.done {
@@ -1210,6 +1248,7 @@ func appendRaw(b []byte, f *header) []byte {
 // finishForward ends a relayed request: the upstream connection goes back
 // to the pool when both messages ended cleanly.
 func (c *conn) finishForward() {
+	c.tUpEnd = c.l.now
 	u := c.up
 	c.up = nil
 	u.client = nil
@@ -1274,6 +1313,7 @@ func (c *conn) upstreamFailed(err error) {
 		err = derr
 	}
 	c.l.s.log.Debug("l7 event loop: upstream failed", "peer", c.remoteAddr, "err", err)
+	c.tUpEnd = c.l.now
 	c.w.status = 0
 	c.w.body = c.w.body[:0]
 	c.l.s.cfg.BadGateway(&c.w, &c.req, err)
@@ -1355,6 +1395,7 @@ func (c *conn) close() {
 		return
 	}
 	c.state = stateClosed
+	c.report(true)
 	if c.up != nil {
 		c.up.client = nil
 		c.up.closeFD()

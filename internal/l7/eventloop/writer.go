@@ -2,6 +2,7 @@ package eventloop
 
 import (
 	"net/http"
+	"time"
 )
 
 // writer is the http.ResponseWriter the handler gets: it keeps the status,
@@ -76,6 +77,45 @@ type Handler interface {
 type Decision struct {
 	forward bool
 	later   OffLoop
+	obs     Observer
+}
+
+// Observe returns d with o to be told how the request ended (Observer.Done):
+// its status and durations, once, on the loop.
+func (d Decision) Observe(o Observer) Decision {
+	d.obs = o
+	return d
+}
+
+// Observer is told, once per request whose Decision named it, how the
+// request ended: after its response is queued for the client in full, or
+// when the connection closed first (Exchange.Aborted). Done runs on the
+// loop and must not block; e.Request is valid only during the call.
+type Observer interface {
+	Done(e Exchange)
+}
+
+// Exchange is what the engine saw of one request, for metrics and the
+// access log. Durations are read on the loop's clock, which advances once
+// per epoll wake-up: each is accurate to the time the loop spends on one
+// batch of events.
+type Exchange struct {
+	Request *http.Request
+	// Status is the final status sent (the handler's, or the upstream's;
+	// 101 for an upgrade, reported when the tunnel closes); 0 when the
+	// connection closed before any response.
+	Status int
+	// Total runs from the request head's arrival to the end of the
+	// response (or of the connection).
+	Total time.Duration
+	// Upstream runs from the first upstream dial or send (retries
+	// included) to the end of the upstream's response, 0 when the request
+	// was never forwarded.
+	Upstream time.Duration
+	// Forwarded: the request was sent to the upstream.
+	Forwarded bool
+	// Aborted: the connection closed before the response was complete.
+	Aborted bool
 }
 
 // Respond is the decision of a handler that wrote the response on w (a
@@ -105,6 +145,15 @@ type OffLoop func(w http.ResponseWriter, r *http.Request, relay *Relay)
 type Relay struct {
 	w    *writer
 	used bool
+}
+
+// Observer is the Observer the Continue decision named (Decision.Observe),
+// or nil: the off-loop decision notes what it decides there.
+func (rl *Relay) Observer() Observer {
+	if rl == nil {
+		return nil
+	}
+	return rl.w.c.obs
 }
 
 // Forward proxies the request to the upstream, with the header fields set

@@ -1,11 +1,11 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"io"
 	"net/http"
 	"testing"
-
-	"github.com/edgeguard/edgeguard/internal/l7"
 )
 
 // BenchmarkProxyLoopback sends requests through a real proxy on loopback to
@@ -61,7 +61,7 @@ l7:
       match: {path_prefix: /always}
       limits: [{name: always-hit, key: ip, rate: 1/h, burst: 1}]
 `, "")
-	p, err := New(cfg, Options{Clock: new(l7.ManualClock)})
+	p, err := New(cfg, Options{Clock: new(l7test.ManualClock)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -52,6 +52,10 @@ type Config struct {
 	// Loops is the event loop engine's number of loops (0: GOMAXPROCS,
 	// one per core; see eventloop.Config.Loops).
 	Loops int
+	// AccessLog is where the stage writes one JSON line per request:
+	// "stderr", an absolute file path (reopened on SIGUSR1), or "" for
+	// none (internal/l7/accesslog).
+	AccessLog string
 }
 
 // Engine is what serves the proxy's connections.
@@ -178,7 +182,7 @@ type Limit struct {
 	// Burst for gcra and token-bucket (0: Count).
 	Burst int64
 	// Algorithm: AlgGCRA (default), AlgSlidingWindow, AlgTokenBucket,
-	// AlgFixedWindow, AlgLeakyBucket. Redis limits: gcra, sliding-window or
+	// AlgFixedWindow, AlgLeakyBucket, AlgSlidingLog. Redis limits: gcra, sliding-window or
 	// leaky_bucket without Shape.
 	Algorithm string
 	// Shape (leaky_bucket, local backend, not shadow): an admitted request
@@ -203,8 +207,11 @@ const (
 	// AlgLeakyBucket is spelled with an underscore, as the issue and the
 	// policy reference name it; "leaky-bucket" is accepted too.
 	AlgLeakyBucket = "leaky_bucket"
-	BackendLocal   = "local"
-	BackendRedis   = "redis"
+	// AlgSlidingLog, the exact sliding log (local backend only), is
+	// spelled like AlgLeakyBucket; "sliding-log" is accepted too.
+	AlgSlidingLog = "sliding_log"
+	BackendLocal  = "local"
+	BackendRedis  = "redis"
 )
 
 // Tiers adds limits per tier; the tier is named by a header a trusted auth

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"bufio"
 	"bytes"
 	"errors"
@@ -14,8 +16,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/edgeguard/edgeguard/internal/l7"
 )
 
 // The smuggling corpus: raw request and response vectors sent through both
@@ -414,7 +414,7 @@ func startCorpusEngines(t *testing.T) []*corpusEngine {
 	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
 		up := startCorpusUpstream(t)
 		cfg := decodeYAML(t, strings.ReplaceAll(corpusConfig, "ENGINE", string(e)), "http://"+up.ln.Addr().String())
-		_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+		_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 		out = append(out, &corpusEngine{name: e, addr: strings.TrimPrefix(base, "http://"), up: up})
 	}
 	return out

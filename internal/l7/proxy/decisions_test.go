@@ -1,14 +1,14 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"net/http"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/edgeguard/edgeguard/internal/l7"
 )
 
 // TestRequestsByRouteAndDecision: edgeguard_l7_requests_total counts each
@@ -35,7 +35,7 @@ l7:
 `, up.srv.URL)
 			cfg.Engine = engine
 			reg := prometheus.NewRegistry()
-			clock := new(l7.ManualClock)
+			clock := new(l7test.ManualClock)
 			clock.Set(1e12)
 			rec := &recordingEscalator{calls: make(chan escalationCall, 16)}
 			p, base := startProxy(t, cfg, Options{Registerer: reg, Clock: clock, Escalator: rec})

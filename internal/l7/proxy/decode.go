@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -28,6 +29,10 @@ const (
 	DefaultEscalationWindow    = time.Minute
 	DefaultEscalationTTL       = 10 * time.Minute
 	maxCapacity                = 1 << 24
+	// MaxSlidingLogBytes bounds a sliding_log limit's logs: rate count
+	// times capacity times 8 bytes (at the default capacity, a rate count
+	// of at most 128).
+	MaxSlidingLogBytes = 64 << 20
 )
 
 // Decode decodes and validates the l7: section node (policy.Policy.L7) of
@@ -152,7 +157,8 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		return nil
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
-		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops")
+		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops",
+		"access_log")
 	if f == nil {
 		return nil
 	}
@@ -178,6 +184,18 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		}
 		if cfg.Engine == EngineEventLoop && cfg.Upstream != nil && cfg.Upstream.Scheme == "https" {
 			d.Errorf(n, "l7 engine event-loop: the upstream is https and the event loop speaks plain http; use auto or net-http")
+		}
+	}
+	if n, ok := f["access_log"]; ok {
+		if s, ok := d.Scalar(n, "l7 access_log"); ok {
+			switch {
+			case s == "stderr":
+				cfg.AccessLog = s
+			case !strings.HasPrefix(s, "/") || strings.ContainsRune(s, 0) || strings.HasSuffix(s, "/"):
+				d.Errorf(n, "l7 access_log %q: want stderr or an absolute file path", s)
+			default:
+				cfg.AccessLog = filepath.Clean(s)
+			}
 		}
 	}
 	if n, ok := f["loops"]; ok {
@@ -656,15 +674,8 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 			if alias, isAlias := algorithmAlias(s); isAlias {
 				v = &yaml.Node{Kind: yaml.ScalarNode, Value: alias, Line: v.Line, Column: v.Column}
 			}
-			if s == "sliding_log" || s == "sliding-log" {
-				d.Errorf(v, "limit %q: algorithm %s is not supported: it keeps one timestamp per admitted request "+
-					"(8 bytes times the rate, for every key); use sliding-window (a counter, exact formula, 16 bytes per key) "+
-					"or gcra", l.Name, s)
-				ok = false
-			} else {
-				s, aok := d.enum(v, "limit algorithm", AlgGCRA, AlgSlidingWindow, AlgTokenBucket, AlgFixedWindow, AlgLeakyBucket)
-				l.Algorithm, ok = s, ok && aok
-			}
+			s, aok := d.enum(v, "limit algorithm", AlgGCRA, AlgSlidingWindow, AlgTokenBucket, AlgFixedWindow, AlgLeakyBucket, AlgSlidingLog)
+			l.Algorithm, ok = s, ok && aok
 		} else {
 			ok = false
 		}
@@ -695,7 +706,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		x, _ := d.integer(v, "limit capacity", 1, maxCapacity)
 		l.Capacity = int(x)
 	}
-	if (l.Algorithm == AlgSlidingWindow || l.Algorithm == AlgFixedWindow) && l.Burst != 0 {
+	if (l.Algorithm == AlgSlidingWindow || l.Algorithm == AlgFixedWindow || l.Algorithm == AlgSlidingLog) && l.Burst != 0 {
 		d.Errorf(f["burst"], "limit %q: burst applies to gcra, token-bucket and leaky_bucket, not %s", l.Name, l.Algorithm)
 		ok = false
 	}
@@ -709,6 +720,25 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 			ok = false
 		case l.Backend == BackendRedis:
 			d.Errorf(f["shape"], "limit %q: shape: true with backend redis is not supported (the release slot is decided from local state)", l.Name)
+			ok = false
+		}
+	}
+	if ok && l.Algorithm == AlgSlidingLog {
+		capacity := int64(l.Capacity)
+		switch {
+		case l.Backend == BackendRedis:
+			d.Errorf(f["backend"], "limit %q: algorithm sliding_log with backend redis is not supported "+
+				"(its log would be a sorted set of up to rate entries per key in Redis); use sliding-window or gcra with redis", l.Name)
+			ok = false
+		case l.Count > l7.MaxSlidingLogLimit:
+			d.Errorf(rateNode, "limit %q: sliding_log keeps one timestamp per admitted request: rate count %d is above %d",
+				l.Name, l.Count, l7.MaxSlidingLogLimit)
+			ok = false
+		case l.Count*capacity*8 > MaxSlidingLogBytes:
+			d.Errorf(rateNode, "limit %q: sliding_log keeps one 8-byte timestamp per admitted request and key: "+
+				"rate count %d times capacity %d keys is %d MiB, above %d MiB; lower capacity or the rate's count "+
+				"(e.g. 100/min instead of 6000/h), or use sliding-window",
+				l.Name, l.Count, capacity, l.Count*capacity*8>>20, MaxSlidingLogBytes>>20)
 			ok = false
 		}
 	}
@@ -741,6 +771,8 @@ func algorithmAlias(s string) (string, bool) {
 		return AlgFixedWindow, true
 	case "leaky-bucket":
 		return AlgLeakyBucket, true
+	case "sliding-log":
+		return AlgSlidingLog, true
 	}
 	return "", false
 }

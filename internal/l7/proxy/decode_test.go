@@ -61,7 +61,7 @@ func TestDecodeProblems(t *testing.T) {
 `, []string{`p.yaml:4:51: queue_timeout "5": want a positive duration`,
 			`p.yaml:8:36: limit "a": rate "100/fortnight": unknown unit`,
 			`p.yaml:9:36: limit "b": rate "10Mbit/s" counts bytes; an L7 rate counts requests`,
-			`p.yaml:10:53: limit algorithm "leaky": want one of gcra, sliding-window, token-bucket, fixed-window, leaky_bucket`}},
+			`p.yaml:10:53: limit algorithm "leaky": want one of gcra, sliding-window, token-bucket, fixed-window, leaky_bucket, sliding_log`}},
 		{"unsupported algorithm combinations", validHead + `  redis: {addr: "127.0.0.1:6379"}
   routes:
     - name: api
@@ -69,13 +69,17 @@ func TestDecodeProblems(t *testing.T) {
         - {name: a, key: ip, rate: 10/s, algorithm: gcra, shape: true}
         - {name: b, key: ip, rate: 10/s, algorithm: leaky_bucket, shape: true, shadow: true}
         - {name: c, key: ip, rate: 10/s, algorithm: leaky_bucket, shape: true, backend: redis}
-        - {name: d, key: ip, rate: 10/s, algorithm: sliding_log}
+        - {name: d, key: ip, rate: 10/s, algorithm: sliding_log, backend: redis}
         - {name: e, key: ip, rate: 10/s, algorithm: token-bucket, backend: redis}
+        - {name: f, key: ip, rate: 6000/min, algorithm: sliding_log}
+        - {name: g, key: ip, rate: 10/s, algorithm: sliding-log, burst: 20}
 `, []string{`p.yaml:8:66: limit "a": shape: true applies to algorithm leaky_bucket, not gcra`,
 			`p.yaml:9:74: limit "b": shape: true with shadow: true is not supported`,
 			`p.yaml:10:74: limit "c": shape: true with backend redis is not supported (the release slot is decided from local state)`,
-			`p.yaml:11:53: limit "d": algorithm sliding_log is not supported: it keeps one timestamp per admitted request`,
-			`p.yaml:12:53: limit "e": backend redis supports gcra, sliding-window and leaky_bucket, not token-bucket`}},
+			`p.yaml:11:75: limit "d": algorithm sliding_log with backend redis is not supported`,
+			`p.yaml:12:53: limit "e": backend redis supports gcra, sliding-window and leaky_bucket, not token-bucket`,
+			`p.yaml:13:36: limit "f": sliding_log keeps one 8-byte timestamp per admitted request and key: rate count 6000 times capacity 65536 keys is 3000 MiB, above 64 MiB`,
+			`p.yaml:14:73: limit "g": burst applies to gcra, token-bucket and leaky_bucket, not sliding_log`}},
 		{"bad keys and duplicate names", validHead + `  routes:
     - name: api
       limits:

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -36,43 +35,53 @@ const BodyReadTimeout = 60 * time.Second
 // goroutine; the others here, where only local limits run.
 func (p *Proxy) Decide(w http.ResponseWriter, r *http.Request) eventloop.Decision {
 	rt, exempt := p.pick(r)
+	ex := p.begin(p.obsOf(rt, exempt))
 	switch {
 	case exempt:
 		p.countExempt(rt)
-		return eventloop.Forward()
+		return eventloop.Forward().Observe(ex)
 	case rt == nil:
 		if p.unmatchedOffLoop != nil {
-			return eventloop.Continue(p.unmatchedOffLoop)
+			return eventloop.Continue(p.unmatchedOffLoop).Observe(ex)
 		}
 		p.unmatchedCounts.n[decisionAllowed].Add(1)
-		return eventloop.Forward()
+		return eventloop.Forward().Observe(ex)
 	case rt.offLoop != nil:
-		return eventloop.Continue(rt.offLoop)
-	case p.limit(rt, w, r):
-		return eventloop.Forward()
+		return eventloop.Continue(rt.offLoop).Observe(ex)
+	case p.limit(rt, ex, w, r):
+		return eventloop.Forward().Observe(ex)
 	}
-	return eventloop.Respond()
+	return eventloop.Respond().Observe(ex)
 }
 
-type relayKey struct{}
-
 // offLoop runs h (a route's chain) on the event loop's goroutine, with the
-// engine's relay in the request's context for forwardFrom.
+// request's exchange, holding the engine's relay, in the request's context
+// for forwardFrom.
 func offLoop(h http.Handler) eventloop.OffLoop {
 	return func(w http.ResponseWriter, r *http.Request, relay *eventloop.Relay) {
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), relayKey{}, relay)))
+		ex, _ := relay.Observer().(*flight)
+		if ex == nil {
+			ex = new(flight) // a decision without an observer: nobody reads it
+		}
+		ex.relay = relay
+		h.ServeHTTP(w, withExchange(r, ex))
 	}
 }
 
 // forwardFrom proxies a request its route let through: by the event loop's
 // relay when the request was decided off the loop, else by the net-http
-// engine's ReverseProxy.
+// engine's ReverseProxy (timed for the upstream histogram).
 func (p *Proxy) forwardFrom(w http.ResponseWriter, r *http.Request) {
-	if relay, ok := r.Context().Value(relayKey{}).(*eventloop.Relay); ok {
-		relay.Forward()
+	ex := exchangeOf(r)
+	if ex != nil && ex.relay != nil {
+		ex.relay.Forward()
 		return
 	}
+	t := time.Now()
 	p.forwardNetHTTP(w, r)
+	if ex != nil {
+		ex.forwarded, ex.upstream = true, time.Since(t)
+	}
 }
 
 // refuseNetHTTP answers 400, closing the connection, for the requests the

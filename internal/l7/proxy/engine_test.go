@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"bufio"
 	"context"
 	"crypto/sha256"
@@ -24,7 +26,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
 )
 
@@ -380,7 +381,7 @@ func TestEnginesAgree(t *testing.T) {
 				if cfg.ServingEngine() != e {
 					t.Fatalf("engine %s decoded as %s", e, cfg.ServingEngine())
 				}
-				_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+				_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 				addrs[e] = strings.TrimPrefix(base, "http://")
 			}
 			seen := map[string]bool{}

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"context"
 	"io"
 	"net/http"
@@ -11,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
@@ -37,7 +38,7 @@ l7:
 				t.Fatalf("alias decoded as %q", got)
 			}
 			cfg.Engine = engine
-			clock := new(l7.ManualClock)
+			clock := new(l7test.ManualClock)
 			clock.Set(1e12)
 			_, base := startProxy(t, cfg, Options{Clock: clock})
 			for i := range 3 {
@@ -97,7 +98,7 @@ l7:
 			cfg.Engine = engine
 			// Decisions on a manual clock (admission is exact whatever the
 			// load); the holds are real timers of the computed waits.
-			clock := new(l7.ManualClock)
+			clock := new(l7test.ManualClock)
 			clock.Set(1e12)
 			_, base := startProxy(t, cfg, Options{Clock: clock})
 			codes := make(chan int, 4)

@@ -23,6 +23,8 @@ func newAlgorithm(l Limit) (l7.Algorithm, error) {
 		return l7.NewSlidingWindow(l.Count, l.Per)
 	case AlgFixedWindow:
 		return l7.NewFixedWindow(l.Count, l.Per)
+	case AlgSlidingLog:
+		return l7.NewSlidingLog(l.Count, l.Per)
 	case AlgLeakyBucket:
 		// burst is the bucket's size: the requests admitted at once from an
 		// empty bucket (policing), or admitted and queued (shaping): the one

@@ -44,6 +44,7 @@ func (p *Proxy) Describe(ch chan<- *prometheus.Desc) {
 	if len(p.mws) > 0 {
 		p.mws[0].Describe(ch)
 	}
+	p.observ.describe(ch)
 	for _, c := range p.parts.collectors() {
 		c.Describe(ch)
 	}
@@ -65,6 +66,7 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 	}
 	p.unmatchedCounts.collect(ch, d.requests, routeUnmatched)
 	p.exemptCounts.collect(ch, d.requests, routeExempt)
+	p.observ.collect(ch, p.obsSets)
 	if p.esc != nil {
 		ch <- prometheus.MustNewConstMetric(d.escalations, prometheus.CounterValue, float64(p.esc.sent.Load()), "sent")
 		ch <- prometheus.MustNewConstMetric(d.escalations, prometheus.CounterValue, float64(p.esc.failed.Load()), "failed")
@@ -174,7 +176,10 @@ func (c *routeCounters) limited(escalated bool) {
 }
 
 func (c *routeCounters) shedFunc() func(*http.Request) {
-	return func(*http.Request) { c.n[decisionShed].Add(1) }
+	return func(r *http.Request) {
+		c.n[decisionShed].Add(1)
+		exchangeOf(r).refused(decisionShed, "")
+	}
 }
 
 func (c *routeCounters) collect(ch chan<- prometheus.Metric, desc *prometheus.Desc, route string) {

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"context"
 	"net/http"
 	"net/netip"
@@ -11,8 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/edgeguard/edgeguard/internal/l7"
 )
 
 type recordingPromoter struct{ calls chan promotionCall }
@@ -42,7 +42,7 @@ l7:
     - name: api
       limits: [{name: per-ip, key: ip, rate: 2/min}]
 `, up.srv.URL)
-	clock := new(l7.ManualClock)
+	clock := new(l7test.ManualClock)
 	rec := &recordingPromoter{calls: make(chan promotionCall, 64)}
 	reg := prometheus.NewRegistry()
 	p, err := New(cfg, Options{Clock: clock, Promoter: rec, Registerer: reg,

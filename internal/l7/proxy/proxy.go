@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
@@ -43,6 +44,9 @@ type Options struct {
 	// L7 stage leaves it nil and collects the Proxy that serves itself, so
 	// a Proxy prepared for a reload registers nothing.
 	Registerer prometheus.Registerer
+	// AccessLog, when set, receives one line per request (the L7 stage
+	// opens it from l7.access_log and keeps it across reloads).
+	AccessLog *accesslog.Log
 	// Transport carries requests to the upstream under the net-http engine
 	// and when the Proxy is used as an http.Handler (default: an
 	// http.Transport keeping up to 512 idle connections to it). The
@@ -70,7 +74,10 @@ type Proxy struct {
 	adaptive  []*shed.Limiter
 	mws       []*l7.Middleware
 	descs     proxyDescs
-	parts     *registry             // the collectors of its limiters
+	parts     *registry // the collectors of its limiters
+	observ    observations
+	obsSets   []*routeObs // every route's, then the unmatched and exempt requests'
+	alog      *accesslog.Log
 	reg       prometheus.Registerer // Options.Registerer, or nil
 
 	// unmatchedOffLoop is unmatched as the event loop's decision off the
@@ -81,6 +88,7 @@ type Proxy struct {
 	// unmatchedCounts are the decisions on requests no route matched,
 	// exemptCounts those on the global exempt paths.
 	unmatchedCounts, exemptCounts *routeCounters
+	unmatchedObs, exemptObs       *routeObs
 	acceptPauses                  atomic.Int64 // edgeguard_l7_accept_paused_total
 
 	ctx       context.Context
@@ -109,6 +117,7 @@ type route struct {
 	// shapes: a limit of the route or of one of its tiers has shape: true.
 	shapes  bool
 	counts  routeCounters
+	obs     *routeObs
 	offLoop eventloop.OffLoop
 }
 
@@ -133,7 +142,8 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 	if cfg == nil || cfg.Upstream == nil {
 		return nil, errors.New("proxy: config without upstream")
 	}
-	p := &Proxy{cfg: cfg, log: opts.Logger, clock: opts.Clock, exempt: map[string]struct{}{}, descs: newProxyDescs()}
+	p := &Proxy{cfg: cfg, log: opts.Logger, clock: opts.Clock, exempt: map[string]struct{}{}, descs: newProxyDescs(),
+		observ: newObservations(), alog: opts.AccessLog}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -178,6 +188,8 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 	}
 	p.unmatchedCounts = new(routeCounters)
 	p.exemptCounts = new(routeCounters)
+	p.unmatchedObs = p.observ.route(routeUnmatched)
+	p.exemptObs = p.observ.route(routeExempt)
 	p.unmatched = wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.unmatchedCounts.n[decisionAllowed].Add(1)
 		p.forward.ServeHTTP(w, r)
@@ -193,8 +205,10 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		if err != nil {
 			return nil, err
 		}
+		rt.obs = p.observ.route(rc.Name)
+		p.obsSets = append(p.obsSets, rt.obs)
 		h := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if p.limit(rt, w, r) {
+			if p.limit(rt, exchangeOf(r), w, r) {
 				p.forwardFrom(w, r)
 			}
 		}))
@@ -215,6 +229,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		}
 		p.routes = append(p.routes, rt)
 	}
+	p.obsSets = append(p.obsSets, p.unmatchedObs, p.exemptObs)
 	if cfg.Escalation.Enabled && opts.Escalator == nil {
 		p.log.Warn("l7 proxy: escalation is enabled but there is no escalator: sources are not escalated")
 	}
@@ -595,15 +610,35 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rt, exempt := p.pick(r)
+	ex := p.begin(p.obsOf(rt, exempt))
+	ex.start = time.Now()
+	ex.sw.ResponseWriter = w
+	ww := &ex.sw
+	r = withExchange(r, ex)
+	// Deferred: ReverseProxy panics (http.ErrAbortHandler) on a response
+	// it could not finish copying; the request still ends here.
+	defer func() { ex.finish(r, ex.sw.status, time.Since(ex.start), ex.upstream, ex.forwarded) }()
 	switch {
 	case exempt:
 		p.countExempt(rt)
-		p.forward.ServeHTTP(w, r)
+		p.forward.ServeHTTP(ww, r)
 	case rt == nil:
-		p.unmatched.ServeHTTP(w, r)
+		p.unmatched.ServeHTTP(ww, r)
 	default:
-		rt.handler.ServeHTTP(w, r)
+		rt.handler.ServeHTTP(ww, r)
 	}
+}
+
+// obsOf is the observations a request routed to rt (exempt or not) counts
+// in.
+func (p *Proxy) obsOf(rt *route, exempt bool) *routeObs {
+	switch {
+	case rt != nil:
+		return rt.obs
+	case exempt:
+		return p.exemptObs
+	}
+	return p.unmatchedObs
 }
 
 // countExempt counts a request on an exempt path as allowed: on its route
@@ -651,7 +686,7 @@ func (p *Proxy) pick(r *http.Request) (rt *route, exempt bool) {
 // are given back (l7.Pending.Refund, redislimit.Limiter.Refund), so the
 // 429 reports the longest wait over every refused limit of both backends.
 // Shadow groups are charged on their own and never refuse or refund.
-func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
+func (p *Proxy) limit(rt *route, ex *flight, w http.ResponseWriter, r *http.Request) bool {
 	if rt.mw == nil {
 		rt.counts.n[decisionAllowed].Add(1)
 		return true
@@ -664,7 +699,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 	}
 	if !lp.Allowed() {
 		rt.mw.Respond(w, &lp, nil)
-		rt.counts.limited(p.rejected(r))
+		p.limited(rt, ex, r, lp.Refused())
 		return false
 	}
 	type charged struct {
@@ -675,6 +710,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 	var ext []l7.ExternalDecision
 	var took []charged
 	refused := false
+	refusedBy := ""
 	for _, g := range rt.redis[lp.Tier()] {
 		key, ok := g.key(r)
 		if !ok {
@@ -690,6 +726,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 				return false // the client is gone
 			}
 			rt.counts.n[decisionShed].Add(1)
+			ex.refused(decisionShed, "")
 			shedUnavailable(w, "the rate limiter is shutting down")
 			return false
 		}
@@ -712,6 +749,9 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 			}
 			if !rd.Decision.Allowed {
 				g.counters[rd.Rule].rejected.Add(1)
+				if refusedBy == "" {
+					refusedBy = rd.Rule
+				}
 			}
 			ext = append(ext, l7.ExternalDecision{Name: rd.Rule, Policy: g.policy[rd.Rule], Decision: rd.Decision})
 		}
@@ -731,7 +771,7 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 			}
 		}
 		rt.mw.Respond(w, &lp, ext)
-		rt.counts.limited(p.rejected(r))
+		p.limited(rt, ex, r, refusedBy)
 		return false
 	}
 	lp.Commit()
@@ -747,6 +787,18 @@ func (p *Proxy) limit(rt *route, w http.ResponseWriter, r *http.Request) bool {
 		return false // the client left while its request was held
 	}
 	return true
+}
+
+// limited counts a 429 by limit (the first that refused) and notes it for
+// escalation.
+func (p *Proxy) limited(rt *route, ex *flight, r *http.Request, limit string) {
+	escalated := p.rejected(r)
+	rt.counts.limited(escalated)
+	d := decisionLimited
+	if escalated {
+		d = decisionEscalated
+	}
+	ex.refused(d, limit)
 }
 
 // hold keeps a request admitted by a shaping limit until its release slot

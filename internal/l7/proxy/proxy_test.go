@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"context"
 	"io"
 	"net"
@@ -51,7 +53,7 @@ l7:
       match: {path_prefix: /api/}
       limits: [{name: prefix-limit, key: global, rate: 1000/min}]
 `, up.srv.URL)
-	_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+	_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 
 	cases := []struct {
 		name   string
@@ -112,7 +114,7 @@ l7:
       exempt_paths: [/ready]
       limits: [{name: tiny, key: global, rate: 1/min}]
 `, up.srv.URL)
-	_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+	_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 	for i := range 5 {
 		for _, path := range []string{"/healthz", "/ready"} {
 			resp := do(t, "GET", base+path)
@@ -144,7 +146,7 @@ l7:
     - name: api
       limits: [{name: per-ip, key: ip, rate: 2/min, burst: 2, algorithm: gcra}]
 `, up.srv.URL)
-	clock := new(l7.ManualClock)
+	clock := new(l7test.ManualClock)
 	_, base := startProxy(t, cfg, Options{Clock: clock})
 
 	// GCRA 2/min: T = 30s, burst 2. Two requests at t=0 pass.
@@ -202,7 +204,7 @@ l7:
         - {name: per-ip, key: ip, rate: 3/min, algorithm: fixed-window}
         - {name: per-user, key: user, rate: 1/min, algorithm: fixed-window}
 `, up.srv.URL)
-	_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+	_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 	user := func(u string) reqOpt { return withHeader("X-User-Id", u) }
 	if s := status(t, "GET", base+"/", user("a")); s != 200 {
 		t.Fatalf("a #1: %d", s)
@@ -241,7 +243,7 @@ l7:
           pro: [{name: pro-ip, key: ip, rate: 3/min}]
 `, up.srv.URL)
 	reg := prometheus.NewRegistry()
-	_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock), Registerer: reg})
+	_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock), Registerer: reg})
 	if s := status(t, "GET", base+"/"); s != 200 {
 		t.Fatalf("free #1: %d", s)
 	}
@@ -328,7 +330,7 @@ l7:
   upstream: UPSTREAM
   trusted_proxies: [127.0.0.1/32, "::1"]
 `+routes, up.srv.URL)
-		_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+		_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 		xff := func(v string) reqOpt { return withHeader("X-Forwarded-For", v) }
 		resp := do(t, "GET", base+"/", xff("203.0.113.1"))
 		if resp.StatusCode != 200 {
@@ -352,7 +354,7 @@ l7:
   listen: 127.0.0.1:0
   upstream: UPSTREAM
 `+routes, up.srv.URL)
-		_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+		_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 		resp := do(t, "GET", base+"/", withHeader("X-Forwarded-For", "203.0.113.1"))
 		if resp.StatusCode != 200 {
 			t.Fatalf("first: %d", resp.StatusCode)
@@ -481,7 +483,7 @@ l7:
     - name: api
       limits: [{name: per-ip, key: ip, rate: 1/min, algorithm: fixed-window}]
 `, up.srv.URL)
-	clock := new(l7.ManualClock)
+	clock := new(l7test.ManualClock)
 	rec := &recordingEscalator{calls: make(chan escalationCall, 16)}
 	reg := prometheus.NewRegistry()
 	_, base := startProxy(t, cfg, Options{Clock: clock, Escalator: rec, Registerer: reg})
@@ -585,7 +587,7 @@ l7:
     - name: api
       limits: [{name: per-ip, key: ip, rate: 1/min}]
 `, up.srv.URL)
-	clock := new(l7.ManualClock)
+	clock := new(l7test.ManualClock)
 	b := &blockingEscalator{release: make(chan struct{})}
 	defer close(b.release)
 	p, err := New(cfg, Options{Clock: clock, Escalator: b})
@@ -608,7 +610,7 @@ l7:
 					t.Fatalf("source %v request %d: %d", a, j, w.code)
 				}
 			} else {
-				p.limit(p.routes[0], &discardWriter{h: http.Header{}}, r) // charge without proxying
+				p.limit(p.routes[0], nil, &discardWriter{h: http.Header{}}, r) // charge without proxying
 			}
 		}
 	}

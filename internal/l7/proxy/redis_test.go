@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"context"
 	"fmt"
 	"net/http"
@@ -11,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
@@ -152,7 +153,7 @@ l7:
         - {name: r-user, key: "header:X-API-Key", rate: 1/min, backend: redis}
         - {name: r-watch, key: ip, rate: 1/min, backend: redis, shadow: true}
 `, up.srv.URL)
-	clock := new(l7.ManualClock)
+	clock := new(l7test.ManualClock)
 	_, base := startProxy(t, cfg, Options{Clock: clock})
 	key := func(k string) reqOpt { return withHeader("X-API-Key", k) }
 
@@ -226,7 +227,7 @@ l7:
             - {name: pro-r, key: "header:X-API-Key", rate: 3/min, backend: redis}
             - {name: pro-shadow, key: ip, rate: 1/min, backend: redis, shadow: true}
 `, up.srv.URL)
-	_, base := startProxy(t, cfg, Options{Clock: new(l7.ManualClock)})
+	_, base := startProxy(t, cfg, Options{Clock: new(l7test.ManualClock)})
 	count := func(plan, k string) int {
 		n := 0
 		for range 5 {

@@ -1,15 +1,15 @@
 package redislimit
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/edgeguard/edgeguard/internal/l7"
 )
 
 func TestBreakerTimeline(t *testing.T) {
-	clock := &l7.ManualClock{}
+	clock := &l7test.ManualClock{}
 	var log []string
 	b := newBreaker(BreakerConfig{Failures: 3, OpenFor: 100 * time.Millisecond, MaxOpenFor: 300 * time.Millisecond}, clock,
 		func(from, to BreakerState) { log = append(log, from.String()+">"+to.String()) })

@@ -1,6 +1,8 @@
 package redislimit
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"context"
 	"strings"
 	"testing"
@@ -19,15 +21,15 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano()
 type fixture struct {
 	srv    *testenv.Redis
 	rdb    *redis.Client
-	clock  *l7.ManualClock // breaker, local fallback, leases
-	script *l7.ManualClock // the scripts' time (Unix ns)
+	clock  *l7test.ManualClock // breaker, local fallback, leases
+	script *l7test.ManualClock // the scripts' time (Unix ns)
 	reg    *prometheus.Registry
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	srv := testenv.StartRedis(t)
-	f := &fixture{srv: srv, rdb: srv.Client(t), clock: &l7.ManualClock{}, script: &l7.ManualClock{}, reg: prometheus.NewRegistry()}
+	f := &fixture{srv: srv, rdb: srv.Client(t), clock: &l7test.ManualClock{}, script: &l7test.ManualClock{}, reg: prometheus.NewRegistry()}
 	f.clock.Set(1e12)
 	f.script.Set(t0)
 	return f

@@ -1,6 +1,8 @@
 package shed
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+
 	"context"
 	"math/rand/v2"
 	"runtime"
@@ -8,15 +10,13 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/edgeguard/edgeguard/internal/l7"
 )
 
-// manualTimers schedules queue timeouts on an l7.ManualClock: nothing fires
+// manualTimers schedules queue timeouts on an l7test.ManualClock: nothing fires
 // until the test calls Advance, which runs due callbacks in deadline order on
 // the test's goroutine.
 type manualTimers struct {
-	clock *l7.ManualClock
+	clock *l7test.ManualClock
 
 	mu      sync.Mutex
 	pending []*manualTimer
@@ -87,12 +87,12 @@ type alwaysLose struct{}
 func (alwaysLose) Uint64() uint64 { return ^uint64(0) }
 
 type manualEnv struct {
-	clock  *l7.ManualClock
+	clock  *l7test.ManualClock
 	timers *manualTimers
 }
 
 func newManualEnv() manualEnv {
-	c := &l7.ManualClock{}
+	c := &l7test.ManualClock{}
 	return manualEnv{clock: c, timers: &manualTimers{clock: c}}
 }
 

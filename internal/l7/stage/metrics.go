@@ -14,6 +14,13 @@ var (
 	failuresDesc = prometheus.NewDesc("edgeguard_l7_stage_engine_failures_total",
 		"Engine instances that ended with an error (they could not serve, or requests were still in flight after the shutdown timeout).",
 		nil, nil)
+	accessLogDesc = prometheus.NewDesc("edgeguard_l7_access_log_lines_total",
+		"Access log lines, by result: written (queued for the file), dropped (the 1 MiB buffer was full: the disk or "+
+			"stderr is slower than the requests). Absent without l7.access_log.", []string{"result"}, nil)
+	accessLogErrorsDesc = prometheus.NewDesc("edgeguard_l7_access_log_write_errors_total",
+		"Writes of the access log buffer that failed (the lines in them are lost).", nil, nil)
+	accessLogReopensDesc = prometheus.NewDesc("edgeguard_l7_access_log_reopens_total",
+		"Times the access log file was reopened (SIGUSR1).", nil, nil)
 )
 
 // collector is the stage's series and those of the proxy that serves. It
@@ -28,8 +35,15 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(startsDesc, prometheus.CounterValue, float64(s.started.Load()))
 	ch <- prometheus.MustNewConstMetric(failuresDesc, prometheus.CounterValue, float64(s.failed.Load()))
 	s.mu.Lock()
-	run := s.run
+	run, alog := s.run, s.alog
 	s.mu.Unlock()
+	if alog != nil {
+		st := alog.Stats()
+		ch <- prometheus.MustNewConstMetric(accessLogDesc, prometheus.CounterValue, float64(st.Lines), "written")
+		ch <- prometheus.MustNewConstMetric(accessLogDesc, prometheus.CounterValue, float64(st.Dropped), "dropped")
+		ch <- prometheus.MustNewConstMetric(accessLogErrorsDesc, prometheus.CounterValue, float64(st.WriteErrors))
+		ch <- prometheus.MustNewConstMetric(accessLogReopensDesc, prometheus.CounterValue, float64(st.Reopens))
+	}
 	if run == nil {
 		return
 	}

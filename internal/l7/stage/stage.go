@@ -40,6 +40,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 )
@@ -84,6 +85,10 @@ type Stage struct {
 	run   *instance       // nil: the stage is stopped
 	raw   []byte          // the l7: section of run's proxy
 	promo proxy.Promotion // and its promotion settings
+
+	// alog is the access log the serving proxy writes (nil: none); it
+	// stays open across reloads that keep its path.
+	alog *accesslog.Log
 
 	bg      sync.WaitGroup // engines stopping, proxies closing
 	closing chan struct{}  // closed by Close: replaced proxies close at once
@@ -166,6 +171,7 @@ type Change struct {
 	commit func()
 	abort  func()
 	once   sync.Once
+	noop   bool // nothing changes (the access log is kept as it is)
 }
 
 // Commit makes the prepared change live. It cannot fail and does not wait
@@ -176,7 +182,9 @@ func (c *Change) Commit() { c.once.Do(c.commit) }
 // closed, and what serves stays as it was.
 func (c *Change) Abort() { c.once.Do(c.abort) }
 
-func noChange(s *Stage) *Change { return &Change{s: s, commit: func() {}, abort: func() {}} }
+func noChange(s *Stage) *Change {
+	return &Change{s: s, commit: func() {}, abort: func() {}, noop: true}
+}
 
 // loops is the event loops a config asks for.
 func (s *Stage) loops(cfg *proxy.Config) int {
@@ -204,6 +212,88 @@ func (s *Stage) engineKey(cfg *proxy.Config) string {
 // here). promo is the policy's L7 promotion (standing.l7_promotion), which
 // lives outside the l7: section: a change of it alone rebuilds the proxy.
 func (s *Stage) Prepare(ctx context.Context, cfg *proxy.Config, raw []byte, promo proxy.Promotion) (*Change, error) {
+	s.mu.Lock()
+	cur := s.alog
+	s.mu.Unlock()
+	alog, opened := cur, false
+	switch {
+	case cfg == nil || cfg.AccessLog == "":
+		alog = nil
+	case cur == nil || cur.Path() != cfg.AccessLog:
+		l, err := accesslog.Open(cfg.AccessLog)
+		if err != nil {
+			return nil, err
+		}
+		alog, opened = l, true
+	}
+	ch, err := s.prepare(ctx, cfg, raw, promo, alog)
+	if err != nil || ch.noop {
+		if opened {
+			alog.Close()
+		}
+		return ch, err
+	}
+	commit, abort := ch.commit, ch.abort
+	ch.commit = func() {
+		commit()
+		s.mu.Lock()
+		old := s.alog
+		s.alog = alog
+		s.mu.Unlock()
+		if old != nil && old != alog {
+			s.closeLogLater(old)
+		}
+	}
+	ch.abort = func() {
+		abort()
+		if opened {
+			alog.Close()
+		}
+	}
+	return ch, nil
+}
+
+// closeLogLater closes an access log no longer written once the proxies
+// that may still write it are closed (ShutdownTimeout, as closeLater).
+func (s *Stage) closeLogLater(l *accesslog.Log) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		t := time.NewTimer(ShutdownTimeout + time.Second)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-s.closing:
+			// Lines still logged to it after this are dropped, safely.
+		}
+		l.Close()
+	}()
+}
+
+// ReopenAccessLog reopens the access log's file (SIGUSR1, after logrotate
+// renamed it); nil when there is no access log.
+func (s *Stage) ReopenAccessLog() error {
+	s.mu.Lock()
+	l := s.alog
+	s.mu.Unlock()
+	if l == nil {
+		return nil
+	}
+	return l.Reopen()
+}
+
+// AccessLogStats are the access log's counters (zero without one).
+func (s *Stage) AccessLogStats() accesslog.Stats {
+	s.mu.Lock()
+	l := s.alog
+	s.mu.Unlock()
+	if l == nil {
+		return accesslog.Stats{}
+	}
+	return l.Stats()
+}
+
+func (s *Stage) prepare(ctx context.Context, cfg *proxy.Config, raw []byte, promo proxy.Promotion, alog *accesslog.Log) (*Change, error) {
 	select {
 	case <-s.closing:
 		return nil, errors.New("the l7 stage is closed")
@@ -228,7 +318,7 @@ func (s *Stage) Prepare(ctx context.Context, cfg *proxy.Config, raw []byte, prom
 		return noChange(s), nil
 	}
 	p, err := proxy.New(cfg, proxy.Options{Logger: s.log, Escalator: s.opts.Escalator,
-		Promoter: s.opts.Promoter, Promotion: promo})
+		Promoter: s.opts.Promoter, Promotion: promo, AccessLog: alog})
 	if err != nil {
 		return nil, err
 	}
@@ -431,6 +521,13 @@ func (s *Stage) Close() {
 		run.stop()
 	}
 	s.bg.Wait()
+	s.mu.Lock()
+	l := s.alog
+	s.alog = nil
+	s.mu.Unlock()
+	if l != nil {
+		l.Close()
+	}
 }
 
 // Status is what the stage serves now.
