@@ -68,7 +68,6 @@ type LegitResult struct {
 	Opening, OpeningReplied int
 }
 
-
 // Success is the fraction of requests that got a reply (1 with none sent).
 func (r LegitResult) Success() float64 {
 	if r.Sent == 0 {
