@@ -326,7 +326,8 @@ func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Everything is checked: from here on only the kernel can refuse.
+	// Rules, L4 matches and settings are checked; the tables below check
+	// their own capacity as they are written (all in the inactive half).
 	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
 		return nil, fmt.Errorf("write rules of generation %d: %w", next, err)
 	}
