@@ -327,7 +327,7 @@ func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
 		return nil, err
 	}
 	// Rules, L4 matches and settings are checked; the tables below check
-	// their own capacity as they are written (all in the inactive half).
+	// their own capacity as they are written.
 	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
 		return nil, fmt.Errorf("write rules of generation %d: %w", next, err)
 	}
