@@ -59,6 +59,7 @@ struct eg_btf_anchor {
 	enum eg_shifts shifts;
 	enum eg_l4_proto_bit l4_proto_bit;
 	enum eg_expiry expiry;
+	enum eg_v4_mark v4_mark;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 

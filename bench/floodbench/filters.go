@@ -175,7 +175,7 @@ func (g *edgeguard) setup(e *edge, extraRules int) error {
 		return err
 	}
 	g.dp, g.m = dp, maps.New(dp)
-	if err := g.m.Apply(benchPolicy(extraRules, g.clock)); err != nil {
+	if err := stageCommit(g.m, benchPolicy(extraRules, g.clock)); err != nil {
 		return fmt.Errorf("apply bench policy: %w", err)
 	}
 	if g.mode == loader.ModeGeneric {
@@ -306,3 +306,12 @@ func (hashlimit) dropped(e *edge) (uint64, error) {
 	return 0, fmt.Errorf("no hashlimit rule in:\n%s", out)
 }
 func (hashlimit) close() {}
+
+// stageCommit makes c the live generation: Stage, then Commit.
+func stageCommit(m *maps.Maps, c *policy.Compiled) error {
+	s, err := m.Stage(c)
+	if err != nil {
+		return err
+	}
+	return m.Commit(s)
+}

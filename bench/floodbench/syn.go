@@ -189,7 +189,7 @@ func (g *edgeguardSyn) setup(e *edge) error {
 		Malformed: policy.VerdictPass,
 		Rules:     []policy.CompiledRule{{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}},
 	}
-	if err := maps.New(g.dp).Apply(&gen); err != nil {
+	if err := stageCommit(maps.New(g.dp), &gen); err != nil {
 		return err
 	}
 	if g.sp, err = loader.LoadSyn(g.dp, loader.SynOptions{}); err != nil {

@@ -398,3 +398,8 @@ enum eg_l4_proto_bit {
 enum eg_expiry {
 	EG_EXPIRY_FOREVER = EG_FOREVER,
 };
+
+/* The IPv4 direct table's chunk mark (EG_V4_CHILD), for Go. */
+enum eg_v4_mark {
+	EG_V4_MARK_CHILD = EG_V4_CHILD,
+};

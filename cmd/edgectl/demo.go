@@ -162,6 +162,33 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (err error) {
 	return demoTraffic(ctx, out, lab, o)
 }
 
+// settled returns the program's counters since base and the packets the
+// sink received since sinkBase, once the counters account for want packets
+// and neither grew for 1.2 s: the daemon reads the data plane's counters
+// once a second, so a reading right after the traffic lags by up to that.
+// After 6 s it returns what it has.
+func settled(ctx context.Context, lab *testbed.Lab, base testbed.Counters, sinkBase, want uint64) (testbed.Counters, uint64) {
+	deadline := time.Now().Add(6 * time.Second)
+	var last testbed.Counters
+	var lastSink uint64
+	var lastChange time.Time
+	for {
+		c := last
+		if st, err := lab.Daemon.Stats(ctx); err == nil {
+			c = testbed.CountersOf(st).Sub(base)
+		}
+		sink := lab.Sink.Other() - sinkBase
+		now := time.Now()
+		if last == nil || c.Total() != last.Total() || sink != lastSink {
+			last, lastSink, lastChange = c, sink, now
+		}
+		if (c.Total() >= want && now.Sub(lastChange) > 1200*time.Millisecond) || now.After(deadline) {
+			return last, lastSink
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func demoTraffic(ctx context.Context, out io.Writer, lab *testbed.Lab, o demoOptions) error {
 	ctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
@@ -176,6 +203,13 @@ func demoTraffic(ctx context.Context, out io.Writer, lab *testbed.Lab, o demoOpt
 		start    = time.Now()
 		sinkBase = lab.Sink.Other()
 	)
+	// The closing summary counts from here (the program's counters run
+	// since the daemon started).
+	st0, err := lab.Daemon.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("read the program's counters: %w", err)
+	}
+	base := testbed.CountersOf(st0)
 	wg.Go(func() { lres, lerr = lab.LegitUDPProgress(ctx, o.legitRate, o.duration, false, &legit) })
 	floodFor := o.duration - o.warmup
 	if floodFor > 0 {
@@ -247,17 +281,21 @@ func demoTraffic(ctx context.Context, out io.Writer, lab *testbed.Lab, o demoOpt
 	if lerr != nil || ferr != nil {
 		return errors.Join(lerr, ferr)
 	}
-	passed := lab.Sink.Other() - sinkBase
+	// One reading for the closing lines: the program's counters and the
+	// sink once both account for the traffic and stopped growing.
+	c, passed := settled(context.WithoutCancel(ctx), lab, base, sinkBase, fres.Sent+uint64(lres.Sent))
 	fmt.Fprintf(out, "legit clients: %v\n", lres)
 	if fres.Sent > 0 {
+		// What reached the program from the attacker: everything it
+		// counted but the legit clients' requests (and non-IP frames).
+		counted := c.Total() - c["pass/non_ip"]
+		attacker := counted - min(counted, uint64(lres.Sent))
 		budget := float64(o.asnRate) + float64(o.asnRate)*fres.Elapsed.Seconds()
-		fmt.Fprintf(out, "attacker: offered %d in %v, passed %d (%.1f%%); the ASN budget for that time is %.0f (burst + rate × time)\n",
-			fres.Sent, fres.Elapsed.Round(time.Millisecond), passed, 100*float64(passed)/float64(fres.Sent), budget)
+		fmt.Fprintf(out, "attacker: offered %d in %v (the generator sent %d), passed %d (%.1f%%); the ASN budget for that time is %.0f (burst + rate × time)\n",
+			attacker, fres.Elapsed.Round(time.Millisecond), fres.Sent, passed, 100*float64(passed)/float64(max(attacker, 1)), budget)
 	}
-	if st, err := lab.Daemon.Stats(context.WithoutCancel(ctx)); err == nil {
-		c := testbed.CountersOf(st)
-		fmt.Fprintf(out, "program counters (the daemon reads them once a second): pass %d, drop %d (asn_limit %d, prefix_limit %d, source_limit %d)\n",
-			c.Action("pass"), c.Action("drop"), c["drop/asn_limit"], c["drop/prefix_limit"], c["drop/source_limit"])
-	}
+	fmt.Fprintf(out, "program counters since the demo started: pass %d, drop %d (asn_limit %d, prefix_limit %d, source_limit %d) = %d, "+
+		"of which %d legit requests\n", c.Action("pass"), c.Action("drop"), c["drop/asn_limit"], c["drop/prefix_limit"],
+		c["drop/source_limit"], c.Action("pass")+c.Action("drop"), lres.Sent)
 	return nil
 }

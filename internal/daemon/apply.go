@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
 )
 
 // apply makes next the running policy, all or nothing. Everything that can
@@ -25,7 +26,9 @@ import (
 // only then do status, the generation and GET /v1/policy change. A step
 // that fails undoes the ones before it: the data plane, status, metrics
 // and the running policy stay exactly as they were. Interfaces the policy
-// dropped are detached last. Caller holds changeMu, not mu.
+// dropped are detached last. Caller holds changeMu, not mu: d.mu is held
+// only to read state and to commit (the flip, the lists, status), never
+// while the new generation is written.
 func (d *Daemon) apply(ctx context.Context, next running, trigger string) error {
 	want := d.wantIfaces(next.pol)
 	if len(want) == 0 {
@@ -83,25 +86,41 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 		added = append(added, attached{a, taken})
 	}
 
+	// Check before change: the lists must fit. Run-time entries change
+	// under d.mu, so they are read again for the commit below.
 	d.mu.Lock()
-	lists, err := d.listEntries(next.pol)
-	if err == nil && uint32(len(lists)) > d.dp.Objects.Lists.MaxEntries() {
-		err = fmt.Errorf("lists need %d entries, the table holds %d: raise tables.list_entries", len(lists), d.dp.Objects.Lists.MaxEntries())
+	_, err = d.fittingLists(next)
+	d.mu.Unlock()
+	if err != nil {
+		undo()
+		return err
 	}
+	// The slow part, off d.mu so status, stats and scrapes stay
+	// answerable: the new generation is written to the inactive half of
+	// the tables (changeMu keeps other writers of the generations out).
+	staged, err := d.m.Stage(next.compiled)
+	if err != nil {
+		undo()
+		return fmt.Errorf("apply policy: %w", err)
+	}
+	if d.staged != nil {
+		d.staged()
+	}
+
+	// The commit, under d.mu: the flip, the lists, the daemon's state.
+	d.mu.Lock()
+	lists, err := d.fittingLists(next)
 	if err == nil {
-		if err = d.m.Apply(next.compiled); err != nil {
+		if err = d.m.Commit(staged); err != nil {
 			err = fmt.Errorf("apply policy: %w", err)
-		}
-	}
-	if err == nil {
-		if err = d.m.SetLists(lists); err != nil {
+		} else if err = d.m.SetLists(lists); err != nil {
 			err = fmt.Errorf("write lists: %w", err)
-			// Back to the running generation, whose lists are still
-			// (or again) those written last.
-			if d.cur.compiled != nil {
-				if rerr := d.m.Apply(d.cur.compiled); rerr != nil {
-					d.log.Error("roll back to the running policy's generation", "err", rerr)
-				}
+			// Back to the running generation (Stage wrote only the other
+			// half), and to the lists written last.
+			if rerr := d.m.Revert(staged); rerr != nil {
+				d.log.Error("roll back to the running policy's generation", "err", rerr)
+			}
+			if d.cur.pol != nil {
 				if rerr := d.syncLists(); rerr != nil {
 					d.log.Error("roll back the lists", "err", rerr)
 				}
@@ -157,6 +176,20 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 		d.log.Warn("policy warning", "policy", next.source, "warning", w)
 	}
 	return nil
+}
+
+// fittingLists returns the lists trie entries next would run with (its
+// lists and the run-time entries), or an error when they do not fit the
+// table. Caller holds d.mu (expired run-time entries are dropped).
+func (d *Daemon) fittingLists(next running) ([]maps.ListEntry, error) {
+	lists, err := d.listEntries(next.pol)
+	if err != nil {
+		return nil, err
+	}
+	if max := d.dp.Objects.Lists.MaxEntries(); uint32(len(lists)) > max {
+		return nil, fmt.Errorf("lists need %d entries, the table holds %d: raise tables.list_entries", len(lists), max)
+	}
+	return lists, nil
 }
 
 // attach attaches to one interface, noting whether it took over a link an

@@ -116,6 +116,9 @@ type Daemon struct {
 	asnPath  string         // ASN data cache (changeMu)
 	asnStamp time.Time
 	asnTable *asn.Table
+	// staged, if set (tests), runs in apply between writing the new
+	// generation and committing it: changeMu held, mu not.
+	staged func()
 
 	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
 	cur        running

@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 	"github.com/edgeguard/edgeguard/internal/version"
@@ -71,7 +72,7 @@ func loadedDaemon(t *testing.T, o Options, policy string) *Daemon {
 func (d *Daemon) commitData(next running) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.m.Apply(next.compiled); err != nil {
+	if err := stageCommit(d.m, next.compiled); err != nil {
 		return err
 	}
 	d.cur = next
@@ -254,4 +255,13 @@ func TestControlFamiliesExported(t *testing.T) {
 	if !strings.Contains(string(b), "edgeguard_interfaces_unprotected > 0") {
 		t.Error("alerts.yml has no alert on edgeguard_interfaces_unprotected")
 	}
+}
+
+// stageCommit makes c the live generation: Stage, then Commit.
+func stageCommit(m *maps.Maps, c *policy.Compiled) error {
+	s, err := m.Stage(c)
+	if err != nil {
+		return err
+	}
+	return m.Commit(s)
 }

@@ -529,7 +529,7 @@ func loadBench(tb testing.TB, sizes loader.Sizes) *benchDatapath {
 
 func (bd *benchDatapath) apply(g policy.Compiled) {
 	bd.tb.Helper()
-	if err := bd.m.Apply(&g); err != nil {
+	if err := stageCommit(bd.m, &g); err != nil {
 		bd.tb.Fatalf("apply: %v", err)
 	}
 }

@@ -50,7 +50,7 @@ func openPinnedTestDatapath(tb testing.TB, sizes loader.Sizes, pinDir string) *t
 
 func (td *testDatapath) apply(g policy.Compiled) {
 	td.tb.Helper()
-	if err := td.m.Apply(&g); err != nil {
+	if err := stageCommit(td.m, &g); err != nil {
 		td.tb.Fatalf("apply: %v", err)
 	}
 }
@@ -97,4 +97,13 @@ func defaultGen(r policy.CompiledRule) policy.Compiled {
 		Malformed: policy.VerdictPass,
 		Rules:     []policy.CompiledRule{r},
 	}
+}
+
+// stageCommit makes c the live generation: Stage, then Commit.
+func stageCommit(m *maps.Maps, c *policy.Compiled) error {
+	s, err := m.Stage(c)
+	if err != nil {
+		return err
+	}
+	return m.Commit(s)
 }

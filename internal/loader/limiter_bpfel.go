@@ -99,6 +99,8 @@ type LimiterEgBtfAnchor struct {
 	Shifts        uint32
 	L4ProtoBit    uint32
 	Expiry        uint64
+	V4Mark        uint32
+	_             [4]byte
 }
 
 type LimiterEgBucket struct {
@@ -413,6 +415,12 @@ type LimiterEgV4Entry struct {
 	RuleId uint32
 	Asn    uint32
 }
+
+type LimiterEgV4Mark uint32
+
+const (
+	LimiterEgV4MarkEG_V4MARK_CHILD LimiterEgV4Mark = 4294967294
+)
 
 // Names of all BPF objects in the ELF.
 //

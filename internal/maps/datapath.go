@@ -17,7 +17,7 @@ type Maps struct {
 	o *loader.LimiterMaps
 
 	v4DirectMin int            // see SetV4DirectMinFacts
-	v4Status    V4DirectStatus // of the generation the last Apply made live
+	v4Status    V4DirectStatus // of the generation the last Commit made live
 }
 
 // New wraps a loaded datapath.
@@ -181,7 +181,7 @@ func RuleConfig(r policy.CompiledRule) (loader.LimiterEgRule, error) {
 
 // SettingsConfig is a generation's global settings as the data plane's
 // config table holds them, for a generation whose L4 entries match the
-// protocols in l4protos (L4Bit); V4Direct is left to Apply.
+// protocols in l4protos (L4Bit); V4Direct is left to Stage.
 func SettingsConfig(c *policy.Compiled, l4protos uint8) (loader.LimiterEgConfig, error) {
 	out := loader.LimiterEgConfig{L4Protos: l4protos, Valid: 1}
 	mode, err := globalMode(c.Mode)
@@ -243,35 +243,44 @@ func L4Bit(proto uint8) uint8 {
 // of the rules table, so the data plane passes such packets as no_policy.
 const noSlot = ^uint32(0)
 
-// Apply makes g the live policy, atomically: the inactive generation's
-// rules, settings, L4 entries, prefix trie and IPv4 direct table are
-// written first, then the active generation flips. On error the live
-// policy is unchanged. IPv4 sources use the direct table when the policy
-// has enough IPv4 facts and the table fits its budget, else the trie; a
-// table that does not fit is logged as a warning (see V4Direct).
+// Stage writes c into the inactive generation: its rules, settings, L4
+// entries, prefix trie, IPv4 direct table and standing settings; Commit
+// then makes it live in one map write, so packets see either the old
+// generation or the new one. Nothing a packet sees changes before Commit,
+// except the known_good table (facts about sources, not per generation)
+// and the counters and whole-aggregate buckets of rule slots that change
+// hands, which start over. On error the live policy is unchanged. IPv4
+// sources use the direct table when the policy has enough IPv4 facts and
+// the table fits its budget, else the trie; a table that does not fit is
+// logged as a warning (see V4Direct).
+//
+// Stage, Commit and Revert must not run concurrently with each other (the
+// daemon serialises policy changes); readers may run at any time. Stage
+// is the slow part (a large policy writes many entries), so a caller can
+// hold its own lock for Commit only.
 //
 // Rule ids are arbitrary 32-bit values (the policy hashes rule names); the
 // data plane keys bucket state by id, so a rule whose id survives keeps its
-// state. Rules live in table slots: Apply keeps each surviving id in its
+// state. Rules live in table slots: Stage keeps each surviving id in its
 // slot (so its counters and its whole-aggregate bucket, which the data plane
 // keeps by slot, continue), puts id 0, the default rule, in slot 0, prefers
 // slot == id for small ids, and clears the counters and the whole-aggregate
 // bucket of a slot that changes hands.
-func (m *Maps) Apply(c *policy.Compiled) error {
+func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
 	cur, err := m.ActiveGen()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	next := cur ^ 1
 	maxRules := m.d.Sizes.MaxRules
 
 	old, err := m.readSlots(cur)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	slots, fresh, err := assignSlots(c.Rules, old, maxRules)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	// Rules: the whole half of the next generation is rewritten, so ids
@@ -283,7 +292,7 @@ func (m *Maps) Apply(c *policy.Compiled) error {
 	}
 	for _, r := range c.Rules {
 		if vals[slots[r.ID]], err = RuleConfig(r); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
@@ -292,14 +301,14 @@ func (m *Maps) Apply(c *policy.Compiled) error {
 	for i, l := range c.L4 {
 		slot, ok := slots[l.RuleID]
 		if !ok {
-			return fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Protocol, l.Port, l.RuleID)
+			return nil, fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Protocol, l.Port, l.RuleID)
 		}
 		if L4Bit(l.Protocol) == 0 {
-			return fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Protocol)
+			return nil, fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Protocol)
 		}
 		dir, err := L4DirOf(l.Dir)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		protos |= L4Bit(l.Protocol)
 		l4[i] = l4Entry{proto: l.Protocol, dir: dir, port: l.Port, slot: slot}
@@ -315,62 +324,94 @@ func (m *Maps) Apply(c *policy.Compiled) error {
 	}
 	cfg, err := SettingsConfig(c, protos)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// Everything is checked: from here on only the kernel can refuse.
+	// Rules, L4 matches and settings are checked; the tables below check
+	// their own capacity as they are written.
 	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
-		return fmt.Errorf("write rules of generation %d: %w", next, err)
+		return nil, fmt.Errorf("write rules of generation %d: %w", next, err)
 	}
 	if err := m.replaceL4(uint8(next), l4); err != nil {
-		return err
+		return nil, err
 	}
 
 	trie, err := m.d.NewPrefixTrie()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer trie.Close()
 	if err := fillPrefixTrie(trie, facts); err != nil {
-		return err
+		return nil, err
 	}
 	if err := m.o.PrefixGens.Put(next, trie); err != nil {
-		return fmt.Errorf("install prefix trie of generation %d: %w", next, err)
+		return nil, fmt.Errorf("install prefix trie of generation %d: %w", next, err)
 	}
 	direct, err := m.writeV4Direct(next, facts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if direct.Used {
 		cfg.V4Direct = 1
 	}
 	if err := m.o.StandingCfg.Put(next, StandingConfig(c.Standing)); err != nil {
-		return fmt.Errorf("write standing settings of generation %d: %w", next, err)
+		return nil, fmt.Errorf("write standing settings of generation %d: %w", next, err)
 	}
 	// Not per generation: known-good prefixes are facts about sources, and
 	// an entry one generation early or late changes one source's class.
 	if err := m.setKnownGood(c.Standing.KnownGood); err != nil {
-		return err
+		return nil, err
 	}
 	if err := m.o.Configs.Put(next, cfg); err != nil {
-		return fmt.Errorf("write settings of generation %d: %w", next, err)
+		return nil, fmt.Errorf("write settings of generation %d: %w", next, err)
 	}
 	// Slots that change hands start over: counters and whole aggregate.
-	// Last before the flip, so a failed Apply leaves the live rules' state
+	// Last before the flip, so a failed Stage leaves the live rules' state
 	// alone.
 	for _, slot := range fresh {
 		if err := m.clearRuleCounters(slot); err != nil {
-			return err
+			return nil, err
 		}
 		if err := m.clearWholeBucket(slot); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	// The flip: from here on every packet sees the new generation.
-	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: next}); err != nil {
-		return fmt.Errorf("activate generation %d: %w", next, err)
+	return &Staged{gen: next, direct: direct, prev: m.v4Status}, nil
+}
+
+// Staged is a generation Stage wrote, ready for Commit.
+type Staged struct {
+	gen          uint32
+	direct, prev V4DirectStatus
+}
+
+// Commit makes a staged generation live: one write of the active index,
+// after which every packet sees it. It fails, changing nothing, when a
+// generation went live since Stage (the staged half may be stale).
+func (m *Maps) Commit(s *Staged) error {
+	cur, err := m.ActiveGen()
+	if err != nil {
+		return err
 	}
-	m.v4Status = direct
-	logV4Direct(m.d.Logger(), next, direct)
+	if cur != s.gen^1 {
+		return fmt.Errorf("commit generation %d: generation %d went live after it was staged", s.gen, cur)
+	}
+	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: s.gen}); err != nil {
+		return fmt.Errorf("activate generation %d: %w", s.gen, err)
+	}
+	m.v4Status = s.direct
+	logV4Direct(m.d.Logger(), s.gen, s.direct)
+	return nil
+}
+
+// Revert makes the generation that was live before Commit(s) live again,
+// as it was (Stage wrote only the other half), when nothing was staged
+// since. Counters and whole-aggregate buckets of slots that changed hands
+// stay cleared, and known_good keeps what Stage wrote.
+func (m *Maps) Revert(s *Staged) error {
+	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: s.gen ^ 1}); err != nil {
+		return fmt.Errorf("reactivate generation %d: %w", s.gen^1, err)
+	}
+	m.v4Status = s.prev
 	return nil
 }
 
@@ -403,7 +444,7 @@ func (m *Maps) readSlots(gen uint32) (map[uint32]uint32, error) {
 	return out, nil
 }
 
-// assignSlots places rules in table slots (see Apply) and returns the slots
+// assignSlots places rules in table slots (see Stage) and returns the slots
 // that change hands.
 func assignSlots(rules []policy.CompiledRule, old map[uint32]uint32, maxRules uint32) (map[uint32]uint32, []uint32, error) {
 	if uint32(len(rules)) > maxRules {

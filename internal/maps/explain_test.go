@@ -124,7 +124,7 @@ func TestExplainPathAgreesWithProgram(t *testing.T) {
 		},
 		L4: []policy.L4Entry{{Protocol: 17, Dir: policy.PortSrc, Port: 53, RuleID: 7}},
 	}
-	if err := l.m.Apply(&g); err != nil {
+	if err := stageCommit(l.m, &g); err != nil {
 		t.Fatal(err)
 	}
 
@@ -270,4 +270,13 @@ func TestExplainPathAgreesWithProgram(t *testing.T) {
 	if _, err := l.m.ExplainPath(maps.Probe{}); err == nil {
 		t.Error("explain of an invalid address: no error")
 	}
+}
+
+// stageCommit makes c the live generation: Stage, then Commit.
+func stageCommit(m *maps.Maps, c *policy.Compiled) error {
+	s, err := m.Stage(c)
+	if err != nil {
+		return err
+	}
+	return m.Commit(s)
 }

@@ -248,7 +248,7 @@ func (m *Maps) clockNS() (uint64, error) {
 }
 
 // StandingConfig is a generation's standing rules as the data plane holds
-// them (known_good is a table of its own, see Apply).
+// them (known_good is a table of its own, see Stage).
 func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
 	return loader.LimiterEgStandingCfg{EstablishedAfterNs: uint64(max(s.EstablishedAfter, 0)), PenaltyNs: uint64(max(s.Penalty, 0))}
 }

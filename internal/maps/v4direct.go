@@ -32,8 +32,9 @@ import (
 // read at a random line per new source of a spoofed flood.
 const DefaultV4DirectMinFacts = 1024
 
-// v4Child marks an entry that points to a chunk (EG_V4_CHILD).
-const v4Child = 0xfffffffe
+// v4Child marks an entry that points to a chunk (EG_V4_CHILD, through
+// bpf2go: enum eg_v4_mark).
+const v4Child = uint32(loader.LimiterEgV4MarkEG_V4MARK_CHILD)
 
 // V4DirectStatus says how the live generation answers IPv4 sources.
 type V4DirectStatus struct {
@@ -46,10 +47,10 @@ type V4DirectStatus struct {
 
 // SetV4DirectMinFacts sets how many IPv4 prefix facts a generation needs
 // for a direct table; 0 gives every generation one. It takes effect at the
-// next Apply.
+// next Stage.
 func (m *Maps) SetV4DirectMinFacts(n int) { m.v4DirectMin = n }
 
-// V4Direct reports how the generation made live by the last Apply of this
+// V4Direct reports how the generation made live by the last Commit of this
 // Maps answers IPv4 sources.
 func (m *Maps) V4Direct() V4DirectStatus { return m.v4Status }
 

@@ -19,7 +19,7 @@
 //     fails (the program rejects after EG_CAS_RETRIES lost races);
 //   - table slots of rules: counters and whole-aggregate buckets (which
 //     the program keeps by slot) follow the rule id and restart when an id
-//     leaves and comes back, as maps.Maps.Apply makes the program do.
+//     leaves and comes back, as maps.Maps.Stage and Commit make the program do.
 //
 // State per key is one Bucket (two uint64 TATs) plus the Go map overhead;
 // the model is meant for tests, not for production-sized tables.
@@ -159,9 +159,9 @@ var ErrInvalidGeneration = errors.New("invalid generation")
 
 func l4Bit(proto uint8) uint8 { return maps.L4Bit(proto) }
 
-// Apply makes g the live policy, as maps.Maps.Apply does: rules, settings,
+// Apply makes g the live policy, as maps.Maps.Stage and Commit do: rules, settings,
 // L4 matches and prefix facts are replaced together; bucket state, lists
-// and counters stay. It refuses what maps.Maps.Apply refuses.
+// and counters stay. It refuses what maps.Maps.Stage refuses.
 func (m *Model) Apply(g *policy.Compiled) error {
 	n := &generation{rules: map[uint32]rule{}, l4: map[l4Key]uint32{}}
 	facts := map[prefixKey]fact{}
@@ -228,7 +228,7 @@ func (m *Model) Apply(g *policy.Compiled) error {
 	m.gen = n
 	m.knownGood = newLPMTable(kg)
 	// Rule counters and whole-aggregate buckets live in table slots that
-	// survive with the rule id (maps.Maps.Apply); a rule that leaves and
+	// survive with the rule id (maps.Maps.Stage); a rule that leaves and
 	// comes back starts at zero, with a full bucket.
 	for id := range m.rules {
 		if _, ok := n.rules[id]; !ok {

@@ -117,6 +117,14 @@ type Flood struct {
 	// with nanosleep(2), which blocks the goroutine's thread: Go's timers
 	// wake no finer than about 1 ms.
 	Step time.Duration
+	// Poisson draws the gaps between frames from an exponential
+	// distribution (mean 1/Rate), as the packets of many independent
+	// sources arrive, instead of spacing them evenly. Evenly spaced frames
+	// take a bucket's every refill within one gap: a user's packet at a
+	// random instant then finds a token less often than a flood packet
+	// does (about half as often at 7× the budget), which flatters the
+	// flood as a coarse Step flatters the users.
+	Poisson bool
 	// Progress, if set, counts frames sent as they go (for live displays).
 	Progress *atomic.Uint64
 }
@@ -175,15 +183,13 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 	start := time.Now()
 	deadline := start.Add(f.Duration)
 	var n uint64
+	pace := f.pacer()
 	for n < uint64(f.Count) {
 		now := time.Now()
 		if !now.Before(deadline) || ctx.Err() != nil {
 			break
 		}
-		due := min(uint64(now.Sub(start).Nanoseconds())*uint64(f.Rate)/uint64(time.Second)+1, uint64(f.Count))
-		// A generator that fell behind (a busy machine) does not catch up
-		// in one burst: the achieved rate drops instead, and Sent says so.
-		due = min(due, n+maxStep)
+		due := pace.due(n, uint64(now.Sub(start).Nanoseconds()))
 		for ; n < due; n++ {
 			var src netip.Addr
 			if len(fixed) > 0 {
@@ -208,6 +214,41 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
+}
+
+// pacer says how many frames are due by a time: evenly spaced at Rate, or
+// at exponential gaps (Poisson).
+type pacer struct {
+	rate, count uint64
+	poisson     bool
+	gaps        *rand.Rand
+	meanGap, at float64 // Poisson: at is when the next frame to schedule is due, ns after start
+	scheduled   uint64  // Poisson: frames scheduled so far
+}
+
+func (f Flood) pacer() *pacer {
+	p := &pacer{rate: uint64(f.Rate), count: uint64(f.Count), poisson: f.Poisson}
+	if f.Poisson {
+		p.gaps = rand.New(rand.NewPCG(f.Seed^0x5851f42d4c957f2d, f.Seed))
+		p.meanGap = float64(time.Second) / float64(f.Rate)
+		p.at = p.gaps.ExpFloat64() * p.meanGap
+	}
+	return p
+}
+
+// due is how many frames should have left elapsed ns after the start, of
+// which n did: at most maxStep more than n. A generator that fell behind (a
+// busy machine) does not catch up in one burst: the achieved rate drops
+// instead, and Sent says so.
+func (p *pacer) due(n, elapsed uint64) uint64 {
+	if !p.poisson {
+		return min(elapsed*p.rate/uint64(time.Second)+1, p.count, n+maxStep)
+	}
+	for p.scheduled < p.count && p.scheduled < n+maxStep && p.at <= float64(elapsed) {
+		p.scheduled++
+		p.at += p.gaps.ExpFloat64() * p.meanGap
+	}
+	return p.scheduled
 }
 
 func (f Flood) sleepStep() {

@@ -119,3 +119,36 @@ func TestFloodStepBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestPoissonPacing: per 100 µs step, evenly spaced frames come 1 or 2 at
+// a time (variance far below the mean), Poisson ones with a variance about
+// the mean, at the same average rate; both stop at Count.
+func TestPoissonPacing(t *testing.T) {
+	const step, steps = 100_000, 20_000 // ns, 2 s
+	for _, poisson := range []bool{false, true} {
+		f := Flood{Rate: 14_600, Count: 1_000_000, Seed: 7, Poisson: poisson}
+		p := f.pacer()
+		var n uint64
+		var sum, sumSq float64
+		for i := 1; i <= steps; i++ {
+			due := p.due(n, uint64(i*step))
+			k := float64(due - n)
+			sum, sumSq, n = sum+k, sumSq+k*k, due
+		}
+		mean := sum / steps
+		variance := sumSq/steps - mean*mean
+		if mean < 1.36 || mean > 1.56 {
+			t.Errorf("poisson %v: %.3f frames per step, want 1.46 ± 0.1", poisson, mean)
+		}
+		if poisson && (variance < 0.8*mean || variance > 1.2*mean) {
+			t.Errorf("poisson: variance %.3f per step, want about the mean %.3f", variance, mean)
+		}
+		if !poisson && variance > 0.3 {
+			t.Errorf("even: variance %.3f per step, want under 0.3", variance)
+		}
+	}
+	p := Flood{Rate: 1000, Count: 5, Seed: 1, Poisson: true}.pacer()
+	if got := p.due(0, uint64(time.Hour)); got != 5 {
+		t.Errorf("poisson pacer after an hour: %d due, want Count 5", got)
+	}
+}

@@ -63,6 +63,9 @@ type LegitProgress struct {
 type LegitResult struct {
 	Sent, Replied int
 	Latencies     []time.Duration // one per reply, sorted
+	// Opening and OpeningReplied count the requests that open a burst
+	// (bursty traffic only; the first of a page's requests).
+	Opening, OpeningReplied int
 }
 
 // Success is the fraction of requests that got a reply (1 with none sent).
@@ -83,7 +86,8 @@ func (r LegitResult) Quantile(q float64) time.Duration {
 
 // Add merges two results.
 func (r LegitResult) Add(o LegitResult) LegitResult {
-	out := LegitResult{Sent: r.Sent + o.Sent, Replied: r.Replied + o.Replied}
+	out := LegitResult{Sent: r.Sent + o.Sent, Replied: r.Replied + o.Replied,
+		Opening: r.Opening + o.Opening, OpeningReplied: r.OpeningReplied + o.OpeningReplied}
 	out.Latencies = append(append(out.Latencies, r.Latencies...), o.Latencies...)
 	slices.Sort(out.Latencies)
 	return out
@@ -173,6 +177,9 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 				delete(sentAt, seq)
 				if now.Sub(t) <= timeout {
 					res.Replied++
+					if g.Burst > 1 && seq%uint64(g.Burst) == 0 {
+						res.OpeningReplied++
+					}
 					res.Latencies = append(res.Latencies, now.Sub(t))
 					if g.Progress != nil {
 						g.Progress.Replied.Add(1)
@@ -197,6 +204,9 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 		mu.Lock()
 		sentAt[seq] = time.Now()
 		res.Sent++
+		if g.Burst > 1 && i%g.Burst == 0 {
+			res.Opening++
+		}
 		mu.Unlock()
 		if g.Progress != nil {
 			g.Progress.Sent.Add(1)

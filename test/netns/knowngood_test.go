@@ -3,6 +3,7 @@ package netns_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -88,8 +89,8 @@ type botnetCase struct {
 	// reserve, if set, is every aggregate's reserve: (defaults and
 	// global); "" leaves the default (50%).
 	reserve string
-	// arrivals are extra users (client namespaces after the kgUsers) who
-	// start with the attack.
+	// arrivals are extra client namespaces (after the kgUsers) whose
+	// addresses start with the attack, two bursty streams each.
 	arrivals int
 	// prewarm: the bots send at prewarmRate each during the warm-up too
 	// (a patient botnet earning its standing).
@@ -208,6 +209,10 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	r.floodSpec = trafficgen.Flood{
 		Sources: kgBotNets(), Distinct: kgBots, Proto: trafficgen.UDP, Payload: 32,
 		Rate: kgBots * kgBotRate, Duration: c.attack, Seed: 11, Step: 100 * time.Microsecond,
+		// 1,500 independent bots: their packets arrive as a Poisson
+		// stream, not evenly spaced (which would flatter the flood
+		// against a user arriving at a random instant).
+		Poisson: true,
 	}
 	if c.spoofed {
 		r.floodSpec.Sources, r.floodSpec.Distinct = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16")}, 0
@@ -232,7 +237,9 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	sinkBase := s.lab.Sink.Other()
 	var arrivals []*net.UDPConn
 	if c.arrivals > 0 {
-		arrivals = s.userConns(s.lab.Legit[kgUsers:])
+		// Two bursty streams per arriving address (two tabs), for twice
+		// the samples without more namespaces to attach.
+		arrivals = append(s.userConns(s.lab.Legit[kgUsers:]), s.userConns(s.lab.Legit[kgUsers:])...)
 	}
 	wg.Go(func() { r.flood, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], r.floodSpec) })
 	if c.during != nil {
@@ -444,26 +451,42 @@ func TestKnownGoodSpoofedFromUsersPrefix(t *testing.T) {
 // the budget minus the reserve with the flood (docs/operations.md, "What a
 // user arriving during an attack gets"), and they do not become
 // established while it lasts (history gathered during congestion does not
-// count). Asserted: the arrivals get about what a bot packet gets (within
-// a factor of two: their bursts fare worse than a bot's evenly spaced
-// packets), far below the established users, and none of them is
+// count). A new source's packet is admitted when it finds the aggregate
+// below the new-source tolerance, which the flood refills to as soon as a
+// token is back: against a Poisson flood (independent bots) the first
+// request of a user's burst gets what a bot packet gets (a packet at a
+// random instant sees the time average). The requests right behind it get
+// less against a smooth flood (the token the first took was the only one)
+// and about as much when the flood comes in clumps (a busy generator), so
+// only the opening requests are compared. Against evenly spaced flood
+// packets, arrivals got 1-2.5% of their requests through where a bot packet
+// got 13% (the regression the fifth session reported: the flood model, not
+// the data plane). Asserted: the arrivals' opening requests get at least a
+// bot packet's share, less three standard errors; all their requests stay
+// far below the established users' (under 90%); none of them is
 // established after the attack.
 func TestKnownGoodUsersArrivingDuringAttack(t *testing.T) {
-	s := newBotnetScenario(t, false, 4)
-	r := botnetCase{asnRate: 2000, arrivals: 4, warm: kgWarm, attack: 3*kgEstablishedAfter + time.Second}.run(s)
-	r.report(t, "with standing, per-ASN 2000/s, 8 users arriving with the attack")
+	const arrivals = 4
+	s := newBotnetScenario(t, false, arrivals)
+	r := botnetCase{asnRate: 2000, arrivals: arrivals, warm: kgWarm, attack: 3*kgEstablishedAfter + time.Second}.run(s)
+	r.report(t, "with standing, per-ASN 2000/s, 8 users (16 streams) arriving with the attack")
 	r.checkKnownGood(t, s, kgBotNets())
 	botShare := float64(r.botPassed) / float64(r.flood.Sent)
-	report(t, "arrivals: %v; a bot packet got through with probability %.1f%% (%d of %d)", r.arrived, 100*botShare, r.botPassed, r.flood.Sent)
-	// Arrivals never get more than new sources do (at most twice a bot
-	// packet's odds, under 50%). Since the last data-plane changes they get
-	// less than a bot packet (1-2.5% against 13%, measured): their bursts
-	// fare worse than evenly spaced bot packets by more than the factor of
-	// two this once asserted from below. Why is an open question (see the
-	// closing note of the fifth session); the number is reported, not
-	// bounded below.
-	if got := r.arrived.Success(); got > 2*botShare || got > 0.5 {
-		t.Errorf("arrivals' success %.1f%%, want at most twice a bot's %.1f%% and under 50%%", 100*got, 100*botShare)
+	if r.arrived.Opening == 0 {
+		t.Fatalf("arrivals sent no burst: %v", r.arrived)
+	}
+	open := float64(r.arrived.OpeningReplied) / float64(r.arrived.Opening)
+	se := math.Sqrt(botShare * (1 - botShare) / float64(r.arrived.Opening))
+	report(t, "arrivals: %v; opening requests %d/%d (%.1f%%); a bot packet got through with probability %.1f%% (%d of %d); "+
+		"margin of the opening requests to a bot's share less 3 standard errors (%.1f points): %+.1f points",
+		r.arrived, r.arrived.OpeningReplied, r.arrived.Opening, 100*open, 100*botShare, r.botPassed, r.flood.Sent,
+		300*se, 100*(open-(botShare-3*se)))
+	if open < botShare-3*se {
+		t.Errorf("arrivals' opening requests got %.1f%%, want at least a bot packet's %.1f%% less 3 standard errors (%.1f points)",
+			100*open, 100*botShare, 300*se)
+	}
+	if got := r.arrived.Success(); got >= 0.9 {
+		t.Errorf("arrivals' success %.1f%%: new sources should stay far below the established users (want under 90%%)", 100*got)
 	}
 	after := s.standings()
 	for _, a := range userAddrs(s.lab.Legit[kgUsers:]) {

@@ -165,7 +165,7 @@ func (l *synLab) load(svc maps.SynService, pinDir string) {
 		Malformed: policy.VerdictPass,
 		Rules:     []policy.CompiledRule{{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 128}}},
 	}
-	if err := m.Apply(&gen); err != nil {
+	if err := stageCommit(m, &gen); err != nil {
 		t.Fatal(err)
 	}
 	sp, err := loader.LoadSyn(dp, loader.SynOptions{})

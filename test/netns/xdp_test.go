@@ -225,7 +225,7 @@ func TestNativeBurstFrozenClock(t *testing.T) {
 	if err := m.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Apply(xdpPolicy(c)); err != nil {
+	if err := stageCommit(m, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a := mustAttach(t, s.Edge, d, c.EdgeIf)
@@ -251,7 +251,7 @@ func TestNativeBurstRealClock(t *testing.T) {
 	s := netns.New(t).Star(1)
 	c := s.Clients[0]
 	d, m := load(t, loader.Options{Sizes: sizes})
-	if err := m.Apply(xdpPolicy(c)); err != nil {
+	if err := stageCommit(m, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a := mustAttach(t, s.Edge, d, c.EdgeIf)
@@ -354,7 +354,7 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 	if err := m1.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m1.Apply(xdpPolicy(c)); err != nil {
+	if err := stageCommit(m1, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a1 := mustAttach(t, s.Edge, d1, c.EdgeIf)
@@ -413,4 +413,13 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 		t.Fatalf("second daemon: received %d of 50, want exactly %d (bucket state continued)", got, ratePerSec)
 	}
 	checkCounters(t, m2, burstCount+50+50, burstSize+ratePerSec)
+}
+
+// stageCommit makes c the live generation: Stage, then Commit.
+func stageCommit(m *maps.Maps, c *policy.Compiled) error {
+	s, err := m.Stage(c)
+	if err != nil {
+		return err
+	}
+	return m.Commit(s)
 }
