@@ -5,8 +5,9 @@
  * Per packet, in this order, every step counted:
  *   parse → lists trie (deny drops, allow passes) → prefix facts (rule,
  *   ASN, country: IPv4 direct table or trie) → L4 rule override → buckets:
- *   per source, prefix aggregate, ASN aggregate, global → verdict (pass,
- *   drop, or dry-run "would drop").
+ *   per source, prefix aggregate, ASN aggregate, global, each aggregate
+ *   under its override if it has one → verdict (pass, drop, or dry-run
+ *   "would drop").
  *
  * Lookups are hash, array and LPM only: the cost does not grow with the
  * number of rules (nor, for IPv4 sources with a direct table, with the
@@ -60,6 +61,9 @@ struct eg_btf_anchor {
 	enum eg_l4_proto_bit l4_proto_bit;
 	enum eg_expiry expiry;
 	enum eg_v4_mark v4_mark;
+	enum eg_gate gate;
+	enum eg_sample_kind sample_kind;
+	enum eg_fp_field fp_field;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 
@@ -69,6 +73,7 @@ struct verdict {
 	__u32 rule_id;
 	__u32 asn;
 	__u8 counted_rule;
+	__u8 gen; /* the live generation, once known */
 };
 
 /* now_ticks reads the generation's clock (enum eg_clock). Both are
@@ -82,7 +87,10 @@ static __always_inline __u64 now_ticks(const struct eg_config *cfg)
 		__u32 zero = 0;
 		__u64 *t = bpf_map_lookup_elem(&test_clock, &zero);
 
-		ns = t ? *t : 0;
+		/* Never NULL (an array's key 0). Not 0 either: a known zero
+		 * would make the verifier walk the whole program twice, once
+		 * with now == 0, which is every exit's "no clock" value. */
+		ns = t ? *t : bpf_ktime_get_ns();
 	} else if (cfg->clock == EG_CLOCK_COARSE) {
 		ns = bpf_ktime_get_coarse_ns();
 	} else {
@@ -114,6 +122,27 @@ static __always_inline void count_rule(__u32 rule_id, __u32 action, __u32 len)
 	}
 }
 
+static __always_inline void fill_sample(struct eg_sample *s, const struct verdict *v, const struct pkt_info *pi,
+					__u64 now, __u32 kind, __u32 weight)
+{
+	s->ktime_ns = now >> EG_TICK_SHIFT;
+	__builtin_memcpy(s->addr, pi->addr, 16);
+	s->asn = v->asn;
+	s->rule_id = v->rule_id;
+	s->len = pi->len > 0xffff ? 0xffff : pi->len;
+	s->sport = pi->sport;
+	s->dport = pi->dport;
+	s->proto = pi->proto;
+	s->reason = v->reason;
+	s->action = v->action;
+	s->kind = kind;
+	s->ttl = pi->ttl;
+	s->tcp_flags = pi->tcp_flags;
+	s->ip_len = pi->ip_len;
+	s->_pad = 0;
+	s->weight = weight;
+}
+
 /* sample sends a drop sample to user space, within its own budget so a flood
  * cannot flood the ring buffer or the reader. */
 static __always_inline void sample(const struct verdict *v, const struct pkt_info *pi,
@@ -131,18 +160,65 @@ static __always_inline void sample(const struct verdict *v, const struct pkt_inf
 	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
 	if (!s)
 		return;
-	s->ktime_ns = now >> EG_TICK_SHIFT;
-	__builtin_memcpy(s->addr, pi->addr, 16);
-	s->asn = v->asn;
-	s->rule_id = v->rule_id;
-	s->len = pi->len > 0xffff ? 0xffff : pi->len;
-	s->sport = pi->sport;
-	s->dport = pi->dport;
-	s->proto = pi->proto;
-	s->reason = v->reason;
-	s->action = v->action;
-	__builtin_memset(s->_pad, 0, sizeof(s->_pad));
+	fill_sample(s, v, pi, now, EG_SAMPLE_DROP, 0);
 	bpf_ringbuf_submit(s, 0);
+}
+
+/* eg_rate_sample is the 1-in-N sampler (docs/operations.md, "Sampling"):
+ * every packet of a live generation, passed or dropped, is chosen with
+ * probability thresh / 2^32 (1/one_in, exact to 2^-32); a chosen packet is
+ * sent within the cap, a GCRA bucket shared by all CPUs. A chosen packet
+ * that cannot be sent (cap, ring buffer full) adds its weight to this
+ * CPU's next sample, so the weights still sum to an unbiased estimate of
+ * the packets seen. Global: verified once, whatever the number of exits. */
+__attribute__((noinline)) int eg_rate_sample(__u64 a1, __u64 a2, __u64 hi, __u64 lo, __u64 ids)
+{
+	/* Scalars only, not pointers to the caller's stack: passing those
+	 * would make the verifier walk every exit's state again. */
+	struct verdict v = { .action = a1 & 0xff, .reason = (a1 >> 8) & 0xff, .gen = (a1 >> 16) & 1,
+			     .rule_id = ids, .asn = ids >> 32 };
+	struct pkt_info p = { .proto = a1 >> 24, .ttl = a1 >> 32, .tcp_flags = a1 >> 40, .sport = a2,
+			      .dport = a2 >> 16, .ip_len = a2 >> 32, .len = a2 >> 48 };
+	struct eg_rsample_stats *st;
+	struct eg_sample_cfg *scfg;
+	struct eg_bucket *b;
+	struct eg_sample *s;
+	__u32 zero = 0, gen = v.gen;
+	__u64 w, now, *t;
+
+	scfg = bpf_map_lookup_elem(&sample_cfgs, &gen);
+	if (!scfg || !scfg->thresh || bpf_get_prandom_u32() >= scfg->thresh)
+		return 0;
+	st = bpf_map_lookup_elem(&rate_sample_stats, &zero);
+	if (!st)
+		return 0;
+	st->chosen++;
+	st->pending++;
+	/* The sampler's own clock: the test clock, or CLOCK_MONOTONIC. */
+	if (eg_test_clock) {
+		t = bpf_map_lookup_elem(&test_clock, &zero);
+		now = (t ? *t : 0) << EG_TICK_SHIFT;
+	} else {
+		now = bpf_ktime_get_ns() << EG_TICK_SHIFT;
+	}
+	b = bpf_map_lookup_elem(&rate_sample_cap, &zero);
+	if (!b || !gcra_take(&b->pkt_tat, now, scfg->cap.pkt_t, scfg->cap.pkt_tau)) {
+		st->capped++;
+		return 0;
+	}
+	s = bpf_ringbuf_reserve(&rate_samples, sizeof(*s), 0);
+	if (!s) {
+		st->lost++;
+		return 0;
+	}
+	__builtin_memcpy(p.addr, &hi, 8);
+	__builtin_memcpy(p.addr + 8, &lo, 8);
+	w = st->pending * scfg->one_in;
+	fill_sample(s, &v, &p, now, EG_SAMPLE_RATE, w > 0xffffffff ? 0xffffffff : w);
+	bpf_ringbuf_submit(s, 0);
+	st->sent++;
+	st->pending = 0;
+	return 0;
 }
 
 /* finish is the one exit: it records the verdict and turns it into an XDP
@@ -150,12 +226,24 @@ static __always_inline void sample(const struct verdict *v, const struct pkt_inf
 static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, const struct pkt_info *pi,
 				  const struct eg_config *cfg, __u64 now)
 {
+	int ret = v->action == EG_ACT_DROP ? XDP_DROP : XDP_PASS;
+
 	count(ctx->ingress_ifindex, v->action, v->reason, pi->len);
 	if (v->counted_rule)
 		count_rule(v->rule_id, v->action, pi->len);
 	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY_LIST && now)
 		sample(v, pi, cfg, now);
-	return v->action == EG_ACT_DROP ? XDP_DROP : XDP_PASS;
+	if (now) {
+		__u64 hi, lo;
+
+		__builtin_memcpy(&hi, pi->addr, 8);
+		__builtin_memcpy(&lo, pi->addr + 8, 8);
+		eg_rate_sample(v->action | v->reason << 8 | (__u64)v->gen << 16 | (__u64)pi->proto << 24 |
+				       (__u64)pi->ttl << 32 | (__u64)pi->tcp_flags << 40,
+			       pi->sport | (__u64)pi->dport << 16 | (__u64)pi->ip_len << 32 | (__u64)pi->len << 48, hi,
+			       lo, v->rule_id | (__u64)v->asn << 32);
+	}
+	return ret;
 }
 
 /* mask_addr keeps the first len bits (0-128) of a 16-byte address. */
@@ -452,7 +540,16 @@ struct src_state {
 	__u8 tcp;             /* a TCP packet with ports and daddr below */
 	__u8 daddr[16];       /* the destination, 16-byte form (TCP only) */
 	__u16 sport, dport;   /* host order */
-	__u32 _pad2;
+	/* For aggregate overrides and watches (eg_ovr_find, eg_watch_all):
+	 * the rule's gate word, and what keys its aggregates. */
+	__u32 gate;
+	__u32 rule_id; /* the rule's id (not its slot) */
+	__u32 asn;
+	__u8 agg_mode;
+	__u8 agg_len4, agg_len6; /* the rule's */
+	/* For fingerprints (eg_fingerprint). */
+	__u8 proto, ttl, tcp_flags;
+	__u16 ip_len;
 };
 
 /* reserve_cut is tau * reserve / 65536, without overflow. */
@@ -581,6 +678,118 @@ static __always_inline int congested_after(const struct eg_bucket *b, const stru
 	return 0;
 }
 
+/* ---- Aggregate overrides and watches (docs/operations.md, "Aggregate
+ * overrides") ----
+ *
+ * A packet of a limit rule reads its slot's agg_gate word into ss->gate
+ * (one array load). Zero, the usual case, costs nothing more: the checks
+ * below sit inside the aggregate functions, which are verified once, so
+ * the main program gains no branches. A set bit makes eg_agg_peek and
+ * eg_agg_take look that aggregate's override up (one hash lookup each),
+ * or eg_watch_all count the packet in the instance's counters. */
+
+static __always_inline __u32 agg_kind_of(__u32 agg, const struct src_state *ss)
+{
+	if (agg == EG_CAGG_GLOBAL)
+		return EG_AGG_KIND_GLOBAL;
+	if (agg == EG_CAGG_ASN)
+		return EG_AGG_KIND_ASN;
+	return ss->agg_mode == EG_AGG_DERIVED ? EG_AGG_KIND_PREFIX : EG_AGG_KIND_WHOLE;
+}
+
+/* agg_key_of builds the key of the packet's aggregate of a kind in the
+ * per-CPU scratch key (as agg_derived_key and agg_asn_key do). */
+static __always_inline struct eg_agg_key *agg_key_of(__u32 kind, const struct src_state *ss)
+{
+	__u32 zero = 0;
+	struct eg_agg_key *k = bpf_map_lookup_elem(&agg_scratch, &zero);
+
+	if (!k)
+		return NULL;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->kind = kind;
+	if (kind == EG_AGG_KIND_GLOBAL)
+		return k;
+	k->rule_id = ss->rule_id;
+	if (kind == EG_AGG_KIND_ASN) {
+		k->asn = ss->asn;
+	} else if (kind == EG_AGG_KIND_PREFIX) {
+		/* As agg_derived_key. */
+		__u32 len = ss->v4 ? 96 + (ss->agg_len4 > 32 ? 32 : ss->agg_len4)
+				   : (ss->agg_len6 > 128 ? 128 : ss->agg_len6);
+
+		k->len = len;
+		mask_addr(k->addr, ss->addr, len);
+	}
+	return k;
+}
+
+/* ovr_find: the live override of the packet's aggregate agg (enum
+ * eg_class_agg), if its gate bit says there may be one. An expired one is
+ * ignored (the daemon deletes it later). */
+static __always_inline struct eg_override *ovr_find(__u32 agg, const struct src_state *ss)
+{
+	__u32 kind = agg_kind_of(agg, ss);
+	struct eg_agg_key *k;
+	struct eg_override *o;
+
+	if (!(ss->gate & (1U << kind)))
+		return NULL;
+	k = agg_key_of(kind, ss);
+	if (!k)
+		return NULL;
+	o = bpf_map_lookup_elem(&overrides, k);
+	if (!o || o->expires <= (ss->now >> EG_TICK_SHIFT))
+		return NULL;
+	return o;
+}
+
+/* charged_new: whether the override's new-source bucket applies to this
+ * source: only new and penalised sources are charged by it, and their
+ * standing is looked up only here. */
+static __always_inline int charged_new(const struct eg_override *o, struct src_state *ss)
+{
+	return o && bucket_limited(&o->new_budget) && !privileged(source_class(ss, 0));
+}
+
+/* eg_watch_all counts a packet that reached the buckets in the counters of
+ * each watched aggregate instance on its path, creating them on its first
+ * packet. */
+__attribute__((noinline)) int eg_watch_all(struct src_state *ss, __u32 passed)
+{
+	static const struct eg_agg_stats zero_stats;
+	struct eg_agg_stats *w;
+	struct eg_agg_key *k;
+	struct eg_counter *c;
+
+	if (!ss)
+		return 0;
+#pragma unroll
+	for (__u32 kind = EG_AGG_KIND_PREFIX; kind < EG_AGG_KIND_MAX; kind++) {
+		if (!(ss->gate & (1U << (EG_GATE_WATCH_SHIFT + kind))))
+			continue;
+		if (kind == EG_AGG_KIND_ASN && !ss->asn)
+			continue;
+		if ((kind == EG_AGG_KIND_PREFIX && ss->agg_mode != EG_AGG_DERIVED) ||
+		    (kind == EG_AGG_KIND_WHOLE && ss->agg_mode != EG_AGG_WHOLE))
+			continue;
+		k = agg_key_of(kind, ss);
+		if (!k)
+			return 0;
+		w = bpf_map_lookup_elem(&agg_stats, k);
+		if (!w) {
+			bpf_map_update_elem(&agg_stats, k, &zero_stats, BPF_NOEXIST);
+			w = bpf_map_lookup_elem(&agg_stats, k);
+			if (!w)
+				continue;
+		}
+		c = passed ? &w->passed : &w->dropped;
+		c->packets++;
+		c->bytes += ss->len;
+	}
+	return 0;
+}
+
 /* eg_agg_peek is the look before any charge: 0 when the bucket would
  * refuse this packet (its whole tolerance is used, or the source is new or
  * penalised and the bucket is in its reserve band), recording why in ss.
@@ -589,9 +798,19 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 					  struct src_state *ss)
 {
 	__u16 reserve = ra >> 8;
+	struct eg_override *o;
 
 	if (!b || !cfg || !ss)
 		return 1;
+	/* An override's budget replaces the policy's (cfg). */
+	o = ovr_find(ra & 0xff, ss);
+	if (o && bucket_limited(&o->budget))
+		cfg = &o->budget;
+	if (charged_new(o, ss) && !bucket_would_admit(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
+		ss->refused_agg = ra & 0xff;
+		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		return 0;
+	}
 	if (!bucket_would_admit(b, cfg, ss->now, ss->len)) {
 		ss->congested = 1;
 		ss->refused_agg = ra & 0xff;
@@ -609,19 +828,14 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 	return 1;
 }
 
-/* eg_agg_take charges an aggregate, with one CAS per dimension as before:
- * below the band for any source; inside it for established and validated
- * ones, whose standing is looked up only when the bucket is in its band.
- * Returns 0 when refused (why in ss). */
-__attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
-					  struct src_state *ss)
+/* eg_agg_take_cfg is eg_agg_take's charge with the budget in force. */
+static __always_inline int eg_agg_take_cfg(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
+					   struct src_state *ss)
 {
 	__u16 reserve = ra >> 8, r;
 	__u32 agg = ra & 0xff;
 	int band = 0;
 
-	if (!b || !cfg || !ss)
-		return 1;
 	r = reserve;
 	if (reserve && !bucket_would_admit_r(b, cfg, ss->now, ss->len, reserve)) {
 		/* In the band: only for established and validated sources. */
@@ -650,6 +864,120 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 				    ss->len);
 	}
 	return 1;
+}
+
+/* eg_agg_take charges an aggregate, with one CAS per dimension as before:
+ * below the band for any source; inside it for established and validated
+ * ones, whose standing is looked up only when the bucket is in its band.
+ * Returns 0 when refused (why in ss). */
+__attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
+					  struct src_state *ss)
+{
+	__u32 agg = ra & 0xff;
+	struct eg_override *o;
+	int fresh;
+
+	if (!b || !cfg || !ss)
+		return 1;
+	/* An override: its budget replaces the policy's; its new-source
+	 * bucket is charged first and given back if the aggregate refuses
+	 * (TATs add, so the refund is exact). */
+	o = ovr_find(agg, ss);
+	if (o && bucket_limited(&o->budget))
+		cfg = &o->budget;
+	fresh = charged_new(o, ss);
+	if (fresh && !bucket_take(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
+		ss->refused_agg = agg;
+		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		return 0;
+	}
+	if (!eg_agg_take_cfg(b, cfg, ra, ss)) {
+		if (fresh) {
+			if (o->new_budget.pkt_t)
+				gcra_refund(&o->new_bucket.pkt_tat, o->new_budget.pkt_t);
+			if (o->new_budget.byte_t)
+				gcra_refund(&o->new_bucket.byte_tat, byte_cost(&o->new_budget, ss->len));
+		}
+		return 0;
+	}
+	return 1;
+}
+
+
+/* eg_fingerprint matches the packet against the fingerprint rules: one
+ * lookup per mask in use (none when none is installed), first match wins
+ * (masks in the order the daemon wrote them). A match is charged to the
+ * fingerprint's bucket; a refusal drops the packet (1), unless the
+ * fingerprint is a dry run (counted, passed) or the source is validated
+ * (never dropped by a fingerprint: counted as spared, passed). Global:
+ * verified once, out of the main program's states. */
+__attribute__((noinline)) int eg_fingerprint(struct src_state *ss)
+{
+	struct eg_fp_masks *fm;
+	struct eg_fp_stats *st;
+	struct eg_fp_val *fv;
+	struct eg_fp_key *k;
+	__u32 zero = 0, n, f;
+	int i, refused;
+
+	if (!ss)
+		return 0;
+	fm = bpf_map_lookup_elem(&fp_masks, &zero);
+	if (!fm || !fm->n)
+		return 0;
+	n = fm->n;
+	k = bpf_map_lookup_elem(&agg_scratch, &zero);
+	if (!k)
+		return 0;
+	for (i = 0; i < EG_FP_MAX_MASKS; i++) {
+		struct eg_fp_key *fk = (struct eg_fp_key *)k;
+
+		if (i >= n)
+			return 0;
+		f = fm->fields[i];
+		__builtin_memset(fk, 0, sizeof(*fk));
+		fk->fields = f;
+		if (f & EG_FP_PROTO)
+			fk->proto = ss->proto;
+		if (f & EG_FP_DPORT)
+			fk->dport = ss->dport;
+		if (f & EG_FP_SPORT)
+			fk->sport = ss->sport;
+		if (f & EG_FP_LEN)
+			fk->len = ss->ip_len;
+		if (f & EG_FP_TTL)
+			fk->ttl = ss->ttl;
+		if (f & EG_FP_TCP_FLAGS)
+			fk->tcp_flags = ss->tcp_flags;
+		if (f & EG_FP_SRC) {
+			fk->src_len = fm->src_len[i] > 128 ? 128 : fm->src_len[i];
+			mask_addr(fk->addr, ss->addr, fk->src_len);
+		}
+		fv = bpf_map_lookup_elem(&fp_rules, fk);
+		if (!fv || fv->expires <= (ss->now >> EG_TICK_SHIFT))
+			continue;
+		refused = !bucket_limited(&fv->budget) || !bucket_take(&fv->bucket, &fv->budget, ss->now, ss->len);
+		st = bpf_map_lookup_elem(&fp_stats, &fv->id);
+		if (st) {
+			st->matched.packets++;
+			st->matched.bytes += ss->len;
+		}
+		if (!refused)
+			return 0;
+		if (!fv->dry_run && source_class(ss, 0) == EG_CLASS_VALIDATED) {
+			if (st) {
+				st->spared.packets++;
+				st->spared.bytes += ss->len;
+			}
+			return 0;
+		}
+		if (st) {
+			st->dropped.packets++;
+			st->dropped.bytes += ss->len;
+		}
+		return fv->dry_run ? 0 : 1;
+	}
+	return 0;
 }
 
 /* standing_touch is 1 for the first packet of a source address in the
@@ -831,9 +1159,14 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_prefix_val *pv;
 	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL, *sb;
 	struct eg_agg_key ak, nk;
-	struct eg_src_key sk;
-	struct eg_lpm_key lk;
+	/* The lists and prefix lookups' key, then the per-source key: one
+	 * slot of the (full) stack. */
+	union {
+		struct eg_lpm_key lk;
+		struct eg_src_key sk;
+	} u;
 	struct src_state ss = {};
+	__u32 *gatep;
 	int afirst = 0;
 	void *l3p = NULL;
 	__u32 zero = 0, gen, idx, slot;
@@ -873,12 +1206,13 @@ int xdp_limiter(struct xdp_md *ctx)
 		goto no_policy;
 
 	now = now_ticks(cfg);
+	v.gen = gen;
 
 	/* 1. Lists: deny, then allow. Inheritance is folded in by the control
 	 * plane, so the most specific entry answers both. */
-	lk.prefixlen = 128;
-	__builtin_memcpy(lk.addr, pi.addr, 16);
-	lv = bpf_map_lookup_elem(&lists, &lk);
+	u.lk.prefixlen = 128;
+	__builtin_memcpy(u.lk.addr, pi.addr, 16);
+	lv = bpf_map_lookup_elem(&lists, &u.lk);
 	if (lv) {
 		__u64 ns = now >> EG_TICK_SHIFT;
 
@@ -904,7 +1238,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	} else {
 		trie = bpf_map_lookup_elem(&prefix_gens, &gen);
 		if (trie) {
-			pv = bpf_map_lookup_elem(trie, &lk);
+			pv = bpf_map_lookup_elem(trie, &u.lk);
 			if (pv) {
 				v.rule_id = pv->rule_id;
 				v.asn = pv->asn;
@@ -938,6 +1272,20 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.len = pi.len;
 	ss.gen = gen;
 	ss.v4 = v4;
+	/* The rule's gate word (aggregate overrides, watches): usually 0. */
+	gatep = bpf_map_lookup_elem(&agg_gate, &v.rule_id);
+	ss.gate = gatep ? *gatep : 0;
+	ss.rule_id = rule->id;
+	ss.asn = v.asn;
+	ss.agg_mode = rule->agg_mode;
+	ss.agg_len4 = rule->agg_len4;
+	ss.agg_len6 = rule->agg_len6;
+	ss.sport = pi.sport;
+	ss.dport = pi.dport;
+	ss.proto = pi.proto;
+	ss.ttl = pi.ttl;
+	ss.tcp_flags = pi.tcp_flags;
+	ss.ip_len = pi.ip_len;
 	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
 		/* The destination, for bpf_skc_lookup_tcp; parsing already
 		 * bounds-checked these headers, the verifier wants it again. */
@@ -959,11 +1307,17 @@ int xdp_limiter(struct xdp_md *ctx)
 				ss.tcp = 1;
 			}
 		}
-		ss.sport = pi.sport;
-		ss.dport = pi.dport;
 	}
 
-	/* 4. Buckets. First look, without touching per-source state, whether
+	/* 4. Fingerprint rules (the adaptive shield's): after the lists and
+	 * the rule, before any bucket, so that a fingerprinted flood charges
+	 * no bucket and creates no per-source state. */
+	if (eg_fingerprint(&ss)) {
+		v.reason = EG_R_FINGERPRINT;
+		goto limited;
+	}
+
+	/* 5. Buckets. First look, without touching per-source state, whether
 	 * an aggregate above this source is already empty: then drop at once.
 	 * This is what keeps the per-source table from being churned by a
 	 * spoofed flood whose aggregate is over budget. */
@@ -1001,19 +1355,19 @@ int xdp_limiter(struct xdp_md *ctx)
 	/* Then charge, most specific first: a packet dropped by a more
 	 * specific bucket never consumes tokens of the aggregates above it. */
 	if (bucket_limited(&rule->src)) {
-		__builtin_memset(&sk, 0, sizeof(sk));
-		sk.rule_id = rule->id;
-		mask_addr(sk.addr, pi.addr,
+		__builtin_memset(&u.sk, 0, sizeof(u.sk));
+		u.sk.rule_id = rule->id;
+		mask_addr(u.sk.addr, pi.addr,
 			  v4 ? 96 + (rule->src_len4 > 32 ? 32 : rule->src_len4)
 			     : (rule->src_len6 > 128 ? 128 : rule->src_len6));
 		if (!gated(&rule->src)) {
-			sb = lookup_or_create(&src_buckets, &sk);
+			sb = lookup_or_create(&src_buckets, &u.sk);
 		} else {
 			/* The filter first: a source not seen in this epoch or
 			 * the last costs one bit and no table lookup; its packet
 			 * is charged when the source shows up again. */
 			int first = 0;
-			int seen = seen_mark((const __u32 *)&sk, sizeof(sk) / 4, now, 1, &first);
+			int seen = seen_mark((const __u32 *)&u.sk, sizeof(u.sk) / 4, now, 1, &first);
 
 			/* A per-source key that is the standing key (/32, /64)
 			 * answers standing's "first packet of this epoch". */
@@ -1022,9 +1376,9 @@ int xdp_limiter(struct xdp_md *ctx)
 
 			sb = NULL;
 			if (seen != EG_SEEN_NEW) {
-				sb = bpf_map_lookup_elem(&src_buckets, &sk);
+				sb = bpf_map_lookup_elem(&src_buckets, &u.sk);
 				if (!sb)
-					sb = create_charged(&src_buckets, &sk, &rule->src, now, pi.len);
+					sb = create_charged(&src_buckets, &u.sk, &rule->src, now, pi.len);
 				else if (seen == EG_SEEN_DEFERRED)
 					bucket_charge(sb, &rule->src, now, pi.len);
 			}
@@ -1075,6 +1429,9 @@ verdict:
 	if (ss.refused_outcome == EG_CO_REFUSED_RESERVE)
 		count_class(dry ? 1 : 0, ss.refused_agg, ss.cls, EG_CO_REFUSED_RESERVE, pi.len);
 standing_out:
+	/* Watched aggregates count every packet that reached the buckets. */
+	if (ss.gate >> EG_GATE_WATCH_SHIFT)
+		eg_watch_all(&ss, v.reason == EG_R_OK);
 	/* At most once per source per epoch: admitted packets of limit rules
 	 * build history, refusals by the own limit penalise. */
 	if (v.reason == EG_R_OK)

@@ -80,7 +80,8 @@ enum eg_reason {
 			       * runs past the end of the frame */
 	EG_R_ICMP_WRONG_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
 				* 58 (ICMPv6), IPv6 next header 1 (ICMP) */
-	EG_R_MAX = 18,
+	EG_R_FINGERPRINT = 18, /* a fingerprint rule's bucket is empty (adaptive shield) */
+	EG_R_MAX = 19,
 };
 
 enum eg_mode {
@@ -113,9 +114,15 @@ enum eg_agg_mode {
 	EG_AGG_DERIVED = 2, /* every source masked to agg_len gets a bucket */
 };
 
+/* Kinds of aggregate, in aggregate keys (agg_buckets keys only use PREFIX
+ * and ASN: whole and global buckets are arrays; overrides and aggregate
+ * counters name all four). */
 enum eg_agg_kind {
-	EG_AGG_KIND_PREFIX = 1,
-	EG_AGG_KIND_ASN = 2,
+	EG_AGG_KIND_PREFIX = 1, /* a derived prefix aggregate: rule + masked source */
+	EG_AGG_KIND_ASN = 2,    /* rule + ASN */
+	EG_AGG_KIND_WHOLE = 3,  /* a whole aggregate: rule */
+	EG_AGG_KIND_GLOBAL = 4, /* the global bucket: rule id 0 */
+	EG_AGG_KIND_MAX = 5,
 };
 
 enum eg_l4_dir {
@@ -145,6 +152,8 @@ enum eg_origin {
 	EG_ORIGIN_POLICY = 0,
 	EG_ORIGIN_CLI = 1,
 	EG_ORIGIN_L7 = 2,
+	EG_ORIGIN_SHIELD = 3, /* the adaptive shield (overrides, fingerprints) */
+	EG_ORIGIN_FLEET = 4,  /* fleet mode (shares, shared lists) */
 };
 
 /* Prefix facts trie value: everything the control plane knows about a
@@ -276,19 +285,153 @@ struct eg_rule_counters {
 	struct eg_counter by_action[EG_ACT_MAX];
 };
 
-/* One dropped (or would-drop) packet, for top-talker reports. */
+/* Which sampler sent a sample. */
+enum eg_sample_kind {
+	/* A dropped (or would-drop) packet, within the drop-sample budget
+	 * (eg_config.sample): top talkers, explain. Ring buffer samples. */
+	EG_SAMPLE_DROP = 0,
+	/* A packet chosen 1 in one_in at random, passed or dropped, within
+	 * the sampler's cap (eg_sample_cfg): rate estimates. Ring buffer
+	 * rate_samples. */
+	EG_SAMPLE_RATE = 1,
+};
+
+/* One sampled packet. */
 struct eg_sample {
 	__u64 ktime_ns;
 	__u8 addr[16];
 	__u32 asn;
 	__u32 rule_id;
-	__u16 len;
+	__u16 len; /* the frame's length */
 	__u16 dport;
 	__u16 sport;
 	__u8 proto;
 	__u8 reason;
 	__u8 action;
+	__u8 kind;      /* enum eg_sample_kind */
+	__u8 ttl;       /* TTL or hop limit */
+	__u8 tcp_flags; /* 0 for other protocols */
+	__u16 ip_len;   /* IP total length (IPv6: 40 + payload length) */
+	__u16 _pad;
+	/* EG_SAMPLE_RATE: how many packets this sample stands for: one_in,
+	 * times one more for each chosen packet this CPU could not send since
+	 * its last sample (cap or ring buffer full). Sum of weights over an
+	 * interval / interval = the rate. 0 for drop samples. */
+	__u32 weight;
+};
+
+/* The 1-in-N sampler's settings of one generation (sample_cfgs[gen]). */
+struct eg_sample_cfg {
+	struct eg_bucket_cfg cap; /* samples per second sent at most (pkt_t/pkt_tau) */
+	__u32 thresh;             /* a packet is chosen when prandom < thresh; 0: off */
+	__u32 one_in;             /* N: thresh = 2^32 / N, rounded down */
+};
+
+/* The 1-in-N sampler's per-CPU state and counters (rate_sample_stats). */
+struct eg_rsample_stats {
+	__u64 chosen;  /* packets chosen */
+	__u64 sent;    /* samples sent */
+	__u64 capped;  /* chosen, not sent: over the cap */
+	__u64 lost;    /* chosen, not sent: ring buffer full */
+	__u64 pending; /* chosen and not sent since this CPU's last sample */
+};
+
+/* ---- Aggregate overrides (docs/operations.md, "Aggregate overrides") ----
+ *
+ * An override is what the shield or fleet mode decided for one aggregate
+ * (keyed by struct eg_agg_key, rule id not slot) since the policy was
+ * applied: a replacement budget, and/or a bucket only new and penalised
+ * sources are charged against. Written directly by the daemon, no
+ * generation swap; ignored once expired, deleted by the daemon. */
+struct eg_override {
+	__u64 expires; /* CLOCK_MONOTONIC ns; EG_FOREVER: never */
+	/* Replaces the aggregate's budget for every class; zero pkt_t and
+	 * byte_t: the policy's budget. */
+	struct eg_bucket_cfg budget;
+	/* Charged only by new and penalised sources, in addition to the
+	 * aggregate's bucket; zero: none. */
+	struct eg_bucket_cfg new_budget;
+	struct eg_bucket new_bucket; /* new_budget's GCRA state (CAS'd) */
+	__u32 origin;                /* enum eg_origin */
+	__u32 _pad;
+};
+
+/* Per-instance counters of watched aggregates (agg_stats, per CPU). Every
+ * packet of a limit rule that reaches the buckets is counted once per
+ * watched aggregate on its path: passed, or refused by any bucket
+ * (would-drops included). */
+struct eg_agg_stats {
+	struct eg_counter passed;
+	struct eg_counter dropped;
+};
+
+/* "Count every instance of this rule's aggregate kind" (agg_watches key). */
+struct eg_watch_key {
+	__u32 rule_id; /* rule id, 0 for kind global */
+	__u32 kind;    /* enum eg_agg_kind */
+};
+
+/* agg_gate[slot]: which lookups a packet of the rule in that slot makes.
+ * Bit 1 << kind: an override of that kind may exist for the rule; bit
+ * 1 << (EG_GATE_WATCH_SHIFT + kind): the rule's instances of that kind are
+ * counted. Global bits are set in every slot. All zero: no lookup. */
+enum eg_gate {
+	EG_GATE_WATCH_SHIFT = 8,
+};
+
+/* ---- Fingerprint rules (docs/operations.md, "Fingerprint rules") ----
+ *
+ * A fingerprint matches header fields (those in its mask) and has its own
+ * bucket. Fingerprints are grouped by mask: each distinct mask in use costs
+ * one hash lookup per packet, at most EG_FP_MAX_MASKS; none installed, none. */
+enum eg_fp_field {
+	EG_FP_PROTO = 1 << 0,
+	EG_FP_DPORT = 1 << 1, /* ICMP: the type */
+	EG_FP_SPORT = 1 << 2,
+	EG_FP_LEN = 1 << 3, /* IP total length */
+	EG_FP_TTL = 1 << 4, /* TTL or hop limit */
+	EG_FP_TCP_FLAGS = 1 << 5,
+	EG_FP_SRC = 1 << 6, /* source prefix of src_len (128-bit space) */
+	EG_FP_ALL = (1 << 7) - 1,
+	EG_FP_MAX_MASKS = 8,
+};
+
+/* fp_rules key: the mask and the packet's fields under it (others zero). */
+struct eg_fp_key {
+	__u32 fields;  /* enum eg_fp_field bits */
+	__u8 src_len;  /* with EG_FP_SRC, else 0 */
+	__u8 proto;
+	__u8 ttl;
+	__u8 tcp_flags;
+	__u16 dport;
+	__u16 sport;
+	__u16 len;
+	__u16 _pad;
+	__u8 addr[16]; /* masked to src_len */
+};
+
+struct eg_fp_val {
+	struct eg_bucket_cfg budget; /* zero: every match is refused (unless dry_run) */
+	struct eg_bucket bucket;
+	__u64 expires; /* CLOCK_MONOTONIC ns */
+	__u32 id;
+	__u32 origin; /* enum eg_origin */
+	__u8 dry_run; /* count would-drops, never drop */
 	__u8 _pad[7];
+};
+
+/* The masks in use (fp_masks, one entry). */
+struct eg_fp_masks {
+	__u32 n;
+	__u32 fields[EG_FP_MAX_MASKS];
+	__u8 src_len[EG_FP_MAX_MASKS];
+};
+
+/* Per-fingerprint counters (fp_stats, per CPU, keyed by id). */
+struct eg_fp_stats {
+	struct eg_counter matched;
+	struct eg_counter dropped; /* would-drops for dry-run ones; validated sources are never dropped */
+	struct eg_counter spared;  /* refused by the bucket but validated: passed */
 };
 
 /* Source standing (docs/operations.md, "Standing"): what the data plane

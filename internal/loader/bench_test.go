@@ -51,6 +51,35 @@ func BenchmarkDataPlane(b *testing.B) {
 	b.Run("pass", func(b *testing.B) {
 		cached(b, "pass", passCase).measure(b)
 	})
+	b.Run("pass_asn", func(b *testing.B) {
+		// "pass" with an ASN aggregate (bench_override_test.go): the
+		// baseline of the override cases. x-pass is its cost over pass.
+		cached(b, "pass_asn", passASNCase).measure(b)
+	})
+	b.Run("override", func(b *testing.B) {
+		// pass_asn with an override of the packets' ASN aggregate: a
+		// replacement budget, two hash lookups. x-pass_asn is the cost of
+		// the override, x-pass against the plain pass case.
+		cached(b, "override", overrideCase(false)).measure(b)
+	})
+	b.Run("override_new", func(b *testing.B) {
+		// override with a new-source bucket too: the source's standing is
+		// looked up and a second bucket charged.
+		cached(b, "override_new", overrideCase(true)).measure(b)
+	})
+	b.Run("watch", func(b *testing.B) {
+		// pass_asn with the rule's ASN aggregates watched (counted per
+		// instance).
+		cached(b, "watch", watchCase).measure(b)
+	})
+	// Fingerprint rules (bench_override_test.go): "pass" with 1, 100 and
+	// 1,000 fingerprints over up to 3 masks, and 8 fingerprints over the
+	// most masks the data plane allows (8), none matching the frame.
+	// x-pass is the ratio to "pass", timed in alternating chunks.
+	b.Run("fingerprint_1", func(b *testing.B) { cached(b, "fingerprint_1", fingerprintCase(1, 1)).measure(b) })
+	b.Run("fingerprint_100", func(b *testing.B) { cached(b, "fingerprint_100", fingerprintCase(100, 3)).measure(b) })
+	b.Run("fingerprint_1000", func(b *testing.B) { cached(b, "fingerprint_1000", fingerprintCase(1000, 3)).measure(b) })
+	b.Run("fingerprint_masks8", func(b *testing.B) { cached(b, "fingerprint_masks8", fingerprintCase(8, 8)).measure(b) })
 	b.Run("drop_per_ip", func(b *testing.B) {
 		cached(b, "drop_per_ip", func(b *testing.B) *benchCase {
 			bd := loadBench(b, smallSizes)

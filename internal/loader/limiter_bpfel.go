@@ -44,6 +44,9 @@ type LimiterEgAggKind uint32
 const (
 	LimiterEgAggKindEG_AGG_KIND_PREFIX LimiterEgAggKind = 1
 	LimiterEgAggKindEG_AGG_KIND_ASN    LimiterEgAggKind = 2
+	LimiterEgAggKindEG_AGG_KIND_WHOLE  LimiterEgAggKind = 3
+	LimiterEgAggKindEG_AGG_KIND_GLOBAL LimiterEgAggKind = 4
+	LimiterEgAggKindEG_AGG_KIND_MAX    LimiterEgAggKind = 5
 )
 
 type LimiterEgAggMode uint32
@@ -53,6 +56,12 @@ const (
 	LimiterEgAggModeEG_AGG_WHOLE   LimiterEgAggMode = 1
 	LimiterEgAggModeEG_AGG_DERIVED LimiterEgAggMode = 2
 )
+
+type LimiterEgAggStats struct {
+	_       structs.HostLayout
+	Passed  LimiterEgCounter
+	Dropped LimiterEgCounter
+}
 
 type LimiterEgBtfAnchor struct {
 	_          structs.HostLayout
@@ -77,18 +86,24 @@ type LimiterEgBtfAnchor struct {
 	}
 	_      [4]byte
 	Sample struct {
-		_       structs.HostLayout
-		KtimeNs uint64
-		Addr    [16]uint8
-		Asn     uint32
-		RuleId  uint32
-		Len     uint16
-		Dport   uint16
-		Sport   uint16
-		Proto   uint8
-		Reason  uint8
-		Action  uint8
-		Pad     [7]uint8
+		_        structs.HostLayout
+		KtimeNs  uint64
+		Addr     [16]uint8
+		Asn      uint32
+		RuleId   uint32
+		Len      uint16
+		Dport    uint16
+		Sport    uint16
+		Proto    uint8
+		Reason   uint8
+		Action   uint8
+		Kind     uint8
+		Ttl      uint8
+		TcpFlags uint8
+		IpLen    uint16
+		Pad      uint16
+		Weight   uint32
+		_        [4]byte
 	}
 	Standing      uint32
 	StandingWhy   uint32
@@ -100,7 +115,9 @@ type LimiterEgBtfAnchor struct {
 	L4ProtoBit    uint32
 	Expiry        uint64
 	V4Mark        uint32
-	_             [4]byte
+	Gate          uint32
+	SampleKind    uint32
+	FpField       uint32
 }
 
 type LimiterEgBucket struct {
@@ -179,6 +196,65 @@ const (
 	LimiterEgExpiryEG_EXPIRY_FOREVER LimiterEgExpiry = 18446744073709551615
 )
 
+type LimiterEgFpField uint32
+
+const (
+	LimiterEgFpFieldEG_FP_PROTO     LimiterEgFpField = 1
+	LimiterEgFpFieldEG_FP_DPORT     LimiterEgFpField = 2
+	LimiterEgFpFieldEG_FP_SPORT     LimiterEgFpField = 4
+	LimiterEgFpFieldEG_FP_LEN       LimiterEgFpField = 8
+	LimiterEgFpFieldEG_FP_TTL       LimiterEgFpField = 16
+	LimiterEgFpFieldEG_FP_TCP_FLAGS LimiterEgFpField = 32
+	LimiterEgFpFieldEG_FP_SRC       LimiterEgFpField = 64
+	LimiterEgFpFieldEG_FP_ALL       LimiterEgFpField = 127
+	LimiterEgFpFieldEG_FP_MAX_MASKS LimiterEgFpField = 8
+)
+
+type LimiterEgFpKey struct {
+	_        structs.HostLayout
+	Fields   uint32
+	SrcLen   uint8
+	Proto    uint8
+	Ttl      uint8
+	TcpFlags uint8
+	Dport    uint16
+	Sport    uint16
+	Len      uint16
+	Pad      uint16
+	Addr     [16]uint8
+}
+
+type LimiterEgFpMasks struct {
+	_      structs.HostLayout
+	N      uint32
+	Fields [8]uint32
+	SrcLen [8]uint8
+}
+
+type LimiterEgFpStats struct {
+	_       structs.HostLayout
+	Matched LimiterEgCounter
+	Dropped LimiterEgCounter
+	Spared  LimiterEgCounter
+}
+
+type LimiterEgFpVal struct {
+	_       structs.HostLayout
+	Budget  LimiterEgBucketCfg
+	Bucket  LimiterEgBucket
+	Expires uint64
+	Id      uint32
+	Origin  uint32
+	DryRun  uint8
+	Pad     [7]uint8
+}
+
+type LimiterEgGate uint32
+
+const (
+	LimiterEgGateEG_GATE_WATCH_SHIFT LimiterEgGate = 8
+)
+
 type LimiterEgGlobalSlot uint32
 
 const (
@@ -242,7 +318,19 @@ const (
 	LimiterEgOriginEG_ORIGIN_POLICY LimiterEgOrigin = 0
 	LimiterEgOriginEG_ORIGIN_CLI    LimiterEgOrigin = 1
 	LimiterEgOriginEG_ORIGIN_L7     LimiterEgOrigin = 2
+	LimiterEgOriginEG_ORIGIN_SHIELD LimiterEgOrigin = 3
+	LimiterEgOriginEG_ORIGIN_FLEET  LimiterEgOrigin = 4
 )
+
+type LimiterEgOverride struct {
+	_         structs.HostLayout
+	Expires   uint64
+	Budget    LimiterEgBucketCfg
+	NewBudget LimiterEgBucketCfg
+	NewBucket LimiterEgBucket
+	Origin    uint32
+	Pad       uint32
+}
 
 type LimiterEgPrefixVal struct {
 	_       structs.HostLayout
@@ -274,8 +362,18 @@ const (
 	LimiterEgReasonEG_R_RULE_PASS         LimiterEgReason = 15
 	LimiterEgReasonEG_R_BAD_IP_LENGTH     LimiterEgReason = 16
 	LimiterEgReasonEG_R_ICMP_WRONG_FAMILY LimiterEgReason = 17
-	LimiterEgReasonEG_R_MAX               LimiterEgReason = 18
+	LimiterEgReasonEG_R_FINGERPRINT       LimiterEgReason = 18
+	LimiterEgReasonEG_R_MAX               LimiterEgReason = 19
 )
+
+type LimiterEgRsampleStats struct {
+	_       structs.HostLayout
+	Chosen  uint64
+	Sent    uint64
+	Capped  uint64
+	Lost    uint64
+	Pending uint64
+}
 
 type LimiterEgRule struct {
 	_       structs.HostLayout
@@ -309,19 +407,39 @@ type LimiterEgRuleCounters struct {
 }
 
 type LimiterEgSample struct {
-	_       structs.HostLayout
-	KtimeNs uint64
-	Addr    [16]uint8
-	Asn     uint32
-	RuleId  uint32
-	Len     uint16
-	Dport   uint16
-	Sport   uint16
-	Proto   uint8
-	Reason  uint8
-	Action  uint8
-	Pad     [7]uint8
+	_        structs.HostLayout
+	KtimeNs  uint64
+	Addr     [16]uint8
+	Asn      uint32
+	RuleId   uint32
+	Len      uint16
+	Dport    uint16
+	Sport    uint16
+	Proto    uint8
+	Reason   uint8
+	Action   uint8
+	Kind     uint8
+	Ttl      uint8
+	TcpFlags uint8
+	IpLen    uint16
+	Pad      uint16
+	Weight   uint32
+	_        [4]byte
 }
+
+type LimiterEgSampleCfg struct {
+	_      structs.HostLayout
+	Cap    LimiterEgBucketCfg
+	Thresh uint32
+	OneIn  uint32
+}
+
+type LimiterEgSampleKind uint32
+
+const (
+	LimiterEgSampleKindEG_SAMPLE_DROP LimiterEgSampleKind = 0
+	LimiterEgSampleKindEG_SAMPLE_RATE LimiterEgSampleKind = 1
+)
 
 type LimiterEgShifts uint32
 
@@ -422,38 +540,56 @@ const (
 	LimiterEgV4MarkEG_V4MARK_CHILD LimiterEgV4Mark = 4294967294
 )
 
+type LimiterEgWatchKey struct {
+	_      structs.HostLayout
+	RuleId uint32
+	Kind   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LimiterMapActive        = "active"
-	LimiterMapAggBuckets    = "agg_buckets"
-	LimiterMapClassStats    = "class_stats"
-	LimiterMapConfigs       = "configs"
-	LimiterMapGlobalBuckets = "global_buckets"
-	LimiterMapIfaceSlots    = "iface_slots"
-	LimiterMapKnownGood     = "known_good"
-	LimiterMapL4Rules       = "l4_rules"
-	LimiterMapLists         = "lists"
-	LimiterMapPrefixGens    = "prefix_gens"
-	LimiterMapRuleStats     = "rule_stats"
-	LimiterMapRules         = "rules"
-	LimiterMapSamples       = "samples"
-	LimiterMapSeenFilter    = "seen_filter"
-	LimiterMapSrcBuckets    = "src_buckets"
-	LimiterMapStanding      = "standing"
-	LimiterMapStandingCfg   = "standing_cfg"
-	LimiterMapStandingStats = "standing_stats"
-	LimiterMapStats         = "stats"
-	LimiterMapTestClock     = "test_clock"
-	LimiterMapV4Chunks      = "v4_chunks"
-	LimiterMapV4L1          = "v4_l1"
-	LimiterMapWholeBuckets  = "whole_buckets"
-	LimiterProgXdpLimiter   = "xdp_limiter"
-	LimiterVarEgBtfAnchor   = "eg_btf_anchor"
-	LimiterVarEgMaxRules    = "eg_max_rules"
-	LimiterVarEgSeenMask    = "eg_seen_mask"
-	LimiterVarEgTestClock   = "eg_test_clock"
+	LimiterMapActive          = "active"
+	LimiterMapAggBuckets      = "agg_buckets"
+	LimiterMapAggGate         = "agg_gate"
+	LimiterMapAggScratch      = "agg_scratch"
+	LimiterMapAggStats        = "agg_stats"
+	LimiterMapAggWatches      = "agg_watches"
+	LimiterMapClassStats      = "class_stats"
+	LimiterMapConfigs         = "configs"
+	LimiterMapFpMasks         = "fp_masks"
+	LimiterMapFpRules         = "fp_rules"
+	LimiterMapFpStats         = "fp_stats"
+	LimiterMapGlobalBuckets   = "global_buckets"
+	LimiterMapIfaceSlots      = "iface_slots"
+	LimiterMapKnownGood       = "known_good"
+	LimiterMapL4Rules         = "l4_rules"
+	LimiterMapLists           = "lists"
+	LimiterMapOverrides       = "overrides"
+	LimiterMapPrefixGens      = "prefix_gens"
+	LimiterMapRateSampleCap   = "rate_sample_cap"
+	LimiterMapRateSampleStats = "rate_sample_stats"
+	LimiterMapRateSamples     = "rate_samples"
+	LimiterMapRuleStats       = "rule_stats"
+	LimiterMapRules           = "rules"
+	LimiterMapSampleCfgs      = "sample_cfgs"
+	LimiterMapSamples         = "samples"
+	LimiterMapSeenFilter      = "seen_filter"
+	LimiterMapSrcBuckets      = "src_buckets"
+	LimiterMapStanding        = "standing"
+	LimiterMapStandingCfg     = "standing_cfg"
+	LimiterMapStandingStats   = "standing_stats"
+	LimiterMapStats           = "stats"
+	LimiterMapTestClock       = "test_clock"
+	LimiterMapV4Chunks        = "v4_chunks"
+	LimiterMapV4L1            = "v4_l1"
+	LimiterMapWholeBuckets    = "whole_buckets"
+	LimiterProgXdpLimiter     = "xdp_limiter"
+	LimiterVarEgBtfAnchor     = "eg_btf_anchor"
+	LimiterVarEgMaxRules      = "eg_max_rules"
+	LimiterVarEgSeenMask      = "eg_seen_mask"
+	LimiterVarEgTestClock     = "eg_test_clock"
 )
 
 // LoadLimiter returns the embedded CollectionSpec for Limiter.
@@ -505,29 +641,41 @@ type LimiterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LimiterMapSpecs struct {
-	Active        *ebpf.MapSpec `ebpf:"active"`
-	AggBuckets    *ebpf.MapSpec `ebpf:"agg_buckets"`
-	ClassStats    *ebpf.MapSpec `ebpf:"class_stats"`
-	Configs       *ebpf.MapSpec `ebpf:"configs"`
-	GlobalBuckets *ebpf.MapSpec `ebpf:"global_buckets"`
-	IfaceSlots    *ebpf.MapSpec `ebpf:"iface_slots"`
-	KnownGood     *ebpf.MapSpec `ebpf:"known_good"`
-	L4Rules       *ebpf.MapSpec `ebpf:"l4_rules"`
-	Lists         *ebpf.MapSpec `ebpf:"lists"`
-	PrefixGens    *ebpf.MapSpec `ebpf:"prefix_gens"`
-	RuleStats     *ebpf.MapSpec `ebpf:"rule_stats"`
-	Rules         *ebpf.MapSpec `ebpf:"rules"`
-	Samples       *ebpf.MapSpec `ebpf:"samples"`
-	SeenFilter    *ebpf.MapSpec `ebpf:"seen_filter"`
-	SrcBuckets    *ebpf.MapSpec `ebpf:"src_buckets"`
-	Standing      *ebpf.MapSpec `ebpf:"standing"`
-	StandingCfg   *ebpf.MapSpec `ebpf:"standing_cfg"`
-	StandingStats *ebpf.MapSpec `ebpf:"standing_stats"`
-	Stats         *ebpf.MapSpec `ebpf:"stats"`
-	TestClock     *ebpf.MapSpec `ebpf:"test_clock"`
-	V4Chunks      *ebpf.MapSpec `ebpf:"v4_chunks"`
-	V4L1          *ebpf.MapSpec `ebpf:"v4_l1"`
-	WholeBuckets  *ebpf.MapSpec `ebpf:"whole_buckets"`
+	Active          *ebpf.MapSpec `ebpf:"active"`
+	AggBuckets      *ebpf.MapSpec `ebpf:"agg_buckets"`
+	AggGate         *ebpf.MapSpec `ebpf:"agg_gate"`
+	AggScratch      *ebpf.MapSpec `ebpf:"agg_scratch"`
+	AggStats        *ebpf.MapSpec `ebpf:"agg_stats"`
+	AggWatches      *ebpf.MapSpec `ebpf:"agg_watches"`
+	ClassStats      *ebpf.MapSpec `ebpf:"class_stats"`
+	Configs         *ebpf.MapSpec `ebpf:"configs"`
+	FpMasks         *ebpf.MapSpec `ebpf:"fp_masks"`
+	FpRules         *ebpf.MapSpec `ebpf:"fp_rules"`
+	FpStats         *ebpf.MapSpec `ebpf:"fp_stats"`
+	GlobalBuckets   *ebpf.MapSpec `ebpf:"global_buckets"`
+	IfaceSlots      *ebpf.MapSpec `ebpf:"iface_slots"`
+	KnownGood       *ebpf.MapSpec `ebpf:"known_good"`
+	L4Rules         *ebpf.MapSpec `ebpf:"l4_rules"`
+	Lists           *ebpf.MapSpec `ebpf:"lists"`
+	Overrides       *ebpf.MapSpec `ebpf:"overrides"`
+	PrefixGens      *ebpf.MapSpec `ebpf:"prefix_gens"`
+	RateSampleCap   *ebpf.MapSpec `ebpf:"rate_sample_cap"`
+	RateSampleStats *ebpf.MapSpec `ebpf:"rate_sample_stats"`
+	RateSamples     *ebpf.MapSpec `ebpf:"rate_samples"`
+	RuleStats       *ebpf.MapSpec `ebpf:"rule_stats"`
+	Rules           *ebpf.MapSpec `ebpf:"rules"`
+	SampleCfgs      *ebpf.MapSpec `ebpf:"sample_cfgs"`
+	Samples         *ebpf.MapSpec `ebpf:"samples"`
+	SeenFilter      *ebpf.MapSpec `ebpf:"seen_filter"`
+	SrcBuckets      *ebpf.MapSpec `ebpf:"src_buckets"`
+	Standing        *ebpf.MapSpec `ebpf:"standing"`
+	StandingCfg     *ebpf.MapSpec `ebpf:"standing_cfg"`
+	StandingStats   *ebpf.MapSpec `ebpf:"standing_stats"`
+	Stats           *ebpf.MapSpec `ebpf:"stats"`
+	TestClock       *ebpf.MapSpec `ebpf:"test_clock"`
+	V4Chunks        *ebpf.MapSpec `ebpf:"v4_chunks"`
+	V4L1            *ebpf.MapSpec `ebpf:"v4_l1"`
+	WholeBuckets    *ebpf.MapSpec `ebpf:"whole_buckets"`
 }
 
 // LimiterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -560,45 +708,69 @@ func (o *LimiterObjects) Close() error {
 //
 // It can be passed to LoadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LimiterMaps struct {
-	Active        *ebpf.Map `ebpf:"active"`
-	AggBuckets    *ebpf.Map `ebpf:"agg_buckets"`
-	ClassStats    *ebpf.Map `ebpf:"class_stats"`
-	Configs       *ebpf.Map `ebpf:"configs"`
-	GlobalBuckets *ebpf.Map `ebpf:"global_buckets"`
-	IfaceSlots    *ebpf.Map `ebpf:"iface_slots"`
-	KnownGood     *ebpf.Map `ebpf:"known_good"`
-	L4Rules       *ebpf.Map `ebpf:"l4_rules"`
-	Lists         *ebpf.Map `ebpf:"lists"`
-	PrefixGens    *ebpf.Map `ebpf:"prefix_gens"`
-	RuleStats     *ebpf.Map `ebpf:"rule_stats"`
-	Rules         *ebpf.Map `ebpf:"rules"`
-	Samples       *ebpf.Map `ebpf:"samples"`
-	SeenFilter    *ebpf.Map `ebpf:"seen_filter"`
-	SrcBuckets    *ebpf.Map `ebpf:"src_buckets"`
-	Standing      *ebpf.Map `ebpf:"standing"`
-	StandingCfg   *ebpf.Map `ebpf:"standing_cfg"`
-	StandingStats *ebpf.Map `ebpf:"standing_stats"`
-	Stats         *ebpf.Map `ebpf:"stats"`
-	TestClock     *ebpf.Map `ebpf:"test_clock"`
-	V4Chunks      *ebpf.Map `ebpf:"v4_chunks"`
-	V4L1          *ebpf.Map `ebpf:"v4_l1"`
-	WholeBuckets  *ebpf.Map `ebpf:"whole_buckets"`
+	Active          *ebpf.Map `ebpf:"active"`
+	AggBuckets      *ebpf.Map `ebpf:"agg_buckets"`
+	AggGate         *ebpf.Map `ebpf:"agg_gate"`
+	AggScratch      *ebpf.Map `ebpf:"agg_scratch"`
+	AggStats        *ebpf.Map `ebpf:"agg_stats"`
+	AggWatches      *ebpf.Map `ebpf:"agg_watches"`
+	ClassStats      *ebpf.Map `ebpf:"class_stats"`
+	Configs         *ebpf.Map `ebpf:"configs"`
+	FpMasks         *ebpf.Map `ebpf:"fp_masks"`
+	FpRules         *ebpf.Map `ebpf:"fp_rules"`
+	FpStats         *ebpf.Map `ebpf:"fp_stats"`
+	GlobalBuckets   *ebpf.Map `ebpf:"global_buckets"`
+	IfaceSlots      *ebpf.Map `ebpf:"iface_slots"`
+	KnownGood       *ebpf.Map `ebpf:"known_good"`
+	L4Rules         *ebpf.Map `ebpf:"l4_rules"`
+	Lists           *ebpf.Map `ebpf:"lists"`
+	Overrides       *ebpf.Map `ebpf:"overrides"`
+	PrefixGens      *ebpf.Map `ebpf:"prefix_gens"`
+	RateSampleCap   *ebpf.Map `ebpf:"rate_sample_cap"`
+	RateSampleStats *ebpf.Map `ebpf:"rate_sample_stats"`
+	RateSamples     *ebpf.Map `ebpf:"rate_samples"`
+	RuleStats       *ebpf.Map `ebpf:"rule_stats"`
+	Rules           *ebpf.Map `ebpf:"rules"`
+	SampleCfgs      *ebpf.Map `ebpf:"sample_cfgs"`
+	Samples         *ebpf.Map `ebpf:"samples"`
+	SeenFilter      *ebpf.Map `ebpf:"seen_filter"`
+	SrcBuckets      *ebpf.Map `ebpf:"src_buckets"`
+	Standing        *ebpf.Map `ebpf:"standing"`
+	StandingCfg     *ebpf.Map `ebpf:"standing_cfg"`
+	StandingStats   *ebpf.Map `ebpf:"standing_stats"`
+	Stats           *ebpf.Map `ebpf:"stats"`
+	TestClock       *ebpf.Map `ebpf:"test_clock"`
+	V4Chunks        *ebpf.Map `ebpf:"v4_chunks"`
+	V4L1            *ebpf.Map `ebpf:"v4_l1"`
+	WholeBuckets    *ebpf.Map `ebpf:"whole_buckets"`
 }
 
 func (m *LimiterMaps) Close() error {
 	return _LimiterClose(
 		m.Active,
 		m.AggBuckets,
+		m.AggGate,
+		m.AggScratch,
+		m.AggStats,
+		m.AggWatches,
 		m.ClassStats,
 		m.Configs,
+		m.FpMasks,
+		m.FpRules,
+		m.FpStats,
 		m.GlobalBuckets,
 		m.IfaceSlots,
 		m.KnownGood,
 		m.L4Rules,
 		m.Lists,
+		m.Overrides,
 		m.PrefixGens,
+		m.RateSampleCap,
+		m.RateSampleStats,
+		m.RateSamples,
 		m.RuleStats,
 		m.Rules,
+		m.SampleCfgs,
 		m.Samples,
 		m.SeenFilter,
 		m.SrcBuckets,

@@ -18,6 +18,7 @@ type Maps struct {
 
 	v4DirectMin int            // see SetV4DirectMinFacts
 	v4Status    V4DirectStatus // of the generation the last Commit made live
+	ovr         overrideLock   // writers of overrides, watches and their gate (overrides.go)
 }
 
 // New wraps a loaded datapath.
@@ -356,6 +357,13 @@ func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
 	if err := m.o.StandingCfg.Put(next, StandingConfig(c.Standing)); err != nil {
 		return nil, fmt.Errorf("write standing settings of generation %d: %w", next, err)
 	}
+	sampling, err := SamplingConfig(c.Sampling)
+	if err != nil {
+		return err
+	}
+	if err := m.o.SampleCfgs.Put(next, sampling); err != nil {
+		return fmt.Errorf("write sampling settings of generation %d: %w", next, err)
+	}
 	// Not per generation: known-good prefixes are facts about sources, and
 	// an entry one generation early or late changes one source's class.
 	if err := m.setKnownGood(c.Standing.KnownGood); err != nil {
@@ -400,6 +408,11 @@ func (m *Maps) Commit(s *Staged) error {
 	}
 	m.v4Status = s.direct
 	logV4Direct(m.d.Logger(), s.gen, s.direct)
+	// Overrides of rules that are gone go with them; the others keep
+	// their rule's slot. Not an error of the apply: the policy is live.
+	if err := m.pruneOverridesFor(); err != nil {
+		m.d.Logger().Warn("overrides of removed rules not all pruned", "err", err)
+	}
 	return nil
 }
 
