@@ -359,10 +359,10 @@ func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
 	}
 	sampling, err := SamplingConfig(c.Sampling)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := m.o.SampleCfgs.Put(next, sampling); err != nil {
-		return fmt.Errorf("write sampling settings of generation %d: %w", next, err)
+		return nil, fmt.Errorf("write sampling settings of generation %d: %w", next, err)
 	}
 	// Not per generation: known-good prefixes are facts about sources, and
 	// an entry one generation early or late changes one source's class.
