@@ -95,6 +95,7 @@ type dynEntry struct {
 	expires time.Time // zero: until removed
 	origin  string
 	reason  string
+	host    string // the fleet host that added an entry of origin fleet
 }
 
 // Daemon is a running Edgeguard.
@@ -137,6 +138,7 @@ type Daemon struct {
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
 	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
+	fleet       fleetLink      // fleet mode (fleet.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -564,6 +566,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("escalations", d.applyEscalations)
 	run("standing", d.watchStanding)
 	run("link watch", d.watchLinks)
+	run("fleet", d.runFleet)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()
