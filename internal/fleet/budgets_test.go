@@ -247,4 +247,3 @@ func TestSharesHostileRedis(t *testing.T) {
 		t.Errorf("malformed demands not counted: %+v", a.f.Status())
 	}
 }
-
