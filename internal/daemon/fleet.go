@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"os"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/fleet"
+	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -285,5 +288,150 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // fleetAggregates gives the fleet the data plane's scope: fleet
-// aggregates (fleet_shares.go).
-func (d *Daemon) fleetAggregates(o *fleet.Options) {}
+// aggregates.
+func (d *Daemon) fleetAggregates(o *fleet.Options) {
+	o.Aggregates = &fleetAggs{d: d, watched: map[watchKey]bool{}}
+}
+
+type watchKey struct {
+	rule uint32
+	kind maps.AggKind
+}
+
+// fleetBudget is one scope: fleet rule's shared packet budget of one
+// aggregate kind.
+type fleetBudget struct {
+	rate maps.Rate
+}
+
+// perSecond is the budget in packets/s.
+func (b fleetBudget) perSecond() float64 {
+	if b.rate.Per <= 0 {
+		return 0
+	}
+	return float64(b.rate.Count) / b.rate.Per.Seconds()
+}
+
+// scaled is the budget times f (0 < f <= 1), rounded up, at least one
+// packet of rate and of burst: the share the data plane enforces.
+func (b fleetBudget) scaled(f float64) maps.Rate {
+	f = min(max(f, 0), 1)
+	return maps.Rate{Count: max(1, uint64(math.Ceil(float64(b.rate.Count)*f))), Per: b.rate.Per,
+		Burst: max(1, uint64(math.Ceil(float64(b.rate.Burst)*f)))}
+}
+
+// fleetAggs is the daemon as the fleet's Aggregates: the data plane counts
+// every instance of each scope: fleet rule's aggregates (maps.
+// WatchAggregates), and shares are written as overrides of origin fleet.
+type fleetAggs struct {
+	d *Daemon
+	// The fleet's shares loop is the only caller of both methods, one
+	// call at a time: what follows needs no lock.
+	watched map[watchKey]bool
+	aggs    map[string]maps.Aggregate
+	budgets map[watchKey]fleetBudget
+}
+
+// fleetBudgets are the running policy's scope: fleet budgets: per_asn for
+// ASN aggregates, per_prefix for whole or derived prefix aggregates, the
+// packet dimension (a byte budget stays per host; docs/fleet.md).
+func fleetBudgets(p *policy.Policy) map[watchKey]fleetBudget {
+	out := map[watchKey]fleetBudget{}
+	if p == nil {
+		return out
+	}
+	for _, r := range p.Rules {
+		if r.Scope != policy.ScopeFleet || r.Action != policy.ActionLimit {
+			continue
+		}
+		id := policy.RuleID(r.Name)
+		if l := r.Limits.PerASN.Packets; l.IsSet() {
+			out[watchKey{id, maps.AggKindASN}] = fleetBudget{maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}}
+		}
+		if l := r.Limits.PerPrefix.Packets; l.IsSet() {
+			kind := maps.AggKindPrefix
+			if r.Limits.PerPrefix.Whole {
+				kind = maps.AggKindWhole
+			}
+			out[watchKey{id, kind}] = fleetBudget{maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}}
+		}
+	}
+	return out
+}
+
+// FleetCounters makes sure every scope: fleet (rule, kind) is watched and
+// returns their instances' counters. Watches are never dropped here: the
+// shield may count the same rules, and Apply removes those of rules that
+// are gone.
+func (a *fleetAggs) FleetCounters() ([]fleet.AggCounter, error) {
+	a.d.mu.Lock()
+	budgets := fleetBudgets(a.d.cur.pol)
+	a.d.mu.Unlock()
+	a.budgets = budgets
+	for k := range budgets {
+		if a.watched[k] {
+			continue
+		}
+		if err := a.d.m.WatchAggregates(k.rule, k.kind); err != nil {
+			return nil, fmt.Errorf("watch rule %d aggregates: %w", k.rule, err)
+		}
+		a.watched[k] = true
+	}
+	for k := range a.watched {
+		if _, ok := budgets[k]; !ok {
+			delete(a.watched, k) // watched again should the rule come back
+		}
+	}
+	cs, err := a.d.m.AggregateCounters()
+	if err != nil {
+		return nil, err
+	}
+	a.aggs = map[string]maps.Aggregate{}
+	var out []fleet.AggCounter
+	for _, c := range cs {
+		b, ok := budgets[watchKey{c.Aggregate.RuleID, c.Aggregate.Kind}]
+		if !ok {
+			continue
+		}
+		key := c.Aggregate.String()
+		a.aggs[key] = c.Aggregate
+		out = append(out, fleet.AggCounter{Key: key, Passed: c.Passed.Packets, Dropped: c.Dropped.Packets, Budget: b.perSecond()})
+	}
+	return out, nil
+}
+
+// ApplyShares writes each share as an override of the aggregate's packet
+// budget, in force until expires.
+func (a *fleetAggs) ApplyShares(shares []fleet.Share, expires time.Time) error {
+	var list []maps.Override
+	for _, s := range shares {
+		agg, ok := a.aggs[s.Key]
+		if !ok {
+			continue
+		}
+		b, ok := a.budgets[watchKey{agg.RuleID, agg.Kind}]
+		if !ok {
+			continue
+		}
+		list = append(list, maps.Override{Aggregate: agg, Budget: b.scaled(s.Fraction()), Expires: expires, Origin: maps.OriginFleet})
+	}
+	if len(list) == 0 {
+		return nil
+	}
+	if err := a.d.m.SetOverrides(list); err != nil {
+		// One bad entry (its rule just went in a reload) must not cost
+		// the others: write them one by one.
+		var failed int
+		var first error
+		for _, o := range list {
+			if err := a.d.m.SetOverride(o); err != nil {
+				failed++
+				first = cmp.Or(first, err)
+			}
+		}
+		if failed > 0 {
+			return fmt.Errorf("%d of %d shares not written: %w", failed, len(list), first)
+		}
+	}
+	return nil
+}
