@@ -169,15 +169,17 @@ func (fl *fleetLab) start(interval time.Duration, body string) {
 			fl.t.Fatal(err)
 		}
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(fl.hosts))
-	for i, h := range fl.hosts {
-		wg.Go(func() { errs[i] = h.lab.Daemon.Start(fl.ctx) })
-	}
-	wg.Wait()
-	for i, err := range errs {
+	// One after the other: loading the program is CPU-bound (the
+	// verifier), and three at once on a loaded 2-core machine can miss
+	// the testbed's start deadline; one retry for the same reason.
+	for _, h := range fl.hosts {
+		err := h.lab.Daemon.Start(fl.ctx)
+		if err != nil && strings.Contains(err.Error(), "did not come up") {
+			fl.t.Logf("host %s: %v; retrying once", h.name, firstLine(err.Error()))
+			err = h.lab.Daemon.Start(fl.ctx)
+		}
 		if err != nil {
-			fl.t.Fatalf("host %s: %v", fl.hosts[i].name, err)
+			fl.t.Fatalf("host %s: %v", h.name, err)
 		}
 	}
 	fl.waitFor(20*time.Second, "all three hosts see three members with synced lists", func() bool {
@@ -189,6 +191,11 @@ func (fl *fleetLab) start(interval time.Duration, body string) {
 		}
 		return true
 	})
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }
 
 func (fl *fleetLab) waitFor(d time.Duration, what string, cond func() bool) time.Duration {
@@ -402,8 +409,10 @@ func TestFleetShares(t *testing.T) {
 	var lr trafficgen.LegitResult
 	var lerr error
 	wg.Go(func() { lr, lerr = a.lab.LegitUDP(fl.ctx, 10, 18*time.Second, false) })
+	flipped := make(chan time.Time, 1)
 	wg.Go(func() {
 		fl.floodAll(split, 9*time.Second, 1)
+		flipped <- time.Now()
 		fl.floodAll([]int{30, 270, 2700}, 9*time.Second, 11)
 	})
 	// Phase 1: after the first intervals, the total and the shares.
@@ -416,13 +425,18 @@ func TestFleetShares(t *testing.T) {
 	if sa.Fraction < 0.7 || sc.Fraction > 0.15 || sa.Static || sa.Hosts != 3 {
 		t.Errorf("shares do not track demand at 90/9/1: a %+v, c %+v", sa, sc)
 	}
-	// Phase 2: the flip. c's share must pass 70% within 3 intervals of
-	// its flood growing (the flip is when phase 1's flood ends).
-	fl.waitFor(15*time.Second, "c's demand grows", func() bool { return fl.share(c).Demand > 1000 })
-	grown := time.Now()
-	took := fl.waitFor(10*time.Second, "c's share follows", func() bool { return fl.share(c).Fraction > 0.7 })
-	t.Logf("c's share passed 70%% %v after its demand grew", took)
-	if took := time.Since(grown); took > 3*interval {
+	// Phase 2: the flip, when phase 1's floods end and phase 2's start.
+	// c's share must pass 70% within 3 intervals of it.
+	var flip time.Time
+	select {
+	case flip = <-flipped:
+	case <-time.After(20 * time.Second):
+		t.Fatal("phase 1 floods did not end")
+	}
+	fl.waitFor(15*time.Second, "c's share follows", func() bool { return fl.share(c).Fraction > 0.7 })
+	took := time.Since(flip)
+	t.Logf("c's share passed 70%% %v after the flip", took)
+	if took > 3*interval {
 		t.Errorf("c's share followed its demand after %v, want within 3 intervals (%v)", took, 3*interval)
 	}
 	time.Sleep(interval)
@@ -453,13 +467,15 @@ func TestFleetRedisKilled(t *testing.T) {
 	}
 	fl.killRedis()
 	killed := time.Now()
-	// Every second of the outage is measured: none may pass more than
-	// the static shares allow (a at budget/3, b and c their demand under
-	// it), never the whole per-host budget a lapse would give a.
+	// Every second of the outage is measured: the fleet never passes
+	// more than its budget (the shares in force stay until the next sync
+	// finds Redis gone, then the static shares take over: a at budget/3,
+	// b and c their demand under it), never the whole per-host budget a
+	// lapse would give each host.
 	for i := range 5 {
 		rates, total := fl.passedOver(time.Second)
 		t.Logf("outage second %d: %.0f/s in total (%.0f %.0f %.0f)", i, total, rates[0], rates[1], rates[2])
-		if total > 1.1*fleetASNRate || rates[0] > 1.15*fleetASNRate/3 {
+		if total > 1.1*fleetASNRate || (i >= 2 && rates[0] > 1.15*fleetASNRate/3) {
 			t.Errorf("outage second %d: the fleet passes %.0f/s (a %.0f/s): limits lapsed", i, total, rates[0])
 		}
 	}
@@ -479,6 +495,7 @@ func TestFleetRedisKilled(t *testing.T) {
 		s := fl.share(fl.hosts[0])
 		return !s.Static && s.Fraction > 0.7 && s.Hosts == 3
 	})
+	t.Logf("shares converged %v after redis returned", took)
 	if took > 3*interval+interval/2 {
 		t.Errorf("shares converged %v after redis returned, want within 3 intervals", took)
 	}
