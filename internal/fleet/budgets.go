@@ -201,19 +201,25 @@ func (f *Fleet) exchange(ctx context.Context, now time.Time, active []string, ag
 	if len(active) == 0 {
 		return members, nil, nil
 	}
+	// In batches: one pipeline's replies must arrive within the read
+	// timeout.
 	reads := make([]*redis.MapStringStringCmd, len(active))
-	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range active {
-			a := aggs[k]
-			key := f.k.agg(k)
-			p.HSet(ctx, key, f.o.Host, fmt.Sprintf("%.3f %.3f %d", a.demand, a.pass, now.UnixMilli()))
-			p.PExpire(ctx, key, ttl)
-			reads[i] = p.HGetAll(ctx, key)
+	for lo := 0; lo < len(active); lo += exchangeBatch {
+		hi := min(lo+exchangeBatch, len(active))
+		_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := lo; i < hi; i++ {
+				k := active[i]
+				a := aggs[k]
+				key := f.k.agg(k)
+				p.HSet(ctx, key, f.o.Host, fmt.Sprintf("%.3f %.3f %d", a.demand, a.pass, now.UnixMilli()))
+				p.PExpire(ctx, key, ttl)
+				reads[i] = p.HGetAll(ctx, key)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("fleet demand exchange: %w", err)
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("fleet demand exchange: %w", err)
 	}
 	others := map[string][]HostDemand{}
 	for i, k := range active {
@@ -234,6 +240,10 @@ func (f *Fleet) exchange(ctx context.Context, now time.Time, active []string, ag
 	}
 	return members, others, nil
 }
+
+// exchangeBatch is how many aggregates one pipeline carries (3 commands
+// each).
+const exchangeBatch = 256
 
 // maxDemand bounds a published demand (packets/s): a hostile or broken
 // value above it is malformed, not a reason to starve this host.

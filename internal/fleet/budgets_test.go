@@ -92,7 +92,7 @@ type shareHost struct {
 	n    int
 }
 
-func newShareHost(t *testing.T, client redis.UniversalClient, name string, clk *clock) *shareHost {
+func newShareHost(t testing.TB, client redis.UniversalClient, name string, clk *clock) *shareHost {
 	t.Helper()
 	h := &shareHost{aggs: newMemAggs(), st: map[string]*aggState{}, n: 1}
 	f, err := New(Options{Name: "t", Host: name, Interval: time.Second, Floor: 0.1, Client: client, Aggregates: h.aggs, Now: clk.Now})

@@ -86,8 +86,13 @@ type host struct {
 
 func startHost(t *testing.T, addr, name string, aggs Aggregates) *host {
 	t.Helper()
+	return startHostWith(t, testClient(t, addr), name, aggs)
+}
+
+func startHostWith(t *testing.T, client redis.UniversalClient, name string, aggs Aggregates) *host {
+	t.Helper()
 	h := &host{lists: newMemLists()}
-	f, err := New(Options{Name: "t", Host: name, Interval: 100 * time.Millisecond, Floor: 0.1, Client: testClient(t, addr),
+	f, err := New(Options{Name: "t", Host: name, Interval: 100 * time.Millisecond, Floor: 0.1, Client: client,
 		Lists: h.lists, Aggregates: aggs})
 	if err != nil {
 		t.Fatal(err)
