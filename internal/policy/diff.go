@@ -431,6 +431,7 @@ func DiffSections(from, to *Policy) []Change {
 			}
 		}
 	}
+	d.fleet(from, to)
 	return d.out
 }
 

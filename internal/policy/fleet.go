@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"fmt"
 	"net"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -329,4 +331,45 @@ func l7RedisAddr(l7 *yaml.Node) (string, time.Duration) {
 		}
 	}
 	return a.Value, timeout
+}
+
+// fleet reports changes of the fleet: section and of the rules' scopes
+// (neither reaches the compiled policy).
+func (d *differ) fleet(a, b *Policy) {
+	fa, fb := a.Fleet, b.Fleet
+	switch {
+	case fa == nil && fb != nil:
+		d.add('+', "fleet section: %s", fleetSummary(fb))
+	case fa != nil && fb == nil:
+		d.add('-', "fleet section")
+	case fa != nil && fb != nil:
+		d.field("fleet", fleetSummary(fa), fleetSummary(fb))
+	}
+	scopes := map[string]Scope{}
+	for _, r := range a.Rules {
+		scopes[r.Name] = r.Scope
+	}
+	for _, r := range b.Rules {
+		if old, ok := scopes[r.Name]; ok && old != r.Scope {
+			d.field("rule "+r.Name+" scope", string(old), string(r.Scope))
+		}
+	}
+}
+
+// fleetSummary is one line of what a fleet: section says (the password
+// itself is never in the policy, only its file).
+func fleetSummary(f *Fleet) string {
+	r := f.Redis
+	s := fmt.Sprintf("name %s, host %s, interval %s, floor %s, lists %t, redis %s", f.Name, orNone(f.HostID), f.Interval,
+		FormatReserve(f.Floor), f.Lists, strings.Join(r.Addrs, ","))
+	if r.Cluster {
+		s += " (cluster)"
+	}
+	if r.Username != "" || r.PasswordFile != "" {
+		s += fmt.Sprintf(", auth %s %s", orNone(r.Username), orNone(r.PasswordFile))
+	}
+	if r.TLS != nil {
+		s += fmt.Sprintf(", tls ca %s cert %s server %s", orNone(r.TLS.CAFile), orNone(r.TLS.CertFile), orNone(r.TLS.ServerName))
+	}
+	return s + fmt.Sprintf(", timeout %s, db %d", r.Timeout, r.DB)
 }

@@ -125,3 +125,35 @@ func TestValidHostID(t *testing.T) {
 		}
 	}
 }
+
+func TestDiffFleet(t *testing.T) {
+	base := "fleet: {name: f, redis: {addrs: [\"127.0.0.1:6379\"]}}\nrules: [{name: r, match: {prefixes: [198.18.0.0/24]}, per_prefix: {group: whole, packets: 10/s}}]\n"
+	a, err := parseFleet(t, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseFleet(t, strings.Replace(strings.Replace(base, "name: f,", "name: f, interval: 2s,", 1), "per_prefix", "scope: fleet, per_prefix", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, _ := parseFleet(t, "")
+	for _, c := range []struct {
+		from, to *Policy
+		want     []string
+	}{
+		{a, a, nil},
+		{none, a, []string{"+ fleet section: name f"}},
+		{a, none, []string{"- fleet section"}},
+		{a, b, []string{"~ fleet name f, host \"\", interval 1s", "-> name f, host \"\", interval 2s", "~ rule r scope host -> fleet"}},
+	} {
+		got := FormatDiff(DiffSections(c.from, c.to))
+		if c.want == nil && got != FormatDiff(nil) {
+			t.Errorf("no change: %q", got)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("diff %q lacks %q", got, w)
+			}
+		}
+	}
+}
