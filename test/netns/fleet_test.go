@@ -3,6 +3,9 @@ package netns_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -158,13 +161,16 @@ func (fl *fleetLab) redisCLI(args ...string) (string, error) {
 
 // start writes each host's policy (body with the fleet: section for it)
 // and starts the daemons, then waits until all three see each other.
-func (fl *fleetLab) start(interval time.Duration, body string) {
+func (fl *fleetLab) start(interval time.Duration, body string, extra ...string) {
 	fl.t.Helper()
-	for _, h := range fl.hosts {
+	for i, h := range fl.hosts {
 		p := "apiVersion: edgeguard/v1\n" + h.lab.InterfacesYAML("native") + "metrics: {listen: \"\"}\n" +
 			"asn_data: {path: " + filepath.Join(h.lab.Config.Dir, "ip2asn.tsv") + "}\n" +
 			fmt.Sprintf("fleet: {name: egfl, host_id: %s, interval: %v, redis: {addrs: [%q], timeout: 300ms}}\n", h.name, interval, h.redisAddr) +
 			body
+		if i < len(extra) {
+			p += extra[i]
+		}
 		if err := h.lab.WritePolicy(p); err != nil {
 			fl.t.Fatal(err)
 		}
@@ -235,7 +241,21 @@ const fleetListsPolicy = `lists:
 // the current set, and a removal on any host removes it everywhere.
 func TestFleetSharedLists(t *testing.T) {
 	fl := newFleetLab(t)
-	fl.start(time.Second, fleetListsPolicy)
+	// Host a runs an L7 stage in front of an upstream in its edge
+	// namespace; its escalations must reach b and c like any deny.
+	a0 := fl.hosts[0].lab.Legit[0]
+	var upLn net.Listener
+	if err := fl.hosts[0].lab.Star.Edge.Do(func() (err error) {
+		upLn, err = net.Listen("tcp", netip.AddrPortFrom(a0.EdgeAddr4, 9200).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
+	go up.Serve(upLn)
+	t.Cleanup(func() { up.Close() })
+	proxyAddr := netip.AddrPortFrom(a0.EdgeAddr4, 8080)
+	fl.start(time.Second, fleetListsPolicy, fmt.Sprintf(fleetL7Section, proxyAddr, upLn.Addr()))
 	a, b, c := fl.hosts[0], fl.hosts[1], fl.hosts[2]
 	user := netip.PrefixFrom(b.lab.Legit[0].Src4, 29).Masked() // the same /29 in every lab
 	if lr, err := b.lab.LegitUDP(fl.ctx, 20, time.Second, false); err != nil || lr.Success() < 0.99 {
@@ -331,7 +351,60 @@ func TestFleetSharedLists(t *testing.T) {
 	if out, err := c.lab.Daemon.Ctl(fl.ctx, "fleet", "status"); err != nil || !strings.Contains(string(out), "c (this host)") || !strings.Contains(string(out), "synced") {
 		t.Errorf("edgectl fleet status: %v\n%s", err, out)
 	}
+
+	// The real L7 stage on a: a client that keeps getting 429s is
+	// escalated to a's deny list, and from there to b's and c's.
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := a0.NS.Do(func() (err error) {
+			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(a0.Src4, 0))}
+			conn, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
+	}}
+	client := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	codes := map[int]int{}
+	for range 6 {
+		resp, err := client.Get("http://" + proxyAddr.String() + "/v1/thing")
+		if err != nil {
+			codes[-1]++ // escalated: the SYN is dropped at the NIC
+			continue
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	if codes[200] != 2 || codes[429] < 3 {
+		t.Fatalf("a's L7 stage answered %v; want 2×200 then 429s", codes)
+	}
+	escalated := netip.PrefixFrom(a0.Src4, 32)
+	fl.waitFor(10*time.Second, "the escalation on a", func() bool { e, ok := a.listed(fl.ctx, control.Deny, escalated); return ok && e.Origin == "l7" })
+	for _, h := range []*fleetHost{b, c} {
+		took := fl.waitFor(5*time.Second, "a's L7 escalation on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, escalated); return ok })
+		e, _ := h.listed(fl.ctx, control.Deny, escalated)
+		t.Logf("a's L7 escalation on %s after %v: %+v", h.name, took, e)
+		if took > time.Second {
+			t.Errorf("a's L7 escalation reached %s after %v, want within 1s", h.name, took)
+		}
+		if e.Origin != "fleet" || e.Host != "a" || !strings.HasPrefix(e.Reason, "l7: ") {
+			t.Errorf("%s holds %+v, want origin fleet from a with an l7 reason", h.name, e)
+		}
+	}
 }
+
+// fleetL7Section is host a's L7 stage: 2 requests a minute per client,
+// escalation after 3 rejections.
+const fleetL7Section = `l7:
+  listen: %s
+  upstream: http://%s
+  escalation: {enabled: true, rejections: 3, window: 1m, ttl: 10m}
+  routes:
+    - name: api
+      match: {path_prefix: /}
+      limits:
+        - {name: per-ip, key: ip, rate: 2/min, burst: 2}
+`
 
 // fleetASNRate is the scope: fleet per-ASN budget of the share tests.
 const fleetASNRate = 1000
