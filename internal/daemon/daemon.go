@@ -380,6 +380,9 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	if err != nil {
 		return running{}, err
 	}
+	if err := checkFleet(p); err != nil {
+		return running{}, err
+	}
 	if d.dp != nil {
 		if err := d.checkSizes(p.Tables); err != nil {
 			return running{}, err

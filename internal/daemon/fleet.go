@@ -136,6 +136,20 @@ func (d *Daemon) stopFleet() {
 	}
 }
 
+// checkFleet refuses a fleet: section whose Redis credentials or TLS files
+// cannot be read (the client is built, nothing is dialled): like an
+// unreadable list file, the policy is refused and the running one stays.
+func checkFleet(p *policy.Policy) error {
+	if p.Fleet == nil {
+		return nil
+	}
+	c, err := fleet.NewClient(p.Fleet.Redis)
+	if err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	return c.Close()
+}
+
 // FleetStatus is `edgectl fleet status`.
 func (d *Daemon) FleetStatus() control.FleetStatus {
 	l := &d.fleet

@@ -121,3 +121,23 @@ rules:
 		t.Errorf("derived prefix budget missing: %+v", b)
 	}
 }
+
+// TestCheckFleet: a fleet whose password or CA file cannot be read is
+// refused before anything changes (nothing is dialled).
+func TestCheckFleet(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ redis, want string }{
+		{`{addrs: ["127.0.0.1:1"]}`, ""},
+		{`{addrs: ["127.0.0.1:1"], password_file: missing.pass}`, "password_file"},
+		{`{addrs: ["127.0.0.1:1"], tls: {ca_file: missing.pem}}`, "ca_file"},
+	} {
+		p, err := policy.Parse(dir+"/p.yaml", []byte("apiVersion: edgeguard/v1\nfleet: {name: f, redis: "+c.redis+"}\n"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = checkFleet(p)
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: %v, want %q", c.redis, err, c.want)
+		}
+	}
+}
