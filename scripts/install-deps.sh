@@ -17,6 +17,7 @@ needs=(
   "ip:iproute2"
   "nsenter:util-linux"
   "redis-server:redis-server"
+  "redis-cli:redis-tools"
   "promtool:prometheus"
   "nft:nftables"
   "iptables:iptables"

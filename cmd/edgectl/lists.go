@@ -98,7 +98,11 @@ refreshes it (its new --ttl counts from now) and keeps its reason unless --reaso
 			if e.Expires != nil {
 				exp = e.Expires.Format(time.RFC3339)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", e.Prefix, e.Origin, exp, e.Reason)
+			origin := e.Origin
+			if e.Host != "" {
+				origin += " (" + e.Host + ")"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", e.Prefix, origin, exp, e.Reason)
 		}
 		return w.Flush()
 	}

@@ -39,6 +39,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newRunCommand(), newDetachCommand(), newVersionCommand(), newStatusCommand(),
 		newStatsCommand(), newTopCommand(), newPolicyCommand(), newListCommand(control.Deny),
 		newListCommand(control.Allow), newASNCommand(), newDemoCommand(), newExplainCommand())
+	root.AddCommand(newFleetCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
 }

@@ -160,9 +160,11 @@ const (
 // ListEntry is one deny or allow entry as the operator sees it.
 type ListEntry struct {
 	Prefix  netip.Prefix `json:"prefix"`
-	Origin  string       `json:"origin"` // policy, cli, l7
+	Origin  string       `json:"origin"` // policy, cli, l7, fleet
 	Reason  string       `json:"reason,omitempty"`
 	Expires *time.Time   `json:"expires,omitempty"`
+	// Host is the fleet host that added an entry of origin fleet.
+	Host string `json:"host,omitempty"`
 }
 
 // ListChange adds an entry.

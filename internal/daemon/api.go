@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/fleet"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -209,6 +210,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	d.explainRoutes(mux)
+	d.fleetRoutes(mux)
 	return mux
 }
 
@@ -383,7 +385,7 @@ func (d *Daemon) ListEntries(kind control.ListKind) []control.ListEntry {
 		if !e.expires.IsZero() && !e.expires.After(now) {
 			continue
 		}
-		le := control.ListEntry{Prefix: p, Origin: e.origin, Reason: e.reason}
+		le := control.ListEntry{Prefix: p, Origin: e.origin, Reason: e.reason, Host: e.host}
 		if !e.expires.IsZero() {
 			t := e.expires
 			le.Expires = &t
@@ -452,6 +454,7 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 	if err := d.saveLists(); err != nil {
 		d.log.Error("list entry added but not saved: a restart forgets it", "err", err)
 	}
+	d.publishList(fleet.OpAdd, kind, p, e)
 	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin,
 		"reason", e.reason, "forced", ch.Force, "refreshed", had)
 	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason}
@@ -489,6 +492,7 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) error {
 	if err := d.saveLists(); err != nil {
 		d.log.Error("list entry removed but not saved: a restart brings it back", "err", err)
 	}
+	d.publishList(fleet.OpDel, kind, p, prev)
 	d.log.Info("list entry removed", "list", kind, "prefix", p)
 	return nil
 }

@@ -97,6 +97,7 @@ type dynEntry struct {
 	expires time.Time // zero: until removed
 	origin  string
 	reason  string
+	host    string // the fleet host that added an entry of origin fleet
 }
 
 // Daemon is a running Edgeguard.
@@ -142,6 +143,7 @@ type Daemon struct {
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
 	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
+	fleet       fleetLink      // fleet mode (fleet.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -386,6 +388,9 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	if err != nil {
 		return running{}, err
 	}
+	if err := checkFleet(p); err != nil {
+		return running{}, err
+	}
 	if d.dp != nil {
 		if err := d.checkSizes(p.Tables); err != nil {
 			return running{}, err
@@ -573,6 +578,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("log reopen", d.reopenLogs)
 	run("standing", d.watchStanding)
 	run("link watch", d.watchLinks)
+	run("fleet", d.runFleet)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()

@@ -34,6 +34,7 @@ type savedEntry struct {
 	Expires time.Time        `json:"expires,omitzero"`
 	Origin  string           `json:"origin"`
 	Reason  string           `json:"reason,omitempty"`
+	Host    string           `json:"host,omitempty"`
 }
 
 // appliedPolicy is a policy applied through the control socket. It runs
@@ -150,7 +151,7 @@ func (d *Daemon) saveLists() error {
 	out := []savedEntry{}
 	for kind, entries := range d.dyn {
 		for p, e := range entries {
-			out = append(out, savedEntry{List: kind, Prefix: p, Expires: e.expires, Origin: e.origin, Reason: e.reason})
+			out = append(out, savedEntry{List: kind, Prefix: p, Expires: e.expires, Origin: e.origin, Reason: e.reason, Host: e.host})
 		}
 	}
 	data, err := json.MarshalIndent(out, "", "  ")
@@ -182,7 +183,7 @@ func (d *Daemon) loadLists() error {
 		if !e.Expires.IsZero() && !e.Expires.After(now) {
 			continue
 		}
-		d.dyn[e.List][e.Prefix.Masked()] = dynEntry{expires: e.Expires, origin: e.Origin, reason: e.Reason}
+		d.dyn[e.List][e.Prefix.Masked()] = dynEntry{expires: e.Expires, origin: e.Origin, reason: e.Reason, host: e.Host}
 		n++
 	}
 	if n > 0 {

@@ -50,5 +50,8 @@ func CheckFile(ctx context.Context, path string, loadASN bool, progress func(don
 	if _, _, err := decodeL7(p, path); err != nil {
 		return Checked{}, err
 	}
+	if err := checkFleet(p); err != nil {
+		return Checked{}, err
+	}
 	return out, nil
 }

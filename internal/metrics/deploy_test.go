@@ -11,10 +11,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/edgeguard/edgeguard/internal/fleet"
 	"github.com/edgeguard/edgeguard/internal/metrics"
 )
 
@@ -256,8 +259,15 @@ var synFamilies = map[string]bool{
 func TestDeployedQueriesUseExportedMetrics(t *testing.T) {
 	sc := runScenario(t)
 	mw, _ := newL7(t, 3)
+	// A fleet's collector (it exports without ever reaching Redis).
+	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rc.Close()
+	fl, err := fleet.New(fleet.Options{Name: "t", Host: "h", Interval: time.Second, Client: rc})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(mw, metrics.NewXDPCollector(sc.src, nil))
+	reg.MustRegister(mw, metrics.NewXDPCollector(sc.src, nil), fl.Collector())
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

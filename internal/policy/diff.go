@@ -432,6 +432,7 @@ func DiffSections(from, to *Policy) []Change {
 			}
 		}
 	}
+	d.fleet(from, to)
 	return d.out
 }
 

@@ -62,6 +62,8 @@ type Policy struct {
 	SYN *SYN
 	// Sampling is the sampling: section (sampling.go).
 	Sampling Sampling
+	// Fleet is the fleet: section (fleet.go); nil without one.
+	Fleet *Fleet
 }
 
 // Interface is one network interface the XDP program attaches to.
@@ -183,6 +185,9 @@ type Rule struct {
 	// Limits are complete: sections the file leaves out are copied from
 	// the policy's defaults.
 	Limits Limits
+	// Scope is ScopeFleet when the fleet shares the rule's aggregate
+	// budgets (fleet.go); ScopeHost otherwise.
+	Scope Scope
 }
 
 // MatchKind says which of its match forms a rule uses (exactly one).

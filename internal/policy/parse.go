@@ -113,7 +113,7 @@ func (ps *parser) parse(data []byte) *Policy {
 		Sampling:      DefaultSampling(),
 	}
 	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "sampling")
+		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "sampling", "fleet")
 	if f == nil {
 		return nil
 	}
@@ -182,7 +182,11 @@ func (ps *parser) parse(data []byte) *Policy {
 	if n, ok := f["sampling"]; ok {
 		p.Sampling = ps.sampling(n, p.Sampling)
 	}
+	if n, ok := f["fleet"]; ok {
+		p.Fleet = ps.fleet(n)
+	}
 	ps.crossCheck(p, root, listsNode, rulesNode, tableAt)
+	ps.checkFleet(p)
 	return p
 }
 
@@ -537,11 +541,11 @@ var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
 	var out []Rule
 	for _, item := range ps.Seq(n, "rules") {
-		f := ps.Fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn", "reserve")
+		f := ps.Fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn", "reserve", "scope")
 		if f == nil {
 			continue
 		}
-		r := Rule{Pos: yamlcheck.PosOf(item), Action: ActionLimit, Mode: RuleModeInherit}
+		r := Rule{Pos: yamlcheck.PosOf(item), Action: ActionLimit, Mode: RuleModeInherit, Scope: ScopeHost}
 		if nn, ok := f["name"]; !ok {
 			ps.Errorf(item, "rule needs a name")
 		} else if name, ok := ps.Scalar(nn, "rule name"); ok {
@@ -578,6 +582,9 @@ func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
 			}
 		}
 		r.Limits = ps.limitSections(f, where, defaults, false)
+		if s, ok := f["scope"]; ok {
+			r.Scope = ps.scope(s, where)
+		}
 		out = append(out, r)
 	}
 	return out

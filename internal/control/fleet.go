@@ -1,0 +1,77 @@
+package control
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// FleetStatus is `edgectl fleet status` (docs/fleet.md).
+type FleetStatus struct {
+	// Enabled is false when the policy has no fleet: section.
+	Enabled  bool     `json:"enabled"`
+	Name     string   `json:"name,omitempty"`
+	Host     string   `json:"host,omitempty"`
+	Interval Duration `json:"interval,omitzero"`
+	// RedisUp says the last sync reached Redis; while it is false the
+	// host enforces static shares (Fallback).
+	RedisUp   bool      `json:"redis_up"`
+	Fallback  bool      `json:"fallback"`
+	LastSync  time.Time `json:"last_sync,omitzero"`
+	LastError string    `json:"last_error,omitempty"`
+	// Members are the hosts whose heartbeat is fresh (this one included).
+	Members []FleetMember `json:"members,omitempty"`
+	// Shares are this host's shares of the busiest scope: fleet
+	// aggregates, by fleet demand.
+	Shares []FleetShare `json:"shares,omitempty"`
+	// ActiveAggregates counts the fleet-scope aggregates this host
+	// publishes (Shares shows the top ones).
+	ActiveAggregates int       `json:"active_aggregates"`
+	Lists            FleetList `json:"lists"`
+}
+
+// FleetMember is one host of the fleet.
+type FleetMember struct {
+	Host     string    `json:"host"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// FleetShare is this host's share of one fleet-wide aggregate budget.
+type FleetShare struct {
+	Aggregate string `json:"aggregate"`
+	// Budget is the policy's budget (packets/s); Share is this host's part
+	// of it, Fraction = Share / Budget.
+	Budget   float64 `json:"budget_pps"`
+	Share    float64 `json:"share_pps"`
+	Fraction float64 `json:"fraction"`
+	// Demand is this host's offered rate (passed + dropped, packets/s),
+	// FleetDemand the sum over the hosts that published one.
+	Demand      float64 `json:"demand_pps"`
+	FleetDemand float64 `json:"fleet_demand_pps"`
+	Hosts       int     `json:"hosts"`
+	// Static: Redis is unreachable and the share is budget ÷ hosts.
+	Static bool `json:"static,omitempty"`
+}
+
+// FleetList is the shared lists' state.
+type FleetList struct {
+	Enabled bool `json:"enabled"`
+	// Synced: the snapshot was loaded and the stream is being followed.
+	Synced     bool      `json:"synced"`
+	LastChange time.Time `json:"last_change,omitzero"`
+	// Lag is the delay between another host publishing its last change
+	// and this host applying it (includes clock skew between the hosts).
+	Lag       Duration `json:"lag"`
+	Published uint64   `json:"published"`
+	Applied   uint64   `json:"applied"`
+	Refused   uint64   `json:"refused"`
+	Malformed uint64   `json:"malformed"`
+	Remote    int      `json:"remote_entries"`
+}
+
+// FleetStatus asks for the fleet state.
+func (c *Client) FleetStatus(ctx context.Context) (FleetStatus, error) {
+	var st FleetStatus
+	err := c.do(ctx, http.MethodGet, "/v1/fleet", nil, nil, &st)
+	return st, err
+}

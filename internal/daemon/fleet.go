@@ -1,0 +1,451 @@
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/netip"
+	"os"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/fleet"
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
+)
+
+// originFleet is the origin of list entries another host of the fleet
+// added (docs/fleet.md).
+const originFleet = "fleet"
+
+// fleetLink is the daemon's running fleet, if any. Its lock is taken
+// after d.mu when both are held (publishing from AddToList), never the
+// other way round.
+type fleetLink struct {
+	mu     sync.Mutex
+	cfg    *policy.Fleet // resolved (host id filled); nil: none running
+	f      *fleet.Fleet
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    string // why the configured fleet is not running
+}
+
+func (l *fleetLink) get() *fleet.Fleet {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f
+}
+
+// runFleet keeps the fleet the running policy asks for: started when a
+// policy gains a fleet: section, restarted when the section changes,
+// stopped when it goes. It looks once a second (a policy change is
+// picked up within one second).
+func (d *Daemon) runFleet(ctx context.Context) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	defer d.stopFleet()
+	for {
+		d.mu.Lock()
+		var want *policy.Fleet
+		if d.cur.pol != nil && d.cur.pol.Fleet != nil {
+			c := *d.cur.pol.Fleet
+			want = &c
+		}
+		d.mu.Unlock()
+		if want != nil && want.HostID == "" {
+			h, err := os.Hostname()
+			if err != nil || !policy.ValidHostID(h) {
+				d.fleet.mu.Lock()
+				d.fleet.err = fmt.Sprintf("hostname %q is no valid fleet host id (%v): set fleet.host_id", h, err)
+				d.fleet.mu.Unlock()
+				want = nil
+			}
+			if want != nil {
+				want.HostID = h
+			}
+		}
+		d.fleet.mu.Lock()
+		same := reflect.DeepEqual(d.fleet.cfg, want)
+		d.fleet.mu.Unlock()
+		if !same {
+			d.stopFleet()
+			if want != nil {
+				d.startFleet(ctx, want)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Daemon) startFleet(ctx context.Context, cfg *policy.Fleet) {
+	l := &d.fleet
+	c, err := fleet.NewClient(cfg.Redis)
+	var f *fleet.Fleet
+	if err == nil {
+		o := fleet.Options{Name: cfg.Name, Host: cfg.HostID, Interval: cfg.Interval, Floor: float64(cfg.Floor) / 1e6,
+			Client: c, Logger: d.log.With("fleet", cfg.Name, "host", cfg.HostID)}
+		if cfg.Lists {
+			o.Lists = fleetLists{d}
+		}
+		d.fleetAggregates(&o)
+		f, err = fleet.New(o)
+		if err != nil {
+			c.Close()
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cfg = cfg
+	if err != nil {
+		l.err = err.Error()
+		d.log.Error("fleet not started: this host enforces its own budgets and lists", "err", err)
+		return
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	l.f, l.cancel, l.done, l.err = f, cancel, make(chan struct{}), ""
+	go func(done chan struct{}) {
+		defer close(done)
+		f.Run(fctx)
+	}(l.done)
+	d.log.Info("fleet started", "fleet", cfg.Name, "host", cfg.HostID, "interval", cfg.Interval, "redis", cfg.Redis.Addrs,
+		"cluster", cfg.Redis.Cluster, "lists", cfg.Lists)
+}
+
+func (d *Daemon) stopFleet() {
+	l := &d.fleet
+	l.mu.Lock()
+	cancel, done, was := l.cancel, l.done, l.cfg
+	l.f, l.cancel, l.done, l.cfg, l.err = nil, nil, nil, nil, ""
+	l.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	if was != nil {
+		d.log.Info("fleet stopped", "fleet", was.Name)
+	}
+}
+
+// checkFleet refuses a fleet: section whose Redis credentials or TLS files
+// cannot be read (the client is built, nothing is dialled): like an
+// unreadable list file, the policy is refused and the running one stays.
+func checkFleet(p *policy.Policy) error {
+	if p.Fleet == nil {
+		return nil
+	}
+	c, err := fleet.NewClient(p.Fleet.Redis)
+	if err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	return c.Close()
+}
+
+// FleetStatus is `edgectl fleet status`.
+func (d *Daemon) FleetStatus() control.FleetStatus {
+	l := &d.fleet
+	l.mu.Lock()
+	f, cfg, why := l.f, l.cfg, l.err
+	l.mu.Unlock()
+	if f == nil {
+		st := control.FleetStatus{LastError: why}
+		if cfg != nil {
+			st.Name, st.Host = cfg.Name, cfg.HostID
+		}
+		return st
+	}
+	return f.Status()
+}
+
+func (d *Daemon) fleetRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/fleet", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, d.FleetStatus())
+	})
+}
+
+// publishList hands a local list change to the fleet (never blocks).
+// Caller may hold d.mu.
+func (d *Daemon) publishList(op fleet.Op, kind control.ListKind, p netip.Prefix, e dynEntry) {
+	f := d.fleet.get()
+	if f == nil {
+		return
+	}
+	origin := e.origin
+	if op == fleet.OpAdd && origin == originFleet {
+		return // another host's: it published it
+	}
+	if origin == originFleet || origin == "" {
+		origin = "cli"
+	}
+	f.Publish(fleet.ListEntry{Op: op, List: string(kind), Prefix: p, Expires: e.expires, Origin: origin,
+		Reason: fleet.CleanReason(e.reason)})
+}
+
+// fleetLists is the daemon as the fleet's ListSink.
+type fleetLists struct{ d *Daemon }
+
+// ApplyRemote applies other hosts' entries through the same checks as
+// the CLI's without --force (width, lists.protected for deny), all in one
+// write of the lists; a failed write changes nothing. A snapshot
+// (replace) never overwrites this host's own entries (its reconcile
+// publishes them next); a live change from the stream does (last writer
+// wins), and a removal removes the prefix whatever its origin (the fleet
+// shares one list).
+func (s fleetLists) ApplyRemote(entries []fleet.ListEntry, replace bool) (int, []fleet.Refusal, error) {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	prev := map[control.ListKind]map[netip.Prefix]dynEntry{}
+	for k, m := range d.dyn {
+		prev[k] = make(map[netip.Prefix]dynEntry, len(m))
+		for p, e := range m {
+			prev[k][p] = e
+		}
+	}
+	if replace {
+		for _, m := range d.dyn {
+			for p, e := range m {
+				if e.origin == originFleet {
+					delete(m, p)
+				}
+			}
+		}
+	}
+	var refused []fleet.Refusal
+	for _, e := range entries {
+		kind := control.ListKind(e.List)
+		m, ok := d.dyn[kind]
+		if !ok {
+			refused = append(refused, fleet.Refusal{Entry: e, Err: fmt.Errorf("unknown list %q", e.List)})
+			continue
+		}
+		p := e.Prefix.Masked()
+		if e.Op == fleet.OpDel {
+			delete(m, p)
+			continue
+		}
+		if err := checkWidth(kind, p); err != nil {
+			refused = append(refused, fleet.Refusal{Entry: e, Err: err})
+			continue
+		}
+		if kind == control.Deny {
+			if err := d.checkProtected(p); err != nil {
+				refused = append(refused, fleet.Refusal{Entry: e, Err: err})
+				continue
+			}
+		}
+		if cur, ok := m[p]; ok && replace && cur.origin != originFleet {
+			continue
+		}
+		m[p] = dynEntry{expires: e.Expires, origin: originFleet, host: e.Host, reason: e.Origin + ": " + e.Reason}
+	}
+	if err := d.syncLists(); err != nil {
+		d.dyn = prev
+		return 0, nil, err
+	}
+	if err := d.saveLists(); err != nil {
+		d.log.Error("fleet list entries applied but not saved: a restart loads them from the fleet again", "err", err)
+	}
+	n := 0
+	for _, m := range d.dyn {
+		for _, e := range m {
+			if e.origin == originFleet {
+				n++
+			}
+		}
+	}
+	return n, refused, nil
+}
+
+// Local is this host's own run-time entries.
+func (s fleetLists) Local() []fleet.ListEntry {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	var out []fleet.ListEntry
+	for kind, m := range d.dyn {
+		for p, e := range m {
+			if e.origin == originFleet || (!e.expires.IsZero() && !e.expires.After(now)) {
+				continue
+			}
+			origin := e.origin
+			if origin != "l7" && origin != "shield" {
+				origin = "cli"
+			}
+			out = append(out, fleet.ListEntry{Op: fleet.OpAdd, List: string(kind), Prefix: p, Expires: e.expires,
+				Origin: origin, Reason: fleet.CleanReason(e.reason)})
+		}
+	}
+	return out
+}
+
+// fleetCollector exports the running fleet's metrics (none without one).
+// It describes nothing: the families come and go with the fleet: section.
+type fleetCollector struct{ d *Daemon }
+
+func (c fleetCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	if f := c.d.fleet.get(); f != nil {
+		f.Collector().Collect(ch)
+	}
+}
+
+// fleetAggregates gives the fleet the data plane's scope: fleet
+// aggregates.
+func (d *Daemon) fleetAggregates(o *fleet.Options) {
+	o.Aggregates = &fleetAggs{d: d, watched: map[watchKey]bool{}}
+}
+
+type watchKey struct {
+	rule uint32
+	kind maps.AggKind
+}
+
+// fleetBudget is one scope: fleet rule's shared packet budget of one
+// aggregate kind.
+type fleetBudget struct {
+	rate maps.Rate
+}
+
+// perSecond is the budget in packets/s.
+func (b fleetBudget) perSecond() float64 {
+	if b.rate.Per <= 0 {
+		return 0
+	}
+	return float64(b.rate.Count) / b.rate.Per.Seconds()
+}
+
+// scaled is the budget times f (0 < f <= 1), rounded up, at least one
+// packet of rate and of burst: the share the data plane enforces.
+func (b fleetBudget) scaled(f float64) maps.Rate {
+	f = min(max(f, 0), 1)
+	return maps.Rate{Count: max(1, uint64(math.Ceil(float64(b.rate.Count)*f))), Per: b.rate.Per,
+		Burst: max(1, uint64(math.Ceil(float64(b.rate.Burst)*f)))}
+}
+
+// fleetAggs is the daemon as the fleet's Aggregates: the data plane counts
+// every instance of each scope: fleet rule's aggregates (maps.
+// WatchAggregates), and shares are written as overrides of origin fleet.
+type fleetAggs struct {
+	d *Daemon
+	// The fleet's shares loop is the only caller of both methods, one
+	// call at a time: what follows needs no lock.
+	watched map[watchKey]bool
+	aggs    map[string]maps.Aggregate
+	budgets map[watchKey]fleetBudget
+}
+
+// fleetBudgets are the running policy's scope: fleet budgets: per_asn for
+// ASN aggregates, per_prefix for whole or derived prefix aggregates, the
+// packet dimension (a byte budget stays per host; docs/fleet.md).
+func fleetBudgets(p *policy.Policy) map[watchKey]fleetBudget {
+	out := map[watchKey]fleetBudget{}
+	if p == nil {
+		return out
+	}
+	for _, r := range p.Rules {
+		if r.Scope != policy.ScopeFleet || r.Action != policy.ActionLimit {
+			continue
+		}
+		id := policy.RuleID(r.Name)
+		if l := r.Limits.PerASN.Packets; l.IsSet() {
+			out[watchKey{id, maps.AggKindASN}] = fleetBudget{maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}}
+		}
+		if l := r.Limits.PerPrefix.Packets; l.IsSet() {
+			kind := maps.AggKindPrefix
+			if r.Limits.PerPrefix.Whole {
+				kind = maps.AggKindWhole
+			}
+			out[watchKey{id, kind}] = fleetBudget{maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}}
+		}
+	}
+	return out
+}
+
+// FleetCounters makes sure every scope: fleet (rule, kind) is watched and
+// returns their instances' counters. Watches are never dropped here: the
+// shield may count the same rules, and Apply removes those of rules that
+// are gone.
+func (a *fleetAggs) FleetCounters() ([]fleet.AggCounter, error) {
+	a.d.mu.Lock()
+	budgets := fleetBudgets(a.d.cur.pol)
+	a.d.mu.Unlock()
+	a.budgets = budgets
+	for k := range budgets {
+		if a.watched[k] {
+			continue
+		}
+		if err := a.d.m.WatchAggregates(k.rule, k.kind); err != nil {
+			return nil, fmt.Errorf("watch rule %d aggregates: %w", k.rule, err)
+		}
+		a.watched[k] = true
+	}
+	for k := range a.watched {
+		if _, ok := budgets[k]; !ok {
+			delete(a.watched, k) // watched again should the rule come back
+		}
+	}
+	cs, err := a.d.m.AggregateCounters()
+	if err != nil {
+		return nil, err
+	}
+	a.aggs = map[string]maps.Aggregate{}
+	var out []fleet.AggCounter
+	for _, c := range cs {
+		b, ok := budgets[watchKey{c.Aggregate.RuleID, c.Aggregate.Kind}]
+		if !ok {
+			continue
+		}
+		key := c.Aggregate.String()
+		a.aggs[key] = c.Aggregate
+		out = append(out, fleet.AggCounter{Key: key, Passed: c.Passed.Packets, Dropped: c.Dropped.Packets, Budget: b.perSecond()})
+	}
+	return out, nil
+}
+
+// ApplyShares writes each share as an override of the aggregate's packet
+// budget, in force until expires.
+func (a *fleetAggs) ApplyShares(shares []fleet.Share, expires time.Time) error {
+	var list []maps.Override
+	for _, s := range shares {
+		agg, ok := a.aggs[s.Key]
+		if !ok {
+			continue
+		}
+		b, ok := a.budgets[watchKey{agg.RuleID, agg.Kind}]
+		if !ok {
+			continue
+		}
+		list = append(list, maps.Override{Aggregate: agg, Budget: b.scaled(s.Fraction()), Expires: expires, Origin: maps.OriginFleet})
+	}
+	if len(list) == 0 {
+		return nil
+	}
+	if err := a.d.m.SetOverrides(list); err != nil {
+		// One bad entry (its rule just went in a reload) must not cost
+		// the others: write them one by one.
+		var failed int
+		var first error
+		for _, o := range list {
+			if err := a.d.m.SetOverride(o); err != nil {
+				failed++
+				first = cmp.Or(first, err)
+			}
+		}
+		if failed > 0 {
+			return fmt.Errorf("%d of %d shares not written: %w", failed, len(list), first)
+		}
+	}
+	return nil
+}
