@@ -663,8 +663,8 @@ func TestSynDaemon(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ex); err != nil {
 		t.Fatalf("explain json: %v\n%s", err, out)
 	}
-	if ex.Standing == nil || ex.Standing.Standing != "validated" || ex.Standing.Why != "tcp" {
-		t.Errorf("explain standing of a client that completed cookie handshakes: %+v, want validated (tcp)", ex.Standing)
+	if ex.Standing == nil || ex.Standing.Standing != "validated" || ex.Standing.Why != "tcp_handshake" {
+		t.Errorf("explain standing of a client that completed cookie handshakes: %+v, want validated (tcp_handshake)", ex.Standing)
 	}
 	if x := ex.SYN; x == nil || !x.Available || x.Bypass || len(x.Services) != 1 {
 		t.Errorf("explain syn: %+v", x)
