@@ -673,9 +673,11 @@ func TestSynDaemon(t *testing.T) {
 		sv.AnswersBurst != 2000 || sv.AnswersAvailable > sv.AnswersBurst || sv.Counters.CookiesValid < 30 {
 		t.Errorf("explain syn service: %+v", sv)
 	}
-	if out, err := h.ctl("explain", c.Src4.String()); err != nil || !strings.Contains(out, "syn api") ||
-		!strings.Contains(out, "a SYN from here answered in XDP") {
+	if out, err := h.ctl("explain", c.Src4.String(), "--proto", "tcp", "--dport", strconv.Itoa(synPort)); err != nil ||
+		!strings.Contains(out, "syn api") || !strings.Contains(out, "a SYN from here answered in XDP") {
 		t.Errorf("edgectl explain (table): %v\n%s", err, out)
+	} else {
+		t.Logf("edgectl explain %s --proto tcp --dport %d:\n%s", c.Src4, synPort, out)
 	}
 
 	write("auto")
