@@ -196,7 +196,7 @@ static __always_inline void validate(const struct eg_standing_key *k, __u64 now)
 {
 	struct eg_standing_val fresh = {
 		.since = now, .clean_since = now, .last_seen = now,
-		.standing = EG_STANDING_VALIDATED, .why = EG_WHY_TCP,
+		.standing = EG_STANDING_VALIDATED, .why = EG_WHY_TCP_HANDSHAKE,
 	};
 	struct eg_standing_val *e = bpf_map_lookup_elem(&standing, k);
 	long err;
@@ -206,7 +206,7 @@ static __always_inline void validate(const struct eg_standing_key *k, __u64 now)
 			if (e->standing != EG_STANDING_VALIDATED)
 				count_standing(EG_SE_VALIDATED);
 			e->standing = EG_STANDING_VALIDATED;
-			e->why = EG_WHY_TCP;
+			e->why = EG_WHY_TCP_HANDSHAKE;
 			e->since = now;
 			e->clean_since = now;
 		}

@@ -59,13 +59,13 @@ enum eg_reason {
 	EG_R_OK = 0,         /* passed every limit of its rule */
 	EG_R_NON_IP = 1,     /* ARP, LLDP, ...: always passed, never limited */
 	EG_R_NO_POLICY = 2,  /* no policy loaded yet: passed */
-	EG_R_ALLOW = 3,      /* allow list: passed without limiting */
-	EG_R_DENY = 4,       /* deny list */
-	EG_R_SRC_LIMIT = 5,  /* per-source bucket empty */
+	EG_R_ALLOW_LIST = 3,      /* allow list: passed without limiting */
+	EG_R_DENY_LIST = 4,       /* deny list */
+	EG_R_SOURCE_LIMIT = 5,  /* per-source bucket empty */
 	EG_R_PREFIX_LIMIT = 6, /* prefix aggregate bucket empty */
 	EG_R_ASN_LIMIT = 7,  /* ASN aggregate bucket empty */
 	EG_R_GLOBAL_LIMIT = 8, /* global bucket empty */
-	EG_R_BAD_ETH = 9,    /* frame shorter than an Ethernet header */
+	EG_R_BAD_ETHERNET = 9,    /* frame shorter than an Ethernet header */
 	EG_R_BAD_VLAN = 10,  /* truncated VLAN tag, or more than two tags */
 	EG_R_BAD_IPV4 = 11,  /* IPv4 header cut off by the frame, IHL < 5, bad version */
 	EG_R_BAD_IPV6 = 12,  /* IPv6 header cut off by the frame, an extension header
@@ -75,10 +75,10 @@ enum eg_reason {
 			      * ICMP header cut off by the end of the datagram */
 	EG_R_RULE_DROP = 14, /* the rule's action is drop */
 	EG_R_RULE_PASS = 15, /* the rule's action is pass: no limiting */
-	EG_R_BAD_IP_LEN = 16, /* IPv4 total length < IHL * 4, or the datagram
+	EG_R_BAD_IP_LENGTH = 16, /* IPv4 total length < IHL * 4, or the datagram
 			       * (IPv4 total length, IPv6 40 + payload length)
 			       * runs past the end of the frame */
-	EG_R_ICMP_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
+	EG_R_ICMP_WRONG_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
 				* 58 (ICMPv6), IPv6 next header 1 (ICMP) */
 	EG_R_MAX = 18,
 };
@@ -113,9 +113,15 @@ enum eg_agg_mode {
 	EG_AGG_DERIVED = 2, /* every source masked to agg_len gets a bucket */
 };
 
+/* Kinds of aggregate, in aggregate keys (agg_buckets keys only use PREFIX
+ * and ASN: whole and global buckets are arrays; overrides and aggregate
+ * counters name all four). */
 enum eg_agg_kind {
-	EG_AGG_KIND_PREFIX = 1,
-	EG_AGG_KIND_ASN = 2,
+	EG_AGG_KIND_PREFIX = 1, /* a derived prefix aggregate: rule + masked source */
+	EG_AGG_KIND_ASN = 2,    /* rule + ASN */
+	EG_AGG_KIND_WHOLE = 3,  /* a whole aggregate: rule */
+	EG_AGG_KIND_GLOBAL = 4, /* the global bucket: rule id 0 */
+	EG_AGG_KIND_MAX = 5,
 };
 
 enum eg_l4_dir {
@@ -145,6 +151,8 @@ enum eg_origin {
 	EG_ORIGIN_POLICY = 0,
 	EG_ORIGIN_CLI = 1,
 	EG_ORIGIN_L7 = 2,
+	EG_ORIGIN_SHIELD = 3, /* the adaptive shield (overrides, fingerprints) */
+	EG_ORIGIN_FLEET = 4,  /* fleet mode (shares, shared lists) */
 };
 
 /* Prefix facts trie value: everything the control plane knows about a
@@ -291,6 +299,49 @@ struct eg_sample {
 	__u8 _pad[7];
 };
 
+/* ---- Aggregate overrides (docs/operations.md, "Aggregate overrides") ----
+ *
+ * An override is what the shield or fleet mode decided for one aggregate
+ * (keyed by struct eg_agg_key, rule id not slot) since the policy was
+ * applied: a replacement budget, and/or a bucket only new and penalised
+ * sources are charged against. Written directly by the daemon, no
+ * generation swap; ignored once expired, deleted by the daemon. */
+struct eg_override {
+	__u64 expires; /* CLOCK_MONOTONIC ns; EG_FOREVER: never */
+	/* Replaces the aggregate's budget for every class; zero pkt_t and
+	 * byte_t: the policy's budget. */
+	struct eg_bucket_cfg budget;
+	/* Charged only by new and penalised sources, in addition to the
+	 * aggregate's bucket; zero: none. */
+	struct eg_bucket_cfg new_budget;
+	struct eg_bucket new_bucket; /* new_budget's GCRA state (CAS'd) */
+	__u32 origin;                /* enum eg_origin */
+	__u32 _pad;
+};
+
+/* Per-instance counters of watched aggregates (agg_stats, per CPU). Every
+ * packet of a limit rule that reaches the buckets is counted once per
+ * watched aggregate on its path: passed, or refused by any bucket
+ * (would-drops included). */
+struct eg_agg_stats {
+	struct eg_counter passed;
+	struct eg_counter dropped;
+};
+
+/* "Count every instance of this rule's aggregate kind" (agg_watches key). */
+struct eg_watch_key {
+	__u32 rule_id; /* rule id, 0 for kind global */
+	__u32 kind;    /* enum eg_agg_kind */
+};
+
+/* agg_gate[slot]: which lookups a packet of the rule in that slot makes.
+ * Bit 1 << kind: an override of that kind may exist for the rule; bit
+ * 1 << (EG_GATE_WATCH_SHIFT + kind): the rule's instances of that kind are
+ * counted. Global bits are set in every slot. All zero: no lookup. */
+enum eg_gate {
+	EG_GATE_WATCH_SHIFT = 8,
+};
+
 /* Source standing (docs/operations.md, "Standing"): what the data plane
  * knows of a source address (IPv4 /32, IPv6 /64), kept in the standing map,
  * which is a plain hash, not an LRU, so a flood of new sources cannot evict
@@ -307,15 +358,15 @@ enum eg_standing {
 enum eg_standing_why {
 	EG_WHY_NONE = 0,
 	EG_WHY_FIRST_SEEN = 1,   /* entry created: a packet admitted as new */
-	EG_WHY_CLEAN = 2,        /* clean history for established_after */
+	EG_WHY_CLEAN_HISTORY = 2,        /* clean history for established_after */
 	EG_WHY_OWN_LIMIT = 3,    /* exceeded its own (per-source) limit */
-	EG_WHY_DENY = 4,         /* deny-listed (CLI, policy, L7 escalation) */
-	EG_WHY_DECAYED = 5,      /* penalty over: new again */
-	EG_WHY_IMPORT = 6,       /* standing.known_good */
-	EG_WHY_L7 = 7,           /* promoted by the L7 stage */
+	EG_WHY_DENY_LIST = 4,         /* deny-listed (CLI, policy, L7 escalation) */
+	EG_WHY_PENALTY_OVER = 5,      /* penalty over: new again */
+	EG_WHY_KNOWN_GOOD = 6,       /* standing.known_good */
+	EG_WHY_L7_PROMOTION = 7,           /* promoted by the L7 stage */
 	EG_WHY_CONGESTED = 8,    /* history restarted: seen while congested */
 	EG_WHY_SET = 9,          /* set by the operator (edgectl) */
-	EG_WHY_TCP = 10,         /* its TCP connection is ESTABLISHED on this host */
+	EG_WHY_TCP_HANDSHAKE = 10,         /* its TCP connection is ESTABLISHED on this host */
 	EG_WHY_MAX = 11,
 };
 

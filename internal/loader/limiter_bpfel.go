@@ -44,6 +44,9 @@ type LimiterEgAggKind uint32
 const (
 	LimiterEgAggKindEG_AGG_KIND_PREFIX LimiterEgAggKind = 1
 	LimiterEgAggKindEG_AGG_KIND_ASN    LimiterEgAggKind = 2
+	LimiterEgAggKindEG_AGG_KIND_WHOLE  LimiterEgAggKind = 3
+	LimiterEgAggKindEG_AGG_KIND_GLOBAL LimiterEgAggKind = 4
+	LimiterEgAggKindEG_AGG_KIND_MAX    LimiterEgAggKind = 5
 )
 
 type LimiterEgAggMode uint32
@@ -53,6 +56,12 @@ const (
 	LimiterEgAggModeEG_AGG_WHOLE   LimiterEgAggMode = 1
 	LimiterEgAggModeEG_AGG_DERIVED LimiterEgAggMode = 2
 )
+
+type LimiterEgAggStats struct {
+	_       structs.HostLayout
+	Passed  LimiterEgCounter
+	Dropped LimiterEgCounter
+}
 
 type LimiterEgBtfAnchor struct {
 	_          structs.HostLayout
@@ -99,6 +108,8 @@ type LimiterEgBtfAnchor struct {
 	Shifts        uint32
 	L4ProtoBit    uint32
 	Expiry        uint64
+	Gate          uint32
+	_             [4]byte
 }
 
 type LimiterEgBucket struct {
@@ -177,6 +188,12 @@ const (
 	LimiterEgExpiryEG_EXPIRY_FOREVER LimiterEgExpiry = 18446744073709551615
 )
 
+type LimiterEgGate uint32
+
+const (
+	LimiterEgGateEG_GATE_WATCH_SHIFT LimiterEgGate = 8
+)
+
 type LimiterEgGlobalSlot uint32
 
 const (
@@ -240,7 +257,19 @@ const (
 	LimiterEgOriginEG_ORIGIN_POLICY LimiterEgOrigin = 0
 	LimiterEgOriginEG_ORIGIN_CLI    LimiterEgOrigin = 1
 	LimiterEgOriginEG_ORIGIN_L7     LimiterEgOrigin = 2
+	LimiterEgOriginEG_ORIGIN_SHIELD LimiterEgOrigin = 3
+	LimiterEgOriginEG_ORIGIN_FLEET  LimiterEgOrigin = 4
 )
+
+type LimiterEgOverride struct {
+	_         structs.HostLayout
+	Expires   uint64
+	Budget    LimiterEgBucketCfg
+	NewBudget LimiterEgBucketCfg
+	NewBucket LimiterEgBucket
+	Origin    uint32
+	Pad       uint32
+}
 
 type LimiterEgPrefixVal struct {
 	_       structs.HostLayout
@@ -254,25 +283,25 @@ type LimiterEgPrefixVal struct {
 type LimiterEgReason uint32
 
 const (
-	LimiterEgReasonEG_R_OK           LimiterEgReason = 0
-	LimiterEgReasonEG_R_NON_IP       LimiterEgReason = 1
-	LimiterEgReasonEG_R_NO_POLICY    LimiterEgReason = 2
-	LimiterEgReasonEG_R_ALLOW        LimiterEgReason = 3
-	LimiterEgReasonEG_R_DENY         LimiterEgReason = 4
-	LimiterEgReasonEG_R_SRC_LIMIT    LimiterEgReason = 5
-	LimiterEgReasonEG_R_PREFIX_LIMIT LimiterEgReason = 6
-	LimiterEgReasonEG_R_ASN_LIMIT    LimiterEgReason = 7
-	LimiterEgReasonEG_R_GLOBAL_LIMIT LimiterEgReason = 8
-	LimiterEgReasonEG_R_BAD_ETH      LimiterEgReason = 9
-	LimiterEgReasonEG_R_BAD_VLAN     LimiterEgReason = 10
-	LimiterEgReasonEG_R_BAD_IPV4     LimiterEgReason = 11
-	LimiterEgReasonEG_R_BAD_IPV6     LimiterEgReason = 12
-	LimiterEgReasonEG_R_BAD_L4       LimiterEgReason = 13
-	LimiterEgReasonEG_R_RULE_DROP    LimiterEgReason = 14
-	LimiterEgReasonEG_R_RULE_PASS    LimiterEgReason = 15
-	LimiterEgReasonEG_R_BAD_IP_LEN   LimiterEgReason = 16
-	LimiterEgReasonEG_R_ICMP_FAMILY  LimiterEgReason = 17
-	LimiterEgReasonEG_R_MAX          LimiterEgReason = 18
+	LimiterEgReasonEG_R_OK                LimiterEgReason = 0
+	LimiterEgReasonEG_R_NON_IP            LimiterEgReason = 1
+	LimiterEgReasonEG_R_NO_POLICY         LimiterEgReason = 2
+	LimiterEgReasonEG_R_ALLOW_LIST        LimiterEgReason = 3
+	LimiterEgReasonEG_R_DENY_LIST         LimiterEgReason = 4
+	LimiterEgReasonEG_R_SOURCE_LIMIT      LimiterEgReason = 5
+	LimiterEgReasonEG_R_PREFIX_LIMIT      LimiterEgReason = 6
+	LimiterEgReasonEG_R_ASN_LIMIT         LimiterEgReason = 7
+	LimiterEgReasonEG_R_GLOBAL_LIMIT      LimiterEgReason = 8
+	LimiterEgReasonEG_R_BAD_ETHERNET      LimiterEgReason = 9
+	LimiterEgReasonEG_R_BAD_VLAN          LimiterEgReason = 10
+	LimiterEgReasonEG_R_BAD_IPV4          LimiterEgReason = 11
+	LimiterEgReasonEG_R_BAD_IPV6          LimiterEgReason = 12
+	LimiterEgReasonEG_R_BAD_L4            LimiterEgReason = 13
+	LimiterEgReasonEG_R_RULE_DROP         LimiterEgReason = 14
+	LimiterEgReasonEG_R_RULE_PASS         LimiterEgReason = 15
+	LimiterEgReasonEG_R_BAD_IP_LENGTH     LimiterEgReason = 16
+	LimiterEgReasonEG_R_ICMP_WRONG_FAMILY LimiterEgReason = 17
+	LimiterEgReasonEG_R_MAX               LimiterEgReason = 18
 )
 
 type LimiterEgRule struct {
@@ -394,18 +423,18 @@ type LimiterEgStandingVal struct {
 type LimiterEgStandingWhy uint32
 
 const (
-	LimiterEgStandingWhyEG_WHY_NONE       LimiterEgStandingWhy = 0
-	LimiterEgStandingWhyEG_WHY_FIRST_SEEN LimiterEgStandingWhy = 1
-	LimiterEgStandingWhyEG_WHY_CLEAN      LimiterEgStandingWhy = 2
-	LimiterEgStandingWhyEG_WHY_OWN_LIMIT  LimiterEgStandingWhy = 3
-	LimiterEgStandingWhyEG_WHY_DENY       LimiterEgStandingWhy = 4
-	LimiterEgStandingWhyEG_WHY_DECAYED    LimiterEgStandingWhy = 5
-	LimiterEgStandingWhyEG_WHY_IMPORT     LimiterEgStandingWhy = 6
-	LimiterEgStandingWhyEG_WHY_L7         LimiterEgStandingWhy = 7
-	LimiterEgStandingWhyEG_WHY_CONGESTED  LimiterEgStandingWhy = 8
-	LimiterEgStandingWhyEG_WHY_SET        LimiterEgStandingWhy = 9
-	LimiterEgStandingWhyEG_WHY_TCP        LimiterEgStandingWhy = 10
-	LimiterEgStandingWhyEG_WHY_MAX        LimiterEgStandingWhy = 11
+	LimiterEgStandingWhyEG_WHY_NONE          LimiterEgStandingWhy = 0
+	LimiterEgStandingWhyEG_WHY_FIRST_SEEN    LimiterEgStandingWhy = 1
+	LimiterEgStandingWhyEG_WHY_CLEAN_HISTORY LimiterEgStandingWhy = 2
+	LimiterEgStandingWhyEG_WHY_OWN_LIMIT     LimiterEgStandingWhy = 3
+	LimiterEgStandingWhyEG_WHY_DENY_LIST     LimiterEgStandingWhy = 4
+	LimiterEgStandingWhyEG_WHY_PENALTY_OVER  LimiterEgStandingWhy = 5
+	LimiterEgStandingWhyEG_WHY_KNOWN_GOOD    LimiterEgStandingWhy = 6
+	LimiterEgStandingWhyEG_WHY_L7PROMOTION   LimiterEgStandingWhy = 7
+	LimiterEgStandingWhyEG_WHY_CONGESTED     LimiterEgStandingWhy = 8
+	LimiterEgStandingWhyEG_WHY_SET           LimiterEgStandingWhy = 9
+	LimiterEgStandingWhyEG_WHY_TCP_HANDSHAKE LimiterEgStandingWhy = 10
+	LimiterEgStandingWhyEG_WHY_MAX           LimiterEgStandingWhy = 11
 )
 
 type LimiterEgV4Entry struct {
@@ -414,12 +443,22 @@ type LimiterEgV4Entry struct {
 	Asn    uint32
 }
 
+type LimiterEgWatchKey struct {
+	_      structs.HostLayout
+	RuleId uint32
+	Kind   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	LimiterMapActive        = "active"
 	LimiterMapAggBuckets    = "agg_buckets"
+	LimiterMapAggGate       = "agg_gate"
+	LimiterMapAggScratch    = "agg_scratch"
+	LimiterMapAggStats      = "agg_stats"
+	LimiterMapAggWatches    = "agg_watches"
 	LimiterMapClassStats    = "class_stats"
 	LimiterMapConfigs       = "configs"
 	LimiterMapGlobalBuckets = "global_buckets"
@@ -427,6 +466,7 @@ const (
 	LimiterMapKnownGood     = "known_good"
 	LimiterMapL4Rules       = "l4_rules"
 	LimiterMapLists         = "lists"
+	LimiterMapOverrides     = "overrides"
 	LimiterMapPrefixGens    = "prefix_gens"
 	LimiterMapRuleStats     = "rule_stats"
 	LimiterMapRules         = "rules"
@@ -499,6 +539,10 @@ type LimiterProgramSpecs struct {
 type LimiterMapSpecs struct {
 	Active        *ebpf.MapSpec `ebpf:"active"`
 	AggBuckets    *ebpf.MapSpec `ebpf:"agg_buckets"`
+	AggGate       *ebpf.MapSpec `ebpf:"agg_gate"`
+	AggScratch    *ebpf.MapSpec `ebpf:"agg_scratch"`
+	AggStats      *ebpf.MapSpec `ebpf:"agg_stats"`
+	AggWatches    *ebpf.MapSpec `ebpf:"agg_watches"`
 	ClassStats    *ebpf.MapSpec `ebpf:"class_stats"`
 	Configs       *ebpf.MapSpec `ebpf:"configs"`
 	GlobalBuckets *ebpf.MapSpec `ebpf:"global_buckets"`
@@ -506,6 +550,7 @@ type LimiterMapSpecs struct {
 	KnownGood     *ebpf.MapSpec `ebpf:"known_good"`
 	L4Rules       *ebpf.MapSpec `ebpf:"l4_rules"`
 	Lists         *ebpf.MapSpec `ebpf:"lists"`
+	Overrides     *ebpf.MapSpec `ebpf:"overrides"`
 	PrefixGens    *ebpf.MapSpec `ebpf:"prefix_gens"`
 	RuleStats     *ebpf.MapSpec `ebpf:"rule_stats"`
 	Rules         *ebpf.MapSpec `ebpf:"rules"`
@@ -554,6 +599,10 @@ func (o *LimiterObjects) Close() error {
 type LimiterMaps struct {
 	Active        *ebpf.Map `ebpf:"active"`
 	AggBuckets    *ebpf.Map `ebpf:"agg_buckets"`
+	AggGate       *ebpf.Map `ebpf:"agg_gate"`
+	AggScratch    *ebpf.Map `ebpf:"agg_scratch"`
+	AggStats      *ebpf.Map `ebpf:"agg_stats"`
+	AggWatches    *ebpf.Map `ebpf:"agg_watches"`
 	ClassStats    *ebpf.Map `ebpf:"class_stats"`
 	Configs       *ebpf.Map `ebpf:"configs"`
 	GlobalBuckets *ebpf.Map `ebpf:"global_buckets"`
@@ -561,6 +610,7 @@ type LimiterMaps struct {
 	KnownGood     *ebpf.Map `ebpf:"known_good"`
 	L4Rules       *ebpf.Map `ebpf:"l4_rules"`
 	Lists         *ebpf.Map `ebpf:"lists"`
+	Overrides     *ebpf.Map `ebpf:"overrides"`
 	PrefixGens    *ebpf.Map `ebpf:"prefix_gens"`
 	RuleStats     *ebpf.Map `ebpf:"rule_stats"`
 	Rules         *ebpf.Map `ebpf:"rules"`
@@ -581,6 +631,10 @@ func (m *LimiterMaps) Close() error {
 	return _LimiterClose(
 		m.Active,
 		m.AggBuckets,
+		m.AggGate,
+		m.AggScratch,
+		m.AggStats,
+		m.AggWatches,
 		m.ClassStats,
 		m.Configs,
 		m.GlobalBuckets,
@@ -588,6 +642,7 @@ func (m *LimiterMaps) Close() error {
 		m.KnownGood,
 		m.L4Rules,
 		m.Lists,
+		m.Overrides,
 		m.PrefixGens,
 		m.RuleStats,
 		m.Rules,

@@ -306,7 +306,7 @@ func (s *Syn) AnswerBudget(addr netip.Addr, id int, svc SynService) (SynAnswerBu
 	case err != nil:
 		return b, fmt.Errorf("syn: read answer budget of %v: %w", pfx, err)
 	}
-	now, err := monoNow()
+	now, err := MonoNow()
 	if err != nil {
 		return b, err
 	}
