@@ -60,6 +60,8 @@ type Policy struct {
 	// SYN is the syn: section (SYN cookies in the data plane, syn.go);
 	// nil without one.
 	SYN *SYN
+	// Sampling is the sampling: section (sampling.go).
+	Sampling Sampling
 }
 
 // Interface is one network interface the XDP program attaches to.
