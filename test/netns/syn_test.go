@@ -667,8 +667,8 @@ func TestSynDaemon(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ex); err != nil {
 		t.Fatalf("explain json: %v\n%s", err, out)
 	}
-	if ex.Standing == nil || ex.Standing.Standing != "validated" || ex.Standing.Why != "tcp" {
-		t.Errorf("explain standing of a client that completed cookie handshakes: %+v, want validated (tcp)", ex.Standing)
+	if ex.Standing == nil || ex.Standing.Standing != "validated" || ex.Standing.Why != "tcp_handshake" {
+		t.Errorf("explain standing of a client that completed cookie handshakes: %+v, want validated (tcp_handshake)", ex.Standing)
 	}
 	if x := ex.SYN; x == nil || !x.Available || x.Bypass || len(x.Services) != 1 {
 		t.Errorf("explain syn: %+v", x)
@@ -677,9 +677,11 @@ func TestSynDaemon(t *testing.T) {
 		sv.AnswersBurst != 2000 || sv.AnswersAvailable > sv.AnswersBurst || sv.Counters.CookiesValid < 30 {
 		t.Errorf("explain syn service: %+v", sv)
 	}
-	if out, err := h.ctl("explain", c.Src4.String()); err != nil || !strings.Contains(out, "syn api") ||
-		!strings.Contains(out, "a SYN from here answered in XDP") {
+	if out, err := h.ctl("explain", c.Src4.String(), "--proto", "tcp", "--dport", strconv.Itoa(synPort)); err != nil ||
+		!strings.Contains(out, "syn api") || !strings.Contains(out, "a SYN from here answered in XDP") {
 		t.Errorf("edgectl explain (table): %v\n%s", err, out)
+	} else {
+		t.Logf("edgectl explain %s --proto tcp --dport %d:\n%s", c.Src4, synPort, out)
 	}
 
 	write("auto")
