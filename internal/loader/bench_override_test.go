@@ -120,3 +120,17 @@ func passGen() policy.Compiled {
 	g.Rules = []policy.CompiledRule{generousRule(0)}
 	return g
 }
+
+// passSampledCase is "pass" with the default 1-in-N sampling (one_in 1024,
+// 20,000/s): one random number per packet, a ring buffer write per 1,024.
+// No reader drains the ring buffer, so once it fills, chosen packets count
+// as lost instead of being written: the cost of a full ring, not an empty one.
+func passSampledCase(b *testing.B) *benchCase {
+	bd := loadBench(b, smallSizes)
+	g := passGen()
+	g.Sampling = policy.DefaultSampling()
+	bd.apply(g)
+	c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
+	c.extras = []extraMetric{ratioTo(c, "pass", cached(b, "pass", passCase))}
+	return c
+}

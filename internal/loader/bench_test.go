@@ -51,6 +51,10 @@ func BenchmarkDataPlane(b *testing.B) {
 	b.Run("pass", func(b *testing.B) {
 		cached(b, "pass", passCase).measure(b)
 	})
+	b.Run("pass_sampled", func(b *testing.B) {
+		// "pass" with the default 1-in-N sampling (bench_override_test.go).
+		cached(b, "pass_sampled", passSampledCase).measure(b)
+	})
 	b.Run("pass_asn", func(b *testing.B) {
 		// "pass" with an ASN aggregate (bench_override_test.go): the
 		// baseline of the override cases. x-pass is its cost over pass.

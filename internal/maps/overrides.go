@@ -31,23 +31,6 @@ const (
 	OriginFleet  = loader.LimiterEgOriginEG_ORIGIN_FLEET
 )
 
-// OriginName is the label of an origin.
-func OriginName(o Origin) string {
-	switch o {
-	case OriginPolicy:
-		return "policy"
-	case OriginCLI:
-		return "cli"
-	case OriginL7:
-		return "l7"
-	case OriginShield:
-		return "shield"
-	case OriginFleet:
-		return "fleet"
-	}
-	return fmt.Sprintf("origin_%d", o)
-}
-
 // Aggregate names one aggregate instance: a rule's derived prefix (Prefix,
 // masked to the rule's aggregate length), a rule's ASN, a rule's whole
 // aggregate, or the global bucket (RuleID 0).

@@ -356,7 +356,7 @@ func TestCollectorPartialFailure(t *testing.T) {
 }
 
 // BenchmarkGather is the cost of one scrape of the XDP collector over the
-// real maps of the scenario (16 interface slots x 3 actions x 18 reasons
+// real maps of the scenario (16 interface slots x 3 actions x 19 reasons
 // read per CPU, 3 rules, 3 tables walked), without HTTP.
 func BenchmarkGather(b *testing.B) {
 	requireRoot(b)
