@@ -112,7 +112,7 @@ func (ps *parser) parse(data []byte) *Policy {
 		Metrics:       Metrics{Listen: DefaultMetricsListen},
 	}
 	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn")
+		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "shield")
 	if f == nil {
 		return nil
 	}
@@ -177,6 +177,9 @@ func (ps *parser) parse(data []byte) *Policy {
 	}
 	if n, ok := f["syn"]; ok {
 		p.SYN = ps.syn(n)
+	}
+	if n, ok := f["shield"]; ok {
+		p.Shield = ps.shield(n)
 	}
 	ps.crossCheck(p, root, listsNode, rulesNode, tableAt)
 	return p
