@@ -38,7 +38,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().String("socket", control.DefaultSocket, "the daemon's control socket")
 	root.AddCommand(newRunCommand(), newDetachCommand(), newVersionCommand(), newStatusCommand(),
 		newStatsCommand(), newTopCommand(), newPolicyCommand(), newListCommand(control.Deny),
-		newListCommand(control.Allow), newASNCommand(), newDemoCommand(), newExplainCommand())
+		newListCommand(control.Allow), newASNCommand(), newDemoCommand(), newExplainCommand(), newShieldCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
 }

@@ -209,6 +209,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	d.explainRoutes(mux)
+	d.shieldRoutes(mux)
 	return mux
 }
 

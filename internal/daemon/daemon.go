@@ -137,6 +137,7 @@ type Daemon struct {
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
 	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
+	shield      *shieldRun     // the adaptive shield (shield.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -285,6 +286,7 @@ func newDaemon(o Options) *Daemon {
 		recent:      newRecentSamples(),
 		escalations: make(chan control.ListChange, 256),
 		standing:    &standingWatch{},
+		shield:      newShieldRun(),
 	}
 	d.reg = d.newRegistry()
 	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops})
@@ -564,6 +566,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("escalations", d.applyEscalations)
 	run("standing", d.watchStanding)
 	run("link watch", d.watchLinks)
+	run("shield", d.runShield)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()

@@ -32,6 +32,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(newV4DirectCollector(d))
 	reg.MustRegister(d.controlCollectors()...)
 	reg.MustRegister(newSynCollector(d))
+	reg.MustRegister(newShieldCollector(d)...)
 	return reg
 }
 

@@ -406,7 +406,7 @@ func (e *Engine) Tick(now time.Time) []Change {
 		a.curBits += alpha * (br - a.curBits)
 		base := a.baseline(e.cfg.Percentile)
 		if a.Learned >= e.cfg.LearnFor {
-			wasHot := a.det.hot()
+			wasHot, wasSurging := a.det.hot(), a.det.surging()
 			if a.det.step(now, a.curPkts, base, e.cfg.Detect) {
 				out = append(out, e.surgeEnded(k, now)...)
 			}
@@ -417,6 +417,9 @@ func (e *Engine) Tick(now time.Time) []Change {
 			}
 			if !a.det.hot() {
 				delete(e.surges, k)
+			}
+			if !wasSurging && a.det.surging() {
+				e.surgeCount++
 			}
 		}
 		if !a.det.hot() {
@@ -548,7 +551,6 @@ func (e *Engine) plan(now time.Time) []Change {
 		act.installed = act.Enforced
 		e.actions[act.ID] = act
 		e.byKey[k] = act.ID
-		e.surgeCount++
 		out = append(out, Change{Op: OpInstall, Action: *act, Why: act.Reason, By: "shield", At: now, Mitigate: now.Sub(a.det.Start)})
 	}
 	return out
@@ -733,6 +735,13 @@ func (e *Engine) Report(n int) Report {
 	return r
 }
 
+// Tracked is how many aggregates have a baseline.
+func (e *Engine) Tracked() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.tracked)
+}
+
 // Active counts the actions by kind and whether they are enforced.
 func (e *Engine) Active() (enforced, would map[ActionKind]int) {
 	e.mu.Lock()
@@ -748,7 +757,8 @@ func (e *Engine) Active() (enforced, would map[ActionKind]int) {
 	return enforced, would
 }
 
-// Counts are the engine's running totals: surges acted on, packets
+// Counts are the engine's running totals: surges (aggregates that entered
+// a confirmed surge), packets
 // monitor-mode actions would have dropped (estimated: the rate above the
 // action's budget, per interval).
 func (e *Engine) Counts() (surges uint64, wouldDrop float64) {
