@@ -91,6 +91,9 @@ func printExplanation(out io.Writer, e control.Explanation) {
 		}
 		fmt.Fprintf(w, "standing\t%s\n", line)
 	}
+	for _, a := range e.Shield {
+		fmt.Fprintf(w, "shield\t%s\n", shieldExplainLine(a))
+	}
 	w.Flush()
 	if len(e.Buckets) > 0 {
 		fmt.Fprintln(out)

@@ -224,3 +224,16 @@ func writeShieldActions(out io.Writer, acts []control.ShieldAction) error {
 	}
 	return w.Flush()
 }
+
+// shieldExplainLine is one shield action on an explained packet's path.
+func shieldExplainLine(a control.ShieldAction) string {
+	what := "new sources of " + a.Aggregate + " share " + rate(a.Budget) + "/s"
+	if a.Fingerprint != "" {
+		what = "fingerprint " + a.Fingerprint + " (from " + a.Aggregate + ") limited to " + rate(a.Budget) + "/s"
+	}
+	state := "in force until " + a.Expires.UTC().Format(time.RFC3339)
+	if !a.Enforced {
+		state = "monitor: not enforced"
+	}
+	return fmt.Sprintf("#%d %s: %s; %s", a.ID, a.Kind, what, state)
+}

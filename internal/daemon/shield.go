@@ -550,3 +550,35 @@ func (c *shieldCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.surges, prometheus.CounterValue, float64(surges))
 	ch <- prometheus.MustNewConstMetric(c.wouldDrop, prometheus.CounterValue, wd)
 }
+
+// shieldOnPath are the shield's actions on a probe's path, for explain.
+// Caller holds d.mu.
+func (d *Daemon) shieldOnPath(p maps.Probe, path maps.Path, rule *policy.CompiledRule) []control.ShieldAction {
+	st := d.shield
+	st.mu.Lock()
+	eng := st.eng
+	st.mu.Unlock()
+	if eng == nil {
+		return nil
+	}
+	s := shield.Sample{Src: p.Addr.Unmap(), Proto: p.Proto, SPort: p.SPort, DPort: p.DPort, Weight: 1}
+	if p.Len > 14 {
+		s.Len = uint16(min(p.Len-14, 65535)) // the frame's Ethernet header is not in the IP length
+	}
+	if rule != nil {
+		s.Rule = rule.ID
+	}
+	if path.Fact != nil {
+		s.ASN = path.Fact.ASN
+	}
+	if t := d.cur.asn; t != nil {
+		if en, ok := t.Lookup(s.Src); ok {
+			s.Country = en.Country
+		}
+	}
+	var out []control.ShieldAction
+	for _, a := range eng.ActionsFor(s, shield.FTTL|shield.FTCPFlags) {
+		out = append(out, shieldAction(a, d.cur.names))
+	}
+	return out
+}

@@ -80,6 +80,7 @@ type aggState struct {
 	det              detector
 	own, explained   float64 // surge attribution since the surge began
 	shape            RuleShape
+	imp              float64 // importance at the last interval (eviction order)
 }
 
 // baseline is the learned packet rate (per second) at the percentile.

@@ -87,6 +87,18 @@ func (f Fingerprint) String() string {
 // Matches reports whether a sample has the fingerprint's fields.
 func (f Fingerprint) Matches(s Sample) bool { return project(s, f.Mask) == f }
 
+func (f Fingerprint) matchesExcept(s Sample, unknown FieldMask) bool {
+	m := f.Mask &^ unknown
+	g := f
+	g.Mask = m
+	return project(s, m) == project(sampleOf(g), m)
+}
+
+// sampleOf is a sample with a fingerprint's fields.
+func sampleOf(f Fingerprint) Sample {
+	return Sample{Proto: f.Proto, DPort: f.DPort, SPort: f.SPort, Len: f.Len, TTL: f.TTL, TCPFlags: f.TCPFlags, Src: f.Src.Addr()}
+}
+
 // project keeps the fields of mask of a sample.
 func project(s Sample, m FieldMask) Fingerprint {
 	f := Fingerprint{Mask: m}
@@ -122,74 +134,108 @@ func project(s Sample, m FieldMask) Fingerprint {
 // El Abbadi 2005) over weighted items: at most k counters; an item not
 // held replaces the smallest, inheriting its count as error. Any item
 // whose weight exceeds total/k is held, and count-err <= true <= count.
+// The counters are a binary min-heap on count with an index, so an update
+// costs O(log k).
 type spaceSaving[K comparable] struct {
 	k     int
-	items map[K]*ssEntry
+	heap  []ssEntry[K]
+	index map[K]int
 	total float64
 }
 
-type ssEntry struct{ count, err float64 }
+type ssEntry[K comparable] struct {
+	key        K
+	count, err float64
+}
 
 func newSpaceSaving[K comparable](k int) *spaceSaving[K] {
-	return &spaceSaving[K]{k: k, items: make(map[K]*ssEntry, k)}
+	return &spaceSaving[K]{k: k, index: make(map[K]int, k)}
+}
+
+func (s *spaceSaving[K]) swap(i, j int) {
+	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
+	s.index[s.heap[i].key] = i
+	s.index[s.heap[j].key] = j
+}
+
+func (s *spaceSaving[K]) down(i int) {
+	for {
+		l, small := 2*i+1, i
+		if l < len(s.heap) && s.heap[l].count < s.heap[small].count {
+			small = l
+		}
+		if r := l + 1; r < len(s.heap) && s.heap[r].count < s.heap[small].count {
+			small = r
+		}
+		if small == i {
+			return
+		}
+		s.swap(i, small)
+		i = small
+	}
+}
+
+func (s *spaceSaving[K]) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if s.heap[p].count <= s.heap[i].count {
+			return
+		}
+		s.swap(i, p)
+		i = p
+	}
 }
 
 func (s *spaceSaving[K]) add(key K, w float64) {
 	s.total += w
-	if e, ok := s.items[key]; ok {
-		e.count += w
+	if i, ok := s.index[key]; ok {
+		s.heap[i].count += w
+		s.down(i)
 		return
 	}
-	if len(s.items) < s.k {
-		s.items[key] = &ssEntry{count: w}
+	if len(s.heap) < s.k {
+		s.heap = append(s.heap, ssEntry[K]{key: key, count: w})
+		s.index[key] = len(s.heap) - 1
+		s.up(len(s.heap) - 1)
 		return
 	}
-	var minK K
-	var minE *ssEntry
-	for k, e := range s.items {
-		if minE == nil || e.count < minE.count {
-			minK, minE = k, e
-		}
-	}
-	delete(s.items, minK)
-	s.items[key] = &ssEntry{count: minE.count + w, err: minE.count}
+	m := s.heap[0]
+	delete(s.index, m.key)
+	s.heap[0] = ssEntry[K]{key: key, count: m.count + w, err: m.count}
+	s.index[key] = 0
+	s.down(0)
 }
 
 // bound is the most an item may have: its count if held, else the
 // smallest count (0 while the summary is not full).
 func (s *spaceSaving[K]) bound(key K) float64 {
-	if e, ok := s.items[key]; ok {
-		return e.count
+	if i, ok := s.index[key]; ok {
+		return s.heap[i].count
 	}
-	if len(s.items) < s.k {
+	if len(s.heap) < s.k {
 		return 0
 	}
-	m := -1.0
-	for _, e := range s.items {
-		if m < 0 || e.count < m {
-			m = e.count
-		}
-	}
-	return max(m, 0)
+	return max(s.heap[0].count, 0)
 }
 
 // top is the held item with the highest guaranteed weight (count-err).
 func (s *spaceSaving[K]) top() (K, float64, bool) {
 	var best K
 	bestW, found := -1.0, false
-	for k, e := range s.items {
+	for _, e := range s.heap {
 		if w := e.count - e.err; w > bestW {
-			best, bestW, found = k, w, true
+			best, bestW, found = e.key, w, true
 		}
 	}
 	return best, bestW, found
 }
 
+// decay scales every count alike: the heap's order stays.
 func (s *spaceSaving[K]) decay(f float64) {
 	s.total *= f
-	for _, e := range s.items {
-		e.count *= f
-		e.err *= f
+	for i := range s.heap {
+		s.heap[i].count *= f
+		s.heap[i].err *= f
 	}
 }
 

@@ -214,6 +214,7 @@ type Engine struct {
 	last     time.Time
 	admitMin float64
 	admitted int
+	scans    int
 
 	pending     []Sample // this interval's baseline samples (a reservoir)
 	pendingSeen int
@@ -229,6 +230,7 @@ const (
 	surgeSummaryK   = 64
 	baseSummaryK    = 256
 	admitsPerTick   = 64
+	scansPerTick    = 1024 // victim searches per interval, each O(MaxAggregates)
 	fingerprintKeys = 4 // at most this many surge summaries per MaxActive
 	pendingCap      = 4096
 )
@@ -344,16 +346,17 @@ func (e *Engine) Observe(s Sample) {
 func (e *Engine) admit(k Key, w float64) *aggState {
 	est := e.sketch.add(k, w) / max(e.cfg.Current.Seconds(), 1e-3)
 	if len(e.tracked) >= e.cfg.MaxAggregates {
-		if e.admitted >= admitsPerTick || est <= e.admitMin {
+		if e.admitted >= admitsPerTick || e.scans >= scansPerTick || est <= e.admitMin {
 			return nil
 		}
+		e.scans++
 		var victim Key
 		vi, found := math.Inf(1), false
 		for vk, va := range e.tracked {
 			if va.det.hot() || e.byKey[vk] != 0 {
 				continue
 			}
-			if imp := e.importance(va); imp < vi {
+			if imp := va.imp; imp < vi {
 				victim, vi, found = vk, imp, true
 			}
 		}
@@ -394,7 +397,7 @@ func (e *Engine) Tick(now time.Time) []Change {
 	e.baseAge += dt
 	var out []Change
 	e.admitMin = math.Inf(1)
-	e.admitted = 0
+	e.admitted, e.scans = 0, 0
 	becameHot := false
 	for k, a := range e.tracked {
 		pr, br := a.accPkts/sec, a.accBits/sec
@@ -427,9 +430,8 @@ func (e *Engine) Tick(now time.Time) []Change {
 			a.Bits.add(br, decay)
 			a.Learned += dt
 		}
-		if imp := e.importance(a); imp < e.admitMin {
-			e.admitMin = imp
-		}
+		a.imp = e.importance(a)
+		e.admitMin = math.Min(e.admitMin, a.imp)
 	}
 	if !becameHot && len(e.pending) > 0 {
 		scale := float64(e.pendingSeen) / float64(len(e.pending))
@@ -768,15 +770,16 @@ func (e *Engine) Counts() (surges uint64, wouldDrop float64) {
 }
 
 // ActionsFor returns the actions whose aggregate the sample's path
-// crosses, or whose fingerprint it matches (edgectl explain).
-func (e *Engine) ActionsFor(s Sample) []Action {
+// crosses, or whose fingerprint it matches (edgectl explain); fields in
+// unknown are not compared (a probe has no TTL or TCP flags).
+func (e *Engine) ActionsFor(s Sample, unknown FieldMask) []Action {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ks := keys(nil, s, e.shapes[s.Rule])
 	var out []Action
 	for _, id := range e.actionIDs() {
 		a := e.actions[id]
-		if (a.Fingerprint != nil && a.Fingerprint.Matches(s)) || (a.Fingerprint == nil && slices.Contains(ks, a.Key)) {
+		if (a.Fingerprint != nil && a.Fingerprint.matchesExcept(s, unknown)) || (a.Fingerprint == nil && slices.Contains(ks, a.Key)) {
 			out = append(out, *a)
 		}
 	}

@@ -408,15 +408,21 @@ func TestSpaceSaving(t *testing.T) {
 	if top != 1 {
 		t.Fatalf("top %d, want 1", top)
 	}
-	for k, e := range ss.items {
-		if e.count < truth[k] || e.count-e.err > truth[k] {
-			t.Fatalf("item %d: count %.0f err %.0f, truth %.0f", k, e.count, e.err, truth[k])
+	if len(ss.heap) != 10 || len(ss.index) != 10 {
+		t.Fatalf("%d counters, %d indexed, want 10", len(ss.heap), len(ss.index))
+	}
+	for i, e := range ss.heap {
+		if e.count < truth[e.key] || e.count-e.err > truth[e.key] {
+			t.Fatalf("item %d: count %.0f err %.0f, truth %.0f", e.key, e.count, e.err, truth[e.key])
+		}
+		if ss.index[e.key] != i || (i > 0 && ss.heap[(i-1)/2].count > e.count) {
+			t.Fatalf("heap broken at %d", i)
 		}
 	}
 	if w > truth[1] {
 		t.Fatalf("lower bound %.0f above truth %.0f", w, truth[1])
 	}
-	if _, ok := ss.items[2]; !ok {
+	if _, ok := ss.index[2]; !ok {
 		t.Fatal("item 2 (15%, above 1/k) not held")
 	}
 	if b := ss.bound(5_000_000); b < 0 || b > 100000/10 {
