@@ -231,7 +231,7 @@ const (
 	baseSummaryK    = 256
 	admitsPerTick   = 64
 	scansPerTick    = 1024 // victim searches per interval, each O(MaxAggregates)
-	fingerprintKeys = 4 // at most this many surge summaries per MaxActive
+	fingerprintKeys = 4    // at most this many surge summaries per MaxActive
 	pendingCap      = 4096
 )
 
