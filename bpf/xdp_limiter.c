@@ -5,8 +5,9 @@
  * Per packet, in this order, every step counted:
  *   parse → lists trie (deny drops, allow passes) → prefix facts (rule,
  *   ASN, country: IPv4 direct table or trie) → L4 rule override → buckets:
- *   per source, prefix aggregate, ASN aggregate, global → verdict (pass,
- *   drop, or dry-run "would drop").
+ *   per source, prefix aggregate, ASN aggregate, global, each aggregate
+ *   under its override if it has one → verdict (pass, drop, or dry-run
+ *   "would drop").
  *
  * Lookups are hash, array and LPM only: the cost does not grow with the
  * number of rules (nor, for IPv4 sources with a direct table, with the
@@ -59,6 +60,7 @@ struct eg_btf_anchor {
 	enum eg_shifts shifts;
 	enum eg_l4_proto_bit l4_proto_bit;
 	enum eg_expiry expiry;
+	enum eg_gate gate;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 
@@ -451,7 +453,14 @@ struct src_state {
 	__u8 tcp;             /* a TCP packet with ports and daddr below */
 	__u8 daddr[16];       /* the destination, 16-byte form (TCP only) */
 	__u16 sport, dport;   /* host order */
-	__u32 _pad2;
+	/* For aggregate overrides and watches (eg_ovr_find, eg_watch_all):
+	 * the rule's gate word, and what keys its aggregates. */
+	__u32 gate;
+	__u32 rule_id; /* the rule's id (not its slot) */
+	__u32 asn;
+	__u8 agg_mode;
+	__u8 agg_len4, agg_len6; /* the rule's */
+	__u8 _pad3;
 };
 
 /* reserve_cut is tau * reserve / 65536, without overflow. */
@@ -580,6 +589,118 @@ static __always_inline int congested_after(const struct eg_bucket *b, const stru
 	return 0;
 }
 
+/* ---- Aggregate overrides and watches (docs/operations.md, "Aggregate
+ * overrides") ----
+ *
+ * A packet of a limit rule reads its slot's agg_gate word into ss->gate
+ * (one array load). Zero, the usual case, costs nothing more: the checks
+ * below sit inside the aggregate functions, which are verified once, so
+ * the main program gains no branches. A set bit makes eg_agg_peek and
+ * eg_agg_take look that aggregate's override up (one hash lookup each),
+ * or eg_watch_all count the packet in the instance's counters. */
+
+static __always_inline __u32 agg_kind_of(__u32 agg, const struct src_state *ss)
+{
+	if (agg == EG_CAGG_GLOBAL)
+		return EG_AGG_KIND_GLOBAL;
+	if (agg == EG_CAGG_ASN)
+		return EG_AGG_KIND_ASN;
+	return ss->agg_mode == EG_AGG_DERIVED ? EG_AGG_KIND_PREFIX : EG_AGG_KIND_WHOLE;
+}
+
+/* agg_key_of builds the key of the packet's aggregate of a kind in the
+ * per-CPU scratch key (as agg_derived_key and agg_asn_key do). */
+static __always_inline struct eg_agg_key *agg_key_of(__u32 kind, const struct src_state *ss)
+{
+	__u32 zero = 0;
+	struct eg_agg_key *k = bpf_map_lookup_elem(&agg_scratch, &zero);
+
+	if (!k)
+		return NULL;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->kind = kind;
+	if (kind == EG_AGG_KIND_GLOBAL)
+		return k;
+	k->rule_id = ss->rule_id;
+	if (kind == EG_AGG_KIND_ASN) {
+		k->asn = ss->asn;
+	} else if (kind == EG_AGG_KIND_PREFIX) {
+		/* As agg_derived_key. */
+		__u32 len = ss->v4 ? 96 + (ss->agg_len4 > 32 ? 32 : ss->agg_len4)
+				   : (ss->agg_len6 > 128 ? 128 : ss->agg_len6);
+
+		k->len = len;
+		mask_addr(k->addr, ss->addr, len);
+	}
+	return k;
+}
+
+/* ovr_find: the live override of the packet's aggregate agg (enum
+ * eg_class_agg), if its gate bit says there may be one. An expired one is
+ * ignored (the daemon deletes it later). */
+static __always_inline struct eg_override *ovr_find(__u32 agg, const struct src_state *ss)
+{
+	__u32 kind = agg_kind_of(agg, ss);
+	struct eg_agg_key *k;
+	struct eg_override *o;
+
+	if (!(ss->gate & (1U << kind)))
+		return NULL;
+	k = agg_key_of(kind, ss);
+	if (!k)
+		return NULL;
+	o = bpf_map_lookup_elem(&overrides, k);
+	if (!o || o->expires <= (ss->now >> EG_TICK_SHIFT))
+		return NULL;
+	return o;
+}
+
+/* charged_new: whether the override's new-source bucket applies to this
+ * source: only new and penalised sources are charged by it, and their
+ * standing is looked up only here. */
+static __always_inline int charged_new(const struct eg_override *o, struct src_state *ss)
+{
+	return o && bucket_limited(&o->new_budget) && !privileged(source_class(ss, 0));
+}
+
+/* eg_watch_all counts a packet that reached the buckets in the counters of
+ * each watched aggregate instance on its path, creating them on its first
+ * packet. */
+__attribute__((noinline)) int eg_watch_all(struct src_state *ss, __u32 passed)
+{
+	static const struct eg_agg_stats zero_stats;
+	struct eg_agg_stats *w;
+	struct eg_agg_key *k;
+	struct eg_counter *c;
+
+	if (!ss)
+		return 0;
+#pragma unroll
+	for (__u32 kind = EG_AGG_KIND_PREFIX; kind < EG_AGG_KIND_MAX; kind++) {
+		if (!(ss->gate & (1U << (EG_GATE_WATCH_SHIFT + kind))))
+			continue;
+		if (kind == EG_AGG_KIND_ASN && !ss->asn)
+			continue;
+		if ((kind == EG_AGG_KIND_PREFIX && ss->agg_mode != EG_AGG_DERIVED) ||
+		    (kind == EG_AGG_KIND_WHOLE && ss->agg_mode != EG_AGG_WHOLE))
+			continue;
+		k = agg_key_of(kind, ss);
+		if (!k)
+			return 0;
+		w = bpf_map_lookup_elem(&agg_stats, k);
+		if (!w) {
+			bpf_map_update_elem(&agg_stats, k, &zero_stats, BPF_NOEXIST);
+			w = bpf_map_lookup_elem(&agg_stats, k);
+			if (!w)
+				continue;
+		}
+		c = passed ? &w->passed : &w->dropped;
+		c->packets++;
+		c->bytes += ss->len;
+	}
+	return 0;
+}
+
 /* eg_agg_peek is the look before any charge: 0 when the bucket would
  * refuse this packet (its whole tolerance is used, or the source is new or
  * penalised and the bucket is in its reserve band), recording why in ss.
@@ -588,9 +709,19 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 					  struct src_state *ss)
 {
 	__u16 reserve = ra >> 8;
+	struct eg_override *o;
 
 	if (!b || !cfg || !ss)
 		return 1;
+	/* An override's budget replaces the policy's (cfg). */
+	o = ovr_find(ra & 0xff, ss);
+	if (o && bucket_limited(&o->budget))
+		cfg = &o->budget;
+	if (charged_new(o, ss) && !bucket_would_admit(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
+		ss->refused_agg = ra & 0xff;
+		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		return 0;
+	}
 	if (!bucket_would_admit(b, cfg, ss->now, ss->len)) {
 		ss->congested = 1;
 		ss->refused_agg = ra & 0xff;
@@ -608,19 +739,14 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 	return 1;
 }
 
-/* eg_agg_take charges an aggregate, with one CAS per dimension as before:
- * below the band for any source; inside it for established and validated
- * ones, whose standing is looked up only when the bucket is in its band.
- * Returns 0 when refused (why in ss). */
-__attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
-					  struct src_state *ss)
+/* eg_agg_take_cfg is eg_agg_take's charge with the budget in force. */
+static __always_inline int eg_agg_take_cfg(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
+					   struct src_state *ss)
 {
 	__u16 reserve = ra >> 8, r;
 	__u32 agg = ra & 0xff;
 	int band = 0;
 
-	if (!b || !cfg || !ss)
-		return 1;
 	r = reserve;
 	if (reserve && !bucket_would_admit_r(b, cfg, ss->now, ss->len, reserve)) {
 		/* In the band: only for established and validated sources. */
@@ -650,6 +776,44 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 	}
 	return 1;
 }
+
+/* eg_agg_take charges an aggregate, with one CAS per dimension as before:
+ * below the band for any source; inside it for established and validated
+ * ones, whose standing is looked up only when the bucket is in its band.
+ * Returns 0 when refused (why in ss). */
+__attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
+					  struct src_state *ss)
+{
+	__u32 agg = ra & 0xff;
+	struct eg_override *o;
+	int fresh;
+
+	if (!b || !cfg || !ss)
+		return 1;
+	/* An override: its budget replaces the policy's; its new-source
+	 * bucket is charged first and given back if the aggregate refuses
+	 * (TATs add, so the refund is exact). */
+	o = ovr_find(agg, ss);
+	if (o && bucket_limited(&o->budget))
+		cfg = &o->budget;
+	fresh = charged_new(o, ss);
+	if (fresh && !bucket_take(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
+		ss->refused_agg = agg;
+		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		return 0;
+	}
+	if (!eg_agg_take_cfg(b, cfg, ra, ss)) {
+		if (fresh) {
+			if (o->new_budget.pkt_t)
+				gcra_refund(&o->new_bucket.pkt_tat, o->new_budget.pkt_t);
+			if (o->new_budget.byte_t)
+				gcra_refund(&o->new_bucket.byte_tat, byte_cost(&o->new_budget, ss->len));
+		}
+		return 0;
+	}
+	return 1;
+}
+
 
 /* standing_touch is 1 for the first packet of a source address in the
  * current epoch (~1 s) with this salt, 0 after: standing is updated at most
@@ -833,6 +997,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_src_key sk;
 	struct eg_lpm_key lk;
 	struct src_state ss = {};
+	__u32 *gatep;
 	int afirst = 0;
 	void *l3p = NULL;
 	__u32 zero = 0, gen, idx, slot;
@@ -937,6 +1102,14 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.len = pi.len;
 	ss.gen = gen;
 	ss.v4 = v4;
+	/* The rule's gate word (aggregate overrides, watches): usually 0. */
+	gatep = bpf_map_lookup_elem(&agg_gate, &v.rule_id);
+	ss.gate = gatep ? *gatep : 0;
+	ss.rule_id = rule->id;
+	ss.asn = v.asn;
+	ss.agg_mode = rule->agg_mode;
+	ss.agg_len4 = rule->agg_len4;
+	ss.agg_len6 = rule->agg_len6;
 	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
 		/* The destination, for bpf_skc_lookup_tcp; parsing already
 		 * bounds-checked these headers, the verifier wants it again. */
@@ -1074,6 +1247,9 @@ verdict:
 	if (ss.refused_outcome == EG_CO_REFUSED_RESERVE)
 		count_class(dry ? 1 : 0, ss.refused_agg, ss.cls, EG_CO_REFUSED_RESERVE, pi.len);
 standing_out:
+	/* Watched aggregates count every packet that reached the buckets. */
+	if (ss.gate >> EG_GATE_WATCH_SHIFT)
+		eg_watch_all(&ss, v.reason == EG_R_OK);
 	/* At most once per source per epoch: admitted packets of limit rules
 	 * build history, refusals by the own limit penalise. */
 	if (v.reason == EG_R_OK)

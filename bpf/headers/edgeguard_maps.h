@@ -33,6 +33,12 @@
 #ifndef EG_DEFAULT_KNOWN_GOOD_ENTRIES
 #define EG_DEFAULT_KNOWN_GOOD_ENTRIES 16384
 #endif
+#ifndef EG_DEFAULT_OVERRIDE_ENTRIES
+#define EG_DEFAULT_OVERRIDE_ENTRIES 4096
+#endif
+#ifndef EG_DEFAULT_AGG_STATS_ENTRIES
+#define EG_DEFAULT_AGG_STATS_ENTRIES 4096
+#endif
 #ifndef EG_DEFAULT_L4_ENTRIES
 #define EG_DEFAULT_L4_ENTRIES 1024
 #endif
@@ -246,3 +252,52 @@ struct {
 	__type(key, struct eg_lpm_key);
 	__type(value, __u32);
 } known_good SEC(".maps");
+
+/* Aggregate overrides (struct eg_override), keyed by aggregate. A plain
+ * hash: the daemon deletes expired entries (the program ignores them) and
+ * refuses new ones when it is full. Pinned: a crash leaves the last
+ * decisions in force until they expire. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EG_DEFAULT_OVERRIDE_ENTRIES);
+	__type(key, struct eg_agg_key);
+	__type(value, struct eg_override);
+} overrides SEC(".maps");
+
+/* Which overrides and watches a rule slot's packets look up (enum
+ * eg_gate), sized to the loader's MaxRules. Maintained by the daemon from
+ * overrides, agg_watches and the live rule slots. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EG_DEFAULT_MAX_RULES);
+	__type(key, __u32);
+	__type(value, __u32);
+} agg_gate SEC(".maps");
+
+/* Watched (rule, kind) pairs; the data plane never reads it (agg_gate is
+ * its compiled form). Value unused (1). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct eg_watch_key);
+	__type(value, __u32);
+} agg_watches SEC(".maps");
+
+/* Counters of watched aggregate instances, created by the data plane on
+ * an instance's first packet. An LRU: when full, the least recently
+ * counted instance is evicted (and starts from zero if it comes back). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, EG_DEFAULT_AGG_STATS_ENTRIES);
+	__type(key, struct eg_agg_key);
+	__type(value, struct eg_agg_stats);
+} agg_stats SEC(".maps");
+
+/* Scratch space for the aggregate key an override or watch lookup builds
+ * (the program's stack is full). One per CPU, used within one packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct eg_agg_key);
+} agg_scratch SEC(".maps");

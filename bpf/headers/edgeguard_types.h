@@ -113,9 +113,15 @@ enum eg_agg_mode {
 	EG_AGG_DERIVED = 2, /* every source masked to agg_len gets a bucket */
 };
 
+/* Kinds of aggregate, in aggregate keys (agg_buckets keys only use PREFIX
+ * and ASN: whole and global buckets are arrays; overrides and aggregate
+ * counters name all four). */
 enum eg_agg_kind {
-	EG_AGG_KIND_PREFIX = 1,
-	EG_AGG_KIND_ASN = 2,
+	EG_AGG_KIND_PREFIX = 1, /* a derived prefix aggregate: rule + masked source */
+	EG_AGG_KIND_ASN = 2,    /* rule + ASN */
+	EG_AGG_KIND_WHOLE = 3,  /* a whole aggregate: rule */
+	EG_AGG_KIND_GLOBAL = 4, /* the global bucket: rule id 0 */
+	EG_AGG_KIND_MAX = 5,
 };
 
 enum eg_l4_dir {
@@ -145,6 +151,8 @@ enum eg_origin {
 	EG_ORIGIN_POLICY = 0,
 	EG_ORIGIN_CLI = 1,
 	EG_ORIGIN_L7 = 2,
+	EG_ORIGIN_SHIELD = 3, /* the adaptive shield (overrides, fingerprints) */
+	EG_ORIGIN_FLEET = 4,  /* fleet mode (shares, shared lists) */
 };
 
 /* Prefix facts trie value: everything the control plane knows about a
@@ -289,6 +297,49 @@ struct eg_sample {
 	__u8 reason;
 	__u8 action;
 	__u8 _pad[7];
+};
+
+/* ---- Aggregate overrides (docs/operations.md, "Aggregate overrides") ----
+ *
+ * An override is what the shield or fleet mode decided for one aggregate
+ * (keyed by struct eg_agg_key, rule id not slot) since the policy was
+ * applied: a replacement budget, and/or a bucket only new and penalised
+ * sources are charged against. Written directly by the daemon, no
+ * generation swap; ignored once expired, deleted by the daemon. */
+struct eg_override {
+	__u64 expires; /* CLOCK_MONOTONIC ns; EG_FOREVER: never */
+	/* Replaces the aggregate's budget for every class; zero pkt_t and
+	 * byte_t: the policy's budget. */
+	struct eg_bucket_cfg budget;
+	/* Charged only by new and penalised sources, in addition to the
+	 * aggregate's bucket; zero: none. */
+	struct eg_bucket_cfg new_budget;
+	struct eg_bucket new_bucket; /* new_budget's GCRA state (CAS'd) */
+	__u32 origin;                /* enum eg_origin */
+	__u32 _pad;
+};
+
+/* Per-instance counters of watched aggregates (agg_stats, per CPU). Every
+ * packet of a limit rule that reaches the buckets is counted once per
+ * watched aggregate on its path: passed, or refused by any bucket
+ * (would-drops included). */
+struct eg_agg_stats {
+	struct eg_counter passed;
+	struct eg_counter dropped;
+};
+
+/* "Count every instance of this rule's aggregate kind" (agg_watches key). */
+struct eg_watch_key {
+	__u32 rule_id; /* rule id, 0 for kind global */
+	__u32 kind;    /* enum eg_agg_kind */
+};
+
+/* agg_gate[slot]: which lookups a packet of the rule in that slot makes.
+ * Bit 1 << kind: an override of that kind may exist for the rule; bit
+ * 1 << (EG_GATE_WATCH_SHIFT + kind): the rule's instances of that kind are
+ * counted. Global bits are set in every slot. All zero: no lookup. */
+enum eg_gate {
+	EG_GATE_WATCH_SHIFT = 8,
 };
 
 /* Source standing (docs/operations.md, "Standing"): what the data plane

@@ -50,6 +50,27 @@ func BenchmarkDataPlane(b *testing.B) {
 	b.Run("pass", func(b *testing.B) {
 		cached(b, "pass", passCase).measure(b)
 	})
+	b.Run("pass_asn", func(b *testing.B) {
+		// "pass" with an ASN aggregate (bench_override_test.go): the
+		// baseline of the override cases. x-pass is its cost over pass.
+		cached(b, "pass_asn", passASNCase).measure(b)
+	})
+	b.Run("override", func(b *testing.B) {
+		// pass_asn with an override of the packets' ASN aggregate: a
+		// replacement budget, two hash lookups. x-pass_asn is the cost of
+		// the override, x-pass against the plain pass case.
+		cached(b, "override", overrideCase(false)).measure(b)
+	})
+	b.Run("override_new", func(b *testing.B) {
+		// override with a new-source bucket too: the source's standing is
+		// looked up and a second bucket charged.
+		cached(b, "override_new", overrideCase(true)).measure(b)
+	})
+	b.Run("watch", func(b *testing.B) {
+		// pass_asn with the rule's ASN aggregates watched (counted per
+		// instance).
+		cached(b, "watch", watchCase).measure(b)
+	})
 	b.Run("drop_per_ip", func(b *testing.B) {
 		cached(b, "drop_per_ip", func(b *testing.B) *benchCase {
 			bd := loadBench(b, smallSizes)

@@ -44,6 +44,9 @@ type LimiterEgAggKind uint32
 const (
 	LimiterEgAggKindEG_AGG_KIND_PREFIX LimiterEgAggKind = 1
 	LimiterEgAggKindEG_AGG_KIND_ASN    LimiterEgAggKind = 2
+	LimiterEgAggKindEG_AGG_KIND_WHOLE  LimiterEgAggKind = 3
+	LimiterEgAggKindEG_AGG_KIND_GLOBAL LimiterEgAggKind = 4
+	LimiterEgAggKindEG_AGG_KIND_MAX    LimiterEgAggKind = 5
 )
 
 type LimiterEgAggMode uint32
@@ -53,6 +56,12 @@ const (
 	LimiterEgAggModeEG_AGG_WHOLE   LimiterEgAggMode = 1
 	LimiterEgAggModeEG_AGG_DERIVED LimiterEgAggMode = 2
 )
+
+type LimiterEgAggStats struct {
+	_       structs.HostLayout
+	Passed  LimiterEgCounter
+	Dropped LimiterEgCounter
+}
 
 type LimiterEgBtfAnchor struct {
 	_          structs.HostLayout
@@ -99,6 +108,8 @@ type LimiterEgBtfAnchor struct {
 	Shifts        uint32
 	L4ProtoBit    uint32
 	Expiry        uint64
+	Gate          uint32
+	_             [4]byte
 }
 
 type LimiterEgBucket struct {
@@ -177,6 +188,12 @@ const (
 	LimiterEgExpiryEG_EXPIRY_FOREVER LimiterEgExpiry = 18446744073709551615
 )
 
+type LimiterEgGate uint32
+
+const (
+	LimiterEgGateEG_GATE_WATCH_SHIFT LimiterEgGate = 8
+)
+
 type LimiterEgGlobalSlot uint32
 
 const (
@@ -240,7 +257,19 @@ const (
 	LimiterEgOriginEG_ORIGIN_POLICY LimiterEgOrigin = 0
 	LimiterEgOriginEG_ORIGIN_CLI    LimiterEgOrigin = 1
 	LimiterEgOriginEG_ORIGIN_L7     LimiterEgOrigin = 2
+	LimiterEgOriginEG_ORIGIN_SHIELD LimiterEgOrigin = 3
+	LimiterEgOriginEG_ORIGIN_FLEET  LimiterEgOrigin = 4
 )
+
+type LimiterEgOverride struct {
+	_         structs.HostLayout
+	Expires   uint64
+	Budget    LimiterEgBucketCfg
+	NewBudget LimiterEgBucketCfg
+	NewBucket LimiterEgBucket
+	Origin    uint32
+	Pad       uint32
+}
 
 type LimiterEgPrefixVal struct {
 	_       structs.HostLayout
@@ -414,12 +443,22 @@ type LimiterEgV4Entry struct {
 	Asn    uint32
 }
 
+type LimiterEgWatchKey struct {
+	_      structs.HostLayout
+	RuleId uint32
+	Kind   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	LimiterMapActive        = "active"
 	LimiterMapAggBuckets    = "agg_buckets"
+	LimiterMapAggGate       = "agg_gate"
+	LimiterMapAggScratch    = "agg_scratch"
+	LimiterMapAggStats      = "agg_stats"
+	LimiterMapAggWatches    = "agg_watches"
 	LimiterMapClassStats    = "class_stats"
 	LimiterMapConfigs       = "configs"
 	LimiterMapGlobalBuckets = "global_buckets"
@@ -427,6 +466,7 @@ const (
 	LimiterMapKnownGood     = "known_good"
 	LimiterMapL4Rules       = "l4_rules"
 	LimiterMapLists         = "lists"
+	LimiterMapOverrides     = "overrides"
 	LimiterMapPrefixGens    = "prefix_gens"
 	LimiterMapRuleStats     = "rule_stats"
 	LimiterMapRules         = "rules"
@@ -499,6 +539,10 @@ type LimiterProgramSpecs struct {
 type LimiterMapSpecs struct {
 	Active        *ebpf.MapSpec `ebpf:"active"`
 	AggBuckets    *ebpf.MapSpec `ebpf:"agg_buckets"`
+	AggGate       *ebpf.MapSpec `ebpf:"agg_gate"`
+	AggScratch    *ebpf.MapSpec `ebpf:"agg_scratch"`
+	AggStats      *ebpf.MapSpec `ebpf:"agg_stats"`
+	AggWatches    *ebpf.MapSpec `ebpf:"agg_watches"`
 	ClassStats    *ebpf.MapSpec `ebpf:"class_stats"`
 	Configs       *ebpf.MapSpec `ebpf:"configs"`
 	GlobalBuckets *ebpf.MapSpec `ebpf:"global_buckets"`
@@ -506,6 +550,7 @@ type LimiterMapSpecs struct {
 	KnownGood     *ebpf.MapSpec `ebpf:"known_good"`
 	L4Rules       *ebpf.MapSpec `ebpf:"l4_rules"`
 	Lists         *ebpf.MapSpec `ebpf:"lists"`
+	Overrides     *ebpf.MapSpec `ebpf:"overrides"`
 	PrefixGens    *ebpf.MapSpec `ebpf:"prefix_gens"`
 	RuleStats     *ebpf.MapSpec `ebpf:"rule_stats"`
 	Rules         *ebpf.MapSpec `ebpf:"rules"`
@@ -554,6 +599,10 @@ func (o *LimiterObjects) Close() error {
 type LimiterMaps struct {
 	Active        *ebpf.Map `ebpf:"active"`
 	AggBuckets    *ebpf.Map `ebpf:"agg_buckets"`
+	AggGate       *ebpf.Map `ebpf:"agg_gate"`
+	AggScratch    *ebpf.Map `ebpf:"agg_scratch"`
+	AggStats      *ebpf.Map `ebpf:"agg_stats"`
+	AggWatches    *ebpf.Map `ebpf:"agg_watches"`
 	ClassStats    *ebpf.Map `ebpf:"class_stats"`
 	Configs       *ebpf.Map `ebpf:"configs"`
 	GlobalBuckets *ebpf.Map `ebpf:"global_buckets"`
@@ -561,6 +610,7 @@ type LimiterMaps struct {
 	KnownGood     *ebpf.Map `ebpf:"known_good"`
 	L4Rules       *ebpf.Map `ebpf:"l4_rules"`
 	Lists         *ebpf.Map `ebpf:"lists"`
+	Overrides     *ebpf.Map `ebpf:"overrides"`
 	PrefixGens    *ebpf.Map `ebpf:"prefix_gens"`
 	RuleStats     *ebpf.Map `ebpf:"rule_stats"`
 	Rules         *ebpf.Map `ebpf:"rules"`
@@ -581,6 +631,10 @@ func (m *LimiterMaps) Close() error {
 	return _LimiterClose(
 		m.Active,
 		m.AggBuckets,
+		m.AggGate,
+		m.AggScratch,
+		m.AggStats,
+		m.AggWatches,
 		m.ClassStats,
 		m.Configs,
 		m.GlobalBuckets,
@@ -588,6 +642,7 @@ func (m *LimiterMaps) Close() error {
 		m.KnownGood,
 		m.L4Rules,
 		m.Lists,
+		m.Overrides,
 		m.PrefixGens,
 		m.RuleStats,
 		m.Rules,

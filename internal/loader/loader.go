@@ -164,6 +164,10 @@ func pinnedMaps() []string {
 		// Standing must survive restarts and policy swaps, or every
 		// established user would be new again after one.
 		LimiterMapStanding, LimiterMapStandingCfg, LimiterMapKnownGood, LimiterMapClassStats, LimiterMapStandingStats,
+		// Overrides stay in force across a crash until they expire; the
+		// gate says which rules look them up; watched aggregates keep
+		// counting.
+		LimiterMapOverrides, LimiterMapAggGate, LimiterMapAggWatches, LimiterMapAggStats,
 	}
 }
 
@@ -182,6 +186,7 @@ func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
 		LimiterMapRules:        2 * s.MaxRules,
 		LimiterMapRuleStats:    s.MaxRules,
 		LimiterMapWholeBuckets: s.MaxRules,
+		LimiterMapAggGate:      s.MaxRules,
 		LimiterMapSrcBuckets:   s.SrcEntries,
 		LimiterMapAggBuckets:   s.AggEntries,
 		LimiterMapLists:        s.ListEntries,

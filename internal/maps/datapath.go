@@ -17,6 +17,7 @@ type Maps struct {
 
 	v4DirectMin int            // see SetV4DirectMinFacts
 	v4Status    V4DirectStatus // of the generation the last Apply made live
+	ovr         overrideLock   // writers of overrides, watches and their gate (overrides.go)
 }
 
 // New wraps a loaded datapath.
@@ -266,6 +267,11 @@ func (m *Maps) Apply(g Generation) error {
 	}
 	m.v4Status = direct
 	logV4Direct(m.d.Logger(), next, direct)
+	// Overrides of rules that are gone go with them; the others keep
+	// their rule's slot. Not an error of the apply: the policy is live.
+	if err := m.pruneOverridesFor(g.Rules, g.Settings.Global); err != nil {
+		m.d.Logger().Warn("overrides of removed rules not all pruned", "err", err)
+	}
 	return nil
 }
 

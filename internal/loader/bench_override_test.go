@@ -1,0 +1,82 @@
+package loader_test
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// ratioTo is an extra metric: this case's time per packet over base's,
+// measured in interleaved chunks in the same run (this machine's speed
+// drifts), named x-<base>.
+func ratioTo(c *benchCase, baseName string, base *benchCase) extraMetric {
+	return extraMetric{"x-" + baseName, func(b *testing.B) float64 {
+		var mine, theirs time.Duration
+		for range 20 {
+			for i := range c.frames {
+				mine += steadyRun(b, c.prog, c.frames[i], 1<<15)
+				theirs += steadyRun(b, base.prog, base.frames[i%len(base.frames)], 1<<15)
+			}
+		}
+		return float64(mine) / float64(theirs)
+	}}
+}
+
+// asnBenchGen is "pass" plus an ASN aggregate with a budget that never runs
+// out: 198.18.0.0/15 is AS64500.
+func asnBenchGen() maps.Generation {
+	r := generousRule(0)
+	r.ASN = maps.Bucket{Packets: generous}
+	return maps.Generation{Settings: enforce(), Rules: []maps.Rule{r},
+		Prefixes: []maps.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/15"), ASN: 64500}}}
+}
+
+// passASNCase is the baseline of the override cases: no override exists,
+// so the rule's gate word is zero and no override is looked up.
+func passASNCase(b *testing.B) *benchCase {
+	bd := loadBench(b, smallSizes)
+	bd.apply(asnBenchGen())
+	c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
+	c.extras = []extraMetric{ratioTo(c, "pass", cached(b, "pass", passCase))}
+	return c
+}
+
+// overrideCase is pass_asn with an override on the packets' ASN aggregate:
+// a replacement budget (one hash lookup in the look and one in the
+// charge), and with newBudget also a new-source bucket, which looks the
+// source's standing up and charges a second CAS'd word.
+func overrideCase(newBudget bool) func(b *testing.B) *benchCase {
+	return func(b *testing.B) *benchCase {
+		bd := loadBench(b, smallSizes)
+		bd.apply(asnBenchGen())
+		o := maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindASN, ASN: 64500}, Budget: generous,
+			Expires: time.Now().Add(24 * time.Hour), Origin: maps.OriginShield}
+		if newBudget {
+			o.NewBudget = generous
+		}
+		if err := bd.m.SetOverride(o); err != nil {
+			b.Fatal(err)
+		}
+		c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
+		c.extras = []extraMetric{
+			ratioTo(c, "pass", cached(b, "pass", passCase)),
+			ratioTo(c, "pass_asn", cached(b, "pass_asn", passASNCase)),
+		}
+		return c
+	}
+}
+
+// watchCase is pass_asn with the rule's ASN aggregates watched: one
+// per-CPU hash lookup and two adds per packet.
+func watchCase(b *testing.B) *benchCase {
+	bd := loadBench(b, smallSizes)
+	bd.apply(asnBenchGen())
+	if err := bd.m.WatchAggregates(0, maps.AggKindASN); err != nil {
+		b.Fatal(err)
+	}
+	c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
+	c.extras = []extraMetric{ratioTo(c, "pass_asn", cached(b, "pass_asn", passASNCase))}
+	return c
+}

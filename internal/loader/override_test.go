@@ -1,0 +1,367 @@
+package loader_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// ovrStart is the test clock at the start of the override tests: far from
+// zero, like a host's uptime.
+const ovrStart = 1000 * time.Second
+
+// asnGen is a default rule (id) with an ASN budget of 1000/s, burst 100;
+// 198.18.0.0/16 is AS64500, 198.19.0.0/16 AS64501.
+func asnGen(id uint32) maps.Generation {
+	g := policy(maps.Rule{ID: id, ASN: pkts(1000, 100)})
+	if id != 0 {
+		g.Rules = append(g.Rules, maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64})
+	}
+	return withPrefixes(g, fact("198.18.0.0/16", id, 64500), fact("198.19.0.0/16", id, 64501))
+}
+
+func asnAgg(rule, asn uint32) maps.Aggregate {
+	return maps.Aggregate{RuleID: rule, Kind: maps.AggKindASN, ASN: asn}
+}
+
+func (td *testDatapath) setOverride(o maps.Override) {
+	td.tb.Helper()
+	if err := td.m.SetOverride(o); err != nil {
+		td.tb.Fatalf("set override %v: %v", o.Aggregate, err)
+	}
+}
+
+func (td *testDatapath) gateWords() []uint32 {
+	td.tb.Helper()
+	var out []uint32
+	for i := uint32(0); i < td.d.Sizes.MaxRules; i++ {
+		var v uint32
+		if err := td.d.Objects.AggGate.Lookup(i, &v); err != nil {
+			td.tb.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func (td *testDatapath) wantGateClear() {
+	td.tb.Helper()
+	for slot, w := range td.gateWords() {
+		if w != 0 {
+			td.tb.Fatalf("gate of slot %d is %#x, want 0 (no override, no watch)", slot, w)
+		}
+	}
+}
+
+// TestOverrideTightensAndExpires: an override's budget replaces the ASN
+// aggregate's for that ASN only; once expired the policy's budget is back,
+// Overrides no longer lists it, PruneOverrides deletes it and the gate is
+// clear again.
+func TestOverrideTightensAndExpires(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	td.setClock(ovrStart)
+	td.apply(asnGen(0))
+	td.wantGateClear()
+	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), Budget: perSecond(10, 5),
+		Expires: time.Now().Add(10 * time.Second), Origin: maps.OriginShield})
+
+	if got := td.burst("198.18.1.1", 20); got != 5 {
+		t.Fatalf("AS64500 under an override of burst 5: %d of 20 passed", got)
+	}
+	if got := td.burst("198.19.1.1", 20); got != 20 {
+		t.Fatalf("AS64501, no override: %d of 20 passed, want all", got)
+	}
+	list, err := td.m.Overrides()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Aggregate != asnAgg(0, 64500) || list[0].Budget.Count != 10 || list[0].Budget.Burst != 5 ||
+		list[0].Origin != maps.OriginShield || time.Until(list[0].Expires) > 10*time.Second || time.Until(list[0].Expires) < 9*time.Second {
+		t.Fatalf("overrides read back: %+v", list)
+	}
+
+	// Past the expiry (and the override's debt): the policy's burst.
+	td.setClock(ovrStart + 11*time.Second)
+	if got := td.burst("198.18.1.1", 150); got != 100 {
+		t.Fatalf("after the expiry: %d of 150 passed, want the policy's burst of 100", got)
+	}
+	if list, err := td.m.Overrides(); err != nil || len(list) != 0 {
+		t.Fatalf("overrides after the expiry: %v, %v; want none", list, err)
+	}
+	if n, err := td.m.PruneOverrides(); err != nil || n != 1 {
+		t.Fatalf("prune: %d, %v; want 1", n, err)
+	}
+	td.wantGateClear()
+}
+
+// TestOverrideKinds: prefix, whole and global overrides limit their own
+// aggregate instance, and aggregates a rule does not have are refused.
+func TestOverrideKinds(t *testing.T) {
+	exp := time.Now().Add(time.Hour)
+	budget := perSecond(1, 2)
+	t.Run("prefix", func(t *testing.T) {
+		td := newTestDatapath(t, smallSizes)
+		td.setClock(ovrStart)
+		td.apply(policy(maps.Rule{ID: 0, AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48, Agg: pkts(1000, 100)}))
+		a := maps.Aggregate{Kind: maps.AggKindPrefix, Prefix: netip.MustParsePrefix("198.18.1.0/24")}
+		td.setOverride(maps.Override{Aggregate: a, Budget: budget, Expires: exp})
+		if got := td.burst("198.18.1.5", 10); got != 2 {
+			t.Fatalf("198.18.1.0/24 under an override of burst 2: %d of 10 passed", got)
+		}
+		if got := td.burst("198.18.2.5", 10); got != 10 {
+			t.Fatalf("198.18.2.0/24: %d of 10 passed, want all", got)
+		}
+		wrong := maps.Aggregate{Kind: maps.AggKindPrefix, Prefix: netip.MustParsePrefix("198.18.0.0/16")}
+		if err := td.m.SetOverride(maps.Override{Aggregate: wrong, Budget: budget, Expires: exp}); err == nil {
+			t.Fatal("a /16 override of a rule with /24 aggregates was accepted")
+		}
+		if err := td.m.SetOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindWhole}, Budget: budget, Expires: exp}); err == nil {
+			t.Fatal("a whole override of a derived rule was accepted")
+		}
+	})
+	t.Run("whole", func(t *testing.T) {
+		td := newTestDatapath(t, smallSizes)
+		td.setClock(ovrStart)
+		td.apply(policy(maps.Rule{ID: 0, AggMode: maps.AggWhole, Agg: pkts(1000, 100)}))
+		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindWhole}, Budget: budget, Expires: exp})
+		if got := td.burst("198.18.1.5", 5) + td.burst("198.19.1.5", 5); got != 2 {
+			t.Fatalf("whole aggregate under an override of burst 2: %d of 10 passed", got)
+		}
+	})
+	t.Run("global", func(t *testing.T) {
+		td := newTestDatapath(t, smallSizes)
+		td.setClock(ovrStart)
+		g := asnGen(7)
+		g.Settings.Global = pkts(1000, 100)
+		td.apply(g)
+		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindGlobal}, Budget: budget, Expires: exp})
+		// Rule 7's and the default rule's packets share the global bucket.
+		if got := td.burst("198.18.1.5", 5) + td.burst("203.0.113.5", 5); got != 2 {
+			t.Fatalf("global under an override of burst 2: %d of 10 passed", got)
+		}
+	})
+	t.Run("no policy budget", func(t *testing.T) {
+		// Overrides change budgets the policy has, they add none.
+		td := newTestDatapath(t, smallSizes)
+		td.setClock(ovrStart)
+		g := asnGen(0)
+		g.Rules[0].ASN = maps.Bucket{}
+		td.apply(g)
+		for _, a := range []maps.Aggregate{asnAgg(0, 64501), {Kind: maps.AggKindGlobal}} {
+			if err := td.m.SetOverride(maps.Override{Aggregate: a, Budget: budget, Expires: exp}); err == nil {
+				t.Errorf("override of %v, which has no budget, accepted", a)
+			}
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		td := newTestDatapath(t, smallSizes)
+		td.setClock(ovrStart)
+		td.apply(asnGen(0))
+		for name, o := range map[string]maps.Override{
+			"unknown rule":     {Aggregate: asnAgg(99, 64500), Budget: budget, Expires: exp},
+			"no expiry":        {Aggregate: asnAgg(0, 64500), Budget: budget},
+			"past expiry":      {Aggregate: asnAgg(0, 64500), Budget: budget, Expires: time.Now().Add(-time.Second)},
+			"no budget":        {Aggregate: asnAgg(0, 64500), Expires: exp},
+			"asn 0":            {Aggregate: asnAgg(0, 0), Budget: budget, Expires: exp},
+			"global with rule": {Aggregate: maps.Aggregate{RuleID: 3, Kind: maps.AggKindGlobal}, Budget: budget, Expires: exp},
+			"no prefix":        {Aggregate: maps.Aggregate{Kind: maps.AggKindPrefix}, Budget: budget, Expires: exp},
+			"bad kind":         {Aggregate: maps.Aggregate{Kind: 9}, Budget: budget, Expires: exp},
+		} {
+			err := td.m.SetOverride(o)
+			if err == nil {
+				t.Errorf("%s: accepted", name)
+			}
+			if name == "unknown rule" && !errors.Is(err, maps.ErrUnknownRule) {
+				t.Errorf("unknown rule: %v, want ErrUnknownRule", err)
+			}
+		}
+		if list, err := td.m.Overrides(); err != nil || len(list) != 0 {
+			t.Fatalf("after refusals: %v, %v", list, err)
+		}
+		td.wantGateClear()
+	})
+}
+
+// TestOverrideNewBudget: the new-source bucket charges new and penalised
+// sources, never established or validated ones, and is charged in
+// addition to the aggregate's own bucket.
+func TestOverrideNewBudget(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	td.setClock(ovrStart)
+	g := asnGen(0)
+	g.Rules[0].ASN = pkts(1000, 1000)
+	g.Standing = maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: time.Hour}
+	td.apply(g)
+	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.7"), maps.StandingValidated))
+	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.8"), maps.StandingEstablished))
+	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.9"), maps.StandingPenalised))
+	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 3},
+		Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield})
+
+	newPassed := 0
+	for i := range 4 {
+		newPassed += td.burst(fmt.Sprintf("198.18.2.%d", i+1), 5)
+	}
+	if newPassed != 3 {
+		t.Fatalf("new sources under a new-source burst of 3: %d of 20 passed", newPassed)
+	}
+	if got := td.burst("198.18.1.9", 5); got != 0 {
+		t.Fatalf("penalised source: %d of 5 passed, want 0 (the new-source bucket is empty)", got)
+	}
+	if got := td.burst("198.18.1.7", 50); got != 50 {
+		t.Fatalf("validated source: %d of 50 passed, want all", got)
+	}
+	if got := td.burst("198.18.1.8", 50); got != 50 {
+		t.Fatalf("established source: %d of 50 passed, want all", got)
+	}
+	if got := td.burst("198.19.2.1", 20); got != 20 {
+		t.Fatalf("new source of AS64501: %d of 20 passed, want all", got)
+	}
+	// The aggregate's own bucket was charged by every admitted packet:
+	// 3 + 50 + 50, so 897 are left of its burst of 1000 for AS64500.
+	if got := td.burst("198.18.1.7", 1000); got != 897 {
+		t.Fatalf("validated source after 103 admitted packets: %d passed, want 897", got)
+	}
+
+	// Replacing the override with the same new-source budget keeps its
+	// bucket (still empty); a new budget starts it full.
+	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 3},
+		Budget: perSecond(1000, 1000), Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield})
+	td.setClock(ovrStart + 2*time.Second) // the aggregate refills; the new-source bucket (1/h) does not
+	if got := td.burst("198.18.3.1", 5); got != 0 {
+		t.Fatalf("replaced with the same new-source budget: %d passed, want 0", got)
+	}
+	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 2},
+		Expires: time.Now().Add(time.Hour)})
+	if got := td.burst("198.18.3.1", 5); got != 2 {
+		t.Fatalf("new new-source budget of burst 2: %d passed", got)
+	}
+}
+
+// TestOverrideNewBudgetNotChargedForRefusals: packets the aggregate itself
+// refuses cost the new-source bucket nothing (the look before the charge
+// refuses them; a refusal at the charge, a race with another CPU, gives
+// the new-source charge back).
+func TestOverrideNewBudgetNotChargedForRefusals(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	td.setClock(ovrStart)
+	g := asnGen(0)
+	g.Rules[0].ASN = pkts(1, 2) // the aggregate admits 2
+	td.apply(g)
+	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 5},
+		Expires: time.Now().Add(time.Hour)})
+	if got := td.burst("198.18.2.1", 10); got != 2 {
+		t.Fatalf("%d of 10 passed, want the aggregate's 2", got)
+	}
+	// The peek refuses before either bucket is charged; the remaining
+	// three new-source packets are still there once the aggregate
+	// refills (2 s at 1/s).
+	td.setClock(ovrStart + 10*time.Second)
+	if got := td.burst("198.18.2.1", 10); got != 2 {
+		t.Fatalf("after the refill: %d of 10 passed, want 2", got)
+	}
+	td.setClock(ovrStart + 20*time.Second)
+	if got := td.burst("198.18.2.1", 10); got != 1 {
+		t.Fatalf("after the second refill: %d of 10 passed, want the last new-source packet", got)
+	}
+}
+
+// TestOverridesSurviveReloadAndApply: overrides live in pinned maps; a
+// restarted daemon's program enforces them; a policy swap keeps those of
+// surviving rules and deletes the others.
+func TestOverridesSurviveReloadAndApply(t *testing.T) {
+	requireRoot(t)
+	pinDir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("egdp-ovr-%d", os.Getpid()))
+	t.Cleanup(func() { loader.Unpin(pinDir) })
+	td := openPinnedTestDatapath(t, smallSizes, pinDir)
+	td.setClock(ovrStart)
+	td.apply(asnGen(7))
+	td.setOverride(maps.Override{Aggregate: asnAgg(7, 64500), Budget: perSecond(1, 3), Expires: time.Now().Add(time.Hour)})
+	must(t, td.m.WatchAggregates(7, maps.AggKindASN))
+	if got := td.burst("198.18.1.1", 10); got != 3 {
+		t.Fatalf("before the restart: %d of 10 passed, want 3", got)
+	}
+	td.d.Close()
+
+	td = openPinnedTestDatapath(t, smallSizes, pinDir)
+	td.setClock(ovrStart + 3*time.Second) // three more packets' worth
+	if got := td.burst("198.18.1.1", 10); got != 3 {
+		t.Fatalf("after the restart: %d of 10 passed, want 3", got)
+	}
+	// The same policy again: the rule survives, so does its override.
+	td.apply(asnGen(7))
+	td.setClock(ovrStart + 6*time.Second)
+	if got := td.burst("198.18.1.1", 10); got != 3 {
+		t.Fatalf("after re-applying the policy: %d of 10 passed, want 3", got)
+	}
+	// Rule 7 is gone: so are its override and its watch.
+	td.apply(asnGen(8))
+	list, err := td.m.Overrides()
+	if err != nil || len(list) != 0 {
+		t.Fatalf("overrides after rule 7 left: %v, %v", list, err)
+	}
+	td.wantGateClear()
+	if got := td.burst("198.18.1.1", 50); got != 50 {
+		t.Fatalf("rule 8 has no override: %d of 50 passed", got)
+	}
+}
+
+// TestAggregateCounters: every instance of a watched (rule, kind) is
+// counted, passed and dropped, exactly; unwatching stops it.
+func TestAggregateCounters(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	td.setClock(ovrStart)
+	g := asnGen(0)
+	g.Rules[0].ASN = pkts(1, 5)
+	td.apply(g)
+	must(t, td.m.WatchAggregates(0, maps.AggKindASN))
+	must(t, td.m.WatchAggregates(0, maps.AggKindGlobal))
+	if err := td.m.WatchAggregates(0, maps.AggKindPrefix); err == nil {
+		t.Fatal("watching the prefix aggregates of a rule without any was accepted")
+	}
+	if err := td.m.WatchAggregates(5, maps.AggKindASN); !errors.Is(err, maps.ErrUnknownRule) {
+		t.Fatalf("watching an unknown rule: %v, want ErrUnknownRule", err)
+	}
+	td.burst("198.18.1.1", 10)
+	td.burst("198.19.1.1", 3)
+	td.burst("203.0.113.1", 2) // no ASN: global only
+
+	read := func() map[string][2]uint64 {
+		t.Helper()
+		cs, err := td.m.AggregateCounters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][2]uint64{}
+		for _, c := range cs {
+			out[c.Aggregate.String()] = [2]uint64{c.Passed.Packets, c.Dropped.Packets}
+		}
+		return out
+	}
+	got := read()
+	want := map[string][2]uint64{"rule 0 asn 64500": {5, 5}, "rule 0 asn 64501": {3, 0}, "global": {10, 5}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("aggregate counters %v, want %v", got, want)
+	}
+	must(t, td.m.UnwatchAggregates(0, maps.AggKindASN))
+	td.burst("198.18.1.1", 1)
+	got = read()
+	keys := make([]string, 0, len(got))
+	for k := range got {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	if fmt.Sprint(keys) != "[global]" || got["global"] != [2]uint64{10, 6} {
+		t.Fatalf("after unwatching the ASN aggregates: %v", got)
+	}
+	must(t, td.m.UnwatchAggregates(0, maps.AggKindGlobal))
+	td.wantGateClear()
+}

@@ -1,0 +1,710 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeguard/edgeguard/internal/loader"
+)
+
+// AggKind is the kind of an aggregate (enum eg_agg_kind).
+type AggKind = loader.LimiterEgAggKind
+
+// Aggregate kinds.
+const (
+	AggKindPrefix = loader.LimiterEgAggKindEG_AGG_KIND_PREFIX // a derived prefix aggregate: rule + masked source
+	AggKindASN    = loader.LimiterEgAggKindEG_AGG_KIND_ASN    // rule + ASN
+	AggKindWhole  = loader.LimiterEgAggKindEG_AGG_KIND_WHOLE  // a rule's whole aggregate
+	AggKindGlobal = loader.LimiterEgAggKindEG_AGG_KIND_GLOBAL // the global bucket
+)
+
+// More origins (list entries, overrides, fingerprints).
+const (
+	OriginShield = loader.LimiterEgOriginEG_ORIGIN_SHIELD
+	OriginFleet  = loader.LimiterEgOriginEG_ORIGIN_FLEET
+)
+
+// OriginName is the label of an origin.
+func OriginName(o Origin) string {
+	switch o {
+	case OriginPolicy:
+		return "policy"
+	case OriginCLI:
+		return "cli"
+	case OriginL7:
+		return "l7"
+	case OriginShield:
+		return "shield"
+	case OriginFleet:
+		return "fleet"
+	}
+	return fmt.Sprintf("origin_%d", o)
+}
+
+// Aggregate names one aggregate instance: a rule's derived prefix (Prefix,
+// masked to the rule's aggregate length), a rule's ASN, a rule's whole
+// aggregate, or the global bucket (RuleID 0).
+type Aggregate struct {
+	RuleID uint32       // policy rule id (0 with Kind global)
+	Kind   AggKind      // prefix | asn | whole | global
+	Prefix netip.Prefix // the aggregate's masked prefix (Kind prefix)
+	ASN    uint32       // Kind asn
+}
+
+// String is "rule 3 asn 64500", "rule 2 prefix 198.18.4.0/24", "rule 2
+// whole" or "global".
+func (a Aggregate) String() string {
+	switch a.Kind {
+	case AggKindPrefix:
+		return fmt.Sprintf("rule %d prefix %s", a.RuleID, a.Prefix)
+	case AggKindASN:
+		return fmt.Sprintf("rule %d asn %d", a.RuleID, a.ASN)
+	case AggKindWhole:
+		return fmt.Sprintf("rule %d whole", a.RuleID)
+	case AggKindGlobal:
+		return "global"
+	}
+	return fmt.Sprintf("rule %d kind %d", a.RuleID, a.Kind)
+}
+
+// key is the data plane's key of a, checked for form only (see checkRule
+// for the rule's side).
+func (a Aggregate) key() (loader.LimiterEgAggKey, error) {
+	k := loader.LimiterEgAggKey{RuleId: a.RuleID, Kind: uint8(a.Kind)}
+	switch a.Kind {
+	case AggKindPrefix:
+		if !a.Prefix.IsValid() {
+			return k, fmt.Errorf("%v: no prefix", a)
+		}
+		if a.Prefix.Addr().Is4In6() {
+			return k, fmt.Errorf("%v: write an IPv4 prefix as IPv4", a)
+		}
+		lk := LPMKey(a.Prefix)
+		k.Len = uint8(lk.Prefixlen)
+		k.Addr = lk.Addr
+	case AggKindASN:
+		if a.ASN == 0 {
+			return k, fmt.Errorf("%v: asn 0 is no aggregate", a)
+		}
+		k.Asn = a.ASN
+	case AggKindWhole:
+	case AggKindGlobal:
+		if a.RuleID != 0 {
+			return k, fmt.Errorf("global aggregate with rule %d: the global bucket has no rule", a.RuleID)
+		}
+	default:
+		return k, fmt.Errorf("aggregate kind %d unknown", a.Kind)
+	}
+	return k, nil
+}
+
+func aggregateFromKey(k loader.LimiterEgAggKey) Aggregate {
+	a := Aggregate{RuleID: k.RuleId, Kind: AggKind(k.Kind)}
+	switch a.Kind {
+	case AggKindPrefix:
+		a.Prefix = PrefixFromKey(loader.LimiterEgLpmKey{Prefixlen: uint32(k.Len), Addr: k.Addr})
+	case AggKindASN:
+		a.ASN = k.Asn
+	}
+	return a
+}
+
+// checkRule says whether a rule (as compiled: its aggregate mode and
+// lengths, and which of its aggregates have a budget) has the aggregate a
+// with a budget to override: a prefix aggregate needs a derived rule of
+// the prefix's length, a whole one a whole rule. Overrides change budgets
+// the policy has; they do not add limits where it has none.
+func (a Aggregate) checkRule(mode AggMode, len4, len6 uint8, aggLimited, asnLimited bool) error {
+	switch a.Kind {
+	case AggKindPrefix:
+		if mode != AggDerived {
+			return fmt.Errorf("%v: the rule has no derived prefix aggregate", a)
+		}
+		want := len6
+		if a.Prefix.Addr().Is4() {
+			want = len4
+		}
+		if a.Prefix.Bits() != int(want) {
+			return fmt.Errorf("%v: the rule's aggregates are /%d", a, want)
+		}
+		if !aggLimited {
+			return fmt.Errorf("%v: the rule's prefix aggregates have no budget", a)
+		}
+	case AggKindWhole:
+		if mode != AggWhole {
+			return fmt.Errorf("%v: the rule has no whole aggregate", a)
+		}
+		if !aggLimited {
+			return fmt.Errorf("%v: the rule's whole aggregate has no budget", a)
+		}
+	case AggKindASN:
+		if !asnLimited {
+			return fmt.Errorf("%v: the rule's ASN aggregates have no budget", a)
+		}
+	}
+	return nil
+}
+
+func (b Bucket) limited() bool { return b.Packets.Limited() || b.Bytes.Limited() }
+
+// Override is what the shield or fleet mode decided for one aggregate since
+// the policy was applied. It lives in a pinned hash map with expiry (a
+// crash leaves it in force until Expires) and is written directly, with no
+// generation swap. Overrides survive a policy swap unless the aggregate's
+// rule is gone, or no longer has that aggregate (Apply deletes those).
+type Override struct {
+	Aggregate Aggregate
+	// Budget replaces the aggregate's packet budget for all classes (a
+	// fleet share); its reserve share stays the rule's. Zero Count:
+	// unchanged.
+	Budget Rate
+	// NewBudget is an extra bucket only new and penalised sources are
+	// charged against (shield tighten), in addition to the aggregate's;
+	// established and validated sources are not charged by it. Zero
+	// Count: none.
+	NewBudget Rate
+	// Expires is wall-clock time; the data plane stores CLOCK_MONOTONIC
+	// ns, so a change of the wall clock after SetOverride does not move
+	// it.
+	Expires time.Time
+	Origin  Origin
+}
+
+// ErrOverridesFull means the overrides table has no room for another
+// aggregate.
+var ErrOverridesFull = errors.New("overrides table full")
+
+// ErrUnknownRule means an aggregate names a rule the live policy does not
+// have.
+var ErrUnknownRule = errors.New("rule not in the live policy")
+
+// overrideLock serializes this process's writers of overrides, watches and
+// the gate words derived from them (read-modify-write of agg_gate). The
+// daemon is the one writer; edgectl goes through it.
+type overrideLock struct{ mu sync.Mutex }
+
+// liveRules is what override writers need of the live generation: rule id
+// -> slot, and each slot's compiled rule.
+type liveRules struct {
+	slots         map[uint32]uint32
+	rules         map[uint32]loader.LimiterEgRule // by id
+	globalLimited bool
+}
+
+func (m *Maps) liveRules() (liveRules, error) {
+	gen, err := m.ActiveGen()
+	if err != nil {
+		return liveRules{}, err
+	}
+	maxRules := m.d.Sizes.MaxRules
+	n := int(m.o.Rules.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]loader.LimiterEgRule, n)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.o.Rules.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return liveRules{}, fmt.Errorf("read rules of generation %d: %w", gen, err)
+	}
+	var cfg loader.LimiterEgConfig
+	if err := m.o.Configs.Lookup(gen, &cfg); err != nil {
+		return liveRules{}, fmt.Errorf("read settings of generation %d: %w", gen, err)
+	}
+	lr := liveRules{slots: map[uint32]uint32{}, rules: map[uint32]loader.LimiterEgRule{}, globalLimited: bucketLimited(cfg.Global)}
+	for i := 0; i < got; i++ {
+		if keys[i]/maxRules == gen && vals[i].Valid != 0 {
+			lr.slots[vals[i].Id] = keys[i] % maxRules
+			lr.rules[vals[i].Id] = vals[i]
+		}
+	}
+	return lr, nil
+}
+
+// check validates a against the live rules and returns its key.
+func (lr liveRules) check(a Aggregate) (loader.LimiterEgAggKey, error) {
+	k, err := a.key()
+	if err != nil {
+		return k, err
+	}
+	if a.Kind == AggKindGlobal {
+		if !lr.globalLimited {
+			return k, fmt.Errorf("global: the policy has no global budget")
+		}
+		return k, nil
+	}
+	r, ok := lr.rules[a.RuleID]
+	if !ok {
+		return k, fmt.Errorf("%v: %w", a, ErrUnknownRule)
+	}
+	return k, a.checkRule(AggMode(r.AggMode), r.AggLen4, r.AggLen6, bucketLimited(r.Agg), bucketLimited(r.Asn))
+}
+
+// monoOffset converts between wall-clock times and the data plane's clock.
+type monoOffset struct {
+	wall time.Time
+	mono uint64
+}
+
+func (m *Maps) monoNow() (monoOffset, error) {
+	ns, err := m.clockNS()
+	if err != nil {
+		return monoOffset{}, err
+	}
+	return monoOffset{wall: time.Now(), mono: ns}, nil
+}
+
+func (c monoOffset) toMono(t time.Time) (uint64, bool) {
+	d := t.Sub(c.wall)
+	if d <= 0 {
+		return 0, false
+	}
+	return c.mono + uint64(d), true
+}
+
+func (c monoOffset) toWall(ns uint64) time.Time {
+	if ns >= c.mono {
+		return c.wall.Add(time.Duration(ns - c.mono))
+	}
+	return c.wall.Add(-time.Duration(c.mono - ns))
+}
+
+// SetOverride installs or replaces the override of o.Aggregate.
+func (m *Maps) SetOverride(o Override) error { return m.SetOverrides([]Override{o}) }
+
+// SetOverrides installs or replaces several overrides with one read of the
+// live rules (fleet mode sets a share per aggregate each interval). A
+// replaced override keeps its new-source bucket's state when it keeps a
+// new-source budget. On error, the overrides before the failing one are in
+// force.
+func (m *Maps) SetOverrides(list []Override) error {
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
+	lr, err := m.liveRules()
+	if err != nil {
+		return err
+	}
+	clock, err := m.monoNow()
+	if err != nil {
+		return err
+	}
+	gate, err := m.readGate()
+	if err != nil {
+		return err
+	}
+	changed := false
+	for _, o := range list {
+		k, err := lr.check(o.Aggregate)
+		if err != nil {
+			return err
+		}
+		v, err := o.compile(clock)
+		if err != nil {
+			return err
+		}
+		var old loader.LimiterEgOverride
+		if err := m.o.Overrides.Lookup(k, &old); err == nil && old.NewBudget == v.NewBudget {
+			v.NewBucket = old.NewBucket
+		}
+		if err := m.o.Overrides.Put(k, v); err != nil {
+			if isFull(err) {
+				return fmt.Errorf("override %v: %w (%d entries)", o.Aggregate, ErrOverridesFull, m.o.Overrides.MaxEntries())
+			}
+			return fmt.Errorf("write override %v: %w", o.Aggregate, err)
+		}
+		if gate.set(lr, o.Aggregate, 1<<uint32(o.Aggregate.Kind)) {
+			changed = true
+		}
+	}
+	if changed {
+		return m.writeGate(gate)
+	}
+	return nil
+}
+
+func (o Override) compile(clock monoOffset) (loader.LimiterEgOverride, error) {
+	v := loader.LimiterEgOverride{Origin: uint32(o.Origin)}
+	if !o.Budget.Limited() && !o.NewBudget.Limited() {
+		return v, fmt.Errorf("override %v: neither a budget nor a new-source budget", o.Aggregate)
+	}
+	if o.Expires.IsZero() {
+		return v, fmt.Errorf("override %v: no expiry", o.Aggregate)
+	}
+	exp, ok := clock.toMono(o.Expires)
+	if !ok {
+		return v, fmt.Errorf("override %v: expiry %v is past", o.Aggregate, o.Expires)
+	}
+	v.Expires = exp
+	var err error
+	if o.Budget.Limited() {
+		if v.Budget, err = (Bucket{Packets: o.Budget}).Cfg(); err != nil {
+			return v, fmt.Errorf("override %v budget: %w", o.Aggregate, err)
+		}
+	}
+	if o.NewBudget.Limited() {
+		if v.NewBudget, err = (Bucket{Packets: o.NewBudget}).Cfg(); err != nil {
+			return v, fmt.Errorf("override %v new-source budget: %w", o.Aggregate, err)
+		}
+	}
+	return v, nil
+}
+
+// rateFromCfg is the inverse of Bucket.Cfg for a packet budget, per
+// second: exact to the tick rounding of Cfg.
+func rateFromCfg(c BucketCfg) Rate {
+	if c.PktT == 0 {
+		return Rate{}
+	}
+	perSec := float64(uint64(time.Second)<<TickShift) / float64(c.PktT)
+	burst := (c.PktTau + c.PktT/2) / c.PktT
+	return Rate{Count: uint64(perSec + 0.5), Per: time.Second, Burst: burst}
+}
+
+// isFull reports a hash map's "no room" error (E2BIG).
+func isFull(err error) bool { return errors.Is(err, unix.E2BIG) }
+
+// DeleteOverride removes the override of a (no error if there is none).
+func (m *Maps) DeleteOverride(a Aggregate) error {
+	k, err := a.key()
+	if err != nil {
+		return err
+	}
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
+	if err := m.o.Overrides.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete override %v: %w", a, err)
+	}
+	return m.rebuildGate()
+}
+
+type overrideEntry struct {
+	k loader.LimiterEgAggKey
+	v loader.LimiterEgOverride
+}
+
+func (m *Maps) overrideEntries() ([]overrideEntry, error) {
+	var out []overrideEntry
+	var e overrideEntry
+	it := m.o.Overrides.Iterate()
+	for it.Next(&e.k, &e.v) {
+		out = append(out, e)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read overrides: %w", err)
+	}
+	return out, nil
+}
+
+// Overrides returns the live (unexpired) overrides. Budgets read back are
+// per second, exact to Bucket.Cfg's rounding of the emission interval.
+func (m *Maps) Overrides() ([]Override, error) {
+	entries, err := m.overrideEntries()
+	if err != nil {
+		return nil, err
+	}
+	clock, err := m.monoNow()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Override, 0, len(entries))
+	for _, e := range entries {
+		if e.v.Expires <= clock.mono {
+			continue
+		}
+		out = append(out, Override{
+			Aggregate: aggregateFromKey(e.k), Budget: rateFromCfg(e.v.Budget), NewBudget: rateFromCfg(e.v.NewBudget),
+			Expires: clock.toWall(e.v.Expires), Origin: Origin(e.v.Origin),
+		})
+	}
+	return out, nil
+}
+
+// PruneOverrides deletes expired overrides and returns how many it deleted.
+// The data plane ignores them already; this frees their entries and their
+// gate bits.
+func (m *Maps) PruneOverrides() (int, error) {
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
+	entries, err := m.overrideEntries()
+	if err != nil {
+		return 0, err
+	}
+	ns, err := m.clockNS()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		if e.v.Expires > ns {
+			continue
+		}
+		if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, fmt.Errorf("delete expired override %v: %w", aggregateFromKey(e.k), err)
+		}
+		n++
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	return n, m.rebuildGate()
+}
+
+// pruneOverridesFor is Apply's part: after the flip, overrides of rules
+// that are gone, or that no longer have (a budget for) the aggregate they
+// name, and watches of rules that are gone, are deleted, and the gate
+// words are rebuilt for the new slots.
+func (m *Maps) pruneOverridesFor(rules []Rule, global Bucket) error {
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
+	byID := make(map[uint32]Rule, len(rules))
+	for _, r := range rules {
+		byID[r.ID] = r
+	}
+	fits := func(a Aggregate) bool {
+		if a.Kind == AggKindGlobal {
+			return a.RuleID == 0 && global.limited()
+		}
+		r, ok := byID[a.RuleID]
+		return ok && a.checkRule(r.AggMode, r.AggLen4, r.AggLen6, r.Agg.limited(), r.ASN.limited()) == nil
+	}
+	entries, err := m.overrideEntries()
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if a := aggregateFromKey(e.k); !fits(a) {
+			if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete override %v of a rule that is gone: %w", a, err)
+			}
+		}
+	}
+	watches, err := m.watchKeys()
+	if err != nil {
+		return err
+	}
+	for _, w := range watches {
+		if _, ok := byID[w.RuleId]; !ok && AggKind(w.Kind) != AggKindGlobal {
+			if err := m.unwatch(w); err != nil {
+				return err
+			}
+		}
+	}
+	return m.rebuildGate()
+}
+
+// gateWords is agg_gate as read: one word per rule slot.
+type gateWords []uint32
+
+func (m *Maps) readGate() (gateWords, error) {
+	n := m.d.Sizes.MaxRules
+	keys := make([]uint32, n)
+	vals := make([]uint32, n)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.o.AggGate.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("read override gate: %w", err)
+	}
+	g := make(gateWords, n)
+	for i := 0; i < got; i++ {
+		if keys[i] < n {
+			g[keys[i]] = vals[i]
+		}
+	}
+	return g, nil
+}
+
+func (m *Maps) writeGate(g gateWords) error {
+	keys := make([]uint32, len(g))
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if err := batchUpdate(m.o.AggGate, keys, []uint32(g)); err != nil {
+		return fmt.Errorf("write override gate: %w", err)
+	}
+	return nil
+}
+
+// set ORs bits into the gate of a's rule (every slot for the global
+// aggregate) and reports whether a word changed.
+func (g gateWords) set(lr liveRules, a Aggregate, bits uint32) bool {
+	changed := false
+	if a.Kind == AggKindGlobal {
+		for i := range g {
+			if g[i]&bits != bits {
+				g[i] |= bits
+				changed = true
+			}
+		}
+		return changed
+	}
+	slot, ok := lr.slots[a.RuleID]
+	if !ok || int(slot) >= len(g) {
+		return false
+	}
+	if g[slot]&bits != bits {
+		g[slot] |= bits
+		changed = true
+	}
+	return changed
+}
+
+const gateWatchShift = uint32(loader.LimiterEgGateEG_GATE_WATCH_SHIFT)
+
+// rebuildGate recomputes every gate word from the overrides and watches
+// tables and the live slots. Expired overrides keep their bit until they
+// are pruned (the data plane checks the expiry).
+func (m *Maps) rebuildGate() error {
+	lr, err := m.liveRules()
+	if err != nil {
+		return err
+	}
+	g := make(gateWords, m.d.Sizes.MaxRules)
+	entries, err := m.overrideEntries()
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		g.set(lr, aggregateFromKey(e.k), 1<<uint32(e.k.Kind))
+	}
+	watches, err := m.watchKeys()
+	if err != nil {
+		return err
+	}
+	for _, w := range watches {
+		g.set(lr, Aggregate{RuleID: w.RuleId, Kind: AggKind(w.Kind)}, 1<<(gateWatchShift+w.Kind))
+	}
+	return m.writeGate(g)
+}
+
+// Aggregate counters. The data plane counts, per CPU, every instance of a
+// watched (rule, kind) pair: each packet of the rule that reaches the
+// buckets counts once for each watched aggregate on its path, as passed or
+// as dropped (refused by any bucket: per source, prefix, ASN, global;
+// would-drops of dry-run rules included). Counts are exact; instances are
+// created on their first packet in an LRU table (agg_stats), so when more
+// instances are active than it holds, the least recently counted one is
+// evicted and starts from zero if it comes back (readers take deltas and
+// treat a decrease as a restart).
+
+// AggregateCounters are one aggregate instance's counters.
+type AggregateCounters struct {
+	Aggregate Aggregate
+	Passed    Counter
+	Dropped   Counter
+}
+
+func (m *Maps) watchKeys() ([]loader.LimiterEgWatchKey, error) {
+	var out []loader.LimiterEgWatchKey
+	var k loader.LimiterEgWatchKey
+	var v uint32
+	it := m.o.AggWatches.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, k)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read aggregate watches: %w", err)
+	}
+	return out, nil
+}
+
+// WatchAggregates makes the data plane count every instance of the rule's
+// aggregates of one kind (rule 0 with AggKindGlobal for the global bucket).
+func (m *Maps) WatchAggregates(ruleID uint32, kind AggKind) error {
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
+	lr, err := m.liveRules()
+	if err != nil {
+		return err
+	}
+	a := Aggregate{RuleID: ruleID, Kind: kind}
+	switch kind {
+	case AggKindGlobal:
+		if ruleID != 0 {
+			return fmt.Errorf("watch global aggregate of rule %d: the global bucket has no rule", ruleID)
+		}
+	case AggKindPrefix, AggKindASN, AggKindWhole:
+		r, ok := lr.rules[ruleID]
+		if !ok {
+			return fmt.Errorf("watch %v: %w", a, ErrUnknownRule)
+		}
+		mode := AggMode(r.AggMode)
+		if (kind == AggKindPrefix && mode != AggDerived) || (kind == AggKindWhole && mode != AggWhole) {
+			return fmt.Errorf("watch %v: the rule has no such aggregate", a)
+		}
+	default:
+		return fmt.Errorf("watch: aggregate kind %d unknown", kind)
+	}
+	if err := m.o.AggWatches.Put(loader.LimiterEgWatchKey{RuleId: ruleID, Kind: uint32(kind)}, uint32(1)); err != nil {
+		return fmt.Errorf("watch %v: %w", a, err)
+	}
+	gate, err := m.readGate()
+	if err != nil {
+		return err
+	}
+	if gate.set(lr, a, 1<<(gateWatchShift+uint32(kind))) {
+		return m.writeGate(gate)
+	}
+	return nil
+}
+
+// UnwatchAggregates stops counting the rule's instances of kind and drops
+// their counters.
+func (m *Maps) UnwatchAggregates(ruleID uint32, kind AggKind) error {
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
+	if err := m.unwatch(loader.LimiterEgWatchKey{RuleId: ruleID, Kind: uint32(kind)}); err != nil {
+		return err
+	}
+	return m.rebuildGate()
+}
+
+func (m *Maps) unwatch(w loader.LimiterEgWatchKey) error {
+	if err := m.o.AggWatches.Delete(w); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("unwatch rule %d kind %d: %w", w.RuleId, w.Kind, err)
+	}
+	var k loader.LimiterEgAggKey
+	var stale []loader.LimiterEgAggKey
+	it := m.o.AggStats.Iterate()
+	var v []loader.LimiterEgAggStats
+	for it.Next(&k, &v) {
+		if k.RuleId == w.RuleId && uint32(k.Kind) == w.Kind {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read aggregate counters: %w", err)
+	}
+	for _, k := range stale {
+		if err := m.o.AggStats.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete aggregate counters: %w", err)
+		}
+	}
+	return nil
+}
+
+// AggregateCounters reads the counters of every counted instance, summed
+// over CPUs.
+func (m *Maps) AggregateCounters() ([]AggregateCounters, error) {
+	var k loader.LimiterEgAggKey
+	var v []loader.LimiterEgAggStats
+	var out []AggregateCounters
+	it := m.o.AggStats.Iterate()
+	for it.Next(&k, &v) {
+		c := AggregateCounters{Aggregate: aggregateFromKey(k)}
+		for _, s := range v {
+			c.Passed.Packets += s.Passed.Packets
+			c.Passed.Bytes += s.Passed.Bytes
+			c.Dropped.Packets += s.Dropped.Packets
+			c.Dropped.Bytes += s.Dropped.Bytes
+		}
+		out = append(out, c)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read aggregate counters: %w", err)
+	}
+	return out, nil
+}
