@@ -39,12 +39,14 @@ const (
 type shieldRun struct {
 	in chan shield.Sample // from readSamples; full: the sample is dropped and counted
 
-	mu       sync.Mutex // guards what follows
-	eng      *shield.Engine
-	cfg      shield.Config
-	gen      uint64            // policy generation configured from
-	slotToID map[uint32]uint32 // rule table slot -> rule id
-	asn      *asn.Table
+	mu        sync.Mutex // guards what follows
+	eng       *shield.Engine
+	cfg       shield.Config
+	gen       uint64            // policy generation configured from
+	slotToID  map[uint32]uint32 // rule table slot -> rule id
+	asn       *asn.Table
+	counts    aggCounts // last aggregate counter reading (the loop's)
+	lastPrune time.Time
 
 	dropped, failed atomic.Uint64
 	auditMu         sync.Mutex
@@ -151,7 +153,16 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 	eng, iv := st.eng, st.cfg.Interval
 	st.mu.Unlock()
 	if eng != nil {
+		d.countShield(eng)
 		changes = append(changes, eng.Tick(now)...)
+	}
+	if now.Sub(st.lastPrune) >= 10*time.Second {
+		st.lastPrune = now
+		if n, err := d.m.PruneOverrides(); err != nil {
+			d.log.Warn("shield: prune expired overrides", "err", err)
+		} else if n > 0 {
+			d.log.Info("shield: expired overrides pruned", "count", n)
+		}
 	}
 	for _, c := range changes {
 		d.shieldChange(eng, c)
@@ -171,6 +182,17 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	} else {
 		d.log.Error("shield: read rule slots; samples are not attributed to rules until the next policy", "err", err)
 	}
+	var shapes map[uint32]shield.RuleShape
+	var global shield.GlobalShape
+	if cfg.Mode != shield.ModeOff {
+		shapes, global = d.watchShield(comp)
+	}
+	var load []byte
+	if st.eng == nil && cfg.Mode != shield.ModeOff {
+		if _, err := d.readStateFile(shieldStateFile, func(b []byte) error { load = b; return nil }); err != nil {
+			d.log.Error("shield: read saved baselines; learning from scratch", "err", err)
+		}
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.gen, st.slotToID, st.asn = gen, slots, table
@@ -180,15 +202,21 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	switch {
 	case st.eng == nil && cfg.Mode != shield.ModeOff:
 		st.eng = shield.New(cfg)
-		st.eng.SetRules(ruleShapes(comp))
-		if n, err := d.loadShield(st.eng, now); err != nil {
-			d.log.Error("shield: saved baselines not loaded; learning from scratch", "err", err)
-		} else if n > 0 {
-			d.log.Info("shield: restored learned baselines", "aggregates", n, "file", d.statePath(shieldStateFile))
+		st.eng.SetRules(shapes, global)
+		st.eng.SetASNOf(asnOfPrefix(table))
+		if load != nil {
+			if n, err := st.eng.Load(load, now); err != nil {
+				d.quarantineState(shieldStateFile, err)
+			} else if n > 0 {
+				d.log.Info("shield: restored learned baselines", "aggregates", n, "file", d.statePath(shieldStateFile))
+			}
 		}
 		st.eng.Tick(now)
 	case st.eng != nil:
-		st.eng.SetRules(ruleShapes(comp))
+		if cfg.Mode != shield.ModeOff {
+			st.eng.SetRules(shapes, global)
+		}
+		st.eng.SetASNOf(asnOfPrefix(table))
 		out = st.eng.Reconfigure(cfg, now)
 	}
 	if prev != cfg.Mode || gen == 1 {
@@ -197,14 +225,16 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	return out
 }
 
-func (d *Daemon) loadShield(eng *shield.Engine, now time.Time) (int, error) {
-	n := 0
-	_, err := d.readStateFile(shieldStateFile, func(b []byte) error {
-		var err error
-		n, err = eng.Load(b, now)
-		return err
-	})
-	return n, err
+// quarantineState moves a state file that does not load aside as
+// FILE.corrupt, as readStateFile does for one that does not parse.
+func (d *Daemon) quarantineState(name string, err error) {
+	path := d.statePath(name)
+	aside := path + ".corrupt"
+	if rerr := os.Rename(path, aside); rerr != nil {
+		d.log.Error("state file does not load and could not be moved aside", "file", path, "err", err, "rename_err", rerr)
+		return
+	}
+	d.log.Error("state file does not load: moved aside, starting without it", "file", path, "moved_to", aside, "err", err)
 }
 
 // saveShield writes the learned baselines (atomically).

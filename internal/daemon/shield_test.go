@@ -1,11 +1,25 @@
 package daemon
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/shield"
+	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
 // TestShieldDeployedQueries: every edgeguard_shield_* series the dashboard
@@ -46,4 +60,171 @@ func TestShieldDeployedQueries(t *testing.T) {
 			t.Errorf("%s not exported", want)
 		}
 	}
+}
+
+func shieldTestPolicy(asnPath string) string {
+	return `apiVersion: edgeguard/v1
+mode: enforce
+tables: {per_source_entries: 4096, aggregate_entries: 4096, prefix_entries: 4096, list_entries: 1024, max_rules: 16}
+asn_data: {path: ` + asnPath + `}
+defaults:
+  per_asn: {packets: {rate: 1M/s, burst: 1M}}
+global: {packets: {rate: 10M/s, burst: 10M}}
+metrics: {listen: ""}
+shield:
+  mode: enforce
+  baseline: {learn_for: 20s, half_life: 1m}
+  surge: {min_rate: 50/s, sustain: 2s, cooldown: 3s}
+  actions: {ttl: 30s}
+`
+}
+
+// TestShieldTightensThroughOverride runs the shield's loop on a real data
+// plane (BPF_PROG_TEST_RUN, no interface): real per-aggregate counters
+// teach it a baseline, a 20x surge from one ASN becomes a shield override
+// in the pinned overrides map (new sources only, budget at the baseline),
+// visible in the report, the audit file and the metrics, and it goes when
+// the surge ends. Time is the loop's argument: one call is one second.
+func TestShieldTightensThroughOverride(t *testing.T) {
+	dir := t.TempDir()
+	asnPath := filepath.Join(dir, "ip2asn.tsv")
+	if err := os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state")
+	os.Mkdir(state, 0o700)
+	d := loadedDaemon(t, Options{StateDir: state}, shieldTestPolicy(asnPath))
+	send := func(src string, n int) {
+		t.Helper()
+		frame := packet.UDP4(src, 40000, 443, 64)
+		if _, err := d.dp.Objects.XdpLimiter.Run(&ebpf.RunOptions{Data: frame, Repeat: uint32(n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	sec := func(flood int) {
+		send("198.18.0.1", 150) // users of AS64501
+		send("198.18.1.1", 150)
+		send("198.20.0.1", 300) // AS64511
+		if flood > 0 {
+			for i := range 10 {
+				send(fmt.Sprintf("198.18.5.%d", i+1), flood/10)
+			}
+		}
+		now = now.Add(time.Second)
+		d.shieldTick(now)
+	}
+	for range 40 {
+		sec(0)
+	}
+	r := d.ShieldReport(50)
+	var base float64
+	for _, a := range r.Aggregates {
+		if a.Aggregate == "rule 0 (default) asn 64501" {
+			base = a.Baseline
+		}
+	}
+	if r.Mode != "enforce" || base < 300 || base > 360 {
+		t.Fatalf("report %+v: want mode enforce and AS64501's baseline at 300/s (+19%%), got %.0f", r, base)
+	}
+	for range 6 {
+		sec(20 * 300)
+	}
+	ovr, err := d.m.Overrides()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := maps.Aggregate{RuleID: 0, Kind: maps.AggKindASN, ASN: 64501}
+	if len(ovr) != 1 || ovr[0].Aggregate != want || ovr[0].Origin != maps.OriginShield {
+		t.Fatalf("overrides %+v, want one shield override of %v (nothing broader)", ovr, want)
+	}
+	if nb := float64(ovr[0].NewBudget.Count); nb < base || nb > 1.02*base+1 || ovr[0].Budget.Count != 0 {
+		t.Fatalf("override %+v: new-source budget must be the baseline %.0f, the aggregate's budget unchanged", ovr[0], base)
+	}
+	r = d.ShieldReport(5)
+	if len(r.Actions) != 1 || !r.Actions[0].Enforced || r.Actions[0].Kind != "tighten" {
+		t.Fatalf("actions %+v", r.Actions)
+	}
+	if got := shieldGauge(t, d, "edgeguard_shield_actions_active", "tighten"); got != 1 {
+		t.Fatalf("edgeguard_shield_actions_active{kind=tighten} = %v", got)
+	}
+	// The current rate (EWMA, 2 s) falls under end_factor x baseline about
+	// 7 s after the surge, then cooldown (3 s).
+	for range 14 {
+		sec(0)
+	}
+	if ovr, _ := d.m.Overrides(); len(ovr) != 0 {
+		t.Fatalf("after the surge: overrides %+v", ovr)
+	}
+	audit, err := os.ReadFile(filepath.Join(state, shieldAuditFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []string
+	for _, line := range strings.Split(strings.TrimSpace(string(audit)), "\n") {
+		var rec auditRecord
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		ops = append(ops, rec.Op+" "+rec.Aggregate+" by "+rec.By)
+	}
+	if want := []string{"install rule 0 asn 64501 by shield", "remove rule 0 asn 64501 by shield"}; !slices.Equal(ops, want) {
+		t.Fatalf("audit %q, want %q", ops, want)
+	}
+	d.saveShield()
+	b, err := os.ReadFile(filepath.Join(state, shieldStateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := shield.New(shieldConfig(d.cur.pol.Shield)).Load(b, now); err != nil || n == 0 {
+		t.Fatalf("saved baselines: %d, %v", n, err)
+	}
+}
+
+// TestShieldOperator: release, pin and forbid through the daemon, with who
+// asked in the audit; a forbidden ASN is never tightened.
+func TestShieldOperator(t *testing.T) {
+	dir := t.TempDir()
+	asnPath := filepath.Join(dir, "ip2asn.tsv")
+	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
+	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
+	now := time.Now()
+	d.shieldTick(now)
+	if err := d.ShieldDo("release", control.ShieldRequest{ID: 42}, "alice"); !errors.Is(err, shield.ErrNoAction) {
+		t.Fatalf("release of nothing: %v", err)
+	}
+	if err := d.ShieldDo("forbid", control.ShieldRequest{Aggregate: "AS64501"}, "bob (uid 0)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ShieldDo("forbid", control.ShieldRequest{Aggregate: "not an aggregate"}, "bob"); err == nil {
+		t.Fatal("forbid of junk accepted")
+	}
+	if r := d.ShieldReport(1); len(r.Forbid) != 1 || r.Forbid[0] != "AS64501 (bob (uid 0))" {
+		t.Fatalf("forbid %q", r.Forbid)
+	}
+	if err := d.ShieldDo("forbid", control.ShieldRequest{Aggregate: "AS64501", Remove: true}, "bob"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func shieldGauge(t *testing.T, d *Daemon, name, kind string) float64 {
+	t.Helper()
+	fams, err := d.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("%s{kind=%q} not gathered", name, kind)
+	return 0
 }

@@ -183,6 +183,14 @@ type RuleShape struct {
 	PrefixLen4, PrefixLen6 uint8
 	Whole                  bool
 	ASN                    bool
+	// Counted: the data plane counts these aggregates' instances exactly
+	// (maps.WatchAggregates); their rates come from Count, not samples.
+	Counted bool
+}
+
+// GlobalShape is the same for the global bucket.
+type GlobalShape struct {
+	Limited, Counted bool
 }
 
 // keys appends the aggregates a sample belongs to.
@@ -215,7 +223,7 @@ func keys(dst []Key, s Sample, shape RuleShape) []Key {
 
 // tightenable reports whether the data plane has a bucket for the
 // aggregate that an override can tighten.
-func tightenable(k Key, shape RuleShape) bool {
+func tightenable(k Key, shape RuleShape, global GlobalShape) bool {
 	switch k.Kind {
 	case KindPrefix:
 		bits := shape.PrefixLen4
@@ -228,7 +236,15 @@ func tightenable(k Key, shape RuleShape) bool {
 	case KindRule:
 		return shape.Whole
 	case KindGlobal:
-		return true
+		return global.Limited
 	}
 	return false
+}
+
+// counted reports whether k's rate comes from exact counters.
+func counted(k Key, shape RuleShape, global GlobalShape) bool {
+	if k.Kind == KindGlobal {
+		return global.Counted
+	}
+	return shape.Counted && tightenable(k, shape, global)
 }

@@ -198,6 +198,8 @@ type Engine struct {
 	mu      sync.Mutex
 	cfg     Config
 	shapes  map[uint32]RuleShape
+	global  GlobalShape
+	asnOf   func(netip.Prefix) uint32
 	tracked map[Key]*aggState
 	sketch  *cms
 	base    *fingerprints
@@ -247,11 +249,12 @@ func New(cfg Config) *Engine {
 	return e
 }
 
-// SetRules tells the engine what the data plane can tighten per rule id.
-func (e *Engine) SetRules(shapes map[uint32]RuleShape) {
+// SetRules tells the engine what the data plane can tighten per rule id,
+// and about the global bucket.
+func (e *Engine) SetRules(shapes map[uint32]RuleShape, global GlobalShape) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.shapes = shapes
+	e.shapes, e.global = shapes, global
 	for k, a := range e.tracked {
 		a.shape = shapes[k.Rule]
 	}
@@ -300,16 +303,20 @@ func (e *Engine) Observe(s Sample) {
 	e.keyBuf = keys(e.keyBuf[:0], s, e.shapes[s.Rule])
 	bytes := float64(s.Len) * s.Weight
 	hotSeen := false
+	shape := e.shapes[s.Rule]
 	for _, k := range e.keyBuf {
+		isCounted := counted(k, shape, e.global)
 		a := e.tracked[k]
-		if a == nil {
+		if a == nil && !isCounted {
 			a = e.admit(k, s.Weight)
 		}
 		if a == nil {
 			continue
 		}
-		a.accPkts += s.Weight
-		a.accBits += 8 * bytes
+		if !isCounted {
+			a.accPkts += s.Weight
+			a.accBits += 8 * bytes
+		}
 		if !a.det.hot() {
 			continue
 		}
@@ -336,6 +343,54 @@ func (e *Engine) Observe(s Sample) {
 			e.pending[i] = s // reservoir sampling
 		}
 	}
+}
+
+// Count adds exact packet and byte counts of an interval to a counted
+// aggregate (from the data plane's per-aggregate counters, passed and
+// dropped: the offered traffic).
+func (e *Engine) Count(k Key, packets, bytes float64) {
+	if packets <= 0 || math.IsNaN(packets) || math.IsInf(packets, 0) || math.IsNaN(bytes) || math.IsInf(bytes, 0) {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cfg.Mode == ModeOff {
+		return
+	}
+	a := e.tracked[k]
+	if a == nil {
+		a = e.admit(k, packets)
+	}
+	if a == nil {
+		return
+	}
+	a.accPkts += packets
+	a.accBits += 8 * max(bytes, 0)
+}
+
+// SetASNOf tells the engine which ASN a prefix belongs to (the ASN data),
+// so a hot ASN's excess is known to explain its prefixes' and a rule's
+// when no samples say so.
+func (e *Engine) SetASNOf(f func(netip.Prefix) uint32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.asnOf = f
+}
+
+// contains reports whether aggregate n lies inside aggregate b.
+func (e *Engine) contains(b, n Key) bool {
+	if n.Kind >= b.Kind || b.Kind == KindCountry || b.Kind == KindPort || n.Kind == KindCountry || n.Kind == KindPort {
+		return b.Kind == KindGlobal && n.Kind != KindGlobal
+	}
+	switch b.Kind {
+	case KindGlobal:
+		return true
+	case KindRule:
+		return n.Rule == b.Rule
+	case KindASN:
+		return n.Kind == KindPrefix && n.Rule == b.Rule && e.asnOf != nil && e.asnOf(n.Prefix) == b.ASN
+	}
+	return false
 }
 
 // admit starts tracking k if it is heavy enough: while the table has
@@ -514,13 +569,16 @@ func (e *Engine) plan(now time.Time) []Change {
 			break
 		}
 		a := e.tracked[k]
-		if a.own < a.explained {
-			continue // a narrower hot aggregate carries most of it
+		if a.own+a.explained > 0 && a.own < a.explained {
+			continue // samples say a narrower hot aggregate carries most of it
 		}
 		base := a.baseline(e.cfg.Percentile)
+		if e.explainedByNarrower(k, a.curPkts-base) {
+			continue
+		}
 		act := &Action{Key: k, Shape: a.shape, Baseline: base, Rate: a.curPkts, Since: now}
 		switch {
-		case tightenable(k, a.shape):
+		case tightenable(k, a.shape, e.global):
 			act.Kind = Tighten
 			act.Budget = math.Max(base*e.cfg.TightenTo, base)
 			act.Reason = fmt.Sprintf("%s at %.0f/s, %.1fx its baseline %.0f/s for %s: new sources share %.0f/s",
@@ -556,6 +614,21 @@ func (e *Engine) plan(now time.Time) []Change {
 		out = append(out, Change{Op: OpInstall, Action: *act, Why: act.Reason, By: "shield", At: now, Mitigate: now.Sub(a.det.Start)})
 	}
 	return out
+}
+
+// explainedByNarrower reports whether hot aggregates inside k (judged,
+// surging or pending) account for at least half of k's excess.
+func (e *Engine) explainedByNarrower(k Key, excess float64) bool {
+	if excess <= 0 || k.Kind == KindPrefix {
+		return false
+	}
+	var inside float64
+	for nk, na := range e.tracked {
+		if nk.Kind < k.Kind && na.det.hot() && e.contains(k, nk) {
+			inside += math.Max(0, na.curPkts-na.baseline(e.cfg.Percentile))
+		}
+	}
+	return inside >= excess/2
 }
 
 func (e *Engine) fingerprintForbidden(fp Fingerprint) bool {

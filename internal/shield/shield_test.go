@@ -41,7 +41,7 @@ type sim struct {
 
 func newSim(t *testing.T, c Config) *sim {
 	s := &sim{t: t, e: New(c), now: t0, rng: rand.New(rand.NewPCG(1, 2))}
-	s.e.SetRules(map[uint32]RuleShape{0: {PrefixLen4: 24, PrefixLen6: 48, ASN: true}})
+	s.e.SetRules(map[uint32]RuleShape{0: {PrefixLen4: 24, PrefixLen6: 48, ASN: true}}, GlobalShape{Limited: true})
 	s.e.Tick(s.now)
 	return s
 }
@@ -521,5 +521,52 @@ func TestParseKeyRoundTrip(t *testing.T) {
 		if _, err := ParseForbid(s); err == nil {
 			t.Errorf("forbid %q parsed", s)
 		}
+	}
+}
+
+// TestCountedAggregates: aggregates the data plane counts exactly learn
+// from Count, not from samples (which would count them twice), and an ASN
+// surge explains the global one: only the ASN is tightened.
+func TestCountedAggregates(t *testing.T) {
+	c := testConfig()
+	e := New(c)
+	e.SetRules(map[uint32]RuleShape{0: {PrefixLen4: 24, PrefixLen6: 48, ASN: true, Counted: true}}, GlobalShape{Limited: true, Counted: true})
+	asnB := Key{Kind: KindASN, ASN: 64501}
+	glob := Key{Kind: KindGlobal}
+	now := t0
+	e.Tick(now)
+	var changes []Change
+	step := func(a, b float64) {
+		e.Count(asnA, a, a*100)
+		e.Count(asnB, b, b*100)
+		e.Count(glob, a+b, (a+b)*100)
+		// Samples of the same traffic must not add to counted keys.
+		e.Observe(Sample{Src: netip.MustParseAddr("198.18.1.1"), ASN: 64500, Proto: 17, DPort: 443, Len: 100, Weight: a})
+		now = now.Add(time.Second)
+		changes = append(changes, e.Tick(now)...)
+	}
+	for range 120 {
+		step(400, 400)
+	}
+	var base float64
+	for _, r := range e.Report(0).Rows {
+		if r.Key == asnA {
+			base = r.Baseline
+		}
+	}
+	if base < 400 || base > 480 {
+		t.Fatalf("counted baseline %.0f for 400/s (samples double counted?)", base)
+	}
+	for range 8 {
+		step(20*400, 400)
+	}
+	var got []Key
+	for _, ch := range changes {
+		if ch.Op == OpInstall {
+			got = append(got, ch.Action.Key)
+		}
+	}
+	if len(got) != 1 || got[0] != asnA {
+		t.Fatalf("installs on %v, want only %s (global is explained by it)", got, asnA)
 	}
 }
