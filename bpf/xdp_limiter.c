@@ -154,7 +154,7 @@ static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, c
 	count(ctx->ingress_ifindex, v->action, v->reason, pi->len);
 	if (v->counted_rule)
 		count_rule(v->rule_id, v->action, pi->len);
-	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY && now)
+	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY_LIST && now)
 		sample(v, pi, cfg, now);
 	return v->action == EG_ACT_DROP ? XDP_DROP : XDP_PASS;
 }
@@ -958,13 +958,13 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 			e->last_seen = ns;
 			return 0;
 		}
-		set_standing(e, EG_STANDING_NEW, EG_WHY_DECAYED, ns);
+		set_standing(e, EG_STANDING_NEW, EG_WHY_PENALTY_OVER, ns);
 	} else if ((e->standing == EG_STANDING_NEW || e->standing == EG_STANDING_ESTABLISHED) && ss->tcp &&
 		   tcp_established(ctx, ss)) {
 		/* A completed handshake proves the address is not spoofed,
 		 * congested or not: that is what a user arriving during an
 		 * attack can do. */
-		set_standing(e, EG_STANDING_VALIDATED, EG_WHY_TCP, ns);
+		set_standing(e, EG_STANDING_VALIDATED, EG_WHY_TCP_HANDSHAKE, ns);
 		count_standing(EG_SE_VALIDATED);
 	} else if (e->standing == EG_STANDING_NEW) {
 		if (ss->congested) {
@@ -973,7 +973,7 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 		} else if (ns - e->last_seen > scfg->established_after_ns) {
 			e->clean_since = ns; /* gone longer than the whole wait: start over */
 		} else if (ns - e->clean_since >= scfg->established_after_ns) {
-			set_standing(e, EG_STANDING_ESTABLISHED, EG_WHY_CLEAN, ns);
+			set_standing(e, EG_STANDING_ESTABLISHED, EG_WHY_CLEAN_HISTORY, ns);
 			count_standing(EG_SE_ESTABLISHED);
 		}
 	}
@@ -1048,11 +1048,11 @@ int xdp_limiter(struct xdp_md *ctx)
 
 		if (lv->deny_until > ns) {
 			v.action = EG_ACT_DROP;
-			v.reason = EG_R_DENY;
+			v.reason = EG_R_DENY_LIST;
 			goto verdict;
 		}
 		if (lv->allow_until > ns) {
-			v.reason = EG_R_ALLOW;
+			v.reason = EG_R_ALLOW_LIST;
 			return finish(ctx, &v, &pi, cfg, now);
 		}
 	}
@@ -1202,7 +1202,7 @@ int xdp_limiter(struct xdp_md *ctx)
 			}
 		}
 		if (sb && !bucket_take(sb, &rule->src, now, pi.len)) {
-			v.reason = EG_R_SRC_LIMIT;
+			v.reason = EG_R_SOURCE_LIMIT;
 			goto limited;
 		}
 	}
@@ -1239,7 +1239,7 @@ limited:
 	v.action = EG_ACT_DROP;
 verdict:
 	dry = cfg->mode == EG_MODE_DRY_RUN;
-	if (v.reason != EG_R_DENY && rule && rule->mode != EG_MODE_INHERIT)
+	if (v.reason != EG_R_DENY_LIST && rule && rule->mode != EG_MODE_INHERIT)
 		dry = rule->mode == EG_MODE_DRY_RUN;
 	if (dry)
 		v.action = EG_ACT_WOULD_DROP;
@@ -1254,7 +1254,7 @@ standing_out:
 	 * build history, refusals by the own limit penalise. */
 	if (v.reason == EG_R_OK)
 		eg_standing_update(&ss, EG_UPD_ADMITTED, ctx);
-	else if (v.reason == EG_R_SRC_LIMIT && (eg_test_clock || (bpf_get_prandom_u32() & (EG_PENALTY_SAMPLE - 1)) == 0))
+	else if (v.reason == EG_R_SOURCE_LIMIT && (eg_test_clock || (bpf_get_prandom_u32() & (EG_PENALTY_SAMPLE - 1)) == 0))
 		eg_standing_update(&ss, EG_UPD_OWN_LIMIT, ctx);
 	return finish(ctx, &v, &pi, cfg, now);
 

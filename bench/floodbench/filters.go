@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
@@ -112,14 +113,14 @@ func (stackOnly) close()                        {}
 // edgeguard is our data plane, native or generic, on both interfaces.
 type edgeguard struct {
 	mode  loader.Mode
-	clock maps.Clock
+	clock policy.Clock
 	dp    *loader.Datapath
 	m     *maps.Maps
 	att   []*loader.Attachment
 }
 
 func (g *edgeguard) name() string {
-	if g.clock == maps.ClockPrecise {
+	if g.clock == policy.ClockPrecise {
 		return "edgeguard " + string(g.mode) + ", precise clock"
 	}
 	return "edgeguard " + string(g.mode)
@@ -130,33 +131,42 @@ func (g *edgeguard) name() string {
 // unknownBudget; the known space 198.18.0.0/15 (standing for networks the
 // operator has facts about, as from an ASN database) limits each source
 // to 100/s and each /16 to prefixBudget. No rule names the attacker.
-func benchPolicy(extraRules int, clock maps.Clock) maps.Generation {
-	src := maps.Bucket{Packets: maps.Rate{Count: perSourceRate, Per: time.Second, Burst: perSourceBurst}}
-	g := maps.Generation{
-		// Edgeguard runs on the coarse clock, as on an edge that sheds
-		// floods: the same class of clock as hashlimit's jiffies
-		// (docs/operations.md, "Clock"); "edgeguard native, precise
-		// clock" is the policy default.
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass, Clock: clock},
-		Rules: []maps.Rule{
-			{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: src, AggMode: maps.AggWhole,
-				Agg: maps.Bucket{Packets: maps.Rate{Count: unknownBudget, Per: time.Second, Burst: unknownBudget}}},
-			{ID: 1, SrcLen4: 32, SrcLen6: 64, Src: src, AggMode: maps.AggDerived, AggLen4: 16, AggLen6: 48,
-				Agg: maps.Bucket{Packets: maps.Rate{Count: prefixBudget, Per: time.Second, Burst: prefixBudget}}},
+func benchPolicy(extraRules int, clock policy.Clock) *policy.Compiled {
+	src := policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: perSourceRate, Per: time.Second}, Burst: perSourceBurst}}
+	g := policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Clock:     clock,
+		Rules: []policy.CompiledRule{
+			{
+				ID:        0,
+				SourceKey: policy.KeyBits{V4: 32, V6: 64},
+				PerSource: src,
+				Aggregate: policy.AggregateWhole,
+				PerPrefix: policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: unknownBudget, Per: time.Second}, Burst: unknownBudget}},
+			},
+			{
+				ID:           1,
+				SourceKey:    policy.KeyBits{V4: 32, V6: 64},
+				PerSource:    src,
+				Aggregate:    policy.AggregateDerived,
+				AggregateKey: policy.KeyBits{V4: 16, V6: 48},
+				PerPrefix:    policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: prefixBudget, Per: time.Second}, Burst: prefixBudget}},
+			},
 		},
-		Prefixes: []maps.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/15"), RuleID: 1}},
+		Prefixes: []policy.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/15"), RuleID: 1}},
 	}
 	// Extra rules, each with its own /32 in 240.0.0.0/8 (reserved, never a
 	// source here), none matching the flood: the cost of a bigger policy.
 	for i := 0; i < extraRules; i++ {
 		id := uint32(2 + i%1000)
 		if i < 1000 {
-			g.Rules = append(g.Rules, maps.Rule{ID: id, SrcLen4: 32, SrcLen6: 64, Src: src})
+			g.Rules = append(g.Rules, policy.CompiledRule{ID: id, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: src})
 		}
 		a := netip.AddrFrom4([4]byte{240, byte(i >> 16), byte(i >> 8), byte(i)})
-		g.Prefixes = append(g.Prefixes, maps.PrefixFact{Prefix: netip.PrefixFrom(a, 32), RuleID: id})
+		g.Prefixes = append(g.Prefixes, policy.PrefixFact{Prefix: netip.PrefixFrom(a, 32), RuleID: id})
 	}
-	return g
+	return &g
 }
 
 func (g *edgeguard) setup(e *edge, extraRules int) error {

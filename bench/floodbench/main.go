@@ -41,7 +41,7 @@ import (
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
-	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
@@ -96,9 +96,9 @@ type benchCase struct {
 func filters() []func() filter {
 	return []func() filter{
 		func() filter { return &xdpConst{} },
-		func() filter { return &edgeguard{mode: loader.ModeNative, clock: maps.ClockCoarse} },
-		func() filter { return &edgeguard{mode: loader.ModeNative, clock: maps.ClockPrecise} },
-		func() filter { return &edgeguard{mode: loader.ModeGeneric, clock: maps.ClockCoarse} },
+		func() filter { return &edgeguard{mode: loader.ModeNative, clock: policy.ClockCoarse} },
+		func() filter { return &edgeguard{mode: loader.ModeNative, clock: policy.ClockPrecise} },
+		func() filter { return &edgeguard{mode: loader.ModeGeneric, clock: policy.ClockCoarse} },
 		func() filter { return nftMeter{netdev: true} },
 		func() filter { return nftMeter{netdev: false} },
 		func() filter { return hashlimit{} },

@@ -32,6 +32,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testbed"
 )
 
@@ -183,9 +184,12 @@ func (g *edgeguardSyn) setup(e *edge) error {
 		PrefixEntries: 1 << 12, ListEntries: 1 << 10, V4Chunks: 1 << 10}}); err != nil {
 		return err
 	}
-	gen := maps.Generation{Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass},
-		Rules: []maps.Rule{{ID: 0, SrcLen4: 32, SrcLen6: 64}}}
-	if err := maps.New(g.dp).Apply(gen); err != nil {
+	gen := policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Rules:     []policy.CompiledRule{{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}},
+	}
+	if err := maps.New(g.dp).Apply(&gen); err != nil {
 		return err
 	}
 	if g.sp, err = loader.LoadSyn(g.dp, loader.SynOptions{}); err != nil {

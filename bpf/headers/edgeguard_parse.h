@@ -91,7 +91,7 @@ static __always_inline int parse_eth(struct cursor *c, __u16 *proto)
 	__u16 p;
 
 	if ((void *)(eth + 1) > c->end)
-		return -EG_R_BAD_ETH;
+		return -EG_R_BAD_ETHERNET;
 	c->pos = eth + 1;
 	p = eth->h_proto;
 
@@ -118,7 +118,7 @@ static __always_inline int ipv4_bad(const struct cursor *c, const struct iphdr *
 {
 	if ((__u8)(*(const __u8 *)iph - 0x45) > 0x0a || c->pos + hlen > c->end)
 		return -EG_R_BAD_IPV4;
-	return -EG_R_BAD_IP_LEN;
+	return -EG_R_BAD_IP_LENGTH;
 }
 
 /* parse_ipv4 fills the v4-mapped source and returns the L4 protocol, or -1
@@ -154,7 +154,7 @@ static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 	 * fragment or a whole packet is refused by parse_l4, off the TCP and
 	 * UDP path.) */
 	if (iph->frag_off & bpf_htons(0x1fff))
-		return iph->protocol == IPPROTO_ICMPV6 ? -EG_R_ICMP_FAMILY : -1;
+		return iph->protocol == IPPROTO_ICMPV6 ? -EG_R_ICMP_WRONG_FAMILY : -1;
 	return iph->protocol;
 }
 
@@ -184,7 +184,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 	plen = bpf_ntohs(ip6h->payload_len);
 	/* One exit for both, as in parse_ipv4: a bad version first. */
 	if (ip6h->version != 6 || (void *)(ip6h + 1) + plen > c->end)
-		return ip6h->version != 6 ? -EG_R_BAD_IPV6 : -EG_R_BAD_IP_LEN;
+		return ip6h->version != 6 ? -EG_R_BAD_IPV6 : -EG_R_BAD_IP_LENGTH;
 	c->pos = ip6h + 1;
 	c->left = plen;
 	__builtin_memcpy(pi->addr, &ip6h->saddr, 16);
@@ -235,7 +235,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 				/* non-first fragment: no L4 header, but its
 				 * protocol is known */
 				if (next == IPPROTO_ICMP)
-					return -EG_R_ICMP_FAMILY;
+					return -EG_R_ICMP_WRONG_FAMILY;
 				return -1;
 			}
 			break;
@@ -292,7 +292,7 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int p
 		__u8 *h = c->pos;
 
 		if ((proto == IPPROTO_ICMP) != v4)
-			return -EG_R_ICMP_FAMILY;
+			return -EG_R_ICMP_WRONG_FAMILY;
 		if (c->left < 8 || (void *)(h + 8) > c->end)
 			return -EG_R_BAD_L4;
 		pi->dport = h[0];

@@ -59,13 +59,13 @@ enum eg_reason {
 	EG_R_OK = 0,         /* passed every limit of its rule */
 	EG_R_NON_IP = 1,     /* ARP, LLDP, ...: always passed, never limited */
 	EG_R_NO_POLICY = 2,  /* no policy loaded yet: passed */
-	EG_R_ALLOW = 3,      /* allow list: passed without limiting */
-	EG_R_DENY = 4,       /* deny list */
-	EG_R_SRC_LIMIT = 5,  /* per-source bucket empty */
+	EG_R_ALLOW_LIST = 3,      /* allow list: passed without limiting */
+	EG_R_DENY_LIST = 4,       /* deny list */
+	EG_R_SOURCE_LIMIT = 5,  /* per-source bucket empty */
 	EG_R_PREFIX_LIMIT = 6, /* prefix aggregate bucket empty */
 	EG_R_ASN_LIMIT = 7,  /* ASN aggregate bucket empty */
 	EG_R_GLOBAL_LIMIT = 8, /* global bucket empty */
-	EG_R_BAD_ETH = 9,    /* frame shorter than an Ethernet header */
+	EG_R_BAD_ETHERNET = 9,    /* frame shorter than an Ethernet header */
 	EG_R_BAD_VLAN = 10,  /* truncated VLAN tag, or more than two tags */
 	EG_R_BAD_IPV4 = 11,  /* IPv4 header cut off by the frame, IHL < 5, bad version */
 	EG_R_BAD_IPV6 = 12,  /* IPv6 header cut off by the frame, an extension header
@@ -75,10 +75,10 @@ enum eg_reason {
 			      * ICMP header cut off by the end of the datagram */
 	EG_R_RULE_DROP = 14, /* the rule's action is drop */
 	EG_R_RULE_PASS = 15, /* the rule's action is pass: no limiting */
-	EG_R_BAD_IP_LEN = 16, /* IPv4 total length < IHL * 4, or the datagram
+	EG_R_BAD_IP_LENGTH = 16, /* IPv4 total length < IHL * 4, or the datagram
 			       * (IPv4 total length, IPv6 40 + payload length)
 			       * runs past the end of the frame */
-	EG_R_ICMP_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
+	EG_R_ICMP_WRONG_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
 				* 58 (ICMPv6), IPv6 next header 1 (ICMP) */
 	EG_R_MAX = 18,
 };
@@ -358,15 +358,15 @@ enum eg_standing {
 enum eg_standing_why {
 	EG_WHY_NONE = 0,
 	EG_WHY_FIRST_SEEN = 1,   /* entry created: a packet admitted as new */
-	EG_WHY_CLEAN = 2,        /* clean history for established_after */
+	EG_WHY_CLEAN_HISTORY = 2,        /* clean history for established_after */
 	EG_WHY_OWN_LIMIT = 3,    /* exceeded its own (per-source) limit */
-	EG_WHY_DENY = 4,         /* deny-listed (CLI, policy, L7 escalation) */
-	EG_WHY_DECAYED = 5,      /* penalty over: new again */
-	EG_WHY_IMPORT = 6,       /* standing.known_good */
-	EG_WHY_L7 = 7,           /* promoted by the L7 stage */
+	EG_WHY_DENY_LIST = 4,         /* deny-listed (CLI, policy, L7 escalation) */
+	EG_WHY_PENALTY_OVER = 5,      /* penalty over: new again */
+	EG_WHY_KNOWN_GOOD = 6,       /* standing.known_good */
+	EG_WHY_L7_PROMOTION = 7,           /* promoted by the L7 stage */
 	EG_WHY_CONGESTED = 8,    /* history restarted: seen while congested */
 	EG_WHY_SET = 9,          /* set by the operator (edgectl) */
-	EG_WHY_TCP = 10,         /* its TCP connection is ESTABLISHED on this host */
+	EG_WHY_TCP_HANDSHAKE = 10,         /* its TCP connection is ESTABLISHED on this host */
 	EG_WHY_MAX = 11,
 };
 

@@ -89,7 +89,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 		err = fmt.Errorf("lists need %d entries, the table holds %d: raise tables.list_entries", len(lists), d.dp.Objects.Lists.MaxEntries())
 	}
 	if err == nil {
-		if err = d.m.Apply(Generation(next.compiled)); err != nil {
+		if err = d.m.Apply(next.compiled); err != nil {
 			err = fmt.Errorf("apply policy: %w", err)
 		}
 	}
@@ -99,7 +99,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 			// Back to the running generation, whose lists are still
 			// (or again) those written last.
 			if d.cur.compiled != nil {
-				if rerr := d.m.Apply(Generation(d.cur.compiled)); rerr != nil {
+				if rerr := d.m.Apply(d.cur.compiled); rerr != nil {
 					d.log.Error("roll back to the running policy's generation", "err", rerr)
 				}
 				if rerr := d.syncLists(); rerr != nil {

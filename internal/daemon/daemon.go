@@ -525,7 +525,7 @@ func (d *Daemon) listEntries(p *policy.Policy) ([]maps.ListEntry, error) {
 			}
 		}
 	}
-	return ListEntries(policy.CompileLists(deny, allow))
+	return maps.ListEntries(policy.CompileLists(deny, allow))
 }
 
 // syncLists writes the running policy's lists merged with the run-time

@@ -163,20 +163,20 @@ func (d *Daemon) sweepStanding() error {
 	if err != nil {
 		return err
 	}
-	mono, err := nowMono()
+	mono, err := maps.MonoNow()
 	if err != nil {
 		return err
 	}
 	var denied []netip.Prefix
 	for _, l := range lists {
-		if l.DenyUntil > mono.mono {
+		if l.DenyUntil > mono {
 			denied = append(denied, l.Prefix)
 		}
 	}
 	removed, penalised := 0, 0
 	for _, e := range entries {
-		idle := time.Duration(mono.mono - min(e.LastSeenNS, mono.mono))
-		inForce := time.Duration(mono.mono - min(e.SinceNS, mono.mono))
+		idle := time.Duration(mono - min(e.LastSeenNS, mono))
+		inForce := time.Duration(mono - min(e.SinceNS, mono))
 		if e.Standing != maps.StandingPenalised && coveredBy(denied, e.Addr) {
 			if err := d.m.SetStandingWhy(e.Addr, maps.StandingPenalised, maps.WhyDeny); err != nil {
 				return err

@@ -79,14 +79,14 @@ metrics: {listen: ""}
 			t.Fatal(err)
 		}
 	}
-	mono, err := nowMono()
+	mono, err := maps.MonoNow()
 	if err != nil {
 		t.Fatal(err)
 	}
-	put("198.51.100.5", maps.StandingEstablished, mono.mono)           // deny-listed
-	put("198.18.0.1", maps.StandingNew, mono.mono-uint64(time.Minute)) // new, idle 1 min > 30 s
-	put("198.18.0.2", maps.StandingNew, mono.mono)                     // new, active
-	put("198.18.0.3", maps.StandingEstablished, mono.mono-uint64(time.Minute))
+	put("198.51.100.5", maps.StandingEstablished, mono)           // deny-listed
+	put("198.18.0.1", maps.StandingNew, mono-uint64(time.Minute)) // new, idle 1 min > 30 s
+	put("198.18.0.2", maps.StandingNew, mono)                     // new, active
+	put("198.18.0.3", maps.StandingEstablished, mono-uint64(time.Minute))
 	if err := d.sweepStanding(); err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func loadedDaemon(t *testing.T, o Options, policy string) *Daemon {
 func (d *Daemon) commitData(next running) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.m.Apply(Generation(next.compiled)); err != nil {
+	if err := d.m.Apply(next.compiled); err != nil {
 		return err
 	}
 	d.cur = next

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // ratioTo is an extra metric: this case's time per packet over base's,
@@ -26,12 +27,17 @@ func ratioTo(c *benchCase, baseName string, base *benchCase) extraMetric {
 
 // asnBenchGen is "pass" plus an ASN aggregate with a budget that never runs
 // out: 198.18.0.0/15 is AS64500.
-func asnBenchGen() maps.Generation {
+func asnBenchGen() policy.Compiled {
 	r := generousRule(0)
-	r.ASN = maps.Bucket{Packets: generous}
-	return maps.Generation{Settings: enforce(), Rules: []maps.Rule{r},
-		Prefixes: []maps.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/15"), ASN: 64500}}}
+	r.PerASN = policy.Bucket{Packets: generous}
+	g := enforce()
+	g.Rules = []policy.CompiledRule{r}
+	g.Prefixes = []policy.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/15"), ASN: 64500}}
+	return g
 }
+
+// generousRate never runs out at a few tens of Mpps (an override's budget).
+var generousRate = maps.Rate{Count: generous.Rate.Count, Per: generous.Rate.Per, Burst: generous.Burst}
 
 // passASNCase is the baseline of the override cases: no override exists,
 // so the rule's gate word is zero and no override is looked up.
@@ -51,10 +57,10 @@ func overrideCase(newBudget bool) func(b *testing.B) *benchCase {
 	return func(b *testing.B) *benchCase {
 		bd := loadBench(b, smallSizes)
 		bd.apply(asnBenchGen())
-		o := maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindASN, ASN: 64500}, Budget: generous,
+		o := maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindASN, ASN: 64500}, Budget: generousRate,
 			Expires: time.Now().Add(24 * time.Hour), Origin: maps.OriginShield}
 		if newBudget {
-			o.NewBudget = generous
+			o.NewBudget = generousRate
 		}
 		if err := bd.m.SetOverride(o); err != nil {
 			b.Fatal(err)

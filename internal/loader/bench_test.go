@@ -14,6 +14,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // BenchmarkDataPlane measures the XDP program's cost per packet with
@@ -74,8 +75,8 @@ func BenchmarkDataPlane(b *testing.B) {
 	b.Run("drop_per_ip", func(b *testing.B) {
 		cached(b, "drop_per_ip", func(b *testing.B) *benchCase {
 			bd := loadBench(b, smallSizes)
-			r := maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: onePerHour}}
-			bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r}})
+			r := policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: onePerHour}}
+			bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{r}})
 			return &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpDrop}
 		}).measure(b)
 	})
@@ -86,7 +87,7 @@ func BenchmarkDataPlane(b *testing.B) {
 		// frame over the 65,536 sources of 198.18.0.0/16 measure the same
 		// path as one run each would, without the runner's fixed cost.
 		cached(b, "drop_prefix", func(b *testing.B) *benchCase {
-			return aggregateDropCase(b, maps.AggDerived)
+			return aggregateDropCase(b, policy.AggregateDerived)
 		}).measure(b)
 	})
 	b.Run("drop_whole", func(b *testing.B) {
@@ -94,13 +95,13 @@ func BenchmarkDataPlane(b *testing.B) {
 		// whole, one bucket for every source (a whole-space spoofed
 		// flood): the look-ahead reads the rule's slot of whole_buckets.
 		cached(b, "drop_whole", func(b *testing.B) *benchCase {
-			return aggregateDropCase(b, maps.AggWhole)
+			return aggregateDropCase(b, policy.AggregateWhole)
 		}).measure(b)
 	})
 	b.Run("deny", func(b *testing.B) {
 		cached(b, "deny", func(b *testing.B) *benchCase {
 			bd := loadBench(b, smallSizes)
-			bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{generousRule(0)}})
+			bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
 			deny := []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI}}
 			if err := bd.m.SetLists(deny); err != nil {
 				b.Fatal(err)
@@ -166,7 +167,7 @@ func BenchmarkDataPlane(b *testing.B) {
 		// millions more sources, would measure filter fill instead).
 		cached(b, "random_src", func(b *testing.B) *benchCase {
 			bd := loadBench(b, bigSrcSizes)
-			bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{generousRule(0)}})
+			bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
 			fillSrc(b, bd, 1, 1<<20)
 			feed := newSourceFeeder(b, bd.prog(), ebpf.AttachXDP)
 			alone := newSourceFeeder(b, bareDrop(b), ebpf.AttachNone)
@@ -176,7 +177,7 @@ func BenchmarkDataPlane(b *testing.B) {
 			twin := func(minFacts int, wantDirect bool) *benchDatapath {
 				t := loadBench(b, bigSrcSizes)
 				t.m.SetV4DirectMinFacts(minFacts)
-				t.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{generousRule(0)}})
+				t.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
 				if got := t.m.V4Direct().Used; got != wantDirect {
 					b.Fatalf("ipv4 direct table in use: %v, want %v (%+v)", got, wantDirect, t.m.V4Direct())
 				}
@@ -231,7 +232,7 @@ func fillSrc(b *testing.B, bd *benchDatapath, id uint32, n int) []loader.Limiter
 func pass1MKeys(b *testing.B) *benchCase {
 	const filled = 1_000_000
 	bd := loadBench(b, bigSrcSizes)
-	bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{generousRule(0)}})
+	bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
 	keys := fillSrc(b, bd, 0, filled)
 	frames := make([][]byte, 1<<16)
 	var v loader.LimiterEgBucket
@@ -264,15 +265,15 @@ func pass1MKeys(b *testing.B) *benchCase {
 // aggregateDropCase is drop_prefix and drop_whole: the default rule's
 // aggregate (mode: a derived /16, or whole) is over budget, and frames come
 // from the 65,536 sources of 198.18.0.0/16, 256 runs each.
-func aggregateDropCase(b *testing.B, mode maps.AggMode) *benchCase {
+func aggregateDropCase(b *testing.B, mode policy.AggregateMode) *benchCase {
 	bd := loadBench(b, smallSizes)
 	r := generousRule(0)
-	r.AggMode = mode
-	if mode == maps.AggDerived {
-		r.AggLen4, r.AggLen6 = 16, 48
+	r.Aggregate = mode
+	if mode == policy.AggregateDerived {
+		r.AggregateKey = policy.KeyBits{V4: 16, V6: 48}
 	}
-	r.Agg = maps.Bucket{Packets: onePerHour}
-	bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r}})
+	r.PerPrefix = policy.Bucket{Packets: onePerHour}
+	bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{r}})
 	frames := make([][]byte, 1<<16)
 	for i := range frames {
 		frames[i] = benchFrame(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}))
@@ -282,7 +283,7 @@ func aggregateDropCase(b *testing.B, mode maps.AggMode) *benchCase {
 
 func passCase(b *testing.B) *benchCase {
 	bd := loadBench(b, smallSizes)
-	bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{generousRule(0)}})
+	bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
 	return &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
 }
 
@@ -348,24 +349,24 @@ func asn24(i int) netip.Addr {
 
 // policy100k is rules_100k's policy: rules 0 (default) to 100,000, and
 // 500,000 ASN /24 facts, rule j being the first /28 of ASN /24 number 5j.
-func policy100k() maps.Generation {
+func policy100k() policy.Compiled {
 	const (
 		nRules = 100_000
 		nASN   = 500_000
 	)
-	rules := make([]maps.Rule, 0, nRules+1)
+	rules := make([]policy.CompiledRule, 0, nRules+1)
 	for id := uint32(0); id <= nRules; id++ {
 		rules = append(rules, generousRule(id))
 	}
 	asnOf := func(i int) uint32 { return 64512 + uint32(i%1000) }
-	facts := make([]maps.PrefixFact, 0, nASN+nRules)
+	facts := make([]policy.PrefixFact, 0, nASN+nRules)
 	for i := 0; i < nASN; i++ {
-		facts = append(facts, maps.PrefixFact{Prefix: netip.PrefixFrom(asn24(i), 24), ASN: asnOf(i), Country: [2]byte{'Z', 'Z'}})
+		facts = append(facts, policy.PrefixFact{Prefix: netip.PrefixFrom(asn24(i), 24), ASN: asnOf(i), Country: [2]byte{'Z', 'Z'}})
 	}
 	for j := 1; j <= nRules; j++ {
-		facts = append(facts, maps.PrefixFact{Prefix: netip.PrefixFrom(asn24(5*j), 28), RuleID: uint32(j), ASN: asnOf(5 * j), Country: [2]byte{'Z', 'Z'}})
+		facts = append(facts, policy.PrefixFact{Prefix: netip.PrefixFrom(asn24(5*j), 28), RuleID: uint32(j), ASN: asnOf(5 * j), Country: [2]byte{'Z', 'Z'}})
 	}
-	return maps.Generation{Settings: enforce(), Rules: rules, Prefixes: facts}
+	return policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: rules, Prefixes: facts}
 }
 
 // newSourceRun is a datapath fed a new source on every packet.
@@ -547,9 +548,9 @@ func loadBench(tb testing.TB, sizes loader.Sizes) *benchDatapath {
 	return &benchDatapath{tb: tb, d: d, m: maps.New(d)}
 }
 
-func (bd *benchDatapath) apply(g maps.Generation) {
+func (bd *benchDatapath) apply(g policy.Compiled) {
 	bd.tb.Helper()
-	if err := bd.m.Apply(g); err != nil {
+	if err := bd.m.Apply(&g); err != nil {
 		bd.tb.Fatalf("apply: %v", err)
 	}
 }
@@ -573,16 +574,16 @@ func bareDrop(tb testing.TB) *ebpf.Program {
 // onePerHour keeps a bucket exhausted after its single token for the whole
 // benchmark; 10^9/s never runs out at a few tens of Mpps.
 var (
-	onePerHour = maps.Rate{Count: 1, Per: time.Hour, Burst: 1}
-	generous   = maps.Rate{Count: 1_000_000_000, Per: time.Second, Burst: 1_000_000_000}
+	onePerHour = policy.Limit{Rate: policy.Rate{Count: 1, Per: time.Hour}, Burst: 1}
+	generous   = policy.Limit{Rate: policy.Rate{Count: 1_000_000_000, Per: time.Second}, Burst: 1_000_000_000}
 )
 
-func generousRule(id uint32) maps.Rule {
-	return maps.Rule{ID: id, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: generous}}
+func generousRule(id uint32) policy.CompiledRule {
+	return policy.CompiledRule{ID: id, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: generous}}
 }
 
-func enforce() maps.Settings {
-	return maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass}
+func enforce() policy.Compiled {
+	return policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass}
 }
 
 // ipv4SrcOffset is where the IPv4 source address sits in benchFrame.
@@ -613,12 +614,16 @@ func spread(i uint32) netip.Addr {
 func congestedCase(b *testing.B, established bool) *benchCase {
 	bd := loadBench(b, smallSizes)
 	r := generousRule(0)
-	r.AggMode = maps.AggWhole
-	r.Agg = maps.Bucket{Packets: maps.Rate{Count: 1000, Per: time.Second, Burst: 1_000_000_000}}
+	r.Aggregate = policy.AggregateWhole
+	r.PerPrefix = policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: 1000, Per: time.Second}, Burst: 1_000_000_000}}
 	r.Reserve = 500_000
-	bd.apply(maps.Generation{Settings: enforce(), Rules: []maps.Rule{r},
-		Standing: maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: 5 * time.Minute}})
-	cfg, err := r.Agg.Cfg()
+	bd.apply(policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Rules:     []policy.CompiledRule{r},
+		Standing:  policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: 5 * time.Minute},
+	})
+	cfg, err := maps.BucketConfig(r.PerPrefix)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 func clockNS(t *testing.T, id int32) uint64 {
@@ -26,21 +27,21 @@ func clockNS(t *testing.T, id int32) uint64 {
 // between two CLOCK_MONOTONIC reads.
 func TestBucketClock(t *testing.T) {
 	requireRoot(t)
-	global := maps.Bucket{Packets: perSecond(1, 1)}
-	cfg, err := global.Cfg()
+	global := policy.Bucket{Packets: perSecond(1, 1)}
+	cfg, err := maps.BucketConfig(global)
 	if err != nil {
 		t.Fatal(err)
 	}
-	charged := func(t *testing.T, clock maps.Clock, id int32) (before, at, after uint64) {
+	charged := func(t *testing.T, clock policy.Clock, id int32) (before, at, after uint64) {
 		d, err := loader.Load(loader.Options{Sizes: smallSizes})
 		if err != nil {
 			t.Fatalf("load: %v", err)
 		}
 		defer d.Close()
 		td := &testDatapath{tb: t, d: d, m: maps.New(d)}
-		g := defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64})
-		g.Settings.Global = global
-		g.Settings.Clock = clock
+		g := defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}})
+		g.Global = global
+		g.Clock = clock
 		td.apply(g)
 		before = clockNS(t, id)
 		if got := td.run(benchFrame(src4(1))); got != xdpPass {
@@ -61,7 +62,7 @@ func TestBucketClock(t *testing.T) {
 		}
 		// A tick may pass between the two reads; then try again.
 		for try := 0; ; try++ {
-			before, at, after := charged(t, maps.ClockCoarse, unix.CLOCK_MONOTONIC_COARSE)
+			before, at, after := charged(t, policy.ClockCoarse, unix.CLOCK_MONOTONIC_COARSE)
 			if before == after {
 				if at != before {
 					t.Fatalf("charged at %d ns, CLOCK_MONOTONIC_COARSE is %d (tick %v)", at, before, time.Duration(res.Nano()))
@@ -77,7 +78,7 @@ func TestBucketClock(t *testing.T) {
 		}
 	})
 	t.Run("precise", func(t *testing.T) {
-		before, at, after := charged(t, maps.ClockPrecise, unix.CLOCK_MONOTONIC)
+		before, at, after := charged(t, policy.ClockPrecise, unix.CLOCK_MONOTONIC)
 		if at < before || at > after {
 			t.Fatalf("charged at %d ns, outside CLOCK_MONOTONIC [%d, %d]", at, before, after)
 		}

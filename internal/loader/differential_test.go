@@ -14,6 +14,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/refmodel"
 )
 
@@ -46,7 +47,7 @@ func (h *diffHarness) use(tb testing.TB) {
 
 // reset empties the program's bucket tables, applies g and lists to both
 // sides and starts a fresh model; counters are compared from here on.
-func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
+func (h *diffHarness) reset(g policy.Compiled, lists []maps.ListEntry) {
 	h.tb.Helper()
 	clearTables(h.td)
 	h.td.apply(g)
@@ -54,7 +55,7 @@ func (h *diffHarness) reset(g maps.Generation, lists []maps.ListEntry) {
 		h.tb.Fatalf("set lists: %v", err)
 	}
 	h.model = refmodel.New(diffSizes.MaxRules, diffSizes.SrcEntries)
-	if err := h.model.Apply(g); err != nil {
+	if err := h.model.Apply(&g); err != nil {
 		h.tb.Fatalf("model apply: %v", err)
 	}
 	if err := h.model.SetLists(lists); err != nil {
@@ -147,10 +148,10 @@ func clearTables(td *testDatapath) {
 }
 
 // swap applies a new generation to both sides mid-run.
-func (h *diffHarness) swap(g maps.Generation) {
+func (h *diffHarness) swap(g policy.Compiled) {
 	h.tb.Helper()
 	h.td.apply(g)
-	if err := h.model.Apply(g); err != nil {
+	if err := h.model.Apply(&g); err != nil {
 		h.tb.Fatalf("model apply: %v", err)
 	}
 	h.log = append(h.log, "apply a new generation")
@@ -406,50 +407,67 @@ const (
 
 func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
 
-func randRate(r *rand.Rand) maps.Rate {
+func randRate(r *rand.Rand) policy.Limit {
 	if r.IntN(4) == 0 {
-		return maps.Rate{}
+		return policy.Limit{Rate: policy.Rate{}}
 	}
-	return maps.Rate{Count: pick(r, uint64(5), 20, 100, 1000), Per: pick(r, time.Second, 100*time.Millisecond), Burst: pick(r, uint64(1), 3, 10)}
+	return policy.Limit{Rate: policy.Rate{Count: pick(r, uint64(5), 20, 100, 1000), Per: pick(r, time.Second, 100*time.Millisecond)}, Burst: pick(r, uint64(1), 3, 10)}
 }
 
-func randByteRate(r *rand.Rand) maps.Rate {
+func randByteRate(r *rand.Rand) policy.Limit {
 	if r.IntN(2) == 0 {
-		return maps.Rate{}
+		return policy.Limit{Rate: policy.Rate{}}
 	}
-	return maps.Rate{Count: pick(r, uint64(20_000), 200_000, 3_000_000), Per: time.Second, Burst: pick(r, uint64(1000), 1500, 4000, 20000)}
+	return policy.Limit{Rate: policy.Rate{Count: pick(r, uint64(20_000), 200_000, 3_000_000), Per: time.Second}, Burst: pick(r, uint64(1000), 1500, 4000, 20000)}
 }
 
-func randBucket(r *rand.Rand) maps.Bucket {
-	return maps.Bucket{Packets: randRate(r), Bytes: randByteRate(r)}
+func randBucket(r *rand.Rand) policy.Bucket {
+	return policy.Bucket{Packets: randRate(r), Bytes: randByteRate(r)}
 }
 
 // randPolicy is the differential policy with random rates, modes and key
 // lengths: every rule shape of the data plane appears in it.
-func randPolicy(r *rand.Rand) maps.Generation {
-	mode := func() maps.Mode {
-		return pick(r, maps.ModeInherit, maps.ModeInherit, maps.ModeEnforce, maps.ModeDryRun)
+func randPolicy(r *rand.Rand) policy.Compiled {
+	mode := func() policy.RuleMode {
+		return pick(r, policy.RuleModeInherit, policy.RuleModeInherit, policy.RuleModeEnforce, policy.RuleModeDryRun)
 	}
-	rules := []maps.Rule{
-		{ID: dRuleDefault, Src: randBucket(r), SrcLen4: pick[uint8](r, 32, 32, 24, 0), SrcLen6: pick[uint8](r, 64, 64, 128, 48), Mode: mode()},
-		{ID: dRuleNet1, Src: randBucket(r), Agg: randBucket(r), AggMode: maps.AggWhole, SrcLen4: 32, SrcLen6: 64, Mode: mode()},
-		{ID: dRuleNet16, Src: randBucket(r), Agg: randBucket(r), AggMode: maps.AggDerived, AggLen4: pick[uint8](r, 24, 28, 32), AggLen6: 48,
-			SrcLen4: 32, SrcLen6: 64, Mode: mode()},
-		{ID: dRuleV6, Src: randBucket(r), Agg: randBucket(r), AggMode: pick(r, maps.AggDerived, maps.AggWhole, maps.AggNone),
-			AggLen4: 24, AggLen6: pick[uint8](r, 48, 56, 0), SrcLen4: 32, SrcLen6: pick[uint8](r, 64, 64, 60, 128), Mode: mode()},
-		{ID: dRuleASN, Src: randBucket(r), ASN: randBucket(r), SrcLen4: 32, SrcLen6: 64, Mode: mode()},
-		{ID: dRuleNTP, Src: randBucket(r), Agg: randBucket(r), AggMode: maps.AggWhole, SrcLen4: 32, SrcLen6: 64, Mode: mode()},
-		{ID: dRuleWeb, Src: randBucket(r), SrcLen4: 32, SrcLen6: 64, Mode: mode(),
-			Action: pick(r, maps.RuleLimit, maps.RuleDrop, maps.RulePass)},
-		{ID: dRuleICMP, Src: randBucket(r), ASN: randBucket(r), SrcLen4: 32, SrcLen6: 64, Mode: mode()},
-	}
-	g := maps.Generation{
-		Settings: maps.Settings{
-			Mode:      pick(r, maps.ModeEnforce, maps.ModeEnforce, maps.ModeDryRun),
-			Malformed: pick(r, maps.ActPass, maps.ActDrop),
+	rules := []policy.CompiledRule{
+		{ID: dRuleDefault, PerSource: randBucket(r), SourceKey: policy.KeyBits{V4: pick[uint8](r, 32, 32, 24, 0), V6: pick[uint8](r, 64, 64, 128, 48)}, Mode: mode()},
+		{ID: dRuleNet1, PerSource: randBucket(r), PerPrefix: randBucket(r), Aggregate: policy.AggregateWhole, SourceKey: policy.KeyBits{V4: 32, V6: 64}, Mode: mode()},
+		{
+			ID:           dRuleNet16,
+			PerSource:    randBucket(r),
+			PerPrefix:    randBucket(r),
+			Aggregate:    policy.AggregateDerived,
+			AggregateKey: policy.KeyBits{V4: pick[uint8](r, 24, 28, 32), V6: 48},
+			SourceKey:    policy.KeyBits{V4: 32, V6: 64},
+			Mode:         mode(),
 		},
-		Rules: rules,
-		Prefixes: []maps.PrefixFact{
+		{
+			ID:           dRuleV6,
+			PerSource:    randBucket(r),
+			PerPrefix:    randBucket(r),
+			Aggregate:    pick(r, policy.AggregateDerived, policy.AggregateWhole, policy.AggregateNone),
+			AggregateKey: policy.KeyBits{V4: 24, V6: pick[uint8](r, 48, 56, 0)},
+			SourceKey:    policy.KeyBits{V4: 32, V6: pick[uint8](r, 64, 64, 60, 128)},
+			Mode:         mode(),
+		},
+		{ID: dRuleASN, PerSource: randBucket(r), PerASN: randBucket(r), SourceKey: policy.KeyBits{V4: 32, V6: 64}, Mode: mode()},
+		{ID: dRuleNTP, PerSource: randBucket(r), PerPrefix: randBucket(r), Aggregate: policy.AggregateWhole, SourceKey: policy.KeyBits{V4: 32, V6: 64}, Mode: mode()},
+		{
+			ID:        dRuleWeb,
+			PerSource: randBucket(r),
+			SourceKey: policy.KeyBits{V4: 32, V6: 64},
+			Mode:      mode(),
+			Action:    pick(r, policy.ActionLimit, policy.ActionDrop, policy.ActionPass),
+		},
+		{ID: dRuleICMP, PerSource: randBucket(r), PerASN: randBucket(r), SourceKey: policy.KeyBits{V4: 32, V6: 64}, Mode: mode()},
+	}
+	g := policy.Compiled{
+		Mode:      pick(r, policy.ModeEnforce, policy.ModeEnforce, policy.ModeDryRun),
+		Malformed: pick(r, policy.VerdictPass, policy.VerdictDrop),
+		Rules:     rules,
+		Prefixes: []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.18.1.0/24"), RuleID: dRuleNet1, ASN: 64496},
 			{Prefix: netip.MustParsePrefix("198.18.0.0/16"), RuleID: dRuleNet16},
 			{Prefix: netip.MustParsePrefix("fd00::/16"), RuleID: dRuleV6, ASN: 64497},
@@ -459,30 +477,30 @@ func randPolicy(r *rand.Rand) maps.Generation {
 			{Prefix: netip.MustParsePrefix("198.18.200.0/24"), RuleID: dRuleMissing},
 			{Prefix: netip.MustParsePrefix("192.0.2.128/25"), RuleID: dRuleWeb},
 		},
-		L4: []maps.L4Match{
-			{Proto: packet.ProtoUDP, Dir: maps.L4Src, Port: 123, RuleID: dRuleNTP},
-			{Proto: packet.ProtoTCP, Dir: maps.L4Dst, Port: 80, RuleID: dRuleWeb},
-			{Proto: packet.ProtoICMP, Dir: maps.L4Any, RuleID: dRuleICMP},
-			{Proto: packet.ProtoICMPv6, Dir: maps.L4Dst, Port: 128, RuleID: dRuleICMP},
+		L4: []policy.L4Entry{
+			{Protocol: packet.ProtoUDP, Dir: policy.PortSrc, Port: 123, RuleID: dRuleNTP},
+			{Protocol: packet.ProtoTCP, Dir: policy.PortDst, Port: 80, RuleID: dRuleWeb},
+			{Protocol: packet.ProtoICMP, Dir: policy.PortAny, RuleID: dRuleICMP},
+			{Protocol: packet.ProtoICMPv6, Dir: policy.PortDst, Port: 128, RuleID: dRuleICMP},
 		},
 	}
 	if r.IntN(2) == 0 {
-		g.Settings.Global = maps.Bucket{
-			Packets: maps.Rate{Count: pick(r, uint64(20), 50, 2000), Per: time.Second, Burst: pick(r, uint64(5), 20)},
-			Bytes:   pick(r, maps.Rate{}, maps.Rate{Count: 2_000_000, Per: time.Second, Burst: 30_000}),
+		g.Global = policy.Bucket{
+			Packets: policy.Limit{Rate: policy.Rate{Count: pick(r, uint64(20), 50, 2000), Per: time.Second}, Burst: pick(r, uint64(5), 20)},
+			Bytes:   pick(r, policy.Limit{Rate: policy.Rate{}}, policy.Limit{Rate: policy.Rate{Count: 2_000_000, Per: time.Second}, Burst: 30_000}),
 		}
 	}
 	if r.IntN(4) == 0 {
-		g.L4 = append(g.L4, maps.L4Match{Proto: packet.ProtoUDP, Dir: maps.L4Any, RuleID: dRuleNTP})
+		g.L4 = append(g.L4, policy.L4Entry{Protocol: packet.ProtoUDP, Dir: policy.PortAny, RuleID: dRuleNTP})
 	}
 	// Reserves and standing: short enough to move sources along the
 	// timeline (it spans a few seconds).
 	for i := range g.Rules {
 		g.Rules[i].Reserve = pick[uint32](r, 0, 300_000, 500_000, 500_000, 900_000)
 	}
-	g.Settings.GlobalReserve = pick[uint32](r, 0, 500_000, 750_000)
+	g.GlobalReserve = pick[uint32](r, 0, 500_000, 750_000)
 	if r.IntN(4) != 0 {
-		g.Standing = maps.StandingSettings{
+		g.Standing = policy.Standing{
 			EstablishedAfter: pick(r, time.Second, 2*time.Second),
 			Penalty:          pick(r, time.Second, 3*time.Second),
 			KnownGood: []netip.Prefix{netip.MustParsePrefix("198.18.1.128/25"), netip.MustParsePrefix("fd00:4::/48"),
@@ -491,7 +509,7 @@ func randPolicy(r *rand.Rand) maps.Generation {
 	}
 	if r.IntN(2) == 0 {
 		// Drop samples use their own bucket and must change no verdict.
-		g.Settings.Samples = maps.Rate{Count: 50, Per: time.Second, Burst: 5}
+		g.Samples = policy.Limit{Rate: policy.Rate{Count: 50, Per: time.Second}, Burst: 5}
 	}
 	// Policy rule ids are name hashes: give a random subset of the rules a
 	// large id. The hash is fixed, so an id can survive a swap (keeping its

@@ -8,6 +8,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
@@ -47,9 +48,9 @@ func openPinnedTestDatapath(tb testing.TB, sizes loader.Sizes, pinDir string) *t
 	return &testDatapath{tb: tb, d: d, m: maps.New(d)}
 }
 
-func (td *testDatapath) apply(g maps.Generation) {
+func (td *testDatapath) apply(g policy.Compiled) {
 	td.tb.Helper()
-	if err := td.m.Apply(g); err != nil {
+	if err := td.m.Apply(&g); err != nil {
 		td.tb.Fatalf("apply: %v", err)
 	}
 }
@@ -85,14 +86,15 @@ const (
 	xdpPass = 2
 )
 
-func perSecond(n uint64, burst uint64) maps.Rate {
-	return maps.Rate{Count: n, Per: time.Second, Burst: burst}
+func perSecond(n uint64, burst uint64) policy.Limit {
+	return policy.Limit{Rate: policy.Rate{Count: n, Per: time.Second}, Burst: burst}
 }
 
 // defaultGen is a policy with only the default rule (id 0).
-func defaultGen(r maps.Rule) maps.Generation {
-	return maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass},
-		Rules:    []maps.Rule{r},
+func defaultGen(r policy.CompiledRule) policy.Compiled {
+	return policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Rules:     []policy.CompiledRule{r},
 	}
 }

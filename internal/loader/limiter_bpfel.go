@@ -283,25 +283,25 @@ type LimiterEgPrefixVal struct {
 type LimiterEgReason uint32
 
 const (
-	LimiterEgReasonEG_R_OK           LimiterEgReason = 0
-	LimiterEgReasonEG_R_NON_IP       LimiterEgReason = 1
-	LimiterEgReasonEG_R_NO_POLICY    LimiterEgReason = 2
-	LimiterEgReasonEG_R_ALLOW        LimiterEgReason = 3
-	LimiterEgReasonEG_R_DENY         LimiterEgReason = 4
-	LimiterEgReasonEG_R_SRC_LIMIT    LimiterEgReason = 5
-	LimiterEgReasonEG_R_PREFIX_LIMIT LimiterEgReason = 6
-	LimiterEgReasonEG_R_ASN_LIMIT    LimiterEgReason = 7
-	LimiterEgReasonEG_R_GLOBAL_LIMIT LimiterEgReason = 8
-	LimiterEgReasonEG_R_BAD_ETH      LimiterEgReason = 9
-	LimiterEgReasonEG_R_BAD_VLAN     LimiterEgReason = 10
-	LimiterEgReasonEG_R_BAD_IPV4     LimiterEgReason = 11
-	LimiterEgReasonEG_R_BAD_IPV6     LimiterEgReason = 12
-	LimiterEgReasonEG_R_BAD_L4       LimiterEgReason = 13
-	LimiterEgReasonEG_R_RULE_DROP    LimiterEgReason = 14
-	LimiterEgReasonEG_R_RULE_PASS    LimiterEgReason = 15
-	LimiterEgReasonEG_R_BAD_IP_LEN   LimiterEgReason = 16
-	LimiterEgReasonEG_R_ICMP_FAMILY  LimiterEgReason = 17
-	LimiterEgReasonEG_R_MAX          LimiterEgReason = 18
+	LimiterEgReasonEG_R_OK                LimiterEgReason = 0
+	LimiterEgReasonEG_R_NON_IP            LimiterEgReason = 1
+	LimiterEgReasonEG_R_NO_POLICY         LimiterEgReason = 2
+	LimiterEgReasonEG_R_ALLOW_LIST        LimiterEgReason = 3
+	LimiterEgReasonEG_R_DENY_LIST         LimiterEgReason = 4
+	LimiterEgReasonEG_R_SOURCE_LIMIT      LimiterEgReason = 5
+	LimiterEgReasonEG_R_PREFIX_LIMIT      LimiterEgReason = 6
+	LimiterEgReasonEG_R_ASN_LIMIT         LimiterEgReason = 7
+	LimiterEgReasonEG_R_GLOBAL_LIMIT      LimiterEgReason = 8
+	LimiterEgReasonEG_R_BAD_ETHERNET      LimiterEgReason = 9
+	LimiterEgReasonEG_R_BAD_VLAN          LimiterEgReason = 10
+	LimiterEgReasonEG_R_BAD_IPV4          LimiterEgReason = 11
+	LimiterEgReasonEG_R_BAD_IPV6          LimiterEgReason = 12
+	LimiterEgReasonEG_R_BAD_L4            LimiterEgReason = 13
+	LimiterEgReasonEG_R_RULE_DROP         LimiterEgReason = 14
+	LimiterEgReasonEG_R_RULE_PASS         LimiterEgReason = 15
+	LimiterEgReasonEG_R_BAD_IP_LENGTH     LimiterEgReason = 16
+	LimiterEgReasonEG_R_ICMP_WRONG_FAMILY LimiterEgReason = 17
+	LimiterEgReasonEG_R_MAX               LimiterEgReason = 18
 )
 
 type LimiterEgRule struct {
@@ -423,18 +423,18 @@ type LimiterEgStandingVal struct {
 type LimiterEgStandingWhy uint32
 
 const (
-	LimiterEgStandingWhyEG_WHY_NONE       LimiterEgStandingWhy = 0
-	LimiterEgStandingWhyEG_WHY_FIRST_SEEN LimiterEgStandingWhy = 1
-	LimiterEgStandingWhyEG_WHY_CLEAN      LimiterEgStandingWhy = 2
-	LimiterEgStandingWhyEG_WHY_OWN_LIMIT  LimiterEgStandingWhy = 3
-	LimiterEgStandingWhyEG_WHY_DENY       LimiterEgStandingWhy = 4
-	LimiterEgStandingWhyEG_WHY_DECAYED    LimiterEgStandingWhy = 5
-	LimiterEgStandingWhyEG_WHY_IMPORT     LimiterEgStandingWhy = 6
-	LimiterEgStandingWhyEG_WHY_L7         LimiterEgStandingWhy = 7
-	LimiterEgStandingWhyEG_WHY_CONGESTED  LimiterEgStandingWhy = 8
-	LimiterEgStandingWhyEG_WHY_SET        LimiterEgStandingWhy = 9
-	LimiterEgStandingWhyEG_WHY_TCP        LimiterEgStandingWhy = 10
-	LimiterEgStandingWhyEG_WHY_MAX        LimiterEgStandingWhy = 11
+	LimiterEgStandingWhyEG_WHY_NONE          LimiterEgStandingWhy = 0
+	LimiterEgStandingWhyEG_WHY_FIRST_SEEN    LimiterEgStandingWhy = 1
+	LimiterEgStandingWhyEG_WHY_CLEAN_HISTORY LimiterEgStandingWhy = 2
+	LimiterEgStandingWhyEG_WHY_OWN_LIMIT     LimiterEgStandingWhy = 3
+	LimiterEgStandingWhyEG_WHY_DENY_LIST     LimiterEgStandingWhy = 4
+	LimiterEgStandingWhyEG_WHY_PENALTY_OVER  LimiterEgStandingWhy = 5
+	LimiterEgStandingWhyEG_WHY_KNOWN_GOOD    LimiterEgStandingWhy = 6
+	LimiterEgStandingWhyEG_WHY_L7PROMOTION   LimiterEgStandingWhy = 7
+	LimiterEgStandingWhyEG_WHY_CONGESTED     LimiterEgStandingWhy = 8
+	LimiterEgStandingWhyEG_WHY_SET           LimiterEgStandingWhy = 9
+	LimiterEgStandingWhyEG_WHY_TCP_HANDSHAKE LimiterEgStandingWhy = 10
+	LimiterEgStandingWhyEG_WHY_MAX           LimiterEgStandingWhy = 11
 )
 
 type LimiterEgV4Entry struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // ovrStart is the test clock at the start of the override tests: far from
@@ -20,13 +21,16 @@ const ovrStart = 1000 * time.Second
 
 // asnGen is a default rule (id) with an ASN budget of 1000/s, burst 100;
 // 198.18.0.0/16 is AS64500, 198.19.0.0/16 AS64501.
-func asnGen(id uint32) maps.Generation {
-	g := policy(maps.Rule{ID: id, ASN: pkts(1000, 100)})
+func asnGen(id uint32) policy.Compiled {
+	g := generation(policy.CompiledRule{ID: id, PerASN: pkts(1000, 100)})
 	if id != 0 {
-		g.Rules = append(g.Rules, maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64})
+		g.Rules = append(g.Rules, policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}})
 	}
 	return withPrefixes(g, fact("198.18.0.0/16", id, 64500), fact("198.19.0.0/16", id, 64501))
 }
+
+// rate is a maps rate (overrides' budgets) of n/s with a burst.
+func rate(n, burst uint64) maps.Rate { return maps.Rate{Count: n, Per: time.Second, Burst: burst} }
 
 func asnAgg(rule, asn uint32) maps.Aggregate {
 	return maps.Aggregate{RuleID: rule, Kind: maps.AggKindASN, ASN: asn}
@@ -70,7 +74,7 @@ func TestOverrideTightensAndExpires(t *testing.T) {
 	td.setClock(ovrStart)
 	td.apply(asnGen(0))
 	td.wantGateClear()
-	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), Budget: perSecond(10, 5),
+	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), Budget: rate(10, 5),
 		Expires: time.Now().Add(10 * time.Second), Origin: maps.OriginShield})
 
 	if got := td.burst("198.18.1.1", 20); got != 5 {
@@ -106,11 +110,11 @@ func TestOverrideTightensAndExpires(t *testing.T) {
 // aggregate instance, and aggregates a rule does not have are refused.
 func TestOverrideKinds(t *testing.T) {
 	exp := time.Now().Add(time.Hour)
-	budget := perSecond(1, 2)
+	budget := rate(1, 2)
 	t.Run("prefix", func(t *testing.T) {
 		td := newTestDatapath(t, smallSizes)
 		td.setClock(ovrStart)
-		td.apply(policy(maps.Rule{ID: 0, AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48, Agg: pkts(1000, 100)}))
+		td.apply(generation(policy.CompiledRule{ID: 0, Aggregate: policy.AggregateDerived, AggregateKey: policy.KeyBits{V4: 24, V6: 48}, PerPrefix: pkts(1000, 100)}))
 		a := maps.Aggregate{Kind: maps.AggKindPrefix, Prefix: netip.MustParsePrefix("198.18.1.0/24")}
 		td.setOverride(maps.Override{Aggregate: a, Budget: budget, Expires: exp})
 		if got := td.burst("198.18.1.5", 10); got != 2 {
@@ -130,7 +134,7 @@ func TestOverrideKinds(t *testing.T) {
 	t.Run("whole", func(t *testing.T) {
 		td := newTestDatapath(t, smallSizes)
 		td.setClock(ovrStart)
-		td.apply(policy(maps.Rule{ID: 0, AggMode: maps.AggWhole, Agg: pkts(1000, 100)}))
+		td.apply(generation(policy.CompiledRule{ID: 0, Aggregate: policy.AggregateWhole, PerPrefix: pkts(1000, 100)}))
 		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindWhole}, Budget: budget, Expires: exp})
 		if got := td.burst("198.18.1.5", 5) + td.burst("198.19.1.5", 5); got != 2 {
 			t.Fatalf("whole aggregate under an override of burst 2: %d of 10 passed", got)
@@ -140,7 +144,7 @@ func TestOverrideKinds(t *testing.T) {
 		td := newTestDatapath(t, smallSizes)
 		td.setClock(ovrStart)
 		g := asnGen(7)
-		g.Settings.Global = pkts(1000, 100)
+		g.Global = pkts(1000, 100)
 		td.apply(g)
 		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindGlobal}, Budget: budget, Expires: exp})
 		// Rule 7's and the default rule's packets share the global bucket.
@@ -153,7 +157,7 @@ func TestOverrideKinds(t *testing.T) {
 		td := newTestDatapath(t, smallSizes)
 		td.setClock(ovrStart)
 		g := asnGen(0)
-		g.Rules[0].ASN = maps.Bucket{}
+		g.Rules[0].PerASN = policy.Bucket{}
 		td.apply(g)
 		for _, a := range []maps.Aggregate{asnAgg(0, 64501), {Kind: maps.AggKindGlobal}} {
 			if err := td.m.SetOverride(maps.Override{Aggregate: a, Budget: budget, Expires: exp}); err == nil {
@@ -197,8 +201,8 @@ func TestOverrideNewBudget(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(ovrStart)
 	g := asnGen(0)
-	g.Rules[0].ASN = pkts(1000, 1000)
-	g.Standing = maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: time.Hour}
+	g.Rules[0].PerASN = pkts(1000, 1000)
+	g.Standing = policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: time.Hour}
 	td.apply(g)
 	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.7"), maps.StandingValidated))
 	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.8"), maps.StandingEstablished))
@@ -234,7 +238,7 @@ func TestOverrideNewBudget(t *testing.T) {
 	// Replacing the override with the same new-source budget keeps its
 	// bucket (still empty); a new budget starts it full.
 	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 3},
-		Budget: perSecond(1000, 1000), Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield})
+		Budget: rate(1000, 1000), Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield})
 	td.setClock(ovrStart + 2*time.Second) // the aggregate refills; the new-source bucket (1/h) does not
 	if got := td.burst("198.18.3.1", 5); got != 0 {
 		t.Fatalf("replaced with the same new-source budget: %d passed, want 0", got)
@@ -254,7 +258,7 @@ func TestOverrideNewBudgetNotChargedForRefusals(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(ovrStart)
 	g := asnGen(0)
-	g.Rules[0].ASN = pkts(1, 2) // the aggregate admits 2
+	g.Rules[0].PerASN = pkts(1, 2) // the aggregate admits 2
 	td.apply(g)
 	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 5},
 		Expires: time.Now().Add(time.Hour)})
@@ -284,7 +288,7 @@ func TestOverridesSurviveReloadAndApply(t *testing.T) {
 	td := openPinnedTestDatapath(t, smallSizes, pinDir)
 	td.setClock(ovrStart)
 	td.apply(asnGen(7))
-	td.setOverride(maps.Override{Aggregate: asnAgg(7, 64500), Budget: perSecond(1, 3), Expires: time.Now().Add(time.Hour)})
+	td.setOverride(maps.Override{Aggregate: asnAgg(7, 64500), Budget: rate(1, 3), Expires: time.Now().Add(time.Hour)})
 	must(t, td.m.WatchAggregates(7, maps.AggKindASN))
 	if got := td.burst("198.18.1.1", 10); got != 3 {
 		t.Fatalf("before the restart: %d of 10 passed, want 3", got)
@@ -320,7 +324,7 @@ func TestAggregateCounters(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(ovrStart)
 	g := asnGen(0)
-	g.Rules[0].ASN = pkts(1, 5)
+	g.Rules[0].PerASN = pkts(1, 5)
 	td.apply(g)
 	must(t, td.m.WatchAggregates(0, maps.AggKindASN))
 	must(t, td.m.WatchAggregates(0, maps.AggKindGlobal))

@@ -12,6 +12,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // verdict is what one packet should get: an action, a reason and, when the
@@ -217,23 +218,24 @@ const (
 	pSrcRange = 6 // source 198.18.6.0/24 and fd00:6::/32
 )
 
-func parsePolicy() maps.Generation {
-	g := maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActDrop},
-		Prefixes: []maps.PrefixFact{
+func parsePolicy() policy.Compiled {
+	g := policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictDrop,
+		Prefixes: []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.18.6.0/24"), RuleID: pSrcRange},
 			{Prefix: netip.MustParsePrefix("fd00:6::/32"), RuleID: pSrcRange},
 		},
-		L4: []maps.L4Match{
-			{Proto: packet.ProtoUDP, Dir: maps.L4Src, Port: 123, RuleID: pNTP},
-			{Proto: packet.ProtoTCP, Dir: maps.L4Dst, Port: 80, RuleID: pWeb},
-			{Proto: packet.ProtoICMP, Dir: maps.L4Dst, Port: 8, RuleID: pEcho},
-			{Proto: packet.ProtoUDP, Dir: maps.L4Any, RuleID: pUDP},
-			{Proto: packet.ProtoICMPv6, Dir: maps.L4Dst, Port: 128, RuleID: pEcho6},
+		L4: []policy.L4Entry{
+			{Protocol: packet.ProtoUDP, Dir: policy.PortSrc, Port: 123, RuleID: pNTP},
+			{Protocol: packet.ProtoTCP, Dir: policy.PortDst, Port: 80, RuleID: pWeb},
+			{Protocol: packet.ProtoICMP, Dir: policy.PortDst, Port: 8, RuleID: pEcho},
+			{Protocol: packet.ProtoUDP, Dir: policy.PortAny, RuleID: pUDP},
+			{Protocol: packet.ProtoICMPv6, Dir: policy.PortDst, Port: 128, RuleID: pEcho6},
 		},
 	}
 	for id := uint32(pDefault); id <= pSrcRange; id++ {
-		g.Rules = append(g.Rules, maps.Rule{ID: id, SrcLen4: 32, SrcLen6: 64})
+		g.Rules = append(g.Rules, policy.CompiledRule{ID: id, SourceKey: policy.KeyBits{V4: 32, V6: 64}})
 	}
 	return g
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
-	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // TestWholeBucketsFromOldPins: pins of a version that kept whole
@@ -20,11 +20,11 @@ func TestWholeBucketsFromOldPins(t *testing.T) {
 	t.Cleanup(func() { loader.Unpin(pinDir) })
 	open := func() *testDatapath { return openPinnedTestDatapath(t, smallSizes, pinDir) }
 	const wholeID, derivedID = 0x9e3779b9, 7 // a name hash and a small id
-	agg := maps.Bucket{Packets: perSecond(10, 5)}
-	g := defaultGen(maps.Rule{ID: 0, Src: maps.Bucket{Packets: perSecond(1000, 10)}, SrcLen4: 32, SrcLen6: 64})
+	agg := policy.Bucket{Packets: perSecond(10, 5)}
+	g := defaultGen(policy.CompiledRule{ID: 0, PerSource: policy.Bucket{Packets: perSecond(1000, 10)}, SourceKey: policy.KeyBits{V4: 32, V6: 64}})
 	g.Rules = append(g.Rules,
-		maps.Rule{ID: wholeID, Agg: agg, AggMode: maps.AggWhole},
-		maps.Rule{ID: derivedID, Agg: agg, AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48})
+		policy.CompiledRule{ID: wholeID, PerPrefix: agg, Aggregate: policy.AggregateWhole},
+		policy.CompiledRule{ID: derivedID, PerPrefix: agg, Aggregate: policy.AggregateDerived, AggregateKey: policy.KeyBits{V4: 24, V6: 48}})
 	oldKey := func(id uint32) loader.LimiterEgAggKey {
 		return loader.LimiterEgAggKey{RuleId: id, Kind: uint8(loader.LimiterEgAggKindEG_AGG_KIND_PREFIX)}
 	}

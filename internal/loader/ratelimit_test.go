@@ -12,13 +12,14 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // TestPerSourceRateExact checks "R/s with burst B" exactly on the test
 // clock: B packets at once, then one per 1/R, never more.
 func TestPerSourceRateExact(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
-	td.apply(defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: perSecond(100, 10)}}))
+	td.apply(defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: perSecond(100, 10)}}))
 	frame := packet.UDP4("198.18.1.1", 1000, 53, 32)
 
 	td.setClock(time.Hour)
@@ -58,8 +59,8 @@ func TestPerSourceRateExact(t *testing.T) {
 // instant: the total admitted must equal the burst, not burst × CPUs.
 func TestGlobalRateAcrossCPUs(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
-	g := defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64})
-	g.Settings.Global = maps.Bucket{Packets: perSecond(1000, 500)}
+	g := defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}})
+	g.Global = policy.Bucket{Packets: perSecond(1000, 500)}
 	td.apply(g)
 	td.setClock(time.Hour)
 
@@ -103,13 +104,14 @@ func TestGlobalRateAcrossCPUs(t *testing.T) {
 // packet per epoch is not filtered at all.
 func TestNewSourceFilter(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
-	td.apply(maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass},
-		Rules: []maps.Rule{
-			{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: perSecond(100, 3)}},
-			{ID: 1, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: maps.Rate{Count: 1, Per: time.Minute, Burst: 1}}},
+	td.apply(policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Rules: []policy.CompiledRule{
+			{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: perSecond(100, 3)}},
+			{ID: 1, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: 1, Per: time.Minute}, Burst: 1}}},
 		},
-		Prefixes: []maps.PrefixFact{{Prefix: netip.MustParsePrefix("198.19.0.0/16"), RuleID: 1}},
+		Prefixes: []policy.PrefixFact{{Prefix: netip.MustParsePrefix("198.19.0.0/16"), RuleID: 1}},
 	})
 	td.setClock(time.Hour)
 	for i := 0; i < 500; i++ {
@@ -150,7 +152,7 @@ func TestNewSourceFilter(t *testing.T) {
 // and a source back after a long pause gets exactly its burst.
 func TestNewSourceFilterAcrossEpochs(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
-	td.apply(defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: perSecond(10, 3)}}))
+	td.apply(defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: perSecond(10, 3)}}))
 	frame := packet.UDP4("198.18.1.1", 1000, 53, 0)
 	const epoch = time.Duration(1) << 30 // EG_SEEN_EPOCH_SHIFT, in ns
 	start := 100 * epoch

@@ -8,27 +8,31 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 const half = 500_000 // a 50% reserve, in parts per million
 
 // reserveGen is a policy whose only limit is one aggregate of the given kind
 // (100/s, burst 100) with a reserve; 198.18.0.0/16 is AS64500.
-func reserveGen(kind maps.ClassAgg, reserve uint32) maps.Generation {
-	agg := maps.Bucket{Packets: perSecond(100, 100)}
-	r := maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64, Reserve: reserve}
+func reserveGen(kind maps.ClassAgg, reserve uint32) policy.Compiled {
+	agg := policy.Bucket{Packets: perSecond(100, 100)}
+	r := policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}, Reserve: reserve}
 	g := defaultGen(r)
 	switch kind {
 	case maps.ClassAggPrefix:
-		g.Rules[0].Agg, g.Rules[0].AggMode = agg, maps.AggWhole
+		g.Rules[0].PerPrefix, g.Rules[0].Aggregate = agg, policy.AggregateWhole
 	case maps.ClassAggASN:
-		g.Rules[0].ASN = agg
-		g.Prefixes = []maps.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/16"), RuleID: 0, ASN: 64500}}
+		g.Rules[0].PerASN = agg
+		g.Prefixes = []policy.PrefixFact{{Prefix: netip.MustParsePrefix("198.18.0.0/16"), RuleID: 0, ASN: 64500}}
 	case maps.ClassAggGlobal:
-		g.Settings.Global, g.Settings.GlobalReserve = agg, reserve
+		g.Global, g.GlobalReserve = agg, reserve
 	}
-	g.Standing = maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: time.Minute,
-		KnownGood: []netip.Prefix{netip.MustParsePrefix("198.18.200.0/24")}}
+	g.Standing = policy.Standing{
+		EstablishedAfter: 30 * time.Second,
+		Penalty:          time.Minute,
+		KnownGood:        []netip.Prefix{netip.MustParsePrefix("198.18.200.0/24")},
+	}
 	return g
 }
 
@@ -152,7 +156,7 @@ func TestReserveDryRun(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(time.Hour)
 	g := reserveGen(maps.ClassAggPrefix, half)
-	g.Rules[0].Mode = maps.ModeDryRun
+	g.Rules[0].Mode = policy.RuleModeDryRun
 	td.apply(g)
 	if got := td.burst("198.18.2.2", 80); got != 80 {
 		t.Fatalf("dry run: %d of 80 passed", got)
@@ -175,7 +179,7 @@ func TestReserveDryRun(t *testing.T) {
 func TestStandingLifecycle(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	g := reserveGen(maps.ClassAggPrefix, half)
-	g.Rules[0].Src = maps.Bucket{Packets: perSecond(10, 10)}
+	g.Rules[0].PerSource = policy.Bucket{Packets: perSecond(10, 10)}
 	td.apply(g)
 	user := netip.MustParseAddr("198.18.1.1")
 	lookup := func() maps.StandingEntry {

@@ -10,6 +10,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // TestStandingTable: the Go view of the standing table (SetStanding,
@@ -19,9 +20,12 @@ func TestStandingTable(t *testing.T) {
 	sizes.StandingEntries = 4
 	td := newTestDatapath(t, sizes)
 	td.setClock(10 * time.Second)
-	g := defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64})
-	g.Standing = maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: time.Minute,
-		KnownGood: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")}}
+	g := defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}})
+	g.Standing = policy.Standing{
+		EstablishedAfter: 30 * time.Second,
+		Penalty:          time.Minute,
+		KnownGood:        []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")},
+	}
 	td.apply(g)
 
 	a := netip.MustParseAddr("198.18.0.1")
@@ -98,7 +102,7 @@ func TestStandingSurvivesRestart(t *testing.T) {
 	pin := "/sys/fs/bpf/eg-knowngood-test-" + strings.ReplaceAll(dir[len(dir)-8:], "/", "")
 	t.Cleanup(func() { loader.Unpin(pin) })
 	td := openPinnedTestDatapath(t, smallSizes, pin)
-	td.apply(defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64}))
+	td.apply(defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}))
 	a := netip.MustParseAddr("198.18.3.4")
 	if err := td.m.SetStanding(a, maps.StandingEstablished); err != nil {
 		t.Fatal(err)
@@ -116,8 +120,8 @@ func TestStandingSurvivesRestart(t *testing.T) {
 // not.
 func TestStandingTCPValidation(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
-	g := defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: perSecond(1000, 1000)}})
-	g.Standing = maps.StandingSettings{EstablishedAfter: 30 * time.Second, Penalty: time.Minute}
+	g := defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: perSecond(1000, 1000)}})
+	g.Standing = policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: time.Minute}
 	td.apply(g)
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	must(t, err)

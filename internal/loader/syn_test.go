@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 const xdpTX = 3
@@ -182,7 +183,7 @@ func newSynTestPath(t *testing.T, svc maps.SynService) *synTestPath {
 		t.Fatalf("load syn path: %v", err)
 	}
 	t.Cleanup(func() { sp.Close() })
-	td.apply(defaultGen(maps.Rule{ID: 0, SrcLen4: 32, SrcLen6: 64}))
+	td.apply(defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}))
 	s := maps.NewSyn(sp)
 	if err := s.ApplySyn([]maps.SynService{svc}); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // The IPv4 direct table must answer exactly like the prefix trie. These
@@ -66,22 +67,23 @@ func newFactProbe(t *testing.T, td *testDatapath) *factProbe {
 
 // probeGen is a policy where every rule drops (and is sampled) and facts
 // decide the rule and ASN.
-func probeGen(facts []maps.PrefixFact) maps.Generation {
-	rules := make([]maps.Rule, probeRuleCount)
+func probeGen(facts []policy.PrefixFact) policy.Compiled {
+	rules := make([]policy.CompiledRule, probeRuleCount)
 	for i := range rules {
-		rules[i] = maps.Rule{ID: uint32(i), SrcLen4: 32, SrcLen6: 64, Action: maps.RuleDrop}
+		rules[i] = policy.CompiledRule{ID: uint32(i), SourceKey: policy.KeyBits{V4: 32, V6: 64}, Action: policy.ActionDrop}
 	}
-	return maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass,
-			Samples: maps.Rate{Count: 1_000_000_000, Per: time.Second, Burst: 1_000_000_000}},
-		Rules:    rules,
-		Prefixes: facts,
+	return policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Samples:   policy.Limit{Rate: policy.Rate{Count: 1_000_000_000, Per: time.Second}, Burst: 1_000_000_000},
+		Rules:     rules,
+		Prefixes:  facts,
 	}
 }
 
 // apply applies g with a direct table when direct is set, and checks that
 // the program got what was asked for.
-func (p *factProbe) apply(t *testing.T, g maps.Generation, direct bool) {
+func (p *factProbe) apply(t *testing.T, g policy.Compiled, direct bool) {
 	t.Helper()
 	if direct {
 		p.td.m.SetV4DirectMinFacts(0)
@@ -139,10 +141,10 @@ func (p *factProbe) ask(t *testing.T, src netip.Addr) factAnswer {
 // randV4Facts makes nested, overlapping IPv4 prefixes of every length
 // (0-32), rule facts and ASN-only facts, some naming a missing rule, some
 // keys twice, plus IPv6 facts that cover (or not) the IPv4-mapped range.
-func randV4Facts(r *rand.Rand) []maps.PrefixFact {
-	var facts []maps.PrefixFact
-	val := func(p netip.Prefix) maps.PrefixFact {
-		f := maps.PrefixFact{Prefix: p}
+func randV4Facts(r *rand.Rand) []policy.PrefixFact {
+	var facts []policy.PrefixFact
+	val := func(p netip.Prefix) policy.PrefixFact {
+		f := policy.PrefixFact{Prefix: p}
 		switch r.IntN(4) {
 		case 0: // ASN data only
 			f.ASN = 64512 + uint32(r.IntN(100))
@@ -207,7 +209,7 @@ func randV4Facts(r *rand.Rand) []maps.PrefixFact {
 // probeAddrs are the sources to ask about: for every IPv4 prefix its first
 // and last address and their outer neighbours, one inside it, and random
 // addresses.
-func probeAddrs(r *rand.Rand, facts []maps.PrefixFact) []netip.Addr {
+func probeAddrs(r *rand.Rand, facts []policy.PrefixFact) []netip.Addr {
 	out := []netip.Addr{netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("255.255.255.255"), netip.MustParseAddr("198.18.0.1")}
 	u32 := func(a netip.Addr) uint32 {
 		b := a.As4()
@@ -298,7 +300,7 @@ func TestV4DirectAnswersLikeTrie(t *testing.T) {
 }
 
 // threeSixteens need one chunk each: three /20 facts in different /16s.
-var threeSixteens = []maps.PrefixFact{
+var threeSixteens = []policy.PrefixFact{
 	{Prefix: netip.MustParsePrefix("198.18.16.0/20"), RuleID: 1, ASN: 64501},
 	{Prefix: netip.MustParsePrefix("198.19.32.0/20"), RuleID: 2, ASN: 64502},
 	{Prefix: netip.MustParsePrefix("203.0.112.0/20"), RuleID: 3, ASN: 64503},
@@ -369,26 +371,26 @@ func TestV4DirectSwapKeepsEnforcing(t *testing.T) {
 	pass := factAnswer{xdp: xdpPass}
 	steps := []struct {
 		direct bool
-		facts  []maps.PrefixFact
+		facts  []policy.PrefixFact
 		want   want
 	}{
-		{true, []maps.PrefixFact{
+		{true, []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.18.0.0/16"), RuleID: 1, ASN: 64501},
 			{Prefix: netip.MustParsePrefix("198.18.5.0/24"), RuleID: probeMissing},
 			{Prefix: netip.MustParsePrefix("198.18.5.128/25"), RuleID: 2},
 		}, want{"198.18.0.1": drop(1, 64501), "198.18.5.1": pass, "198.18.5.200": drop(2, 0), "198.19.0.1": drop(0, 0)}},
-		{false, []maps.PrefixFact{
+		{false, []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.18.0.0/15"), RuleID: 3, ASN: 64503},
 			{Prefix: netip.MustParsePrefix("198.18.5.0/24"), RuleID: 4},
 		}, want{"198.18.0.1": drop(3, 64503), "198.18.5.1": drop(4, 0), "198.18.5.200": drop(4, 0), "198.19.0.1": drop(3, 64503)}},
 		// Same half as the first step, different chunks: nothing of the
 		// first table may show through.
-		{true, []maps.PrefixFact{
+		{true, []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.19.0.0/16"), RuleID: 5},
 			{Prefix: netip.MustParsePrefix("198.18.5.0/28"), RuleID: probeMissing},
 		}, want{"198.18.0.1": drop(0, 0), "198.18.5.1": pass, "198.18.5.200": drop(0, 0), "198.19.0.1": drop(5, 0)}},
 		{true, nil, want{"198.18.0.1": drop(0, 0), "198.18.5.1": drop(0, 0), "198.19.0.1": drop(0, 0)}},
-		{false, []maps.PrefixFact{
+		{false, []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.18.5.0/24"), RuleID: probeMissing},
 		}, want{"198.18.0.1": drop(0, 0), "198.18.5.1": pass}},
 	}
@@ -409,7 +411,7 @@ func TestV4DirectSurvivesReopen(t *testing.T) {
 	requireRoot(t)
 	pinDir := fmt.Sprintf("/sys/fs/bpf/eg-test-%d-v4direct", os.Getpid())
 	t.Cleanup(func() { loader.Unpin(pinDir) })
-	facts := []maps.PrefixFact{
+	facts := []policy.PrefixFact{
 		{Prefix: netip.MustParsePrefix("198.18.0.0/16"), RuleID: 1, ASN: 64501},
 		{Prefix: netip.MustParsePrefix("198.18.5.7/32"), RuleID: 2, ASN: 64502},
 	}

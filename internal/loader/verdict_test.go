@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/refmodel"
 )
 
@@ -25,7 +26,7 @@ type step struct {
 
 type verdictCase struct {
 	name  string
-	gen   maps.Generation
+	gen   policy.Compiled
 	lists []maps.ListEntry
 	steps []step
 }
@@ -41,27 +42,27 @@ func udp6(src string) []byte {
 
 func udpPorts(src string, sport, dport uint16) []byte { return packet.UDP4(src, sport, dport, 10) }
 
-func pkts(n, burst uint64) maps.Bucket { return maps.Bucket{Packets: perSecond(n, burst)} }
+func pkts(n, burst uint64) policy.Bucket { return policy.Bucket{Packets: perSecond(n, burst)} }
 
-func policy(rules ...maps.Rule) maps.Generation {
+func generation(rules ...policy.CompiledRule) policy.Compiled {
 	for i := range rules {
-		if rules[i].SrcLen4 == 0 {
-			rules[i].SrcLen4 = 32
+		if rules[i].SourceKey.V4 == 0 {
+			rules[i].SourceKey.V4 = 32
 		}
-		if rules[i].SrcLen6 == 0 {
-			rules[i].SrcLen6 = 64
+		if rules[i].SourceKey.V6 == 0 {
+			rules[i].SourceKey.V6 = 64
 		}
 	}
-	return maps.Generation{Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass}, Rules: rules}
+	return policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: rules}
 }
 
-func withPrefixes(g maps.Generation, facts ...maps.PrefixFact) maps.Generation {
+func withPrefixes(g policy.Compiled, facts ...policy.PrefixFact) policy.Compiled {
 	g.Prefixes = append(g.Prefixes, facts...)
 	return g
 }
 
-func fact(prefix string, rule, asn uint32) maps.PrefixFact {
-	return maps.PrefixFact{Prefix: netip.MustParsePrefix(prefix), RuleID: rule, ASN: asn}
+func fact(prefix string, rule, asn uint32) policy.PrefixFact {
+	return policy.PrefixFact{Prefix: netip.MustParsePrefix(prefix), RuleID: rule, ASN: asn}
 }
 
 func srcBuckets(td *testDatapath) map[refmodel.SrcKey]refmodel.Bucket {
@@ -173,7 +174,7 @@ func wantAggKeys(keys ...refmodel.AggKey) func(td *testDatapath) {
 	}
 }
 
-func applyGen(g maps.Generation) func(td *testDatapath) {
+func applyGen(g policy.Compiled) func(td *testDatapath) {
 	return func(td *testDatapath) { td.apply(g) }
 }
 
@@ -208,65 +209,65 @@ func verdictCases() []verdictCase {
 		return out
 	}
 
-	dryGlobal := policy(maps.Rule{ID: 0, Src: pkts(1, 1)})
-	dryGlobal.Settings.Mode = maps.ModeDryRun
+	dryGlobal := generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)})
+	dryGlobal.Mode = policy.ModeDryRun
 
-	dryRule := withPrefixes(policy(
-		maps.Rule{ID: 0, Src: pkts(1, 1)},
-		maps.Rule{ID: r1, Src: pkts(1, 1), Mode: maps.ModeDryRun},
+	dryRule := withPrefixes(generation(
+		policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)},
+		policy.CompiledRule{ID: r1, PerSource: pkts(1, 1), Mode: policy.RuleModeDryRun},
 	), fact("198.18.1.0/24", r1, 0))
 
-	enforceUnderDry := withPrefixes(policy(
-		maps.Rule{ID: 0, Src: pkts(1, 1)},
-		maps.Rule{ID: r1, Src: pkts(1, 1), Mode: maps.ModeEnforce},
+	enforceUnderDry := withPrefixes(generation(
+		policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)},
+		policy.CompiledRule{ID: r1, PerSource: pkts(1, 1), Mode: policy.RuleModeEnforce},
 	), fact("198.18.1.0/24", r1, 0))
-	enforceUnderDry.Settings.Mode = maps.ModeDryRun
+	enforceUnderDry.Mode = policy.ModeDryRun
 
-	global := policy(maps.Rule{ID: 0})
-	global.Settings.Global = pkts(1, 2)
+	global := generation(policy.CompiledRule{ID: 0})
+	global.Global = pkts(1, 2)
 
-	globalOver := policy(maps.Rule{ID: 0, Src: pkts(10, 5)})
-	globalOver.Settings.Global = pkts(1, 1)
+	globalOver := generation(policy.CompiledRule{ID: 0, PerSource: pkts(10, 5)})
+	globalOver.Global = pkts(1, 1)
 
-	malformedDrop := policy(maps.Rule{ID: 0})
-	malformedDrop.Settings.Malformed = maps.ActDrop
+	malformedDrop := generation(policy.CompiledRule{ID: 0})
+	malformedDrop.Malformed = policy.VerdictDrop
 	malformedDryDrop := malformedDrop
-	malformedDryDrop.Settings.Mode = maps.ModeDryRun
+	malformedDryDrop.Mode = policy.ModeDryRun
 
-	l4 := policy(maps.Rule{ID: 0}, maps.Rule{ID: r1}, maps.Rule{ID: r2}, maps.Rule{ID: r3})
-	l4.L4 = []maps.L4Match{
-		{Proto: packet.ProtoUDP, Dir: maps.L4Src, Port: 53, RuleID: r1},
-		{Proto: packet.ProtoUDP, Dir: maps.L4Dst, Port: 80, RuleID: r2},
-		{Proto: packet.ProtoUDP, Dir: maps.L4Any, RuleID: r3},
+	l4 := generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1}, policy.CompiledRule{ID: r2}, policy.CompiledRule{ID: r3})
+	l4.L4 = []policy.L4Entry{
+		{Protocol: packet.ProtoUDP, Dir: policy.PortSrc, Port: 53, RuleID: r1},
+		{Protocol: packet.ProtoUDP, Dir: policy.PortDst, Port: 80, RuleID: r2},
+		{Protocol: packet.ProtoUDP, Dir: policy.PortAny, RuleID: r3},
 	}
 
-	trie := withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1}, maps.Rule{ID: r2}, maps.Rule{ID: r3}, maps.Rule{ID: 4}),
+	trie := withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1}, policy.CompiledRule{ID: r2}, policy.CompiledRule{ID: r3}, policy.CompiledRule{ID: 4}),
 		fact("198.18.0.0/16", r1, 0), fact("198.18.1.0/24", r2, 0), fact("198.18.1.128/25", r3, 0),
 		fact("fd00::/16", r1, 0), fact("fd00:1::/32", r2, 0))
-	trie.L4 = []maps.L4Match{{Proto: packet.ProtoUDP, Dir: maps.L4Src, Port: 123, RuleID: 4}}
+	trie.L4 = []policy.L4Entry{{Protocol: packet.ProtoUDP, Dir: policy.PortSrc, Port: 123, RuleID: 4}}
 
 	hashedIDs := uint32(4000781694)
-	swapBefore := withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(1, 2)}, maps.Rule{ID: r2, Src: pkts(1, 1)}),
+	swapBefore := withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerSource: pkts(1, 2)}, policy.CompiledRule{ID: r2, PerSource: pkts(1, 1)}),
 		fact("198.18.1.0/24", r1, 0), fact("198.18.2.0/24", r2, 0))
-	swapAfter := withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(1, 2)}, maps.Rule{ID: hashedIDs, Src: pkts(1, 1)}),
+	swapAfter := withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerSource: pkts(1, 2)}, policy.CompiledRule{ID: hashedIDs, PerSource: pkts(1, 1)}),
 		fact("198.18.1.0/24", r1, 0), fact("198.18.2.0/24", hashedIDs, 0))
 
 	return []verdictCase{
-		{name: "ok under the default rule", gen: policy(maps.Rule{ID: 0, Src: pkts(10, 5)}),
+		{name: "ok under the default rule", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(10, 5)}),
 			steps: every(t0, 3, 0, udp4("198.18.0.1"), okRule(0))},
-		{name: "non_ip: arp is never limited", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+		{name: "non_ip: arp is never limited", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}),
 			steps: every(t0, 3, 0, packet.ARP(), passed(maps.ReasonNonIP))},
-		{name: "prefix fact naming no rule: no_policy", gen: withPrefixes(policy(maps.Rule{ID: 0, Src: pkts(1, 1)}), fact("198.18.9.0/24", 99, 0)),
+		{name: "prefix fact naming no rule: no_policy", gen: withPrefixes(generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}), fact("198.18.9.0/24", 99, 0)),
 			steps: cat(every(t0, 3, 0, udp4("198.18.9.1"), passed(maps.ReasonNoPolicy)), []step{{do: wantSrcKeys()}})},
 
 		// Lists.
-		{name: "allow list passes without limiting", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+		{name: "allow list passes without limiting", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}),
 			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.0/24"), AllowUntil: maps.Forever}},
 			steps: cat(every(t0, 3, 0, udp4("198.18.0.1"), passed(maps.ReasonAllow)), []step{{do: wantSrcKeys()}})},
-		{name: "deny list drops, not counted under a rule", gen: policy(maps.Rule{ID: 0}),
+		{name: "deny list drops, not counted under a rule", gen: generation(policy.CompiledRule{ID: 0}),
 			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.0/24"), DenyUntil: maps.Forever}},
 			steps: cat(every(t0, 2, 0, udp4("198.18.0.1"), dropped(maps.ReasonDeny)), []step{{at: t0, frame: udp4("198.18.1.1"), want: okRule(0)}})},
-		{name: "deny expires on the test clock", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+		{name: "deny expires on the test clock", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}),
 			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("2001:db8::/48"), DenyUntil: uint64(t0 + 10*second)}},
 			steps: []step{
 				{at: t0, frame: udp6("2001:db8::1"), want: dropped(maps.ReasonDeny)},
@@ -274,7 +275,7 @@ func verdictCases() []verdictCase {
 				{at: t0 + 10*second, frame: udp6("2001:db8::1"), want: okRule(0)},
 				{at: t0 + 10*second, frame: udp6("2001:db8::1"), want: limitedBy(maps.ReasonSrcLimit, 0)},
 			}},
-		{name: "allow expires on the test clock", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+		{name: "allow expires on the test clock", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}),
 			lists: []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.1/32"), AllowUntil: uint64(t0 + second)}},
 			steps: []step{
 				{at: t0 + second - 1, frame: udp4("198.18.0.1"), want: passed(maps.ReasonAllow)},
@@ -282,7 +283,7 @@ func verdictCases() []verdictCase {
 				{at: t0 + second, frame: udp4("198.18.0.1"), want: okRule(0)},
 				{at: t0 + second, frame: udp4("198.18.0.1"), want: limitedBy(maps.ReasonSrcLimit, 0)},
 			}},
-		{name: "most specific list entry answers", gen: policy(maps.Rule{ID: 0}),
+		{name: "most specific list entry answers", gen: generation(policy.CompiledRule{ID: 0}),
 			lists: []maps.ListEntry{
 				{Prefix: netip.MustParsePrefix("198.18.0.0/16"), DenyUntil: maps.Forever},
 				{Prefix: netip.MustParsePrefix("198.18.7.0/24"), AllowUntil: maps.Forever},
@@ -296,7 +297,7 @@ func verdictCases() []verdictCase {
 			steps: []step{{at: t0, frame: udp4("198.18.0.1"), want: verdict{action: maps.ActWouldDrop, reason: maps.ReasonDeny}}}},
 
 		// Buckets.
-		{name: "source limit: burst, then the rate", gen: policy(maps.Rule{ID: 0, Src: pkts(2, 2)}),
+		{name: "source limit: burst, then the rate", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(2, 2)}),
 			steps: cat(
 				every(t0, 2, 0, udp4("198.18.0.1"), okRule(0)),
 				every(t0, 2, 0, udp4("198.18.0.1"), limitedBy(maps.ReasonSrcLimit, 0)),
@@ -307,7 +308,7 @@ func verdictCases() []verdictCase {
 				// bucket until it is seen again.
 				[]step{{do: wantSrcKeys(srcKey(0, "198.18.0.1/32"))}},
 			)},
-		{name: "non-first fragments are limited by source", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 2)}),
+		{name: "non-first fragments are limited by source", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 2)}),
 			steps: []step{
 				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("198.18.0.1"), Proto: packet.ProtoUDP, FragOffset: 185}.Build(), want: okRule(0)},
 				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("198.18.0.1"), Proto: packet.ProtoUDP, FragOffset: 370}.Build(), want: okRule(0)},
@@ -316,7 +317,7 @@ func verdictCases() []verdictCase {
 				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("fd00::2"), Proto: packet.ProtoUDP, FragOffset: 370, IPv6Ext: []uint8{44}}.Build(), want: okRule(0)},
 				{at: t0, frame: packet.Frame{Src: netip.MustParseAddr("fd00::3"), Proto: packet.ProtoUDP, FragOffset: 555, IPv6Ext: []uint8{44}}.Build(), want: limitedBy(maps.ReasonSrcLimit, 0)},
 			}},
-		{name: "ipv6 sources share a bucket per /64", gen: policy(maps.Rule{ID: 0, Src: pkts(1, 1)}),
+		{name: "ipv6 sources share a bucket per /64", gen: generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}),
 			steps: []step{
 				{at: t0, frame: udp6("fd00:1::1"), want: okRule(0)},
 				{at: t0, frame: udp6("fd00:1::ffff:2"), want: limitedBy(maps.ReasonSrcLimit, 0)},
@@ -326,7 +327,7 @@ func verdictCases() []verdictCase {
 				{do: wantSrcKeys(srcKey(0, "fd00:1::/64"), srcKey(0, "fd00:1:0:1::/64"))},
 			}},
 		{name: "prefix limit, whole: all sources of the rule share it",
-			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(10, 5), Agg: pkts(1, 3), AggMode: maps.AggWhole}), fact("198.18.0.0/16", r1, 0)),
+			gen: withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerSource: pkts(10, 5), PerPrefix: pkts(1, 3), Aggregate: policy.AggregateWhole}), fact("198.18.0.0/16", r1, 0)),
 			steps: []step{
 				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
 				{at: t0, frame: udp4("198.18.2.1"), want: okRule(r1)},
@@ -338,7 +339,7 @@ func verdictCases() []verdictCase {
 				{do: wantWholeCharged(r1)},
 			}},
 		{name: "prefix limit, derived /24",
-			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Agg: pkts(1, 2), AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48}), fact("198.18.0.0/16", r1, 0)),
+			gen: withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerPrefix: pkts(1, 2), Aggregate: policy.AggregateDerived, AggregateKey: policy.KeyBits{V4: 24, V6: 48}}), fact("198.18.0.0/16", r1, 0)),
 			steps: []step{
 				{at: t0, frame: udp4("198.18.1.1"), want: okRule(r1)},
 				{at: t0, frame: udp4("198.18.1.2"), want: okRule(r1)},
@@ -349,7 +350,7 @@ func verdictCases() []verdictCase {
 				{do: wantAggKeys(prefixAggKey(r1, "198.18.1.0/24"), prefixAggKey(r1, "198.18.2.0/24"))},
 			}},
 		{name: "prefix limit, derived /48",
-			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Agg: pkts(1, 2), AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48}), fact("fd00::/16", r1, 0)),
+			gen: withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerPrefix: pkts(1, 2), Aggregate: policy.AggregateDerived, AggregateKey: policy.KeyBits{V4: 24, V6: 48}}), fact("fd00::/16", r1, 0)),
 			steps: []step{
 				{at: t0, frame: udp6("fd00:1:1::1"), want: okRule(r1)},
 				{at: t0, frame: udp6("fd00:1:1:ffff::1"), want: okRule(r1)},
@@ -359,7 +360,7 @@ func verdictCases() []verdictCase {
 				{do: wantAggKeys(prefixAggKey(r1, "fd00:1:1::/48"))},
 			}},
 		{name: "asn limit across prefixes of one asn",
-			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, ASN: pkts(1, 2)}),
+			gen: withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerASN: pkts(1, 2)}),
 				fact("203.0.113.0/24", r1, 64500), fact("198.51.100.0/24", r1, 64500), fact("192.0.2.0/24", r1, 64501)),
 			steps: []step{
 				{at: t0, frame: udp4("203.0.113.1"), want: okRule(r1)},
@@ -398,7 +399,7 @@ func verdictCases() []verdictCase {
 			}},
 
 		// Malformed verdicts.
-		{name: "malformed passes", gen: policy(maps.Rule{ID: 0}),
+		{name: "malformed passes", gen: generation(policy.CompiledRule{ID: 0}),
 			steps: []step{{at: t0, frame: with(udp4("198.18.0.1"), 14, 0x44), want: passed(maps.ReasonBadIPv4)}}},
 		{name: "malformed drops", gen: malformedDrop,
 			steps: []step{
@@ -427,8 +428,8 @@ func verdictCases() []verdictCase {
 				{at: t0, frame: udp6("fd00:1::1"), want: okRule(r2)},
 				{at: t0, frame: udpPorts("198.18.1.129", 123, 123), want: okRule(4)},
 			}},
-		{name: "rule actions drop and pass", gen: withPrefixes(policy(
-			maps.Rule{ID: 0}, maps.Rule{ID: r1, Action: maps.RuleDrop}, maps.Rule{ID: r2, Action: maps.RulePass, Src: pkts(1, 1)}),
+		{name: "rule actions drop and pass", gen: withPrefixes(generation(
+			policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, Action: policy.ActionDrop}, policy.CompiledRule{ID: r2, Action: policy.ActionPass, PerSource: pkts(1, 1)}),
 			fact("198.18.1.0/24", r1, 0), fact("198.18.2.0/24", r2, 0)),
 			steps: []step{
 				{at: t0, frame: udp4("198.18.1.1"), want: limitedBy(maps.ReasonRuleDrop, r1)},
@@ -439,7 +440,7 @@ func verdictCases() []verdictCase {
 
 		// State under flood.
 		{name: "aggregate over budget: no per-source entries",
-			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(10, 5), Agg: pkts(1, 1), AggMode: maps.AggWhole}), fact("198.19.0.0/16", r1, 0)),
+			gen: withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerSource: pkts(10, 5), PerPrefix: pkts(1, 1), Aggregate: policy.AggregateWhole}), fact("198.19.0.0/16", r1, 0)),
 			steps: cat(
 				[]step{{at: t0, frame: udp4("198.19.200.1"), want: okRule(r1)}},
 				floodSteps(t0, 300, limitedBy(maps.ReasonPrefixLimit, r1)),
@@ -452,7 +453,7 @@ func verdictCases() []verdictCase {
 				[]step{{do: wantSrcKeys()}},
 			)},
 		{name: "asn over budget: no per-source entries",
-			gen: withPrefixes(policy(maps.Rule{ID: 0}, maps.Rule{ID: r1, Src: pkts(10, 5), ASN: pkts(1, 1)}), fact("198.19.0.0/16", r1, 64500)),
+			gen: withPrefixes(generation(policy.CompiledRule{ID: 0}, policy.CompiledRule{ID: r1, PerSource: pkts(10, 5), PerASN: pkts(1, 1)}), fact("198.19.0.0/16", r1, 64500)),
 			steps: cat(
 				[]step{{at: t0, frame: udp4("198.19.200.1"), want: okRule(r1)}},
 				floodSteps(t0, 300, limitedBy(maps.ReasonASNLimit, r1)),
@@ -531,10 +532,10 @@ func TestNoPolicyYet(t *testing.T) {
 func TestDropsChargeNothingAbove(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	const r1 = 1
-	g := withPrefixes(policy(maps.Rule{ID: 0},
-		maps.Rule{ID: r1, Src: pkts(1, 1), Agg: pkts(1, 3), AggMode: maps.AggWhole, ASN: pkts(1, 10)}),
+	g := withPrefixes(generation(policy.CompiledRule{ID: 0},
+		policy.CompiledRule{ID: r1, PerSource: pkts(1, 1), PerPrefix: pkts(1, 3), Aggregate: policy.AggregateWhole, PerASN: pkts(1, 10)}),
 		fact("198.18.0.0/16", r1, 64500))
-	g.Settings.Global = pkts(1, 10)
+	g.Global = pkts(1, 10)
 	td.apply(g)
 	td.setClock(t0)
 	c := newChecker(td)
@@ -583,8 +584,8 @@ func TestDropsChargeNothingAbove(t *testing.T) {
 // unlimited. It is malformed (bad_ipv6) and gets the malformed verdict.
 func TestIPv6V4MappedSourceIsMalformed(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
-	g := policy(maps.Rule{ID: 0, Src: pkts(1, 1)})
-	g.Settings.Global = pkts(1, 1)
+	g := generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)})
+	g.Global = pkts(1, 1)
 	td.apply(g)
 	if err := td.m.SetLists([]maps.ListEntry{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllowUntil: maps.Forever}}); err != nil {
 		t.Fatal(err)
@@ -600,9 +601,9 @@ func TestIPv6V4MappedSourceIsMalformed(t *testing.T) {
 // neither policy has).
 func TestPolicySwapIsAtomic(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
-	dropAll := withPrefixes(policy(maps.Rule{ID: 0, Src: pkts(1, 1)}, maps.Rule{ID: 1, Action: maps.RuleDrop}), fact("198.18.0.0/16", 1, 0))
-	passAll := withPrefixes(policy(maps.Rule{ID: 0, Src: pkts(1, 1)}, maps.Rule{ID: 2, Action: maps.RulePass}), fact("198.18.0.0/16", 2, 0))
-	passAll.Settings.Malformed = maps.ActDrop
+	dropAll := withPrefixes(generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}, policy.CompiledRule{ID: 1, Action: policy.ActionDrop}), fact("198.18.0.0/16", 1, 0))
+	passAll := withPrefixes(generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)}, policy.CompiledRule{ID: 2, Action: policy.ActionPass}), fact("198.18.0.0/16", 2, 0))
+	passAll.Malformed = policy.VerdictDrop
 	td.apply(dropAll)
 	td.setClock(t0)
 	before := td.counters()

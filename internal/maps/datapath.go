@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Maps is a typed view of a loaded datapath's maps.
@@ -60,53 +61,155 @@ func (m *Maps) ActiveGen() (uint32, error) {
 	return a.Gen & 1, nil
 }
 
-func (r Rule) compile() (loader.LimiterEgRule, error) {
-	out := loader.LimiterEgRule{
-		Id: r.ID, SrcLen4: r.SrcLen4, SrcLen6: r.SrcLen6,
-		AggLen4: r.AggLen4, AggLen6: r.AggLen6,
-		AggMode: uint8(r.AggMode), Mode: uint8(r.Mode), Valid: 1, Action: uint8(r.Action),
+// The policy's enums, as the data plane's (bpf2go, bpf/headers).
+
+func globalMode(m policy.Mode) (Mode, error) {
+	switch m {
+	case policy.ModeEnforce:
+		return ModeEnforce, nil
+	case policy.ModeDryRun:
+		return ModeDryRun, nil
 	}
-	var err error
-	if out.Src, err = r.Src.Cfg(); err != nil {
+	return 0, fmt.Errorf("global mode must be enforce or dry-run, not %q", m)
+}
+
+func ruleMode(m policy.RuleMode) (Mode, error) {
+	switch m {
+	case policy.RuleModeInherit, "":
+		return ModeInherit, nil
+	case policy.RuleModeEnforce:
+		return ModeEnforce, nil
+	case policy.RuleModeDryRun:
+		return ModeDryRun, nil
+	}
+	return 0, fmt.Errorf("rule mode must be inherit, enforce or dry-run, not %q", m)
+}
+
+func ruleAction(a policy.Action) (RuleAction, error) {
+	switch a {
+	case policy.ActionLimit, "":
+		return RuleLimit, nil
+	case policy.ActionDrop:
+		return RuleDrop, nil
+	case policy.ActionPass:
+		return RulePass, nil
+	}
+	return 0, fmt.Errorf("rule action must be limit, drop or pass, not %q", a)
+}
+
+func aggMode(m policy.AggregateMode) (AggMode, error) {
+	switch m {
+	case policy.AggregateNone:
+		return AggNone, nil
+	case policy.AggregateWhole:
+		return AggWhole, nil
+	case policy.AggregateDerived:
+		return AggDerived, nil
+	}
+	return 0, fmt.Errorf("aggregate mode %d unknown", m)
+}
+
+func malformedVerdict(v policy.Verdict) (Action, error) {
+	switch v {
+	case policy.VerdictPass, "":
+		return ActPass, nil
+	case policy.VerdictDrop:
+		return ActDrop, nil
+	}
+	return 0, fmt.Errorf("malformed verdict must be pass or drop, not %q", v)
+}
+
+func clockOf(c policy.Clock) (Clock, error) {
+	switch c {
+	case policy.ClockPrecise, "":
+		return ClockPrecise, nil
+	case policy.ClockCoarse:
+		return ClockCoarse, nil
+	}
+	return 0, fmt.Errorf("clock must be coarse or precise, not %q", c)
+}
+
+// L4DirOf is the data plane's direction of an L4 entry.
+func L4DirOf(d policy.PortDir) (L4Dir, error) {
+	switch d {
+	case policy.PortAny:
+		return L4Any, nil
+	case policy.PortSrc:
+		return L4Src, nil
+	case policy.PortDst:
+		return L4Dst, nil
+	}
+	return 0, fmt.Errorf("l4 port direction %d unknown", d)
+}
+
+// RuleConfig is a compiled rule as the data plane's rules table holds it
+// (Valid set; the reference model reads the same).
+func RuleConfig(r policy.CompiledRule) (loader.LimiterEgRule, error) {
+	out := loader.LimiterEgRule{
+		Id: r.ID, SrcLen4: r.SourceKey.V4, SrcLen6: r.SourceKey.V6,
+		AggLen4: r.AggregateKey.V4, AggLen6: r.AggregateKey.V6, Valid: 1,
+	}
+	mode, err := ruleMode(r.Mode)
+	if err != nil {
+		return out, fmt.Errorf("rule %d: %w", r.ID, err)
+	}
+	action, err := ruleAction(r.Action)
+	if err != nil {
+		return out, fmt.Errorf("rule %d: %w", r.ID, err)
+	}
+	agg, err := aggMode(r.Aggregate)
+	if err != nil {
+		return out, fmt.Errorf("rule %d: %w", r.ID, err)
+	}
+	out.Mode, out.Action, out.AggMode = uint8(mode), uint8(action), uint8(agg)
+	if out.Src, err = BucketConfig(r.PerSource); err != nil {
 		return out, fmt.Errorf("rule %d per-source: %w", r.ID, err)
 	}
-	if out.Agg, err = r.Agg.Cfg(); err != nil {
+	if out.Agg, err = BucketConfig(r.PerPrefix); err != nil {
 		return out, fmt.Errorf("rule %d prefix aggregate: %w", r.ID, err)
 	}
-	if out.Asn, err = r.ASN.Cfg(); err != nil {
+	if out.Asn, err = BucketConfig(r.PerASN); err != nil {
 		return out, fmt.Errorf("rule %d asn aggregate: %w", r.ID, err)
 	}
 	if out.Reserve, err = Reserve16(r.Reserve); err != nil {
 		return out, fmt.Errorf("rule %d: %w", r.ID, err)
 	}
-	if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
+	if r.SourceKey.V4 > 32 || r.AggregateKey.V4 > 32 || r.SourceKey.V6 > 128 || r.AggregateKey.V6 > 128 {
 		return out, fmt.Errorf("rule %d: key length out of range", r.ID)
 	}
 	return out, nil
 }
 
-func (s Settings) compile(l4protos uint8) (loader.LimiterEgConfig, error) {
-	c := loader.LimiterEgConfig{Mode: uint8(s.Mode), MalformedVerdict: uint8(s.Malformed), L4Protos: l4protos, Valid: 1,
-		Clock: uint8(s.Clock)}
-	if s.Mode != ModeEnforce && s.Mode != ModeDryRun {
-		return c, fmt.Errorf("global mode must be enforce or dry-run")
+// SettingsConfig is a generation's global settings as the data plane's
+// config table holds them, for a generation whose L4 entries match the
+// protocols in l4protos (L4Bit); V4Direct is left to Apply.
+func SettingsConfig(c *policy.Compiled, l4protos uint8) (loader.LimiterEgConfig, error) {
+	out := loader.LimiterEgConfig{L4Protos: l4protos, Valid: 1}
+	mode, err := globalMode(c.Mode)
+	if err != nil {
+		return out, err
 	}
-	if s.Clock != ClockPrecise && s.Clock != ClockCoarse {
-		return c, fmt.Errorf("clock must be coarse or precise")
+	malformed, err := malformedVerdict(c.Malformed)
+	if err != nil {
+		return out, err
 	}
-	var err error
-	if c.Global, err = s.Global.Cfg(); err != nil {
-		return c, fmt.Errorf("global bucket: %w", err)
+	clock, err := clockOf(c.Clock)
+	if err != nil {
+		return out, err
 	}
-	if c.Reserve, err = Reserve16(s.GlobalReserve); err != nil {
-		return c, fmt.Errorf("global: %w", err)
+	out.Mode, out.MalformedVerdict, out.Clock = uint8(mode), uint8(malformed), uint8(clock)
+	if out.Global, err = BucketConfig(c.Global); err != nil {
+		return out, fmt.Errorf("global bucket: %w", err)
 	}
-	if s.Samples.Limited() {
-		if c.Sample, err = (Bucket{Packets: s.Samples}).Cfg(); err != nil {
-			return c, fmt.Errorf("sample budget: %w", err)
+	if out.Reserve, err = Reserve16(c.GlobalReserve); err != nil {
+		return out, fmt.Errorf("global: %w", err)
+	}
+	if c.Samples.IsSet() {
+		if out.Sample, err = BucketConfig(policy.Bucket{Packets: c.Samples}); err != nil {
+			return out, fmt.Errorf("sample budget: %w", err)
 		}
 	}
-	return c, nil
+	return out, nil
 }
 
 // Reserve16 turns a reserve in parts per million into the data plane's
@@ -155,7 +258,7 @@ const noSlot = ^uint32(0)
 // keeps by slot, continue), puts id 0, the default rule, in slot 0, prefers
 // slot == id for small ids, and clears the counters and the whole-aggregate
 // bucket of a slot that changes hands.
-func (m *Maps) Apply(g Generation) error {
+func (m *Maps) Apply(c *policy.Compiled) error {
 	cur, err := m.ActiveGen()
 	if err != nil {
 		return err
@@ -167,7 +270,7 @@ func (m *Maps) Apply(g Generation) error {
 	if err != nil {
 		return err
 	}
-	slots, fresh, err := assignSlots(g.Rules, old, maxRules)
+	slots, fresh, err := assignSlots(c.Rules, old, maxRules)
 	if err != nil {
 		return err
 	}
@@ -179,32 +282,31 @@ func (m *Maps) Apply(g Generation) error {
 	for i := range keys {
 		keys[i] = next*maxRules + uint32(i)
 	}
-	for _, r := range g.Rules {
-		if vals[slots[r.ID]], err = r.compile(); err != nil {
+	for _, r := range c.Rules {
+		if vals[slots[r.ID]], err = RuleConfig(r); err != nil {
 			return err
 		}
 	}
-	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
-		return fmt.Errorf("write rules of generation %d: %w", next, err)
-	}
 
 	var protos uint8
-	l4 := make([]L4Match, len(g.L4))
-	for i, l := range g.L4 {
+	l4 := make([]l4Entry, len(c.L4))
+	for i, l := range c.L4 {
 		slot, ok := slots[l.RuleID]
 		if !ok {
-			return fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Proto, l.Port, l.RuleID)
+			return fmt.Errorf("l4 match proto %d port %d names unknown rule %d", l.Protocol, l.Port, l.RuleID)
 		}
-		if L4Bit(l.Proto) == 0 {
-			return fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Proto)
+		if L4Bit(l.Protocol) == 0 {
+			return fmt.Errorf("l4 match: protocol %d is not tcp, udp, icmp or icmpv6", l.Protocol)
 		}
-		protos |= L4Bit(l.Proto)
-		l4[i] = l
-		l4[i].RuleID = slot
+		dir, err := L4DirOf(l.Dir)
+		if err != nil {
+			return err
+		}
+		protos |= L4Bit(l.Protocol)
+		l4[i] = l4Entry{proto: l.Protocol, dir: dir, port: l.Port, slot: slot}
 	}
-	g.L4 = l4
-	facts := make([]PrefixFact, len(g.Prefixes))
-	for i, f := range g.Prefixes {
+	facts := make([]policy.PrefixFact, len(c.Prefixes))
+	for i, f := range c.Prefixes {
 		facts[i] = f
 		if slot, ok := slots[f.RuleID]; ok {
 			facts[i].RuleID = slot
@@ -212,12 +314,15 @@ func (m *Maps) Apply(g Generation) error {
 			facts[i].RuleID = noSlot
 		}
 	}
-	g.Prefixes = facts
-	cfg, err := g.Settings.compile(protos)
+	cfg, err := SettingsConfig(c, protos)
 	if err != nil {
 		return err
 	}
-	if err := m.replaceL4(uint8(next), g.L4); err != nil {
+	// Everything is checked: from here on only the kernel can refuse.
+	if err := batchUpdate(m.o.Rules, keys, vals); err != nil {
+		return fmt.Errorf("write rules of generation %d: %w", next, err)
+	}
+	if err := m.replaceL4(uint8(next), l4); err != nil {
 		return err
 	}
 
@@ -226,25 +331,25 @@ func (m *Maps) Apply(g Generation) error {
 		return err
 	}
 	defer trie.Close()
-	if err := fillPrefixTrie(trie, g.Prefixes); err != nil {
+	if err := fillPrefixTrie(trie, facts); err != nil {
 		return err
 	}
 	if err := m.o.PrefixGens.Put(next, trie); err != nil {
 		return fmt.Errorf("install prefix trie of generation %d: %w", next, err)
 	}
-	direct, err := m.writeV4Direct(next, g.Prefixes)
+	direct, err := m.writeV4Direct(next, facts)
 	if err != nil {
 		return err
 	}
 	if direct.Used {
 		cfg.V4Direct = 1
 	}
-	if err := m.o.StandingCfg.Put(next, g.Standing.compile()); err != nil {
+	if err := m.o.StandingCfg.Put(next, StandingConfig(c.Standing)); err != nil {
 		return fmt.Errorf("write standing settings of generation %d: %w", next, err)
 	}
 	// Not per generation: known-good prefixes are facts about sources, and
 	// an entry one generation early or late changes one source's class.
-	if err := m.setKnownGood(g.Standing.KnownGood); err != nil {
+	if err := m.setKnownGood(c.Standing.KnownGood); err != nil {
 		return err
 	}
 	if err := m.o.Configs.Put(next, cfg); err != nil {
@@ -269,10 +374,18 @@ func (m *Maps) Apply(g Generation) error {
 	logV4Direct(m.d.Logger(), next, direct)
 	// Overrides of rules that are gone go with them; the others keep
 	// their rule's slot. Not an error of the apply: the policy is live.
-	if err := m.pruneOverridesFor(g.Rules, g.Settings.Global); err != nil {
+	if err := m.pruneOverridesFor(); err != nil {
 		m.d.Logger().Warn("overrides of removed rules not all pruned", "err", err)
 	}
 	return nil
+}
+
+// l4Entry is an L4 table entry with its rule's slot.
+type l4Entry struct {
+	proto uint8
+	dir   L4Dir
+	port  uint16
+	slot  uint32
 }
 
 // readSlots returns rule id -> slot of a generation's valid rules, reading
@@ -298,7 +411,7 @@ func (m *Maps) readSlots(gen uint32) (map[uint32]uint32, error) {
 
 // assignSlots places rules in table slots (see Apply) and returns the slots
 // that change hands.
-func assignSlots(rules []Rule, old map[uint32]uint32, maxRules uint32) (map[uint32]uint32, []uint32, error) {
+func assignSlots(rules []policy.CompiledRule, old map[uint32]uint32, maxRules uint32) (map[uint32]uint32, []uint32, error) {
 	if uint32(len(rules)) > maxRules {
 		return nil, nil, fmt.Errorf("%d rules, the table holds %d: raise tables.max_rules", len(rules), maxRules)
 	}
@@ -378,7 +491,7 @@ func (m *Maps) clearRuleCounters(slot uint32) error {
 	return nil
 }
 
-func (m *Maps) replaceL4(gen uint8, want []L4Match) error {
+func (m *Maps) replaceL4(gen uint8, want []l4Entry) error {
 	var k loader.LimiterEgL4Key
 	var v uint32
 	var stale []loader.LimiterEgL4Key
@@ -397,18 +510,18 @@ func (m *Maps) replaceL4(gen uint8, want []L4Match) error {
 		}
 	}
 	for _, l := range want {
-		key := loader.LimiterEgL4Key{Gen: gen, Proto: l.Proto, Dir: uint8(l.Dir), Port: l.Port}
-		if l.Dir == L4Any {
+		key := loader.LimiterEgL4Key{Gen: gen, Proto: l.proto, Dir: uint8(l.dir), Port: l.port}
+		if l.dir == L4Any {
 			key.Port = 0
 		}
-		if err := m.o.L4Rules.Put(key, l.RuleID); err != nil {
-			return fmt.Errorf("write l4 rule proto %d port %d: %w", l.Proto, l.Port, err)
+		if err := m.o.L4Rules.Put(key, l.slot); err != nil {
+			return fmt.Errorf("write l4 rule proto %d port %d: %w", l.proto, l.port, err)
 		}
 	}
 	return nil
 }
 
-func fillPrefixTrie(trie *ebpf.Map, facts []PrefixFact) error {
+func fillPrefixTrie(trie *ebpf.Map, facts []policy.PrefixFact) error {
 	if len(facts) == 0 {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Probe is the packet a Path is computed for: its source, and the
@@ -33,7 +34,7 @@ type Path struct {
 	List *ListEntry
 	// Fact is the most specific prefix fact of the live generation (its
 	// RuleID is the rule's table slot); nil: none, the default rule.
-	Fact *PrefixFact
+	Fact *policy.PrefixFact
 	// L4 is the L4 rules entry that replaced the prefix fact's rule for
 	// this probe (its RuleID is the slot), nil: none did.
 	L4 *L4Match
@@ -171,7 +172,7 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 		return out, err
 	}
 	if found {
-		out.Fact = &PrefixFact{RuleID: pv.RuleId, ASN: pv.Asn, Country: [2]byte{byte(pv.Country >> 8), byte(pv.Country)}}
+		out.Fact = &policy.PrefixFact{RuleID: pv.RuleId, ASN: pv.Asn, Country: [2]byte{byte(pv.Country >> 8), byte(pv.Country)}}
 		out.Slot = pv.RuleId
 	}
 
@@ -386,6 +387,15 @@ func (m *Maps) lookupFact(gen uint32, key loader.LimiterEgLpmKey, pv *loader.Lim
 		return false, fmt.Errorf("look up prefix facts: %w", err)
 	}
 	return true, nil
+}
+
+// L4Match is an L4 rules entry as the data plane holds it: RuleID is the
+// rule's table slot.
+type L4Match struct {
+	Proto  uint8
+	Dir    L4Dir
+	Port   uint16
+	RuleID uint32
 }
 
 // l4Lookup is the data plane's l4_rule: source port, then destination

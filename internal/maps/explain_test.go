@@ -11,6 +11,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
@@ -35,7 +36,9 @@ func newExplainLab(t *testing.T) *explainLab {
 	return &explainLab{t: t, d: d, m: maps.New(d)}
 }
 
-func perHour(n uint64) maps.Rate { return maps.Rate{Count: n, Per: time.Hour, Burst: n} }
+func perHour(n uint64) policy.Limit {
+	return policy.Limit{Rate: policy.Rate{Count: n, Per: time.Hour}, Burst: n}
+}
 
 // send runs one UDP frame from src through the program: true if passed.
 func (l *explainLab) send(src string, sport uint16) bool {
@@ -93,28 +96,35 @@ func bucket(t *testing.T, p maps.Path, k maps.BucketKind) maps.PathBucket {
 // lists, an L4 override, a rule drop and a dry-run rule.
 func TestExplainPathAgreesWithProgram(t *testing.T) {
 	l := newExplainLab(t)
-	g := maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass,
-			Global: maps.Bucket{Packets: perHour(1000)}},
-		Rules: []maps.Rule{
-			{ID: 0, Src: maps.Bucket{Packets: perHour(3)}, SrcLen4: 32, SrcLen6: 64,
-				Agg: maps.Bucket{Packets: perHour(5)}, AggMode: maps.AggDerived, AggLen4: 24, AggLen6: 48,
-				ASN: maps.Bucket{Packets: perHour(7)}},
-			{ID: 7, Agg: maps.Bucket{Packets: perHour(2)}, AggMode: maps.AggWhole, SrcLen4: 32, SrcLen6: 64},
-			{ID: 9, Action: maps.RuleDrop, SrcLen4: 32, SrcLen6: 64},
-			{ID: 11, Src: maps.Bucket{Packets: perHour(1)}, SrcLen4: 32, SrcLen6: 64, Mode: maps.ModeDryRun},
-			{ID: 13, ASN: maps.Bucket{Packets: perHour(10)}, SrcLen4: 32, SrcLen6: 64, Reserve: 500_000},
+	g := policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Global:    policy.Bucket{Packets: perHour(1000)},
+		Rules: []policy.CompiledRule{
+			{
+				ID:           0,
+				PerSource:    policy.Bucket{Packets: perHour(3)},
+				SourceKey:    policy.KeyBits{V4: 32, V6: 64},
+				PerPrefix:    policy.Bucket{Packets: perHour(5)},
+				Aggregate:    policy.AggregateDerived,
+				AggregateKey: policy.KeyBits{V4: 24, V6: 48},
+				PerASN:       policy.Bucket{Packets: perHour(7)},
+			},
+			{ID: 7, PerPrefix: policy.Bucket{Packets: perHour(2)}, Aggregate: policy.AggregateWhole, SourceKey: policy.KeyBits{V4: 32, V6: 64}},
+			{ID: 9, Action: policy.ActionDrop, SourceKey: policy.KeyBits{V4: 32, V6: 64}},
+			{ID: 11, PerSource: policy.Bucket{Packets: perHour(1)}, SourceKey: policy.KeyBits{V4: 32, V6: 64}, Mode: policy.RuleModeDryRun},
+			{ID: 13, PerASN: policy.Bucket{Packets: perHour(10)}, SourceKey: policy.KeyBits{V4: 32, V6: 64}, Reserve: 500_000},
 		},
-		Prefixes: []maps.PrefixFact{
+		Prefixes: []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.51.100.0/24"), RuleID: 0, ASN: 64500, Country: [2]byte{'Z', 'Z'}},
 			{Prefix: netip.MustParsePrefix("198.51.101.0/24"), RuleID: 0, ASN: 64500},
 			{Prefix: netip.MustParsePrefix("192.0.2.0/24"), RuleID: 9},
 			{Prefix: netip.MustParsePrefix("2001:db8::/32"), RuleID: 11},
 			{Prefix: netip.MustParsePrefix("198.51.102.0/24"), RuleID: 13, ASN: 64502},
 		},
-		L4: []maps.L4Match{{Proto: 17, Dir: maps.L4Src, Port: 53, RuleID: 7}},
+		L4: []policy.L4Entry{{Protocol: 17, Dir: policy.PortSrc, Port: 53, RuleID: 7}},
 	}
-	if err := l.m.Apply(g); err != nil {
+	if err := l.m.Apply(&g); err != nil {
 		t.Fatal(err)
 	}
 

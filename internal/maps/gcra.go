@@ -6,6 +6,7 @@ import (
 	"math/bits"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // TickShift and ByteShift are EG_TICK_SHIFT and EG_BYTE_SHIFT of
@@ -31,16 +32,16 @@ func mulDivCeil(a, b, c uint64) (uint64, error) {
 	return q, nil
 }
 
-// Cfg turns a Bucket into GCRA parameters. The emission interval is rounded
-// up to the next tick, so the data plane never admits more than the rate;
-// the shortfall is below one tick (1/16 ns) per event.
-func (b Bucket) Cfg() (BucketCfg, error) {
+// BucketConfig turns a policy bucket into GCRA parameters. The emission
+// interval is rounded up to the next tick, so the data plane never admits
+// more than the rate; the shortfall is below one tick (1/16 ns) per event.
+func BucketConfig(b policy.Bucket) (BucketCfg, error) {
 	var c BucketCfg
-	if b.Packets.Limited() {
-		if err := b.Packets.check("packets"); err != nil {
+	if b.Packets.IsSet() {
+		if err := checkLimit("packets", b.Packets); err != nil {
 			return c, err
 		}
-		t, err := mulDivCeil(uint64(b.Packets.Per), 1<<TickShift, b.Packets.Count)
+		t, err := mulDivCeil(uint64(b.Packets.Rate.Per), 1<<TickShift, b.Packets.Rate.Count)
 		if err != nil {
 			return c, err
 		}
@@ -50,11 +51,11 @@ func (b Bucket) Cfg() (BucketCfg, error) {
 		}
 		c.PktT, c.PktTau = t, tau
 	}
-	if b.Bytes.Limited() {
-		if err := b.Bytes.check("bytes"); err != nil {
+	if b.Bytes.IsSet() {
+		if err := checkLimit("bytes", b.Bytes); err != nil {
 			return c, err
 		}
-		t, err := mulDivCeil(uint64(b.Bytes.Per), 1<<(TickShift+ByteShift), b.Bytes.Count)
+		t, err := mulDivCeil(uint64(b.Bytes.Rate.Per), 1<<(TickShift+ByteShift), b.Bytes.Rate.Count)
 		if err != nil {
 			return c, err
 		}
@@ -67,15 +68,15 @@ func (b Bucket) Cfg() (BucketCfg, error) {
 	return c, nil
 }
 
-func (r Rate) check(what string) error {
-	if r.Per <= 0 {
+func checkLimit(what string, l policy.Limit) error {
+	if l.Rate.Per <= 0 {
 		return fmt.Errorf("%s rate: period must be positive", what)
 	}
-	if r.Burst < 1 {
+	if l.Burst < 1 {
 		return fmt.Errorf("%s rate: burst must be at least 1", what)
 	}
-	if r.Burst > math.MaxUint32*uint64(1024) {
-		return fmt.Errorf("%s rate: burst %d too large", what, r.Burst)
+	if l.Burst > math.MaxUint32*uint64(1024) {
+		return fmt.Errorf("%s rate: burst %d too large", what, l.Burst)
 	}
 	return nil
 }

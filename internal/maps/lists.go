@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Forever is the expiry of an entry that never expires (EG_FOREVER, through
@@ -82,4 +84,33 @@ func (m *Maps) SetLists(want []ListEntry) error {
 		}
 	}
 	return nil
+}
+
+// ListEntries turns compiled list records (policy.CompileLists) into
+// lists-trie entries: wall-clock expiry times become the CLOCK_MONOTONIC
+// nanoseconds the data plane compares with bpf_ktime_get_ns.
+func ListEntries(recs []policy.ListRecord) ([]ListEntry, error) {
+	mono, err := MonoNow()
+	if err != nil {
+		return nil, err
+	}
+	wall := time.Now()
+	until := func(l policy.Listing) uint64 {
+		if !l.Listed {
+			return 0
+		}
+		if l.Until.IsZero() {
+			return Forever
+		}
+		d := l.Until.Sub(wall)
+		if d <= 0 {
+			return 1 // already expired: listed, but never in force
+		}
+		return mono + uint64(d)
+	}
+	out := make([]ListEntry, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, ListEntry{Prefix: r.Prefix, DenyUntil: until(r.Deny), AllowUntil: until(r.Allow)})
+	}
+	return out, nil
 }

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // AggKind is the kind of an aggregate (enum eg_agg_kind).
@@ -151,7 +152,11 @@ func (a Aggregate) checkRule(mode AggMode, len4, len6 uint8, aggLimited, asnLimi
 	return nil
 }
 
-func (b Bucket) limited() bool { return b.Packets.Limited() || b.Bytes.Limited() }
+// rateCfg is the data plane's packet-bucket parameters for r
+// (BucketConfig's rounding).
+func rateCfg(r Rate) (BucketCfg, error) {
+	return BucketConfig(policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: r.Count, Per: r.Per}, Burst: r.Burst}})
+}
 
 // Override is what the shield or fleet mode decided for one aggregate since
 // the policy was applied. It lives in a pinned hash map with expiry (a
@@ -341,12 +346,12 @@ func (o Override) compile(clock monoOffset) (loader.LimiterEgOverride, error) {
 	v.Expires = exp
 	var err error
 	if o.Budget.Limited() {
-		if v.Budget, err = (Bucket{Packets: o.Budget}).Cfg(); err != nil {
+		if v.Budget, err = rateCfg(o.Budget); err != nil {
 			return v, fmt.Errorf("override %v budget: %w", o.Aggregate, err)
 		}
 	}
 	if o.NewBudget.Limited() {
-		if v.NewBudget, err = (Bucket{Packets: o.NewBudget}).Cfg(); err != nil {
+		if v.NewBudget, err = rateCfg(o.NewBudget); err != nil {
 			return v, fmt.Errorf("override %v new-source budget: %w", o.Aggregate, err)
 		}
 	}
@@ -457,29 +462,24 @@ func (m *Maps) PruneOverrides() (int, error) {
 // that are gone, or that no longer have (a budget for) the aggregate they
 // name, and watches of rules that are gone, are deleted, and the gate
 // words are rebuilt for the new slots.
-func (m *Maps) pruneOverridesFor(rules []Rule, global Bucket) error {
+func (m *Maps) pruneOverridesFor() error {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
-	byID := make(map[uint32]Rule, len(rules))
-	for _, r := range rules {
-		byID[r.ID] = r
-	}
-	fits := func(a Aggregate) bool {
-		if a.Kind == AggKindGlobal {
-			return a.RuleID == 0 && global.limited()
-		}
-		r, ok := byID[a.RuleID]
-		return ok && a.checkRule(r.AggMode, r.AggLen4, r.AggLen6, r.Agg.limited(), r.ASN.limited()) == nil
+	lr, err := m.liveRules()
+	if err != nil {
+		return err
 	}
 	entries, err := m.overrideEntries()
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		if a := aggregateFromKey(e.k); !fits(a) {
-			if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("delete override %v of a rule that is gone: %w", a, err)
-			}
+		a := aggregateFromKey(e.k)
+		if _, err := lr.check(a); err == nil {
+			continue
+		}
+		if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete override %v of a rule that is gone: %w", a, err)
 		}
 	}
 	watches, err := m.watchKeys()
@@ -487,13 +487,13 @@ func (m *Maps) pruneOverridesFor(rules []Rule, global Bucket) error {
 		return err
 	}
 	for _, w := range watches {
-		if _, ok := byID[w.RuleId]; !ok && AggKind(w.Kind) != AggKindGlobal {
+		if _, ok := lr.rules[w.RuleId]; !ok && AggKind(w.Kind) != AggKindGlobal {
 			if err := m.unwatch(w); err != nil {
 				return err
 			}
 		}
 	}
-	return m.rebuildGate()
+	return m.rebuildGateWith(lr)
 }
 
 // gateWords is agg_gate as read: one word per rule slot.
@@ -562,6 +562,10 @@ func (m *Maps) rebuildGate() error {
 	if err != nil {
 		return err
 	}
+	return m.rebuildGateWith(lr)
+}
+
+func (m *Maps) rebuildGateWith(lr liveRules) error {
 	g := make(gateWords, m.d.Sizes.MaxRules)
 	entries, err := m.overrideEntries()
 	if err != nil {

@@ -4,19 +4,21 @@ import (
 	"maps"
 	"slices"
 	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 func TestAssignSlots(t *testing.T) {
-	rules := func(ids ...uint32) []Rule {
-		var out []Rule
+	rules := func(ids ...uint32) []policy.CompiledRule {
+		var out []policy.CompiledRule
 		for _, id := range ids {
-			out = append(out, Rule{ID: id})
+			out = append(out, policy.CompiledRule{ID: id})
 		}
 		return out
 	}
 	for _, tc := range []struct {
 		name      string
-		rules     []Rule
+		rules     []policy.CompiledRule
 		old       map[uint32]uint32
 		want      map[uint32]uint32
 		wantFresh []uint32

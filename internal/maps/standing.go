@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Standing is what the data plane knows of a source address
@@ -27,12 +28,10 @@ const (
 	numStandings        = int(loader.LimiterEgStandingEG_STANDING_MAX)
 )
 
-var standingNames = [...]string{"new", "established", "validated", "penalised"}
-
 // StandingName is the display and metric label of a standing.
 func StandingName(s Standing) string {
-	if int(s) < len(standingNames) {
-		return standingNames[s]
+	if int(s) < len(loader.LimiterEgStandingNames) {
+		return loader.LimiterEgStandingNames[s]
 	}
 	return fmt.Sprintf("standing_%d", s)
 }
@@ -44,24 +43,21 @@ type StandingWhy = loader.LimiterEgStandingWhy
 const (
 	WhyNone      = loader.LimiterEgStandingWhyEG_WHY_NONE
 	WhyFirstSeen = loader.LimiterEgStandingWhyEG_WHY_FIRST_SEEN
-	WhyClean     = loader.LimiterEgStandingWhyEG_WHY_CLEAN
+	WhyClean     = loader.LimiterEgStandingWhyEG_WHY_CLEAN_HISTORY
 	WhyOwnLimit  = loader.LimiterEgStandingWhyEG_WHY_OWN_LIMIT
-	WhyDeny      = loader.LimiterEgStandingWhyEG_WHY_DENY
-	WhyDecayed   = loader.LimiterEgStandingWhyEG_WHY_DECAYED
-	WhyImport    = loader.LimiterEgStandingWhyEG_WHY_IMPORT
-	WhyL7        = loader.LimiterEgStandingWhyEG_WHY_L7
+	WhyDeny      = loader.LimiterEgStandingWhyEG_WHY_DENY_LIST
+	WhyDecayed   = loader.LimiterEgStandingWhyEG_WHY_PENALTY_OVER
+	WhyImport    = loader.LimiterEgStandingWhyEG_WHY_KNOWN_GOOD
+	WhyL7        = loader.LimiterEgStandingWhyEG_WHY_L7PROMOTION
 	WhyCongested = loader.LimiterEgStandingWhyEG_WHY_CONGESTED
 	WhySet       = loader.LimiterEgStandingWhyEG_WHY_SET
-	WhyTCP       = loader.LimiterEgStandingWhyEG_WHY_TCP
+	WhyTCP       = loader.LimiterEgStandingWhyEG_WHY_TCP_HANDSHAKE
 )
-
-var whyNames = [...]string{"none", "first_seen", "clean_history", "own_limit", "deny_list", "penalty_over",
-	"known_good", "l7_promotion", "congested", "set", "tcp_handshake"}
 
 // StandingWhyName is the display label of a standing change reason.
 func StandingWhyName(w StandingWhy) string {
-	if int(w) < len(whyNames) {
-		return whyNames[w]
+	if int(w) < len(loader.LimiterEgStandingWhyNames) {
+		return loader.LimiterEgStandingWhyNames[w]
 	}
 	return fmt.Sprintf("why_%d", w)
 }
@@ -104,7 +100,9 @@ func standingAddr(k loader.LimiterEgStandingKey) netip.Addr {
 	return netip.AddrFrom16(k.Addr).Unmap()
 }
 
-func monoNow() (uint64, error) {
+// MonoNow reads CLOCK_MONOTONIC, the clock of the data plane's expiry and
+// standing times, in nanoseconds.
+func MonoNow() (uint64, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return 0, fmt.Errorf("read monotonic clock: %w", err)
@@ -149,7 +147,7 @@ func (m *Maps) LookupStanding(a netip.Addr) (StandingEntry, error) {
 	if err != nil {
 		return StandingEntry{}, fmt.Errorf("lookup standing %s: %w", a, err)
 	}
-	mono, err := monoNow()
+	mono, err := MonoNow()
 	if err != nil {
 		return StandingEntry{}, err
 	}
@@ -212,7 +210,7 @@ func (m *Maps) DeleteStanding(a netip.Addr) error {
 // Standings returns every entry of the standing table (a batch read: call it
 // from a background loop, not per request).
 func (m *Maps) Standings() ([]StandingEntry, error) {
-	mono, err := monoNow()
+	mono, err := MonoNow()
 	if err != nil {
 		return nil, err
 	}
@@ -246,22 +244,12 @@ func (m *Maps) clockNS() (uint64, error) {
 		}
 		return ns, nil
 	}
-	return monoNow()
+	return MonoNow()
 }
 
-// StandingSettings are a generation's standing rules.
-type StandingSettings struct {
-	// EstablishedAfter is the clean history a new source needs to become
-	// established; 0 turns promotion off.
-	EstablishedAfter time.Duration
-	// Penalty is how long a source stays penalised.
-	Penalty time.Duration
-	// KnownGood are prefixes whose sources count as established until
-	// they earn a standing of their own (cold start).
-	KnownGood []netip.Prefix
-}
-
-func (s StandingSettings) compile() loader.LimiterEgStandingCfg {
+// StandingConfig is a generation's standing rules as the data plane holds
+// them (known_good is a table of its own, see Apply).
+func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
 	return loader.LimiterEgStandingCfg{EstablishedAfterNs: uint64(max(s.EstablishedAfter, 0)), PenaltyNs: uint64(max(s.Penalty, 0))}
 }
 
@@ -350,10 +338,10 @@ const (
 
 // ClassName is the metric label of a class.
 func ClassName(c Class) string {
-	if c == ClassUnknown {
-		return "unknown"
+	if int(c) < len(loader.LimiterEgClassNames) {
+		return loader.LimiterEgClassNames[c]
 	}
-	return StandingName(Standing(c))
+	return fmt.Sprintf("class_%d", c)
 }
 
 // ClassAgg names the aggregates the class counters are kept for.
@@ -367,12 +355,10 @@ const (
 	numClassAggs   = int(loader.LimiterEgClassAggEG_CAGG_MAX)
 )
 
-var classAggNames = [...]string{"prefix", "asn", "global"}
-
 // ClassAggName is the metric label of a class counter aggregate.
 func ClassAggName(a ClassAgg) string {
-	if int(a) < len(classAggNames) {
-		return classAggNames[a]
+	if int(a) < len(loader.LimiterEgClassAggNames) {
+		return loader.LimiterEgClassAggNames[a]
 	}
 	return fmt.Sprintf("aggregate_%d", a)
 }
@@ -389,12 +375,10 @@ const (
 	numOutcomes            = int(loader.LimiterEgClassOutcomeEG_CO_MAX)
 )
 
-var outcomeNames = [...]string{"admitted", "admitted_reserve", "refused_reserve", "refused_full"}
-
 // OutcomeName is the metric label of an outcome.
 func OutcomeName(o Outcome) string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
+	if int(o) < len(loader.LimiterEgClassOutcomeNames) {
+		return loader.LimiterEgClassOutcomeNames[o]
 	}
 	return fmt.Sprintf("outcome_%d", o)
 }

@@ -5,7 +5,6 @@ package maps
 
 import (
 	"fmt"
-	"net/netip"
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
@@ -31,43 +30,37 @@ const (
 	ReasonOK          = loader.LimiterEgReasonEG_R_OK
 	ReasonNonIP       = loader.LimiterEgReasonEG_R_NON_IP
 	ReasonNoPolicy    = loader.LimiterEgReasonEG_R_NO_POLICY
-	ReasonAllow       = loader.LimiterEgReasonEG_R_ALLOW
-	ReasonDeny        = loader.LimiterEgReasonEG_R_DENY
-	ReasonSrcLimit    = loader.LimiterEgReasonEG_R_SRC_LIMIT
+	ReasonAllow       = loader.LimiterEgReasonEG_R_ALLOW_LIST
+	ReasonDeny        = loader.LimiterEgReasonEG_R_DENY_LIST
+	ReasonSrcLimit    = loader.LimiterEgReasonEG_R_SOURCE_LIMIT
 	ReasonPrefixLimit = loader.LimiterEgReasonEG_R_PREFIX_LIMIT
 	ReasonASNLimit    = loader.LimiterEgReasonEG_R_ASN_LIMIT
 	ReasonGlobalLimit = loader.LimiterEgReasonEG_R_GLOBAL_LIMIT
-	ReasonBadEth      = loader.LimiterEgReasonEG_R_BAD_ETH
+	ReasonBadEth      = loader.LimiterEgReasonEG_R_BAD_ETHERNET
 	ReasonBadVLAN     = loader.LimiterEgReasonEG_R_BAD_VLAN
 	ReasonBadIPv4     = loader.LimiterEgReasonEG_R_BAD_IPV4
 	ReasonBadIPv6     = loader.LimiterEgReasonEG_R_BAD_IPV6
 	ReasonBadL4       = loader.LimiterEgReasonEG_R_BAD_L4
 	ReasonRuleDrop    = loader.LimiterEgReasonEG_R_RULE_DROP
 	ReasonRulePass    = loader.LimiterEgReasonEG_R_RULE_PASS
-	ReasonBadIPLen    = loader.LimiterEgReasonEG_R_BAD_IP_LEN
-	ReasonICMPFamily  = loader.LimiterEgReasonEG_R_ICMP_FAMILY
+	ReasonBadIPLen    = loader.LimiterEgReasonEG_R_BAD_IP_LENGTH
+	ReasonICMPFamily  = loader.LimiterEgReasonEG_R_ICMP_WRONG_FAMILY
 )
 
-var actionNames = [...]string{"pass", "drop", "would_drop"}
-
-var reasonNames = [...]string{
-	"ok", "non_ip", "no_policy", "allow_list", "deny_list", "source_limit", "prefix_limit",
-	"asn_limit", "global_limit", "bad_ethernet", "bad_vlan", "bad_ipv4", "bad_ipv6", "bad_l4",
-	"rule_drop", "rule_pass", "bad_ip_length", "icmp_wrong_family",
-}
-
-// ActionName is the metric label of an action.
+// ActionName is the metric label of an action: its C enumerator
+// (enum eg_action) without EG_ACT_, lowercased (internal/loader/enumnames).
 func ActionName(a Action) string {
-	if int(a) < len(actionNames) {
-		return actionNames[a]
+	if int(a) < len(loader.LimiterEgActionNames) {
+		return loader.LimiterEgActionNames[a]
 	}
 	return fmt.Sprintf("action_%d", a)
 }
 
-// ReasonName is the metric label of a reason.
+// ReasonName is the metric label of a reason: its C enumerator (enum
+// eg_reason) without EG_R_, lowercased.
 func ReasonName(r Reason) string {
-	if int(r) < len(reasonNames) {
-		return reasonNames[r]
+	if int(r) < len(loader.LimiterEgReasonNames) {
+		return loader.LimiterEgReasonNames[r]
 	}
 	return fmt.Sprintf("reason_%d", r)
 }
@@ -128,7 +121,8 @@ const (
 )
 
 // Rate is Count events per Per, with a burst of Burst events. A zero Count
-// means no limit.
+// means no limit. The SYN path's settings (SynService) use it; the limiter's
+// buckets come from policy.Bucket (see BucketConfig).
 type Rate struct {
 	Count uint64
 	Per   time.Duration
@@ -137,65 +131,3 @@ type Rate struct {
 
 // Limited reports whether the rate limits anything.
 func (r Rate) Limited() bool { return r.Count != 0 }
-
-// Bucket limits packets and bytes; either may be unlimited.
-type Bucket struct {
-	Packets Rate
-	Bytes   Rate
-}
-
-// Rule is one compiled rule as the data plane sees it.
-type Rule struct {
-	ID      uint32
-	Src     Bucket
-	Agg     Bucket
-	ASN     Bucket
-	SrcLen4 uint8 // per-source key length for IPv4 (default 32)
-	SrcLen6 uint8 // for IPv6 (default 64)
-	AggMode AggMode
-	AggLen4 uint8
-	AggLen6 uint8
-	Mode    Mode
-	Action  RuleAction
-	// Reserve is the share of the prefix and ASN aggregates' burst
-	// tolerance that only established and validated sources may use, in
-	// parts per million (0: off; below 1,000,000).
-	Reserve uint32
-}
-
-// Settings are the global, per-generation settings.
-type Settings struct {
-	Mode      Mode   // ModeEnforce or ModeDryRun
-	Malformed Action // ActPass or ActDrop
-	Global    Bucket
-	Samples   Rate // drop samples per second sent to user space
-	Clock     Clock
-	// GlobalReserve is the global bucket's reserve, as Rule.Reserve.
-	GlobalReserve uint32
-}
-
-// PrefixFact says what is known about a source prefix.
-type PrefixFact struct {
-	Prefix  netip.Prefix
-	RuleID  uint32
-	ASN     uint32
-	Country [2]byte
-}
-
-// L4Match sends packets of a protocol (and port) to a rule.
-type L4Match struct {
-	Proto  uint8
-	Dir    L4Dir
-	Port   uint16
-	RuleID uint32
-}
-
-// Generation is a whole policy as the data plane sees it. Applying one is
-// atomic: packets see either the old generation or the new one.
-type Generation struct {
-	Settings Settings
-	Rules    []Rule
-	Prefixes []PrefixFact
-	L4       []L4Match
-	Standing StandingSettings
-}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // The IPv4 direct table is the prefix facts compiled for IPv4 sources into
@@ -64,7 +65,7 @@ var v4MappedPrefix = [12]byte{10: 0xff, 11: 0xff}
 // v4Facts returns what the trie answers for IPv4 sources: the IPv6 fact
 // above ::ffff:0:0/96 that covers them all (zero if none), and the facts
 // inside it as IPv4 prefixes. facts carry table slots, not rule ids.
-func v4Facts(facts []PrefixFact) (loader.LimiterEgV4Entry, []v4Fact) {
+func v4Facts(facts []policy.PrefixFact) (loader.LimiterEgV4Entry, []v4Fact) {
 	byKey := make(map[loader.LimiterEgLpmKey]int, len(facts))
 	var background loader.LimiterEgV4Entry
 	bgBits := -1
@@ -187,7 +188,7 @@ func fill(entries []loader.LimiterEgV4Entry, v loader.LimiterEgV4Entry) {
 // writeV4Direct builds generation gen's direct table from facts (with
 // table slots) and writes it, or decides on the trie. It returns whether
 // the generation uses the table; the table is written whole or not at all.
-func (m *Maps) writeV4Direct(gen uint32, facts []PrefixFact) (V4DirectStatus, error) {
+func (m *Maps) writeV4Direct(gen uint32, facts []policy.PrefixFact) (V4DirectStatus, error) {
 	budget := int(m.d.Sizes.V4Chunks)
 	background, v4 := v4Facts(facts)
 	st := V4DirectStatus{Facts: len(v4), Capacity: budget}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // lookup walks the table as the data plane's v4_direct_lookup does.
@@ -19,7 +20,7 @@ func (t *v4Table) lookup(addr uint32) loader.LimiterEgV4Entry {
 
 // trieAnswer is the longest-prefix match over the trie keys of facts (the
 // last fact of a key wins), as the kernel trie answers an IPv4 source.
-func trieAnswer(facts []PrefixFact, addr uint32) loader.LimiterEgV4Entry {
+func trieAnswer(facts []policy.PrefixFact, addr uint32) loader.LimiterEgV4Entry {
 	src := netip.AddrFrom4([4]byte{byte(addr >> 24), byte(addr >> 16), byte(addr >> 8), byte(addr)})
 	src16 := netip.AddrFrom16(Addr16(src))
 	best, bestBits := loader.LimiterEgV4Entry{}, -1
@@ -33,15 +34,15 @@ func trieAnswer(facts []PrefixFact, addr uint32) loader.LimiterEgV4Entry {
 	return best
 }
 
-func randFacts(r *rand.Rand) []PrefixFact {
-	var facts []PrefixFact
+func randFacts(r *rand.Rand) []policy.PrefixFact {
+	var facts []policy.PrefixFact
 	base := r.Uint32()
 	for range 1 + r.IntN(60) {
 		bits := r.IntN(33)
 		// Mostly near one address, so prefixes nest.
 		a := base ^ r.Uint32()>>r.IntN(33)
 		p, _ := netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}).Prefix(bits)
-		f := PrefixFact{Prefix: p, RuleID: uint32(r.IntN(5)), ASN: uint32(r.IntN(3))}
+		f := policy.PrefixFact{Prefix: p, RuleID: uint32(r.IntN(5)), ASN: uint32(r.IntN(3))}
 		if r.IntN(8) == 0 {
 			f.RuleID = noSlot
 		}
@@ -57,7 +58,7 @@ func randFacts(r *rand.Rand) []PrefixFact {
 	}
 	for _, s := range []string{"::/0", "::/80", "::/81", "2001:db8::/32", "::ffff:0:0/96"} {
 		if r.IntN(3) == 0 {
-			facts = append(facts, PrefixFact{Prefix: netip.MustParsePrefix(s), RuleID: uint32(r.IntN(5)), ASN: 7})
+			facts = append(facts, policy.PrefixFact{Prefix: netip.MustParsePrefix(s), RuleID: uint32(r.IntN(5)), ASN: 7})
 		}
 	}
 	return facts

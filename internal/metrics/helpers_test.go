@@ -21,6 +21,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/metrics"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
@@ -88,9 +89,9 @@ func (s *mapsSource) Tables() (map[string]maps.Occupancy, error) { return s.m.Ta
 func (s *mapsSource) PolicyStatus() metrics.PolicyStatus { return s.status }
 
 // apply applies g for real and records the result as a reload would.
-func (s *mapsSource) apply(tb testing.TB, g maps.Generation, at time.Time) error {
+func (s *mapsSource) apply(tb testing.TB, g policy.Compiled, at time.Time) error {
 	tb.Helper()
-	err := s.m.Apply(g)
+	err := s.m.Apply(&g)
 	s.status.LastReloadTime = at
 	s.status.LastReloadSuccess = err == nil
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/metrics"
 	"github.com/edgeguard/edgeguard/internal/packet"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 const (
@@ -33,15 +34,16 @@ type scenario struct {
 // 2; rule 1 "blocked" drops 198.18.1.0/24; rule 2 "dry" limits
 // 198.18.3.0/24 in dry-run; 198.18.2.0/24 is on the deny list; malformed
 // frames are dropped.
-func scenarioGen() maps.Generation {
-	return maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActDrop},
-		Rules: []maps.Rule{
-			{ID: 0, SrcLen4: 32, SrcLen6: 64, Src: maps.Bucket{Packets: maps.Rate{Count: 1, Per: time.Second, Burst: 2}}},
-			{ID: 1, Action: maps.RuleDrop},
-			{ID: 2, SrcLen4: 32, SrcLen6: 64, Mode: maps.ModeDryRun, Src: maps.Bucket{Packets: maps.Rate{Count: 1, Per: time.Second, Burst: 1}}},
+func scenarioGen() policy.Compiled {
+	return policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictDrop,
+		Rules: []policy.CompiledRule{
+			{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}, PerSource: policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: 1, Per: time.Second}, Burst: 2}}},
+			{ID: 1, Action: policy.ActionDrop},
+			{ID: 2, SourceKey: policy.KeyBits{V4: 32, V6: 64}, Mode: policy.RuleModeDryRun, PerSource: policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: 1, Per: time.Second}, Burst: 1}}},
 		},
-		Prefixes: []maps.PrefixFact{
+		Prefixes: []policy.PrefixFact{
 			{Prefix: netip.MustParsePrefix("198.18.1.0/24"), RuleID: 1},
 			{Prefix: netip.MustParsePrefix("198.18.3.0/24"), RuleID: 2},
 		},
@@ -245,7 +247,7 @@ func TestCollectorReadsAtScrapeTime(t *testing.T) {
 	// A reload that fails (a rule id used twice) leaves generation 1
 	// running.
 	bad := scenarioGen()
-	bad.Rules = append(bad.Rules, maps.Rule{ID: 0})
+	bad.Rules = append(bad.Rules, policy.CompiledRule{ID: 0})
 	failedAt := reloadAt.Add(time.Minute)
 	if err := sc.src.apply(t, bad, failedAt); err == nil {
 		t.Fatal("apply of a rule id used twice succeeded")

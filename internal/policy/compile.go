@@ -18,7 +18,9 @@ var ErrTableTooSmall = errors.New("table too small")
 
 // Compiled is a policy in the form the data plane holds: rules with exact
 // bucket parameters, and the entries of the prefix-facts trie, the lists
-// trie and the L4 table. It is a pure value: internal/maps applies it.
+// trie and the L4 table. It is a pure value and the only compiled form:
+// internal/maps applies it (Maps.Apply), turning it into the data plane's
+// structs and enums (bpf/headers, through bpf2go).
 type Compiled struct {
 	Mode      Mode
 	Malformed Verdict
@@ -26,6 +28,9 @@ type Compiled struct {
 	Global    Bucket
 	// GlobalReserve is the global bucket's reserve, in parts per million.
 	GlobalReserve uint32
+	// Samples is the budget of drop samples the data plane sends to user
+	// space (top-talker reports, explain): SampleBudget.
+	Samples Limit
 	// Standing are the standing rules; KnownGood sorted, deduplicated.
 	Standing   Standing
 	Interfaces []Interface
@@ -47,6 +52,10 @@ type Compiled struct {
 	// Warnings are legal but probably unintended things, for humans.
 	Warnings []string
 }
+
+// SampleBudget is how many drop samples per second the data plane sends to
+// user space for top-talker reports and explain: 1,000/s, burst 100.
+func SampleBudget() Limit { return Limit{Rate: Rate{Count: 1000, Per: time.Second}, Burst: 100} }
 
 // AggregateMode says how a rule's per-prefix aggregate is keyed.
 type AggregateMode uint8
@@ -167,6 +176,7 @@ func Compile(p *Policy, asnData []asn.Entry) (*Compiled, error) {
 		Clock:         p.Clock,
 		Global:        p.Global,
 		GlobalReserve: p.GlobalReserve,
+		Samples:       SampleBudget(),
 		Standing:      p.Standing,
 		Interfaces:    slices.Clone(p.Interfaces),
 		Tables:        p.Tables,

@@ -35,6 +35,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Key and state types are the ones bpf2go generated from the C, so a model
@@ -161,37 +162,26 @@ func l4Bit(proto uint8) uint8 { return maps.L4Bit(proto) }
 // Apply makes g the live policy, as maps.Maps.Apply does: rules, settings,
 // L4 matches and prefix facts are replaced together; bucket state, lists
 // and counters stay. It refuses what maps.Maps.Apply refuses.
-func (m *Model) Apply(g maps.Generation) error {
-	n := &generation{
-		mode: g.Settings.Mode, malformed: g.Settings.Malformed,
-		rules: map[uint32]rule{}, l4: map[l4Key]uint32{},
-	}
+func (m *Model) Apply(g *policy.Compiled) error {
+	n := &generation{rules: map[uint32]rule{}, l4: map[l4Key]uint32{}}
 	facts := map[prefixKey]fact{}
 	if uint32(len(g.Rules)) > m.maxRules {
 		return fmt.Errorf("%w: %d rules, the table holds %d", ErrInvalidGeneration, len(g.Rules), m.maxRules)
 	}
+	// The data plane's form of each rule and of the settings comes from
+	// internal/maps (the one compiler of policy into map values); what
+	// the model implements is what the program does with them.
 	for _, r := range g.Rules {
 		if _, dup := n.rules[r.ID]; dup {
 			return fmt.Errorf("%w: rule id %d used twice", ErrInvalidGeneration, r.ID)
 		}
-		c := rule{id: r.ID, srcLen4: r.SrcLen4, srcLen6: r.SrcLen6, aggLen4: r.AggLen4, aggLen6: r.AggLen6,
-			aggMode: r.AggMode, mode: r.Mode, action: r.Action}
-		var err error
-		if c.src, err = r.Src.Cfg(); err != nil {
-			return fmt.Errorf("%w: rule %d per-source: %w", ErrInvalidGeneration, r.ID, err)
+		v, err := maps.RuleConfig(r)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidGeneration, err)
 		}
-		if c.agg, err = r.Agg.Cfg(); err != nil {
-			return fmt.Errorf("%w: rule %d prefix aggregate: %w", ErrInvalidGeneration, r.ID, err)
-		}
-		if c.asn, err = r.ASN.Cfg(); err != nil {
-			return fmt.Errorf("%w: rule %d asn aggregate: %w", ErrInvalidGeneration, r.ID, err)
-		}
-		if r.SrcLen4 > 32 || r.AggLen4 > 32 || r.SrcLen6 > 128 || r.AggLen6 > 128 {
-			return fmt.Errorf("%w: rule %d: key length out of range", ErrInvalidGeneration, r.ID)
-		}
-		if c.reserve, err = maps.Reserve16(r.Reserve); err != nil {
-			return fmt.Errorf("%w: rule %d: %w", ErrInvalidGeneration, r.ID, err)
-		}
+		c := rule{id: r.ID, srcLen4: v.SrcLen4, srcLen6: v.SrcLen6, aggLen4: v.AggLen4, aggLen6: v.AggLen6,
+			aggMode: maps.AggMode(v.AggMode), mode: maps.Mode(v.Mode), action: maps.RuleAction(v.Action),
+			src: v.Src, agg: v.Agg, asn: v.Asn, reserve: v.Reserve}
 		c.srcLim, c.aggLim, c.asLim = limited(c.src), limited(c.agg), limited(c.asn)
 		n.rules[r.ID] = c
 	}
@@ -199,29 +189,28 @@ func (m *Model) Apply(g maps.Generation) error {
 		if _, ok := n.rules[l.RuleID]; !ok {
 			return fmt.Errorf("%w: l4 match names unknown rule %d", ErrInvalidGeneration, l.RuleID)
 		}
-		if l4Bit(l.Proto) == 0 {
-			return fmt.Errorf("%w: l4 match: protocol %d", ErrInvalidGeneration, l.Proto)
+		if l4Bit(l.Protocol) == 0 {
+			return fmt.Errorf("%w: l4 match: protocol %d", ErrInvalidGeneration, l.Protocol)
 		}
-		n.l4Protos |= l4Bit(l.Proto)
-		k := l4Key{proto: l.Proto, dir: l.Dir, port: l.Port}
-		if l.Dir == maps.L4Any {
+		dir, err := maps.L4DirOf(l.Dir)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidGeneration, err)
+		}
+		n.l4Protos |= l4Bit(l.Protocol)
+		k := l4Key{proto: l.Protocol, dir: dir, port: l.Port}
+		if dir == maps.L4Any {
 			k.port = 0
 		}
 		n.l4[k] = l.RuleID
 	}
-	if g.Settings.Mode != maps.ModeEnforce && g.Settings.Mode != maps.ModeDryRun {
-		return fmt.Errorf("%w: global mode must be enforce or dry-run", ErrInvalidGeneration)
+	cfg, err := maps.SettingsConfig(g, n.l4Protos)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidGeneration, err)
 	}
-	var err error
-	if n.global, err = g.Settings.Global.Cfg(); err != nil {
-		return fmt.Errorf("%w: global bucket: %w", ErrInvalidGeneration, err)
-	}
+	n.mode, n.malformed = maps.Mode(cfg.Mode), maps.Action(cfg.MalformedVerdict)
+	n.global, n.reserve = cfg.Global, cfg.Reserve
 	n.globalLim = limited(n.global)
-	if n.reserve, err = maps.Reserve16(g.Settings.GlobalReserve); err != nil {
-		return fmt.Errorf("%w: global: %w", ErrInvalidGeneration, err)
-	}
-	n.standing = loader.LimiterEgStandingCfg{EstablishedAfterNs: uint64(max(g.Standing.EstablishedAfter, 0)),
-		PenaltyNs: uint64(max(g.Standing.Penalty, 0))}
+	n.standing = maps.StandingConfig(g.Standing)
 	kg := map[prefixKey]bool{}
 	for _, p := range g.Standing.KnownGood {
 		if !p.IsValid() {

@@ -39,7 +39,7 @@ func TestSeveredPinnedLinkIsReplaced(t *testing.T) {
 	if err := m1.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m1.Apply(policy(c)); err != nil {
+	if err := m1.Apply(xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a1 := mustAttach(t, s.Edge, d1, c.EdgeIf)

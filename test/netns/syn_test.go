@@ -25,6 +25,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/trafficgen"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
@@ -157,9 +158,12 @@ func (l *synLab) load(svc maps.SynService, pinDir string) {
 	}
 	t.Cleanup(func() { dp.Close() })
 	m := maps.New(dp)
-	gen := maps.Generation{Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass},
-		Rules: []maps.Rule{{ID: 0, SrcLen4: 32, SrcLen6: 128}}}
-	if err := m.Apply(gen); err != nil {
+	gen := policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Rules:     []policy.CompiledRule{{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 128}}},
+	}
+	if err := m.Apply(&gen); err != nil {
 		t.Fatal(err)
 	}
 	sp, err := loader.LoadSyn(dp, loader.SynOptions{})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -37,15 +38,19 @@ var sizes = loader.Sizes{MaxRules: 16, SrcEntries: 4096, AggEntries: 1024, Prefi
 
 var pinSeq atomic.Uint64
 
-func policy(c *netns.Client) maps.Generation {
-	return maps.Generation{
-		Settings: maps.Settings{Mode: maps.ModeEnforce, Malformed: maps.ActPass},
-		Rules: []maps.Rule{
-			{ID: 0, SrcLen4: 32, SrcLen6: 128},
-			{ID: limitedRule, SrcLen4: 32, SrcLen6: 128,
-				Src: maps.Bucket{Packets: maps.Rate{Count: ratePerSec, Per: time.Second, Burst: burstSize}}},
+func xdpPolicy(c *netns.Client) *policy.Compiled {
+	return &policy.Compiled{
+		Mode:      policy.ModeEnforce,
+		Malformed: policy.VerdictPass,
+		Rules: []policy.CompiledRule{
+			{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 128}},
+			{
+				ID:        limitedRule,
+				SourceKey: policy.KeyBits{V4: 32, V6: 128},
+				PerSource: policy.Bucket{Packets: policy.Limit{Rate: policy.Rate{Count: ratePerSec, Per: time.Second}, Burst: burstSize}},
+			},
 		},
-		Prefixes: []maps.PrefixFact{
+		Prefixes: []policy.PrefixFact{
 			{Prefix: netip.PrefixFrom(c.Src4, 32), RuleID: limitedRule},
 			{Prefix: netip.PrefixFrom(c.Src6, 128), RuleID: limitedRule},
 		},
@@ -220,7 +225,7 @@ func TestNativeBurstFrozenClock(t *testing.T) {
 	if err := m.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Apply(policy(c)); err != nil {
+	if err := m.Apply(xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a := mustAttach(t, s.Edge, d, c.EdgeIf)
@@ -246,7 +251,7 @@ func TestNativeBurstRealClock(t *testing.T) {
 	s := netns.New(t).Star(1)
 	c := s.Clients[0]
 	d, m := load(t, loader.Options{Sizes: sizes})
-	if err := m.Apply(policy(c)); err != nil {
+	if err := m.Apply(xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a := mustAttach(t, s.Edge, d, c.EdgeIf)
@@ -349,7 +354,7 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 	if err := m1.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m1.Apply(policy(c)); err != nil {
+	if err := m1.Apply(xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a1 := mustAttach(t, s.Edge, d1, c.EdgeIf)
