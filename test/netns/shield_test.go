@@ -211,3 +211,70 @@ func TestShieldMonitorDropsNothing(t *testing.T) {
 		t.Errorf("monitor: actions %+v, want one not enforced on %s", r.during.Actions, shASNA)
 	}
 }
+
+// TestShieldSlowRamp: legitimate traffic from AS64501 that doubles over a
+// minute (after learning it at its old rate) is learned as it rises: no
+// surge, no action, nothing dropped. Users send alongside, bursty.
+func TestShieldSlowRamp(t *testing.T) {
+	s := newShieldScenario(t)
+	if err := s.lab.WritePolicy(shPolicy(s, "enforce")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.lab.Daemon.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	conns := s.userConns(s.lab.Legit[:shUsers])
+	const rate0 = 400 // AS64501's crowd, packets per second, on top of the users
+	crowd := func(rate int, d time.Duration, seed uint64) trafficgen.Flood {
+		return trafficgen.Flood{Sources: kgBotNets(), Distinct: kgBots, Proto: trafficgen.UDP, Payload: 32,
+			Rate: rate, Count: rate * int(d.Seconds()), Duration: d, Seed: seed, Step: 100 * time.Microsecond}
+	}
+	var wg sync.WaitGroup
+	var fe error
+	wg.Go(func() { _, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], crowd(rate0, shWarm, 31)) })
+	users(s, conns, shWarm, 8)
+	wg.Wait()
+	if fe != nil {
+		t.Fatal(fe)
+	}
+	a, ok := shieldReportOf(s.shield()).aggregate(shASNA)
+	if !ok || !a.Judged {
+		t.Fatalf("%s not learned: %+v", shASNA, a)
+	}
+	base := s.counters()
+	const steps, step = 12, 5 * time.Second // 2x over 60 s
+	var sent uint64
+	var during []control.ShieldReport
+	wg.Go(func() {
+		for i := 1; i <= steps && fe == nil; i++ {
+			var r trafficgen.FloodResult
+			r, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], crowd(rate0+rate0*i/steps, step, uint64(40+i)))
+			sent += r.Sent
+			during = append(during, s.shield())
+		}
+	})
+	u := users(s, conns, steps*step, 9)
+	wg.Wait()
+	if fe != nil {
+		t.Fatal(fe)
+	}
+	end := shieldReportOf(s.shield())
+	c := s.countersSince(base, sent)
+	after, _ := end.aggregate(shASNA)
+	report(t, "slow ramp %d/s -> %d/s over %v: %s baseline %.0f/s -> %.0f/s, rate %.0f/s; surges %d; drops %d; users %v",
+		rate0, 2*rate0, steps*step, shASNA, a.Baseline, after.Baseline, after.Rate, end.Surges, c.Action("drop"), u)
+	for i, r := range during {
+		if len(r.Actions) > 0 {
+			t.Errorf("step %d of the ramp: actions %+v", i+1, r.Actions)
+		}
+	}
+	if end.Surges != 0 || len(end.Actions) != 0 {
+		t.Errorf("after the ramp: %d surges, actions %+v", end.Surges, end.Actions)
+	}
+	if n := c.Action("drop"); n != 0 {
+		t.Errorf("%d packets dropped during a legitimate ramp", n)
+	}
+	if u.Success() < 1 {
+		t.Errorf("users %v: want 100%%", u)
+	}
+}
