@@ -262,15 +262,6 @@ func (f *fingerprints) decay(x float64) {
 	}
 }
 
-// bound is the most weight the fingerprint's mask summary gives it.
-func (f *fingerprints) bound(fp Fingerprint) float64 {
-	for i, m := range Masks {
-		if m == fp.Mask {
-			return f.byMask[i].bound(fp)
-		}
-	}
-	return 0
-}
 
 // Candidate is a fingerprint proposed for a surge.
 type Candidate struct {

@@ -38,15 +38,6 @@ func (k Kind) String() string {
 	return "kind" + strconv.Itoa(int(k))
 }
 
-// ParseKind is the inverse of Kind.String.
-func ParseKind(s string) (Kind, bool) {
-	for i, n := range kindNames {
-		if n == s {
-			return Kind(i), true
-		}
-	}
-	return 0, false
-}
 
 // Key names one aggregate. Only the fields of its Kind are set, so keys
 // compare with ==.
