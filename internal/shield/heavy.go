@@ -262,7 +262,6 @@ func (f *fingerprints) decay(x float64) {
 	}
 }
 
-
 // Candidate is a fingerprint proposed for a surge.
 type Candidate struct {
 	Fingerprint Fingerprint

@@ -38,7 +38,6 @@ func (k Kind) String() string {
 	return "kind" + strconv.Itoa(int(k))
 }
 
-
 // Key names one aggregate. Only the fields of its Kind are set, so keys
 // compare with ==.
 type Key struct {
