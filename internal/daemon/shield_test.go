@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -144,6 +145,15 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	r = d.ShieldReport(5)
 	if len(r.Actions) != 1 || !r.Actions[0].Enforced || r.Actions[0].Kind != "tighten" {
 		t.Fatalf("actions %+v", r.Actions)
+	}
+	for ip, want := range map[string]int{"198.18.5.3": 1, "198.18.0.1": 1, "198.20.0.1": 0} {
+		e, err := d.Explain(maps.Probe{Addr: netip.MustParseAddr(ip), Proto: 17, SPort: 40000, DPort: 443, Len: 106})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(e.Shield) != want {
+			t.Errorf("explain %s: shield actions %+v, want %d", ip, e.Shield, want)
+		}
 	}
 	if got := shieldGauge(t, d, "edgeguard_shield_actions_active", "tighten"); got != 1 {
 		t.Fatalf("edgeguard_shield_actions_active{kind=tighten} = %v", got)
