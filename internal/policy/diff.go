@@ -431,6 +431,7 @@ func DiffSections(from, to *Policy) []Change {
 			}
 		}
 	}
+	d.shield(from.Shield, to.Shield)
 	return d.out
 }
 

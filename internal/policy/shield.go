@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -260,3 +261,46 @@ func (ps *parser) packetRate(n *yaml.Node, where string, def Rate) Rate {
 
 // String is the mode for messages.
 func (m ShieldMode) String() string { return string(m) }
+
+// shield reports a changed shield: section: its presence, its mode, and
+// each other knob that changed.
+func (d *differ) shield(a, b *Shield) {
+	switch {
+	case a == nil && b == nil:
+		return
+	case a == nil:
+		d.add('+', "shield section (mode %s)", b.Mode)
+		return
+	case b == nil:
+		d.add('-', "shield section (the shield is off)")
+		return
+	}
+	d.field("shield mode", string(a.Mode), string(b.Mode))
+	fa, fb := shieldFields(a), shieldFields(b)
+	for i := range fa {
+		d.field("shield "+fa[i][0], fa[i][1], fb[i][1])
+	}
+}
+
+func shieldFields(s *Shield) [][2]string {
+	var forbid []string
+	for _, f := range s.Forbid {
+		if f.Prefix.IsValid() {
+			forbid = append(forbid, f.Prefix.String())
+		} else {
+			forbid = append(forbid, fmt.Sprintf("AS%d", f.ASN))
+		}
+	}
+	g := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	return [][2]string{
+		{"interval", s.Interval.String()}, {"baseline.half_life", s.HalfLife.String()}, {"baseline.percentile", g(s.Percentile)},
+		{"baseline.learn_for", s.LearnFor.String()}, {"baseline.current_window", s.Current.String()},
+		{"baseline.max_aggregates", strconv.Itoa(s.MaxAggregates)}, {"surge.factor", g(s.Factor)},
+		{"surge.end_factor", g(s.EndFactor)}, {"surge.sustain", s.Sustain.String()}, {"surge.cooldown", s.Cooldown.String()},
+		{"surge.min_rate", g(s.MinRate.PerSecond()) + "/s"}, {"actions.ttl", s.TTL.String()},
+		{"actions.max_active", strconv.Itoa(s.MaxActive)}, {"actions.tighten_to", g(s.TightenTo)},
+		{"actions.fingerprints", strconv.FormatBool(s.Fingerprints)}, {"actions.fingerprint_min", g(s.FingerprintMin.PerSecond()) + "/s"},
+		{"actions.min_coverage", g(s.MinCoverage)}, {"actions.max_collateral", g(s.MaxCollateral)},
+		{"forbid", "[" + strings.Join(forbid, ", ") + "]"},
+	}
+}

@@ -85,3 +85,35 @@ func TestShieldProblems(t *testing.T) {
 		}
 	}
 }
+
+func TestShieldDiff(t *testing.T) {
+	parse := func(sec string) *Policy {
+		p, err := Parse("p.yaml", []byte("apiVersion: edgeguard/v1\n"+sec), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	none, mon := parse(""), parse("shield: {mode: monitor}\n")
+	enf := parse("shield: {mode: enforce, surge: {factor: 4}, forbid: [AS64500]}\n")
+	text := func(cs []Change) string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, string(c.Op)+" "+c.Text)
+		}
+		return strings.Join(out, "; ")
+	}
+	for _, c := range []struct {
+		a, b *Policy
+		want string
+	}{
+		{none, mon, "+ shield section (mode monitor)"},
+		{mon, none, "- shield section (the shield is off)"},
+		{mon, mon, ""},
+		{mon, enf, "~ shield mode monitor -> enforce; ~ shield surge.factor 3 -> 4; ~ shield forbid [] -> [AS64500]"},
+	} {
+		if got := text(DiffSections(c.a, c.b)); got != c.want {
+			t.Errorf("got %q, want %q", got, c.want)
+		}
+	}
+}
