@@ -281,3 +281,66 @@ func TestShieldSlowRamp(t *testing.T) {
 		t.Errorf("users %v: want 100%%", u)
 	}
 }
+
+// TestShieldCrashKeepsActions: a daemon killed (SIGKILL, no cleanup) while
+// its tighten action holds a flood leaves the action in the pinned
+// overrides map: the flood stays held until the action's TTL, then the
+// data plane ignores it and the flood passes again (the static defaults
+// are far above it).
+func TestShieldCrashKeepsActions(t *testing.T) {
+	s := newShieldScenario(t)
+	if err := s.lab.WritePolicy(shPolicy(s, "enforce")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.lab.Daemon.Start(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	connsA := s.userConns(s.lab.Legit[:4])
+	users(s, connsA, shWarm, 4)
+	a, ok := shieldReportOf(s.shield()).aggregate(shASNA)
+	if !ok || !a.Judged {
+		t.Fatalf("%s not learned: %+v", shASNA, a)
+	}
+	rate := int(20 * a.Baseline)
+	const floodLen = 2*shTTL + 10*time.Second
+	spec := trafficgen.Flood{Sources: kgBotNets(), Distinct: kgBots, Proto: trafficgen.UDP, Payload: 32,
+		Rate: rate, Count: rate * int(floodLen.Seconds()), Duration: floodLen, Seed: 23, Step: 100 * time.Microsecond}
+	var wg sync.WaitGroup
+	var fe error
+	wg.Go(func() { _, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], spec) })
+	defer wg.Wait()
+	var act control.ShieldAction
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if r := s.shield(); len(r.Actions) == 1 && r.Actions[0].Enforced {
+			act = r.Actions[0]
+			break
+		}
+	}
+	if act.ID == 0 {
+		t.Fatalf("no action 10 s into the flood:\n%+v", s.shield())
+	}
+	s.lab.Daemon.Kill()
+	killed := time.Now()
+	passed := func(d time.Duration) float64 {
+		n0 := s.lab.Sink.Other()
+		time.Sleep(d)
+		return float64(s.lab.Sink.Other()-n0) / d.Seconds()
+	}
+	held := passed(4 * time.Second)
+	// The action was renewed at most a TTL before the kill: it expires by
+	// killed + TTL.
+	time.Sleep(time.Until(killed.Add(shTTL + time.Second)))
+	after := passed(3 * time.Second)
+	report(t, "crash: action %d (%s, expires %s) killed at %s; flood %d/s, passed %.0f/s while the daemon was dead, %.0f/s after the TTL",
+		act.ID, act.Aggregate, act.Expires.Format(time.RFC3339), killed.Format(time.RFC3339), rate, held, after)
+	if held > 2*a.Baseline {
+		t.Errorf("with the daemon dead the flood passed %.0f/s: want the action in force (<= 2x baseline %.0f/s)", held, a.Baseline)
+	}
+	if after < 0.8*float64(rate) {
+		t.Errorf("after the action's TTL the flood passed %.0f/s of %d/s: want the expired action ignored", after, rate)
+	}
+	wg.Wait()
+	if fe != nil {
+		t.Fatal(fe)
+	}
+}
