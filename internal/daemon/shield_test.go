@@ -189,6 +189,29 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	if n, err := shield.New(shieldConfig(d.cur.pol.Shield)).Load(b, now); err != nil || n == 0 {
 		t.Fatalf("saved baselines: %d, %v", n, err)
 	}
+	// A restart (a new daemon on the same state directory) judges at once.
+	d2 := loadedDaemon(t, Options{StateDir: state}, shieldTestPolicy(asnPath))
+	d2.shieldTick(time.Now())
+	var back *control.ShieldAggregate
+	for _, a := range d2.ShieldReport(50).Aggregates {
+		if a.Aggregate == "rule 0 (default) asn 64501" {
+			back = &a
+		}
+	}
+	if back == nil || !back.Judged || back.Baseline < 300 || back.Baseline > 360 {
+		t.Fatalf("after a restart: %+v, want AS64501 judged with its baseline", back)
+	}
+	// A state file that does not load is moved aside; the next start
+	// learns from scratch.
+	os.WriteFile(filepath.Join(state, shieldStateFile), []byte(`{"version":1,"aggregates":[{"key":{"Kind":77}}]}`), 0o600)
+	d3 := loadedDaemon(t, Options{StateDir: state}, shieldTestPolicy(asnPath))
+	d3.shieldTick(time.Now())
+	if _, err := os.Stat(filepath.Join(state, shieldStateFile+".corrupt")); err != nil {
+		t.Fatalf("bad state file not moved aside: %v", err)
+	}
+	if r := d3.ShieldReport(5); len(r.Aggregates) != 0 {
+		t.Fatalf("bad state file half loaded: %+v", r.Aggregates)
+	}
 }
 
 // TestShieldOperator: release, pin and forbid through the daemon, with who
