@@ -138,24 +138,24 @@ func project(s Sample, m FieldMask) Fingerprint {
 // costs O(log k).
 type spaceSaving[K comparable] struct {
 	k     int
-	heap  []ssEntry[K]
-	index map[K]int
+	heap  []*ssEntry[K]
+	index map[K]*ssEntry[K]
 	total float64
 }
 
 type ssEntry[K comparable] struct {
 	key        K
 	count, err float64
+	pos        int // in heap
 }
 
 func newSpaceSaving[K comparable](k int) *spaceSaving[K] {
-	return &spaceSaving[K]{k: k, index: make(map[K]int, k)}
+	return &spaceSaving[K]{k: k, index: make(map[K]*ssEntry[K], k)}
 }
 
 func (s *spaceSaving[K]) swap(i, j int) {
 	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.index[s.heap[i].key] = i
-	s.index[s.heap[j].key] = j
+	s.heap[i].pos, s.heap[j].pos = i, j
 }
 
 func (s *spaceSaving[K]) down(i int) {
@@ -188,29 +188,30 @@ func (s *spaceSaving[K]) up(i int) {
 
 func (s *spaceSaving[K]) add(key K, w float64) {
 	s.total += w
-	if i, ok := s.index[key]; ok {
-		s.heap[i].count += w
-		s.down(i)
+	if e, ok := s.index[key]; ok {
+		e.count += w
+		s.down(e.pos)
 		return
 	}
 	if len(s.heap) < s.k {
-		s.heap = append(s.heap, ssEntry[K]{key: key, count: w})
-		s.index[key] = len(s.heap) - 1
-		s.up(len(s.heap) - 1)
+		e := &ssEntry[K]{key: key, count: w, pos: len(s.heap)}
+		s.heap = append(s.heap, e)
+		s.index[key] = e
+		s.up(e.pos)
 		return
 	}
-	m := s.heap[0]
+	m := s.heap[0] // reused for the newcomer
 	delete(s.index, m.key)
-	s.heap[0] = ssEntry[K]{key: key, count: m.count + w, err: m.count}
-	s.index[key] = 0
+	m.key, m.err, m.count = key, m.count, m.count+w
+	s.index[key] = m
 	s.down(0)
 }
 
 // bound is the most an item may have: its count if held, else the
 // smallest count (0 while the summary is not full).
 func (s *spaceSaving[K]) bound(key K) float64 {
-	if i, ok := s.index[key]; ok {
-		return s.heap[i].count
+	if e, ok := s.index[key]; ok {
+		return e.count
 	}
 	if len(s.heap) < s.k {
 		return 0

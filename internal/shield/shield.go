@@ -320,15 +320,19 @@ func (e *Engine) Observe(s Sample) {
 		if !a.det.hot() {
 			continue
 		}
-		// Keys are narrowest first: the first hot one owns the sample.
+		// Keys are narrowest first: the first hot one owns the sample,
+		// and only its fingerprint summary sees it (a broader one is
+		// explained by it and not acted on).
 		if !hotSeen {
 			a.own += s.Weight
 			hotSeen = true
+			if st := e.surges[k]; st != nil {
+				st.fps.add(s)
+			}
 		} else {
 			a.explained += s.Weight
 		}
 		if st := e.surges[k]; st != nil {
-			st.fps.add(s)
 			st.total += s.Weight
 		}
 	}
@@ -501,9 +505,11 @@ func (e *Engine) Tick(now time.Time) []Change {
 	return out
 }
 
-// startTrack opens a fingerprint summary for a newly hot aggregate.
+// startTrack opens a fingerprint summary for a newly hot aggregate that
+// cannot be tightened (one that can is tightened instead).
 func (e *Engine) startTrack(k Key, now time.Time) {
-	if !e.cfg.Fingerprints || len(e.surges) >= fingerprintKeys*max(e.cfg.MaxActive, 1) {
+	if !e.cfg.Fingerprints || len(e.surges) >= fingerprintKeys*max(e.cfg.MaxActive, 1) ||
+		tightenable(k, e.tracked[k].shape, e.global) {
 		return
 	}
 	e.surges[k] = &surgeTrack{fps: newFingerprints(surgeSummaryK), start: now}

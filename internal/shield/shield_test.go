@@ -415,7 +415,7 @@ func TestSpaceSaving(t *testing.T) {
 		if e.count < truth[e.key] || e.count-e.err > truth[e.key] {
 			t.Fatalf("item %d: count %.0f err %.0f, truth %.0f", e.key, e.count, e.err, truth[e.key])
 		}
-		if ss.index[e.key] != i || (i > 0 && ss.heap[(i-1)/2].count > e.count) {
+		if ss.index[e.key] != e || e.pos != i || (i > 0 && ss.heap[(i-1)/2].count > e.count) {
 			t.Fatalf("heap broken at %d", i)
 		}
 	}
