@@ -260,10 +260,11 @@ func (e *Engine) SetRules(shapes map[uint32]RuleShape, global GlobalShape) {
 	}
 }
 
-// Reconfigure applies a new configuration (a policy reload). Actions
-// change as the mode says: monitor to enforce installs what the shield
-// would do, enforce to monitor removes what it did; actions on aggregates
-// forbidden now are removed.
+// Reconfigure applies a new configuration (a policy reload; call SetRules
+// first). Actions change as the mode says: monitor to enforce installs
+// what the shield would do, enforce to monitor removes what it did;
+// actions on aggregates forbidden now, or whose bucket the policy no
+// longer has, are removed.
 func (e *Engine) Reconfigure(cfg Config, now time.Time) []Change {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -273,9 +274,12 @@ func (e *Engine) Reconfigure(cfg Config, now time.Time) []Change {
 	var out []Change
 	for _, id := range e.actionIDs() {
 		a := e.actions[id]
+		_, ruleKnown := e.shapes[a.Key.Rule]
 		switch {
 		case e.forbidden(a):
 			out = append(out, e.remove(a, "forbidden by the policy", "policy", now))
+		case a.Kind == Tighten && (!tightenable(a.Key, e.shapes[a.Key.Rule], e.global) || (a.Key.Kind != KindGlobal && !ruleKnown)):
+			out = append(out, e.remove(a, "the policy no longer has this aggregate's bucket", "policy", now))
 		case cfg.Mode == ModeOff:
 			out = append(out, e.remove(a, "shield turned off", "policy", now))
 		case old != ModeEnforce && cfg.Mode == ModeEnforce:

@@ -570,3 +570,20 @@ func TestCountedAggregates(t *testing.T) {
 		t.Fatalf("installs on %v, want only %s (global is explained by it)", got, asnA)
 	}
 }
+
+// TestReconfigureDropsGoneAggregates: a reload that removes the bucket an
+// action tightens removes the action.
+func TestReconfigureDropsGoneAggregates(t *testing.T) {
+	s := newSim(t, testConfig())
+	u := users(3)
+	s.run(120, u...)
+	s.run(8, append(u, flow{constant(20000), udpFrom(64500, "198.18.1.0/24", 443)})...)
+	if len(s.e.Report(0).Actions) != 1 {
+		t.Fatalf("actions %+v", s.e.Report(0).Actions)
+	}
+	s.e.SetRules(map[uint32]RuleShape{0: {}}, GlobalShape{Limited: true}) // no per_prefix, no per_asn any more
+	ch := s.e.Reconfigure(testConfig(), s.now)
+	if len(ch) != 1 || ch[0].Op != OpRemove || ch[0].By != "policy" {
+		t.Fatalf("reconfigure: %+v", ch)
+	}
+}
