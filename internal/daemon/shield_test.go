@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -260,4 +262,38 @@ func shieldGauge(t *testing.T, d *Daemon, name, kind string) float64 {
 	}
 	t.Fatalf("%s{kind=%q} not gathered", name, kind)
 	return 0
+}
+
+// TestShieldControlHostile: the shield's control endpoints refuse what is
+// not a request, and a shield that is off says so.
+func TestShieldControlHostile(t *testing.T) {
+	d := newDaemon(Options{})
+	mux := d.controlMux()
+	do := func(method, path, body string) int {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req = req.WithContext(context.WithValue(req.Context(), peerUIDKey{}, 0))
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		return w.Code
+	}
+	for _, c := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"GET", "/v1/shield", "", 200},
+		{"GET", "/v1/shield?n=-1", "", 400},
+		{"GET", "/v1/shield?n=abc", "", 400},
+		{"GET", "/v1/shield?n=99999999999999999999", "", 400},
+		{"POST", "/v1/shield/release", `{"id": "x"}`, 400},
+		{"POST", "/v1/shield/release", `[`, 400},
+		{"POST", "/v1/shield/release", `{"id": 1}`, 422}, // the shield is off
+		{"POST", "/v1/shield/pin", `{"id": 4294967296}`, 400},
+		{"POST", "/v1/shield/forbid", `{"aggregate": "AS1"}`, 422},
+		{"POST", "/v1/shield/forbid", strings.Repeat(" ", maxSmallBody+10), 413},
+		{"POST", "/v1/shield/nonsense", `{}`, 404},
+	} {
+		if got := do(c.method, c.path, c.body); got != c.want {
+			t.Errorf("%s %s %.40q: %d, want %d", c.method, c.path, c.body, got, c.want)
+		}
+	}
 }
