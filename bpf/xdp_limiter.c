@@ -61,6 +61,7 @@ struct eg_btf_anchor {
 	enum eg_l4_proto_bit l4_proto_bit;
 	enum eg_expiry expiry;
 	enum eg_gate gate;
+	enum eg_sample_kind sample_kind;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 
@@ -70,6 +71,7 @@ struct verdict {
 	__u32 rule_id;
 	__u32 asn;
 	__u8 counted_rule;
+	__u8 gen; /* the live generation, once known */
 };
 
 /* now_ticks reads the generation's clock (enum eg_clock). Both are
@@ -83,7 +85,10 @@ static __always_inline __u64 now_ticks(const struct eg_config *cfg)
 		__u32 zero = 0;
 		__u64 *t = bpf_map_lookup_elem(&test_clock, &zero);
 
-		ns = t ? *t : 0;
+		/* Never NULL (an array's key 0). Not 0 either: a known zero
+		 * would make the verifier walk the whole program twice, once
+		 * with now == 0, which is every exit's "no clock" value. */
+		ns = t ? *t : bpf_ktime_get_ns();
 	} else if (cfg->clock == EG_CLOCK_COARSE) {
 		ns = bpf_ktime_get_coarse_ns();
 	} else {
@@ -115,6 +120,27 @@ static __always_inline void count_rule(__u32 rule_id, __u32 action, __u32 len)
 	}
 }
 
+static __always_inline void fill_sample(struct eg_sample *s, const struct verdict *v, const struct pkt_info *pi,
+					__u64 now, __u32 kind, __u32 weight)
+{
+	s->ktime_ns = now >> EG_TICK_SHIFT;
+	__builtin_memcpy(s->addr, pi->addr, 16);
+	s->asn = v->asn;
+	s->rule_id = v->rule_id;
+	s->len = pi->len > 0xffff ? 0xffff : pi->len;
+	s->sport = pi->sport;
+	s->dport = pi->dport;
+	s->proto = pi->proto;
+	s->reason = v->reason;
+	s->action = v->action;
+	s->kind = kind;
+	s->ttl = pi->ttl;
+	s->tcp_flags = pi->tcp_flags;
+	s->ip_len = pi->ip_len;
+	s->_pad = 0;
+	s->weight = weight;
+}
+
 /* sample sends a drop sample to user space, within its own budget so a flood
  * cannot flood the ring buffer or the reader. */
 static __always_inline void sample(const struct verdict *v, const struct pkt_info *pi,
@@ -132,18 +158,65 @@ static __always_inline void sample(const struct verdict *v, const struct pkt_inf
 	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
 	if (!s)
 		return;
-	s->ktime_ns = now >> EG_TICK_SHIFT;
-	__builtin_memcpy(s->addr, pi->addr, 16);
-	s->asn = v->asn;
-	s->rule_id = v->rule_id;
-	s->len = pi->len > 0xffff ? 0xffff : pi->len;
-	s->sport = pi->sport;
-	s->dport = pi->dport;
-	s->proto = pi->proto;
-	s->reason = v->reason;
-	s->action = v->action;
-	__builtin_memset(s->_pad, 0, sizeof(s->_pad));
+	fill_sample(s, v, pi, now, EG_SAMPLE_DROP, 0);
 	bpf_ringbuf_submit(s, 0);
+}
+
+/* eg_rate_sample is the 1-in-N sampler (docs/operations.md, "Sampling"):
+ * every packet of a live generation, passed or dropped, is chosen with
+ * probability thresh / 2^32 (1/one_in, exact to 2^-32); a chosen packet is
+ * sent within the cap, a GCRA bucket shared by all CPUs. A chosen packet
+ * that cannot be sent (cap, ring buffer full) adds its weight to this
+ * CPU's next sample, so the weights still sum to an unbiased estimate of
+ * the packets seen. Global: verified once, whatever the number of exits. */
+__attribute__((noinline)) int eg_rate_sample(__u64 a1, __u64 a2, __u64 hi, __u64 lo, __u64 ids)
+{
+	/* Scalars only, not pointers to the caller's stack: passing those
+	 * would make the verifier walk every exit's state again. */
+	struct verdict v = { .action = a1 & 0xff, .reason = (a1 >> 8) & 0xff, .gen = (a1 >> 16) & 1,
+			     .rule_id = ids, .asn = ids >> 32 };
+	struct pkt_info p = { .proto = a1 >> 24, .ttl = a1 >> 32, .tcp_flags = a1 >> 40, .sport = a2,
+			      .dport = a2 >> 16, .ip_len = a2 >> 32, .len = a2 >> 48 };
+	struct eg_rsample_stats *st;
+	struct eg_sample_cfg *scfg;
+	struct eg_bucket *b;
+	struct eg_sample *s;
+	__u32 zero = 0, gen = v.gen;
+	__u64 w, now, *t;
+
+	scfg = bpf_map_lookup_elem(&sample_cfgs, &gen);
+	if (!scfg || !scfg->thresh || bpf_get_prandom_u32() >= scfg->thresh)
+		return 0;
+	st = bpf_map_lookup_elem(&rate_sample_stats, &zero);
+	if (!st)
+		return 0;
+	st->chosen++;
+	st->pending++;
+	/* The sampler's own clock: the test clock, or CLOCK_MONOTONIC. */
+	if (eg_test_clock) {
+		t = bpf_map_lookup_elem(&test_clock, &zero);
+		now = (t ? *t : 0) << EG_TICK_SHIFT;
+	} else {
+		now = bpf_ktime_get_ns() << EG_TICK_SHIFT;
+	}
+	b = bpf_map_lookup_elem(&rate_sample_cap, &zero);
+	if (!b || !gcra_take(&b->pkt_tat, now, scfg->cap.pkt_t, scfg->cap.pkt_tau)) {
+		st->capped++;
+		return 0;
+	}
+	s = bpf_ringbuf_reserve(&rate_samples, sizeof(*s), 0);
+	if (!s) {
+		st->lost++;
+		return 0;
+	}
+	__builtin_memcpy(p.addr, &hi, 8);
+	__builtin_memcpy(p.addr + 8, &lo, 8);
+	w = st->pending * scfg->one_in;
+	fill_sample(s, &v, &p, now, EG_SAMPLE_RATE, w > 0xffffffff ? 0xffffffff : w);
+	bpf_ringbuf_submit(s, 0);
+	st->sent++;
+	st->pending = 0;
+	return 0;
 }
 
 /* finish is the one exit: it records the verdict and turns it into an XDP
@@ -151,12 +224,24 @@ static __always_inline void sample(const struct verdict *v, const struct pkt_inf
 static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, const struct pkt_info *pi,
 				  const struct eg_config *cfg, __u64 now)
 {
+	int ret = v->action == EG_ACT_DROP ? XDP_DROP : XDP_PASS;
+
 	count(ctx->ingress_ifindex, v->action, v->reason, pi->len);
 	if (v->counted_rule)
 		count_rule(v->rule_id, v->action, pi->len);
 	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY_LIST && now)
 		sample(v, pi, cfg, now);
-	return v->action == EG_ACT_DROP ? XDP_DROP : XDP_PASS;
+	if (now) {
+		__u64 hi, lo;
+
+		__builtin_memcpy(&hi, pi->addr, 8);
+		__builtin_memcpy(&lo, pi->addr + 8, 8);
+		eg_rate_sample(v->action | v->reason << 8 | (__u64)v->gen << 16 | (__u64)pi->proto << 24 |
+				       (__u64)pi->ttl << 32 | (__u64)pi->tcp_flags << 40,
+			       pi->sport | (__u64)pi->dport << 16 | (__u64)pi->ip_len << 32 | (__u64)pi->len << 48, hi,
+			       lo, v->rule_id | (__u64)v->asn << 32);
+	}
+	return ret;
 }
 
 /* mask_addr keeps the first len bits (0-128) of a 16-byte address. */
@@ -994,8 +1079,12 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_prefix_val *pv;
 	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL, *sb;
 	struct eg_agg_key ak, nk;
-	struct eg_src_key sk;
-	struct eg_lpm_key lk;
+	/* The lists and prefix lookups' key, then the per-source key: one
+	 * slot of the (full) stack. */
+	union {
+		struct eg_lpm_key lk;
+		struct eg_src_key sk;
+	} u;
 	struct src_state ss = {};
 	__u32 *gatep;
 	int afirst = 0;
@@ -1037,12 +1126,13 @@ int xdp_limiter(struct xdp_md *ctx)
 		goto no_policy;
 
 	now = now_ticks(cfg);
+	v.gen = gen;
 
 	/* 1. Lists: deny, then allow. Inheritance is folded in by the control
 	 * plane, so the most specific entry answers both. */
-	lk.prefixlen = 128;
-	__builtin_memcpy(lk.addr, pi.addr, 16);
-	lv = bpf_map_lookup_elem(&lists, &lk);
+	u.lk.prefixlen = 128;
+	__builtin_memcpy(u.lk.addr, pi.addr, 16);
+	lv = bpf_map_lookup_elem(&lists, &u.lk);
 	if (lv) {
 		__u64 ns = now >> EG_TICK_SHIFT;
 
@@ -1068,7 +1158,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	} else {
 		trie = bpf_map_lookup_elem(&prefix_gens, &gen);
 		if (trie) {
-			pv = bpf_map_lookup_elem(trie, &lk);
+			pv = bpf_map_lookup_elem(trie, &u.lk);
 			if (pv) {
 				v.rule_id = pv->rule_id;
 				v.asn = pv->asn;
@@ -1173,19 +1263,19 @@ int xdp_limiter(struct xdp_md *ctx)
 	/* Then charge, most specific first: a packet dropped by a more
 	 * specific bucket never consumes tokens of the aggregates above it. */
 	if (bucket_limited(&rule->src)) {
-		__builtin_memset(&sk, 0, sizeof(sk));
-		sk.rule_id = rule->id;
-		mask_addr(sk.addr, pi.addr,
+		__builtin_memset(&u.sk, 0, sizeof(u.sk));
+		u.sk.rule_id = rule->id;
+		mask_addr(u.sk.addr, pi.addr,
 			  v4 ? 96 + (rule->src_len4 > 32 ? 32 : rule->src_len4)
 			     : (rule->src_len6 > 128 ? 128 : rule->src_len6));
 		if (!gated(&rule->src)) {
-			sb = lookup_or_create(&src_buckets, &sk);
+			sb = lookup_or_create(&src_buckets, &u.sk);
 		} else {
 			/* The filter first: a source not seen in this epoch or
 			 * the last costs one bit and no table lookup; its packet
 			 * is charged when the source shows up again. */
 			int first = 0;
-			int seen = seen_mark((const __u32 *)&sk, sizeof(sk) / 4, now, 1, &first);
+			int seen = seen_mark((const __u32 *)&u.sk, sizeof(u.sk) / 4, now, 1, &first);
 
 			/* A per-source key that is the standing key (/32, /64)
 			 * answers standing's "first packet of this epoch". */
@@ -1194,9 +1284,9 @@ int xdp_limiter(struct xdp_md *ctx)
 
 			sb = NULL;
 			if (seen != EG_SEEN_NEW) {
-				sb = bpf_map_lookup_elem(&src_buckets, &sk);
+				sb = bpf_map_lookup_elem(&src_buckets, &u.sk);
 				if (!sb)
-					sb = create_charged(&src_buckets, &sk, &rule->src, now, pi.len);
+					sb = create_charged(&src_buckets, &u.sk, &rule->src, now, pi.len);
 				else if (seen == EG_SEEN_DEFERRED)
 					bucket_charge(sb, &rule->src, now, pi.len);
 			}

@@ -301,3 +301,34 @@ struct {
 	__type(key, __u32);
 	__type(value, struct eg_agg_key);
 } agg_scratch SEC(".maps");
+
+/* 1-in-N samples of passed and dropped packets (EG_SAMPLE_RATE), apart
+ * from the drop samples so that each has its own reader. 1 MiB: ~14,000
+ * samples of 72 bytes, under a second of the default cap. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1024 * 1024);
+} rate_samples SEC(".maps");
+
+/* The 1-in-N sampler's settings, per generation. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct eg_sample_cfg);
+} sample_cfgs SEC(".maps");
+
+/* The sampler's cap: one GCRA bucket shared by all CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct eg_bucket);
+} rate_sample_cap SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct eg_rsample_stats);
+} rate_sample_stats SEC(".maps");

@@ -55,11 +55,16 @@ struct ipv6_frag {
 /* What the decision needs from a packet. */
 struct pkt_info {
 	__u8 addr[16];
-	__u32 len;
+	__u32 len; /* the frame's */
 	__u16 sport;
 	__u16 dport;
 	__u8 proto;
 	__u8 has_l4;
+	/* For samples and fingerprints: the IP datagram's total length (IPv6:
+	 * 40 + payload length), TTL or hop limit, TCP flags (0 for others). */
+	__u16 ip_len;
+	__u8 ttl;
+	__u8 tcp_flags;
 };
 
 static __always_inline int is_vlan(__u16 h_proto)
@@ -148,6 +153,8 @@ static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *pi)
 	pi->addr[11] = 0xff;
 	__builtin_memcpy(&pi->addr[12], &iph->saddr, 4);
 	pi->proto = iph->protocol;
+	pi->ip_len = tot;
+	pi->ttl = iph->ttl;
 
 	/* Non-first fragments have no L4 header; they are still limited by
 	 * source, under rules that do not need ports. (ICMPv6 in a first
@@ -187,6 +194,8 @@ static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *pi)
 		return ip6h->version != 6 ? -EG_R_BAD_IPV6 : -EG_R_BAD_IP_LENGTH;
 	c->pos = ip6h + 1;
 	c->left = plen;
+	pi->ip_len = plen + 40; /* a jumbogram's wraps: XDP frames are far smaller */
+	pi->ttl = ip6h->hop_limit;
 	__builtin_memcpy(pi->addr, &ip6h->saddr, 16);
 	/* An IPv4-mapped source (::ffff:0:0/96) is not valid on the wire
 	 * (RFC 4291 2.5.5.2; Linux drops it in ip6_rcv_core) and would alias
@@ -273,6 +282,7 @@ static __always_inline int parse_l4(struct cursor *c, struct pkt_info *pi, int p
 			return -EG_R_BAD_L4;
 		pi->sport = bpf_ntohs(th->source);
 		pi->dport = bpf_ntohs(th->dest);
+		pi->tcp_flags = ((__u8 *)th)[13];
 		pi->has_l4 = 1;
 		return 0;
 	}

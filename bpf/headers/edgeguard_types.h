@@ -284,19 +284,55 @@ struct eg_rule_counters {
 	struct eg_counter by_action[EG_ACT_MAX];
 };
 
-/* One dropped (or would-drop) packet, for top-talker reports. */
+/* Which sampler sent a sample. */
+enum eg_sample_kind {
+	/* A dropped (or would-drop) packet, within the drop-sample budget
+	 * (eg_config.sample): top talkers, explain. Ring buffer samples. */
+	EG_SAMPLE_DROP = 0,
+	/* A packet chosen 1 in one_in at random, passed or dropped, within
+	 * the sampler's cap (eg_sample_cfg): rate estimates. Ring buffer
+	 * rate_samples. */
+	EG_SAMPLE_RATE = 1,
+};
+
+/* One sampled packet. */
 struct eg_sample {
 	__u64 ktime_ns;
 	__u8 addr[16];
 	__u32 asn;
 	__u32 rule_id;
-	__u16 len;
+	__u16 len; /* the frame's length */
 	__u16 dport;
 	__u16 sport;
 	__u8 proto;
 	__u8 reason;
 	__u8 action;
-	__u8 _pad[7];
+	__u8 kind;      /* enum eg_sample_kind */
+	__u8 ttl;       /* TTL or hop limit */
+	__u8 tcp_flags; /* 0 for other protocols */
+	__u16 ip_len;   /* IP total length (IPv6: 40 + payload length) */
+	__u16 _pad;
+	/* EG_SAMPLE_RATE: how many packets this sample stands for: one_in,
+	 * times one more for each chosen packet this CPU could not send since
+	 * its last sample (cap or ring buffer full). Sum of weights over an
+	 * interval / interval = the rate. 0 for drop samples. */
+	__u32 weight;
+};
+
+/* The 1-in-N sampler's settings of one generation (sample_cfgs[gen]). */
+struct eg_sample_cfg {
+	struct eg_bucket_cfg cap; /* samples per second sent at most (pkt_t/pkt_tau) */
+	__u32 thresh;             /* a packet is chosen when prandom < thresh; 0: off */
+	__u32 one_in;             /* N: thresh = 2^32 / N, rounded down */
+};
+
+/* The 1-in-N sampler's per-CPU state and counters (rate_sample_stats). */
+struct eg_rsample_stats {
+	__u64 chosen;  /* packets chosen */
+	__u64 sent;    /* samples sent */
+	__u64 capped;  /* chosen, not sent: over the cap */
+	__u64 lost;    /* chosen, not sent: ring buffer full */
+	__u64 pending; /* chosen and not sent since this CPU's last sample */
 };
 
 /* ---- Aggregate overrides (docs/operations.md, "Aggregate overrides") ----

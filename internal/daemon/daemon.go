@@ -567,6 +567,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("standing", d.watchStanding)
 	run("link watch", d.watchLinks)
 	run("shield", d.runShield)
+	run("shield samples", d.readRateSamples)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()

@@ -153,6 +153,16 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 	eng, iv := st.eng, st.cfg.Interval
 	st.mu.Unlock()
 	if eng != nil {
+		// Samples that arrived before the interval's end belong to it.
+	drain:
+		for {
+			select {
+			case s := <-st.in:
+				eng.Observe(s)
+			default:
+				break drain
+			}
+		}
 		d.countShield(eng)
 		changes = append(changes, eng.Tick(now)...)
 	}

@@ -74,6 +74,7 @@ defaults:
   per_asn: {packets: {rate: 1M/s, burst: 1M}}
 global: {packets: {rate: 10M/s, burst: 10M}}
 metrics: {listen: ""}
+sampling: {one_in: 1, max_per_second: 1000000}
 shield:
   mode: enforce
   baseline: {learn_for: 20s, half_life: 1m}
@@ -97,6 +98,10 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	state := filepath.Join(dir, "state")
 	os.Mkdir(state, 0o700)
 	d := loadedDaemon(t, Options{StateDir: state}, shieldTestPolicy(asnPath))
+	ctx, cancel := context.WithCancel(context.Background())
+	readerDone := make(chan error, 1)
+	go func() { readerDone <- d.readRateSamples(ctx) }()
+	t.Cleanup(func() { cancel(); <-readerDone })
 	send := func(src string, n int) {
 		t.Helper()
 		frame := packet.UDP4(src, 40000, 443, 64)
@@ -120,7 +125,20 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	for range 40 {
 		sec(0)
 	}
+	// The port aggregate has no bucket: only the 1-in-N samples (read by
+	// the daemon's reader) teach it.
+	time.Sleep(200 * time.Millisecond)
+	sec(0)
 	r := d.ShieldReport(50)
+	var port *control.ShieldAggregate
+	for _, a := range r.Aggregates {
+		if a.Aggregate == "port udp/443" {
+			port = &a
+		}
+	}
+	if port == nil || port.Rate <= 0 {
+		t.Fatalf("port udp/443 not learned from samples: %+v", r.Aggregates)
+	}
 	var base float64
 	for _, a := range r.Aggregates {
 		if a.Aggregate == "rule 0 (default) asn 64501" {

@@ -358,6 +358,5 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 		now := time.Now()
 		d.top.add(now, s)
 		d.recent.add(now, s)
-		d.shieldSample(s)
 	}
 }

@@ -86,18 +86,24 @@ type LimiterEgBtfAnchor struct {
 	}
 	_      [4]byte
 	Sample struct {
-		_       structs.HostLayout
-		KtimeNs uint64
-		Addr    [16]uint8
-		Asn     uint32
-		RuleId  uint32
-		Len     uint16
-		Dport   uint16
-		Sport   uint16
-		Proto   uint8
-		Reason  uint8
-		Action  uint8
-		Pad     [7]uint8
+		_        structs.HostLayout
+		KtimeNs  uint64
+		Addr     [16]uint8
+		Asn      uint32
+		RuleId   uint32
+		Len      uint16
+		Dport    uint16
+		Sport    uint16
+		Proto    uint8
+		Reason   uint8
+		Action   uint8
+		Kind     uint8
+		Ttl      uint8
+		TcpFlags uint8
+		IpLen    uint16
+		Pad      uint16
+		Weight   uint32
+		_        [4]byte
 	}
 	Standing      uint32
 	StandingWhy   uint32
@@ -109,7 +115,7 @@ type LimiterEgBtfAnchor struct {
 	L4ProtoBit    uint32
 	Expiry        uint64
 	Gate          uint32
-	_             [4]byte
+	SampleKind    uint32
 }
 
 type LimiterEgBucket struct {
@@ -304,6 +310,15 @@ const (
 	LimiterEgReasonEG_R_MAX               LimiterEgReason = 18
 )
 
+type LimiterEgRsampleStats struct {
+	_       structs.HostLayout
+	Chosen  uint64
+	Sent    uint64
+	Capped  uint64
+	Lost    uint64
+	Pending uint64
+}
+
 type LimiterEgRule struct {
 	_       structs.HostLayout
 	Src     LimiterEgBucketCfg
@@ -336,19 +351,39 @@ type LimiterEgRuleCounters struct {
 }
 
 type LimiterEgSample struct {
-	_       structs.HostLayout
-	KtimeNs uint64
-	Addr    [16]uint8
-	Asn     uint32
-	RuleId  uint32
-	Len     uint16
-	Dport   uint16
-	Sport   uint16
-	Proto   uint8
-	Reason  uint8
-	Action  uint8
-	Pad     [7]uint8
+	_        structs.HostLayout
+	KtimeNs  uint64
+	Addr     [16]uint8
+	Asn      uint32
+	RuleId   uint32
+	Len      uint16
+	Dport    uint16
+	Sport    uint16
+	Proto    uint8
+	Reason   uint8
+	Action   uint8
+	Kind     uint8
+	Ttl      uint8
+	TcpFlags uint8
+	IpLen    uint16
+	Pad      uint16
+	Weight   uint32
+	_        [4]byte
 }
+
+type LimiterEgSampleCfg struct {
+	_      structs.HostLayout
+	Cap    LimiterEgBucketCfg
+	Thresh uint32
+	OneIn  uint32
+}
+
+type LimiterEgSampleKind uint32
+
+const (
+	LimiterEgSampleKindEG_SAMPLE_DROP LimiterEgSampleKind = 0
+	LimiterEgSampleKindEG_SAMPLE_RATE LimiterEgSampleKind = 1
+)
 
 type LimiterEgShifts uint32
 
@@ -453,39 +488,43 @@ type LimiterEgWatchKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LimiterMapActive        = "active"
-	LimiterMapAggBuckets    = "agg_buckets"
-	LimiterMapAggGate       = "agg_gate"
-	LimiterMapAggScratch    = "agg_scratch"
-	LimiterMapAggStats      = "agg_stats"
-	LimiterMapAggWatches    = "agg_watches"
-	LimiterMapClassStats    = "class_stats"
-	LimiterMapConfigs       = "configs"
-	LimiterMapGlobalBuckets = "global_buckets"
-	LimiterMapIfaceSlots    = "iface_slots"
-	LimiterMapKnownGood     = "known_good"
-	LimiterMapL4Rules       = "l4_rules"
-	LimiterMapLists         = "lists"
-	LimiterMapOverrides     = "overrides"
-	LimiterMapPrefixGens    = "prefix_gens"
-	LimiterMapRuleStats     = "rule_stats"
-	LimiterMapRules         = "rules"
-	LimiterMapSamples       = "samples"
-	LimiterMapSeenFilter    = "seen_filter"
-	LimiterMapSrcBuckets    = "src_buckets"
-	LimiterMapStanding      = "standing"
-	LimiterMapStandingCfg   = "standing_cfg"
-	LimiterMapStandingStats = "standing_stats"
-	LimiterMapStats         = "stats"
-	LimiterMapTestClock     = "test_clock"
-	LimiterMapV4Chunks      = "v4_chunks"
-	LimiterMapV4L1          = "v4_l1"
-	LimiterMapWholeBuckets  = "whole_buckets"
-	LimiterProgXdpLimiter   = "xdp_limiter"
-	LimiterVarEgBtfAnchor   = "eg_btf_anchor"
-	LimiterVarEgMaxRules    = "eg_max_rules"
-	LimiterVarEgSeenMask    = "eg_seen_mask"
-	LimiterVarEgTestClock   = "eg_test_clock"
+	LimiterMapActive          = "active"
+	LimiterMapAggBuckets      = "agg_buckets"
+	LimiterMapAggGate         = "agg_gate"
+	LimiterMapAggScratch      = "agg_scratch"
+	LimiterMapAggStats        = "agg_stats"
+	LimiterMapAggWatches      = "agg_watches"
+	LimiterMapClassStats      = "class_stats"
+	LimiterMapConfigs         = "configs"
+	LimiterMapGlobalBuckets   = "global_buckets"
+	LimiterMapIfaceSlots      = "iface_slots"
+	LimiterMapKnownGood       = "known_good"
+	LimiterMapL4Rules         = "l4_rules"
+	LimiterMapLists           = "lists"
+	LimiterMapOverrides       = "overrides"
+	LimiterMapPrefixGens      = "prefix_gens"
+	LimiterMapRateSampleCap   = "rate_sample_cap"
+	LimiterMapRateSampleStats = "rate_sample_stats"
+	LimiterMapRateSamples     = "rate_samples"
+	LimiterMapRuleStats       = "rule_stats"
+	LimiterMapRules           = "rules"
+	LimiterMapSampleCfgs      = "sample_cfgs"
+	LimiterMapSamples         = "samples"
+	LimiterMapSeenFilter      = "seen_filter"
+	LimiterMapSrcBuckets      = "src_buckets"
+	LimiterMapStanding        = "standing"
+	LimiterMapStandingCfg     = "standing_cfg"
+	LimiterMapStandingStats   = "standing_stats"
+	LimiterMapStats           = "stats"
+	LimiterMapTestClock       = "test_clock"
+	LimiterMapV4Chunks        = "v4_chunks"
+	LimiterMapV4L1            = "v4_l1"
+	LimiterMapWholeBuckets    = "whole_buckets"
+	LimiterProgXdpLimiter     = "xdp_limiter"
+	LimiterVarEgBtfAnchor     = "eg_btf_anchor"
+	LimiterVarEgMaxRules      = "eg_max_rules"
+	LimiterVarEgSeenMask      = "eg_seen_mask"
+	LimiterVarEgTestClock     = "eg_test_clock"
 )
 
 // LoadLimiter returns the embedded CollectionSpec for Limiter.
@@ -537,34 +576,38 @@ type LimiterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LimiterMapSpecs struct {
-	Active        *ebpf.MapSpec `ebpf:"active"`
-	AggBuckets    *ebpf.MapSpec `ebpf:"agg_buckets"`
-	AggGate       *ebpf.MapSpec `ebpf:"agg_gate"`
-	AggScratch    *ebpf.MapSpec `ebpf:"agg_scratch"`
-	AggStats      *ebpf.MapSpec `ebpf:"agg_stats"`
-	AggWatches    *ebpf.MapSpec `ebpf:"agg_watches"`
-	ClassStats    *ebpf.MapSpec `ebpf:"class_stats"`
-	Configs       *ebpf.MapSpec `ebpf:"configs"`
-	GlobalBuckets *ebpf.MapSpec `ebpf:"global_buckets"`
-	IfaceSlots    *ebpf.MapSpec `ebpf:"iface_slots"`
-	KnownGood     *ebpf.MapSpec `ebpf:"known_good"`
-	L4Rules       *ebpf.MapSpec `ebpf:"l4_rules"`
-	Lists         *ebpf.MapSpec `ebpf:"lists"`
-	Overrides     *ebpf.MapSpec `ebpf:"overrides"`
-	PrefixGens    *ebpf.MapSpec `ebpf:"prefix_gens"`
-	RuleStats     *ebpf.MapSpec `ebpf:"rule_stats"`
-	Rules         *ebpf.MapSpec `ebpf:"rules"`
-	Samples       *ebpf.MapSpec `ebpf:"samples"`
-	SeenFilter    *ebpf.MapSpec `ebpf:"seen_filter"`
-	SrcBuckets    *ebpf.MapSpec `ebpf:"src_buckets"`
-	Standing      *ebpf.MapSpec `ebpf:"standing"`
-	StandingCfg   *ebpf.MapSpec `ebpf:"standing_cfg"`
-	StandingStats *ebpf.MapSpec `ebpf:"standing_stats"`
-	Stats         *ebpf.MapSpec `ebpf:"stats"`
-	TestClock     *ebpf.MapSpec `ebpf:"test_clock"`
-	V4Chunks      *ebpf.MapSpec `ebpf:"v4_chunks"`
-	V4L1          *ebpf.MapSpec `ebpf:"v4_l1"`
-	WholeBuckets  *ebpf.MapSpec `ebpf:"whole_buckets"`
+	Active          *ebpf.MapSpec `ebpf:"active"`
+	AggBuckets      *ebpf.MapSpec `ebpf:"agg_buckets"`
+	AggGate         *ebpf.MapSpec `ebpf:"agg_gate"`
+	AggScratch      *ebpf.MapSpec `ebpf:"agg_scratch"`
+	AggStats        *ebpf.MapSpec `ebpf:"agg_stats"`
+	AggWatches      *ebpf.MapSpec `ebpf:"agg_watches"`
+	ClassStats      *ebpf.MapSpec `ebpf:"class_stats"`
+	Configs         *ebpf.MapSpec `ebpf:"configs"`
+	GlobalBuckets   *ebpf.MapSpec `ebpf:"global_buckets"`
+	IfaceSlots      *ebpf.MapSpec `ebpf:"iface_slots"`
+	KnownGood       *ebpf.MapSpec `ebpf:"known_good"`
+	L4Rules         *ebpf.MapSpec `ebpf:"l4_rules"`
+	Lists           *ebpf.MapSpec `ebpf:"lists"`
+	Overrides       *ebpf.MapSpec `ebpf:"overrides"`
+	PrefixGens      *ebpf.MapSpec `ebpf:"prefix_gens"`
+	RateSampleCap   *ebpf.MapSpec `ebpf:"rate_sample_cap"`
+	RateSampleStats *ebpf.MapSpec `ebpf:"rate_sample_stats"`
+	RateSamples     *ebpf.MapSpec `ebpf:"rate_samples"`
+	RuleStats       *ebpf.MapSpec `ebpf:"rule_stats"`
+	Rules           *ebpf.MapSpec `ebpf:"rules"`
+	SampleCfgs      *ebpf.MapSpec `ebpf:"sample_cfgs"`
+	Samples         *ebpf.MapSpec `ebpf:"samples"`
+	SeenFilter      *ebpf.MapSpec `ebpf:"seen_filter"`
+	SrcBuckets      *ebpf.MapSpec `ebpf:"src_buckets"`
+	Standing        *ebpf.MapSpec `ebpf:"standing"`
+	StandingCfg     *ebpf.MapSpec `ebpf:"standing_cfg"`
+	StandingStats   *ebpf.MapSpec `ebpf:"standing_stats"`
+	Stats           *ebpf.MapSpec `ebpf:"stats"`
+	TestClock       *ebpf.MapSpec `ebpf:"test_clock"`
+	V4Chunks        *ebpf.MapSpec `ebpf:"v4_chunks"`
+	V4L1            *ebpf.MapSpec `ebpf:"v4_l1"`
+	WholeBuckets    *ebpf.MapSpec `ebpf:"whole_buckets"`
 }
 
 // LimiterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -597,34 +640,38 @@ func (o *LimiterObjects) Close() error {
 //
 // It can be passed to LoadLimiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LimiterMaps struct {
-	Active        *ebpf.Map `ebpf:"active"`
-	AggBuckets    *ebpf.Map `ebpf:"agg_buckets"`
-	AggGate       *ebpf.Map `ebpf:"agg_gate"`
-	AggScratch    *ebpf.Map `ebpf:"agg_scratch"`
-	AggStats      *ebpf.Map `ebpf:"agg_stats"`
-	AggWatches    *ebpf.Map `ebpf:"agg_watches"`
-	ClassStats    *ebpf.Map `ebpf:"class_stats"`
-	Configs       *ebpf.Map `ebpf:"configs"`
-	GlobalBuckets *ebpf.Map `ebpf:"global_buckets"`
-	IfaceSlots    *ebpf.Map `ebpf:"iface_slots"`
-	KnownGood     *ebpf.Map `ebpf:"known_good"`
-	L4Rules       *ebpf.Map `ebpf:"l4_rules"`
-	Lists         *ebpf.Map `ebpf:"lists"`
-	Overrides     *ebpf.Map `ebpf:"overrides"`
-	PrefixGens    *ebpf.Map `ebpf:"prefix_gens"`
-	RuleStats     *ebpf.Map `ebpf:"rule_stats"`
-	Rules         *ebpf.Map `ebpf:"rules"`
-	Samples       *ebpf.Map `ebpf:"samples"`
-	SeenFilter    *ebpf.Map `ebpf:"seen_filter"`
-	SrcBuckets    *ebpf.Map `ebpf:"src_buckets"`
-	Standing      *ebpf.Map `ebpf:"standing"`
-	StandingCfg   *ebpf.Map `ebpf:"standing_cfg"`
-	StandingStats *ebpf.Map `ebpf:"standing_stats"`
-	Stats         *ebpf.Map `ebpf:"stats"`
-	TestClock     *ebpf.Map `ebpf:"test_clock"`
-	V4Chunks      *ebpf.Map `ebpf:"v4_chunks"`
-	V4L1          *ebpf.Map `ebpf:"v4_l1"`
-	WholeBuckets  *ebpf.Map `ebpf:"whole_buckets"`
+	Active          *ebpf.Map `ebpf:"active"`
+	AggBuckets      *ebpf.Map `ebpf:"agg_buckets"`
+	AggGate         *ebpf.Map `ebpf:"agg_gate"`
+	AggScratch      *ebpf.Map `ebpf:"agg_scratch"`
+	AggStats        *ebpf.Map `ebpf:"agg_stats"`
+	AggWatches      *ebpf.Map `ebpf:"agg_watches"`
+	ClassStats      *ebpf.Map `ebpf:"class_stats"`
+	Configs         *ebpf.Map `ebpf:"configs"`
+	GlobalBuckets   *ebpf.Map `ebpf:"global_buckets"`
+	IfaceSlots      *ebpf.Map `ebpf:"iface_slots"`
+	KnownGood       *ebpf.Map `ebpf:"known_good"`
+	L4Rules         *ebpf.Map `ebpf:"l4_rules"`
+	Lists           *ebpf.Map `ebpf:"lists"`
+	Overrides       *ebpf.Map `ebpf:"overrides"`
+	PrefixGens      *ebpf.Map `ebpf:"prefix_gens"`
+	RateSampleCap   *ebpf.Map `ebpf:"rate_sample_cap"`
+	RateSampleStats *ebpf.Map `ebpf:"rate_sample_stats"`
+	RateSamples     *ebpf.Map `ebpf:"rate_samples"`
+	RuleStats       *ebpf.Map `ebpf:"rule_stats"`
+	Rules           *ebpf.Map `ebpf:"rules"`
+	SampleCfgs      *ebpf.Map `ebpf:"sample_cfgs"`
+	Samples         *ebpf.Map `ebpf:"samples"`
+	SeenFilter      *ebpf.Map `ebpf:"seen_filter"`
+	SrcBuckets      *ebpf.Map `ebpf:"src_buckets"`
+	Standing        *ebpf.Map `ebpf:"standing"`
+	StandingCfg     *ebpf.Map `ebpf:"standing_cfg"`
+	StandingStats   *ebpf.Map `ebpf:"standing_stats"`
+	Stats           *ebpf.Map `ebpf:"stats"`
+	TestClock       *ebpf.Map `ebpf:"test_clock"`
+	V4Chunks        *ebpf.Map `ebpf:"v4_chunks"`
+	V4L1            *ebpf.Map `ebpf:"v4_l1"`
+	WholeBuckets    *ebpf.Map `ebpf:"whole_buckets"`
 }
 
 func (m *LimiterMaps) Close() error {
@@ -644,8 +691,12 @@ func (m *LimiterMaps) Close() error {
 		m.Lists,
 		m.Overrides,
 		m.PrefixGens,
+		m.RateSampleCap,
+		m.RateSampleStats,
+		m.RateSamples,
 		m.RuleStats,
 		m.Rules,
+		m.SampleCfgs,
 		m.Samples,
 		m.SeenFilter,
 		m.SrcBuckets,

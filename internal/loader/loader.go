@@ -168,6 +168,9 @@ func pinnedMaps() []string {
 		// gate says which rules look them up; watched aggregates keep
 		// counting.
 		LimiterMapOverrides, LimiterMapAggGate, LimiterMapAggWatches, LimiterMapAggStats,
+		// The 1-in-N sampler: settings per generation (with configs), its
+		// cap, counters and ring buffer.
+		LimiterMapSampleCfgs, LimiterMapRateSampleCap, LimiterMapRateSampleStats, LimiterMapRateSamples,
 	}
 }
 

@@ -347,6 +347,13 @@ func (m *Maps) Apply(c *policy.Compiled) error {
 	if err := m.o.StandingCfg.Put(next, StandingConfig(c.Standing)); err != nil {
 		return fmt.Errorf("write standing settings of generation %d: %w", next, err)
 	}
+	sampling, err := SamplingConfig(c.Sampling)
+	if err != nil {
+		return err
+	}
+	if err := m.o.SampleCfgs.Put(next, sampling); err != nil {
+		return fmt.Errorf("write sampling settings of generation %d: %w", next, err)
+	}
 	// Not per generation: known-good prefixes are facts about sources, and
 	// an entry one generation early or late changes one source's class.
 	if err := m.setKnownGood(c.Standing.KnownGood); err != nil {

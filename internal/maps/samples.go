@@ -11,30 +11,66 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
-// Sample is one dropped (or would-drop) packet reported by the data plane.
+// SampleKind says which sampler sent a sample (enum eg_sample_kind).
+type SampleKind = loader.LimiterEgSampleKind
+
+// Sample kinds.
+const (
+	// SampleDrop is a dropped (or would-drop) packet within the drop-sample
+	// budget (top talkers, explain): NewSampleReader.
+	SampleDrop = loader.LimiterEgSampleKindEG_SAMPLE_DROP
+	// SampleRate is a packet chosen 1 in sampling.one_in at random, passed
+	// or dropped, within sampling.max_per_second: NewRateSampleReader.
+	SampleRate = loader.LimiterEgSampleKindEG_SAMPLE_RATE
+)
+
+// Sample is one sampled packet reported by the data plane.
 type Sample struct {
-	Time   time.Duration // CLOCK_MONOTONIC
-	Source netip.Addr
-	ASN    uint32
-	RuleID uint32 // the rule's table slot (see Maps.RuleSlots), not its id
-	Len    uint16
-	Proto  uint8
-	SPort  uint16
-	DPort  uint16
-	Reason Reason
-	Action Action
+	Time     time.Duration // CLOCK_MONOTONIC
+	Source   netip.Addr
+	ASN      uint32
+	RuleID   uint32 // the rule's table slot (see Maps.RuleSlots), not its id
+	Len      uint16 // IP total length (IPv6: 40 + payload length)
+	FrameLen uint16 // the frame's length
+	Proto    uint8
+	SPort    uint16
+	DPort    uint16
+	TTL      uint8 // TTL or hop limit
+	TCPFlags uint8 // 0 for other protocols
+	Reason   Reason
+	Action   Action
+	Kind     SampleKind
+	// Passed: the packet went on (pass, or a dry-run rule's would-drop).
+	Passed bool
+	// Weight is how many packets a SampleRate sample stands for: one_in,
+	// times one more for each chosen packet its CPU could not send since
+	// its last sample (over the cap, ring buffer full). The rate of
+	// anything is the sum of its samples' weights over the interval. 0
+	// for SampleDrop samples.
+	Weight uint32
 }
 
-// SampleReader reads drop samples from the ring buffer.
+// SampleReader reads samples from one of the data plane's ring buffers.
 type SampleReader struct{ r *ringbuf.Reader }
 
-// NewSampleReader opens the sample ring buffer.
+// NewSampleReader opens the drop-sample ring buffer (SampleDrop).
 func (m *Maps) NewSampleReader() (*SampleReader, error) {
 	r, err := ringbuf.NewReader(m.o.Samples)
 	if err != nil {
 		return nil, fmt.Errorf("open sample ring buffer: %w", err)
+	}
+	return &SampleReader{r: r}, nil
+}
+
+// NewRateSampleReader opens the 1-in-N sample ring buffer (SampleRate).
+// One reader at a time: readers of one ring buffer share its records.
+func (m *Maps) NewRateSampleReader() (*SampleReader, error) {
+	r, err := ringbuf.NewReader(m.o.RateSamples)
+	if err != nil {
+		return nil, fmt.Errorf("open rate sample ring buffer: %w", err)
 	}
 	return &SampleReader{r: r}, nil
 }
@@ -51,17 +87,79 @@ func (s *SampleReader) Read() (Sample, error) {
 		}
 		return Sample{}, fmt.Errorf("read sample: %w", err)
 	}
+	return decodeSample(rec.RawSample)
+}
+
+// decodeSample decodes one ring buffer record. A shorter record (written
+// by an older program, still attached during an upgrade) leaves the fields
+// it lacks zero.
+func decodeSample(b []byte) (Sample, error) {
 	var raw loader.LimiterEgSample
-	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &raw); err != nil {
+	buf := make([]byte, binary.Size(raw))
+	if len(b) < 48 {
+		return Sample{}, fmt.Errorf("decode sample: %d bytes, want at least 48", len(b))
+	}
+	copy(buf, b)
+	if err := binary.Read(bytes.NewReader(buf), binary.NativeEndian, &raw); err != nil {
 		return Sample{}, fmt.Errorf("decode sample: %w", err)
 	}
 	return Sample{
 		Time:   time.Duration(raw.KtimeNs),
 		Source: netip.AddrFrom16(raw.Addr).Unmap(),
-		ASN:    raw.Asn, RuleID: raw.RuleId, Len: raw.Len, Proto: raw.Proto,
-		SPort: raw.Sport, DPort: raw.Dport, Reason: Reason(raw.Reason), Action: Action(raw.Action),
+		ASN:    raw.Asn, RuleID: raw.RuleId, Len: raw.IpLen, FrameLen: raw.Len, Proto: raw.Proto,
+		SPort: raw.Sport, DPort: raw.Dport, TTL: raw.Ttl, TCPFlags: raw.TcpFlags,
+		Reason: Reason(raw.Reason), Action: Action(raw.Action), Kind: SampleKind(raw.Kind),
+		Passed: Action(raw.Action) != ActDrop, Weight: raw.Weight,
 	}, nil
 }
 
 // Close stops the reader; a blocked Read returns ringbuf.ErrClosed.
 func (s *SampleReader) Close() error { return s.r.Close() }
+
+// SamplingConfig is the data plane's form of the sampling: section: a
+// packet is chosen when a 32-bit random number is below 2^32 / one_in
+// (rounded down: the probability is 1/one_in less at most 2^-32), and at
+// most max_per_second chosen packets are sent per second (a GCRA bucket
+// with a burst of a tenth of a second's worth, at least 1).
+func SamplingConfig(s policy.Sampling) (loader.LimiterEgSampleCfg, error) {
+	var c loader.LimiterEgSampleCfg
+	if s.OneIn == 0 || s.MaxPerSecond == 0 {
+		return c, nil // off
+	}
+	cap, err := BucketConfig(policy.Bucket{Packets: policy.Limit{
+		Rate: policy.Rate{Count: s.MaxPerSecond, Per: time.Second}, Burst: max(s.MaxPerSecond/10, 1)}})
+	if err != nil {
+		return c, fmt.Errorf("sampling.max_per_second: %w", err)
+	}
+	c.Cap = cap
+	c.OneIn = s.OneIn
+	c.Thresh = uint32((uint64(1) << 32) / uint64(s.OneIn))
+	if s.OneIn == 1 {
+		c.Thresh = ^uint32(0) // every packet but 1 in 2^32
+	}
+	return c, nil
+}
+
+// SamplerCounters are the 1-in-N sampler's counters, summed over CPUs.
+type SamplerCounters struct {
+	Chosen uint64 // packets chosen
+	Sent   uint64 // samples sent
+	Capped uint64 // chosen, not sent: over max_per_second
+	Lost   uint64 // chosen, not sent: the ring buffer was full (no reader, or a slow one)
+}
+
+// SamplerCounters reads the 1-in-N sampler's counters.
+func (m *Maps) SamplerCounters() (SamplerCounters, error) {
+	var per []loader.LimiterEgRsampleStats
+	if err := m.o.RateSampleStats.Lookup(uint32(0), &per); err != nil {
+		return SamplerCounters{}, fmt.Errorf("read sampler counters: %w", err)
+	}
+	var out SamplerCounters
+	for _, c := range per {
+		out.Chosen += c.Chosen
+		out.Sent += c.Sent
+		out.Capped += c.Capped
+		out.Lost += c.Lost
+	}
+	return out, nil
+}

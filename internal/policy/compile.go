@@ -32,7 +32,9 @@ type Compiled struct {
 	// space (top-talker reports, explain): SampleBudget.
 	Samples Limit
 	// Standing are the standing rules; KnownGood sorted, deduplicated.
-	Standing   Standing
+	Standing Standing
+	// Sampling is the 1-in-N sampler's settings (sampling:).
+	Sampling   Sampling
 	Interfaces []Interface
 	Tables     Tables
 	Metrics    Metrics
@@ -178,6 +180,7 @@ func Compile(p *Policy, asnData []asn.Entry) (*Compiled, error) {
 		GlobalReserve: p.GlobalReserve,
 		Samples:       SampleBudget(),
 		Standing:      p.Standing,
+		Sampling:      p.Sampling,
 		Interfaces:    slices.Clone(p.Interfaces),
 		Tables:        p.Tables,
 		Metrics:       p.Metrics,

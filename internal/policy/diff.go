@@ -77,6 +77,7 @@ func (d *differ) settings(a, b *Compiled) {
 	d.field("setting malformed", orNone(string(a.Malformed)), orNone(string(b.Malformed)))
 	d.field("setting clock", orNone(string(a.Clock)), orNone(string(b.Clock)))
 	d.bucket("setting global", a.Global, b.Global)
+	d.field("setting sampling", formatSampling(a.Sampling), formatSampling(b.Sampling))
 	ai := map[string]Interface{}
 	for _, i := range a.Interfaces {
 		ai[i.Name] = i

@@ -63,6 +63,8 @@ type Policy struct {
 	// Shield is the shield: section (the adaptive shield, shield.go);
 	// nil without one: the shield is off.
 	Shield *Shield
+	// Sampling is the sampling: section (sampling.go).
+	Sampling Sampling
 }
 
 // Interface is one network interface the XDP program attaches to.

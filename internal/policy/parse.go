@@ -110,9 +110,10 @@ func (ps *parser) parse(data []byte) *Policy {
 		Standing:      DefaultStanding(),
 		Tables:        DefaultTables(),
 		Metrics:       Metrics{Listen: DefaultMetricsListen},
+		Sampling:      DefaultSampling(),
 	}
 	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "shield")
+		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "shield", "sampling")
 	if f == nil {
 		return nil
 	}
@@ -180,6 +181,9 @@ func (ps *parser) parse(data []byte) *Policy {
 	}
 	if n, ok := f["shield"]; ok {
 		p.Shield = ps.shield(n)
+	}
+	if n, ok := f["sampling"]; ok {
+		p.Sampling = ps.sampling(n, p.Sampling)
 	}
 	ps.crossCheck(p, root, listsNode, rulesNode, tableAt)
 	return p
