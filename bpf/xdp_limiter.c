@@ -62,6 +62,7 @@ struct eg_btf_anchor {
 	enum eg_expiry expiry;
 	enum eg_gate gate;
 	enum eg_sample_kind sample_kind;
+	enum eg_fp_field fp_field;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 
@@ -545,7 +546,9 @@ struct src_state {
 	__u32 asn;
 	__u8 agg_mode;
 	__u8 agg_len4, agg_len6; /* the rule's */
-	__u8 _pad3;
+	/* For fingerprints (eg_fingerprint). */
+	__u8 proto, ttl, tcp_flags;
+	__u16 ip_len;
 };
 
 /* reserve_cut is tau * reserve / 65536, without overflow. */
@@ -900,6 +903,82 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 }
 
 
+/* eg_fingerprint matches the packet against the fingerprint rules: one
+ * lookup per mask in use (none when none is installed), first match wins
+ * (masks in the order the daemon wrote them). A match is charged to the
+ * fingerprint's bucket; a refusal drops the packet (1), unless the
+ * fingerprint is a dry run (counted, passed) or the source is validated
+ * (never dropped by a fingerprint: counted as spared, passed). Global:
+ * verified once, out of the main program's states. */
+__attribute__((noinline)) int eg_fingerprint(struct src_state *ss)
+{
+	struct eg_fp_masks *fm;
+	struct eg_fp_stats *st;
+	struct eg_fp_val *fv;
+	struct eg_fp_key *k;
+	__u32 zero = 0, n, f;
+	int i, refused;
+
+	if (!ss)
+		return 0;
+	fm = bpf_map_lookup_elem(&fp_masks, &zero);
+	if (!fm || !fm->n)
+		return 0;
+	n = fm->n;
+	k = bpf_map_lookup_elem(&agg_scratch, &zero);
+	if (!k)
+		return 0;
+	for (i = 0; i < EG_FP_MAX_MASKS; i++) {
+		struct eg_fp_key *fk = (struct eg_fp_key *)k;
+
+		if (i >= n)
+			return 0;
+		f = fm->fields[i];
+		__builtin_memset(fk, 0, sizeof(*fk));
+		fk->fields = f;
+		if (f & EG_FP_PROTO)
+			fk->proto = ss->proto;
+		if (f & EG_FP_DPORT)
+			fk->dport = ss->dport;
+		if (f & EG_FP_SPORT)
+			fk->sport = ss->sport;
+		if (f & EG_FP_LEN)
+			fk->len = ss->ip_len;
+		if (f & EG_FP_TTL)
+			fk->ttl = ss->ttl;
+		if (f & EG_FP_TCP_FLAGS)
+			fk->tcp_flags = ss->tcp_flags;
+		if (f & EG_FP_SRC) {
+			fk->src_len = fm->src_len[i] > 128 ? 128 : fm->src_len[i];
+			mask_addr(fk->addr, ss->addr, fk->src_len);
+		}
+		fv = bpf_map_lookup_elem(&fp_rules, fk);
+		if (!fv || fv->expires <= (ss->now >> EG_TICK_SHIFT))
+			continue;
+		refused = !bucket_limited(&fv->budget) || !bucket_take(&fv->bucket, &fv->budget, ss->now, ss->len);
+		st = bpf_map_lookup_elem(&fp_stats, &fv->id);
+		if (st) {
+			st->matched.packets++;
+			st->matched.bytes += ss->len;
+		}
+		if (!refused)
+			return 0;
+		if (!fv->dry_run && source_class(ss, 0) == EG_CLASS_VALIDATED) {
+			if (st) {
+				st->spared.packets++;
+				st->spared.bytes += ss->len;
+			}
+			return 0;
+		}
+		if (st) {
+			st->dropped.packets++;
+			st->dropped.bytes += ss->len;
+		}
+		return fv->dry_run ? 0 : 1;
+	}
+	return 0;
+}
+
 /* standing_touch is 1 for the first packet of a source address in the
  * current epoch (~1 s) with this salt, 0 after: standing is updated at most
  * once per source per epoch for its admitted packets and once for its
@@ -1200,6 +1279,12 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.agg_mode = rule->agg_mode;
 	ss.agg_len4 = rule->agg_len4;
 	ss.agg_len6 = rule->agg_len6;
+	ss.sport = pi.sport;
+	ss.dport = pi.dport;
+	ss.proto = pi.proto;
+	ss.ttl = pi.ttl;
+	ss.tcp_flags = pi.tcp_flags;
+	ss.ip_len = pi.ip_len;
 	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
 		/* The destination, for bpf_skc_lookup_tcp; parsing already
 		 * bounds-checked these headers, the verifier wants it again. */
@@ -1221,11 +1306,17 @@ int xdp_limiter(struct xdp_md *ctx)
 				ss.tcp = 1;
 			}
 		}
-		ss.sport = pi.sport;
-		ss.dport = pi.dport;
 	}
 
-	/* 4. Buckets. First look, without touching per-source state, whether
+	/* 4. Fingerprint rules (the adaptive shield's): after the lists and
+	 * the rule, before any bucket, so that a fingerprinted flood charges
+	 * no bucket and creates no per-source state. */
+	if (eg_fingerprint(&ss)) {
+		v.reason = EG_R_FINGERPRINT;
+		goto limited;
+	}
+
+	/* 5. Buckets. First look, without touching per-source state, whether
 	 * an aggregate above this source is already empty: then drop at once.
 	 * This is what keeps the per-source table from being churned by a
 	 * spoofed flood whose aggregate is over budget. */

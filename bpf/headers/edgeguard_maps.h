@@ -332,3 +332,26 @@ struct {
 	__type(key, __u32);
 	__type(value, struct eg_rsample_stats);
 } rate_sample_stats SEC(".maps");
+
+/* Fingerprint rules (struct eg_fp_val), keyed by mask and fields. A plain
+ * hash written by the daemon; expired entries are ignored, then deleted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct eg_fp_key);
+	__type(value, struct eg_fp_val);
+} fp_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct eg_fp_masks);
+} fp_masks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct eg_fp_stats);
+} fp_stats SEC(".maps");

@@ -80,7 +80,8 @@ enum eg_reason {
 			       * runs past the end of the frame */
 	EG_R_ICMP_WRONG_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
 				* 58 (ICMPv6), IPv6 next header 1 (ICMP) */
-	EG_R_MAX = 18,
+	EG_R_FINGERPRINT = 18, /* a fingerprint rule's bucket is empty (adaptive shield) */
+	EG_R_MAX = 19,
 };
 
 enum eg_mode {
@@ -376,6 +377,61 @@ struct eg_watch_key {
  * counted. Global bits are set in every slot. All zero: no lookup. */
 enum eg_gate {
 	EG_GATE_WATCH_SHIFT = 8,
+};
+
+/* ---- Fingerprint rules (docs/operations.md, "Fingerprint rules") ----
+ *
+ * A fingerprint matches header fields (those in its mask) and has its own
+ * bucket. Fingerprints are grouped by mask: each distinct mask in use costs
+ * one hash lookup per packet, at most EG_FP_MAX_MASKS; none installed, none. */
+enum eg_fp_field {
+	EG_FP_PROTO = 1 << 0,
+	EG_FP_DPORT = 1 << 1, /* ICMP: the type */
+	EG_FP_SPORT = 1 << 2,
+	EG_FP_LEN = 1 << 3, /* IP total length */
+	EG_FP_TTL = 1 << 4, /* TTL or hop limit */
+	EG_FP_TCP_FLAGS = 1 << 5,
+	EG_FP_SRC = 1 << 6, /* source prefix of src_len (128-bit space) */
+	EG_FP_ALL = (1 << 7) - 1,
+	EG_FP_MAX_MASKS = 8,
+};
+
+/* fp_rules key: the mask and the packet's fields under it (others zero). */
+struct eg_fp_key {
+	__u32 fields;  /* enum eg_fp_field bits */
+	__u8 src_len;  /* with EG_FP_SRC, else 0 */
+	__u8 proto;
+	__u8 ttl;
+	__u8 tcp_flags;
+	__u16 dport;
+	__u16 sport;
+	__u16 len;
+	__u16 _pad;
+	__u8 addr[16]; /* masked to src_len */
+};
+
+struct eg_fp_val {
+	struct eg_bucket_cfg budget; /* zero: every match is refused (unless dry_run) */
+	struct eg_bucket bucket;
+	__u64 expires; /* CLOCK_MONOTONIC ns */
+	__u32 id;
+	__u32 origin; /* enum eg_origin */
+	__u8 dry_run; /* count would-drops, never drop */
+	__u8 _pad[7];
+};
+
+/* The masks in use (fp_masks, one entry). */
+struct eg_fp_masks {
+	__u32 n;
+	__u32 fields[EG_FP_MAX_MASKS];
+	__u8 src_len[EG_FP_MAX_MASKS];
+};
+
+/* Per-fingerprint counters (fp_stats, per CPU, keyed by id). */
+struct eg_fp_stats {
+	struct eg_counter matched;
+	struct eg_counter dropped; /* would-drops for dry-run ones; validated sources are never dropped */
+	struct eg_counter spared;  /* refused by the bucket but validated: passed */
 };
 
 /* Source standing (docs/operations.md, "Standing"): what the data plane

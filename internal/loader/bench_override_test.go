@@ -86,3 +86,37 @@ func watchCase(b *testing.B) *benchCase {
 	c.extras = []extraMetric{ratioTo(c, "pass_asn", cached(b, "pass_asn", passASNCase))}
 	return c
 }
+
+// fingerprintCase is "pass" with n fingerprints installed over masks
+// distinct masks, none of which matches the frame (the common case: a
+// packet of a user checked against the shield's rules): one hash lookup
+// per mask, a miss.
+func fingerprintCase(n, masks int) func(b *testing.B) *benchCase {
+	return func(b *testing.B) *benchCase {
+		bd := loadBench(b, smallSizes)
+		bd.apply(passGen())
+		shapes := []maps.FieldMask{
+			maps.FieldProto | maps.FieldDPort | maps.FieldLen, maps.FieldProto | maps.FieldDPort, maps.FieldDPort | maps.FieldTTL,
+			maps.FieldLen | maps.FieldTTL, maps.FieldProto | maps.FieldTCPFlags, maps.FieldSPort, maps.FieldSrc | maps.FieldDPort,
+			maps.FieldSrc,
+		}
+		exp := time.Now().Add(24 * time.Hour)
+		for i := 0; i < n; i++ {
+			f := maps.Fingerprint{ID: uint32(i + 1), Mask: shapes[i%masks], Proto: 17, DPort: uint16(10000 + i), SPort: uint16(20000 + i),
+				Len: uint16(100 + i%1000), TTL: uint8(1 + i%50), TCPFlags: 0x02,
+				Src: netip.PrefixFrom(netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), 32), Budget: generousRate, Expires: exp}
+			if err := bd.m.SetFingerprint(f); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
+		c.extras = []extraMetric{ratioTo(c, "pass", cached(b, "pass", passCase))}
+		return c
+	}
+}
+
+func passGen() policy.Compiled {
+	g := enforce()
+	g.Rules = []policy.CompiledRule{generousRule(0)}
+	return g
+}

@@ -116,6 +116,8 @@ type LimiterEgBtfAnchor struct {
 	Expiry        uint64
 	Gate          uint32
 	SampleKind    uint32
+	FpField       uint32
+	_             [4]byte
 }
 
 type LimiterEgBucket struct {
@@ -193,6 +195,59 @@ type LimiterEgExpiry uint64
 const (
 	LimiterEgExpiryEG_EXPIRY_FOREVER LimiterEgExpiry = 18446744073709551615
 )
+
+type LimiterEgFpField uint32
+
+const (
+	LimiterEgFpFieldEG_FP_PROTO     LimiterEgFpField = 1
+	LimiterEgFpFieldEG_FP_DPORT     LimiterEgFpField = 2
+	LimiterEgFpFieldEG_FP_SPORT     LimiterEgFpField = 4
+	LimiterEgFpFieldEG_FP_LEN       LimiterEgFpField = 8
+	LimiterEgFpFieldEG_FP_TTL       LimiterEgFpField = 16
+	LimiterEgFpFieldEG_FP_TCP_FLAGS LimiterEgFpField = 32
+	LimiterEgFpFieldEG_FP_SRC       LimiterEgFpField = 64
+	LimiterEgFpFieldEG_FP_ALL       LimiterEgFpField = 127
+	LimiterEgFpFieldEG_FP_MAX_MASKS LimiterEgFpField = 8
+)
+
+type LimiterEgFpKey struct {
+	_        structs.HostLayout
+	Fields   uint32
+	SrcLen   uint8
+	Proto    uint8
+	Ttl      uint8
+	TcpFlags uint8
+	Dport    uint16
+	Sport    uint16
+	Len      uint16
+	Pad      uint16
+	Addr     [16]uint8
+}
+
+type LimiterEgFpMasks struct {
+	_      structs.HostLayout
+	N      uint32
+	Fields [8]uint32
+	SrcLen [8]uint8
+}
+
+type LimiterEgFpStats struct {
+	_       structs.HostLayout
+	Matched LimiterEgCounter
+	Dropped LimiterEgCounter
+	Spared  LimiterEgCounter
+}
+
+type LimiterEgFpVal struct {
+	_       structs.HostLayout
+	Budget  LimiterEgBucketCfg
+	Bucket  LimiterEgBucket
+	Expires uint64
+	Id      uint32
+	Origin  uint32
+	DryRun  uint8
+	Pad     [7]uint8
+}
 
 type LimiterEgGate uint32
 
@@ -307,7 +362,8 @@ const (
 	LimiterEgReasonEG_R_RULE_PASS         LimiterEgReason = 15
 	LimiterEgReasonEG_R_BAD_IP_LENGTH     LimiterEgReason = 16
 	LimiterEgReasonEG_R_ICMP_WRONG_FAMILY LimiterEgReason = 17
-	LimiterEgReasonEG_R_MAX               LimiterEgReason = 18
+	LimiterEgReasonEG_R_FINGERPRINT       LimiterEgReason = 18
+	LimiterEgReasonEG_R_MAX               LimiterEgReason = 19
 )
 
 type LimiterEgRsampleStats struct {
@@ -496,6 +552,9 @@ const (
 	LimiterMapAggWatches      = "agg_watches"
 	LimiterMapClassStats      = "class_stats"
 	LimiterMapConfigs         = "configs"
+	LimiterMapFpMasks         = "fp_masks"
+	LimiterMapFpRules         = "fp_rules"
+	LimiterMapFpStats         = "fp_stats"
 	LimiterMapGlobalBuckets   = "global_buckets"
 	LimiterMapIfaceSlots      = "iface_slots"
 	LimiterMapKnownGood       = "known_good"
@@ -584,6 +643,9 @@ type LimiterMapSpecs struct {
 	AggWatches      *ebpf.MapSpec `ebpf:"agg_watches"`
 	ClassStats      *ebpf.MapSpec `ebpf:"class_stats"`
 	Configs         *ebpf.MapSpec `ebpf:"configs"`
+	FpMasks         *ebpf.MapSpec `ebpf:"fp_masks"`
+	FpRules         *ebpf.MapSpec `ebpf:"fp_rules"`
+	FpStats         *ebpf.MapSpec `ebpf:"fp_stats"`
 	GlobalBuckets   *ebpf.MapSpec `ebpf:"global_buckets"`
 	IfaceSlots      *ebpf.MapSpec `ebpf:"iface_slots"`
 	KnownGood       *ebpf.MapSpec `ebpf:"known_good"`
@@ -648,6 +710,9 @@ type LimiterMaps struct {
 	AggWatches      *ebpf.Map `ebpf:"agg_watches"`
 	ClassStats      *ebpf.Map `ebpf:"class_stats"`
 	Configs         *ebpf.Map `ebpf:"configs"`
+	FpMasks         *ebpf.Map `ebpf:"fp_masks"`
+	FpRules         *ebpf.Map `ebpf:"fp_rules"`
+	FpStats         *ebpf.Map `ebpf:"fp_stats"`
 	GlobalBuckets   *ebpf.Map `ebpf:"global_buckets"`
 	IfaceSlots      *ebpf.Map `ebpf:"iface_slots"`
 	KnownGood       *ebpf.Map `ebpf:"known_good"`
@@ -684,6 +749,9 @@ func (m *LimiterMaps) Close() error {
 		m.AggWatches,
 		m.ClassStats,
 		m.Configs,
+		m.FpMasks,
+		m.FpRules,
+		m.FpStats,
 		m.GlobalBuckets,
 		m.IfaceSlots,
 		m.KnownGood,

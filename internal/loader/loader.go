@@ -171,6 +171,8 @@ func pinnedMaps() []string {
 		// The 1-in-N sampler: settings per generation (with configs), its
 		// cap, counters and ring buffer.
 		LimiterMapSampleCfgs, LimiterMapRateSampleCap, LimiterMapRateSampleStats, LimiterMapRateSamples,
+		// Fingerprint rules stay in force across a crash until they expire.
+		LimiterMapFpRules, LimiterMapFpMasks, LimiterMapFpStats,
 	}
 }
 
