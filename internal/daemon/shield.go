@@ -184,13 +184,6 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Compiled, table *asn.Table, now time.Time) []shield.Change {
 	st := d.shield
 	cfg := shieldConfig(pol.Shield)
-	if cfg.Fingerprints && !fingerprintRules {
-		// Decided but never written, every interval: say it once.
-		cfg.Fingerprints = false
-		if pol.Shield != nil && pol.Shield.Mode != policy.ShieldOff && st.gen == 0 {
-			d.log.Warn("shield: this data plane has no fingerprint rules; shield.actions.fingerprints is ignored (tighten actions only)")
-		}
-	}
 	slots := map[uint32]uint32{}
 	if byID, err := d.m.RuleSlots(); err == nil {
 		for id, slot := range byID {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"net/netip"
@@ -174,5 +173,3 @@ func asnOfPrefix(t *asn.Table) func(netip.Prefix) uint32 {
 		return 0
 	}
 }
-
-var errNoFingerprints = errors.New("the data plane has no fingerprint rules yet")

@@ -3,6 +3,9 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
 
@@ -49,8 +52,35 @@ func (d *Daemon) readRateSamples(ctx context.Context) error {
 	}
 }
 
-// fingerprintRules says whether the data plane has fingerprint rules.
-const fingerprintRules = false
+// fieldMasks maps the shield's fingerprint fields to the data plane's.
+var fieldMasks = []struct {
+	s shield.FieldMask
+	m maps.FieldMask
+}{
+	{shield.FProto, maps.FieldProto}, {shield.FDPort, maps.FieldDPort}, {shield.FSPort, maps.FieldSPort},
+	{shield.FLen, maps.FieldLen}, {shield.FTTL, maps.FieldTTL}, {shield.FTCPFlags, maps.FieldTCPFlags},
+	{shield.FSrc, maps.FieldSrc},
+}
 
-// writeFingerprint writes a fingerprint rule.
-func (d *Daemon) writeFingerprint(c shield.Change) error { return errNoFingerprints }
+// writeFingerprint writes (or deletes) a fingerprint rule; its id is the
+// action's.
+func (d *Daemon) writeFingerprint(c shield.Change) error {
+	a := c.Action
+	if c.Op == shield.OpRemove {
+		return d.m.DeleteFingerprint(a.ID)
+	}
+	f := a.Fingerprint
+	if f == nil {
+		return fmt.Errorf("shield action %d: no fingerprint", a.ID)
+	}
+	var mask maps.FieldMask
+	for _, fm := range fieldMasks {
+		if f.Mask&fm.s != 0 {
+			mask |= fm.m
+		}
+	}
+	n := uint64(math.Ceil(a.Budget))
+	return d.m.SetFingerprint(maps.Fingerprint{ID: a.ID, Mask: mask, Proto: f.Proto, DPort: f.DPort, SPort: f.SPort,
+		Len: f.Len, TTL: f.TTL, TCPFlags: f.TCPFlags, Src: f.Src,
+		Budget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)}, Expires: a.Expires, Origin: maps.OriginShield})
+}

@@ -315,3 +315,59 @@ func TestShieldControlHostile(t *testing.T) {
 		}
 	}
 }
+
+// TestShieldFingerprintThroughMaps: a flood from random sources to one
+// port with one length, on a real data plane with 1-in-1 samples, becomes
+// a shield fingerprint rule in the data plane that names the port and the
+// length, and the flood's packets are dropped by it while users' pass.
+func TestShieldFingerprintThroughMaps(t *testing.T) {
+	dir := t.TempDir()
+	asnPath := filepath.Join(dir, "ip2asn.tsv")
+	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
+	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
+	ctx, cancel := context.WithCancel(context.Background())
+	readerDone := make(chan error, 1)
+	go func() { readerDone <- d.readRateSamples(ctx) }()
+	t.Cleanup(func() { cancel(); <-readerDone })
+	run := func(frame []byte, n int) uint32 {
+		t.Helper()
+		ret, err := d.dp.Objects.XdpLimiter.Run(&ebpf.RunOptions{Data: frame, Repeat: uint32(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ret
+	}
+	now := time.Now()
+	sec := func(flood bool) {
+		run(packet.UDP4("198.18.0.1", 40000, 443, 64), 150)
+		run(packet.UDP4("198.20.0.1", 40001, 443, 200), 150)
+		if flood {
+			for i := range 10 {
+				run(packet.UDP4(fmt.Sprintf("198.19.%d.%d", i*7, i+1), uint16(1000+i), 9999, 100), 300)
+			}
+		}
+		time.Sleep(30 * time.Millisecond) // the reader delivers this second's samples
+		now = now.Add(time.Second)
+		d.shieldTick(now)
+	}
+	for range 40 {
+		sec(false)
+	}
+	for range 6 {
+		sec(true)
+	}
+	fps, err := d.m.Fingerprints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fps) != 1 || fps[0].Origin != maps.OriginShield || fps[0].Mask&maps.FieldDPort == 0 || fps[0].DPort != 9999 {
+		t.Fatalf("fingerprints %+v; actions %+v", fps, d.ShieldReport(5).Actions)
+	}
+	const xdpPass = 2
+	if ret := run(packet.UDP4("198.19.200.1", 5555, 9999, 100), 1000); ret == xdpPass {
+		t.Errorf("a flood packet past its fingerprint's budget passed")
+	}
+	if ret := run(packet.UDP4("198.18.0.1", 40000, 443, 64), 1); ret != xdpPass {
+		t.Errorf("a user's packet got %d", ret)
+	}
+}
