@@ -77,6 +77,7 @@ type aggState struct {
 	// daemon.
 	curPkts, curBits float64 // short EWMA, per second
 	accPkts, accBits float64 // this interval's weight
+	accN, curN       float64 // samples this interval; their EWMA, per second
 	det              detector
 	own, explained   float64 // surge attribution since the surge began
 	shape            RuleShape

@@ -235,6 +235,7 @@ const (
 	scansPerTick    = 1024 // victim searches per interval, each O(MaxAggregates)
 	fingerprintKeys = 4    // at most this many surge summaries per MaxActive
 	pendingCap      = 4096
+	minSurgeSamples = 20
 )
 
 // New makes an engine.
@@ -320,6 +321,7 @@ func (e *Engine) Observe(s Sample) {
 		if !isCounted {
 			a.accPkts += s.Weight
 			a.accBits += 8 * bytes
+			a.accN++
 		}
 		if !a.det.hot() {
 			continue
@@ -464,14 +466,20 @@ func (e *Engine) Tick(now time.Time) []Change {
 	becameHot := false
 	for k, a := range e.tracked {
 		pr, br := a.accPkts/sec, a.accBits/sec
-		a.accPkts, a.accBits = 0, 0
+		a.curN += alpha * (a.accN/sec - a.curN)
+		a.accPkts, a.accBits, a.accN = 0, 0, 0
 		if pr > 0 {
 			a.Seen = now
 		}
 		a.curPkts += alpha * (pr - a.curPkts)
 		a.curBits += alpha * (br - a.curBits)
 		base := a.baseline(e.cfg.Percentile)
-		if a.Learned >= e.cfg.LearnFor {
+		// A rate made of a handful of 1-in-N samples is noise (one sample
+		// of weight 1024 in an interval reads as 1024/s): an aggregate
+		// learned from samples starts a surge only with at least
+		// minSurgeSamples samples in its current window.
+		resolved := counted(k, a.shape, e.global) || a.curN*e.cfg.Current.Seconds() >= minSurgeSamples || a.det.hot()
+		if a.Learned >= e.cfg.LearnFor && resolved {
 			wasHot, wasSurging := a.det.hot(), a.det.surging()
 			if a.det.step(now, a.curPkts, base, e.cfg.Detect) {
 				out = append(out, e.surgeEnded(k, now)...)

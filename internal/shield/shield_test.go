@@ -587,3 +587,23 @@ func TestReconfigureDropsGoneAggregates(t *testing.T) {
 		t.Fatalf("reconfigure: %+v", ch)
 	}
 }
+
+// TestSparseSamplesNoSurge: an aggregate seen through one 1-in-1024
+// sample now and then (each reads as 1024/s in its interval) never
+// surges on that noise.
+func TestSparseSamplesNoSurge(t *testing.T) {
+	s := newSim(t, testConfig())
+	mk := udpFrom(64999, "198.51.100.0/24", 7777)
+	for i := range 600 {
+		if i%25 == 0 || (i > 300 && i < 306) { // a sample every 25 s, then five in a row
+			smp := mk(s.rng)
+			smp.Weight = 1024
+			s.e.Observe(smp)
+		}
+		s.now = s.now.Add(time.Second)
+		s.changes = append(s.changes, s.e.Tick(s.now)...)
+	}
+	if surges, _ := s.e.Counts(); surges != 0 || len(s.changes) != 0 {
+		t.Fatalf("%d surges, changes %+v on sampling noise", surges, s.changes)
+	}
+}
