@@ -95,6 +95,9 @@ func printExplanation(out io.Writer, e control.Explanation) {
 		fmt.Fprintf(w, "standing\t%s\n", line)
 	}
 	printExplainSYN(w, e.SYN)
+	for _, a := range e.Shield {
+		fmt.Fprintf(w, "shield\t%s\n", shieldExplainLine(a))
+	}
 	w.Flush()
 	if len(e.Buckets) > 0 {
 		fmt.Fprintln(out)

@@ -40,6 +40,7 @@ func newRootCommand() *cobra.Command {
 		newStatsCommand(), newTopCommand(), newPolicyCommand(), newListCommand(control.Deny),
 		newListCommand(control.Allow), newASNCommand(), newDemoCommand(), newExplainCommand())
 	root.AddCommand(newFleetCommand())
+	root.AddCommand(newShieldCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
 }

@@ -47,6 +47,10 @@ type Explanation struct {
 	// Samples are the last drop samples the data plane sent for this
 	// address (newest last), from the daemon's memory of the last ones.
 	Samples []ExplainSample `json:"samples"`
+	// Shield are the adaptive shield's actions on the packet's path: a
+	// tightened aggregate it belongs to, or a fingerprint it matches (TTL
+	// and TCP flags are not compared: the probe has none).
+	Shield []ShieldAction `json:"shield,omitempty"`
 }
 
 // ExplainPacket is the probe packet.

@@ -211,6 +211,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 	})
 	d.explainRoutes(mux)
 	d.fleetRoutes(mux)
+	d.shieldRoutes(mux)
 	return mux
 }
 

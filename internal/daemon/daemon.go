@@ -144,6 +144,7 @@ type Daemon struct {
 	standing    *standingWatch // congestion state (standing.go)
 	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
 	fleet       fleetLink      // fleet mode (fleet.go)
+	shield      *shieldRun     // the adaptive shield (shield.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -295,6 +296,7 @@ func newDaemon(o Options) *Daemon {
 		recent:      newRecentSamples(),
 		escalations: make(chan control.ListChange, 256),
 		standing:    &standingWatch{},
+		shield:      newShieldRun(),
 	}
 	d.reg = d.newRegistry()
 	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops})
@@ -579,6 +581,8 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("standing", d.watchStanding)
 	run("link watch", d.watchLinks)
 	run("fleet", d.runFleet)
+	run("shield", d.runShield)
+	run("shield samples", d.readRateSamples)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()

@@ -153,6 +153,7 @@ func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
 		names[slot] = d.cur.names[id]
 	}
 	e.Samples = d.recent.of(ip, 10, names)
+	e.Shield = d.shieldOnPath(p, path, rule)
 	e.Why = explainWhy(e, path)
 	return e, nil
 }

@@ -33,6 +33,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(d.controlCollectors()...)
 	reg.MustRegister(newSynCollector(d))
 	reg.MustRegister(fleetCollector{d})
+	reg.MustRegister(newShieldCollector(d)...)
 	return reg
 }
 

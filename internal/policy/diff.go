@@ -433,6 +433,7 @@ func DiffSections(from, to *Policy) []Change {
 		}
 	}
 	d.fleet(from, to)
+	d.shield(from.Shield, to.Shield)
 	return d.out
 }
 

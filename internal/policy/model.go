@@ -60,6 +60,9 @@ type Policy struct {
 	// SYN is the syn: section (SYN cookies in the data plane, syn.go);
 	// nil without one.
 	SYN *SYN
+	// Shield is the shield: section (the adaptive shield, shield.go);
+	// nil without one: the shield is off.
+	Shield *Shield
 	// Sampling is the sampling: section (sampling.go).
 	Sampling Sampling
 	// Fleet is the fleet: section (fleet.go); nil without one.

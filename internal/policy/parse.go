@@ -113,7 +113,7 @@ func (ps *parser) parse(data []byte) *Policy {
 		Sampling:      DefaultSampling(),
 	}
 	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "sampling", "fleet")
+		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "shield", "sampling", "fleet")
 	if f == nil {
 		return nil
 	}
@@ -178,6 +178,9 @@ func (ps *parser) parse(data []byte) *Policy {
 	}
 	if n, ok := f["syn"]; ok {
 		p.SYN = ps.syn(n)
+	}
+	if n, ok := f["shield"]; ok {
+		p.Shield = ps.shield(n)
 	}
 	if n, ok := f["sampling"]; ok {
 		p.Sampling = ps.sampling(n, p.Sampling)

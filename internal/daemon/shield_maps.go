@@ -1,0 +1,175 @@
+package daemon
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/asn"
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/shield"
+)
+
+// The shield's side of the maps: which aggregates the data plane counts
+// for it, the counters it reads every interval, and the overrides it
+// writes.
+
+// watchShield asks the data plane to count every instance of the
+// aggregates the shield can tighten (prefix, ASN, whole, global) and
+// returns the rule shapes with Counted set where it does.
+func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, shield.GlobalShape) {
+	shapes := ruleShapes(c)
+	for id, s := range shapes {
+		ok := true
+		watch := func(kind maps.AggKind) {
+			if err := d.m.WatchAggregates(id, kind); err != nil {
+				ok = false
+				d.log.Warn("shield: the data plane does not count this rule's aggregates; the shield learns them from samples",
+					"rule", id, "kind", kind, "err", err)
+			}
+		}
+		if s.PrefixLen4 != 0 || s.PrefixLen6 != 0 {
+			watch(maps.AggKindPrefix)
+		}
+		if s.Whole {
+			watch(maps.AggKindWhole)
+		}
+		if s.ASN {
+			watch(maps.AggKindASN)
+		}
+		s.Counted = ok
+		shapes[id] = s
+	}
+	g := shield.GlobalShape{Limited: c.Global.IsSet()}
+	if g.Limited {
+		if err := d.m.WatchAggregates(0, maps.AggKindGlobal); err != nil {
+			d.log.Warn("shield: the data plane does not count the global bucket", "err", err)
+		} else {
+			g.Counted = true
+		}
+	}
+	return shapes, g
+}
+
+// shieldKey is the shield's key of a data-plane aggregate.
+func shieldKey(a maps.Aggregate) (shield.Key, bool) {
+	switch a.Kind {
+	case maps.AggKindPrefix:
+		return shield.Key{Kind: shield.KindPrefix, Rule: a.RuleID, Prefix: a.Prefix}, true
+	case maps.AggKindASN:
+		return shield.Key{Kind: shield.KindASN, Rule: a.RuleID, ASN: a.ASN}, true
+	case maps.AggKindWhole:
+		return shield.Key{Kind: shield.KindRule, Rule: a.RuleID}, true
+	case maps.AggKindGlobal:
+		return shield.Key{Kind: shield.KindGlobal}, true
+	}
+	return shield.Key{}, false
+}
+
+// mapsAggregate is the data-plane aggregate of a tightenable key.
+func mapsAggregate(k shield.Key) (maps.Aggregate, error) {
+	switch k.Kind {
+	case shield.KindPrefix:
+		return maps.Aggregate{RuleID: k.Rule, Kind: maps.AggKindPrefix, Prefix: k.Prefix}, nil
+	case shield.KindASN:
+		return maps.Aggregate{RuleID: k.Rule, Kind: maps.AggKindASN, ASN: k.ASN}, nil
+	case shield.KindRule:
+		return maps.Aggregate{RuleID: k.Rule, Kind: maps.AggKindWhole}, nil
+	case shield.KindGlobal:
+		return maps.Aggregate{Kind: maps.AggKindGlobal}, nil
+	}
+	return maps.Aggregate{}, fmt.Errorf("%s has no bucket in the data plane", k)
+}
+
+// aggCounts remembers the last counter reading of each aggregate, for
+// deltas.
+type aggCounts map[maps.Aggregate]maps.Counter
+
+// countShield feeds the counters' deltas since the last interval to the
+// engine. A counter that went down was evicted and restarted: its delta
+// is what it holds now.
+func (d *Daemon) countShield(eng *shield.Engine) {
+	st := d.shield
+	cs, err := d.m.AggregateCounters()
+	if err != nil {
+		d.log.Warn("shield: read aggregate counters", "err", err)
+		return
+	}
+	next := make(aggCounts, len(cs))
+	for _, c := range cs {
+		cur := maps.Counter{Packets: c.Passed.Packets + c.Dropped.Packets, Bytes: c.Passed.Bytes + c.Dropped.Bytes}
+		next[c.Aggregate] = cur
+		prev, seen := st.counts[c.Aggregate]
+		if !seen && st.counts != nil {
+			prev = maps.Counter{} // new since the last reading
+		} else if !seen {
+			continue // the first reading is the starting point
+		}
+		dp, db := cur.Packets-prev.Packets, cur.Bytes-prev.Bytes
+		if cur.Packets < prev.Packets {
+			dp, db = cur.Packets, cur.Bytes
+		}
+		if k, ok := shieldKey(c.Aggregate); ok && dp > 0 {
+			eng.Count(k, float64(dp), float64(db))
+		}
+	}
+	st.counts = next
+}
+
+// toShieldSample resolves a ring-buffer sample for the shield: only the
+// data plane's 1-in-N samples carry a weight that stands for a rate.
+func toShieldSample(s maps.Sample, slotToID map[uint32]uint32, table *asn.Table) (shield.Sample, bool) {
+	w, ok := sampleWeight(s)
+	if !ok || !s.Source.IsValid() {
+		return shield.Sample{}, false
+	}
+	id, ok := slotToID[s.RuleID]
+	if !ok {
+		return shield.Sample{}, false
+	}
+	out := shield.Sample{Src: s.Source, ASN: s.ASN, Rule: id, Proto: s.Proto, SPort: s.SPort, DPort: s.DPort,
+		Len: s.Len, Weight: w}
+	sampleFields(&out, s)
+	if table != nil {
+		if e, ok := table.Lookup(s.Source); ok {
+			out.Country = e.Country
+		}
+	}
+	return out, true
+}
+
+// writeShieldChange writes an enforced change to the data plane.
+func (d *Daemon) writeShieldChange(c shield.Change) error {
+	a := c.Action
+	switch a.Kind {
+	case shield.Tighten:
+		agg, err := mapsAggregate(a.Key)
+		if err != nil {
+			return err
+		}
+		if c.Op == shield.OpRemove {
+			return d.m.DeleteOverride(agg)
+		}
+		n := uint64(math.Ceil(a.Budget))
+		return d.m.SetOverride(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},
+			Expires: a.Expires, Origin: maps.OriginShield})
+	case shield.FingerprintRule:
+		return d.writeFingerprint(c)
+	}
+	return fmt.Errorf("shield action kind %q unknown", a.Kind)
+}
+
+// asnOfPrefix is the ASN data's ASN of a prefix (of its first address).
+func asnOfPrefix(t *asn.Table) func(netip.Prefix) uint32 {
+	return func(p netip.Prefix) uint32 {
+		if t == nil {
+			return 0
+		}
+		if e, ok := t.Lookup(p.Addr()); ok {
+			return e.ASN
+		}
+		return 0
+	}
+}

@@ -1,0 +1,86 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/shield"
+)
+
+// sampleWeight is how many packets a sample stands for: only the data
+// plane's 1-in-N samples (SampleRate) stand for a rate.
+func sampleWeight(s maps.Sample) (float64, bool) {
+	if s.Kind != maps.SampleRate || s.Weight == 0 {
+		return 0, false
+	}
+	return float64(s.Weight), true
+}
+
+// sampleFields copies the header fields 1-in-N samples carry.
+func sampleFields(out *shield.Sample, s maps.Sample) {
+	out.TTL, out.TCPFlags, out.Passed = s.TTL, s.TCPFlags, s.Passed
+}
+
+// readRateSamples feeds the data plane's 1-in-N samples (their own ring
+// buffer, one reader) to the shield. Without the ring buffer the shield
+// learns from the aggregate counters alone.
+func (d *Daemon) readRateSamples(ctx context.Context) error {
+	r, err := d.m.NewRateSampleReader()
+	if err != nil {
+		d.log.Warn("shield: no 1-in-N samples; it learns from the aggregate counters alone", "err", err)
+		return nil
+	}
+	go func() {
+		<-ctx.Done()
+		r.Close()
+	}()
+	for {
+		s, err := r.Read()
+		if err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		d.shieldSample(s)
+	}
+}
+
+// fieldMasks maps the shield's fingerprint fields to the data plane's.
+var fieldMasks = []struct {
+	s shield.FieldMask
+	m maps.FieldMask
+}{
+	{shield.FProto, maps.FieldProto}, {shield.FDPort, maps.FieldDPort}, {shield.FSPort, maps.FieldSPort},
+	{shield.FLen, maps.FieldLen}, {shield.FTTL, maps.FieldTTL}, {shield.FTCPFlags, maps.FieldTCPFlags},
+	{shield.FSrc, maps.FieldSrc},
+}
+
+// writeFingerprint writes (or deletes) a fingerprint rule; its id is the
+// action's.
+func (d *Daemon) writeFingerprint(c shield.Change) error {
+	a := c.Action
+	if c.Op == shield.OpRemove {
+		return d.m.DeleteFingerprint(a.ID)
+	}
+	f := a.Fingerprint
+	if f == nil {
+		return fmt.Errorf("shield action %d: no fingerprint", a.ID)
+	}
+	var mask maps.FieldMask
+	for _, fm := range fieldMasks {
+		if f.Mask&fm.s != 0 {
+			mask |= fm.m
+		}
+	}
+	n := uint64(math.Ceil(a.Budget))
+	return d.m.SetFingerprint(maps.Fingerprint{ID: a.ID, Mask: mask, Proto: f.Proto, DPort: f.DPort, SPort: f.SPort,
+		Len: f.Len, TTL: f.TTL, TCPFlags: f.TCPFlags, Src: f.Src,
+		Budget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)}, Expires: a.Expires, Origin: maps.OriginShield})
+}
