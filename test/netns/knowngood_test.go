@@ -453,18 +453,19 @@ func TestKnownGoodSpoofedFromUsersPrefix(t *testing.T) {
 // established while it lasts (history gathered during congestion does not
 // count). A new source's packet is admitted when it finds the aggregate
 // below the new-source tolerance, which the flood refills to as soon as a
-// token is back: against a Poisson flood (independent bots) the first
-// request of a user's burst gets what a bot packet gets (a packet at a
-// random instant sees the time average). The requests right behind it get
-// less against a smooth flood (the token the first took was the only one)
-// and about as much when the flood comes in clumps (a busy generator), so
-// only the opening requests are compared. Against evenly spaced flood
-// packets, arrivals got 1-2.5% of their requests through where a bot packet
-// got 13% (the regression the fifth session reported: the flood model, not
-// the data plane). Asserted: the arrivals' opening requests get at least a
-// bot packet's share, less three standard errors; all their requests stay
-// far below the established users' (under 90%); none of them is
-// established after the attack.
+// token is back. What their requests get then depends on the flood's
+// timing, not on the data plane (a new user and a bot are treated alike
+// per packet): against independent bots (Poisson) the first request of a
+// user's burst gets a bot packet's odds; against evenly spaced packets
+// much less (3.5% in the reference model); against clumps more. The
+// reference model pins each case on exact clocks
+// (internal/refmodel TestArrivalsAgainstFloodTiming); this generator's
+// timing depends on the machine's load (a quiet machine measured 2.8%,
+// a loaded one 14-32%, against a bot's 13%), so here only what holds for
+// every timing is asserted: arrivals are not shut out (some opening
+// requests get through), all their requests stay far below the
+// established users' (under 90%), and none of them is established after
+// the attack. The shares are reported.
 func TestKnownGoodUsersArrivingDuringAttack(t *testing.T) {
 	const arrivals = 4
 	s := newBotnetScenario(t, false, arrivals)
@@ -481,9 +482,8 @@ func TestKnownGoodUsersArrivingDuringAttack(t *testing.T) {
 		"margin of the opening requests to a bot's share less 3 standard errors (%.1f points): %+.1f points",
 		r.arrived, r.arrived.OpeningReplied, r.arrived.Opening, 100*open, 100*botShare, r.botPassed, r.flood.Sent,
 		300*se, 100*(open-(botShare-3*se)))
-	if open < botShare-3*se {
-		t.Errorf("arrivals' opening requests got %.1f%%, want at least a bot packet's %.1f%% less 3 standard errors (%.1f points)",
-			100*open, 100*botShare, 300*se)
+	if r.arrived.OpeningReplied == 0 {
+		t.Errorf("arrivals' opening requests: none of %d got through; new sources must share the leftover of the budget", r.arrived.Opening)
 	}
 	if got := r.arrived.Success(); got >= 0.9 {
 		t.Errorf("arrivals' success %.1f%%: new sources should stay far below the established users (want under 90%%)", 100*got)
