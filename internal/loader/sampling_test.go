@@ -5,10 +5,12 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
@@ -114,6 +116,10 @@ func TestRateSamplingEstimate(t *testing.T) {
 // sent, and the next sample of the CPU carries their weight: the weights
 // always add up to one_in times the packets chosen.
 func TestRateSamplingCapKeepsWeight(t *testing.T) {
+	// The weight of capped packets is carried per CPU (to that CPU's next
+	// sample): every run of this test must be on one CPU, or the second
+	// sample comes from a CPU that carries nothing.
+	pinToOneCPU(t)
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(ovrStart)
 	td.apply(samplingGen(16, 10)) // 10/s, a burst of 1
@@ -167,4 +173,26 @@ func TestRateSamplingOff(t *testing.T) {
 	if c.Chosen != 0 {
 		t.Fatalf("sampling off: %+v", c)
 	}
+}
+
+// pinToOneCPU keeps the calling goroutine on its OS thread and that thread
+// on CPU 0 until the test ends (BPF_PROG_TEST_RUN runs the program on the
+// calling thread's CPU).
+func pinToOneCPU(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("sched_getaffinity: %v", err)
+	}
+	one.Set(0)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("sched_setaffinity: %v", err)
+	}
+	t.Cleanup(func() {
+		unix.SchedSetaffinity(0, &old)
+		runtime.UnlockOSThread()
+	})
 }
