@@ -2,12 +2,9 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/shield"
@@ -36,20 +33,7 @@ func (d *Daemon) readRateSamples(ctx context.Context) error {
 		d.log.Warn("shield: no 1-in-N samples; it learns from the aggregate counters alone", "err", err)
 		return nil
 	}
-	go func() {
-		<-ctx.Done()
-		r.Close()
-	}()
-	for {
-		s, err := r.Read()
-		if err != nil {
-			if errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		d.shieldSample(s)
-	}
+	return readRing(ctx, r, d.shieldSample)
 }
 
 // fieldMasks maps the shield's fingerprint fields to the data plane's.

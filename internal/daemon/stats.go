@@ -343,6 +343,16 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return readRing(ctx, r, func(s maps.Sample) {
+		now := time.Now()
+		d.top.add(now, s)
+		d.recent.add(now, s)
+	})
+}
+
+// readRing hands each sample of r to each until ctx ends (which closes r)
+// or the ring fails.
+func readRing(ctx context.Context, r *maps.SampleReader, each func(maps.Sample)) error {
 	go func() {
 		<-ctx.Done()
 		r.Close()
@@ -355,8 +365,6 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 			}
 			return err
 		}
-		now := time.Now()
-		d.top.add(now, s)
-		d.recent.add(now, s)
+		each(s)
 	}
 }
