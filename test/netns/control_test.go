@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -483,14 +484,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 // get fetches a path of the metrics listener from inside the namespace.
 func (h *daemonHarness) get(path string) (int, string) {
 	h.t.Helper()
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.edge.Do(func() (err error) {
-			c, err = net.DialTimeout(network, addr, 5*time.Second)
-			return err
-		})
-		return c, err
-	}}
+	tr := nsTransport(h.edge, netip.Addr{}, 5*time.Second)
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://127.0.0.1:19469" + path)
 	if err != nil {

@@ -119,14 +119,7 @@ func (h *daemonHarness) status() control.Status {
 // scrape fetches /metrics from inside the edge namespace.
 func (h *daemonHarness) scrape() map[string]*dto.MetricFamily {
 	h.t.Helper()
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.edge.Do(func() (err error) {
-			c, err = net.DialTimeout(network, addr, 5*time.Second)
-			return err
-		})
-		return c, err
-	}}
+	tr := nsTransport(h.edge, netip.Addr{}, 5*time.Second)
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://127.0.0.1:19469/metrics")
 	if err != nil {

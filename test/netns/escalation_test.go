@@ -1,11 +1,9 @@
 package netns_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -49,34 +47,17 @@ func TestL7EscalationToNIC(t *testing.T) {
 	h := newDaemonHarness(t, s.Edge)
 
 	// The upstream: a plain HTTP server inside the edge namespace.
-	var upLn net.Listener
-	if err := s.Edge.Do(func() (err error) {
-		upLn, err = net.Listen("tcp", netip.AddrPortFrom(c.EdgeAddr4, 9200).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	go up.Serve(upLn)
-	t.Cleanup(func() { up.Close() })
+	upAddr := serveHTTP(t, s.Edge, netip.AddrPortFrom(c.EdgeAddr4, 9200), func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 
 	proxyAddr := netip.AddrPortFrom(c.EdgeAddr4, 8080)
-	if err := os.WriteFile(h.Config, []byte(fmt.Sprintf(escalationPolicy, proxyAddr, upLn.Addr())), 0o644); err != nil {
+	if err := os.WriteFile(h.Config, []byte(fmt.Sprintf(escalationPolicy, proxyAddr, upAddr)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	h.start()
 	defer h.stop(syscall.SIGTERM)
 
 	// An HTTP client in the client namespace, from its main address.
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var conn net.Conn
-		err := c.NS.Do(func() (err error) {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Src4, 0))}
-			conn, err = d.DialContext(ctx, network, addr)
-			return err
-		})
-		return conn, err
-	}}
+	tr := nsTransport(c.NS, c.Src4, 2*time.Second)
 	client := &http.Client{Transport: tr, Timeout: 3 * time.Second}
 	codes := map[int]int{}
 	for i := 0; i < 6; i++ {

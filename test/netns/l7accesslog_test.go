@@ -2,11 +2,9 @@ package netns_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -51,38 +49,19 @@ func TestL7AccessLogReopen(t *testing.T) {
 	c := s.Clients[0]
 	h := newDaemonHarness(t, s.Edge)
 
-	var upLn net.Listener
-	if err := s.Edge.Do(func() (err error) {
-		upLn, err = net.Listen("tcp", netip.AddrPortFrom(c.EdgeAddr4, 9202).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upAddr := serveHTTP(t, s.Edge, netip.AddrPortFrom(c.EdgeAddr4, 9202), func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/missing" {
 			w.WriteHeader(http.StatusNotFound)
 		}
 		io.WriteString(w, "ok")
-	})}
-	go up.Serve(upLn)
-	t.Cleanup(func() { up.Close() })
+	})
 
 	proxyAddr := netip.AddrPortFrom(c.EdgeAddr4, 8083)
 	logPath := filepath.Join(t.TempDir(), "access.log")
-	if err := os.WriteFile(h.Config, []byte(fmt.Sprintf(l7AccessLogPolicy, proxyAddr, upLn.Addr(), logPath)), 0o644); err != nil {
+	if err := os.WriteFile(h.Config, []byte(fmt.Sprintf(l7AccessLogPolicy, proxyAddr, upAddr, logPath)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := c.NS.Do(func() (err error) {
-				d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Src4, 0))}
-				conn, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		}}}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: nsTransport(c.NS, c.Src4, 3*time.Second)}
 	get := func(path string) int {
 		t.Helper()
 		resp, err := client.Get("http://" + proxyAddr.String() + path)

@@ -51,24 +51,15 @@ func TestL7StageEngineThroughDaemon(t *testing.T) {
 	c := s.Clients[0]
 	h := newDaemonHarness(t, s.Edge)
 
-	var upLn net.Listener
-	if err := s.Edge.Do(func() (err error) {
-		upLn, err = net.Listen("tcp", netip.AddrPortFrom(c.EdgeAddr4, 9201).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upAddr := serveHTTP(t, s.Edge, netip.AddrPortFrom(c.EdgeAddr4, 9201), func(w http.ResponseWriter, r *http.Request) {
 		w.Header()["x-raw-case"] = []string{"1"}
 		io.WriteString(w, "ok")
-	})}
-	go up.Serve(upLn)
-	t.Cleanup(func() { up.Close() })
+	})
 
 	proxyAddr := netip.AddrPortFrom(c.EdgeAddr4, 8081)
 	write := func(listen netip.AddrPort, engine string) {
 		t.Helper()
-		data := fmt.Sprintf(l7StagePolicy, listen, upLn.Addr(), engine)
+		data := fmt.Sprintf(l7StagePolicy, listen, upAddr, engine)
 		if err := os.WriteFile(h.Config+".new", []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
