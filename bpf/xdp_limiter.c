@@ -968,13 +968,16 @@ __attribute__((noinline)) int eg_fingerprint(struct src_state *ss)
 	cand = h & 0xff; /* EG_FP_PRE_H_USED */
 	if (!cand)
 		return 0;
-	/* Most selective first: the shield's masks nearly all name a port. */
+	/* The fields the shield's masks (internal/shield Masks) name, most
+	 * selective first: every mask of the shield names the protocol, most
+	 * a port, the others the source port, the length or the source; TTL
+	 * and flags come only with those. */
 	fp_narrow(cand, EG_FP_PRE_H_DPORT, h, EG_FP_PRE_DPORT, ss->dport);
 	fp_narrow(cand, EG_FP_PRE_H_SPORT, h, EG_FP_PRE_SPORT, ss->sport);
 	fp_narrow(cand, EG_FP_PRE_H_LEN, h, EG_FP_PRE_LEN, ss->ip_len);
+	fp_narrow(cand, EG_FP_PRE_H_SRC, h, EG_FP_PRE_SRC, fp_src_index(ss->addr));
 	fp_narrow(cand, EG_FP_PRE_H_TTL, h, EG_FP_PRE_TTL, ss->ttl);
 	fp_narrow(cand, EG_FP_PRE_H_TCP_FLAGS, h, EG_FP_PRE_TCP_FLAGS, ss->tcp_flags);
-	fp_narrow(cand, EG_FP_PRE_H_SRC, h, EG_FP_PRE_SRC, fp_src_index(ss->addr));
 	fp_narrow(cand, EG_FP_PRE_H_PROTO, h, EG_FP_PRE_PROTO, ss->proto);
 
 	fm = bpf_map_lookup_elem(&fp_masks, &zero);

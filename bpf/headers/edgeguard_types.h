@@ -382,8 +382,9 @@ enum eg_gate {
 /* ---- Fingerprint rules (docs/operations.md, "Fingerprint rules") ----
  *
  * A fingerprint matches header fields (those in its mask) and has its own
- * bucket. Fingerprints are grouped by mask: each distinct mask in use costs
- * one hash lookup per packet, at most EG_FP_MAX_MASKS; none installed, none. */
+ * bucket. Fingerprints are grouped by mask, at most EG_FP_MAX_MASKS, each in
+ * a slot; a mask costs one hash lookup for a packet the prefilter (below)
+ * cannot rule out of its slot; none installed, one array load. */
 enum eg_fp_field {
 	EG_FP_PROTO = 1 << 0,
 	EG_FP_DPORT = 1 << 1, /* ICMP: the type */

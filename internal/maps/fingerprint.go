@@ -28,8 +28,8 @@ const (
 )
 
 // MaxFingerprintMasks is how many distinct masks (FieldMask with the source
-// prefix length) may be in use at once: each costs one hash lookup per
-// packet.
+// prefix length) may be in use at once: each costs one hash lookup for a
+// packet the prefilter does not rule out of it.
 const MaxFingerprintMasks = int(loader.LimiterEgFpFieldEG_FP_MAX_MASKS)
 
 // Fingerprint is a data-plane rule over header fields with its own bucket.
@@ -402,6 +402,7 @@ func (m *Maps) SetFingerprint(f Fingerprint) error {
 			others = append(others, e)
 		}
 	}
+	replaced := len(stale) > 0
 	mk := maskOf(k)
 	slot := slots.slot(mk)
 	if slot < 0 {
@@ -432,11 +433,12 @@ func (m *Maps) SetFingerprint(f Fingerprint) error {
 		return fmt.Errorf("fingerprint %d: %w", f.ID, err)
 	}
 	if err := m.o.FpRules.Put(k, v); err != nil {
-		// Take back what was added for it (best effort: a leftover bit
-		// costs a lookup, never a match).
-		m.writePrefilter(slots, entries, preWords(slots, e))
-		m.freeFpSlots(slots, entries)
-		return fmt.Errorf("write fingerprint %d: %w", f.ID, err)
+		// Take back what was added for it (a leftover bit would cost a
+		// lookup, never a match).
+		err = fmt.Errorf("write fingerprint %d: %w", f.ID, err)
+		undo := m.writePrefilter(slots, entries, preWords(slots, e))
+		_, undoSlots := m.freeFpSlots(slots, entries)
+		return errors.Join(err, undo, undoSlots)
 	}
 	if len(stale) > 0 {
 		if err := m.dropFingerprints(slots, with, stale, nil); err != nil {
@@ -446,6 +448,8 @@ func (m *Maps) SetFingerprint(f Fingerprint) error {
 		if _, err := m.freeFpSlots(slots, with); err != nil {
 			return err
 		}
+	}
+	if replaced {
 		// Reset the counters only when the match changed.
 		if err := m.o.FpStats.Delete(f.ID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("reset counters of fingerprint %d: %w", f.ID, err)
