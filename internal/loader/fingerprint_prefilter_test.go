@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -407,11 +408,15 @@ func TestFingerprintPrefilterRandom(t *testing.T) {
 		}
 		return maskKey{f.Mask, b}
 	}
-	// A pool of masks (more than 8, so the limit is hit).
+	// A pool of masks (more than 8, so the limit is hit), of two fields
+	// or more (TestFingerprintPrefilterFields has the single ones: here
+	// they would match nearly every packet).
 	var pool []maskKey
 	for len(pool) < 14 {
 		m := maps.FieldMask(1 + rng.IntN(int(fpAllFields)))
-		pool = append(pool, maskKey{m, 0})
+		if bits.OnesCount32(uint32(m)) >= 2 {
+			pool = append(pool, maskKey{m, 0})
+		}
 	}
 	installed := map[uint32]maps.Fingerprint{}
 	checked, drops, refusals := 0, 0, 0
@@ -502,7 +507,7 @@ func TestFingerprintPrefilterRandom(t *testing.T) {
 		}
 	}
 	t.Logf("%d packets checked, %d matched (dropped), %d ninth masks refused", checked, drops, refusals)
-	if drops < checked/20 || drops > checked-checked/20 {
+	if drops < checked/50 || drops > checked-checked/50 {
 		t.Fatalf("%d of %d packets matched: the test does not exercise both verdicts", drops, checked)
 	}
 }
