@@ -904,10 +904,48 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 }
 
 
-/* eg_fingerprint matches the packet against the fingerprint rules: one
- * lookup per mask in use (none when none is installed), first match wins
- * (masks in the order the daemon wrote them). A match is charged to the
- * fingerprint's bucket; a refusal drops the packet (1), unless the
+/* fp_pre_slots is the prefilter's byte for value v of the field whose
+ * region starts at word base (v < 65,536: in bounds), or every slot if the
+ * word cannot be read. */
+static __always_inline __u32 fp_pre_slots(__u32 base, __u32 v)
+{
+	__u32 idx = base + ((v & 0xffff) >> 3);
+	__u64 *w = bpf_map_lookup_elem(&fp_pre, &idx);
+
+	if (!w)
+		return 0xff;
+	return (__u32)(*w >> ((v & 7) * 8)) & 0xff;
+}
+
+/* fp_src_index is the prefilter's 16-bit index of a source address
+ * (EG_FP_PRE_SRC): the IPv4 address's first 16 bits, or IPv6's first 32
+ * folded. A function of the address only, whatever the packet's family. */
+static __always_inline __u32 fp_src_index(const __u8 *a)
+{
+	__u64 hi, lo;
+
+	__builtin_memcpy(&hi, a, 8);
+	__builtin_memcpy(&lo, a + 8, 8);
+	/* Little-endian loads: byte i of the address is bits 8i.. of hi. */
+	if (hi == 0 && (__u32)lo == 0xffff0000)
+		return ((lo >> 24) & 0xff00) | ((lo >> 40) & 0xff);
+	return (((hi << 8) & 0xff00) | ((hi >> 8) & 0xff)) ^ (((hi >> 8) & 0xff00) | ((hi >> 24) & 0xff));
+}
+
+/* fp_narrow keeps of cand the slots the field's value may match. */
+#define fp_narrow(cand, hdr, h, base, v)                                     \
+	do {                                                                 \
+		(cand) &= fp_pre_slots((base), (v)) | (__u32)(((h) >> (8 * (hdr))) & 0xff); \
+		if (!(cand))                                                 \
+			return 0;                                            \
+	} while (0)
+
+/* eg_fingerprint matches the packet against the fingerprint rules. The
+ * prefilter (fp_pre) first narrows the mask slots to those with a
+ * fingerprint of the packet's values, one array load per field while any
+ * slot is left (none installed: the header load only); then one hash
+ * lookup per slot left, first match wins (slot order). A match is charged
+ * to the fingerprint's bucket; a refusal drops the packet (1), unless the
  * fingerprint is a dry run (counted, passed) or the source is validated
  * (never dropped by a fingerprint: counted as spared, passed). Global:
  * verified once, out of the main program's states. */
@@ -917,13 +955,33 @@ __attribute__((noinline)) int eg_fingerprint(struct src_state *ss)
 	struct eg_fp_stats *st;
 	struct eg_fp_val *fv;
 	struct eg_fp_key *k;
-	__u32 zero = 0, n, f;
+	__u32 zero = 0, n, f, cand;
+	__u64 h, *hp;
 	int i, refused;
 
 	if (!ss)
 		return 0;
+	hp = bpf_map_lookup_elem(&fp_pre, &zero);
+	if (!hp)
+		return 0;
+	h = *hp;
+	cand = h & 0xff; /* EG_FP_PRE_H_USED */
+	if (!cand)
+		return 0;
+	/* The fields the shield's masks (internal/shield Masks) name, most
+	 * selective first: every mask of the shield names the protocol, most
+	 * a port, the others the source port, the length or the source; TTL
+	 * and flags come only with those. */
+	fp_narrow(cand, EG_FP_PRE_H_DPORT, h, EG_FP_PRE_DPORT, ss->dport);
+	fp_narrow(cand, EG_FP_PRE_H_SPORT, h, EG_FP_PRE_SPORT, ss->sport);
+	fp_narrow(cand, EG_FP_PRE_H_LEN, h, EG_FP_PRE_LEN, ss->ip_len);
+	fp_narrow(cand, EG_FP_PRE_H_SRC, h, EG_FP_PRE_SRC, fp_src_index(ss->addr));
+	fp_narrow(cand, EG_FP_PRE_H_TTL, h, EG_FP_PRE_TTL, ss->ttl);
+	fp_narrow(cand, EG_FP_PRE_H_TCP_FLAGS, h, EG_FP_PRE_TCP_FLAGS, ss->tcp_flags);
+	fp_narrow(cand, EG_FP_PRE_H_PROTO, h, EG_FP_PRE_PROTO, ss->proto);
+
 	fm = bpf_map_lookup_elem(&fp_masks, &zero);
-	if (!fm || !fm->n)
+	if (!fm)
 		return 0;
 	n = fm->n;
 	k = bpf_map_lookup_elem(&agg_scratch, &zero);
@@ -932,8 +990,10 @@ __attribute__((noinline)) int eg_fingerprint(struct src_state *ss)
 	for (i = 0; i < EG_FP_MAX_MASKS; i++) {
 		struct eg_fp_key *fk = (struct eg_fp_key *)k;
 
-		if (i >= n)
+		if (i >= n || !(cand >> i))
 			return 0;
+		if (!(cand & (1U << i)))
+			continue;
 		f = fm->fields[i];
 		__builtin_memset(fk, 0, sizeof(*fk));
 		fk->fields = f;

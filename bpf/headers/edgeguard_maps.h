@@ -355,3 +355,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct eg_fp_stats);
 } fp_stats SEC(".maps");
+
+/* The fingerprint prefilter (enum eg_fp_field, EG_FP_PRE_*): written by
+ * the daemon before a fingerprint is added and after one is removed, so a
+ * packet never skips a mask slot that has an installed fingerprint of its
+ * values. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EG_FP_PRE_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} fp_pre SEC(".maps");

@@ -382,8 +382,9 @@ enum eg_gate {
 /* ---- Fingerprint rules (docs/operations.md, "Fingerprint rules") ----
  *
  * A fingerprint matches header fields (those in its mask) and has its own
- * bucket. Fingerprints are grouped by mask: each distinct mask in use costs
- * one hash lookup per packet, at most EG_FP_MAX_MASKS; none installed, none. */
+ * bucket. Fingerprints are grouped by mask, at most EG_FP_MAX_MASKS, each in
+ * a slot; a mask costs one hash lookup for a packet the prefilter (below)
+ * cannot rule out of its slot; none installed, one array load. */
 enum eg_fp_field {
 	EG_FP_PROTO = 1 << 0,
 	EG_FP_DPORT = 1 << 1, /* ICMP: the type */
@@ -394,6 +395,36 @@ enum eg_fp_field {
 	EG_FP_SRC = 1 << 6, /* source prefix of src_len (128-bit space) */
 	EG_FP_ALL = (1 << 7) - 1,
 	EG_FP_MAX_MASKS = 8,
+	/* The prefilter (fp_pre, u64 words): which mask slots may match a
+	 * packet, so that a packet no fingerprint can match costs one load
+	 * per field instead of one hash lookup per mask. Word 0 is the
+	 * header, one byte each (bit i: mask slot i): EG_FP_PRE_H_USED, the
+	 * slots with fingerprints; then per field, the slots that cannot be
+	 * filtered on it (their mask lacks the field, or for src a prefix
+	 * the index cannot cover). Then one region per field: the byte of
+	 * value v is byte v & 7 of word base + (v >> 3), the slots with a
+	 * fingerprint of that value. A packet's candidate slots are USED
+	 * ANDed, per field, with (its value's byte | the field's header
+	 * byte). src values are a 16-bit index of the address: IPv4-mapped
+	 * (a[12] << 8 | a[13]), otherwise (a[0] << 8 | a[1]) ^ (a[2] << 8 |
+	 * a[3]); a fingerprint's prefix is covered if IPv4 of at least /16
+	 * or IPv6 of at least /32 with a nonzero first 32 bits. */
+	EG_FP_PRE_H_USED = 0,
+	EG_FP_PRE_H_DPORT = 1,
+	EG_FP_PRE_H_SPORT = 2,
+	EG_FP_PRE_H_LEN = 3,
+	EG_FP_PRE_H_TTL = 4,
+	EG_FP_PRE_H_TCP_FLAGS = 5,
+	EG_FP_PRE_H_SRC = 6,
+	EG_FP_PRE_H_PROTO = 7,
+	EG_FP_PRE_DPORT = 1,                      /* 65,536 values */
+	EG_FP_PRE_SPORT = EG_FP_PRE_DPORT + 8192, /* 65,536 values */
+	EG_FP_PRE_LEN = EG_FP_PRE_SPORT + 8192,   /* 65,536 values */
+	EG_FP_PRE_SRC = EG_FP_PRE_LEN + 8192,     /* 65,536 index values */
+	EG_FP_PRE_TTL = EG_FP_PRE_SRC + 8192,     /* 256 values */
+	EG_FP_PRE_TCP_FLAGS = EG_FP_PRE_TTL + 32, /* 256 values */
+	EG_FP_PRE_PROTO = EG_FP_PRE_TCP_FLAGS + 32,
+	EG_FP_PRE_WORDS = EG_FP_PRE_PROTO + 32,
 };
 
 /* fp_rules key: the mask and the packet's fields under it (others zero). */
@@ -420,7 +451,10 @@ struct eg_fp_val {
 	__u8 _pad[7];
 };
 
-/* The masks in use (fp_masks, one entry). */
+/* The masks in use (fp_masks, one entry), by slot: a mask keeps its slot
+ * while it has fingerprints (the prefilter's bits name slots); a free slot
+ * has fields 0 and a new mask takes the lowest free one. n: slots below it
+ * may be in use. */
 struct eg_fp_masks {
 	__u32 n;
 	__u32 fields[EG_FP_MAX_MASKS];

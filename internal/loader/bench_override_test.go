@@ -87,24 +87,57 @@ func watchCase(b *testing.B) *benchCase {
 	return c
 }
 
-// fingerprintCase is "pass" with n fingerprints installed over masks
-// distinct masks, none of which matches the frame (the common case: a
-// packet of a user checked against the shield's rules): one hash lookup
-// per mask, a miss.
-func fingerprintCase(n, masks int) func(b *testing.B) *benchCase {
+// fpBenchShapes are the masks of the fingerprint cases, the shield's kind
+// (every one names the protocol, UDP, the frame's: the protocol filters
+// nothing): three that name the destination port, then five that do not.
+var fpBenchShapes = []maps.FieldMask{
+	maps.FieldProto | maps.FieldDPort | maps.FieldLen, maps.FieldProto | maps.FieldDPort, maps.FieldProto | maps.FieldDPort | maps.FieldTTL,
+	maps.FieldProto | maps.FieldSPort, maps.FieldProto | maps.FieldLen | maps.FieldTTL, maps.FieldProto | maps.FieldSrc,
+	maps.FieldProto | maps.FieldSPort | maps.FieldLen, maps.FieldProto | maps.FieldLen,
+}
+
+// fpBench says what the fingerprints of a fingerprint case share with the
+// frame (UDP 198.18.0.1:40000 to port 53, IP length 50, TTL 64).
+type fpBench int
+
+const (
+	// fpOtherPort: nothing but the protocol; other ports (10000+i),
+	// lengths (100+i%1000), TTLs (1+i%50), source ports (20000+i),
+	// sources (203.0.0.0/16).
+	fpOtherPort fpBench = iota
+	// fpSamePort: as fpOtherPort, on the frame's port 53 (TCP for the
+	// proto+dport mask): the prefilter rejects the frame on a second
+	// field (length, TTL, protocol).
+	fpSamePort
+	// fpCollide: half TCP to port 53, half UDP of length 50 and TTL
+	// 64, never the frame's whole: the prefilter, which looks at each
+	// field alone, lets the frame through to every slot (a false
+	// positive), which then costs its hash lookup, a miss.
+	fpCollide
+)
+
+// fingerprintCase is "pass" with n fingerprints installed over the first
+// masks of fpBenchShapes, none of which matches the frame (the common
+// case: a user's packet checked against the shield's rules).
+func fingerprintCase(n, masks int, share fpBench) func(b *testing.B) *benchCase {
 	return func(b *testing.B) *benchCase {
 		bd := loadBench(b, smallSizes)
 		bd.apply(passGen())
-		shapes := []maps.FieldMask{
-			maps.FieldProto | maps.FieldDPort | maps.FieldLen, maps.FieldProto | maps.FieldDPort, maps.FieldDPort | maps.FieldTTL,
-			maps.FieldLen | maps.FieldTTL, maps.FieldProto | maps.FieldTCPFlags, maps.FieldSPort, maps.FieldSrc | maps.FieldDPort,
-			maps.FieldSrc,
-		}
 		exp := time.Now().Add(24 * time.Hour)
 		for i := 0; i < n; i++ {
-			f := maps.Fingerprint{ID: uint32(i + 1), Mask: shapes[i%masks], Proto: 17, DPort: uint16(10000 + i), SPort: uint16(20000 + i),
+			f := maps.Fingerprint{ID: uint32(i + 1), Mask: fpBenchShapes[i%masks], Proto: 17, DPort: uint16(10000 + i), SPort: uint16(20000 + i),
 				Len: uint16(100 + i%1000), TTL: uint8(1 + i%50), TCPFlags: 0x02,
 				Src: netip.PrefixFrom(netip.AddrFrom4([4]byte{203, 0, byte(i >> 8), byte(i)}), 32), Budget: generousRate, Expires: exp}
+			switch {
+			case share == fpSamePort && fpBenchShapes[i%masks] == maps.FieldProto|maps.FieldDPort:
+				f.DPort, f.Proto = 53, 6 // TCP: UDP to 53 would match
+			case share == fpSamePort:
+				f.DPort = 53
+			case share == fpCollide && (i/masks)%2 == 0:
+				f.DPort, f.Proto = 53, 6
+			case share == fpCollide:
+				f.Len, f.TTL = 50, 64
+			}
 			if err := bd.m.SetFingerprint(f); err != nil {
 				b.Fatal(err)
 			}

@@ -78,12 +78,21 @@ func BenchmarkDataPlane(b *testing.B) {
 	})
 	// Fingerprint rules (bench_override_test.go): "pass" with 1, 100 and
 	// 1,000 fingerprints over up to 3 masks, and 8 fingerprints over the
-	// most masks the data plane allows (8), none matching the frame.
-	// x-pass is the ratio to "pass", timed in alternating chunks.
-	b.Run("fingerprint_1", func(b *testing.B) { cached(b, "fingerprint_1", fingerprintCase(1, 1)).measure(b) })
-	b.Run("fingerprint_100", func(b *testing.B) { cached(b, "fingerprint_100", fingerprintCase(100, 3)).measure(b) })
-	b.Run("fingerprint_1000", func(b *testing.B) { cached(b, "fingerprint_1000", fingerprintCase(1000, 3)).measure(b) })
-	b.Run("fingerprint_masks8", func(b *testing.B) { cached(b, "fingerprint_masks8", fingerprintCase(8, 8)).measure(b) })
+	// most masks the data plane allows (8), none matching the frame nor
+	// naming its port; _sameport: 1,000 on the frame's port; _collide:
+	// 1,000 that the prefilter cannot tell from a match (every slot's
+	// hash lookup). x-pass is the ratio to "pass", timed in alternating
+	// chunks.
+	b.Run("fingerprint_1", func(b *testing.B) { cached(b, "fingerprint_1", fingerprintCase(1, 1, fpOtherPort)).measure(b) })
+	b.Run("fingerprint_100", func(b *testing.B) { cached(b, "fingerprint_100", fingerprintCase(100, 3, fpOtherPort)).measure(b) })
+	b.Run("fingerprint_1000", func(b *testing.B) { cached(b, "fingerprint_1000", fingerprintCase(1000, 3, fpOtherPort)).measure(b) })
+	b.Run("fingerprint_masks8", func(b *testing.B) { cached(b, "fingerprint_masks8", fingerprintCase(8, 8, fpOtherPort)).measure(b) })
+	b.Run("fingerprint_1000_sameport", func(b *testing.B) {
+		cached(b, "fingerprint_1000_sameport", fingerprintCase(1000, 3, fpSamePort)).measure(b)
+	})
+	b.Run("fingerprint_1000_collide", func(b *testing.B) {
+		cached(b, "fingerprint_1000_collide", fingerprintCase(1000, 3, fpCollide)).measure(b)
+	})
 	b.Run("drop_per_ip", func(b *testing.B) {
 		cached(b, "drop_per_ip", func(b *testing.B) *benchCase {
 			bd := loadBench(b, smallSizes)

@@ -199,15 +199,31 @@ const (
 type LimiterEgFpField uint32
 
 const (
-	LimiterEgFpFieldEG_FP_PROTO     LimiterEgFpField = 1
-	LimiterEgFpFieldEG_FP_DPORT     LimiterEgFpField = 2
-	LimiterEgFpFieldEG_FP_SPORT     LimiterEgFpField = 4
-	LimiterEgFpFieldEG_FP_LEN       LimiterEgFpField = 8
-	LimiterEgFpFieldEG_FP_TTL       LimiterEgFpField = 16
-	LimiterEgFpFieldEG_FP_TCP_FLAGS LimiterEgFpField = 32
-	LimiterEgFpFieldEG_FP_SRC       LimiterEgFpField = 64
-	LimiterEgFpFieldEG_FP_ALL       LimiterEgFpField = 127
-	LimiterEgFpFieldEG_FP_MAX_MASKS LimiterEgFpField = 8
+	LimiterEgFpFieldEG_FP_PROTO           LimiterEgFpField = 1
+	LimiterEgFpFieldEG_FP_DPORT           LimiterEgFpField = 2
+	LimiterEgFpFieldEG_FP_SPORT           LimiterEgFpField = 4
+	LimiterEgFpFieldEG_FP_LEN             LimiterEgFpField = 8
+	LimiterEgFpFieldEG_FP_TTL             LimiterEgFpField = 16
+	LimiterEgFpFieldEG_FP_TCP_FLAGS       LimiterEgFpField = 32
+	LimiterEgFpFieldEG_FP_SRC             LimiterEgFpField = 64
+	LimiterEgFpFieldEG_FP_ALL             LimiterEgFpField = 127
+	LimiterEgFpFieldEG_FP_MAX_MASKS       LimiterEgFpField = 8
+	LimiterEgFpFieldEG_FP_PRE_H_USED      LimiterEgFpField = 0
+	LimiterEgFpFieldEG_FP_PRE_H_DPORT     LimiterEgFpField = 1
+	LimiterEgFpFieldEG_FP_PRE_H_SPORT     LimiterEgFpField = 2
+	LimiterEgFpFieldEG_FP_PRE_H_LEN       LimiterEgFpField = 3
+	LimiterEgFpFieldEG_FP_PRE_H_TTL       LimiterEgFpField = 4
+	LimiterEgFpFieldEG_FP_PRE_H_TCP_FLAGS LimiterEgFpField = 5
+	LimiterEgFpFieldEG_FP_PRE_H_SRC       LimiterEgFpField = 6
+	LimiterEgFpFieldEG_FP_PRE_H_PROTO     LimiterEgFpField = 7
+	LimiterEgFpFieldEG_FP_PRE_DPORT       LimiterEgFpField = 1
+	LimiterEgFpFieldEG_FP_PRE_SPORT       LimiterEgFpField = 8193
+	LimiterEgFpFieldEG_FP_PRE_LEN         LimiterEgFpField = 16385
+	LimiterEgFpFieldEG_FP_PRE_SRC         LimiterEgFpField = 24577
+	LimiterEgFpFieldEG_FP_PRE_TTL         LimiterEgFpField = 32769
+	LimiterEgFpFieldEG_FP_PRE_TCP_FLAGS   LimiterEgFpField = 32801
+	LimiterEgFpFieldEG_FP_PRE_PROTO       LimiterEgFpField = 32833
+	LimiterEgFpFieldEG_FP_PRE_WORDS       LimiterEgFpField = 32865
 )
 
 type LimiterEgFpKey struct {
@@ -559,6 +575,7 @@ const (
 	LimiterMapClassStats      = "class_stats"
 	LimiterMapConfigs         = "configs"
 	LimiterMapFpMasks         = "fp_masks"
+	LimiterMapFpPre           = "fp_pre"
 	LimiterMapFpRules         = "fp_rules"
 	LimiterMapFpStats         = "fp_stats"
 	LimiterMapGlobalBuckets   = "global_buckets"
@@ -650,6 +667,7 @@ type LimiterMapSpecs struct {
 	ClassStats      *ebpf.MapSpec `ebpf:"class_stats"`
 	Configs         *ebpf.MapSpec `ebpf:"configs"`
 	FpMasks         *ebpf.MapSpec `ebpf:"fp_masks"`
+	FpPre           *ebpf.MapSpec `ebpf:"fp_pre"`
 	FpRules         *ebpf.MapSpec `ebpf:"fp_rules"`
 	FpStats         *ebpf.MapSpec `ebpf:"fp_stats"`
 	GlobalBuckets   *ebpf.MapSpec `ebpf:"global_buckets"`
@@ -717,6 +735,7 @@ type LimiterMaps struct {
 	ClassStats      *ebpf.Map `ebpf:"class_stats"`
 	Configs         *ebpf.Map `ebpf:"configs"`
 	FpMasks         *ebpf.Map `ebpf:"fp_masks"`
+	FpPre           *ebpf.Map `ebpf:"fp_pre"`
 	FpRules         *ebpf.Map `ebpf:"fp_rules"`
 	FpStats         *ebpf.Map `ebpf:"fp_stats"`
 	GlobalBuckets   *ebpf.Map `ebpf:"global_buckets"`
@@ -756,6 +775,7 @@ func (m *LimiterMaps) Close() error {
 		m.ClassStats,
 		m.Configs,
 		m.FpMasks,
+		m.FpPre,
 		m.FpRules,
 		m.FpStats,
 		m.GlobalBuckets,

@@ -28,8 +28,8 @@ const (
 )
 
 // MaxFingerprintMasks is how many distinct masks (FieldMask with the source
-// prefix length) may be in use at once: each costs one hash lookup per
-// packet.
+// prefix length) may be in use at once: each costs one hash lookup for a
+// packet the prefilter does not rule out of it.
 const MaxFingerprintMasks = int(loader.LimiterEgFpFieldEG_FP_MAX_MASKS)
 
 // Fingerprint is a data-plane rule over header fields with its own bucket.
@@ -136,41 +136,43 @@ type fpMask struct {
 	srcLen uint8
 }
 
-// writeMasks makes fp_masks hold the masks of entries (plus extra, first
-// when new), in a stable order: the masks already in the table first.
-func (m *Maps) writeMasks(entries []fpEntry, extra *fpMask) error {
+func maskOf(k loader.LimiterEgFpKey) fpMask { return fpMask{k.Fields, k.SrcLen} }
+
+// fpSlots is fp_masks as slots: a mask keeps its slot while it has
+// fingerprints, since the prefilter's bits name slots.
+type fpSlots [MaxFingerprintMasks]fpMask
+
+func (m *Maps) readFpSlots() (fpSlots, error) {
 	var cur loader.LimiterEgFpMasks
+	var s fpSlots
 	if err := m.o.FpMasks.Lookup(uint32(0), &cur); err != nil {
-		return fmt.Errorf("read fingerprint masks: %w", err)
+		return s, fmt.Errorf("read fingerprint masks: %w", err)
 	}
-	want := map[fpMask]bool{}
-	for _, e := range entries {
-		want[fpMask{e.k.Fields, e.k.SrcLen}] = true
-	}
-	if extra != nil {
-		want[*extra] = true
-	}
-	var order []fpMask
 	for i := 0; i < int(min(cur.N, uint32(MaxFingerprintMasks))); i++ {
-		mk := fpMask{cur.Fields[i], cur.SrcLen[i]}
-		if want[mk] {
-			order = append(order, mk)
-			delete(want, mk)
+		s[i] = fpMask{cur.Fields[i], cur.SrcLen[i]}
+	}
+	return s, nil
+}
+
+func (s fpSlots) slot(mk fpMask) int {
+	for i, x := range s {
+		if x == mk && x.fields != 0 {
+			return i
 		}
 	}
-	for mk := range want {
-		order = append(order, mk)
-	}
-	if len(order) > MaxFingerprintMasks {
-		return fmt.Errorf("%w: %d needed, at most %d", ErrFingerprintMasks, len(order), MaxFingerprintMasks)
-	}
+	return -1
+}
+
+// writeFpSlots writes fp_masks. Callers change one slot at a time, a slot
+// with no installed fingerprint, so a packet that reads the entry while
+// it is written sees every other slot whole.
+func (m *Maps) writeFpSlots(s fpSlots) error {
 	var next loader.LimiterEgFpMasks
-	next.N = uint32(len(order))
-	for i, mk := range order {
+	for i, mk := range s {
 		next.Fields[i], next.SrcLen[i] = mk.fields, mk.srcLen
-	}
-	if next == cur {
-		return nil
+		if mk.fields != 0 {
+			next.N = uint32(i + 1)
+		}
 	}
 	if err := m.o.FpMasks.Put(uint32(0), next); err != nil {
 		return fmt.Errorf("write fingerprint masks: %w", err)
@@ -178,9 +180,175 @@ func (m *Maps) writeMasks(entries []fpEntry, extra *fpMask) error {
 	return nil
 }
 
+// The prefilter's layout (enum eg_fp_field, EG_FP_PRE_*).
+const fpPreWords = uint32(loader.LimiterEgFpFieldEG_FP_PRE_WORDS)
+
+type fpPreField struct {
+	field FieldMask
+	hdr   uint   // header byte
+	base  uint32 // first word of the field's region
+	value func(k *loader.LimiterEgFpKey) (uint32, bool)
+}
+
+var fpPreFields = []fpPreField{
+	{FieldDPort, uint(loader.LimiterEgFpFieldEG_FP_PRE_H_DPORT), uint32(loader.LimiterEgFpFieldEG_FP_PRE_DPORT),
+		func(k *loader.LimiterEgFpKey) (uint32, bool) { return uint32(k.Dport), true }},
+	{FieldSPort, uint(loader.LimiterEgFpFieldEG_FP_PRE_H_SPORT), uint32(loader.LimiterEgFpFieldEG_FP_PRE_SPORT),
+		func(k *loader.LimiterEgFpKey) (uint32, bool) { return uint32(k.Sport), true }},
+	{FieldLen, uint(loader.LimiterEgFpFieldEG_FP_PRE_H_LEN), uint32(loader.LimiterEgFpFieldEG_FP_PRE_LEN),
+		func(k *loader.LimiterEgFpKey) (uint32, bool) { return uint32(k.Len), true }},
+	{FieldTTL, uint(loader.LimiterEgFpFieldEG_FP_PRE_H_TTL), uint32(loader.LimiterEgFpFieldEG_FP_PRE_TTL),
+		func(k *loader.LimiterEgFpKey) (uint32, bool) { return uint32(k.Ttl), true }},
+	{FieldTCPFlags, uint(loader.LimiterEgFpFieldEG_FP_PRE_H_TCP_FLAGS), uint32(loader.LimiterEgFpFieldEG_FP_PRE_TCP_FLAGS),
+		func(k *loader.LimiterEgFpKey) (uint32, bool) { return uint32(k.TcpFlags), true }},
+	{FieldSrc, uint(loader.LimiterEgFpFieldEG_FP_PRE_H_SRC), uint32(loader.LimiterEgFpFieldEG_FP_PRE_SRC), fpSrcIndex},
+	{FieldProto, uint(loader.LimiterEgFpFieldEG_FP_PRE_H_PROTO), uint32(loader.LimiterEgFpFieldEG_FP_PRE_PROTO),
+		func(k *loader.LimiterEgFpKey) (uint32, bool) { return uint32(k.Proto), true }},
+}
+
+var v4Mapped = [12]byte{10: 0xff, 11: 0xff}
+
+// fpSrcIndex is the prefilter index every address of the key's prefix
+// has (fp_src_index in C), if they share one: an IPv4 prefix of /16 or
+// longer, or an IPv6 one of /32 or longer that starts with nonzero bits
+// (so it holds no IPv4-mapped address).
+func fpSrcIndex(k *loader.LimiterEgFpKey) (uint32, bool) {
+	a := k.Addr
+	if k.SrcLen >= 96+16 && [12]byte(a[:12]) == v4Mapped {
+		return uint32(a[12])<<8 | uint32(a[13]), true
+	}
+	if k.SrcLen >= 32 && (a[0]|a[1]|a[2]|a[3]) != 0 {
+		return (uint32(a[0])<<8 | uint32(a[1])) ^ (uint32(a[2])<<8 | uint32(a[3])), true
+	}
+	return 0, false
+}
+
+// fpPreWord is the word and bit of slot i for value v of field f.
+func (f fpPreField) bit(v uint32, slot int) (uint32, uint64) {
+	return f.base + v>>3, 1 << (8*(v&7) + uint32(slot))
+}
+
+// fpPre is what the prefilter must hold for a set of fingerprints.
+type fpPre struct {
+	header uint64
+	words  map[uint32]uint64
+}
+
+func prefilterFor(slots fpSlots, entries []fpEntry) fpPre {
+	p := fpPre{words: map[uint32]uint64{}}
+	for _, e := range entries {
+		i := slots.slot(maskOf(e.k))
+		if i < 0 {
+			continue // not looked up by the data plane either
+		}
+		p.header |= 1 << i
+		for _, f := range fpPreFields {
+			v, ok := f.value(&e.k)
+			if FieldMask(e.k.Fields)&f.field == 0 || !ok {
+				p.header |= 1 << (8*f.hdr + uint(i))
+				continue
+			}
+			w, b := f.bit(v, i)
+			p.words[w] |= b
+		}
+	}
+	return p
+}
+
+// preWords are the prefilter words the entries' values are in.
+func preWords(slots fpSlots, entries ...fpEntry) map[uint32]bool {
+	out := map[uint32]bool{}
+	for _, e := range entries {
+		i := max(slots.slot(maskOf(e.k)), 0)
+		for _, f := range fpPreFields {
+			if v, ok := f.value(&e.k); ok && FieldMask(e.k.Fields)&f.field != 0 {
+				w, _ := f.bit(v, i)
+				out[w] = true
+			}
+		}
+	}
+	return out
+}
+
+// writePrefilter makes the prefilter's header and the given words (all,
+// if nil) what entries need. Called with entries a superset of the
+// installed fingerprints (before adding, after removing), every bit a
+// packet reads, old or new, covers what is installed.
+func (m *Maps) writePrefilter(slots fpSlots, entries []fpEntry, words map[uint32]bool) error {
+	want := prefilterFor(slots, entries)
+	put := func(w uint32, v uint64) error {
+		var cur uint64
+		if err := m.o.FpPre.Lookup(w, &cur); err != nil {
+			return fmt.Errorf("read fingerprint prefilter word %d: %w", w, err)
+		}
+		if cur == v {
+			return nil
+		}
+		if err := m.o.FpPre.Put(w, v); err != nil {
+			return fmt.Errorf("write fingerprint prefilter word %d: %w", w, err)
+		}
+		return nil
+	}
+	if words == nil {
+		// Whole: the value words first, the header (which turns the
+		// slots on) last.
+		for w := uint32(1); w < fpPreWords; w++ {
+			if err := put(w, want.words[w]); err != nil {
+				return err
+			}
+		}
+		return put(0, want.header)
+	}
+	if err := put(0, want.header); err != nil {
+		return err
+	}
+	for w := range words {
+		if err := put(w, want.words[w]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPrefilter rebuilds the whole prefilter if a fingerprint's slot is
+// not on in it: pins of a version without the prefilter, which the
+// program of this one would not look up.
+func (m *Maps) checkPrefilter(slots fpSlots, entries []fpEntry) error {
+	var hdr uint64
+	if err := m.o.FpPre.Lookup(uint32(0), &hdr); err != nil {
+		return fmt.Errorf("read fingerprint prefilter: %w", err)
+	}
+	want := prefilterFor(slots, entries)
+	if want.header&0xff&^hdr == 0 {
+		return nil
+	}
+	return m.writePrefilter(slots, entries, nil)
+}
+
+// freeFpSlots frees the slots no entry uses (their fingerprints are gone).
+func (m *Maps) freeFpSlots(slots fpSlots, entries []fpEntry) (fpSlots, error) {
+	used := map[fpMask]bool{}
+	for _, e := range entries {
+		used[maskOf(e.k)] = true
+	}
+	for i, mk := range slots {
+		if mk.fields == 0 || used[mk] {
+			continue
+		}
+		slots[i] = fpMask{}
+		if err := m.writeFpSlots(slots); err != nil {
+			return slots, err
+		}
+	}
+	return slots, nil
+}
+
 // SetFingerprint installs or replaces fingerprint f.ID. A replaced
 // fingerprint with the same fields and budget keeps its bucket's state and
-// its counters.
+// its counters. The order keeps every installed fingerprint matched: its
+// mask's slot and the prefilter first, the rule, then the old form of a
+// replaced one is removed (unless the new form needs the old one's slot,
+// the ninth: then the old form goes first).
 func (m *Maps) SetFingerprint(f Fingerprint) error {
 	k, err := f.key()
 	if err != nil {
@@ -212,9 +380,16 @@ func (m *Maps) SetFingerprint(f Fingerprint) error {
 	if err != nil {
 		return err
 	}
+	slots, err := m.readFpSlots()
+	if err != nil {
+		return err
+	}
+	if err := m.checkPrefilter(slots, entries); err != nil {
+		return err
+	}
 	// Another key with this id is replaced: deleted after the new one is in.
-	var stale []loader.LimiterEgFpKey
-	kept := entries[:0]
+	var stale []fpEntry
+	var others []fpEntry // installed, neither stale nor the same key
 	for _, e := range entries {
 		switch {
 		case e.k == k:
@@ -222,24 +397,59 @@ func (m *Maps) SetFingerprint(f Fingerprint) error {
 				v.Bucket = e.v.Bucket
 			}
 		case e.v.Id == f.ID:
-			stale = append(stale, e.k)
-			continue
+			stale = append(stale, e)
+		default:
+			others = append(others, e)
 		}
-		kept = append(kept, e)
 	}
-	// The mask first, so that the entry is looked up as soon as it exists.
-	if err := m.writeMasks(kept, &fpMask{k.Fields, k.SrcLen}); err != nil {
+	replaced := len(stale) > 0
+	mk := maskOf(k)
+	slot := slots.slot(mk)
+	if slot < 0 {
+		slot = freeSlot(slots, entries)
+		if slot < 0 && freeSlot(slots, others) >= 0 {
+			// Only the old form of this fingerprint holds the slot
+			// the new one needs: it goes first.
+			if err := m.dropFingerprints(slots, entries, stale, nil); err != nil {
+				return err
+			}
+			entries, stale = without(entries, stale), nil
+			if slots, err = m.freeFpSlots(slots, entries); err != nil {
+				return err
+			}
+			slot = freeSlot(slots, entries)
+		}
+		if slot < 0 {
+			return fmt.Errorf("fingerprint %d: %w: %d in use, at most %d", f.ID, ErrFingerprintMasks, MaxFingerprintMasks, MaxFingerprintMasks)
+		}
+		slots[slot] = mk
+		if err := m.writeFpSlots(slots); err != nil {
+			return fmt.Errorf("fingerprint %d: %w", f.ID, err)
+		}
+	}
+	e := fpEntry{k, v}
+	with := append(without(entries, []fpEntry{e}), e)
+	if err := m.writePrefilter(slots, with, preWords(slots, e)); err != nil {
 		return fmt.Errorf("fingerprint %d: %w", f.ID, err)
 	}
 	if err := m.o.FpRules.Put(k, v); err != nil {
-		return fmt.Errorf("write fingerprint %d: %w", f.ID, err)
-	}
-	for _, sk := range stale {
-		if err := m.o.FpRules.Delete(sk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete the old form of fingerprint %d: %w", f.ID, err)
-		}
+		// Take back what was added for it (a leftover bit would cost a
+		// lookup, never a match).
+		err = fmt.Errorf("write fingerprint %d: %w", f.ID, err)
+		undo := m.writePrefilter(slots, entries, preWords(slots, e))
+		_, undoSlots := m.freeFpSlots(slots, entries)
+		return errors.Join(err, undo, undoSlots)
 	}
 	if len(stale) > 0 {
+		if err := m.dropFingerprints(slots, with, stale, nil); err != nil {
+			return err
+		}
+		with = without(with, stale)
+		if _, err := m.freeFpSlots(slots, with); err != nil {
+			return err
+		}
+	}
+	if replaced {
 		// Reset the counters only when the match changed.
 		if err := m.o.FpStats.Delete(f.ID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("reset counters of fingerprint %d: %w", f.ID, err)
@@ -256,6 +466,51 @@ func (m *Maps) SetFingerprint(f Fingerprint) error {
 	return nil
 }
 
+// freeSlot is the lowest slot no entry uses, or -1.
+func freeSlot(slots fpSlots, entries []fpEntry) int {
+	used := map[fpMask]bool{}
+	for _, e := range entries {
+		used[maskOf(e.k)] = true
+	}
+	for i, mk := range slots {
+		if mk.fields == 0 || !used[mk] {
+			return i
+		}
+	}
+	return -1
+}
+
+// without is entries less those with a key in gone.
+func without(entries, gone []fpEntry) []fpEntry {
+	drop := map[loader.LimiterEgFpKey]bool{}
+	for _, g := range gone {
+		drop[g.k] = true
+	}
+	out := make([]fpEntry, 0, len(entries))
+	for _, e := range entries {
+		if !drop[e.k] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// dropFingerprints deletes the gone rules (and, with stats, their
+// counters), then narrows the prefilter to what is left of entries.
+func (m *Maps) dropFingerprints(slots fpSlots, entries, gone []fpEntry, stats func(fpEntry) bool) error {
+	for _, e := range gone {
+		if err := m.o.FpRules.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete fingerprint %d: %w", e.v.Id, err)
+		}
+		if stats != nil && stats(e) {
+			if err := m.o.FpStats.Delete(e.v.Id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete counters of fingerprint %d: %w", e.v.Id, err)
+			}
+		}
+	}
+	return m.writePrefilter(slots, without(entries, gone), preWords(slots, gone...))
+}
+
 // DeleteFingerprint removes fingerprint id and its counters (no error if
 // there is none).
 func (m *Maps) DeleteFingerprint(id uint32) error {
@@ -269,20 +524,24 @@ func (m *Maps) deleteFingerprints(gone func(fpEntry) bool) error {
 	if err != nil {
 		return err
 	}
-	kept := entries[:0]
+	slots, err := m.readFpSlots()
+	if err != nil {
+		return err
+	}
+	if err := m.checkPrefilter(slots, entries); err != nil {
+		return err
+	}
+	var drop []fpEntry
 	for _, e := range entries {
-		if !gone(e) {
-			kept = append(kept, e)
-			continue
-		}
-		if err := m.o.FpRules.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete fingerprint %d: %w", e.v.Id, err)
-		}
-		if err := m.o.FpStats.Delete(e.v.Id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete counters of fingerprint %d: %w", e.v.Id, err)
+		if gone(e) {
+			drop = append(drop, e)
 		}
 	}
-	return m.writeMasks(kept, nil)
+	if err := m.dropFingerprints(slots, entries, drop, func(fpEntry) bool { return true }); err != nil {
+		return err
+	}
+	_, err = m.freeFpSlots(slots, without(entries, drop))
+	return err
 }
 
 // PruneFingerprints deletes expired fingerprints (the data plane ignores
