@@ -91,6 +91,7 @@ func (f *Fleet) syncShares(ctx context.Context, aggs map[string]*aggState, hosts
 	f.stats.members.Set(float64(hosts))
 	f.mu.Lock()
 	f.st.fallback = err != nil
+	f.st.syncs++
 	if err == nil {
 		f.st.lastSync = now
 		f.st.members = members

@@ -140,6 +140,7 @@ type state struct {
 	redisUp    bool
 	fallback   bool
 	lastSync   time.Time
+	syncs      uint64
 	lastErr    string
 	members    []control.FleetMember
 	shares     []Share
@@ -239,7 +240,7 @@ func (f *Fleet) Status() control.FleetStatus {
 	defer f.mu.Unlock()
 	st := control.FleetStatus{
 		Enabled: true, Name: f.o.Name, Host: f.o.Host, Interval: control.Duration(f.o.Interval),
-		RedisUp: f.st.redisUp, Fallback: f.st.fallback, LastSync: f.st.lastSync, LastError: f.st.lastErr,
+		RedisUp: f.st.redisUp, Fallback: f.st.fallback, LastSync: f.st.lastSync, Syncs: f.st.syncs, LastError: f.st.lastErr,
 		Members: append([]control.FleetMember(nil), f.st.members...), ActiveAggregates: f.st.active,
 		Lists: control.FleetList{
 			Enabled: f.o.Lists != nil, Synced: f.st.listSynced, LastChange: f.st.lastChange,
