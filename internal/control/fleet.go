@@ -53,7 +53,13 @@ type FleetShare struct {
 	// FleetDemand the sum over the hosts that published one.
 	Demand      float64 `json:"demand_pps"`
 	FleetDemand float64 `json:"fleet_demand_pps"`
-	Hosts       int     `json:"hosts"`
+	// The byte dimension of a rule with a bytes budget, in bytes/s (the
+	// packets' frame lengths, as the buckets count them); absent without.
+	ByteBudget      float64 `json:"budget_bytes_per_s,omitempty"`
+	ByteShare       float64 `json:"share_bytes_per_s,omitempty"`
+	ByteDemand      float64 `json:"demand_bytes_per_s,omitempty"`
+	FleetByteDemand float64 `json:"fleet_demand_bytes_per_s,omitempty"`
+	Hosts           int     `json:"hosts"`
 	// Static: Redis is unreachable and the share is budget ÷ hosts.
 	Static bool `json:"static,omitempty"`
 }

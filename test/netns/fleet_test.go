@@ -424,12 +424,18 @@ var fleetSharesPolicy = fmt.Sprintf(`rules:
 // addresses of the attacker /16 each.
 func (fl *fleetLab) floodAll(rates []int, d time.Duration, seed uint64) {
 	fl.t.Helper()
+	fl.floodAllPayload(rates, d, seed, 16)
+}
+
+// floodAllPayload is floodAll with payload bytes per UDP datagram.
+func (fl *fleetLab) floodAllPayload(rates []int, d time.Duration, seed uint64, payload int) {
+	fl.t.Helper()
 	var wg sync.WaitGroup
 	errs := make([]error, len(fl.hosts))
 	for i, h := range fl.hosts {
 		wg.Go(func() {
 			_, errs[i] = h.lab.Flood(fl.ctx, h.lab.Attackers[0], trafficgen.Flood{
-				Sources: []netip.Prefix{attackerNet}, Distinct: 200, Proto: trafficgen.UDP, Payload: 16,
+				Sources: []netip.Prefix{attackerNet}, Distinct: 200, Proto: trafficgen.UDP, Payload: payload,
 				Rate: rates[i], Count: rates[i]*int(d/time.Second) + rates[i], Duration: d, Seed: seed + uint64(i),
 				Step: time.Millisecond,
 			})
@@ -758,6 +764,64 @@ func TestFleetShares(t *testing.T) {
 	if all.Success() < 0.99 {
 		t.Errorf("users inside the flooded ASN got %v, want ≥ 99%%", all)
 	}
+}
+
+// fleetByteRate is the scope: fleet per-ASN byte budget of
+// TestFleetByteShares (bytes/s), fleetBytePayload its flood's UDP payload:
+// frames of 14 + 20 + 8 + 1,000 bytes, as the buckets count them.
+const (
+	fleetByteRate    = 1_000_000
+	fleetBytePayload = 1000
+	fleetByteFrame   = 14 + 20 + 8 + fleetBytePayload
+)
+
+// fleetBytesPolicy has a byte budget that binds and a packet budget that
+// does not (100× the flood): the byte dimension is what is shared, and a
+// share of it must not lose it (an override replaces the whole budget).
+var fleetBytesPolicy = fmt.Sprintf(`rules:
+  - name: bulk
+    match: {asns: [64500]}
+    scope: fleet
+    reserve: 0
+    per_asn:
+      packets: {rate: 300000/s, burst: 150000}
+      bytes: {rate: %dB/s, burst: %dB}
+`, fleetByteRate, fleetByteRate/2)
+
+// TestFleetByteShares: a per-ASN scope: fleet byte budget with a flood of
+// 1,042-byte frames split 90/9/1 (2.8 MB/s against 1 MB/s): the fleet
+// passes the byte budget ±10%, each host's byte share tracks its byte
+// demand, and each host passes its own byte share (±10%), not the whole
+// budget: the share is enforced in its data plane.
+func TestFleetByteShares(t *testing.T) {
+	fl := newFleetLab(t)
+	const interval = time.Second
+	fl.start(interval, fleetBytesPolicy)
+	split := []int{2700, 270, 30}
+	done := make(chan struct{})
+	go func() { defer close(done); fl.floodAllPayload(split, 9*time.Second, 31, fleetBytePayload) }()
+	time.Sleep(3 * interval)
+	rates, _ := fl.passedOver(4 * time.Second)
+	shares := make([]control.FleetShare, len(fl.hosts))
+	total := 0.0
+	for i, h := range fl.hosts {
+		shares[i] = fl.share(h)
+		rates[i] *= fleetByteFrame
+		total += rates[i]
+		t.Logf("host %s: passed %.0f B/s of %.0f B/s offered; byte share %.0f B/s (%.1f%%), demand %.0f B/s; packet share %.0f/s",
+			h.name, rates[i], float64(split[i]*fleetByteFrame), shares[i].ByteShare, 100*shares[i].ByteShare/fleetByteRate,
+			shares[i].ByteDemand, shares[i].Share)
+	}
+	report(t, "90/9/1 in bytes: the fleet passes %.0f B/s (budget %d B/s, %.1f%% of it)", total, fleetByteRate,
+		100*total/fleetByteRate)
+	within(t, "fleet total passed B/s at 90/9/1", total, fleetByteRate, 0.10)
+	a, c := shares[0], shares[2]
+	if a.ByteBudget != fleetByteRate || a.ByteShare < 0.7*fleetByteRate || c.ByteShare > 0.15*fleetByteRate || a.Static || a.Hosts != 3 {
+		t.Errorf("byte shares do not track the byte demand at 90/9/1: a %+v, c %+v", a, c)
+	}
+	// a offers 2.8 MB/s: it passes its share, not the budget.
+	within(t, "a's passed B/s against its byte share", rates[0], a.ByteShare, 0.10)
+	<-done
 }
 
 // TestFleetRedisKilled: kill -9 redis-server mid-flood. Every host keeps
