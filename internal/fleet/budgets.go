@@ -120,7 +120,8 @@ func boolGauge(b bool) float64 {
 }
 
 // measure reads the counters and returns the active aggregates (traffic
-// within keepActive intervals), sorted.
+// within keepActive intervals), sorted. aggs holds at most one state per
+// instance the data plane counts (its agg_stats table is bounded).
 func (f *Fleet) measure(aggs map[string]*aggState, now time.Time) []string {
 	if f.o.Aggregates == nil {
 		return nil
@@ -165,7 +166,15 @@ func (f *Fleet) measure(aggs map[string]*aggState, now time.Time) []string {
 			a.demand, a.pass, a.demandB, a.passB = 0, 0, 0, 0
 		}
 		if now.Sub(a.lastActive) > keepActive*f.o.Interval {
-			delete(aggs, k)
+			// Idle: no longer published. While the data plane still
+			// counts the instance its state stays, as the baseline its
+			// counters must move from to make it active again (forgotten,
+			// it would come back at the next sync as a first sight,
+			// active for keepActive more intervals, and so never go);
+			// gone from the counters too (LRU eviction), it goes.
+			if !seen[k] {
+				delete(aggs, k)
+			}
 			continue
 		}
 		out = append(out, k)

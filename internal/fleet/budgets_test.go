@@ -327,3 +327,51 @@ func TestByteSharesTrackDemand(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleAggregateStaysDropped: an instance that saw no traffic for
+// keepActive intervals is no longer published, and stays so while the
+// data plane keeps counting it (its counters do not move); traffic makes
+// it active again at the next sync; an instance gone from the counters is
+// forgotten.
+func TestIdleAggregateStaysDropped(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	clk := &clock{t: time.Now()}
+	h := newShareHost(t, srv.Client(t), "a", clk)
+	step := func(packets uint64) int {
+		clk.add(time.Second)
+		h.aggs.offer(asnKey, 1000, packets)
+		h.sync()
+		return h.f.Status().ActiveAggregates
+	}
+	step(100)
+	if n := step(100); n != 1 {
+		t.Fatalf("with traffic: %d active, want 1", n)
+	}
+	for i := 1; i <= keepActive; i++ {
+		if n := step(0); n != 1 {
+			t.Fatalf("idle interval %d of %d: %d active, want 1 (kept)", i, keepActive, n)
+		}
+	}
+	for i := range 2 * keepActive {
+		if n := step(0); n != 0 {
+			t.Fatalf("idle past keepActive (+%d): %d active, want 0: an idle instance came back", i+1, n)
+		}
+	}
+	if n := step(5); n != 1 {
+		t.Fatalf("traffic again: %d active, want 1", n)
+	}
+	if _, ok := h.st[asnKey]; !ok {
+		t.Fatal("state of a counted instance forgotten")
+	}
+	// Gone from the data plane's counters (evicted), idle: forgotten.
+	h.aggs.mu.Lock()
+	delete(h.aggs.c, asnKey)
+	h.aggs.mu.Unlock()
+	for range keepActive + 2 {
+		clk.add(time.Second)
+		h.sync()
+	}
+	if _, ok := h.st[asnKey]; ok || h.f.Status().ActiveAggregates != 0 {
+		t.Fatalf("an evicted, idle instance is still held: %+v", h.f.Status())
+	}
+}
