@@ -74,3 +74,73 @@ func BenchmarkFleetSync(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkShareConvergence is the share convergence time: three hosts
+// against a real redis-server, each syncing once per interval at its own
+// phase (0, 1/3 and 2/3 of the interval, on an injected clock), see a
+// flood split 90/9/1 of 3,000/s flip to 1/9/90 at a random point of an
+// interval; one op is one flip. It reports, in intervals, the time from
+// the flip to the first sync at which the host that became busiest holds
+// over 70% of the budget (it settles at 84%): the mean and the worst of
+// the run. ns/op is the real time of one op's syncs (syncs/op; each also
+// publishes the idle aggregates of the ops before it, for 30 intervals),
+// to read against BenchmarkFleetSync's per-sync cost in the same run.
+func BenchmarkShareConvergence(b *testing.B) {
+	srv := testenv.StartRedis(b)
+	clk := &clock{t: time.Now().Truncate(time.Second)}
+	var hosts []*shareHost
+	for _, n := range []string{"a", "b", "c"} {
+		hosts = append(hosts, newShareHost(b, srv.Client(b), n, clk))
+	}
+	base := clk.Now()
+	phase := []time.Duration{0, time.Second / 3, 2 * time.Second / 3}
+	before, after := []float64{2700, 270, 30}, []float64{30, 270, 2700}
+	var sum, worst float64
+	ops, syncs := 0, 0
+	var k int64 // the interval count on the injected clock, across ops
+	seed := uint64(1)
+	for b.Loop() {
+		key := fmt.Sprintf("rule 1 asn %d", 64500+ops)
+		// The flip, 3 intervals after the op's start, at a fraction x of
+		// an interval (a fixed sequence, so runs compare).
+		seed = seed*6364136223846793005 + 1442695040888963407
+		x := float64(seed>>11) / (1 << 53)
+		start := k
+		flip := base.Add(time.Duration(start+3)*time.Second + time.Duration(x*float64(time.Second)))
+		var followed time.Time
+		for ; k < start+10 && followed.IsZero(); k++ {
+			for i, h := range hosts {
+				at := base.Add(time.Duration(k)*time.Second + phase[i])
+				from := at.Add(-time.Second)
+				// Packets offered since this host's last sync: the old
+				// split before the flip, the new after it.
+				oldPart := min(max(flip.Sub(from).Seconds(), 0), 1)
+				n := before[i]*oldPart + after[i]*(1-oldPart)
+				clk.set(at)
+				h.aggs.offer(key, 1000, uint64(n))
+				h.sync()
+				syncs++
+				if i == 2 && at.After(flip) && followed.IsZero() && h.aggs.share(key).Fraction() > 0.7 {
+					followed = at
+				}
+			}
+		}
+		if followed.IsZero() {
+			b.Fatalf("op %d: c's share did not follow within 7 intervals of the flip", ops)
+		}
+		took := followed.Sub(flip).Seconds()
+		sum += took
+		worst = max(worst, took)
+		ops++
+		k += 2 // idle intervals between ops (the aggregate keys differ)
+	}
+	b.ReportMetric(sum/float64(ops), "intervals-mean")
+	b.ReportMetric(worst, "intervals-max")
+	b.ReportMetric(float64(syncs)/float64(ops), "syncs/op")
+}
+
+func (c *clock) set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
