@@ -63,7 +63,7 @@ func writeFleetStatus(out io.Writer, st control.FleetStatus, now time.Time) erro
 	if !st.LastSync.IsZero() {
 		last = fmt.Sprintf("%s (%s ago)", st.LastSync.UTC().Format(time.RFC3339), now.Sub(st.LastSync).Round(time.Millisecond))
 	}
-	fmt.Fprintf(w, "last sync\t%s\n", last)
+	fmt.Fprintf(w, "last sync\t%s, %d syncs since the fleet started\n", last, st.Syncs)
 	for _, m := range st.Members {
 		me := ""
 		if m.Host == st.Host {

@@ -18,7 +18,7 @@ func TestWriteFleetStatus(t *testing.T) {
 	b.Reset()
 	st := control.FleetStatus{
 		Enabled: true, Name: "edge", Host: "a", Interval: control.Duration(time.Second), RedisUp: false, Fallback: true,
-		LastSync: now.Add(-5 * time.Second), LastError: "dial tcp: refused",
+		LastSync: now.Add(-5 * time.Second), Syncs: 42, LastError: "dial tcp: refused",
 		Members: []control.FleetMember{{Host: "a", LastSeen: now.Add(-5 * time.Second)}, {Host: "b", LastSeen: now.Add(-6 * time.Second)}},
 		Shares: []control.FleetShare{{Aggregate: "rule 1 asn 64500", Budget: 1000, Share: 500, Fraction: 0.5, Demand: 1800,
 			FleetDemand: 2000, Hosts: 2, Static: true},
@@ -31,7 +31,7 @@ func TestWriteFleetStatus(t *testing.T) {
 	}
 	for _, want := range []string{"edge, host a, interval 1s", "UNREACHABLE, static shares", "dial tcp: refused",
 		"a (this host), heartbeat 5s ago", "NOT SYNCED", "3 entries from other hosts", "2 published, 4 applied, 1 refused",
-		"rule 1 asn 64500", "50.0% static", "rule 2 asn 64501 bytes", "1.0MB", "250.0kB", "25.0%"} {
+		"rule 1 asn 64500", "50.0% static", "42 syncs since the fleet started", "rule 2 asn 64501 bytes", "1.0MB", "250.0kB", "25.0%"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, b.String())
 		}
