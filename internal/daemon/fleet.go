@@ -327,15 +327,28 @@ func perSecond(r maps.Rate) float64 {
 	return float64(r.Count) / r.Per.Seconds()
 }
 
-// scaleRate is r times f (0 < f <= 1), rounded up, at least one unit of
-// rate and minBurst (capped at r's burst) of burst; unset stays unset.
+// scaleRate is r times f (clamped to [0, 1]; NaN is 1), rounded up, at
+// least one unit of rate and minBurst (capped at r's burst) of burst,
+// never above r; unset stays unset.
 func scaleRate(r maps.Rate, f float64, minBurst uint64) maps.Rate {
 	if !r.Limited() {
 		return maps.Rate{}
 	}
+	if math.IsNaN(f) {
+		f = 1 // a broken share: the policy's budget, as without fleet mode
+	}
 	f = min(max(f, 0), 1)
-	return maps.Rate{Count: max(1, uint64(math.Ceil(float64(r.Count)*f))), Per: r.Per,
-		Burst: max(min(minBurst, r.Burst), uint64(math.Ceil(float64(r.Burst)*f)))}
+	return maps.Rate{Count: max(1, scaleUp(r.Count, f)), Per: r.Per, Burst: max(min(minBurst, r.Burst), scaleUp(r.Burst, f))}
+}
+
+// scaleUp is ⌈n·f⌉ for 0 <= f <= 1, never above n (float64 rounds n up
+// near 2^64, where converting back would not be exact).
+func scaleUp(n uint64, f float64) uint64 {
+	v := math.Ceil(float64(n) * f)
+	if v >= float64(n) {
+		return n
+	}
+	return uint64(v)
 }
 
 // scaled is the share the data plane enforces: the packet budget times

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"net/netip"
 	"strings"
 	"testing"
@@ -139,6 +140,28 @@ rules:
 	}
 	if _, by := bo.scaled(0, 0); by.Burst != 1500 {
 		t.Errorf("bytes only, zero share: burst %d, want 1500", by.Burst)
+	}
+	// At the bounds: the largest counts the policy takes scale to at most
+	// themselves; a share above 1 or below 0 (never computed, but a bug
+	// must not widen a budget) is clamped.
+	huge := fleetBudget{rate: maps.Rate{Count: math.MaxUint64, Per: time.Second, Burst: math.MaxUint64},
+		bytes: maps.Rate{Count: math.MaxUint64, Per: time.Second, Burst: math.MaxUint64}}
+	for _, f := range []float64{1, 0.999999, 0.5, 2, math.Inf(1)} {
+		pk, by := huge.scaled(f, f)
+		if pk.Count > math.MaxUint64 || pk.Count < math.MaxUint64/3 || by.Burst < math.MaxUint64/3 || (f >= 1 && (pk.Count != math.MaxUint64 || by.Burst != math.MaxUint64)) {
+			t.Errorf("huge budget times %v: packets %+v, bytes %+v", f, pk, by)
+		}
+	}
+	for _, f := range []float64{-1, math.Inf(-1)} {
+		if pk, by := both.scaled(f, f); pk.Count != 1 || by.Count != 1 {
+			t.Errorf("share %v: packets %+v, bytes %+v, want the minimum", f, pk, by)
+		}
+	}
+	if pk, by := both.scaled(math.NaN(), math.NaN()); pk.Count != 1000 || by.Count != 1_000_000 {
+		t.Errorf("a NaN share: packets %+v, bytes %+v, want the policy's budget", pk, by)
+	}
+	if pk, by := huge.scaled(math.NaN(), math.NaN()); pk.Count != math.MaxUint64 || by.Count != math.MaxUint64 {
+		t.Errorf("a NaN share is the policy's budget: packets %+v, bytes %+v", pk, by)
 	}
 }
 
