@@ -63,7 +63,7 @@ func writeFleetStatus(out io.Writer, st control.FleetStatus, now time.Time) erro
 	if !st.LastSync.IsZero() {
 		last = fmt.Sprintf("%s (%s ago)", st.LastSync.UTC().Format(time.RFC3339), now.Sub(st.LastSync).Round(time.Millisecond))
 	}
-	fmt.Fprintf(w, "last sync\t%s\n", last)
+	fmt.Fprintf(w, "last sync\t%s, %d syncs since the fleet started\n", last, st.Syncs)
 	for _, m := range st.Members {
 		me := ""
 		if m.Host == st.Host {
@@ -96,13 +96,22 @@ func writeFleetStatus(out io.Writer, st control.FleetStatus, now time.Time) erro
 	fmt.Fprintln(out)
 	t := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(t, "AGGREGATE\tBUDGET/s\tSHARE/s\tSHARE\tDEMAND/s\tFLEET DEMAND/s\tHOSTS\t\n")
-	for _, s := range st.Shares {
-		share := fmt.Sprintf("%.1f%%", 100*s.Fraction)
+	static := func(s control.FleetShare, f float64) string {
 		if s.Static {
-			share += " static"
+			return fmt.Sprintf("%.1f%% static", 100*f)
 		}
-		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", s.Aggregate, human(s.Budget), human(s.Share), share,
-			human(s.Demand), human(s.FleetDemand), s.Hosts)
+		return fmt.Sprintf("%.1f%%", 100*f)
+	}
+	for _, s := range st.Shares {
+		// A row per dimension the rule has: packets/s, then bytes/s.
+		if s.Budget > 0 || s.ByteBudget <= 0 {
+			fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", s.Aggregate, human(s.Budget), human(s.Share),
+				static(s, s.Fraction), human(s.Demand), human(s.FleetDemand), s.Hosts)
+		}
+		if s.ByteBudget > 0 {
+			fmt.Fprintf(t, "%s bytes\t%sB\t%sB\t%s\t%sB\t%sB\t%d\t\n", s.Aggregate, human(s.ByteBudget), human(s.ByteShare),
+				static(s, s.ByteShare/s.ByteBudget), human(s.ByteDemand), human(s.FleetByteDemand), s.Hosts)
+		}
 	}
 	return t.Flush()
 }

@@ -15,10 +15,15 @@ type FleetStatus struct {
 	Interval Duration `json:"interval,omitzero"`
 	// RedisUp says the last sync reached Redis; while it is false the
 	// host enforces static shares (Fallback).
-	RedisUp   bool      `json:"redis_up"`
-	Fallback  bool      `json:"fallback"`
-	LastSync  time.Time `json:"last_sync,omitzero"`
-	LastError string    `json:"last_error,omitempty"`
+	RedisUp  bool      `json:"redis_up"`
+	Fallback bool      `json:"fallback"`
+	LastSync time.Time `json:"last_sync,omitzero"`
+	// Syncs counts this fleet's share syncs (one per interval, ok or
+	// failed) since it started: with LastSync, the daemon's own clock of
+	// when its shares changed (a poller that misses a sync sees the count
+	// jump).
+	Syncs     uint64 `json:"syncs"`
+	LastError string `json:"last_error,omitempty"`
 	// Members are the hosts whose heartbeat is fresh (this one included).
 	Members []FleetMember `json:"members,omitempty"`
 	// Shares are this host's shares of the busiest scope: fleet
@@ -48,7 +53,13 @@ type FleetShare struct {
 	// FleetDemand the sum over the hosts that published one.
 	Demand      float64 `json:"demand_pps"`
 	FleetDemand float64 `json:"fleet_demand_pps"`
-	Hosts       int     `json:"hosts"`
+	// The byte dimension of a rule with a bytes budget, in bytes/s (the
+	// packets' frame lengths, as the buckets count them); absent without.
+	ByteBudget      float64 `json:"budget_bytes_per_s,omitempty"`
+	ByteShare       float64 `json:"share_bytes_per_s,omitempty"`
+	ByteDemand      float64 `json:"demand_bytes_per_s,omitempty"`
+	FleetByteDemand float64 `json:"fleet_demand_bytes_per_s,omitempty"`
+	Hosts           int     `json:"hosts"`
 	// Static: Redis is unreachable and the share is budget ÷ hosts.
 	Static bool `json:"static,omitempty"`
 }

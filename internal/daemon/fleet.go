@@ -312,26 +312,52 @@ type watchKey struct {
 	kind maps.AggKind
 }
 
-// fleetBudget is one scope: fleet rule's shared packet budget of one
-// aggregate kind.
+// fleetBudget is one scope: fleet rule's shared budget of one aggregate
+// kind: packets (rate) and bytes (Count bytes per Per, Burst bytes);
+// either may be unset (zero Count).
 type fleetBudget struct {
-	rate maps.Rate
+	rate, bytes maps.Rate
 }
 
-// perSecond is the budget in packets/s.
-func (b fleetBudget) perSecond() float64 {
-	if b.rate.Per <= 0 {
+// perSecond is a budget per second (0 unset).
+func perSecond(r maps.Rate) float64 {
+	if r.Per <= 0 || !r.Limited() {
 		return 0
 	}
-	return float64(b.rate.Count) / b.rate.Per.Seconds()
+	return float64(r.Count) / r.Per.Seconds()
 }
 
-// scaled is the budget times f (0 < f <= 1), rounded up, at least one
-// packet of rate and of burst: the share the data plane enforces.
-func (b fleetBudget) scaled(f float64) maps.Rate {
+// scaleRate is r times f (clamped to [0, 1]; NaN is 1), rounded up, at
+// least one unit of rate and minBurst (capped at r's burst) of burst,
+// never above r; unset stays unset.
+func scaleRate(r maps.Rate, f float64, minBurst uint64) maps.Rate {
+	if !r.Limited() {
+		return maps.Rate{}
+	}
+	if math.IsNaN(f) {
+		f = 1 // a broken share: the policy's budget, as without fleet mode
+	}
 	f = min(max(f, 0), 1)
-	return maps.Rate{Count: max(1, uint64(math.Ceil(float64(b.rate.Count)*f))), Per: b.rate.Per,
-		Burst: max(1, uint64(math.Ceil(float64(b.rate.Burst)*f)))}
+	return maps.Rate{Count: max(1, scaleUp(r.Count, f)), Per: r.Per, Burst: max(min(minBurst, r.Burst), scaleUp(r.Burst, f))}
+}
+
+// scaleUp is ⌈n·f⌉ for 0 <= f <= 1, never above n (float64 rounds n up
+// near 2^64, where converting back would not be exact).
+func scaleUp(n uint64, f float64) uint64 {
+	v := math.Ceil(float64(n) * f)
+	if v >= float64(n) {
+		return n
+	}
+	return uint64(v)
+}
+
+// scaled is the share the data plane enforces: the packet budget times
+// pf and the byte budget times bf, rounded up, at least one packet of
+// rate and burst, one byte/s and one 1,500-byte packet of burst (or the
+// policy's burst if smaller): a share never refuses every full-size
+// packet.
+func (b fleetBudget) scaled(pf, bf float64) (pkts, bytes maps.Rate) {
+	return scaleRate(b.rate, pf, 1), scaleRate(b.bytes, bf, 1500)
 }
 
 // fleetAggs is the daemon as the fleet's Aggregates: the data plane counts
@@ -347,8 +373,8 @@ type fleetAggs struct {
 }
 
 // fleetBudgets are the running policy's scope: fleet budgets: per_asn for
-// ASN aggregates, per_prefix for whole or derived prefix aggregates, the
-// packet dimension (a byte budget stays per host; docs/fleet.md).
+// ASN aggregates, per_prefix for whole or derived prefix aggregates, both
+// dimensions (packets and bytes; docs/fleet.md).
 func fleetBudgets(p *policy.Policy) map[watchKey]fleetBudget {
 	out := map[watchKey]fleetBudget{}
 	if p == nil {
@@ -359,18 +385,29 @@ func fleetBudgets(p *policy.Policy) map[watchKey]fleetBudget {
 			continue
 		}
 		id := policy.RuleID(r.Name)
-		if l := r.Limits.PerASN.Packets; l.IsSet() {
-			out[watchKey{id, maps.AggKindASN}] = fleetBudget{maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}}
+		if b := r.Limits.PerASN; b.IsSet() {
+			out[watchKey{id, maps.AggKindASN}] = fleetBudgetOf(b)
 		}
-		if l := r.Limits.PerPrefix.Packets; l.IsSet() {
+		if b := r.Limits.PerPrefix; b.IsSet() {
 			kind := maps.AggKindPrefix
-			if r.Limits.PerPrefix.Whole {
+			if b.Whole {
 				kind = maps.AggKindWhole
 			}
-			out[watchKey{id, kind}] = fleetBudget{maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}}
+			out[watchKey{id, kind}] = fleetBudgetOf(b.Bucket)
 		}
 	}
 	return out
+}
+
+func fleetBudgetOf(b policy.Bucket) fleetBudget {
+	var fb fleetBudget
+	if l := b.Packets; l.IsSet() {
+		fb.rate = maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}
+	}
+	if l := b.Bytes; l.IsSet() {
+		fb.bytes = maps.Rate{Count: l.Rate.Count, Per: l.Rate.Per, Burst: l.Burst}
+	}
+	return fb
 }
 
 // FleetCounters makes sure every scope: fleet (rule, kind) is watched and
@@ -409,13 +446,15 @@ func (a *fleetAggs) FleetCounters() ([]fleet.AggCounter, error) {
 		}
 		key := c.Aggregate.String()
 		a.aggs[key] = c.Aggregate
-		out = append(out, fleet.AggCounter{Key: key, Passed: c.Passed.Packets, Dropped: c.Dropped.Packets, Budget: b.perSecond()})
+		out = append(out, fleet.AggCounter{Key: key, Passed: c.Passed.Packets, Dropped: c.Dropped.Packets,
+			PassedBytes: c.Passed.Bytes, DroppedBytes: c.Dropped.Bytes, Budget: perSecond(b.rate), ByteBudget: perSecond(b.bytes)})
 	}
 	return out, nil
 }
 
-// ApplyShares writes each share as an override of the aggregate's packet
-// budget, in force until expires.
+// ApplyShares writes each share as an override of the aggregate's budget
+// (both dimensions the rule has, each scaled by its share), in force
+// until expires.
 func (a *fleetAggs) ApplyShares(shares []fleet.Share, expires time.Time) error {
 	var list []maps.Override
 	for _, s := range shares {
@@ -427,7 +466,8 @@ func (a *fleetAggs) ApplyShares(shares []fleet.Share, expires time.Time) error {
 		if !ok {
 			continue
 		}
-		list = append(list, maps.Override{Aggregate: agg, Budget: b.scaled(s.Fraction()), Expires: expires, Origin: maps.OriginFleet})
+		pkts, bytes := b.scaled(s.Fraction(), s.ByteFraction())
+		list = append(list, maps.Override{Aggregate: agg, Budget: pkts, Bytes: bytes, Expires: expires, Origin: maps.OriginFleet})
 	}
 	if len(list) == 0 {
 		return nil

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"net/netip"
 	"strings"
 	"testing"
@@ -99,26 +100,68 @@ rules:
   - {name: whole, match: {prefixes: [198.18.0.0/24]}, scope: fleet, per_prefix: {group: whole, packets: {rate: 600/min, burst: 30}}}
   - {name: derived, match: {prefixes: [198.18.1.0/24]}, scope: fleet, per_prefix: {group: {ipv4: 28, ipv6: 64}, packets: 100/s}}
   - {name: local, match: {prefixes: [198.18.2.0/24]}, per_prefix: {group: whole, packets: 100/s}}
+  - {name: both, match: {prefixes: [198.18.3.0/24]}, scope: fleet, per_asn: {packets: 1000/s, bytes: {rate: 1MB/s, burst: 100kB}}}
+  - {name: bytesonly, match: {prefixes: [198.18.4.0/24]}, scope: fleet, per_asn: {bytes: {rate: 8kB/s, burst: 4kB}}}
 `), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := fleetBudgets(p)
-	if len(b) != 2 {
+	if len(b) != 4 {
 		t.Fatalf("budgets %+v", b)
 	}
 	w := b[watchKey{policy.RuleID("whole"), maps.AggKindWhole}]
-	if w.perSecond() != 10 || w.scaled(0.25) != (maps.Rate{Count: 150, Per: time.Minute, Burst: 8}) {
-		t.Errorf("whole: %v/s, a quarter %+v", w.perSecond(), w.scaled(0.25))
+	if pk, by := w.scaled(0.25, 0.25); perSecond(w.rate) != 10 || pk != (maps.Rate{Count: 150, Per: time.Minute, Burst: 8}) || by.Limited() {
+		t.Errorf("whole: %v/s, a quarter %+v, bytes %+v (none in the policy)", perSecond(w.rate), pk, by)
 	}
-	if r := w.scaled(0); r.Count != 1 || r.Burst != 1 {
+	if r, _ := w.scaled(0, 0); r.Count != 1 || r.Burst != 1 {
 		t.Errorf("a zero share still admits a packet of rate and burst: %+v", r)
 	}
-	if r := w.scaled(7); r.Count != 600 || r.Burst != 30 {
+	if r, _ := w.scaled(7, 7); r.Count != 600 || r.Burst != 30 {
 		t.Errorf("a share is never above the budget: %+v", r)
 	}
 	if _, ok := b[watchKey{policy.RuleID("derived"), maps.AggKindPrefix}]; !ok {
 		t.Errorf("derived prefix budget missing: %+v", b)
+	}
+	// Both dimensions, each scaled by its own share.
+	both := b[watchKey{policy.RuleID("both"), maps.AggKindASN}]
+	pk, by := both.scaled(0.5, 0.1)
+	if perSecond(both.bytes) != 1e6 || pk != (maps.Rate{Count: 500, Per: time.Second, Burst: 500}) ||
+		by != (maps.Rate{Count: 100_000, Per: time.Second, Burst: 10_000}) {
+		t.Errorf("both: %v bytes/s; half the packets %+v, a tenth of the bytes %+v", perSecond(both.bytes), pk, by)
+	}
+	// A tiny byte share keeps one full-size packet of burst.
+	if _, by := both.scaled(0, 0); by.Count != 1 || by.Burst != 1500 {
+		t.Errorf("a zero byte share: %+v, want 1 byte/s and a 1500-byte burst", by)
+	}
+	bo := b[watchKey{policy.RuleID("bytesonly"), maps.AggKindASN}]
+	if pk, by := bo.scaled(0.5, 0.5); pk.Limited() || by != (maps.Rate{Count: 4000, Per: time.Second, Burst: 2000}) {
+		t.Errorf("bytes only: packets %+v (want none), bytes %+v", pk, by)
+	}
+	if _, by := bo.scaled(0, 0); by.Burst != 1500 {
+		t.Errorf("bytes only, zero share: burst %d, want 1500", by.Burst)
+	}
+	// At the bounds: the largest counts the policy takes scale to at most
+	// themselves; a share above 1 or below 0 (never computed, but a bug
+	// must not widen a budget) is clamped.
+	huge := fleetBudget{rate: maps.Rate{Count: math.MaxUint64, Per: time.Second, Burst: math.MaxUint64},
+		bytes: maps.Rate{Count: math.MaxUint64, Per: time.Second, Burst: math.MaxUint64}}
+	for _, f := range []float64{1, 0.999999, 0.5, 2, math.Inf(1)} {
+		pk, by := huge.scaled(f, f)
+		if pk.Count > math.MaxUint64 || pk.Count < math.MaxUint64/3 || by.Burst < math.MaxUint64/3 || (f >= 1 && (pk.Count != math.MaxUint64 || by.Burst != math.MaxUint64)) {
+			t.Errorf("huge budget times %v: packets %+v, bytes %+v", f, pk, by)
+		}
+	}
+	for _, f := range []float64{-1, math.Inf(-1)} {
+		if pk, by := both.scaled(f, f); pk.Count != 1 || by.Count != 1 {
+			t.Errorf("share %v: packets %+v, bytes %+v, want the minimum", f, pk, by)
+		}
+	}
+	if pk, by := both.scaled(math.NaN(), math.NaN()); pk.Count != 1000 || by.Count != 1_000_000 {
+		t.Errorf("a NaN share: packets %+v, bytes %+v, want the policy's budget", pk, by)
+	}
+	if pk, by := huge.scaled(math.NaN(), math.NaN()); pk.Count != math.MaxUint64 || by.Count != math.MaxUint64 {
+		t.Errorf("a NaN share is the policy's budget: packets %+v, bytes %+v", pk, by)
 	}
 }
 

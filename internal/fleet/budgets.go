@@ -16,11 +16,13 @@ import (
 
 // aggState is what the shares loop remembers of one aggregate.
 type aggState struct {
-	passed, dropped uint64
-	at              time.Time // when the counters were read
-	lastActive      time.Time // last interval with traffic
-	demand, pass    float64   // rates over the last interval
-	budget          float64
+	passed, dropped   uint64
+	passedB, droppedB uint64    // bytes
+	at                time.Time // when the counters were read
+	lastActive        time.Time // last interval with traffic
+	demand, pass      float64   // rates over the last interval, packets/s
+	demandB, passB    float64   // bytes/s
+	budget, byteB     float64   // the policy's packets/s and bytes/s
 }
 
 // runShares runs one sync per interval until ctx ends.
@@ -56,21 +58,25 @@ func (f *Fleet) syncShares(ctx context.Context, aggs map[string]*aggState, hosts
 		for _, k := range active {
 			a := aggs[k]
 			shares = append(shares, Share{Key: k, Budget: a.budget, Rate: StaticShare(a.budget, hosts), Demand: a.demand,
-				FleetDemand: a.demand, Hosts: hosts, Static: true})
+				FleetDemand: a.demand, ByteBudget: a.byteB, ByteRate: StaticShare(a.byteB, hosts), ByteDemand: a.demandB,
+				FleetByteDemand: a.demandB, Hosts: hosts, Static: true})
 		}
 	} else {
 		f.stats.syncs.WithLabelValues("ok").Inc()
 		hosts = max(len(members), 1)
 		for _, k := range active {
 			a := aggs[k]
-			fleet := a.demand
+			fleet, fleetB := a.demand, a.demandB
 			n := 1
 			for _, o := range others[k] {
 				fleet += o.Demand
+				fleetB += o.Bytes
 				n++
 			}
 			shares = append(shares, Share{Key: k, Budget: a.budget, Demand: a.demand, FleetDemand: fleet, Hosts: max(hosts, n),
-				Rate: ShareOf(a.budget, f.o.Floor, hosts, f.o.Host, a.demand, others[k])})
+				Rate:       ShareOf(a.budget, f.o.Floor, hosts, f.o.Host, a.demand, others[k]),
+				ByteBudget: a.byteB, ByteDemand: a.demandB, FleetByteDemand: fleetB,
+				ByteRate: ShareOf(a.byteB, f.o.Floor, hosts, f.o.Host, a.demandB, byteDemands(others[k]))})
 		}
 	}
 	if f.o.Aggregates != nil && len(shares) > 0 {
@@ -91,6 +97,7 @@ func (f *Fleet) syncShares(ctx context.Context, aggs map[string]*aggState, hosts
 	f.stats.members.Set(float64(hosts))
 	f.mu.Lock()
 	f.st.fallback = err != nil
+	f.st.syncs++
 	if err == nil {
 		f.st.lastSync = now
 		f.st.members = members
@@ -113,7 +120,8 @@ func boolGauge(b bool) float64 {
 }
 
 // measure reads the counters and returns the active aggregates (traffic
-// within keepActive intervals), sorted.
+// within keepActive intervals), sorted. aggs holds at most one state per
+// instance the data plane counts (its agg_stats table is bounded).
 func (f *Fleet) measure(aggs map[string]*aggState, now time.Time) []string {
 	if f.o.Aggregates == nil {
 		return nil
@@ -130,32 +138,43 @@ func (f *Fleet) measure(aggs map[string]*aggState, now time.Time) []string {
 		if !ok {
 			// First sight: no rate yet (the counters may hold traffic
 			// from before); it counts as active from now.
-			aggs[c.Key] = &aggState{passed: c.Passed, dropped: c.Dropped, at: now, lastActive: now, budget: c.Budget}
+			aggs[c.Key] = &aggState{passed: c.Passed, dropped: c.Dropped, passedB: c.PassedBytes, droppedB: c.DroppedBytes,
+				at: now, lastActive: now, budget: c.Budget, byteB: c.ByteBudget}
 			continue
 		}
-		a.budget = c.Budget
+		a.budget, a.byteB = c.Budget, c.ByteBudget
 		dt := now.Sub(a.at).Seconds()
-		if c.Passed < a.passed || c.Dropped < a.dropped {
+		if c.Passed < a.passed || c.Dropped < a.dropped || c.PassedBytes < a.passedB || c.DroppedBytes < a.droppedB {
 			// Evicted and counted again from zero: a restart.
-			a.passed, a.dropped = 0, 0
+			a.passed, a.dropped, a.passedB, a.droppedB = 0, 0, 0, 0
 		}
 		if dt > 0 {
 			dp, dd := c.Passed-a.passed, c.Dropped-a.dropped
 			a.pass = float64(dp) / dt
 			a.demand = float64(dp+dd) / dt
+			a.passB = float64(c.PassedBytes-a.passedB) / dt
+			a.demandB = float64(c.PassedBytes-a.passedB+c.DroppedBytes-a.droppedB) / dt
 			if dp+dd > 0 {
 				a.lastActive = now
 			}
 		}
-		a.passed, a.dropped, a.at = c.Passed, c.Dropped, now
+		a.passed, a.dropped, a.passedB, a.droppedB, a.at = c.Passed, c.Dropped, c.PassedBytes, c.DroppedBytes, now
 	}
 	var out []string
 	for k, a := range aggs {
 		if !seen[k] {
-			a.demand, a.pass = 0, 0
+			a.demand, a.pass, a.demandB, a.passB = 0, 0, 0, 0
 		}
 		if now.Sub(a.lastActive) > keepActive*f.o.Interval {
-			delete(aggs, k)
+			// Idle: no longer published. While the data plane still
+			// counts the instance its state stays, as the baseline its
+			// counters must move from to make it active again (forgotten,
+			// it would come back at the next sync as a first sight,
+			// active for keepActive more intervals, and so never go);
+			// gone from the counters too (LRU eviction), it goes.
+			if !seen[k] {
+				delete(aggs, k)
+			}
 			continue
 		}
 		out = append(out, k)
@@ -166,7 +185,8 @@ func (f *Fleet) measure(aggs map[string]*aggState, now time.Time) []string {
 
 // exchange is one pipelined round trip: heartbeat, drop dead members,
 // read the members, and per active aggregate publish this host's demand
-// ("demand passed unix_ms") and read every host's. Published fields of
+// ("demand passed unix_ms demand_bytes passed_bytes": packets/s, then
+// bytes/s) and read every host's. Published fields of
 // hosts that are not live members, or older than deadAfter intervals, are
 // ignored; each aggregate key expires deadAfter intervals after the last
 // host published to it.
@@ -211,7 +231,7 @@ func (f *Fleet) exchange(ctx context.Context, now time.Time, active []string, ag
 				k := active[i]
 				a := aggs[k]
 				key := f.k.agg(k)
-				p.HSet(ctx, key, f.o.Host, fmt.Sprintf("%.3f %.3f %d", a.demand, a.pass, now.UnixMilli()))
+				p.HSet(ctx, key, f.o.Host, fmt.Sprintf("%.3f %.3f %d %.3f %.3f", a.demand, a.pass, now.UnixMilli(), a.demandB, a.passB))
 				p.PExpire(ctx, key, ttl)
 				reads[i] = p.HGetAll(ctx, key)
 			}
@@ -235,7 +255,8 @@ func (f *Fleet) exchange(ctx context.Context, now time.Time, active []string, ag
 			if at.Before(cutoff) {
 				continue
 			}
-			others[k] = append(others[k], HostDemand{Host: h, Demand: d})
+			d.Host = h
+			others[k] = append(others[k], d)
 		}
 	}
 	return members, others, nil
@@ -245,21 +266,36 @@ func (f *Fleet) exchange(ctx context.Context, now time.Time, active []string, ag
 // each).
 const exchangeBatch = 256
 
-// maxDemand bounds a published demand (packets/s): a hostile or broken
-// value above it is malformed, not a reason to starve this host.
-const maxDemand = 1e12
+// maxDemand bounds a published packet demand (packets/s), maxByteDemand
+// a byte demand (bytes/s): a hostile or broken value above it is
+// malformed, not a reason to starve this host.
+const (
+	maxDemand     = 1e12
+	maxByteDemand = 1e15
+)
 
-// parseDemand reads "demand passed unix_ms" as published by exchange.
-func parseDemand(v string) (float64, time.Time, bool) {
+// parseDemand reads "demand passed unix_ms demand_bytes passed_bytes" as
+// published by exchange (Host left empty).
+func parseDemand(v string) (HostDemand, time.Time, bool) {
 	parts := strings.Fields(v)
-	if len(v) > 96 || len(parts) != 3 {
-		return 0, time.Time{}, false
+	if len(v) > 128 || len(parts) != 5 {
+		return HostDemand{}, time.Time{}, false
 	}
-	d, err1 := strconv.ParseFloat(parts[0], 64)
-	p, err2 := strconv.ParseFloat(parts[1], 64)
-	ms, err3 := strconv.ParseInt(parts[2], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || !(d >= 0 && d <= maxDemand) || !(p >= 0 && p <= maxDemand) || ms <= 0 {
-		return 0, time.Time{}, false
+	var f [4]float64
+	for i, j := range []int{0, 1, 3, 4} {
+		x, err := strconv.ParseFloat(parts[j], 64)
+		bound := maxDemand
+		if i >= 2 {
+			bound = maxByteDemand
+		}
+		if err != nil || !(x >= 0 && x <= bound) {
+			return HostDemand{}, time.Time{}, false
+		}
+		f[i] = x
 	}
-	return d, time.UnixMilli(ms), true
+	ms, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil || ms <= 0 {
+		return HostDemand{}, time.Time{}, false
+	}
+	return HostDemand{Demand: f[0], Bytes: f[2]}, time.UnixMilli(ms), true
 }

@@ -46,6 +46,19 @@ func (m *memAggs) offer(key string, budget float64, packets uint64) {
 	c.Passed += packets
 }
 
+// offerBytes is offer with a byte budget and the packets' bytes.
+func (m *memAggs) offerBytes(key string, budget, byteBudget float64, packets, bytes uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.c[key]
+	if !ok {
+		c = &AggCounter{Key: key, Budget: budget, ByteBudget: byteBudget}
+		m.c[key] = c
+	}
+	c.Passed += packets
+	c.PassedBytes += bytes
+}
+
 func (m *memAggs) FleetCounters() ([]AggCounter, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -234,7 +247,8 @@ func TestSharesHostileRedis(t *testing.T) {
 	for range 2 {
 		clk.add(time.Second)
 		a.aggs.offer(asnKey, 1000, 500)
-		rc.HSet(ctx, key, "ghost", "1e9 0 "+strconv.FormatInt(clk.Now().UnixMilli(), 10), "b", "NaN 0 1", "c", "1e300 1 1", "a", "1e9 1e9 1")
+		rc.HSet(ctx, key, "ghost", "1e9 0 "+strconv.FormatInt(clk.Now().UnixMilli(), 10)+" 1e12 0", "b", "NaN 0 1 0 0", "c", "1e300 1 1 0 0",
+			"a", "1e9 1e9 1 1e12 1e12")
 		rc.ZAdd(ctx, a.f.k.members, redis.Z{Score: float64(clk.Now().UnixMilli()), Member: "b"}, redis.Z{Score: float64(clk.Now().UnixMilli()), Member: "{bad host}"})
 		a.sync()
 	}
@@ -245,5 +259,119 @@ func TestSharesHostileRedis(t *testing.T) {
 	}
 	if a.f.Status().Lists.Malformed < 2 {
 		t.Errorf("malformed demands not counted: %+v", a.f.Status())
+	}
+}
+
+// TestByteSharesTrackDemand: a rule with a packet and a byte budget. The
+// hosts offer the same packets/s, but host a's packets are large (90% of
+// the bytes): the packet shares stay equal, the byte shares follow the
+// byte demand (90/9/1 plus the floor, summing to the byte budget); the
+// byte split flips and the byte shares follow within 3 intervals; with
+// Redis gone the byte share is static too (budget ÷ hosts).
+func TestByteSharesTrackDemand(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	clk := &clock{t: time.Now()}
+	var hosts []*shareHost
+	for _, n := range []string{"a", "b", "c"} {
+		hosts = append(hosts, newShareHost(t, srv.Client(t), n, clk))
+	}
+	const pktBudget, byteBudget = 1000.0, 1e6
+	step := func(bytes []uint64) {
+		clk.add(time.Second)
+		for i, h := range hosts {
+			h.aggs.offerBytes(asnKey, pktBudget, byteBudget, 900, bytes[i])
+		}
+		for _, h := range hosts {
+			h.sync()
+		}
+	}
+	check := func(when string, want []float64) {
+		t.Helper()
+		sum, psum := 0.0, 0.0
+		for i, h := range hosts {
+			s := h.aggs.share(asnKey)
+			if s.Static || s.ByteBudget != byteBudget || math.Abs(s.ByteRate-want[i]) > 1 || math.Abs(s.Rate-pktBudget/3) > 0.01 {
+				t.Errorf("%s: host %d share %+v, want %.0f bytes/s and %.1f packets/s", when, i, s, want[i], pktBudget/3)
+			}
+			sum += s.ByteRate
+			psum += s.Rate
+		}
+		if math.Abs(sum-byteBudget) > 1 || math.Abs(psum-pktBudget) > 0.01 {
+			t.Errorf("%s: byte shares sum to %.1f (want %.0f), packet shares to %.2f (want %.0f)", when, sum, byteBudget, psum, pktBudget)
+		}
+	}
+	each := 0.1 * byteBudget / 3
+	split := []uint64{2_700_000, 270_000, 30_000}
+	for range 3 {
+		step(split)
+	}
+	check("bytes 90/9/1", []float64{each + 0.9*byteBudget*0.9, each + 0.9*byteBudget*0.09, each + 0.9*byteBudget*0.01})
+	if s := hosts[0].aggs.share(asnKey); math.Abs(s.ByteDemand-2.7e6) > 1 || math.Abs(s.FleetByteDemand-3e6) > 1 {
+		t.Errorf("a's byte demand %+v, want 2.7e6 of 3e6", s)
+	}
+	// The flip: followed within 3 intervals.
+	flip := []uint64{30_000, 270_000, 2_700_000}
+	for range 3 {
+		step(flip)
+	}
+	check("bytes 1/9/90", []float64{each + 0.9*byteBudget*0.01, each + 0.9*byteBudget*0.09, each + 0.9*byteBudget*0.9})
+	st := hosts[2].f.Status()
+	if len(st.Shares) != 1 || math.Abs(st.Shares[0].ByteShare-(each+0.9*byteBudget*0.9)) > 1 || st.Shares[0].ByteBudget != byteBudget {
+		t.Errorf("c's status shows %+v, want its byte share", st.Shares)
+	}
+	srv.Stop()
+	step(flip)
+	for i, h := range hosts {
+		if s := h.aggs.share(asnKey); !s.Static || math.Abs(s.ByteRate-byteBudget/3) > 0.01 || math.Abs(s.Rate-pktBudget/3) > 0.01 {
+			t.Errorf("redis gone: host %d share %+v, want static budget ÷ 3 in both dimensions", i, s)
+		}
+	}
+}
+
+// TestIdleAggregateStaysDropped: an instance that saw no traffic for
+// keepActive intervals is no longer published, and stays so while the
+// data plane keeps counting it (its counters do not move); traffic makes
+// it active again at the next sync; an instance gone from the counters is
+// forgotten.
+func TestIdleAggregateStaysDropped(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	clk := &clock{t: time.Now()}
+	h := newShareHost(t, srv.Client(t), "a", clk)
+	step := func(packets uint64) int {
+		clk.add(time.Second)
+		h.aggs.offer(asnKey, 1000, packets)
+		h.sync()
+		return h.f.Status().ActiveAggregates
+	}
+	step(100)
+	if n := step(100); n != 1 {
+		t.Fatalf("with traffic: %d active, want 1", n)
+	}
+	for i := 1; i <= keepActive; i++ {
+		if n := step(0); n != 1 {
+			t.Fatalf("idle interval %d of %d: %d active, want 1 (kept)", i, keepActive, n)
+		}
+	}
+	for i := range 2 * keepActive {
+		if n := step(0); n != 0 {
+			t.Fatalf("idle past keepActive (+%d): %d active, want 0: an idle instance came back", i+1, n)
+		}
+	}
+	if n := step(5); n != 1 {
+		t.Fatalf("traffic again: %d active, want 1", n)
+	}
+	if _, ok := h.st[asnKey]; !ok {
+		t.Fatal("state of a counted instance forgotten")
+	}
+	// Gone from the data plane's counters (evicted), idle: forgotten.
+	h.aggs.mu.Lock()
+	delete(h.aggs.c, asnKey)
+	h.aggs.mu.Unlock()
+	for range keepActive + 2 {
+		clk.add(time.Second)
+		h.sync()
+	}
+	if _, ok := h.st[asnKey]; ok || h.f.Status().ActiveAggregates != 0 {
+		t.Fatalf("an evicted, idle instance is still held: %+v", h.f.Status())
 	}
 }

@@ -45,19 +45,26 @@ type AggCounter struct {
 	// Key names the aggregate the same way on every host.
 	Key             string
 	Passed, Dropped uint64 // packets since the instance was first counted
-	// Budget is the policy's budget for it, packets/s.
-	Budget float64
+	// PassedBytes and DroppedBytes are the same packets' bytes.
+	PassedBytes, DroppedBytes uint64
+	// Budget is the policy's packet budget for it, packets/s; ByteBudget
+	// its byte budget, bytes/s. Zero: the rule has no budget of that
+	// dimension to share.
+	Budget, ByteBudget float64
 }
 
 // Share is this host's share of one aggregate's budget.
 type Share struct {
 	Key         string
-	Budget      float64 // the policy's, packets/s
+	Budget      float64 // the policy's, packets/s (0: no packet budget)
 	Rate        float64 // this host's share, packets/s
 	Demand      float64 // own offered rate, packets/s
 	FleetDemand float64
-	Hosts       int
-	Static      bool // Redis unreachable: budget ÷ hosts
+	// The byte dimension, the same way in bytes/s (ByteBudget 0: no byte
+	// budget).
+	ByteBudget, ByteRate, ByteDemand, FleetByteDemand float64
+	Hosts                                             int
+	Static                                            bool // Redis unreachable: budget ÷ hosts
 }
 
 // Fraction is Rate / Budget.
@@ -66,6 +73,14 @@ func (s Share) Fraction() float64 {
 		return 1
 	}
 	return s.Rate / s.Budget
+}
+
+// ByteFraction is ByteRate / ByteBudget.
+func (s Share) ByteFraction() float64 {
+	if s.ByteBudget <= 0 {
+		return 1
+	}
+	return s.ByteRate / s.ByteBudget
 }
 
 // Aggregates is the daemon's side of fleet-wide budgets.
@@ -140,6 +155,7 @@ type state struct {
 	redisUp    bool
 	fallback   bool
 	lastSync   time.Time
+	syncs      uint64
 	lastErr    string
 	members    []control.FleetMember
 	shares     []Share
@@ -239,7 +255,7 @@ func (f *Fleet) Status() control.FleetStatus {
 	defer f.mu.Unlock()
 	st := control.FleetStatus{
 		Enabled: true, Name: f.o.Name, Host: f.o.Host, Interval: control.Duration(f.o.Interval),
-		RedisUp: f.st.redisUp, Fallback: f.st.fallback, LastSync: f.st.lastSync, LastError: f.st.lastErr,
+		RedisUp: f.st.redisUp, Fallback: f.st.fallback, LastSync: f.st.lastSync, Syncs: f.st.syncs, LastError: f.st.lastErr,
 		Members: append([]control.FleetMember(nil), f.st.members...), ActiveAggregates: f.st.active,
 		Lists: control.FleetList{
 			Enabled: f.o.Lists != nil, Synced: f.st.listSynced, LastChange: f.st.lastChange,
@@ -250,7 +266,8 @@ func (f *Fleet) Status() control.FleetStatus {
 	}
 	for _, s := range f.st.shares {
 		st.Shares = append(st.Shares, control.FleetShare{Aggregate: s.Key, Budget: s.Budget, Share: s.Rate,
-			Fraction: s.Fraction(), Demand: s.Demand, FleetDemand: s.FleetDemand, Hosts: s.Hosts, Static: s.Static})
+			Fraction: s.Fraction(), Demand: s.Demand, FleetDemand: s.FleetDemand, ByteBudget: s.ByteBudget, ByteShare: s.ByteRate,
+			ByteDemand: s.ByteDemand, FleetByteDemand: s.FleetByteDemand, Hosts: s.Hosts, Static: s.Static})
 	}
 	return st
 }

@@ -4,9 +4,21 @@ package fleet
 type HostDemand struct {
 	Host   string
 	Demand float64 // offered packets/s: passed + dropped
+	Bytes  float64 // the same packets' bytes/s
 }
 
-// ShareOf is this host's share of a fleet-wide budget (packets/s).
+// byteDemands is others with each host's byte demand as its Demand: the
+// byte dimension's shares are ShareOf of the byte budget and these.
+func byteDemands(others []HostDemand) []HostDemand {
+	out := make([]HostDemand, len(others))
+	for i, o := range others {
+		out[i] = HostDemand{Host: o.Host, Demand: o.Bytes}
+	}
+	return out
+}
+
+// ShareOf is this host's share of a fleet-wide budget (packets/s, or
+// bytes/s with byte demands: the byte dimension is split the same way).
 //
 // Every one of the fleet's members hosts live hosts (heartbeats within a
 // few intervals, this one included) is given a floor of floor × budget ÷

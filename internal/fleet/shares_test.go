@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -86,20 +87,20 @@ func TestShareEdges(t *testing.T) {
 	// A host that just started seeing traffic, unknown to the others,
 	// takes the floor plus its part; the member count comes from the
 	// heartbeats and is raised to the hosts that published.
-	if got := ShareOf(900, 0.1, 1, "a", 0, []HostDemand{{"b", 10}, {"c", 10}}); !approx(got, 30) {
+	if got := ShareOf(900, 0.1, 1, "a", 0, []HostDemand{{Host: "b", Demand: 10}, {Host: "c", Demand: 10}}); !approx(got, 30) {
 		t.Errorf("idle host: %v, want the floor 30", got)
 	}
 	// Its own entry among the others is ignored (its fresh measurement counts).
-	if got := ShareOf(900, 0, 2, "a", 10, []HostDemand{{"a", 1e9}, {"b", 10}}); !approx(got, 450) {
+	if got := ShareOf(900, 0, 2, "a", 10, []HostDemand{{Host: "a", Demand: 1e9}, {Host: "b", Demand: 10}}); !approx(got, 450) {
 		t.Errorf("self among others: %v, want 450", got)
 	}
 	if got := ShareOf(0, 0.1, 3, "a", 10, nil); got != 0 {
 		t.Errorf("zero budget: %v", got)
 	}
-	if got := ShareOf(900, 5, 3, "a", 10, []HostDemand{{"b", 10}, {"c", 10}}); got <= 0 || got > 900 {
+	if got := ShareOf(900, 5, 3, "a", 10, []HostDemand{{Host: "b", Demand: 10}, {Host: "c", Demand: 10}}); got <= 0 || got > 900 {
 		t.Errorf("floor above 1 is clamped: %v", got)
 	}
-	if got := ShareOf(900, 0.1, 3, "a", 10, []HostDemand{{"b", -1e9}}); got <= 0 || got > 900 {
+	if got := ShareOf(900, 0.1, 3, "a", 10, []HostDemand{{Host: "b", Demand: -1e9}}); got <= 0 || got > 900 {
 		t.Errorf("negative demand: %v", got)
 	}
 	if got := StaticShare(900, 3); got != 300 {
@@ -153,11 +154,17 @@ func TestOvershootBound(t *testing.T) {
 }
 
 func TestParseDemandHostile(t *testing.T) {
-	if d, at, ok := parseDemand("12.5 10.000 1764637200000"); !ok || d != 12.5 || at.UnixMilli() != 1764637200000 {
+	if d, at, ok := parseDemand("12.5 10.000 1764637200000 18750.000 15000"); !ok || d.Demand != 12.5 || d.Bytes != 18750 ||
+		at.UnixMilli() != 1764637200000 {
 		t.Errorf("good demand: %v %v %v", d, at, ok)
 	}
-	for _, v := range []string{"", "1 2", "1 2 3 4", "NaN 1 5", "Inf 1 5", "-1 0 5", "1e13 0 5", "1 -1 5", "1 1 -5",
-		"1 1 0", "x y z", "1 1 99999999999999999999", "1 1 1.5"} {
+	if d, _, ok := parseDemand("0 0 1 1e15 1e15"); !ok || d.Bytes != 1e15 {
+		t.Errorf("byte demand at the bound: %v %v", d, ok)
+	}
+	for _, v := range []string{"", "1 2", "1 2 3", "1 2 3 4", "1 2 3 4 5 6", "NaN 1 5 0 0", "Inf 1 5 0 0", "-1 0 5 0 0",
+		"1e13 0 5 0 0", "1 -1 5 0 0", "1 1 -5 0 0", "1 1 0 0 0", "x y z 0 0", "1 1 99999999999999999999 0 0", "1 1 1.5 0 0",
+		"1 1 5 NaN 0", "1 1 5 0 Inf", "1 1 5 -1 0", "1 1 5 0 -1", "1 1 5 1.1e15 0", "1 1 5 0 1e16", "1 1 5 x 0",
+		"1 1 5 0 0" + strings.Repeat(" ", 120)} {
 		if _, _, ok := parseDemand(v); ok {
 			t.Errorf("parseDemand(%q) accepted", v)
 		}

@@ -369,3 +369,47 @@ func TestAggregateCounters(t *testing.T) {
 	must(t, td.m.UnwatchAggregates(0, maps.AggKindGlobal))
 	td.wantGateClear()
 }
+
+// TestOverrideBytes: an override's byte budget (fleet mode's share of a
+// byte budget) is enforced in the byte dimension, alongside its packet
+// budget; a dimension the override leaves zero is not limited while it is
+// in force (the override replaces the whole budget, so fleet mode writes
+// both), and Overrides reads the byte budget back.
+func TestOverrideBytes(t *testing.T) {
+	// The policy: 1000/s (burst 100) and 100 kB/s with a burst of 110
+	// frames: td.burst's 52-byte frames meet the packet burst first, and
+	// the byte burst above it (so an override without bytes shows).
+	const frame = 14 + 20 + 8 + 10
+	both := policy.Bucket{Packets: perSecond(1000, 100),
+		Bytes: policy.Limit{Rate: policy.Rate{Count: 100_000, Per: time.Second}, Burst: 110 * frame}}
+	for _, c := range []struct {
+		name          string
+		budget, bytes maps.Rate
+		want          int
+	}{
+		{"packets and bytes, bytes bind", rate(1000, 100), rate(100*frame, 10*frame), 10},
+		{"packets and bytes, packets bind", rate(1000, 4), rate(100*frame, 10*frame), 4},
+		{"bytes only: packets unlimited meanwhile", maps.Rate{}, rate(1000*frame, 150*frame), 150},
+		{"packets only: bytes unlimited meanwhile", rate(1000, 120), maps.Rate{}, 120},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			td := newTestDatapath(t, smallSizes)
+			td.setClock(ovrStart)
+			g := generation(policy.CompiledRule{ID: 0, PerASN: both})
+			td.apply(withPrefixes(g, fact("198.18.0.0/16", 0, 64500), fact("198.19.0.0/16", 0, 64501)))
+			td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), Budget: c.budget, Bytes: c.bytes,
+				Expires: time.Now().Add(10 * time.Second), Origin: maps.OriginFleet})
+			if got := td.burst("198.18.1.1", 200); got != c.want {
+				t.Errorf("AS64500 under the override: %d of 200 passed, want %d", got, c.want)
+			}
+			if got := td.burst("198.19.1.1", 200); got != 100 {
+				t.Errorf("AS64501, the policy's budget: %d of 200 passed, want the packet burst of 100", got)
+			}
+			list, err := td.m.Overrides()
+			if err != nil || len(list) != 1 || list[0].Bytes.Count != c.bytes.Count || list[0].Bytes.Burst != c.bytes.Burst ||
+				list[0].Budget.Count != c.budget.Count {
+				t.Errorf("read back %+v (%v), want budget %+v and bytes %+v", list, err, c.budget, c.bytes)
+			}
+		})
+	}
+}

@@ -148,10 +148,14 @@ func rateCfg(r Rate) (BucketCfg, error) {
 // rule is gone, or no longer has that aggregate (Apply deletes those).
 type Override struct {
 	Aggregate Aggregate
-	// Budget replaces the aggregate's packet budget for all classes (a
-	// fleet share); its reserve share stays the rule's. Zero Count:
-	// unchanged.
+	// Budget and Bytes replace the aggregate's budget for all classes (a
+	// fleet share): Budget its packet dimension, Bytes its byte dimension
+	// (Count bytes per Per, Burst bytes). Its reserve share stays the
+	// rule's. With either set they replace the whole budget: a dimension
+	// left zero is not limited while the override is in force, so give
+	// both when the rule has both. Both zero: unchanged.
 	Budget Rate
+	Bytes  Rate
 	// NewBudget is an extra bucket only new and penalised sources are
 	// charged against (shield tighten), in addition to the aggregate's;
 	// established and validated sources are not charged by it. Zero
@@ -316,7 +320,7 @@ func (m *Maps) SetOverrides(list []Override) error {
 
 func (o Override) compile(clock monoOffset) (loader.LimiterEgOverride, error) {
 	v := loader.LimiterEgOverride{Origin: uint32(o.Origin)}
-	if !o.Budget.Limited() && !o.NewBudget.Limited() {
+	if !o.Budget.Limited() && !o.Bytes.Limited() && !o.NewBudget.Limited() {
 		return v, fmt.Errorf("override %v: neither a budget nor a new-source budget", o.Aggregate)
 	}
 	if o.Expires.IsZero() {
@@ -328,8 +332,15 @@ func (o Override) compile(clock monoOffset) (loader.LimiterEgOverride, error) {
 	}
 	v.Expires = exp
 	var err error
-	if o.Budget.Limited() {
-		if v.Budget, err = rateCfg(o.Budget); err != nil {
+	if o.Budget.Limited() || o.Bytes.Limited() {
+		var b policy.Bucket
+		if o.Budget.Limited() {
+			b.Packets = policy.Limit{Rate: policy.Rate{Count: o.Budget.Count, Per: o.Budget.Per}, Burst: o.Budget.Burst}
+		}
+		if o.Bytes.Limited() {
+			b.Bytes = policy.Limit{Rate: policy.Rate{Count: o.Bytes.Count, Per: o.Bytes.Per}, Burst: o.Bytes.Burst}
+		}
+		if v.Budget, err = BucketConfig(b); err != nil {
 			return v, fmt.Errorf("override %v budget: %w", o.Aggregate, err)
 		}
 	}
@@ -403,10 +414,17 @@ func (m *Maps) Overrides() ([]Override, error) {
 		if e.v.Expires <= clock.mono {
 			continue
 		}
-		out = append(out, Override{
+		o := Override{
 			Aggregate: aggregateFromKey(e.k), Budget: rateFromCfg(e.v.Budget), NewBudget: rateFromCfg(e.v.NewBudget),
 			Expires: clock.toWall(e.v.Expires), Origin: Origin(e.v.Origin),
-		})
+		}
+		if c := e.v.Budget; c.ByteT != 0 {
+			// Bytes per second and the burst in bytes, exact to
+			// BucketConfig's rounding.
+			o.Bytes = Rate{Count: uint64(float64(uint64(time.Second)<<(TickShift+ByteShift))/float64(c.ByteT) + 0.5),
+				Per: time.Second, Burst: uint64(float64(c.ByteTau)/float64(c.ByteT)*(1<<ByteShift) + 0.5)}
+		}
+		out = append(out, o)
 	}
 	return out, nil
 }
