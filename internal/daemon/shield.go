@@ -196,6 +196,8 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	var global shield.GlobalShape
 	if cfg.Mode != shield.ModeOff {
 		shapes, global = d.watchShield(comp)
+	} else {
+		d.watchShield(nil)
 	}
 	var load []byte
 	if st.eng == nil && cfg.Mode != shield.ModeOff {
