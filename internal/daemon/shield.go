@@ -49,6 +49,7 @@ type shieldRun struct {
 	lastPrune time.Time
 
 	dropped, failed atomic.Uint64
+	read            atomic.Uint64 // 1-in-N samples read from the ring buffer
 	auditMu         sync.Mutex
 	mitigate        prometheus.Histogram
 }
