@@ -131,20 +131,23 @@ func (h *diffHarness) installOverrides(r *rand.Rand, g policy.Compiled, ns uint6
 	return installed
 }
 
-// runDiffOverrides is runDiff with random aggregate overrides: installed
-// at the start, more half way after the policy swap (which drops those of
-// rules gone or without the budget), and replaced three quarters in; some
-// expire during the run (the timeline spans about 30 s).
+// runDiffOverrides is runDiff with random aggregate overrides and
+// fingerprint rules: installed at the start, more half way after the
+// policy swap (which drops the overrides of rules gone or without the
+// budget), and more or replaced three quarters in; some expire during the
+// run (the timeline spans about 30 s).
 func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 	h.tb.Helper()
 	r := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
 	h.td.m.SetV4DirectMinFacts(0)
 	g := randPolicy(r)
 	clearOverrides(h.td)
+	clearFingerprints(h.td)
 	h.reset(g, randLists(r))
 	seen := map[string]int{}
 	ns := diffStart
 	seen["overrides_installed"] += h.installOverrides(r, g, ns, 24)
+	seen["fingerprints_installed"] += h.installFingerprints(r, ns, 6)
 	for i := range n {
 		switch i {
 		case n / 2:
@@ -152,8 +155,10 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 			h.swap(g)
 			h.checkOverrides("after the policy swap")
 			seen["overrides_installed"] += h.installOverrides(r, g, ns, 16)
+			seen["fingerprints_installed"] += h.installFingerprints(r, ns, 3)
 		case 3 * n / 4:
 			seen["overrides_installed"] += h.installOverrides(r, g, ns, 16)
+			seen["fingerprints_installed"] += h.installFingerprints(r, ns, 3)
 		}
 		ns += randAdvance(r)
 		v := h.step(randFrame(r), ns)
@@ -162,6 +167,12 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 	}
 	h.checkState()
 	h.checkOverrides("at the end")
+	h.checkFingerprints("at the end")
+	for _, st := range h.model.FingerprintStats() {
+		seen["fingerprint_matched"] += int(st.Matched.Packets)
+		seen["fingerprint_spared"] += int(st.Spared.Packets)
+		seen["fingerprint_dropped"] += int(st.Dropped.Packets)
+	}
 	for _, o := range h.model.Overrides() {
 		if o.NewBucket != (refmodel.Bucket{}) {
 			seen["new_source_buckets_charged"]++
@@ -175,8 +186,10 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 
 // TestDifferentialOverrides: TestDifferential's random runs with random
 // aggregate overrides (budget replacement, new-source buckets and their
-// refund, expiry, pruning by a policy swap) on both sides: every verdict,
-// counter, bucket and override must agree. EDGEGUARD_DIFF_SEED=N runs seed
+// refund, expiry, pruning by a policy swap) and fingerprint rules (match
+// by mask order, bucket, dry run, validated sources spared, replacement,
+// expiry) on both sides: every verdict, counter, bucket, override,
+// fingerprint bucket and fingerprint counter must agree. EDGEGUARD_DIFF_SEED=N runs seed
 // N alone (the seeds run are printed).
 func TestDifferentialOverrides(t *testing.T) {
 	h := newDiffHarness(t)
@@ -200,12 +213,149 @@ func TestDifferentialOverrides(t *testing.T) {
 	}
 	h.use(t)
 	clearOverrides(h.td)
+	clearFingerprints(h.td)
 	t.Logf("seen: %v", seen)
 	if len(seeds) > 1 {
-		for _, k := range []string{"overrides_installed", "new_source_buckets_charged", "overrides_expired", "prefix_limit", "asn_limit", "global_limit"} {
+		for _, k := range []string{"overrides_installed", "new_source_buckets_charged", "overrides_expired", "prefix_limit", "asn_limit", "global_limit",
+			"fingerprints_installed", "fingerprint_matched", "fingerprint_spared", "fingerprint_dropped", "fingerprint"} {
 			if seen[k] == 0 {
 				t.Errorf("no run reached %s", k)
 			}
 		}
 	}
+}
+
+// clearFingerprints deletes every fingerprint the program holds (and so
+// its masks).
+func clearFingerprints(td *testDatapath) {
+	td.tb.Helper()
+	var k loader.LimiterEgFpKey
+	var v loader.LimiterEgFpVal
+	ids := map[uint32]bool{}
+	for it := td.d.Objects.FpRules.Iterate(); it.Next(&k, &v); {
+		ids[v.Id] = true
+	}
+	for id := range ids {
+		if err := td.m.DeleteFingerprint(id); err != nil {
+			td.tb.Fatalf("clear fingerprints: %v", err)
+		}
+	}
+	// Counters of ids whose key another id took over stay (as in the
+	// model): a fresh model has none.
+	var id uint32
+	var per []loader.LimiterEgFpStats
+	var stale []uint32
+	for it := td.d.Objects.FpStats.Iterate(); it.Next(&id, &per); {
+		stale = append(stale, id)
+	}
+	for _, id := range stale {
+		if err := td.d.Objects.FpStats.Delete(id); err != nil {
+			td.tb.Fatalf("clear fingerprint counters: %v", err)
+		}
+	}
+}
+
+// programFingerprints reads the fingerprint table, its masks (in order)
+// and its counters summed over CPUs.
+func (h *diffHarness) programFingerprints() (map[refmodel.FpKey]refmodel.FpVal, []refmodel.FpMask, map[uint32]refmodel.FpStats) {
+	h.tb.Helper()
+	o := &h.td.d.Objects
+	rules := map[refmodel.FpKey]refmodel.FpVal{}
+	var k loader.LimiterEgFpKey
+	var v loader.LimiterEgFpVal
+	it := o.FpRules.Iterate()
+	for it.Next(&k, &v) {
+		rules[k] = v
+	}
+	if err := it.Err(); err != nil {
+		h.tb.Fatal(err)
+	}
+	var fm loader.LimiterEgFpMasks
+	if err := o.FpMasks.Lookup(uint32(0), &fm); err != nil {
+		h.tb.Fatal(err)
+	}
+	var masks []refmodel.FpMask
+	for i := 0; i < int(min(fm.N, uint32(len(fm.Fields)))); i++ {
+		masks = append(masks, refmodel.FpMask{Fields: fm.Fields[i], SrcLen: fm.SrcLen[i]})
+	}
+	stats := map[uint32]refmodel.FpStats{}
+	var id uint32
+	var per []loader.LimiterEgFpStats
+	sit := o.FpStats.Iterate()
+	for sit.Next(&id, &per) {
+		var sum refmodel.FpStats
+		for _, c := range per {
+			for _, p := range [][2]*loader.LimiterEgCounter{{&sum.Matched, &c.Matched}, {&sum.Dropped, &c.Dropped}, {&sum.Spared, &c.Spared}} {
+				p[0].Packets += p[1].Packets
+				p[0].Bytes += p[1].Bytes
+			}
+		}
+		stats[id] = sum
+	}
+	if err := sit.Err(); err != nil {
+		h.tb.Fatal(err)
+	}
+	return rules, masks, stats
+}
+
+// checkFingerprints compares the fingerprint tables (buckets included)
+// and counters.
+func (h *diffHarness) checkFingerprints(when string) {
+	h.tb.Helper()
+	rules, _, stats := h.programFingerprints()
+	if mr := h.model.FingerprintRules(); !reflect.DeepEqual(rules, mr) {
+		h.fail("%s: fingerprint rules differ:\n  program %+v\n  model   %+v", when, rules, mr)
+	}
+	if ms := h.model.FingerprintStats(); !reflect.DeepEqual(stats, ms) {
+		h.fail("%s: fingerprint counters differ:\n  program %+v\n  model   %+v", when, stats, ms)
+	}
+}
+
+// installFingerprints writes up to n random fingerprints (ids 1-8, so
+// some replace others) to the program at ns, over fields the random frames
+// have, and gives the model the masks and each fingerprint as written.
+func (h *diffHarness) installFingerprints(r *rand.Rand, ns uint64, n int) int {
+	h.tb.Helper()
+	if err := h.td.m.SetTestClock(ns); err != nil {
+		h.tb.Fatal(err)
+	}
+	installed := 0
+	for range n {
+		f := maps.Fingerprint{ID: uint32(1 + r.IntN(8)), Origin: maps.OriginShield, DryRun: r.IntN(4) == 0,
+			Expires: time.Now().Add(pick(r, 3*time.Second, time.Hour, time.Hour))}
+		switch r.IntN(7) {
+		case 0:
+			f.Mask, f.Proto = maps.FieldProto, pick[uint8](r, 6, 17, 1)
+		case 1:
+			f.Mask, f.Proto, f.DPort = maps.FieldProto|maps.FieldDPort, pick[uint8](r, 6, 17), pick[uint16](r, 53, 80, 123)
+		case 2:
+			f.Mask, f.SPort = maps.FieldSPort, pick[uint16](r, 123, 40000, 80)
+		case 3:
+			f.Mask, f.Src = maps.FieldSrc, pick(r, netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("fd00:1::/32"), netip.MustParsePrefix("203.0.113.0/24"))
+		case 4:
+			f.Mask, f.Proto, f.TTL = maps.FieldProto|maps.FieldTTL, pick[uint8](r, 6, 17), pick[uint8](r, 64, 63)
+		case 5:
+			f.Mask, f.Proto, f.TCPFlags, f.Src = maps.FieldProto|maps.FieldTCPFlags|maps.FieldSrc, 6, 0, netip.MustParsePrefix("198.18.0.0/16")
+		case 6: // refuses all of 198.18.1/24, whose 198.18.1.7 is validated: spared
+			f.Mask, f.Src, f.DryRun = maps.FieldSrc, netip.MustParsePrefix("198.18.1.0/24"), false
+		}
+		if r.IntN(4) != 0 && f.Src.Bits() != 24 {
+			f.Budget = maps.Rate{Count: pick(r, uint64(2), 20, 200), Per: time.Second, Burst: pick(r, uint64(1), 5, 20)}
+		}
+		if err := h.td.m.SetFingerprint(f); err != nil {
+			h.log = append(h.log, fmt.Sprintf("fingerprint %d refused: %v", f.ID, err))
+			continue
+		}
+		installed++
+		h.log = append(h.log, fmt.Sprintf("fingerprint %d: %+v", f.ID, f))
+		rules, masks, _ := h.programFingerprints()
+		h.model.SetFingerprintMasks(masks)
+		for k, v := range rules {
+			if v.Id == f.ID {
+				h.model.SetFingerprint(k, v)
+			}
+		}
+	}
+	h.checkFingerprints("after installing fingerprints")
+	return installed
 }

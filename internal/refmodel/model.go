@@ -15,6 +15,7 @@
 //   - drop samples (the ring buffer and its budget): they change no verdict;
 //   - the gate words of overrides: maps.Maps keeps a bit set for every
 //     override, so the model looks each aggregate's override up directly;
+//   - aggregate watches (agg_stats counters): they change no verdict;
 //   - LRU eviction: tables are unbounded Go maps, so runs compared with the
 //     program must stay far below its table sizes;
 //   - concurrency: one packet at a time, so a GCRA compare-and-swap never
@@ -137,6 +138,7 @@ type Model struct {
 	classes   maps.ClassCounters
 	events    maps.StandingCounts
 	ovr       map[AggKey]Override // aggregate overrides (overrides.go)
+	fp        *fpState            // fingerprint rules (fingerprint.go)
 }
 
 // New returns a model of a program loaded with room for maxRules rules
@@ -435,6 +437,11 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	v4 := isV4Mapped(pi.Addr)
 
 	ss := &srcState{now: now, addr: pi.Addr, len: pi.Len, v4: v4}
+
+	// Fingerprint rules, before any bucket.
+	if m.fingerprint(pi, ss) {
+		return m.limited(v, maps.ReasonFingerprint, &r, ss)
+	}
 
 	// 4. Peek at the aggregates without creating anything.
 	var ak, nk AggKey
