@@ -130,6 +130,9 @@ func writeStats(out io.Writer, st control.Stats) error {
 	if err := writeSynStats(out, st.SYN); err != nil {
 		return err
 	}
+	if err := writeSamplerStats(out, st.Sampler); err != nil {
+		return err
+	}
 	return writeL7Stats(out, st.L7)
 }
 

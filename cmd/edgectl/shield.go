@@ -237,3 +237,22 @@ func shieldExplainLine(a control.ShieldAction) string {
 	}
 	return fmt.Sprintf("#%d %s: %s; %s", a.ID, a.Kind, what, state)
 }
+
+// writeSamplerStats prints the 1-in-N sampler's part of `edgectl stats`.
+func writeSamplerStats(out io.Writer, st *control.SamplerStats) error {
+	if st == nil {
+		return nil
+	}
+	if st.OneIn == 0 {
+		fmt.Fprintf(out, "\nsampler: off (sampling.one_in 0)")
+	} else {
+		fmt.Fprintf(out, "\nsampler: 1 in %d, at most %d/s", st.OneIn, st.MaxPerSecond)
+	}
+	if st.Error != "" {
+		_, err := fmt.Fprintf(out, "; counters unreadable: %s\n", st.Error)
+		return err
+	}
+	_, err := fmt.Fprintf(out, "; chosen %d: sent %d, capped %d, lost (ring buffer full) %d; daemon read %d, shield queue full %d\n",
+		st.Chosen, st.Sent, st.Capped, st.Lost, st.Read, st.Dropped)
+	return err
+}

@@ -74,3 +74,20 @@ func (c *Client) ShieldDo(ctx context.Context, verb string, req ShieldRequest) (
 	var r ShieldReport
 	return r, c.do(ctx, http.MethodPost, "/v1/shield/"+verb, nil, req, &r)
 }
+
+// SamplerStats is the 1-in-N sampler's part of `edgectl stats`: the data
+// plane's counters since load, summed over CPUs (Chosen = Sent + Capped +
+// Lost), and the daemon's side of the ring buffer.
+type SamplerStats struct {
+	OneIn        uint32 `json:"one_in"`         // sampling.one_in (0: off)
+	MaxPerSecond uint64 `json:"max_per_second"` // sampling.max_per_second
+	Chosen       uint64 `json:"chosen"`         // packets chosen 1 in one_in
+	Sent         uint64 `json:"sent"`           // samples written to the ring buffer
+	Capped       uint64 `json:"capped"`         // chosen, not sent: over max_per_second
+	Lost         uint64 `json:"lost"`           // chosen, not sent: the ring buffer was full
+	// Read are the samples the daemon read from the ring buffer; Dropped
+	// those of them the shield did not see (its queue was full).
+	Read    uint64 `json:"read"`
+	Dropped uint64 `json:"dropped"`
+	Error   string `json:"error,omitempty"` // the data plane's counters could not be read
+}

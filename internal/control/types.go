@@ -93,6 +93,8 @@ type Stats struct {
 	Standing *StandingStats `json:"standing,omitempty"`
 	SYN      *SYNStats      `json:"syn,omitempty"` // the SYN path (syn.go); nil before it loads
 	L7       []L7RouteStat  `json:"l7,omitempty"`  // nil: no L7 stage
+	// Sampler: the 1-in-N sampler (shield.go); nil without a data plane.
+	Sampler *SamplerStats `json:"sampler,omitempty"`
 }
 
 // Fill is a table's occupancy.

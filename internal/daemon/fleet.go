@@ -3,6 +3,7 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -134,6 +135,25 @@ func (d *Daemon) stopFleet() {
 	if was != nil {
 		d.log.Info("fleet stopped", "fleet", was.Name)
 	}
+	d.unwatchFleet(nil)
+}
+
+// unwatchFleet lets go of fleet mode's watches not in want (the shield
+// may keep them: maps.UnwatchAggregates).
+func (d *Daemon) unwatchFleet(want map[watchKey]fleetBudget) error {
+	if d.m == nil {
+		return nil // no data plane
+	}
+	var errs []error
+	for w := range d.m.WatchedBy(maps.OriginFleet) {
+		if _, ok := want[watchKey{w.RuleID, w.Kind}]; ok {
+			continue
+		}
+		if err := d.m.UnwatchAggregates(w.RuleID, w.Kind, maps.OriginFleet); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // checkFleet refuses a fleet: section whose Redis credentials or TLS files
@@ -304,7 +324,7 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 // fleetAggregates gives the fleet the data plane's scope: fleet
 // aggregates.
 func (d *Daemon) fleetAggregates(o *fleet.Options) {
-	o.Aggregates = &fleetAggs{d: d, watched: map[watchKey]bool{}}
+	o.Aggregates = &fleetAggs{d: d}
 }
 
 type watchKey struct {
@@ -367,7 +387,6 @@ type fleetAggs struct {
 	d *Daemon
 	// The fleet's shares loop is the only caller of both methods, one
 	// call at a time: what follows needs no lock.
-	watched map[watchKey]bool
 	aggs    map[string]maps.Aggregate
 	budgets map[watchKey]fleetBudget
 }
@@ -410,28 +429,27 @@ func fleetBudgetOf(b policy.Bucket) fleetBudget {
 	return fb
 }
 
-// FleetCounters makes sure every scope: fleet (rule, kind) is watched and
-// returns their instances' counters. Watches are never dropped here: the
-// shield may count the same rules, and Apply removes those of rules that
-// are gone.
+// FleetCounters makes sure every scope: fleet (rule, kind) is watched,
+// lets go of fleet mode's other watches (the shield may hold the same
+// ones: maps.UnwatchAggregates), and returns their instances' counters.
+// What is watched is the data plane's record (maps.WatchedBy): a rule
+// removed and re-added between two calls is watched again.
 func (a *fleetAggs) FleetCounters() ([]fleet.AggCounter, error) {
 	a.d.mu.Lock()
 	budgets := fleetBudgets(a.d.cur.pol)
 	a.d.mu.Unlock()
 	a.budgets = budgets
+	have := a.d.m.WatchedBy(maps.OriginFleet)
 	for k := range budgets {
-		if a.watched[k] {
+		if have[maps.Watch{RuleID: k.rule, Kind: k.kind}] {
 			continue
 		}
-		if err := a.d.m.WatchAggregates(k.rule, k.kind); err != nil {
+		if err := a.d.m.WatchAggregates(k.rule, k.kind, maps.OriginFleet); err != nil {
 			return nil, fmt.Errorf("watch rule %d aggregates: %w", k.rule, err)
 		}
-		a.watched[k] = true
 	}
-	for k := range a.watched {
-		if _, ok := budgets[k]; !ok {
-			delete(a.watched, k) // watched again should the rule come back
-		}
+	if err := a.d.unwatchFleet(budgets); err != nil {
+		return nil, err
 	}
 	cs, err := a.d.m.AggregateCounters()
 	if err != nil {

@@ -34,6 +34,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(newSynCollector(d))
 	reg.MustRegister(fleetCollector{d})
 	reg.MustRegister(newShieldCollector(d)...)
+	reg.MustRegister(newSamplerCollector(d))
 	return reg
 }
 

@@ -49,6 +49,7 @@ type shieldRun struct {
 	lastPrune time.Time
 
 	dropped, failed atomic.Uint64
+	read            atomic.Uint64 // 1-in-N samples read from the ring buffer
 	auditMu         sync.Mutex
 	mitigate        prometheus.Histogram
 }
@@ -196,6 +197,8 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	var global shield.GlobalShape
 	if cfg.Mode != shield.ModeOff {
 		shapes, global = d.watchShield(comp)
+	} else {
+		d.watchShield(nil)
 	}
 	var load []byte
 	if st.eng == nil && cfg.Mode != shield.ModeOff {

@@ -18,13 +18,21 @@ import (
 
 // watchShield asks the data plane to count every instance of the
 // aggregates the shield can tighten (prefix, ASN, whole, global) and
-// returns the rule shapes with Counted set where it does.
+// returns the rule shapes with Counted set where it does. The shield's
+// watches it no longer needs go (UnwatchAggregates: unless fleet mode
+// holds them too). c nil: the shield is off and needs none.
 func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, shield.GlobalShape) {
+	want := map[maps.Watch]bool{}
+	defer d.unwatchShield(want)
+	if c == nil {
+		return nil, shield.GlobalShape{}
+	}
 	shapes := ruleShapes(c)
 	for id, s := range shapes {
 		ok := true
 		watch := func(kind maps.AggKind) {
-			if err := d.m.WatchAggregates(id, kind); err != nil {
+			want[maps.Watch{RuleID: id, Kind: kind}] = true
+			if err := d.m.WatchAggregates(id, kind, maps.OriginShield); err != nil {
 				ok = false
 				d.log.Warn("shield: the data plane does not count this rule's aggregates; the shield learns them from samples",
 					"rule", id, "kind", kind, "err", err)
@@ -44,13 +52,26 @@ func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, s
 	}
 	g := shield.GlobalShape{Limited: c.Global.IsSet()}
 	if g.Limited {
-		if err := d.m.WatchAggregates(0, maps.AggKindGlobal); err != nil {
+		want[maps.Watch{Kind: maps.AggKindGlobal}] = true
+		if err := d.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginShield); err != nil {
 			d.log.Warn("shield: the data plane does not count the global bucket", "err", err)
 		} else {
 			g.Counted = true
 		}
 	}
 	return shapes, g
+}
+
+// unwatchShield lets go of the shield's watches not in want.
+func (d *Daemon) unwatchShield(want map[maps.Watch]bool) {
+	for w := range d.m.WatchedBy(maps.OriginShield) {
+		if want[w] {
+			continue
+		}
+		if err := d.m.UnwatchAggregates(w.RuleID, w.Kind, maps.OriginShield); err != nil {
+			d.log.Warn("shield: stop counting aggregates it no longer needs", "rule", w.RuleID, "kind", w.Kind, "err", err)
+		}
+	}
 }
 
 // shieldKey is the shield's key of a data-plane aggregate.

@@ -33,7 +33,10 @@ func (d *Daemon) readRateSamples(ctx context.Context) error {
 		d.log.Warn("shield: no 1-in-N samples; it learns from the aggregate counters alone", "err", err)
 		return nil
 	}
-	return readRing(ctx, r, d.shieldSample)
+	return readRing(ctx, r, func(s maps.Sample) {
+		d.shield.read.Add(1)
+		d.shieldSample(s)
+	})
 }
 
 // fieldMasks maps the shield's fingerprint fields to the data plane's.

@@ -160,6 +160,7 @@ func (d *Daemon) Stats() (control.Stats, error) {
 		st.Standing = s
 	}
 	st.SYN = d.synStats()
+	st.Sampler = d.samplerStats()
 	st.L7 = d.l7Stats()
 	return st, nil
 }

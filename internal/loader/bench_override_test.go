@@ -79,7 +79,7 @@ func overrideCase(newBudget bool) func(b *testing.B) *benchCase {
 func watchCase(b *testing.B) *benchCase {
 	bd := loadBench(b, smallSizes)
 	bd.apply(asnBenchGen())
-	if err := bd.m.WatchAggregates(0, maps.AggKindASN); err != nil {
+	if err := bd.m.WatchAggregates(0, maps.AggKindASN, maps.OriginShield); err != nil {
 		b.Fatal(err)
 	}
 	c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}

@@ -709,8 +709,8 @@ func TestDifferential(t *testing.T) {
 	h.use(t)
 	// The random runs must reach every verdict, or agreeing proves little.
 	// (bad_ethernet cannot be sent: see step. fingerprint needs a
-	// fingerprint rule, which the reference model does not model and the
-	// random runs install none of: fingerprint_test.go covers it.)
+	// fingerprint rule, which these runs install none of:
+	// TestDifferentialOverrides does.)
 	for a := maps.ActPass; a <= maps.ActWouldDrop; a++ {
 		if seen[maps.ActionName(a)] == 0 {
 			t.Errorf("no packet got action %s", maps.ActionName(a))

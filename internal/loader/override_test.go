@@ -289,7 +289,7 @@ func TestOverridesSurviveReloadAndApply(t *testing.T) {
 	td.setClock(ovrStart)
 	td.apply(asnGen(7))
 	td.setOverride(maps.Override{Aggregate: asnAgg(7, 64500), Budget: rate(1, 3), Expires: time.Now().Add(time.Hour)})
-	must(t, td.m.WatchAggregates(7, maps.AggKindASN))
+	must(t, td.m.WatchAggregates(7, maps.AggKindASN, maps.OriginShield))
 	if got := td.burst("198.18.1.1", 10); got != 3 {
 		t.Fatalf("before the restart: %d of 10 passed, want 3", got)
 	}
@@ -326,12 +326,12 @@ func TestAggregateCounters(t *testing.T) {
 	g := asnGen(0)
 	g.Rules[0].PerASN = pkts(1, 5)
 	td.apply(g)
-	must(t, td.m.WatchAggregates(0, maps.AggKindASN))
-	must(t, td.m.WatchAggregates(0, maps.AggKindGlobal))
-	if err := td.m.WatchAggregates(0, maps.AggKindPrefix); err == nil {
+	must(t, td.m.WatchAggregates(0, maps.AggKindASN, maps.OriginShield))
+	must(t, td.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginShield))
+	if err := td.m.WatchAggregates(0, maps.AggKindPrefix, maps.OriginShield); err == nil {
 		t.Fatal("watching the prefix aggregates of a rule without any was accepted")
 	}
-	if err := td.m.WatchAggregates(5, maps.AggKindASN); !errors.Is(err, maps.ErrUnknownRule) {
+	if err := td.m.WatchAggregates(5, maps.AggKindASN, maps.OriginShield); !errors.Is(err, maps.ErrUnknownRule) {
 		t.Fatalf("watching an unknown rule: %v, want ErrUnknownRule", err)
 	}
 	td.burst("198.18.1.1", 10)
@@ -355,7 +355,7 @@ func TestAggregateCounters(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("aggregate counters %v, want %v", got, want)
 	}
-	must(t, td.m.UnwatchAggregates(0, maps.AggKindASN))
+	must(t, td.m.UnwatchAggregates(0, maps.AggKindASN, maps.OriginShield))
 	td.burst("198.18.1.1", 1)
 	got = read()
 	keys := make([]string, 0, len(got))
@@ -366,7 +366,7 @@ func TestAggregateCounters(t *testing.T) {
 	if fmt.Sprint(keys) != "[global]" || got["global"] != [2]uint64{10, 6} {
 		t.Fatalf("after unwatching the ASN aggregates: %v", got)
 	}
-	must(t, td.m.UnwatchAggregates(0, maps.AggKindGlobal))
+	must(t, td.m.UnwatchAggregates(0, maps.AggKindGlobal, maps.OriginShield))
 	td.wantGateClear()
 }
 

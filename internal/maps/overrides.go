@@ -179,7 +179,19 @@ var ErrUnknownRule = errors.New("rule not in the live policy")
 // overrideLock serializes this process's writers of overrides, watches and
 // the gate words derived from them (read-modify-write of agg_gate). The
 // daemon is the one writer; edgectl goes through it.
-type overrideLock struct{ mu sync.Mutex }
+type overrideLock struct {
+	mu sync.Mutex
+	// owners are who asked for each watch (WatchAggregates): a watch goes
+	// when its last owner lets it go, or its rule goes. Guarded by mu.
+	owners map[Watch]map[Origin]bool
+}
+
+// Watch names the watched aggregates of one (rule, kind): RuleID 0 with
+// AggKindGlobal for the global bucket.
+type Watch struct {
+	RuleID uint32
+	Kind   AggKind
+}
 
 // liveRules is what override writers need of the live generation: rule id
 // -> slot, and each slot's compiled rule.
@@ -494,6 +506,11 @@ func (m *Maps) pruneOverridesFor() error {
 			}
 		}
 	}
+	for w := range m.ovr.owners {
+		if _, ok := lr.rules[w.RuleID]; !ok && w.Kind != AggKindGlobal {
+			delete(m.ovr.owners, w) // the owners watch it again should the rule come back
+		}
+	}
 	return m.rebuildGateWith(lr)
 }
 
@@ -617,8 +634,11 @@ func (m *Maps) watchKeys() ([]loader.LimiterEgWatchKey, error) {
 }
 
 // WatchAggregates makes the data plane count every instance of the rule's
-// aggregates of one kind (rule 0 with AggKindGlobal for the global bucket).
-func (m *Maps) WatchAggregates(ruleID uint32, kind AggKind) error {
+// aggregates of one kind (rule 0 with AggKindGlobal for the global bucket)
+// on behalf of owner (OriginShield, OriginFleet): the watch stays until
+// every owner that asked for it let it go (UnwatchAggregates) or the rule
+// leaves the live policy. Watching again is a no-op.
+func (m *Maps) WatchAggregates(ruleID uint32, kind AggKind, owner Origin) error {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
 	lr, err := m.liveRules()
@@ -651,20 +671,52 @@ func (m *Maps) WatchAggregates(ruleID uint32, kind AggKind) error {
 		return err
 	}
 	if gate.set(lr, a, 1<<(gateWatchShift+uint32(kind))) {
-		return m.writeGate(gate)
+		if err := m.writeGate(gate); err != nil {
+			return err
+		}
 	}
+	w := Watch{RuleID: ruleID, Kind: kind}
+	if m.ovr.owners == nil {
+		m.ovr.owners = map[Watch]map[Origin]bool{}
+	}
+	if m.ovr.owners[w] == nil {
+		m.ovr.owners[w] = map[Origin]bool{}
+	}
+	m.ovr.owners[w][owner] = true
 	return nil
 }
 
-// UnwatchAggregates stops counting the rule's instances of kind and drops
-// their counters.
-func (m *Maps) UnwatchAggregates(ruleID uint32, kind AggKind) error {
+// UnwatchAggregates lets owner's watch of the rule's instances of kind
+// go: when no other owner holds it, the data plane stops counting them and
+// their counters are dropped. A watch nobody in this process asked for
+// (left by an earlier daemon) goes at once.
+func (m *Maps) UnwatchAggregates(ruleID uint32, kind AggKind, owner Origin) error {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
+	w := Watch{RuleID: ruleID, Kind: kind}
+	if o := m.ovr.owners[w]; len(o) > 1 || (len(o) == 1 && !o[owner]) {
+		delete(o, owner) // another owner keeps it
+		return nil
+	}
 	if err := m.unwatch(loader.LimiterEgWatchKey{RuleId: ruleID, Kind: uint32(kind)}); err != nil {
 		return err
 	}
+	delete(m.ovr.owners, w)
 	return m.rebuildGate()
+}
+
+// WatchedBy is what owner watches now: what it asked for, less what went
+// with its rule (a policy swap).
+func (m *Maps) WatchedBy(owner Origin) map[Watch]bool {
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
+	out := map[Watch]bool{}
+	for w, o := range m.ovr.owners {
+		if o[owner] {
+			out[w] = true
+		}
+	}
+	return out
 }
 
 func (m *Maps) unwatch(w loader.LimiterEgWatchKey) error {

@@ -265,6 +265,9 @@ var shieldFamilies = map[string]bool{
 	"edgeguard_shield_write_failures_total":            true,
 	"edgeguard_shield_time_to_mitigate_seconds_bucket": true,
 	"edgeguard_shield_time_to_mitigate_seconds_count":  true,
+	// The sampler's (internal/daemon/sampler.go; TestSamplerCounters).
+	"edgeguard_sampler_chosen_packets_total": true,
+	"edgeguard_sampler_samples_read_total":   true,
 }
 
 // TestDeployedQueriesUseExportedMetrics checks every metric the dashboard

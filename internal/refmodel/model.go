@@ -13,6 +13,9 @@
 //
 // What it leaves out, on purpose:
 //   - drop samples (the ring buffer and its budget): they change no verdict;
+//   - the gate words of overrides: maps.Maps keeps a bit set for every
+//     override, so the model looks each aggregate's override up directly;
+//   - aggregate watches (agg_stats counters): they change no verdict;
 //   - LRU eviction: tables are unbounded Go maps, so runs compared with the
 //     program must stay far below its table sizes;
 //   - concurrency: one packet at a time, so a GCRA compare-and-swap never
@@ -134,6 +137,8 @@ type Model struct {
 	knownGood lpmTable[bool]
 	classes   maps.ClassCounters
 	events    maps.StandingCounts
+	ovr       map[AggKey]Override // aggregate overrides (overrides.go)
+	fp        *fpState            // fingerprint rules (fingerprint.go)
 }
 
 // New returns a model of a program loaded with room for maxRules rules
@@ -226,6 +231,7 @@ func (m *Model) Apply(g *policy.Compiled) error {
 	}
 	n.prefixes = newLPMTable(facts)
 	m.gen = n
+	m.pruneOverrides()
 	m.knownGood = newLPMTable(kg)
 	// Rule counters and whole-aggregate buckets live in table slots that
 	// survive with the rule id (maps.Maps.Stage); a rule that leaves and
@@ -432,14 +438,19 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 
 	ss := &srcState{now: now, addr: pi.Addr, len: pi.Len, v4: v4}
 
+	// Fingerprint rules, before any bucket.
+	if m.fingerprint(pi, ss) {
+		return m.limited(v, maps.ReasonFingerprint, &r, ss)
+	}
+
 	// 4. Peek at the aggregates without creating anything.
 	var ak, nk AggKey
-	if g.globalLim && !m.aggPeek(m.global, g.global, g.reserve, maps.ClassAggGlobal, ss) {
+	if g.globalLim && !m.ovrPeek(AggKey{Kind: AggKindGlobal}, m.global, g.global, g.reserve, maps.ClassAggGlobal, ss) {
 		return m.limited(v, maps.ReasonGlobalLimit, &r, ss)
 	}
 	if asn != 0 && r.asLim {
 		nk = AggKey{RuleId: r.id, Kind: AggKindASN, Asn: asn}
-		if nb, ok := m.agg[nk]; ok && !m.aggPeek(nb, r.asn, r.reserve, maps.ClassAggASN, ss) {
+		if nb, ok := m.agg[nk]; ok && !m.ovrPeek(nk, nb, r.asn, r.reserve, maps.ClassAggASN, ss) {
 			return m.limited(v, maps.ReasonASNLimit, &r, ss)
 		}
 	}
@@ -447,7 +458,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		if r.aggMode != maps.AggDerived {
 			// Whole: an array slot, always there (zero is a full
 			// bucket), so it is always peeked at.
-			if !m.aggPeek(m.whole[r.id], r.agg, r.reserve, maps.ClassAggPrefix, ss) {
+			if !m.ovrPeek(AggKey{RuleId: r.id, Kind: AggKindWhole}, m.whole[r.id], r.agg, r.reserve, maps.ClassAggPrefix, ss) {
 				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
 		} else {
@@ -456,7 +467,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 				n = 96 + int(min(r.aggLen4, 32))
 			}
 			ak = AggKey{RuleId: r.id, Kind: AggKindPrefix, Addr: maskAddr(pi.Addr, n), Len: uint8(n)}
-			if ab, ok := m.agg[ak]; ok && !m.aggPeek(ab, r.agg, r.reserve, maps.ClassAggPrefix, ss) {
+			if ab, ok := m.agg[ak]; ok && !m.ovrPeek(ak, ab, r.agg, r.reserve, maps.ClassAggPrefix, ss) {
 				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
 		}
@@ -509,7 +520,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	}
 	if r.aggMode != maps.AggNone && r.aggLim && r.aggMode != maps.AggDerived {
 		b := m.whole[r.id]
-		ok := m.aggTake(&b, r.agg, r.reserve, maps.ClassAggPrefix, ss)
+		ok := m.ovrTake(AggKey{RuleId: r.id, Kind: AggKindWhole}, &b, r.agg, r.reserve, maps.ClassAggPrefix, ss)
 		m.whole[r.id] = b
 		if !ok {
 			return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
@@ -525,7 +536,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			have = true
 		}
 		if have {
-			ok := m.aggTake(&b, r.agg, r.reserve, maps.ClassAggPrefix, ss)
+			ok := m.ovrTake(ak, &b, r.agg, r.reserve, maps.ClassAggPrefix, ss)
 			m.agg[ak] = b
 			if !ok {
 				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
@@ -534,13 +545,13 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	}
 	if asn != 0 && r.asLim {
 		b := m.agg[nk]
-		ok := m.aggTake(&b, r.asn, r.reserve, maps.ClassAggASN, ss)
+		ok := m.ovrTake(nk, &b, r.asn, r.reserve, maps.ClassAggASN, ss)
 		m.agg[nk] = b
 		if !ok {
 			return m.limited(v, maps.ReasonASNLimit, &r, ss)
 		}
 	}
-	if g.globalLim && !m.aggTake(&m.global, g.global, g.reserve, maps.ClassAggGlobal, ss) {
+	if g.globalLim && !m.ovrTake(AggKey{Kind: AggKindGlobal}, &m.global, g.global, g.reserve, maps.ClassAggGlobal, ss) {
 		return m.limited(v, maps.ReasonGlobalLimit, &r, ss)
 	}
 	m.standingUpdate(ss, false)

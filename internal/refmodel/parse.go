@@ -38,6 +38,11 @@ type Packet struct {
 	DstPort uint16 // ICMP: the type
 	Proto   uint8
 	HasL4   bool
+	// For fingerprints (fingerprint.go): the IP total length (IPv6: 40 +
+	// payload length), TTL or hop limit, and the TCP flags byte.
+	IPLen    uint16
+	TTL      uint8
+	TCPFlags uint8
 }
 
 // Parse reads a frame exactly as the XDP program does. The reason is
@@ -101,6 +106,7 @@ func parseIPv4(b []byte, pos *int, p *Packet) (int, int, maps.Reason) {
 		return 0, 0, maps.ReasonBadIPLen
 	}
 	*pos = h + hlen
+	p.IPLen, p.TTL = uint16(tot), b[h+8]
 	p.Addr = [16]byte{10: 0xff, 11: 0xff}
 	copy(p.Addr[12:], b[h+12:h+16])
 	p.Proto = b[h+9]
@@ -128,6 +134,7 @@ func parseIPv6(b []byte, pos *int, p *Packet) (int, int, maps.Reason) {
 	if end > len(b) {
 		return 0, 0, maps.ReasonBadIPLen
 	}
+	p.IPLen, p.TTL = uint16(end-h), b[h+7]
 	copy(p.Addr[:], b[h+8:h+24])
 	if netip.AddrFrom16(p.Addr).Is4In6() {
 		return 0, 0, maps.ReasonBadIPv6 // IPv4-mapped source: invalid on the wire
@@ -208,6 +215,9 @@ func parseL4(b []byte, pos int, p *Packet, proto uint8) maps.Reason {
 		p.SrcPort = binary.BigEndian.Uint16(b[pos:])
 		p.DstPort = binary.BigEndian.Uint16(b[pos+2:])
 		p.HasL4 = true
+		if proto == protoTCP {
+			p.TCPFlags = b[pos+13]
+		}
 	case protoICMP, protoICMPv6:
 		if pos+8 > len(b) {
 			return maps.ReasonBadL4

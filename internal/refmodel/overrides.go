@@ -1,0 +1,140 @@
+package refmodel
+
+import (
+	"github.com/edgeguard/edgeguard/internal/loader"
+	"github.com/edgeguard/edgeguard/internal/maps"
+)
+
+// Aggregate overrides (bpf/xdp_limiter.c, "Aggregate overrides and
+// watches"): per aggregate instance, a budget that replaces the policy's
+// and/or a bucket only new and penalised sources are charged against,
+// ignored once expired. The program finds them through the rule's gate
+// word; maps.Maps keeps a gate bit set for every override in the table, so
+// the model looks every aggregate up directly.
+
+// Override is an override's data-plane form (struct eg_override).
+type Override = loader.LimiterEgOverride
+
+// More aggregate kinds (enum eg_agg_kind).
+const (
+	AggKindWhole  = uint8(loader.LimiterEgAggKindEG_AGG_KIND_WHOLE)
+	AggKindGlobal = uint8(loader.LimiterEgAggKindEG_AGG_KIND_GLOBAL)
+)
+
+// SetOverride installs or replaces the override of the aggregate k as
+// maps.Maps.SetOverrides writes it (v as compiled, Expires in the test
+// clock's ns): a replaced override keeps its new-source bucket when it
+// keeps its new-source budget, else the bucket starts full. v.NewBucket is
+// ignored.
+func (m *Model) SetOverride(k AggKey, v Override) {
+	if m.ovr == nil {
+		m.ovr = map[AggKey]Override{}
+	}
+	v.NewBucket = Bucket{}
+	if old, ok := m.ovr[k]; ok && old.NewBudget == v.NewBudget {
+		v.NewBucket = old.NewBucket
+	}
+	m.ovr[k] = v
+}
+
+// DeleteOverride removes the override of k, as maps.Maps.DeleteOverride.
+func (m *Model) DeleteOverride(k AggKey) { delete(m.ovr, k) }
+
+// Overrides returns the override table (new-source buckets included).
+func (m *Model) Overrides() map[AggKey]Override {
+	out := make(map[AggKey]Override, len(m.ovr))
+	for k, v := range m.ovr {
+		out[k] = v
+	}
+	return out
+}
+
+// pruneOverrides is Apply's part (maps.Maps.Commit): overrides of rules
+// that are gone, or that no longer have a budget for their aggregate, go.
+func (m *Model) pruneOverrides() {
+	g := m.gen
+	for k := range m.ovr {
+		keep := false
+		if k.Kind == AggKindGlobal {
+			keep = g.globalLim
+		} else if r, ok := g.rules[k.RuleId]; ok {
+			switch k.Kind {
+			case AggKindPrefix:
+				want := r.aggLen6
+				if isV4Mapped(k.Addr) && k.Len >= 96 {
+					want = r.aggLen4 + 96
+				}
+				keep = r.aggMode == maps.AggDerived && r.aggLim && k.Len == want
+			case AggKindWhole:
+				keep = r.aggMode == maps.AggWhole && r.aggLim
+			case AggKindASN:
+				keep = r.asLim
+			}
+		}
+		if !keep {
+			delete(m.ovr, k)
+		}
+	}
+}
+
+// ovrFind is ovr_find: the live override of an aggregate, nil when there
+// is none or it expired.
+func (m *Model) ovrFind(k AggKey, ss *srcState) (*Override, bool) {
+	o, ok := m.ovr[k]
+	if !ok || o.Expires <= ss.now>>maps.TickShift {
+		return nil, false
+	}
+	return &o, true
+}
+
+// chargedNew is charged_new.
+func (m *Model) chargedNew(o *Override, ss *srcState) bool {
+	return o != nil && limited(o.NewBudget) && !privileged(m.class(ss, false))
+}
+
+// ovrPeek is eg_agg_peek with the aggregate's override: its budget
+// replaces c, and a new or penalised source must also fit its new-source
+// bucket.
+func (m *Model) ovrPeek(k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
+	o, _ := m.ovrFind(k, ss)
+	if o != nil && limited(o.Budget) {
+		c = o.Budget
+	}
+	if m.chargedNew(o, ss) && !wouldAdmit(o.NewBucket, o.NewBudget, ss.now, ss.len) {
+		ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
+		return false
+	}
+	return m.aggPeek(b, c, reserve, agg, ss)
+}
+
+// ovrTake is eg_agg_take with the aggregate's override: the new-source
+// bucket is charged first and given back (by subtraction) if the
+// aggregate refuses.
+func (m *Model) ovrTake(k AggKey, b *Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
+	o, _ := m.ovrFind(k, ss)
+	if o != nil && limited(o.Budget) {
+		c = o.Budget
+	}
+	fresh := m.chargedNew(o, ss)
+	if fresh {
+		ok := take(&o.NewBucket, o.NewBudget, ss.now, ss.len)
+		m.ovr[k] = *o
+		if !ok {
+			ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
+			return false
+		}
+	}
+	if !m.aggTake(b, c, reserve, agg, ss) {
+		if fresh {
+			if o.NewBudget.PktT != 0 {
+				o.NewBucket.PktTat -= o.NewBudget.PktT
+			}
+			if o.NewBudget.ByteT != 0 {
+				o.NewBucket.ByteTat -= maps.ByteCost(o.NewBudget, ss.len)
+			}
+			m.ovr[k] = *o
+		}
+		return false
+	}
+	return true
+}
