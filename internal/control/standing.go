@@ -47,7 +47,7 @@ type ClassStat struct {
 // CongestedInstance is one aggregate instance that is refusing sources:
 // seen refusing in the drop samples, and not yet calm for 5 s
 // (docs/operations.md, "Congestion of one aggregate"). The counts are
-// drop samples (at most samples: per second over every drop), not
+// drop samples (at most 1,000/s over every drop of the host), not
 // packets.
 type CongestedInstance struct {
 	Aggregate string `json:"aggregate"`        // prefix, asn or global

@@ -1,6 +1,7 @@
 package netns_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/testbed"
@@ -565,5 +567,106 @@ func TestKnownGoodReloadAndRestartKeepStanding(t *testing.T) {
 			t.Errorf("user %s: before the attack %s since %d, after reload and restart %s since %d: standing was reset",
 				u, maps.StandingName(maps.Standing(b.Standing)), b.Since, maps.StandingName(maps.Standing(a.Standing)), a.Since)
 		}
+	}
+}
+
+// ctlStatus is `edgectl status --json`, decoded.
+func (s *scenario) ctlStatus() (control.Status, error) {
+	var st control.Status
+	out, err := s.lab.Daemon.Ctl(s.ctx, "status", "--json")
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return st, fmt.Errorf("decode status: %w: %s", err, out)
+	}
+	return st, nil
+}
+
+// A congested ASN is named: while the botnet fills AS64501's budget,
+// `edgectl status --json` lists the instance (aggregate asn, asn 64501,
+// the rule) with refusals by the reserve of new sources, and no other
+// instance (the bots' /24s stay under their per-prefix limit, the global
+// budget is far away); after the flood it leaves the list once it has
+// refused nothing for congestionCalm (5 s) plus a tick.
+func TestKnownGoodCongestedASNInStatus(t *testing.T) {
+	s := newBotnetScenario(t, false, 0)
+	type seen struct {
+		at   time.Duration
+		inst []control.CongestedInstance
+	}
+	var polls []seen
+	var pollErr error
+	c := botnetCase{asnRate: 2000, warm: kgWarm, attack: 3*kgEstablishedAfter + time.Second}
+	c.during = func(s *scenario) {
+		start := time.Now()
+		for time.Since(start) < c.attack-time.Second {
+			time.Sleep(500 * time.Millisecond)
+			st, err := s.ctlStatus()
+			if err != nil {
+				pollErr = err
+				return
+			}
+			polls = append(polls, seen{time.Since(start), st.CongestedInstances})
+		}
+	}
+	r := c.run(s)
+	r.report(t, "with standing, per-ASN 2000/s, status polled")
+	if pollErr != nil {
+		t.Fatal(pollErr)
+	}
+	r.checkHostile(t)
+	first := time.Duration(-1)
+	var last control.CongestedInstance
+	for _, p := range polls {
+		for _, in := range p.inst {
+			if in.Aggregate != "asn" || in.ASN != 64501 {
+				t.Errorf("at %v: instance %+v listed; only AS64501 refuses", p.at.Round(time.Millisecond), in)
+				continue
+			}
+			if first < 0 {
+				first = p.at
+			}
+			last = in
+		}
+	}
+	if first < 0 {
+		t.Fatalf("AS64501 never listed as congested in %d polls of edgectl status --json", len(polls))
+	}
+	if last.Rule == "" || last.RefusedReserve == 0 || last.RefusedByClass["new"] == 0 || last.Since.IsZero() {
+		t.Errorf("AS64501 listed as %+v: want its rule, refusals of new sources by the reserve, since", last)
+	}
+	// Listed from the first seconds of the attack to its end (the polls
+	// stop a second before it): congested throughout, with a margin.
+	listed := 0
+	for _, p := range polls {
+		if len(p.inst) > 0 {
+			listed++
+		}
+	}
+	report(t, "AS64501 listed first at %v into the attack, in %d of %d polls; last: %d refused by the reserve, %d full, by class %v",
+		first.Round(time.Millisecond), listed, len(polls), last.RefusedReserve, last.RefusedFull, last.RefusedByClass)
+	if first > 3*time.Second {
+		t.Errorf("AS64501 listed only %v into the attack; want within 3 s (a tick is 1 s)", first)
+	}
+	if listed < len(polls)-2 {
+		t.Errorf("AS64501 listed in %d of %d polls during the attack; want all but the first two", listed, len(polls))
+	}
+	// After the flood: gone after congestionCalm (5 s) and a tick, with
+	// margin for a loaded machine.
+	end := time.Now()
+	for {
+		st, err := s.ctlStatus()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.CongestedInstances) == 0 {
+			report(t, "AS64501 left the list %v after the flood (calm 5 s, margin to 20 s)", time.Since(end).Round(time.Millisecond))
+			break
+		}
+		if time.Since(end) > 20*time.Second {
+			t.Fatalf("still listed 20 s after the flood: %+v", st.CongestedInstances)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
