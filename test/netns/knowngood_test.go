@@ -210,11 +210,13 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	var r botnetRun
 	r.floodSpec = trafficgen.Flood{
 		Sources: kgBotNets(), Distinct: kgBots, Proto: trafficgen.UDP, Payload: 32,
-		Rate: kgBots * kgBotRate, Duration: c.attack, Seed: 11, Step: 100 * time.Microsecond,
+		Rate: kgBots * kgBotRate, Duration: c.attack, Seed: 11,
 		// 1,500 independent bots: their packets arrive as a Poisson
 		// stream, not evenly spaced (which would flatter the flood
-		// against a user arriving at a random instant).
-		Poisson: true,
+		// against a user arriving at a random instant), each at its own
+		// time (per-frame deadlines: steps would clump them by the
+		// machine's load).
+		Poisson: true, Deadlines: true,
 	}
 	if c.spoofed {
 		r.floodSpec.Sources, r.floodSpec.Distinct = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16")}, 0
@@ -224,7 +226,7 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	var fe error
 	if c.prewarmRate > 0 {
 		warm := r.floodSpec
-		warm.Rate, warm.Duration, warm.Step = kgBots*c.prewarmRate, c.warm, 0
+		warm.Rate, warm.Duration = kgBots*c.prewarmRate, c.warm
 		warm.Count = int(float64(warm.Rate) * c.warm.Seconds())
 		wg.Go(func() { _, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], warm) })
 	}
@@ -461,13 +463,15 @@ func TestKnownGoodSpoofedFromUsersPrefix(t *testing.T) {
 // user's burst gets a bot packet's odds; against evenly spaced packets
 // much less (3.5% in the reference model); against clumps more. The
 // reference model pins each case on exact clocks
-// (internal/refmodel TestArrivalsAgainstFloodTiming); this generator's
-// timing depends on the machine's load (a quiet machine measured 2.8%,
-// a loaded one 14-32%, against a bot's 13%), so here only what holds for
-// every timing is asserted: arrivals are not shut out (some opening
-// requests get through), all their requests stay far below the
+// (internal/refmodel TestArrivalsAgainstFloodTiming). The stepped
+// generator's timing followed the machine's load (a quiet machine
+// measured 2.8%, a loaded one 14-32%, against a bot's 13%); with
+// per-frame deadlines it does not, and the opening requests measured
+// 0.5-1.1× a bot packet's odds at load 10-13. Asserted: arrivals get
+// between 0.25× and 2× a bot packet's odds for their opening requests
+// (neither shut out nor favoured), all their requests stay far below the
 // established users' (under 90%), and none of them is established after
-// the attack. The shares are reported.
+// the attack.
 func TestKnownGoodUsersArrivingDuringAttack(t *testing.T) {
 	const arrivals = 4
 	s := newBotnetScenario(t, false, arrivals)
@@ -484,8 +488,16 @@ func TestKnownGoodUsersArrivingDuringAttack(t *testing.T) {
 		"margin of the opening requests to a bot's share less 3 standard errors (%.1f points): %+.1f points",
 		r.arrived, r.arrived.OpeningReplied, r.arrived.Opening, 100*open, 100*botShare, r.botPassed, r.flood.Sent,
 		300*se, 100*(open-(botShare-3*se)))
-	if r.arrived.OpeningReplied == 0 {
-		t.Errorf("arrivals' opening requests: none of %d got through; new sources must share the leftover of the budget", r.arrived.Opening)
+	// With per-frame deadlines the flood's timing no longer follows the
+	// load, and what the arrivals' opening requests get stays within a
+	// factor of a bot packet's odds (measured 0.5-1.4×; the reference
+	// model's Poisson case is 1×): not shut out as by an evenly spaced
+	// flood (0.2-0.27×), not favoured as by a clumped one (up to 2.4×).
+	ratio := open / botShare
+	report(t, "arrivals' opening requests at %.2f× a bot packet's odds (want 0.25-2×: margins %+.2f and %+.2f); flood frames late %d",
+		ratio, ratio-0.25, 2-ratio, r.flood.Late)
+	if ratio < 0.25 || ratio > 2 {
+		t.Errorf("arrivals' opening requests %.1f%% against a bot packet's %.1f%% (%.2f×): want 0.25-2×", 100*open, 100*botShare, ratio)
 	}
 	if got := r.arrived.Success(); got >= 0.9 {
 		t.Errorf("arrivals' success %.1f%%: new sources should stay far below the established users (want under 90%%)", 100*got)
