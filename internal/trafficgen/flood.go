@@ -130,7 +130,7 @@ type Flood struct {
 	// frame's time, instead of in steps by a normal goroutine, so the
 	// timing is the same on a quiet and on a loaded machine (paced.go;
 	// needs root or CAP_SYS_NICE). Step is unused. A frame the sender
-	// reaches more than 200 µs after its time is not sent
+	// reaches more than 1 ms after its time is not sent
 	// (FloodResult.Late).
 	Deadlines bool
 	// Progress, if set, counts frames sent as they go (for live displays).

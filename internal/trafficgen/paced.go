@@ -26,10 +26,12 @@ import (
 // so the sender keeps its own time.
 const (
 	// deadlineLate: a frame whose time passed by more than this when the
-	// sender reaches it (an interrupt storm, a higher-priority real-time
-	// task) is not sent (FloodResult.Late): sent late, it would leave
-	// back to back with the next ones, the timing this mode avoids.
-	deadlineLate = 200 * time.Microsecond
+	// sender reaches it (the VM descheduled, an interrupt storm) is not
+	// sent (FloodResult.Late): sent late, it would leave back to back with
+	// the next ones, the timing this mode avoids. Frames late by less are
+	// sent at once: skipping them all would cost a loaded machine up to a
+	// quarter of the flood.
+	deadlineLate = time.Millisecond
 	// deadlinePriority is the sender's SCHED_FIFO priority: the lowest,
 	// above every normal task and below the kernel's own real-time
 	// threads. The kernel's real-time throttling
