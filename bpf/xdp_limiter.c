@@ -73,7 +73,9 @@ struct verdict {
 	__u32 rule_id;
 	__u32 asn;
 	__u8 counted_rule;
-	__u8 gen; /* the live generation, once known */
+	__u8 gen;     /* the live generation, once known */
+	__u8 refused; /* drop samples: EG_CO_REFUSED_* of the refusing aggregate */
+	__u8 cls;     /* drop samples: the source's class at that aggregate */
 };
 
 /* now_ticks reads the generation's clock (enum eg_clock). Both are
@@ -139,7 +141,8 @@ static __always_inline void fill_sample(struct eg_sample *s, const struct verdic
 	s->ttl = pi->ttl;
 	s->tcp_flags = pi->tcp_flags;
 	s->ip_len = pi->ip_len;
-	s->_pad = 0;
+	s->refused = v->refused;
+	s->cls = v->cls;
 	s->weight = weight;
 }
 
@@ -1488,6 +1491,10 @@ verdict:
 	/* Refusals by the reserve are counted by class, would-drops apart. */
 	if (ss.refused_outcome == EG_CO_REFUSED_RESERVE)
 		count_class(dry ? 1 : 0, ss.refused_agg, ss.cls, EG_CO_REFUSED_RESERVE, pi.len);
+	/* For the drop sample: which congestion refused it (per-instance
+	 * congestion, docs/operations.md "Standing"). */
+	v.refused = ss.refused_outcome;
+	v.cls = ss.looked ? ss.cls : EG_CLASS_UNKNOWN;
 standing_out:
 	/* Watched aggregates count every packet that reached the buckets. */
 	if (ss.gate >> EG_GATE_WATCH_SHIFT)

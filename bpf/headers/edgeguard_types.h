@@ -312,7 +312,11 @@ struct eg_sample {
 	__u8 ttl;       /* TTL or hop limit */
 	__u8 tcp_flags; /* 0 for other protocols */
 	__u16 ip_len;   /* IP total length (IPv6: 40 + payload length) */
-	__u16 _pad;
+	/* Drop samples: EG_CO_REFUSED_RESERVE or _FULL when an aggregate
+	 * (reason) refused the packet, else 0; cls is its enum eg_class
+	 * (EG_CLASS_UNKNOWN: standing not looked up). 0 in rate samples. */
+	__u8 refused;
+	__u8 cls;
 	/* EG_SAMPLE_RATE: how many packets this sample stands for: one_in,
 	 * times one more for each chosen packet this CPU could not send since
 	 * its last sample (cap or ring buffer full). Sum of weights over an

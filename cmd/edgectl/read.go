@@ -62,6 +62,9 @@ func writeStatus(out io.Writer, st control.Status) error {
 	for _, c := range st.Congestion {
 		fmt.Fprintf(w, "congestion\t%s\n", congestionLine(c))
 	}
+	for _, c := range st.CongestedInstances {
+		fmt.Fprintf(w, "congested\t%s\n", instanceLine(c))
+	}
 	writeL7Status(w, st.L7)
 	for _, m := range st.Maps {
 		fill := ""

@@ -20,6 +20,24 @@ func congestionLine(c control.Congestion) string {
 		c.Aggregate, c.Since.Format(time.RFC3339), time.Duration(c.For).Round(time.Second), classShares(c.AdmittedByClass))
 }
 
+// instanceLine is one congested aggregate instance for status and stats.
+func instanceLine(c control.CongestedInstance) string {
+	name := c.Aggregate
+	switch {
+	case c.Aggregate == "asn":
+		name = fmt.Sprintf("rule %s asn AS%d", c.Rule, c.ASN)
+	case c.Prefix != "":
+		name = fmt.Sprintf("rule %s prefix %s", c.Rule, c.Prefix)
+	}
+	over := ""
+	if c.Overcount > 0 {
+		over = fmt.Sprintf(" (up to %d of them other instances')", c.Overcount)
+	}
+	return fmt.Sprintf("%s: REFUSING since %s, for %s; sampled refusals %d by the reserve, %d full%s, %.1f%% of the %s kind's; refused %s",
+		name, c.Since.Format(time.RFC3339), time.Duration(c.For).Round(time.Second), c.RefusedReserve, c.RefusedFull, over,
+		100*c.Share, c.Aggregate, classShares(c.RefusedByClass))
+}
+
 func classShares(m map[string]uint64) string {
 	var total uint64
 	keys := make([]string, 0, len(m))
@@ -46,6 +64,9 @@ func writeStanding(out io.Writer, s *control.StandingStats) error {
 	fmt.Fprintln(out)
 	for _, c := range s.Congestion {
 		fmt.Fprintf(out, "congestion  %s\n", congestionLine(c))
+	}
+	for _, c := range s.Instances {
+		fmt.Fprintf(out, "congested   %s\n", instanceLine(c))
 	}
 	ev := s.Events
 	fmt.Fprintf(out, "standing    %d entered, %d not entered (table full), %d established, %d penalised\n",

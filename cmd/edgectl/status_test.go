@@ -81,3 +81,32 @@ func golden(t *testing.T, name string, got []byte) {
 		t.Errorf("output differs from %s (rerun with -update after checking):\n--- got\n%s\n--- want\n%s", path, got, want)
 	}
 }
+
+// TestStatusCongestedGolden pins how status shows congested aggregate
+// instances: by ASN and by prefix, text and JSON.
+func TestStatusCongestedGolden(t *testing.T) {
+	st := statusFixture(control.IPv4Direct{IPv4Facts: 3, CapacityChunks: 262144})
+	since := time.Date(2026, 11, 30, 12, 59, 0, 0, time.UTC)
+	st.Congestion = []control.Congestion{
+		{Aggregate: "prefix", Congested: true, Since: since, For: control.Duration(time.Minute),
+			AdmittedByClass: map[string]uint64{"established": 900, "new": 100}},
+		{Aggregate: "asn", Congested: true, Since: since, For: control.Duration(time.Minute),
+			AdmittedByClass: map[string]uint64{"established": 1500, "unknown": 500}},
+		{Aggregate: "global"},
+	}
+	st.CongestedInstances = []control.CongestedInstance{
+		{Aggregate: "asn", Rule: "isp", ASN: 64500, Since: since, For: control.Duration(time.Minute), LastRefused: since.Add(time.Minute),
+			RefusedReserve: 4000, RefusedFull: 20, RefusedByClass: map[string]uint64{"new": 3990, "penalised": 10, "unknown": 20}, Share: 1},
+		{Aggregate: "prefix", Rule: "isp", Prefix: "198.18.4.0/24", Since: since.Add(10 * time.Second), For: control.Duration(50 * time.Second),
+			LastRefused: since.Add(time.Minute), RefusedReserve: 30, RefusedByClass: map[string]uint64{"new": 30}, Share: 0.75, Overcount: 3},
+	}
+	var text, js bytes.Buffer
+	if err := writeStatus(&text, st); err != nil {
+		t.Fatal(err)
+	}
+	if err := printJSON(&js, st); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "status_congested.golden", text.Bytes())
+	golden(t, "status_congested.golden.json", js.Bytes())
+}

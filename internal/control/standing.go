@@ -8,6 +8,10 @@ type StandingStats struct {
 	// Congestion is each aggregate kind's congestion state: congested
 	// while it refuses new sources (the reserve is in use).
 	Congestion []Congestion `json:"congestion"`
+	// Instances are the single aggregates (an ASN, a prefix, a rule's
+	// whole aggregate, the global bucket) refusing sources now, from the
+	// drop samples, most-refusing first, at most 64.
+	Instances []CongestedInstance `json:"instances,omitempty"`
 	// Classes are the class counters of congested aggregates, non-zero
 	// only.
 	Classes []ClassStat `json:"classes"`
@@ -38,4 +42,34 @@ type ClassStat struct {
 	Mode      string `json:"mode"`
 	Packets   uint64 `json:"packets"`
 	Bytes     uint64 `json:"bytes"`
+}
+
+// CongestedInstance is one aggregate instance that is refusing sources:
+// seen refusing in the drop samples, and not yet calm for 5 s
+// (docs/operations.md, "Congestion of one aggregate"). The counts are
+// drop samples (at most 1,000/s over every drop of the host), not
+// packets.
+type CongestedInstance struct {
+	Aggregate string `json:"aggregate"`        // prefix, asn or global
+	Rule      string `json:"rule,omitempty"`   // the rule whose aggregate it is (not for global)
+	ASN       uint32 `json:"asn,omitempty"`    // aggregate asn
+	Prefix    string `json:"prefix,omitempty"` // aggregate prefix: the derived prefix, or "whole"
+	// Since is the first refusal sampled; LastRefused the last.
+	Since       time.Time `json:"since"`
+	For         Duration  `json:"for"`
+	LastRefused time.Time `json:"last_refused"`
+	// RefusedReserve and RefusedFull count the sampled refusals: by the
+	// reserve (new and penalised sources only), and by a full bucket
+	// (everyone). RefusedByClass splits them by the refused source's class
+	// ("unknown": a full bucket looks no standing up).
+	RefusedReserve uint64            `json:"refused_reserve_sampled"`
+	RefusedFull    uint64            `json:"refused_full_sampled"`
+	RefusedByClass map[string]uint64 `json:"refused_by_class_sampled,omitempty"`
+	// Share is this instance's part of its kind's sampled refusals among
+	// the tracked instances (0-1).
+	Share float64 `json:"share"`
+	// Overcount: up to this many refusals counted for the instance may be
+	// of instances it replaced in the bounded table (0 while fewer than 64
+	// instances refuse).
+	Overcount uint64 `json:"overcount,omitempty"`
 }

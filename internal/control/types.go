@@ -45,6 +45,8 @@ type Status struct {
 	L7            *L7Status    `json:"l7,omitempty"` // nil: no L7 stage
 	// Congestion is each aggregate kind's congestion state.
 	Congestion []Congestion `json:"congestion,omitempty"`
+	// CongestedInstances are the single aggregates refusing sources now.
+	CongestedInstances []CongestedInstance `json:"congested_instances,omitempty"`
 }
 
 // IPv4Direct says how the active policy generation looks IPv4 sources up:

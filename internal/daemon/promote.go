@@ -39,5 +39,6 @@ func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error
 // standing.l7_promotion.
 func promotion(c *policy.Compiled) proxy.Promotion {
 	lp := c.Standing.L7Promotion
-	return proxy.Promotion{Enabled: lp.Enabled, Rate: int64(lp.Rate.Count), Per: lp.Rate.Per}
+	return proxy.Promotion{Enabled: lp.Enabled, Rate: int64(lp.Rate.Count), Per: lp.Rate.Per,
+		Authenticated: lp.When == policy.PromoteAuthenticated}
 }

@@ -41,6 +41,9 @@ type standingWatch struct {
 	state [maps.ClassAggGlobal + 1]congestion
 	last  maps.ClassCounters
 	have  bool
+	// inst is the congestion of single aggregate instances, from the drop
+	// samples (congestion.go).
+	inst instances
 }
 
 func refusedReserve(c *maps.ClassCounters, agg maps.ClassAgg) uint64 {
@@ -137,6 +140,7 @@ func (d *Daemon) watchStanding(ctx context.Context) error {
 			} else {
 				d.observeCongestion(d.standing, c, now)
 			}
+			d.standing.tickInstances(d.log, d.ruleSlots(), now)
 			if now.Sub(lastSweep) >= standingSweep {
 				lastSweep = now
 				if err := d.sweepStanding(); err != nil {
@@ -227,8 +231,10 @@ func (d *Daemon) standingStats() (*control.StandingStats, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
 	out := &control.StandingStats{
-		Congestion: d.standing.status(time.Now()),
+		Congestion: d.standing.status(now),
+		Instances:  d.standing.instanceStatus(now),
 		Events: map[string]uint64{"created": ev.Created, "table_full": ev.Full,
 			"established": ev.Established, "penalised": ev.Penalised, "validated_tcp": ev.Validated},
 	}

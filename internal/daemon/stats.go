@@ -348,6 +348,7 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 		now := time.Now()
 		d.top.add(now, s)
 		d.recent.add(now, s)
+		d.standing.congestionSample(now, s)
 	})
 }
 

@@ -91,3 +91,9 @@ func (s xdpSource) Congested() map[string]bool {
 	}
 	return out
 }
+
+func (s xdpSource) CongestedInstances() map[string]int {
+	s.d.standing.mu.Lock()
+	defer s.d.standing.mu.Unlock()
+	return s.d.standing.inst.congestedByKind()
+}

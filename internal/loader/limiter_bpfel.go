@@ -101,7 +101,8 @@ type LimiterEgBtfAnchor struct {
 		Ttl      uint8
 		TcpFlags uint8
 		IpLen    uint16
-		Pad      uint16
+		Refused  uint8
+		Cls      uint8
 		Weight   uint32
 		_        [4]byte
 	}
@@ -438,7 +439,8 @@ type LimiterEgSample struct {
 	Ttl      uint8
 	TcpFlags uint8
 	IpLen    uint16
-	Pad      uint16
+	Refused  uint8
+	Cls      uint8
 	Weight   uint32
 	_        [4]byte
 }

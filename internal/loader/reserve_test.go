@@ -298,3 +298,71 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestReserveDropSamples: a drop sample says which congestion refused the
+// packet (per-instance congestion in the daemon reads it): the reserve for
+// a new source, the full bucket for an established one (class unknown: a
+// full bucket looks up no standing), nothing for a drop
+// that no aggregate made.
+func TestReserveDropSamples(t *testing.T) {
+	td := newTestDatapath(t, smallSizes)
+	td.setClock(time.Hour)
+	g := reserveGen(maps.ClassAggASN, half)
+	g.Samples = policy.Limit{Rate: policy.Rate{Count: 1_000_000_000, Per: time.Second}, Burst: 1_000_000_000}
+	td.apply(g)
+	r, err := td.m.NewSampleReader()
+	must(t, err)
+	t.Cleanup(func() { r.Close() })
+	next := func() (maps.Sample, bool) {
+		r.SetDeadline(time.Now())
+		s, err := r.Read()
+		if err != nil {
+			return maps.Sample{}, false
+		}
+		return s, true
+	}
+	user := "198.18.1.1"
+	must(t, td.m.SetStanding(netip.MustParseAddr(user), maps.StandingEstablished))
+	if got := td.burst("198.18.2.2", 60); got != 50 {
+		t.Fatalf("new source: %d of 60 admitted, want 50", got)
+	}
+	if got := td.burst(user, 60); got != 50 {
+		t.Fatalf("established source: %d of 60 admitted, want 50", got)
+	}
+	want := []struct {
+		src     string
+		outcome maps.Outcome
+		class   maps.Class
+		n       int
+	}{
+		{"198.18.2.2", maps.OutcomeRefusedReserve, maps.ClassNew, 10},
+		// A full bucket refuses everyone without a standing lookup.
+		{user, maps.OutcomeRefusedFull, maps.ClassUnknown, 10},
+	}
+	for _, w := range want {
+		for i := 0; i < w.n; i++ {
+			s, ok := next()
+			if !ok {
+				t.Fatalf("%s: %d drop samples, want %d", w.src, i, w.n)
+			}
+			if s.Source.String() != w.src || s.Reason != maps.ReasonASNLimit || !s.Refusal || s.Refused != w.outcome ||
+				s.Class != w.class || s.ASN != 64500 {
+				t.Fatalf("%s sample %d: source %s reason %s refusal %v outcome %s class %s asn %d; want reason asn_limit, %s, %s, AS64500",
+					w.src, i, s.Source, maps.ReasonName(s.Reason), s.Refusal, maps.OutcomeName(s.Refused),
+					maps.ClassName(s.Class), s.ASN, maps.OutcomeName(w.outcome), maps.ClassName(w.class))
+			}
+		}
+	}
+	if s, ok := next(); ok {
+		t.Fatalf("extra sample %+v", s)
+	}
+	// A drop no aggregate made (a deny-list entry is not sampled; a drop
+	// rule is) carries no refusal.
+	g.Rules[0].Action = policy.ActionDrop
+	td.apply(g)
+	td.burst("198.18.3.3", 1)
+	s, ok := next()
+	if !ok || s.Refusal || s.Refused != 0 || s.Reason != maps.ReasonRuleDrop {
+		t.Fatalf("rule drop sample %+v (ok %v): want reason rule_drop, no refusal", s, ok)
+	}
+}

@@ -51,6 +51,13 @@ type Sample struct {
 	// anything is the sum of its samples' weights over the interval. 0
 	// for SampleDrop samples.
 	Weight uint32
+	// Refused (SampleDrop only): OutcomeRefusedReserve or
+	// OutcomeRefusedFull when the aggregate the Reason names refused the
+	// packet; Refusal false otherwise. Class is the source's class there
+	// (ClassUnknown: its standing was not looked up).
+	Refusal bool
+	Refused Outcome
+	Class   Class
 }
 
 // SampleReader reads samples from one of the data plane's ring buffers.
@@ -110,6 +117,8 @@ func decodeSample(b []byte) (Sample, error) {
 		SPort: raw.Sport, DPort: raw.Dport, TTL: raw.Ttl, TCPFlags: raw.TcpFlags,
 		Reason: Reason(raw.Reason), Action: Action(raw.Action), Kind: SampleKind(raw.Kind),
 		Passed: Action(raw.Action) != ActDrop, Weight: raw.Weight,
+		Refusal: SampleKind(raw.Kind) == SampleDrop && raw.Refused != 0,
+		Refused: Outcome(raw.Refused), Class: Class(raw.Cls),
 	}, nil
 }
 

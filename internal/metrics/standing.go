@@ -15,6 +15,9 @@ type StandingSource interface {
 	// Congested reports, per aggregate kind (prefix, asn, global), whether
 	// it is refusing new sources now.
 	Congested() map[string]bool
+	// CongestedInstances counts, per aggregate kind, the single
+	// aggregates (an ASN, a prefix) refusing sources now.
+	CongestedInstances() map[string]int
 }
 
 // ReadStanding is the read label of edgeguard_scrape_errors_total for the
@@ -30,6 +33,9 @@ func (c *XDPCollector) collectStanding(ch chan<- prometheus.Metric, src Standing
 		[]string{"event"}, nil)
 	congested := prometheus.NewDesc("edgeguard_aggregate_congested",
 		"1 while an aggregate kind refuses new sources (its reserve is in use), else 0.",
+		[]string{"aggregate"}, nil)
+	instances := prometheus.NewDesc("edgeguard_aggregate_congested_instances",
+		"Aggregate instances (one ASN, one prefix, a rule's whole aggregate, the global bucket) refusing sources now, by kind, from the drop samples; at most 64 are tracked.",
 		[]string{"aggregate"}, nil)
 	cc, err := src.ClassCounters()
 	if err != nil {
@@ -63,6 +69,9 @@ func (c *XDPCollector) collectStanding(ch chan<- prometheus.Metric, src Standing
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(congested, prometheus.GaugeValue, v, name)
+	}
+	for name, n := range src.CongestedInstances() {
+		ch <- prometheus.MustNewConstMetric(instances, prometheus.GaugeValue, float64(n), name)
 	}
 	return nil
 }

@@ -327,7 +327,24 @@ type L7Promotion struct {
 	Enabled bool
 	// Rate is the most promotions per Per the L7 stage may make.
 	Rate Rate
+	// When is what a request must do to promote its source:
+	// PromoteRoutePassed (the default) or PromoteAuthenticated.
+	When PromotionWhen
 }
+
+// PromotionWhen is standing.l7_promotion.when.
+type PromotionWhen string
+
+// What promotes a source (docs/operations.md, "L7 promotion").
+const (
+	// PromoteRoutePassed: a request that passed its route's limits.
+	PromoteRoutePassed PromotionWhen = "route_passed"
+	// PromoteAuthenticated: a request that passed its route's limits,
+	// carried a credential the route's limits key on (a header: part,
+	// user or tenant) exactly once, and that the upstream answered with a
+	// status from 200 to 399.
+	PromoteAuthenticated PromotionWhen = "authenticated"
+)
 
 // DefaultStanding returns the standing settings a file without a standing:
 // section gets.
@@ -335,6 +352,6 @@ func DefaultStanding() Standing {
 	return Standing{
 		EstablishedAfter: 30 * time.Second,
 		Penalty:          5 * time.Minute,
-		L7Promotion:      L7Promotion{Rate: Rate{Count: 100, Per: time.Second}},
+		L7Promotion:      L7Promotion{Rate: Rate{Count: 100, Per: time.Second}, When: PromoteRoutePassed},
 	}
 }

@@ -142,7 +142,15 @@ func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
 		out.KnownGood = ps.knownGood(v)
 	}
 	if v, ok := f["l7_promotion"]; ok {
-		pf := ps.Fields(v, "standing.l7_promotion", "enabled", "rate")
+		pf := ps.Fields(v, "standing.l7_promotion", "enabled", "rate", "when")
+		if w, ok := pf["when"]; ok {
+			switch s, _ := ps.Scalar(w, "standing.l7_promotion.when"); PromotionWhen(s) {
+			case PromoteRoutePassed, PromoteAuthenticated:
+				out.L7Promotion.When = PromotionWhen(s)
+			default:
+				ps.Errorf(w, "standing.l7_promotion.when %q: want route_passed or authenticated", s)
+			}
+		}
 		if e, ok := pf["enabled"]; ok {
 			switch s, _ := ps.Scalar(e, "standing.l7_promotion.enabled"); s {
 			case "true":

@@ -25,7 +25,7 @@ func TestStandingDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.Standing.EstablishedAfter != 30*time.Second || p.Standing.Penalty != 5*time.Minute || p.Standing.L7Promotion.Enabled ||
-		p.Standing.L7Promotion.Rate != (Rate{Count: 100, Per: time.Second}) {
+		p.Standing.L7Promotion.Rate != (Rate{Count: 100, Per: time.Second}) || p.Standing.L7Promotion.When != PromoteRoutePassed {
 		t.Errorf("standing defaults: %+v", p.Standing)
 	}
 	if p.GlobalReserve != DefaultReserve || p.Defaults.Reserve != DefaultReserve {
@@ -43,7 +43,7 @@ standing:
   established_after: 45s
   penalty: 10m
   known_good: [198.51.100.0/24, {file: kg.txt}, 198.51.100.0/24]
-  l7_promotion: {enabled: true, rate: 20/s}
+  l7_promotion: {enabled: true, rate: 20/s, when: authenticated}
 rules:
   - name: a
     match: {prefixes: [203.0.113.0/24]}
@@ -62,7 +62,7 @@ rules:
 		t.Errorf("known_good %v, want %v", p.Standing.KnownGood, want)
 	}
 	if p.Standing.EstablishedAfter != 45*time.Second || p.Standing.Penalty != 10*time.Minute ||
-		!p.Standing.L7Promotion.Enabled || p.Standing.L7Promotion.Rate.Count != 20 {
+		!p.Standing.L7Promotion.Enabled || p.Standing.L7Promotion.Rate.Count != 20 || p.Standing.L7Promotion.When != PromoteAuthenticated {
 		t.Errorf("standing: %+v", p.Standing)
 	}
 	c, err := Compile(p, nil)
@@ -96,6 +96,11 @@ func TestStandingRejects(t *testing.T) {
 		{"standing: {known_good: [{path: x}]}", "unknown field"},
 		{"standing: {l7_promotion: {enabled: yes}}", "want true or false"},
 		{"standing: {l7_promotion: {rate: 1Mbit/s}}", "promotions per time"},
+		{"standing: {l7_promotion: {when: authenticated}}", ""},
+		{"standing: {l7_promotion: {when: route_passed}}", ""},
+		{"standing: {l7_promotion: {when: Authenticated}}", "want route_passed or authenticated"},
+		{"standing: {l7_promotion: {when: \"\"}}", "want route_passed or authenticated"},
+		{"standing: {l7_promotion: {when: [authenticated]}}", "standing.l7_promotion.when"},
 		{"standing: {colour: red}", "unknown field"},
 		{"rules: [{name: d, action: drop, match: {prefixes: [192.0.2.0/24]}, reserve: 10%}]", "only applies with action: limit"},
 	} {

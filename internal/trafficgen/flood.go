@@ -125,6 +125,14 @@ type Flood struct {
 	// does (about half as often at 7× the budget), which flatters the
 	// flood as a coarse Step flatters the users.
 	Poisson bool
+	// Deadlines: every frame leaves at its own scheduled time (evenly
+	// spaced, or Poisson), sent by a SCHED_FIFO thread that sleeps to each
+	// frame's time, instead of in steps by a normal goroutine, so the
+	// timing is the same on a quiet and on a loaded machine (paced.go;
+	// needs root or CAP_SYS_NICE). Step is unused. A frame the sender
+	// reaches more than 1 ms after its time is not sent
+	// (FloodResult.Late).
+	Deadlines bool
 	// Progress, if set, counts frames sent as they go (for live displays).
 	Progress *atomic.Uint64
 }
@@ -134,8 +142,11 @@ const MinFloodStep = 50 * time.Microsecond
 
 // FloodResult is what a flood did.
 type FloodResult struct {
-	Sent    uint64 // frames the kernel accepted
-	Errors  uint64 // frames it refused (ENOBUFS and the like)
+	Sent   uint64 // frames the kernel accepted
+	Errors uint64 // frames it refused (ENOBUFS and the like)
+	// Late (Deadlines): frames not sent because the sender reached them
+	// too late to leave on time.
+	Late    uint64
 	Elapsed time.Duration
 }
 
@@ -179,6 +190,22 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 	}
 	rng := f.rng()
 	fixed := f.drawSources(rng)
+	frameOf := func(n uint64) []byte {
+		var src netip.Addr
+		if len(fixed) > 0 {
+			src = fixed[n%uint64(len(fixed))]
+		} else {
+			src = randomIn(rng, f.Sources[n%uint64(len(f.Sources))])
+		}
+		sport := uint16(1024 + rng.IntN(64511))
+		if len(f.SrcPorts) > 0 {
+			sport = f.SrcPorts[n%uint64(len(f.SrcPorts))]
+		}
+		return f.frame(src, sport)
+	}
+	if f.Deadlines {
+		return f.runDeadlines(ctx, c, frameOf)
+	}
 	var res FloodResult
 	start := time.Now()
 	deadline := start.Add(f.Duration)
@@ -191,17 +218,7 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 		}
 		due := pace.due(n, uint64(now.Sub(start).Nanoseconds()))
 		for ; n < due; n++ {
-			var src netip.Addr
-			if len(fixed) > 0 {
-				src = fixed[n%uint64(len(fixed))]
-			} else {
-				src = randomIn(rng, f.Sources[n%uint64(len(f.Sources))])
-			}
-			sport := uint16(1024 + rng.IntN(64511))
-			if len(f.SrcPorts) > 0 {
-				sport = f.SrcPorts[n%uint64(len(f.SrcPorts))]
-			}
-			if err := c.Write(f.frame(src, sport)); err != nil {
+			if err := c.Write(frameOf(n)); err != nil {
 				res.Errors++
 			} else {
 				res.Sent++

@@ -152,3 +152,33 @@ func TestPoissonPacing(t *testing.T) {
 		t.Errorf("poisson pacer after an hour: %d due, want Count 5", got)
 	}
 }
+
+// TestDeadlinePrebuild: a flood with deadlines builds, in order, the frames
+// it sends within its duration (10% more for Poisson), and no more than
+// Count; past deadlinePrebuild bytes it builds only the first.
+func TestDeadlinePrebuild(t *testing.T) {
+	var calls []uint64
+	send := func(n uint64) []byte {
+		calls = append(calls, n)
+		return make([]byte, 100)
+	}
+	for _, tc := range []struct {
+		f    Flood
+		want int
+	}{
+		{Flood{Rate: 1000, Count: 5000, Duration: 2 * time.Second}, 2300},
+		{Flood{Rate: 1000, Count: 50, Duration: 2 * time.Second}, 50},
+		{Flood{Rate: 2_000_000, Count: 20_000_000, Duration: time.Minute}, 1}, // 2 GB: built as it goes
+	} {
+		calls = calls[:0]
+		got := tc.f.prebuild(send)
+		if len(got) != tc.want || len(calls) != tc.want {
+			t.Errorf("%+v: %d frames built (%d calls), want %d", tc.f, len(got), len(calls), tc.want)
+		}
+		for i, n := range calls {
+			if n != uint64(i) {
+				t.Fatalf("frame %d built as %d: out of order", i, n)
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package netns_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/testbed"
@@ -208,11 +210,13 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	var r botnetRun
 	r.floodSpec = trafficgen.Flood{
 		Sources: kgBotNets(), Distinct: kgBots, Proto: trafficgen.UDP, Payload: 32,
-		Rate: kgBots * kgBotRate, Duration: c.attack, Seed: 11, Step: 100 * time.Microsecond,
+		Rate: kgBots * kgBotRate, Duration: c.attack, Seed: 11,
 		// 1,500 independent bots: their packets arrive as a Poisson
 		// stream, not evenly spaced (which would flatter the flood
-		// against a user arriving at a random instant).
-		Poisson: true,
+		// against a user arriving at a random instant), each at its own
+		// time (per-frame deadlines: steps would clump them by the
+		// machine's load).
+		Poisson: true, Deadlines: true,
 	}
 	if c.spoofed {
 		r.floodSpec.Sources, r.floodSpec.Distinct = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16")}, 0
@@ -222,7 +226,7 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	var fe error
 	if c.prewarmRate > 0 {
 		warm := r.floodSpec
-		warm.Rate, warm.Duration, warm.Step = kgBots*c.prewarmRate, c.warm, 0
+		warm.Rate, warm.Duration = kgBots*c.prewarmRate, c.warm
 		warm.Count = int(float64(warm.Rate) * c.warm.Seconds())
 		wg.Go(func() { _, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], warm) })
 	}
@@ -459,13 +463,15 @@ func TestKnownGoodSpoofedFromUsersPrefix(t *testing.T) {
 // user's burst gets a bot packet's odds; against evenly spaced packets
 // much less (3.5% in the reference model); against clumps more. The
 // reference model pins each case on exact clocks
-// (internal/refmodel TestArrivalsAgainstFloodTiming); this generator's
-// timing depends on the machine's load (a quiet machine measured 2.8%,
-// a loaded one 14-32%, against a bot's 13%), so here only what holds for
-// every timing is asserted: arrivals are not shut out (some opening
-// requests get through), all their requests stay far below the
+// (internal/refmodel TestArrivalsAgainstFloodTiming). The stepped
+// generator's timing followed the machine's load (a quiet machine
+// measured 2.8%, a loaded one 14-32%, against a bot's 13%); with
+// per-frame deadlines it does not, and the opening requests measured
+// 0.5-1.1× a bot packet's odds at load 10-13. Asserted: arrivals get
+// between 0.25× and 2× a bot packet's odds for their opening requests
+// (neither shut out nor favoured), all their requests stay far below the
 // established users' (under 90%), and none of them is established after
-// the attack. The shares are reported.
+// the attack.
 func TestKnownGoodUsersArrivingDuringAttack(t *testing.T) {
 	const arrivals = 4
 	s := newBotnetScenario(t, false, arrivals)
@@ -482,8 +488,16 @@ func TestKnownGoodUsersArrivingDuringAttack(t *testing.T) {
 		"margin of the opening requests to a bot's share less 3 standard errors (%.1f points): %+.1f points",
 		r.arrived, r.arrived.OpeningReplied, r.arrived.Opening, 100*open, 100*botShare, r.botPassed, r.flood.Sent,
 		300*se, 100*(open-(botShare-3*se)))
-	if r.arrived.OpeningReplied == 0 {
-		t.Errorf("arrivals' opening requests: none of %d got through; new sources must share the leftover of the budget", r.arrived.Opening)
+	// With per-frame deadlines the flood's timing no longer follows the
+	// load, and what the arrivals' opening requests get stays within a
+	// factor of a bot packet's odds (measured 0.5-1.4×; the reference
+	// model's Poisson case is 1×): not shut out as by an evenly spaced
+	// flood (0.2-0.27×), not favoured as by a clumped one (up to 2.4×).
+	ratio := open / botShare
+	report(t, "arrivals' opening requests at %.2f× a bot packet's odds (want 0.25-2×: margins %+.2f and %+.2f); flood frames late %d",
+		ratio, ratio-0.25, 2-ratio, r.flood.Late)
+	if ratio < 0.25 || ratio > 2 {
+		t.Errorf("arrivals' opening requests %.1f%% against a bot packet's %.1f%% (%.2f×): want 0.25-2×", 100*open, 100*botShare, ratio)
 	}
 	if got := r.arrived.Success(); got >= 0.9 {
 		t.Errorf("arrivals' success %.1f%%: new sources should stay far below the established users (want under 90%%)", 100*got)
@@ -565,5 +579,106 @@ func TestKnownGoodReloadAndRestartKeepStanding(t *testing.T) {
 			t.Errorf("user %s: before the attack %s since %d, after reload and restart %s since %d: standing was reset",
 				u, maps.StandingName(maps.Standing(b.Standing)), b.Since, maps.StandingName(maps.Standing(a.Standing)), a.Since)
 		}
+	}
+}
+
+// ctlStatus is `edgectl status --json`, decoded.
+func (s *scenario) ctlStatus() (control.Status, error) {
+	var st control.Status
+	out, err := s.lab.Daemon.Ctl(s.ctx, "status", "--json")
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return st, fmt.Errorf("decode status: %w: %s", err, out)
+	}
+	return st, nil
+}
+
+// A congested ASN is named: while the botnet fills AS64501's budget,
+// `edgectl status --json` lists the instance (aggregate asn, asn 64501,
+// the rule) with refusals by the reserve of new sources, and no other
+// instance (the bots' /24s stay under their per-prefix limit, the global
+// budget is far away); after the flood it leaves the list once it has
+// refused nothing for congestionCalm (5 s) plus a tick.
+func TestKnownGoodCongestedASNInStatus(t *testing.T) {
+	s := newBotnetScenario(t, false, 0)
+	type seen struct {
+		at   time.Duration
+		inst []control.CongestedInstance
+	}
+	var polls []seen
+	var pollErr error
+	c := botnetCase{asnRate: 2000, warm: kgWarm, attack: 3*kgEstablishedAfter + time.Second}
+	c.during = func(s *scenario) {
+		start := time.Now()
+		for time.Since(start) < c.attack-time.Second {
+			time.Sleep(500 * time.Millisecond)
+			st, err := s.ctlStatus()
+			if err != nil {
+				pollErr = err
+				return
+			}
+			polls = append(polls, seen{time.Since(start), st.CongestedInstances})
+		}
+	}
+	r := c.run(s)
+	r.report(t, "with standing, per-ASN 2000/s, status polled")
+	if pollErr != nil {
+		t.Fatal(pollErr)
+	}
+	r.checkHostile(t)
+	first := time.Duration(-1)
+	var last control.CongestedInstance
+	for _, p := range polls {
+		for _, in := range p.inst {
+			if in.Aggregate != "asn" || in.ASN != 64501 {
+				t.Errorf("at %v: instance %+v listed; only AS64501 refuses", p.at.Round(time.Millisecond), in)
+				continue
+			}
+			if first < 0 {
+				first = p.at
+			}
+			last = in
+		}
+	}
+	if first < 0 {
+		t.Fatalf("AS64501 never listed as congested in %d polls of edgectl status --json", len(polls))
+	}
+	if last.Rule == "" || last.RefusedReserve == 0 || last.RefusedByClass["new"] == 0 || last.Since.IsZero() {
+		t.Errorf("AS64501 listed as %+v: want its rule, refusals of new sources by the reserve, since", last)
+	}
+	// Listed from the first seconds of the attack to its end (the polls
+	// stop a second before it): congested throughout, with a margin.
+	listed := 0
+	for _, p := range polls {
+		if len(p.inst) > 0 {
+			listed++
+		}
+	}
+	report(t, "AS64501 listed first at %v into the attack, in %d of %d polls; last: %d refused by the reserve, %d full, by class %v",
+		first.Round(time.Millisecond), listed, len(polls), last.RefusedReserve, last.RefusedFull, last.RefusedByClass)
+	if first > 3*time.Second {
+		t.Errorf("AS64501 listed only %v into the attack; want within 3 s (a tick is 1 s)", first)
+	}
+	if listed < len(polls)-2 {
+		t.Errorf("AS64501 listed in %d of %d polls during the attack; want all but the first two", listed, len(polls))
+	}
+	// After the flood: gone after congestionCalm (5 s) and a tick, with
+	// margin for a loaded machine.
+	end := time.Now()
+	for {
+		st, err := s.ctlStatus()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.CongestedInstances) == 0 {
+			report(t, "AS64501 left the list %v after the flood (calm 5 s, margin to 20 s)", time.Since(end).Round(time.Millisecond))
+			break
+		}
+		if time.Since(end) > 20*time.Second {
+			t.Fatalf("still listed 20 s after the flood: %+v", st.CongestedInstances)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }

@@ -127,3 +127,124 @@ func TestL7Promotion(t *testing.T) {
 	}
 	report(t, "l7 promotion: %s validated after one request; a 429 and promotion off left sources new", c1.Src4)
 }
+
+// authPromotePolicy: promotion when authenticated, on a route whose limit
+// keys on the API key header.
+const authPromotePolicy = `defaults:
+  per_source: {packets: {rate: 10000/s, burst: 10000}}
+standing:
+  l7_promotion: {enabled: true, rate: 100/s, when: authenticated}
+l7:
+  listen: 0.0.0.0:8080
+  upstream: http://%s
+  routes:
+    - name: api
+      match: {path_prefix: /}
+      limits:
+        - {name: per-key, key: "header:X-API-Key", rate: 1000/s}
+`
+
+// TestL7PromotionAuthenticated: with standing.l7_promotion.when:
+// authenticated, only a request that carried the route's key and that the
+// upstream accepted (status below 400) validates its source (why
+// l7_promotion); a wrong key (the upstream's 401), a request without a key
+// and an upstream error (500) leave their sources new.
+func TestL7PromotionAuthenticated(t *testing.T) {
+	s := newScenario(t, 2)
+	var upLn net.Listener
+	if err := s.lab.Star.Edge.Do(func() (err error) {
+		upLn, err = net.Listen("tcp", netip.AddrPortFrom(s.lab.Legit[0].EdgeAddr4, 9200).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Header.Get("X-API-Key") != "good":
+			w.WriteHeader(http.StatusUnauthorized)
+		case r.URL.Path == "/fail":
+			w.WriteHeader(http.StatusInternalServerError)
+		default:
+			io.WriteString(w, "ok")
+		}
+	})}
+	go up.Serve(upLn)
+	t.Cleanup(func() { up.Close() })
+	s.start(fmt.Sprintf(authPromotePolicy, upLn.Addr()))
+
+	get := func(c *testbed.Client, src netip.Addr, path, key string) int {
+		t.Helper()
+		tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := c.NS.Do(func() (err error) {
+				d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}
+				conn, err = d.DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		}}
+		defer tr.CloseIdleConnections()
+		req, err := http.NewRequest("GET", "http://"+netip.AddrPortFrom(c.EdgeAddr4, 8080).String()+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" {
+			req.Header.Set("X-API-Key", key)
+		}
+		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatalf("GET %s from %s: %v", path, src, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	standing := func(a netip.Addr) (string, string) {
+		t.Helper()
+		e := s.explain(a.String())
+		if e.Standing == nil {
+			t.Fatalf("explain %s: no standing", a)
+		}
+		return e.Standing.Standing, e.Standing.Why
+	}
+	c0, c1 := s.lab.Legit[0], s.lab.Legit[1]
+	for _, c := range []struct {
+		name string
+		c    *testbed.Client
+		src  netip.Addr
+		path string
+		key  string
+		code int
+	}{
+		{"wrong key", c0, c0.Src4, "/", "bad", 401},
+		{"no key", c0, c0.Alt4, "/", "", 401},
+		{"upstream error", c1, c1.Alt4, "/fail", "good", 500},
+		{"accepted key", c1, c1.Src4, "/", "good", 200},
+	} {
+		if code := get(c.c, c.src, c.path, c.key); code != c.code {
+			t.Fatalf("%s from %s: %d, want %d", c.name, c.src, code, c.code)
+		}
+	}
+	// The accepted request's source is validated; one FIFO worker, so by
+	// then the others, earlier, would have been too.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, why := standing(c1.Src4)
+		if st == "validated" {
+			if why != "l7_promotion" {
+				t.Errorf("%s validated for %q, want l7_promotion", c1.Src4, why)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s (%s) 10 s after an accepted authenticated request, want validated\n%s", c1.Src4, st, why, s.lab.Daemon.Logs())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, a := range []netip.Addr{c0.Src4, c0.Alt4, c1.Alt4} {
+		if st, why := standing(a); st != "new" {
+			t.Errorf("%s is %s (%s): a wrong key, no key or an upstream error must not promote", a, st, why)
+		}
+	}
+	report(t, "authenticated l7 promotion: %s validated by an accepted key; wrong key (401), no key, upstream 500 left sources new", c1.Src4)
+}

@@ -116,6 +116,9 @@ type flight struct {
 	obs      *routeObs
 	decision int
 	limit    string // the limit that refused it (access log)
+	// promote: the request passed its route's limits with a credential;
+	// its source is promoted if the upstream accepts it (Proxy.accepted).
+	promote bool
 	// relay: decided off the event loop, the engine's relay.
 	relay *eventloop.Relay
 	// The net-http engine's timing and status.
@@ -143,6 +146,9 @@ func (ex *flight) Done(e eventloop.Exchange) {
 // finish records a request's end and recycles ex.
 func (ex *flight) finish(r *http.Request, status int, total, upstream time.Duration, forwarded bool) {
 	o := ex.obs
+	if ex.promote {
+		ex.p.accepted(r, status, forwarded)
+	}
 	o.inFlight.Add(-1)
 	o.status[statusClass(status)].Add(1)
 	o.total.Observe(total.Seconds())

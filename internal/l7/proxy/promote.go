@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -24,9 +25,17 @@ type Promoter interface {
 	Promote(ctx context.Context, src netip.Addr, reason string) error
 }
 
-// PromotionReason is the reason passed to Promoter.Promote: the request
-// passed its route's limits.
-const PromotionReason = "l7_route"
+// Reasons passed to Promoter.Promote: the request passed its route's
+// limits; or it did, carried a credential and the upstream accepted it.
+const (
+	PromotionReason              = "l7_route"
+	PromotionReasonAuthenticated = "l7_authenticated"
+)
+
+// maxCredential is the longest credential value that can authenticate a
+// request (longer than any API key, user or tenant id we know of); a
+// longer one disqualifies the request.
+const maxCredential = 1024
 
 // Promotion configures promotion: off unless Enabled and a Promoter is
 // given. At most Rate promotions per Per leave the proxy in all (burst:
@@ -36,6 +45,11 @@ type Promotion struct {
 	Enabled bool
 	Rate    int64
 	Per     time.Duration
+	// Authenticated: promote only for a request that also carried a
+	// credential of its route (carriesCredential) and that the upstream
+	// answered with a status from 200 to 399. Otherwise a request that
+	// passed its route's limits is enough.
+	Authenticated bool
 	// Refresh is how long a promoted source is not promoted again
 	// (default DefaultPromotionRefresh).
 	Refresh time.Duration
@@ -130,7 +144,11 @@ func (pr *promotion) run(ctx context.Context) {
 			return
 		case a := <-pr.queue:
 			cctx, cancel := context.WithTimeout(ctx, EscalateTimeout)
-			err := pr.pro.Promote(cctx, a, PromotionReason)
+			reason := PromotionReason
+			if pr.cfg.Authenticated {
+				reason = PromotionReasonAuthenticated
+			}
+			err := pr.pro.Promote(cctx, a, reason)
 			cancel()
 			if err != nil {
 				pr.failed.Add(1)
@@ -156,15 +174,37 @@ func (pr *promotion) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// passed offers the TCP peer of a request that passed its route's limits
-// for promotion. The peer, not a forwarded-for address: standing is about
-// the address the data plane sees, and the peer is the one that completed a
-// TCP handshake with this host. A trusted proxy is never promoted (it
-// carries everyone's requests, bad ones too).
-func (p *Proxy) passed(r *http.Request) {
+// passed is called for a request that passed its route's limits. Without
+// Authenticated its TCP peer is offered for promotion at once; with it,
+// only a request that carried a credential of the route is marked, and
+// accepted reports the upstream's answer. The peer, not a forwarded-for
+// address: standing is about the address the data plane sees, and the peer
+// is the one that completed a TCP handshake with this host. A trusted proxy
+// is never promoted (it carries everyone's requests, bad ones too).
+func (p *Proxy) passed(rt *route, ex *flight, r *http.Request) {
 	if p.promo == nil {
 		return
 	}
+	if !p.promo.cfg.Authenticated {
+		p.promotePeer(r)
+		return
+	}
+	if ex != nil && carriesCredential(r.Header, rt.creds) {
+		ex.promote = true
+	}
+}
+
+// accepted offers the peer of a marked request (passed) once its response
+// is known: the upstream answered it (not the proxy: a 429, a 502 when the
+// upstream is down) with a status from 200 to 399. 401 and 403 (the
+// upstream refused the credential), other 4xx and 5xx never promote.
+func (p *Proxy) accepted(r *http.Request, status int, forwarded bool) {
+	if p.promo != nil && forwarded && status >= 200 && status < 400 {
+		p.promotePeer(r)
+	}
+}
+
+func (p *Proxy) promotePeer(r *http.Request) {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return
@@ -174,4 +214,49 @@ func (p *Proxy) passed(r *http.Request) {
 		return
 	}
 	p.promo.note(a)
+}
+
+// carriesCredential reports whether h carries a credential of a route
+// whose limits key on the headers creds (canonical names): at least one of
+// them, each present at most once, with a value neither empty nor longer
+// than maxCredential. A duplicated, empty or oversized credential header
+// disqualifies the request: which copy the upstream checked is unknown.
+func carriesCredential(h http.Header, creds []string) bool {
+	found := false
+	for _, name := range creds {
+		v, ok := h[name]
+		switch {
+		case !ok:
+			continue
+		case len(v) != 1 || v[0] == "" || len(v[0]) > maxCredential:
+			return false
+		}
+		found = true
+	}
+	return found
+}
+
+// credentialHeaders are the headers the limits key on that name a client
+// (header: parts, user, tenant), canonical and deduplicated.
+func (km *keyMaker) credentialHeaders(limits []Limit) []string {
+	var out []string
+	for _, l := range limits {
+		for _, part := range l.Key {
+			name := ""
+			switch part.Kind {
+			case KeyHeader:
+				name = http.CanonicalHeaderKey(part.Header)
+			case KeyUser:
+				name = km.user
+			case KeyTenant:
+				name = km.tenant
+			default:
+				continue
+			}
+			if !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
 }

@@ -3,9 +3,13 @@ package proxy
 import (
 	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 
+	"bufio"
 	"context"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"path"
 	"strconv"
 	"strings"
 	"testing"
@@ -130,5 +134,175 @@ edgeguard_l7_proxy_promotions_total{result="sent"} 6
 	}
 	if _, err := New(cfg, Options{Promoter: rec, Promotion: Promotion{Enabled: true}}); err == nil {
 		t.Error("enabled promotion without a rate accepted")
+	}
+}
+
+// statusUpstream answers the status its path names (/s/401 -> 401).
+func statusUpstream(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, err := strconv.Atoi(path.Base(r.URL.Path))
+		if err != nil || code < 200 || code > 599 {
+			code = http.StatusOK
+		}
+		if code >= 300 && code < 400 {
+			w.Header().Set("Location", "/elsewhere")
+		}
+		w.WriteHeader(code)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// rawFrom sends one raw request from the local address src (any of
+// 127.0.0.0/8 is this host's) and returns the response status.
+func rawFrom(t *testing.T, addr, src, raw string) int {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := c.Write([]byte(raw)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("%q from %s: %v", raw, src, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// waitIdle waits until no request is in flight on p: each request's end
+// (where an authenticated promotion is offered) has run.
+func waitIdle(t *testing.T, p *Proxy) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := p.unmatchedObs.inFlight.Load() + p.exemptObs.inFlight.Load()
+		for _, rt := range p.routes {
+			n += rt.obs.inFlight.Load()
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests still in flight after 10s", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+const authPromotionConfig = `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  engine: ENGINE
+  routes:
+    - name: api
+      match: {path_prefix: /api/}
+      limits: [{name: per-key, key: "header:X-API-Key", rate: 1000/s}]
+    - name: tight
+      match: {path_prefix: /tight/}
+      limits: [{name: tight-key, key: "header:X-API-Key", rate: 1/h, burst: 1}]
+    - name: users
+      match: {path_prefix: /users/}
+      limits: [{name: per-user, key: "endpoint+user", rate: 1000/s}]
+    - name: open
+      match: {path_prefix: /open/}
+      limits: [{name: per-ip, key: ip, rate: 1000/s}]
+`
+
+// TestAuthenticatedPromotion (both engines): with Authenticated, a source
+// is promoted only by a request that passed its route's limits, carried a
+// credential the route keys on exactly once (non-empty, at most
+// maxCredential bytes) and that the upstream answered with 200-399. 401,
+// 403, 404, 5xx, a 429, a missing, empty, duplicated or oversized key, and
+// a route keyed by ip alone promote nobody; the promotion rate still
+// applies.
+func TestAuthenticatedPromotion(t *testing.T) {
+	up := statusUpstream(t)
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		t.Run(string(e), func(t *testing.T) {
+			cfg := decodeYAML(t, strings.ReplaceAll(authPromotionConfig, "ENGINE", string(e)), up)
+			rec := &recordingPromoter{calls: make(chan promotionCall, 64)}
+			clock := new(l7test.ManualClock)
+			p, base := startProxy(t, cfg, Options{Clock: clock, Promoter: rec,
+				Promotion: Promotion{Enabled: true, Authenticated: true, Rate: 100, Per: time.Second}})
+			addr := strings.TrimPrefix(base, "http://")
+			req := func(path string, headers ...string) string {
+				return "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + strings.Join(headers, "") + "\r\n"
+			}
+			key := "X-API-Key: k-123\r\n"
+			long := "X-API-Key: " + strings.Repeat("k", maxCredential+1) + "\r\n"
+			atMax := "X-API-Key: " + strings.Repeat("k", maxCredential) + "\r\n"
+			expect := func(want string) {
+				t.Helper()
+				select {
+				case c := <-rec.calls:
+					if c.src.String() != want || c.reason != PromotionReasonAuthenticated {
+						t.Fatalf("promoted %v (%q), want %s (%q)", c.src, c.reason, want, PromotionReasonAuthenticated)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("no promotion of %s", want)
+				}
+			}
+			for i, c := range []struct {
+				name, raw string
+				status    int
+				promoted  bool
+			}{
+				{"key, 200", req("/api/s/200", key), 200, true},
+				{"key, 204", req("/api/s/204", key), 204, true},
+				{"key, 302", req("/api/s/302", key), 302, true},
+				{"key of the maximum length, 200", req("/api/s/200", atMax), 200, true},
+				{"user header, 200", req("/users/s/200", "X-User-Id: alice\r\n"), 200, true},
+				{"key, 401", req("/api/s/401", key), 401, false},
+				{"key, 403", req("/api/s/403", key), 403, false},
+				{"key, 404", req("/api/s/404", key), 404, false},
+				{"key, 500", req("/api/s/500", key), 500, false},
+				{"key, 503", req("/api/s/503", key), 503, false},
+				{"no key", req("/api/s/200"), 200, false},
+				{"empty key", req("/api/s/200", "X-API-Key: \r\n"), 200, false},
+				{"duplicated key", req("/api/s/200", key, "X-API-Key: k-456\r\n"), 200, false},
+				{"oversized key", req("/api/s/200", long), 200, false},
+				{"route keyed by ip", req("/open/s/200", key), 200, false},
+				{"tight key, first", req("/tight/s/200", key), 200, true},
+				{"tight key, 429", req("/tight/s/200", key), 429, false},
+			} {
+				src := "127.0.0." + strconv.Itoa(10+i)
+				if got := rawFrom(t, addr, src, c.raw); got != c.status {
+					t.Fatalf("%s: status %d, want %d", c.name, got, c.status)
+				}
+				waitIdle(t, p)
+				if c.promoted {
+					expect(src)
+				}
+			}
+			// One FIFO worker: the sentinel's promotion coming next proves
+			// none of the refused cases was queued.
+			rawFrom(t, addr, "127.0.0.200", req("/api/s/200", key))
+			waitIdle(t, p)
+			expect("127.0.0.200")
+			// The rate still applies: 100 per second, burst 100; 7 used.
+			for i := 0; i < 100; i++ {
+				rawFrom(t, addr, "127.0.1."+strconv.Itoa(1+i), req("/api/s/200", key))
+			}
+			waitIdle(t, p)
+			for i := 0; i < 93; i++ {
+				expect("127.0.1." + strconv.Itoa(1+i))
+			}
+			if n := p.promo.limited.Load(); n != 7 {
+				t.Errorf("%d promotions refused by the rate, want 7", n)
+			}
+			select {
+			case c := <-rec.calls:
+				t.Errorf("unexpected promotion of %v", c.src)
+			default:
+			}
+		})
 	}
 }

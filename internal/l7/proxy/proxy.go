@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,6 +120,9 @@ type route struct {
 	counts  routeCounters
 	obs     *routeObs
 	offLoop eventloop.OffLoop
+	// creds are the headers the route's limits (and its tiers') key on
+	// that name a client, for authenticated promotion.
+	creds []string
 }
 
 // redisGroup is the redis limits that apply to a request in one tier and
@@ -455,6 +459,13 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 	if p.cfg.Headers.Draft == 0 {
 		mc.Headers = l7.HeadersNone
 	}
+	all := rc.Limits
+	if rc.Tiers != nil {
+		for _, t := range rc.Tiers.Tiers {
+			all = append(slices.Clip(all), t.Limits...)
+		}
+	}
+	rt.creds = p.km.credentialHeaders(all)
 	var routeRedis []Limit
 	for _, l := range rc.Limits {
 		if l.Backend == BackendRedis {
@@ -782,7 +793,7 @@ func (p *Proxy) limit(rt *route, ex *flight, w http.ResponseWriter, r *http.Requ
 		}
 	}
 	rt.mw.Respond(w, &lp, ext)
-	p.passed(r)
+	p.passed(rt, ex, r)
 	if d := lp.Delay(); d > 0 && !p.hold(r, d) {
 		return false // the client left while its request was held
 	}
