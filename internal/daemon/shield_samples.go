@@ -33,7 +33,7 @@ func (d *Daemon) readRateSamples(ctx context.Context) error {
 		d.log.Warn("shield: no 1-in-N samples; it learns from the aggregate counters alone", "err", err)
 		return nil
 	}
-	return readRing(ctx, r, func(s maps.Sample) {
+	return d.readRing(ctx, "1-in-N samples", r, func(s maps.Sample) {
 		d.shield.read.Add(1)
 		d.shieldSample(s)
 	})

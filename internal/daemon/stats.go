@@ -344,7 +344,7 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return readRing(ctx, r, func(s maps.Sample) {
+	return d.readRing(ctx, "drop samples", r, func(s maps.Sample) {
 		now := time.Now()
 		d.top.add(now, s)
 		d.recent.add(now, s)
@@ -353,14 +353,23 @@ func (d *Daemon) readSamples(ctx context.Context) error {
 }
 
 // readRing hands each sample of r to each until ctx ends (which closes r)
-// or the ring fails.
-func readRing(ctx context.Context, r *maps.SampleReader, each func(maps.Sample)) error {
+// or the ring fails. A record that is not a sample is skipped and logged
+// (the first, then every 1,000th): one bad record must not stop the reader.
+func (d *Daemon) readRing(ctx context.Context, ring string, r *maps.SampleReader, each func(maps.Sample)) error {
 	go func() {
 		<-ctx.Done()
 		r.Close()
 	}()
+	var bad uint64
 	for {
 		s, err := r.Read()
+		if errors.Is(err, maps.ErrBadSample) {
+			if bad%1000 == 0 {
+				d.log.Warn("skipped a ring buffer record that is not a sample", "ring", ring, "skipped", bad+1, "err", err)
+			}
+			bad++
+			continue
+		}
 		if err != nil {
 			if errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
 				return nil

@@ -97,6 +97,10 @@ func (s *SampleReader) Read() (Sample, error) {
 	return decodeSample(rec.RawSample)
 }
 
+// ErrBadSample is the error of a ring buffer record too short to be a
+// sample: the reader may skip it and read on.
+var ErrBadSample = errors.New("bad sample record")
+
 // decodeSample decodes one ring buffer record. A shorter record (written
 // by an older program, still attached during an upgrade) leaves the fields
 // it lacks zero.
@@ -104,11 +108,11 @@ func decodeSample(b []byte) (Sample, error) {
 	var raw loader.LimiterEgSample
 	buf := make([]byte, binary.Size(raw))
 	if len(b) < 48 {
-		return Sample{}, fmt.Errorf("decode sample: %d bytes, want at least 48", len(b))
+		return Sample{}, fmt.Errorf("decode sample: %d bytes, want at least 48: %w", len(b), ErrBadSample)
 	}
 	copy(buf, b)
 	if err := binary.Read(bytes.NewReader(buf), binary.NativeEndian, &raw); err != nil {
-		return Sample{}, fmt.Errorf("decode sample: %w", err)
+		return Sample{}, fmt.Errorf("decode sample: %w: %w", ErrBadSample, err)
 	}
 	return Sample{
 		Time:   time.Duration(raw.KtimeNs),
