@@ -1333,15 +1333,13 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.agg_mode = rule->agg_mode;
 	ss.agg_len4 = rule->agg_len4;
 	ss.agg_len6 = rule->agg_len6;
-	ss.sport = pi.sport;
-	ss.dport = pi.dport;
-	ss.proto = pi.proto;
-	ss.ttl = pi.ttl;
-	ss.tcp_flags = pi.tcp_flags;
-	ss.ip_len = pi.ip_len;
+	/* The ports and the packet's fields below are read by the TCP
+	 * handshake check and the fingerprints only: filled for them. */
 	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
 		/* The destination, for bpf_skc_lookup_tcp; parsing already
 		 * bounds-checked these headers, the verifier wants it again. */
+		ss.sport = pi.sport;
+		ss.dport = pi.dport;
 		if (v4) {
 			struct iphdr *iph = l3p;
 
@@ -1367,9 +1365,17 @@ int xdp_limiter(struct xdp_md *ctx)
 	 * no bucket and creates no per-source state. The call only when a
 	 * mask is installed (eg_fingerprint checks again). */
 	fm = bpf_map_lookup_elem(&fp_masks, &zero);
-	if (fm && fm->n && eg_fingerprint(&ss)) {
-		v.reason = EG_R_FINGERPRINT;
-		goto limited;
+	if (fm && fm->n) {
+		ss.sport = pi.sport;
+		ss.dport = pi.dport;
+		ss.proto = pi.proto;
+		ss.ttl = pi.ttl;
+		ss.tcp_flags = pi.tcp_flags;
+		ss.ip_len = pi.ip_len;
+		if (eg_fingerprint(&ss)) {
+			v.reason = EG_R_FINGERPRINT;
+			goto limited;
+		}
 	}
 
 	/* 5. Buckets. First look, without touching per-source state, whether
