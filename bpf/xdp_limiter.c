@@ -164,21 +164,22 @@ static __always_inline void sample(const struct verdict *v, const struct pkt_inf
 	bpf_ringbuf_submit(s, 0);
 }
 
-/* eg_rand is the next 32 random bits of this CPU's splitmix64 state (st is
- * its rate_sample_stats slot), seeded from bpf_get_prandom_u32 on the
- * CPU's first draw. Inline: no helper call per packet (a call's return
- * costs a misprediction on this kind of host, ~8 ns). */
+/* eg_rand is the next 32 random bits of this CPU's random state (st is its
+ * rate_sample_stats slot): the top half of a 64-bit linear congruential
+ * sequence (Knuth's MMIX multiplier, increment 1: period 2^64, so over a
+ * period every 32-bit value comes out equally often), seeded from
+ * bpf_get_prandom_u32 on the CPU's first draw. Inline and a few
+ * instructions: no helper call per packet (a call's return costs a
+ * misprediction on this kind of host, ~8 ns). */
 static __always_inline __u32 eg_rand(struct eg_rsample_stats *st)
 {
-	__u64 z;
+	__u64 x = st->rng;
 
-	if (!st->rng)
-		st->rng = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32() | 1;
-	z = st->rng += 0x9e3779b97f4a7c15ULL;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	z ^= z >> 31;
-	return z >> 32;
+	if (!x)
+		x = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32();
+	x = x * 6364136223846793005ULL + 1;
+	st->rng = x;
+	return x >> 32;
 }
 
 /* eg_rate_sample is the 1-in-N sampler (docs/operations.md, "Sampling"):

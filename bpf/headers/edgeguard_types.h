@@ -334,7 +334,7 @@ struct eg_rsample_stats {
 	__u64 capped;  /* chosen, not sent: over the cap */
 	__u64 lost;    /* chosen, not sent: ring buffer full */
 	__u64 pending; /* chosen and not sent since this CPU's last sample */
-	/* This CPU's random state (splitmix64; 0: not seeded yet), for the
+	/* This CPU's random state (a 64-bit LCG; 0: not seeded yet), for the
 	 * sampler's and the penalty sample's draws: a few instructions per
 	 * packet, where a helper call costs a mispredicted return. */
 	__u64 rng;
