@@ -323,7 +323,7 @@ struct eg_sample {
 /* The 1-in-N sampler's settings of one generation (sample_cfgs[gen]). */
 struct eg_sample_cfg {
 	struct eg_bucket_cfg cap; /* samples per second sent at most (pkt_t/pkt_tau) */
-	__u32 thresh;             /* a packet is chosen when prandom < thresh; 0: off */
+	__u32 thresh;             /* a packet is chosen when eg_rand < thresh; 0: off */
 	__u32 one_in;             /* N: thresh = 2^32 / N, rounded down */
 };
 
