@@ -167,9 +167,28 @@ static __always_inline void sample(const struct verdict *v, const struct pkt_inf
 	bpf_ringbuf_submit(s, 0);
 }
 
+/* eg_rand is the next 32 random bits of this CPU's random state (st is its
+ * rate_sample_stats slot): the top half of a 64-bit linear congruential
+ * sequence (Knuth's MMIX multiplier, increment 1: period 2^64, so over a
+ * period every 32-bit value comes out equally often), seeded from
+ * bpf_get_prandom_u32 on the CPU's first draw. Inline and a few
+ * instructions: no helper call per packet (a call's return costs a
+ * misprediction on this kind of host, ~8 ns). */
+static __always_inline __u32 eg_rand(struct eg_rsample_stats *st)
+{
+	__u64 x = st->rng;
+
+	if (!x)
+		x = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32();
+	x = x * 6364136223846793005ULL + 1;
+	st->rng = x;
+	return x >> 32;
+}
+
 /* eg_rate_sample is the 1-in-N sampler (docs/operations.md, "Sampling"):
  * every packet of a live generation, passed or dropped, is chosen with
- * probability thresh / 2^32 (1/one_in, exact to 2^-32); a chosen packet is
+ * probability thresh / 2^32 (1/one_in, exact to 2^-32), drawn in finish()
+ * (eg_rand), which calls this only for a chosen packet; a chosen packet is
  * sent within the cap, a GCRA bucket shared by all CPUs. A chosen packet
  * that cannot be sent (cap, ring buffer full) adds its weight to this
  * CPU's next sample, so the weights still sum to an unbiased estimate of
@@ -190,7 +209,7 @@ __attribute__((noinline)) int eg_rate_sample(__u64 a1, __u64 a2, __u64 hi, __u64
 	__u64 w, now, *t;
 
 	scfg = bpf_map_lookup_elem(&sample_cfgs, &gen);
-	if (!scfg || !scfg->thresh || bpf_get_prandom_u32() >= scfg->thresh)
+	if (!scfg || !scfg->thresh)
 		return 0;
 	st = bpf_map_lookup_elem(&rate_sample_stats, &zero);
 	if (!st)
@@ -237,8 +256,19 @@ static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, c
 	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY_LIST && now)
 		sample(v, pi, cfg, now);
 	if (now) {
+		struct eg_rsample_stats *st;
+		struct eg_sample_cfg *scfg;
+		__u32 zero = 0, gen = v->gen;
 		__u64 hi, lo;
 
+		/* The draw here, the call only for a chosen packet. With
+		 * sampling off (thresh 0) nothing is chosen; drawing anyway is
+		 * a few instructions and one branch fewer for the verifier to
+		 * follow at every exit. */
+		scfg = bpf_map_lookup_elem(&sample_cfgs, &gen);
+		st = bpf_map_lookup_elem(&rate_sample_stats, &zero);
+		if (!scfg || !st || eg_rand(st) >= scfg->thresh)
+			return ret;
 		__builtin_memcpy(&hi, pi->addr, 8);
 		__builtin_memcpy(&lo, pi->addr + 8, 8);
 		eg_rate_sample(v->action | v->reason << 8 | (__u64)v->gen << 16 | (__u64)pi->proto << 24 |
@@ -906,6 +936,28 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 	return 1;
 }
 
+/* agg_peek is eg_agg_peek with its common case inline: an aggregate
+ * without an override (its gate bit clear) that is full, or that has room
+ * below its reserve band, is answered here, as eg_agg_peek would answer
+ * it; only an override or a packet in the band pays the call. */
+static __always_inline int agg_peek(const struct eg_bucket *b, const struct eg_bucket_cfg *cfg, __u32 ra,
+				    struct src_state *ss)
+{
+	__u16 reserve = ra >> 8;
+
+	if (ss->gate & (1U << agg_kind_of(ra & 0xff, ss)))
+		return eg_agg_peek(b, cfg, ra, ss);
+	if (!bucket_would_admit(b, cfg, ss->now, ss->len)) {
+		ss->congested = 1;
+		ss->refused_agg = ra & 0xff;
+		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		return 0;
+	}
+	if (reserve && !bucket_would_admit_r(b, cfg, ss->now, ss->len, reserve))
+		return eg_agg_peek(b, cfg, ra, ss);
+	return 1;
+}
+
 
 /* fp_pre_slots is the prefilter's byte for value v of the field whose
  * region starts at word base (v < 65,536: in bounds), or every slot if the
@@ -1220,6 +1272,8 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_rule *rule = NULL;
 	struct eg_list_val *lv;
 	struct eg_prefix_val *pv;
+	struct eg_fp_masks *fm;
+	struct eg_rsample_stats *rs;
 	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL, *sb;
 	struct eg_agg_key ak, nk;
 	/* The lists and prefix lookups' key, then the per-source key: one
@@ -1343,15 +1397,13 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.agg_mode = rule->agg_mode;
 	ss.agg_len4 = rule->agg_len4;
 	ss.agg_len6 = rule->agg_len6;
-	ss.sport = pi.sport;
-	ss.dport = pi.dport;
-	ss.proto = pi.proto;
-	ss.ttl = pi.ttl;
-	ss.tcp_flags = pi.tcp_flags;
-	ss.ip_len = pi.ip_len;
+	/* The ports and the packet's fields below are read by the TCP
+	 * handshake check and the fingerprints only: filled for them. */
 	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
 		/* The destination, for bpf_skc_lookup_tcp; parsing already
 		 * bounds-checked these headers, the verifier wants it again. */
+		ss.sport = pi.sport;
+		ss.dport = pi.dport;
 		if (v4) {
 			struct iphdr *iph = l3p;
 
@@ -1374,10 +1426,20 @@ int xdp_limiter(struct xdp_md *ctx)
 
 	/* 4. Fingerprint rules (the adaptive shield's): after the lists and
 	 * the rule, before any bucket, so that a fingerprinted flood charges
-	 * no bucket and creates no per-source state. */
-	if (eg_fingerprint(&ss)) {
-		v.reason = EG_R_FINGERPRINT;
-		goto limited;
+	 * no bucket and creates no per-source state. The call only when a
+	 * mask is installed (eg_fingerprint checks again). */
+	fm = bpf_map_lookup_elem(&fp_masks, &zero);
+	if (fm && fm->n) {
+		ss.sport = pi.sport;
+		ss.dport = pi.dport;
+		ss.proto = pi.proto;
+		ss.ttl = pi.ttl;
+		ss.tcp_flags = pi.tcp_flags;
+		ss.ip_len = pi.ip_len;
+		if (eg_fingerprint(&ss)) {
+			v.reason = EG_R_FINGERPRINT;
+			goto limited;
+		}
 	}
 
 	/* 5. Buckets. First look, without touching per-source state, whether
@@ -1387,7 +1449,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (bucket_limited(&cfg->global)) {
 		slot = EG_GLOBAL_BUCKET;
 		gb = bpf_map_lookup_elem(&global_buckets, &slot);
-		if (gb && !eg_agg_peek(gb, &cfg->global, (__u32)cfg->reserve << 8 | EG_CAGG_GLOBAL, &ss)) {
+		if (gb && !agg_peek(gb, &cfg->global, (__u32)cfg->reserve << 8 | EG_CAGG_GLOBAL, &ss)) {
 			v.reason = EG_R_GLOBAL_LIMIT;
 			goto limited;
 		}
@@ -1395,7 +1457,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	if (v.asn && bucket_limited(&rule->asn)) {
 		agg_asn_key(&nk, rule, v.asn);
 		nb = bpf_map_lookup_elem(&agg_buckets, &nk);
-		if (nb && !eg_agg_peek(nb, &rule->asn, (__u32)rule->reserve << 8 | EG_CAGG_ASN, &ss)) {
+		if (nb && !agg_peek(nb, &rule->asn, (__u32)rule->reserve << 8 | EG_CAGG_ASN, &ss)) {
 			v.reason = EG_R_ASN_LIMIT;
 			goto limited;
 		}
@@ -1409,7 +1471,7 @@ int xdp_limiter(struct xdp_md *ctx)
 			agg_derived_key(&ak, rule, &pi, v4);
 			ab = bpf_map_lookup_elem(&agg_buckets, &ak);
 		}
-		if (ab && !eg_agg_peek(ab, &rule->agg, (__u32)rule->reserve << 8 | EG_CAGG_PREFIX, &ss)) {
+		if (ab && !agg_peek(ab, &rule->agg, (__u32)rule->reserve << 8 | EG_CAGG_PREFIX, &ss)) {
 			v.reason = EG_R_PREFIX_LIMIT;
 			goto limited;
 		}
@@ -1500,11 +1562,17 @@ standing_out:
 	if (ss.gate >> EG_GATE_WATCH_SHIFT)
 		eg_watch_all(&ss, v.reason == EG_R_OK);
 	/* At most once per source per epoch: admitted packets of limit rules
-	 * build history, refusals by the own limit penalise. */
-	if (v.reason == EG_R_OK)
-		eg_standing_update(&ss, EG_UPD_ADMITTED, ctx);
-	else if (v.reason == EG_R_SOURCE_LIMIT && (eg_test_clock || (bpf_get_prandom_u32() & (EG_PENALTY_SAMPLE - 1)) == 0))
-		eg_standing_update(&ss, EG_UPD_OWN_LIMIT, ctx);
+	 * build history, refusals by the own limit penalise. The calls only when the update can do something: a source already
+	 * touched in this epoch (EG_TOUCH_NO) is not updated for an admitted
+	 * packet (eg_standing_update checks again). */
+	if (v.reason == EG_R_OK) {
+		if (ss.touched != EG_TOUCH_NO)
+			eg_standing_update(&ss, EG_UPD_ADMITTED, ctx);
+	} else if (v.reason == EG_R_SOURCE_LIMIT) {
+		rs = bpf_map_lookup_elem(&rate_sample_stats, &zero);
+		if (eg_test_clock || (rs && (eg_rand(rs) & (EG_PENALTY_SAMPLE - 1)) == 0))
+			eg_standing_update(&ss, EG_UPD_OWN_LIMIT, ctx);
+	}
 	return finish(ctx, &v, &pi, cfg, now);
 
 malformed:

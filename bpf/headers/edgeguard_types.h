@@ -327,7 +327,7 @@ struct eg_sample {
 /* The 1-in-N sampler's settings of one generation (sample_cfgs[gen]). */
 struct eg_sample_cfg {
 	struct eg_bucket_cfg cap; /* samples per second sent at most (pkt_t/pkt_tau) */
-	__u32 thresh;             /* a packet is chosen when prandom < thresh; 0: off */
+	__u32 thresh;             /* a packet is chosen when eg_rand < thresh; 0: off */
 	__u32 one_in;             /* N: thresh = 2^32 / N, rounded down */
 };
 
@@ -338,6 +338,10 @@ struct eg_rsample_stats {
 	__u64 capped;  /* chosen, not sent: over the cap */
 	__u64 lost;    /* chosen, not sent: ring buffer full */
 	__u64 pending; /* chosen and not sent since this CPU's last sample */
+	/* This CPU's random state (a 64-bit LCG; 0: not seeded yet), for the
+	 * sampler's and the penalty sample's draws: a few instructions per
+	 * packet, where a helper call costs a mispredicted return. */
+	__u64 rng;
 };
 
 /* ---- Aggregate overrides (docs/operations.md, "Aggregate overrides") ----

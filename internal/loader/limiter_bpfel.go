@@ -390,6 +390,7 @@ type LimiterEgRsampleStats struct {
 	Capped  uint64
 	Lost    uint64
 	Pending uint64
+	Rng     uint64
 }
 
 type LimiterEgRule struct {
