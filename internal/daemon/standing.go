@@ -230,7 +230,7 @@ func (d *Daemon) standingStats() (*control.StandingStats, error) {
 	out := &control.StandingStats{
 		Congestion: d.standing.status(time.Now()),
 		Events: map[string]uint64{"created": ev.Created, "table_full": ev.Full,
-			"established": ev.Established, "penalised": ev.Penalised, "validated_tcp": ev.Validated},
+			"established": ev.Established, "penalised": ev.Penalised, "validated_tcp": ev.Validated, "jumped": ev.Jumped},
 	}
 	for dry := range c {
 		for agg := range c[dry] {
