@@ -18,11 +18,11 @@ const (
 	// computes in milliseconds; a day keeps its products in 64 bits), the
 	// jump factor's, and the highest jump minimum (rates are kept in 32
 	// bits at 1/16 packet per second).
-	minRateHistory = 10 * time.Second
-	maxRateHistory = 24 * time.Hour
-	minJumpFactor  = 1.5
-	maxJumpFactor  = 1000
-	maxJumpMin     = 1_000_000
+	minRateHistory      = 10 * time.Second
+	maxRateHistory      = 24 * time.Hour
+	minJumpFactor       = 1.5
+	maxJumpFactor       = 1000
+	maxJumpMin          = 1_000_000
 	maxStandingDuration = 7 * 24 * time.Hour
 	// maxKnownGood is the known_good table's capacity in the data plane
 	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
