@@ -89,6 +89,7 @@ type StandingEntry struct {
 	// "Usual rate"). Jumped: current > jump_factor × usual.
 	UsualRate, CurrentRate float64
 	RateAtNS               uint64
+	RateAge                time.Duration // how long ago RateAtNS was
 	Jumped                 bool
 }
 
@@ -124,6 +125,9 @@ func (m *Maps) entry(k loader.LimiterEgStandingKey, v loader.LimiterEgStandingVa
 		SinceNS: v.Since, CleanSinceNS: v.CleanSince, LastSeenNS: v.LastSeen,
 		UsualRate: float64(v.Usual) / (1 << RateShift), CurrentRate: float64(v.Current) / (1 << RateShift),
 		RateAtNS: v.RateAt, Jumped: v.Jumped != 0,
+	}
+	if v.RateAt != 0 && v.RateAt <= mono {
+		e.RateAge = time.Duration(mono - v.RateAt)
 	}
 	if v.Since <= mono {
 		e.Since = wall.Add(-time.Duration(mono - v.Since))

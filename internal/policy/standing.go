@@ -166,7 +166,12 @@ func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
 		}
 	}
 	if v, ok := f["jump_min"]; ok {
-		r := ps.packetRate(v, "standing.jump_min", base.JumpMin)
+		r := base.JumpMin
+		if s, _ := ps.Scalar(v, "standing.jump_min"); s == "0" {
+			r = Rate{} // no minimum
+		} else {
+			r = ps.packetRate(v, "standing.jump_min", base.JumpMin)
+		}
 		if r.PerSecond() > maxJumpMin {
 			ps.Errorf(v, "standing.jump_min %v/s: must be at most %d/s", r.PerSecond(), maxJumpMin)
 		} else {
