@@ -1136,7 +1136,8 @@ static __always_inline int tcp_established(struct xdp_md *ctx, const struct src_
  * bucket's count and the count at its standing lookups, over the time
  * between: at least an epoch, as updates come at most once per epoch) and
  * folds it into the usual rate, a decayed peak with half-life
- * rate_history: usual = max(current, usual decayed). The decay goes in
+ * rate_history: usual = max(previous current, usual decayed), one
+ * measurement late (see below). The decay goes in
  * whole steps of a sixteenth of the half-life (x 2^-1/16 each, in 16-bit
  * fixed point, rounded down; the remainder waits for the next update), so
  * frequent updates do not round it away. A privileged source is jumped while current >
@@ -1186,9 +1187,16 @@ static __always_inline void fold_rate(struct eg_standing_val *e, const struct sr
 		       cur > scfg->jump_min && (cur << 4) > (__u64)scfg->jump_factor16 * usual;
 		if (jump && !e->jumped && e->standing == EG_STANDING_ESTABLISHED)
 			count_standing(EG_SE_JUMPED);
-		e->jumped = jump;
+		/* The last measurement (current) joins the usual rate only now
+		 * that this one is no jump: a surge that starts inside an epoch
+		 * is measured partly in one and fully in the next, and the
+		 * partial one must not raise the usual rate the next is judged
+		 * against. One that was a jump never joins. */
+		if (!jump && !e->jumped && e->current > usual)
+			usual = e->current;
 		if (!jump)
-			e->usual = cur > usual ? cur : usual;
+			e->usual = usual;
+		e->jumped = jump;
 		e->current = cur;
 	}
 	if (!e->rate_at)

@@ -139,6 +139,23 @@ func TestStandingUsualRateAndJump(t *testing.T) {
 	if e = td.entry(steady); e.Jumped || !near(e.UsualRate, usual) || !near(e.CurrentRate, perEpoch(5)) {
 		t.Fatalf("back at 5/epoch: %+v, want cleared with usual %.3f/s", e, usual)
 	}
+	// A surge that starts inside an epoch: measured at 15 (3x, no jump),
+	// then at 30. The partial measurement joins the usual rate only after
+	// a measurement that is no jump, so 30 is judged against the usual 5.
+	td.step(map[string]int{steady: 15})
+	td.step(map[string]int{steady: 30})
+	if e = td.entry(steady); e.Jumped || !near(e.CurrentRate, perEpoch(15)) {
+		t.Fatalf("measured at 15/epoch: %+v, want not jumped (3x)", e)
+	}
+	td.step(map[string]int{steady: 30})
+	if e = td.entry(steady); !e.Jumped || !near(e.UsualRate, usual) {
+		t.Fatalf("surge starting mid-epoch, measured at 30/epoch: %+v, want jumped against usual %.3f/s", e, usual)
+	}
+	td.step(map[string]int{steady: 5})
+	td.step(map[string]int{steady: 5})
+	if e = td.entry(steady); e.Jumped || !near(e.UsualRate, usual) {
+		t.Fatalf("back at 5/epoch again: %+v, want cleared with usual %.3f/s", e, usual)
+	}
 
 	// Under the minimum: 9 per epoch from a source whose usual is 2 per
 	// epoch is more than 4× but not above jump_min 10/s.

@@ -310,11 +310,15 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 		if jump && e.Jumped == 0 && st == maps.StandingEstablished {
 			m.events.Jumped++
 		}
+		if !jump && e.Jumped == 0 {
+			usual = max(usual, uint64(e.Current))
+		}
+		if !jump {
+			e.Usual = uint32(usual)
+		}
 		e.Jumped = 0
 		if jump {
 			e.Jumped = 1
-		} else {
-			e.Usual = uint32(max(cur, usual))
 		}
 		e.Current = uint32(cur)
 	}
