@@ -3,6 +3,7 @@ package netns_test
 import (
 	"encoding/json"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -145,6 +146,7 @@ func TestPatientBotnetLosesStanding(t *testing.T) {
 		t.Fatal("no established bot in 198.18.100.0/24 to explain")
 	}
 	bot := s.explain(botIP.String())
+	botText := s.ctlText("explain", botIP.String())
 	user := s.explain(userIPs[0].String())
 	report(t, "AS64501 baseline %.0f/s (users + bots at %d/s); %d of %d bots established; surge %d at %d/s (%.1fx baseline) in %v; "+
 		"passed %d in the first %v, then %.0f/s (%.2fx baseline, limit 2x); jumped events %d (of %d established bots); "+
@@ -176,6 +178,9 @@ func TestPatientBotnetLosesStanding(t *testing.T) {
 	}
 	if bot.Standing == nil || bot.Standing.Rate == nil || !bot.Standing.Rate.Jumped || bot.Standing.Standing != "established" {
 		t.Errorf("explain of a bot after the surge: %+v, want established and jumped", bot.Standing)
+	}
+	if !strings.Contains(botText, "rate") || !strings.Contains(botText, "current") || !strings.Contains(botText, "jumped") {
+		t.Errorf("edgectl explain %s shows no rate line saying jumped:\n%s", botIP, botText)
 	}
 	if user.Standing == nil || user.Standing.Rate == nil || user.Standing.Rate.Jumped {
 		t.Errorf("explain of a user: %+v, want a measured rate, not jumped", user.Standing)
