@@ -522,6 +522,32 @@ static __always_inline struct eg_bucket *create_charged(void *map, const void *k
 	return bpf_map_lookup_elem(map, key);
 }
 
+/* src_create_charged is create_charged for src_buckets (whose value also
+ * counts packets); src_lookup_or_create is lookup_or_create for it. */
+static __always_inline struct eg_src_bucket *src_create_charged(const void *key, const struct eg_bucket_cfg *cfg,
+								__u64 now, __u32 len)
+{
+	struct eg_src_bucket fresh = {};
+
+	if (cfg->pkt_t)
+		fresh.b.pkt_tat = now + cfg->pkt_t;
+	if (cfg->byte_t)
+		fresh.b.byte_tat = now + byte_cost(cfg, len);
+	bpf_map_update_elem(&src_buckets, key, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&src_buckets, key);
+}
+
+static __always_inline struct eg_src_bucket *src_lookup_or_create(const void *key)
+{
+	struct eg_src_bucket *b = bpf_map_lookup_elem(&src_buckets, key);
+	struct eg_src_bucket fresh = {};
+
+	if (b)
+		return b;
+	bpf_map_update_elem(&src_buckets, key, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&src_buckets, key);
+}
+
 /* ---- Standing and the reserve (docs/operations.md, "Standing") ----
  *
  * Every aggregate bucket (prefix, whole, ASN, global; the buckets of
@@ -564,7 +590,7 @@ struct src_state {
 	__u32 len;
 	__u32 gen;
 	__u8 v4;
-	__u8 looked;          /* cls is valid */
+	__u8 looked;          /* EG_SS_*: cls is valid, and the rate's flags */
 	__u8 cls;             /* enum eg_class */
 	__u8 congested;       /* an aggregate on the path is congested */
 	__u8 refused_agg;     /* enum eg_class_agg of the refusing bucket */
@@ -583,6 +609,18 @@ struct src_state {
 	/* For fingerprints (eg_fingerprint). */
 	__u8 proto, ttl, tcp_flags;
 	__u16 ip_len;
+};
+
+/* Bits of src_state.looked (one byte: the stack is full). For the usual
+ * rate (fold_rate): SRCKEY, the rule's per-source key is the standing key
+ * (/32, /64), so its bucket counts the source's packets; COUNTED, this
+ * packet is already counted (at its bucket or at its standing lookup);
+ * JUMPED, its standing entry says jumped (valid with LOOKED). */
+enum {
+	EG_SS_LOOKED = 1,
+	EG_SS_COUNTED = 2,
+	EG_SS_JUMPED = 4,
+	EG_SS_SRCKEY = 8,
 };
 
 /* reserve_cut is tau * reserve / 65536, without overflow. */
@@ -614,12 +652,22 @@ static __always_inline __u32 source_class(struct src_state *ss, int reset)
 	struct eg_lpm_key lk;
 	__u32 cls = EG_CLASS_NEW, gen = ss->gen;
 
-	if (ss->looked)
+	if (ss->looked & EG_SS_LOOKED)
 		return ss->cls;
-	ss->looked = 1;
+	ss->looked |= EG_SS_LOOKED;
 	standing_key(&k, ss);
 	e = bpf_map_lookup_elem(&standing, &k);
 	if (e) {
+		/* A packet looked up before it reaches its bucket (an override's
+		 * new-source bucket or a reserve band may refuse it there) is
+		 * counted here, so that the rate a jumped source is measured
+		 * at includes what the shield refuses. */
+		if (!(ss->looked & EG_SS_COUNTED)) {
+			e->pkts++;
+			ss->looked |= EG_SS_COUNTED;
+		}
+		if (e->jumped)
+			ss->looked |= EG_SS_JUMPED;
 		switch (e->standing) {
 		case EG_STANDING_ESTABLISHED:
 			cls = EG_CLASS_ESTABLISHED;
@@ -782,7 +830,18 @@ static __always_inline struct eg_override *ovr_find(__u32 agg, const struct src_
  * standing is looked up only here. */
 static __always_inline int charged_new(const struct eg_override *o, struct src_state *ss)
 {
-	return o && bucket_limited(&o->new_budget) && !privileged(source_class(ss, 0));
+	__u32 cls;
+
+	if (!o || !bucket_limited(&o->new_budget))
+		return 0;
+	cls = source_class(ss, 0);
+	/* An established source whose rate jumped far above its usual one
+	 * loses its standing inside an aggregate the shield tightened (and
+	 * only there): a patient botnet's surge is charged as new. A
+	 * validated source (handshake, L7) keeps it. */
+	if (cls == EG_CLASS_ESTABLISHED && (ss->looked & EG_SS_JUMPED) && o->origin == EG_ORIGIN_SHIELD)
+		return 1;
+	return !privileged(cls);
 }
 
 /* eg_watch_all counts a packet that reached the buckets in the counters of
@@ -1188,11 +1247,88 @@ static __always_inline int tcp_established(struct xdp_md *ctx, const struct src_
 	return ok;
 }
 
+/* fold_rate measures the source's rate since the last measurement (its
+ * bucket's count and the count at its standing lookups, over the time
+ * between: at least an epoch, as updates come at most once per epoch) and
+ * folds it into the usual rate, a decayed peak with half-life
+ * rate_history: usual = max(previous current, usual decayed), one
+ * measurement late (see below). The decay goes in
+ * whole steps of a sixteenth of the half-life (x 2^-1/16 each, in 16-bit
+ * fixed point, rounded down; the remainder waits for the next update), so
+ * frequent updates do not round it away. A privileged source is jumped while current >
+ * jump_factor x usual and current > jump_min; while jumped, usual is
+ * frozen (a sustained surge does not become the usual rate). Only for
+ * rules whose per-source key is the standing key (EG_SS_SRCKEY); internal/
+ * refmodel mirrors it. */
+static __always_inline void fold_rate(struct eg_standing_val *e, const struct src_state *ss,
+				      const struct eg_standing_cfg *scfg, __u64 ns, const struct eg_src_key *sk)
+{
+	struct eg_src_bucket *sb;
+	__u32 src = 0, n, hl = scfg->rate_half_life_ms;
+	__u64 dt, cur, usual, k, step;
+	int jump;
+
+	if (!hl || !(ss->looked & EG_SS_SRCKEY))
+		return;
+	sb = bpf_map_lookup_elem(&src_buckets, sk);
+	if (sb)
+		src = *(volatile __u32 *)&sb->pkts;
+	if (e->rate_at && ns > e->rate_at) {
+		dt = (ns - e->rate_at) / 1000000; /* ms */
+		if (!dt)
+			return;
+		/* A bucket that is younger than the mark (evicted and made
+		 * again, or another rule's) counts from zero. */
+		n = (src >= e->src_mark ? src - e->src_mark : src) + (e->pkts - e->pkts_mark);
+		cur = ((__u64)n << EG_RATE_SHIFT) * 1000 / dt;
+		if (cur > 0xffffffff)
+			cur = 0xffffffff;
+		usual = e->usual;
+		step = (__u64)hl * (1000000 / 16);
+		if (e->jumped || ns < e->usual_at) {
+			e->usual_at = ns; /* frozen: no decay accrues */
+		} else {
+			k = (ns - e->usual_at) / step;
+			e->usual_at += k * step;
+			usual = k >= 32 * 16 ? 0 : usual >> (k / 16);
+#pragma unroll
+			for (int i = 0; i < 15; i++) {
+				if (i < (int)(k % 16))
+					usual = (usual * 62757) >> 16; /* 2^-1/16 */
+			}
+		}
+		jump = scfg->jump_factor16 &&
+		       (e->standing == EG_STANDING_ESTABLISHED || e->standing == EG_STANDING_VALIDATED) &&
+		       cur > scfg->jump_min && (cur << 4) > (__u64)scfg->jump_factor16 * usual;
+		if (jump && !e->jumped && e->standing == EG_STANDING_ESTABLISHED)
+			count_standing(EG_SE_JUMPED);
+		/* The last measurement (current) joins the usual rate only now
+		 * that this one is no jump: a surge that starts inside an epoch
+		 * is measured partly in one and fully in the next, and the
+		 * partial one must not raise the usual rate the next is judged
+		 * against. One that was a jump never joins. */
+		if (!jump && !e->jumped && e->current > usual)
+			usual = e->current;
+		if (!jump)
+			e->usual = usual;
+		e->jumped = jump;
+		e->current = cur;
+	}
+	if (!e->rate_at)
+		e->usual_at = ns;
+	e->rate_at = ns;
+	e->src_mark = src;
+	e->pkts_mark = e->pkts;
+}
+
 __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 what, struct xdp_md *ctx)
 {
-	struct eg_standing_val fresh = {}, *e;
+	static const struct eg_standing_val zero_standing;
+	struct eg_standing_val *e;
 	struct eg_standing_cfg *scfg;
-	struct eg_standing_key k;
+	/* The source bucket's key (for fold_rate); its address is the
+	 * standing key (one key on the stack, not two). */
+	struct eg_src_key k = {};
 	__u32 gen;
 	__u64 ns;
 
@@ -1208,8 +1344,9 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 	if (!scfg || !scfg->established_after_ns)
 		return 0;
 	ns = ss->now >> EG_TICK_SHIFT;
-	standing_key(&k, ss);
-	e = bpf_map_lookup_elem(&standing, &k);
+	k.rule_id = ss->rule_id;
+	mask_addr(k.addr, ss->addr, ss->v4 ? 128 : 64);
+	e = bpf_map_lookup_elem(&standing, k.addr);
 	if (what == EG_UPD_OWN_LIMIT) {
 		if (!e)
 			return 0;
@@ -1223,16 +1360,24 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 		return 0;
 	}
 	if (!e) {
-		fresh.since = ns;
-		fresh.clean_since = ns;
-		fresh.last_seen = ns;
-		fresh.why = EG_WHY_FIRST_SEEN;
-		if (bpf_map_update_elem(&standing, &k, &fresh, BPF_NOEXIST) == 0)
+		/* Inserted zero, then filled in (a zero entry's last_seen 0
+		 * restarts its clean history if another CPU updates it in
+		 * between): the value is not built on the stack. */
+		if (bpf_map_update_elem(&standing, k.addr, &zero_standing, BPF_NOEXIST) == 0) {
 			count_standing(EG_SE_CREATED);
-		else
+			e = bpf_map_lookup_elem(&standing, k.addr);
+			if (e) {
+				e->since = ns;
+				e->clean_since = ns;
+				e->last_seen = ns;
+				e->why = EG_WHY_FIRST_SEEN;
+			}
+		} else {
 			count_standing(EG_SE_FULL);
+		}
 		return 0;
 	}
+	fold_rate(e, ss, scfg, ns, &k);
 	if (e->standing == EG_STANDING_PENALISED) {
 		if (ns - e->since < scfg->penalty_ns) {
 			e->last_seen = ns;
@@ -1274,7 +1419,8 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_prefix_val *pv;
 	struct eg_fp_masks *fm;
 	struct eg_rsample_stats *rs;
-	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL, *sb;
+	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL;
+	struct eg_src_bucket *sb;
 	struct eg_agg_key ak, nk;
 	/* The lists and prefix lookups' key, then the per-source key: one
 	 * slot of the (full) stack. */
@@ -1485,8 +1631,10 @@ int xdp_limiter(struct xdp_md *ctx)
 		mask_addr(u.sk.addr, pi.addr,
 			  v4 ? 96 + (rule->src_len4 > 32 ? 32 : rule->src_len4)
 			     : (rule->src_len6 > 128 ? 128 : rule->src_len6));
+		if (v4 ? rule->src_len4 == 32 : rule->src_len6 == 64)
+			ss.looked |= EG_SS_SRCKEY;
 		if (!gated(&rule->src)) {
-			sb = lookup_or_create(&src_buckets, &u.sk);
+			sb = src_lookup_or_create(&u.sk);
 		} else {
 			/* The filter first: a source not seen in this epoch or
 			 * the last costs one bit and no table lookup; its packet
@@ -1496,21 +1644,27 @@ int xdp_limiter(struct xdp_md *ctx)
 
 			/* A per-source key that is the standing key (/32, /64)
 			 * answers standing's "first packet of this epoch". */
-			if (v4 ? rule->src_len4 == 32 : rule->src_len6 == 64)
+			if (ss.looked & EG_SS_SRCKEY)
 				ss.touched = EG_TOUCH_FIRST + !first;
 
 			sb = NULL;
 			if (seen != EG_SEEN_NEW) {
 				sb = bpf_map_lookup_elem(&src_buckets, &u.sk);
 				if (!sb)
-					sb = create_charged(&src_buckets, &u.sk, &rule->src, now, pi.len);
+					sb = src_create_charged(&u.sk, &rule->src, now, pi.len);
 				else if (seen == EG_SEEN_DEFERRED)
-					bucket_charge(sb, &rule->src, now, pi.len);
+					bucket_charge(&sb->b, &rule->src, now, pi.len);
 			}
 		}
-		if (sb && !bucket_take(sb, &rule->src, now, pi.len)) {
-			v.reason = EG_R_SOURCE_LIMIT;
-			goto limited;
+		if (sb) {
+			/* Offered packets, for the usual rate (one add on the
+			 * line the CAS writes). */
+			sb->pkts += !(ss.looked & EG_SS_COUNTED);
+			ss.looked |= EG_SS_COUNTED;
+			if (!bucket_take(&sb->b, &rule->src, now, pi.len)) {
+				v.reason = EG_R_SOURCE_LIMIT;
+				goto limited;
+			}
 		}
 	}
 	if (rule->agg_mode != EG_AGG_NONE && bucket_limited(&rule->agg)) {

@@ -120,7 +120,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, EG_DEFAULT_SRC_ENTRIES);
 	__type(key, struct eg_src_key);
-	__type(value, struct eg_bucket);
+	__type(value, struct eg_src_bucket);
 } src_buckets SEC(".maps");
 
 struct {

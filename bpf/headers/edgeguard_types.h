@@ -254,6 +254,17 @@ struct eg_bucket {
 	__u64 byte_tat;
 };
 
+/* A per-source bucket (src_buckets): its GCRA state, and a count of the
+ * packets that reached it (a plain increment on the line the CAS already
+ * wrote: approximate when one source's packets land on several CPUs at
+ * once, a lost increment undercounts by one). Standing reads it once per
+ * epoch to learn the source's rate (docs/operations.md, "Usual rate"). */
+struct eg_src_bucket {
+	struct eg_bucket b;
+	__u32 pkts;
+	__u32 _pad;
+};
+
 struct eg_src_key {
 	__u32 rule_id;
 	__u32 _pad;
@@ -513,16 +524,37 @@ struct eg_standing_val {
 	__u64 since;       /* when the current standing began */
 	__u64 clean_since; /* NEW: start of the clean history that counts */
 	__u64 last_seen;   /* last update (at most one per source per epoch) */
-	__u8 standing;     /* enum eg_standing */
-	__u8 why;          /* enum eg_standing_why */
-	__u8 _pad[6];
+	/* Rates (docs/operations.md, "Usual rate"), in packets/s << EG_RATE_SHIFT:
+	 * usual is a decayed peak of the measured rates (frozen while jumped),
+	 * current the last measured one, over rate_at's interval. */
+	__u64 rate_at;  /* when the rate was last measured (0: never) */
+	__u64 usual_at; /* usual's decay clock (whole decay steps) */
+	__u32 usual;
+	__u32 current;
+	__u32 src_mark; /* the source bucket's pkts at rate_at */
+	__u32 pkts;     /* packets counted at its standing lookup (not at its bucket) */
+	__u32 pkts_mark; /* pkts at rate_at */
+	__u8 standing;  /* enum eg_standing */
+	__u8 why;       /* enum eg_standing_why */
+	__u8 jumped;    /* current > jump_factor x usual (and > jump_min) */
+	__u8 _pad;
 };
 
 /* Standing settings of one policy generation (standing_cfg[gen]). */
 struct eg_standing_cfg {
 	__u64 established_after_ns; /* 0: standing off, nobody is promoted */
 	__u64 penalty_ns;
+	/* Usual rate and jumps (standing.rate_history, jump_factor,
+	 * jump_min): half-life in ms (0: rates off), factor << 4, minimum
+	 * rate in packets/s << EG_RATE_SHIFT. */
+	__u32 rate_half_life_ms;
+	__u32 jump_factor16;
+	__u32 jump_min;
+	__u32 _pad;
 };
+
+/* Fixed point of the standing rates (eg_standing_val.usual, current). */
+#define EG_RATE_SHIFT 4
 
 /* Admission classes in an aggregate bucket, for the class counters. UNKNOWN
  * is a packet admitted below the reserve band: its standing was not looked
@@ -561,7 +593,8 @@ enum eg_standing_event {
 	EG_SE_ESTABLISHED = 2, /* promotions new -> established */
 	EG_SE_PENALISED = 3,   /* penalties */
 	EG_SE_VALIDATED = 4,   /* validations by a completed TCP handshake */
-	EG_SE_MAX = 5,
+	EG_SE_JUMPED = 5,      /* established sources whose rate jumped (charged as new in a shielded aggregate) */
+	EG_SE_MAX = 6,
 };
 
 /* Shifts of the data plane's fixed-point time and byte costs, as an enum so
@@ -569,6 +602,7 @@ enum eg_standing_event {
 enum eg_shifts {
 	EG_SHIFT_TICK = EG_TICK_SHIFT,
 	EG_SHIFT_BYTE = EG_BYTE_SHIFT,
+	EG_SHIFT_RATE = EG_RATE_SHIFT,
 };
 
 /* L4 protocol bits of eg_config.l4_protos, for Go. */

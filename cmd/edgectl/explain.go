@@ -93,6 +93,13 @@ func printExplanation(out io.Writer, e control.Explanation) {
 			line += " (" + s.Why + ")"
 		}
 		fmt.Fprintf(w, "standing\t%s\n", line)
+		if r := s.Rate; r != nil {
+			jumped := ""
+			if r.Jumped {
+				jumped = ", jumped (above jump_factor × usual: charged as new where the shield tightened)"
+			}
+			fmt.Fprintf(w, "rate\tusual %.4g/s, current %.4g/s (measured %.1fs ago)%s\n", r.Usual, r.Current, r.Measured, jumped)
+		}
 	}
 	printExplainSYN(w, e.SYN)
 	for _, a := range e.Shield {

@@ -131,6 +131,20 @@ type ExplainStanding struct {
 	Why      string     `json:"why,omitempty"`
 	Since    *time.Time `json:"since,omitempty"`
 	Tracked  bool       `json:"tracked"`
+	// Rate is the source's usual and current rate (docs/operations.md,
+	// "Usual rate"), once one was measured.
+	Rate *ExplainRate `json:"rate,omitempty"`
+}
+
+// ExplainRate is a source's usual rate (a decayed peak of its measured
+// rates), its last measured rate, packets per second, and whether it
+// jumped (current > jump_factor × usual: charged as new inside aggregates
+// the shield tightened, if established).
+type ExplainRate struct {
+	Usual    float64 `json:"usual"`
+	Current  float64 `json:"current"`
+	Jumped   bool    `json:"jumped"`
+	Measured float64 `json:"measured_ago_s"` // seconds since the last measurement
 }
 
 // ExplainSample is one drop sample of the address.

@@ -145,6 +145,10 @@ func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
 			t := st.Since
 			xs.Since = &t
 		}
+		if st.RateAtNS != 0 {
+			xs.Rate = &control.ExplainRate{Usual: st.UsualRate, Current: st.CurrentRate, Jumped: st.Jumped,
+				Measured: st.RateAge.Seconds()}
+		}
 		e.Standing = xs
 	}
 	e.SYN = d.explainSYN(ip, p, path.Reason == maps.ReasonDeny, st)

@@ -236,7 +236,7 @@ func (d *Daemon) standingStats() (*control.StandingStats, error) {
 		Congestion: d.standing.status(now),
 		Instances:  d.standing.instanceStatus(now),
 		Events: map[string]uint64{"created": ev.Created, "table_full": ev.Full,
-			"established": ev.Established, "penalised": ev.Penalised, "validated_tcp": ev.Validated},
+			"established": ev.Established, "penalised": ev.Penalised, "validated_tcp": ev.Validated, "jumped": ev.Jumped},
 	}
 	for dry := range c {
 		for agg := range c[dry] {

@@ -240,7 +240,7 @@ var bigSrcSizes = loader.Sizes{MaxRules: 64, SrcEntries: 1 << 20, AggEntries: 40
 // sources spread(0) to spread(n-1), and returns their keys.
 func fillSrc(b *testing.B, bd *benchDatapath, id uint32, n int) []loader.LimiterEgSrcKey {
 	keys := make([]loader.LimiterEgSrcKey, n)
-	vals := make([]loader.LimiterEgBucket, n)
+	vals := make([]loader.LimiterEgSrcBucket, n)
 	for i := range keys {
 		keys[i] = loader.LimiterEgSrcKey{RuleId: id, Addr: maps.Addr16(spread(uint32(i)))}
 	}
@@ -256,7 +256,7 @@ func pass1MKeys(b *testing.B) *benchCase {
 	bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
 	keys := fillSrc(b, bd, 0, filled)
 	frames := make([][]byte, 1<<16)
-	var v loader.LimiterEgBucket
+	var v loader.LimiterEgSrcBucket
 	for i := range frames {
 		k := keys[i*(filled/len(frames))]
 		if err := bd.d.Objects.SrcBuckets.Lookup(k, &v); err != nil {

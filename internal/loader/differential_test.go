@@ -94,8 +94,9 @@ func clearTables(td *testDatapath) {
 	var sk loader.LimiterEgSrcKey
 	var ak loader.LimiterEgAggKey
 	var b loader.LimiterEgBucket
+	var sb loader.LimiterEgSrcBucket
 	var srcKeys []loader.LimiterEgSrcKey
-	for it := o.SrcBuckets.Iterate(); it.Next(&sk, &b); {
+	for it := o.SrcBuckets.Iterate(); it.Next(&sk, &sb); {
 		srcKeys = append(srcKeys, sk)
 	}
 	for _, k := range srcKeys {
@@ -281,8 +282,9 @@ func (h *diffHarness) checkState() {
 	var ak refmodel.AggKey
 	var b refmodel.Bucket
 	src := map[refmodel.SrcKey]refmodel.Bucket{}
-	for it := o.SrcBuckets.Iterate(); it.Next(&sk, &b); {
-		src[sk] = b
+	var sb loader.LimiterEgSrcBucket
+	for it := o.SrcBuckets.Iterate(); it.Next(&sk, &sb); {
+		src[sk] = sb.B
 	}
 	if ms := h.model.SrcBuckets(); !reflect.DeepEqual(src, ms) {
 		h.fail("src_buckets differ: program has %d entries, model %d\n%s", len(src), len(ms), bucketDiff(src, ms))
@@ -369,6 +371,7 @@ func (h *diffHarness) checkState() {
 	ev.Established -= h.baseEv.Established
 	ev.Penalised -= h.baseEv.Penalised
 	ev.Full -= h.baseEv.Full
+	ev.Jumped -= h.baseEv.Jumped
 	if mev := h.model.StandingCounts(); ev != mev {
 		h.fail("standing events: program %+v, model %+v", ev, mev)
 	}
@@ -505,6 +508,13 @@ func randPolicy(r *rand.Rand) policy.Compiled {
 			Penalty:          pick(r, time.Second, 3*time.Second),
 			KnownGood: []netip.Prefix{netip.MustParsePrefix("198.18.1.128/25"), netip.MustParsePrefix("fd00:4::/48"),
 				netip.MustParsePrefix("203.0.113.7/32")},
+		}
+		// The usual rate and jumps: the shortest half-life (its decay
+		// steps of 625 ms fall inside the timeline), or off.
+		if r.IntN(3) != 0 {
+			g.Standing.RateHistory = 10 * time.Second
+			g.Standing.JumpFactor = pick(r, 0, 1.5, 4)
+			g.Standing.JumpMin = policy.Rate{Count: pick[uint64](r, 0, 10, 100), Per: time.Second}
 		}
 	}
 	if r.IntN(2) == 0 {
@@ -681,6 +691,12 @@ func runDiff(h *diffHarness, seed uint64, n int, extra []byte) map[string]int {
 	seen["standing_created"] += int(ev.Created)
 	seen["standing_established"] += int(ev.Established)
 	seen["standing_penalised"] += int(ev.Penalised)
+	seen["standing_jumped"] += int(ev.Jumped)
+	for _, e := range h.model.Standing() {
+		if e.Current != 0 {
+			seen["standing_rate_measured"]++
+		}
+	}
 	cc := h.model.ClassCounters()
 	for d := range cc {
 		for a := range cc[d] {
@@ -722,7 +738,8 @@ func TestDifferential(t *testing.T) {
 		}
 	}
 	// And every part of standing and the reserve.
-	for _, k := range []string{"standing_created", "standing_established", "standing_penalised", "class_refused_reserve", "class_admitted_reserve"} {
+	for _, k := range []string{"standing_created", "standing_established", "standing_penalised", "standing_jumped", "standing_rate_measured",
+		"class_refused_reserve", "class_admitted_reserve"} {
 		if seen[k] == 0 {
 			t.Errorf("no run reached %s", k)
 		}

@@ -465,6 +465,7 @@ type LimiterEgShifts uint32
 const (
 	LimiterEgShiftsEG_SHIFT_TICK LimiterEgShifts = 4
 	LimiterEgShiftsEG_SHIFT_BYTE LimiterEgShifts = 16
+	LimiterEgShiftsEG_SHIFT_RATE LimiterEgShifts = 4
 )
 
 type LimiterEgSizes uint32
@@ -480,6 +481,13 @@ const (
 	LimiterEgSizesEG_V4CHUNK_ENTRIES  LimiterEgSizes = 16
 	LimiterEgSizesEG_V4LEVELS         LimiterEgSizes = 4
 )
+
+type LimiterEgSrcBucket struct {
+	_    structs.HostLayout
+	B    LimiterEgBucket
+	Pkts uint32
+	Pad  uint32
+}
 
 type LimiterEgSrcKey struct {
 	_      structs.HostLayout
@@ -502,6 +510,10 @@ type LimiterEgStandingCfg struct {
 	_                  structs.HostLayout
 	EstablishedAfterNs uint64
 	PenaltyNs          uint64
+	RateHalfLifeMs     uint32
+	JumpFactor16       uint32
+	JumpMin            uint32
+	Pad                uint32
 }
 
 type LimiterEgStandingEvent uint32
@@ -512,7 +524,8 @@ const (
 	LimiterEgStandingEventEG_SE_ESTABLISHED LimiterEgStandingEvent = 2
 	LimiterEgStandingEventEG_SE_PENALISED   LimiterEgStandingEvent = 3
 	LimiterEgStandingEventEG_SE_VALIDATED   LimiterEgStandingEvent = 4
-	LimiterEgStandingEventEG_SE_MAX         LimiterEgStandingEvent = 5
+	LimiterEgStandingEventEG_SE_JUMPED      LimiterEgStandingEvent = 5
+	LimiterEgStandingEventEG_SE_MAX         LimiterEgStandingEvent = 6
 )
 
 type LimiterEgStandingKey struct {
@@ -525,9 +538,17 @@ type LimiterEgStandingVal struct {
 	Since      uint64
 	CleanSince uint64
 	LastSeen   uint64
+	RateAt     uint64
+	UsualAt    uint64
+	Usual      uint32
+	Current    uint32
+	SrcMark    uint32
+	Pkts       uint32
+	PktsMark   uint32
 	Standing   uint8
 	Why        uint8
-	Pad        [6]uint8
+	Jumped     uint8
+	Pad        uint8
 }
 
 type LimiterEgStandingWhy uint32

@@ -37,9 +37,17 @@ type SyncookieEgStandingVal struct {
 	Since      uint64
 	CleanSince uint64
 	LastSeen   uint64
+	RateAt     uint64
+	UsualAt    uint64
+	Usual      uint32
+	Current    uint32
+	SrcMark    uint32
+	Pkts       uint32
+	PktsMark   uint32
 	Standing   uint8
 	Why        uint8
-	Pad        [6]uint8
+	Jumped     uint8
+	Pad        uint8
 }
 
 type SyncookieEgSynBtfAnchor struct {

@@ -69,10 +69,13 @@ func srcBuckets(td *testDatapath) map[refmodel.SrcKey]refmodel.Bucket {
 	td.tb.Helper()
 	out := map[refmodel.SrcKey]refmodel.Bucket{}
 	var k refmodel.SrcKey
-	var b refmodel.Bucket
+	var b struct {
+		B         refmodel.Bucket
+		Pkts, Pad uint32
+	}
 	it := td.d.Objects.SrcBuckets.Iterate()
 	for it.Next(&k, &b) {
-		out[k] = b
+		out[k] = b.B
 	}
 	if err := it.Err(); err != nil {
 		td.tb.Fatal(err)

@@ -154,7 +154,7 @@ type Occupancy struct {
 // stays small, entry by entry. Call it at scrape time, not per packet.
 func (m *Maps) Tables() (map[string]Occupancy, error) {
 	out := map[string]Occupancy{}
-	n, err := countBatch[loader.LimiterEgSrcKey, loader.LimiterEgBucket](m.o.SrcBuckets)
+	n, err := countBatch[loader.LimiterEgSrcKey, loader.LimiterEgSrcBucket](m.o.SrcBuckets)
 	if err != nil {
 		return nil, fmt.Errorf("count sources: %w", err)
 	}

@@ -244,7 +244,16 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 		pfx, _ := addr.Prefix(bits)
 		k := loader.LimiterEgSrcKey{RuleId: rule.Id, Addr: LPMKey(pfx).Addr}
 		steps = append(steps, step{PathBucket{Kind: BucketSource, Key: pfx}, rule.Src, ReasonSrcLimit, 0,
-			func(b *loader.LimiterEgBucket) (bool, error) { return lookupBucket(m.o.SrcBuckets, k, b) }})
+			func(b *loader.LimiterEgBucket) (bool, error) {
+				var sb loader.LimiterEgSrcBucket
+				err := m.o.SrcBuckets.Lookup(k, &sb)
+				if errors.Is(err, ebpf.ErrKeyNotExist) {
+					*b = loader.LimiterEgBucket{}
+					return false, nil
+				}
+				*b = sb.B
+				return err == nil, err
+			}})
 	}
 	if AggMode(rule.AggMode) != AggNone && bucketLimited(rule.Agg) {
 		if AggMode(rule.AggMode) == AggDerived {

@@ -14,6 +14,8 @@ import (
 const (
 	TickShift = uint64(loader.LimiterEgShiftsEG_SHIFT_TICK)
 	ByteShift = uint64(loader.LimiterEgShiftsEG_SHIFT_BYTE)
+	// RateShift is the fixed point of standing's rates (usual, current).
+	RateShift = uint64(loader.LimiterEgShiftsEG_SHIFT_RATE)
 )
 
 // BucketCfg is the data plane's GCRA parameter block.

@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
 
@@ -82,6 +83,14 @@ type StandingEntry struct {
 	// established_after runs from here).
 	CleanSinceNS uint64
 	LastSeenNS   uint64
+	// UsualRate and CurrentRate are the source's usual rate (a decayed
+	// peak) and its last measured one, packets per second (to 1/16);
+	// RateAtNS is when it was measured, 0: never (docs/operations.md,
+	// "Usual rate"). Jumped: current > jump_factor × usual.
+	UsualRate, CurrentRate float64
+	RateAtNS               uint64
+	RateAge                time.Duration // how long ago RateAtNS was
+	Jumped                 bool
 }
 
 // StandingKey is the standing table's key of an address: an IPv4 address
@@ -114,6 +123,11 @@ func (m *Maps) entry(k loader.LimiterEgStandingKey, v loader.LimiterEgStandingVa
 	e := StandingEntry{
 		Addr: standingAddr(k), Standing: Standing(v.Standing), Why: StandingWhy(v.Why), Tracked: true,
 		SinceNS: v.Since, CleanSinceNS: v.CleanSince, LastSeenNS: v.LastSeen,
+		UsualRate: float64(v.Usual) / (1 << RateShift), CurrentRate: float64(v.Current) / (1 << RateShift),
+		RateAtNS: v.RateAt, Jumped: v.Jumped != 0,
+	}
+	if v.RateAt != 0 && v.RateAt <= mono {
+		e.RateAge = time.Duration(mono - v.RateAt)
 	}
 	if v.Since <= mono {
 		e.Since = wall.Add(-time.Duration(mono - v.Since))
@@ -250,7 +264,13 @@ func (m *Maps) clockNS() (uint64, error) {
 // StandingConfig is a generation's standing rules as the data plane holds
 // them (known_good is a table of its own, see Stage).
 func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
-	return loader.LimiterEgStandingCfg{EstablishedAfterNs: uint64(max(s.EstablishedAfter, 0)), PenaltyNs: uint64(max(s.Penalty, 0))}
+	c := loader.LimiterEgStandingCfg{EstablishedAfterNs: uint64(max(s.EstablishedAfter, 0)), PenaltyNs: uint64(max(s.Penalty, 0))}
+	if s.RateHistory > 0 {
+		c.RateHalfLifeMs = uint32(min(s.RateHistory.Milliseconds(), math.MaxUint32))
+		c.JumpFactor16 = uint32(math.Round(s.JumpFactor * 16)) // 0: jumps off
+		c.JumpMin = uint32(min(s.JumpMin.PerSecond()*(1<<RateShift), math.MaxUint32))
+	}
+	return c
 }
 
 // setKnownGood makes the known_good trie hold exactly want; new entries are
@@ -295,6 +315,9 @@ type StandingCounts struct {
 	Created, Full, Established, Penalised uint64
 	// Validated counts validations by a completed TCP handshake.
 	Validated uint64
+	// Jumped counts established sources whose rate jumped (each jump once):
+	// they are charged as new inside aggregates the shield tightened.
+	Jumped uint64
 }
 
 // StandingCounts reads the standing table's event counters, summed over
@@ -317,7 +340,7 @@ func (m *Maps) StandingCounts() (StandingCounts, error) {
 	return StandingCounts{
 		Created: out[loader.LimiterEgStandingEventEG_SE_CREATED], Full: out[loader.LimiterEgStandingEventEG_SE_FULL],
 		Established: out[loader.LimiterEgStandingEventEG_SE_ESTABLISHED], Penalised: out[loader.LimiterEgStandingEventEG_SE_PENALISED],
-		Validated: out[loader.LimiterEgStandingEventEG_SE_VALIDATED],
+		Validated: out[loader.LimiterEgStandingEventEG_SE_VALIDATED], Jumped: out[loader.LimiterEgStandingEventEG_SE_JUMPED],
 	}, nil
 }
 

@@ -60,7 +60,7 @@ func (c *XDPCollector) collectStanding(ch chan<- prometheus.Metric, src Standing
 		}
 	}
 	for name, v := range map[string]uint64{"created": ev.Created, "table_full": ev.Full, "established": ev.Established,
-		"penalised": ev.Penalised, "validated_tcp": ev.Validated} {
+		"penalised": ev.Penalised, "validated_tcp": ev.Validated, "jumped": ev.Jumped} {
 		ch <- prometheus.MustNewConstMetric(events, prometheus.CounterValue, float64(v), name)
 	}
 	for name, on := range src.Congested() {

@@ -320,6 +320,15 @@ type Standing struct {
 	KnownGood []netip.Prefix
 	// L7Promotion lets the L7 stage mark sources validated.
 	L7Promotion L7Promotion
+	// RateHistory is the half-life of a source's usual rate (a decayed
+	// peak of its measured rates); 0: rates and jumps off.
+	RateHistory time.Duration
+	// JumpFactor: an established source whose current rate exceeds
+	// JumpFactor × its usual rate (and JumpMin) has jumped, and is charged
+	// as new inside an aggregate the shield tightened; 0: jumps off.
+	JumpFactor float64
+	// JumpMin is the least current rate that counts as a jump.
+	JumpMin Rate
 }
 
 // L7Promotion is standing.l7_promotion.
@@ -353,5 +362,8 @@ func DefaultStanding() Standing {
 		EstablishedAfter: 30 * time.Second,
 		Penalty:          5 * time.Minute,
 		L7Promotion:      L7Promotion{Rate: Rate{Count: 100, Per: time.Second}, When: PromoteRoutePassed},
+		RateHistory:      10 * time.Minute,
+		JumpFactor:       4,
+		JumpMin:          Rate{Count: 10, Per: time.Second},
 	}
 }

@@ -14,6 +14,15 @@ import (
 // Bounds of the standing: durations.
 const (
 	minEstablishedAfter = time.Second
+	// A source's usual rate: the half-life's bounds (the data plane
+	// computes in milliseconds; a day keeps its products in 64 bits), the
+	// jump factor's, and the highest jump minimum (rates are kept in 32
+	// bits at 1/16 packet per second).
+	minRateHistory      = 10 * time.Second
+	maxRateHistory      = 24 * time.Hour
+	minJumpFactor       = 1.5
+	maxJumpFactor       = 1000
+	maxJumpMin          = 1_000_000
 	maxStandingDuration = 7 * 24 * time.Hour
 	// maxKnownGood is the known_good table's capacity in the data plane
 	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
@@ -131,7 +140,8 @@ func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration
 
 func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
 	out := base
-	f := ps.Fields(n, "standing", "established_after", "penalty", "known_good", "l7_promotion")
+	f := ps.Fields(n, "standing", "established_after", "penalty", "known_good", "l7_promotion", "rate_history", "jump_factor",
+		"jump_min")
 	if v, ok := f["established_after"]; ok {
 		out.EstablishedAfter = ps.duration(v, "standing.established_after", minEstablishedAfter, maxStandingDuration, base.EstablishedAfter)
 	}
@@ -140,6 +150,33 @@ func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
 	}
 	if v, ok := f["known_good"]; ok {
 		out.KnownGood = ps.knownGood(v)
+	}
+	if v, ok := f["rate_history"]; ok {
+		if s, _ := ps.Scalar(v, "standing.rate_history"); s == "0" || s == "off" {
+			out.RateHistory = 0
+		} else {
+			out.RateHistory = ps.duration(v, "standing.rate_history", minRateHistory, maxRateHistory, base.RateHistory)
+		}
+	}
+	if v, ok := f["jump_factor"]; ok {
+		if s, _ := ps.Scalar(v, "standing.jump_factor"); s == "0" || s == "off" {
+			out.JumpFactor = 0
+		} else {
+			out.JumpFactor = ps.factor(v, "standing.jump_factor", minJumpFactor, maxJumpFactor, base.JumpFactor)
+		}
+	}
+	if v, ok := f["jump_min"]; ok {
+		r := base.JumpMin
+		if s, _ := ps.Scalar(v, "standing.jump_min"); s == "0" {
+			r = Rate{} // no minimum
+		} else {
+			r = ps.packetRate(v, "standing.jump_min", base.JumpMin)
+		}
+		if r.PerSecond() > maxJumpMin {
+			ps.Errorf(v, "standing.jump_min %v/s: must be at most %d/s", r.PerSecond(), maxJumpMin)
+		} else {
+			out.JumpMin = r
+		}
 	}
 	if v, ok := f["l7_promotion"]; ok {
 		pf := ps.Fields(v, "standing.l7_promotion", "enabled", "rate", "when")

@@ -74,6 +74,36 @@ rules:
 	}
 }
 
+// TestStandingUsualRateFields: the usual rate's knobs, their defaults, and
+// 0/off turning them off; compiled to the data plane's fixed point.
+func TestStandingUsualRateFields(t *testing.T) {
+	d := DefaultStanding()
+	if d.RateHistory != 10*time.Minute || d.JumpFactor != 4 || d.JumpMin.PerSecond() != 10 {
+		t.Errorf("defaults: %+v", d)
+	}
+	for _, tc := range []struct {
+		body    string
+		history time.Duration
+		factor  float64
+		min     float64
+	}{
+		{"standing: {rate_history: 1h, jump_factor: 2.5, jump_min: 50/s}", time.Hour, 2.5, 50},
+		{"standing: {rate_history: off}", 0, 4, 10},
+		{"standing: {rate_history: 0, jump_factor: 3}", 0, 3, 10},
+		{"standing: {jump_factor: off}", 10 * time.Minute, 0, 10},
+		{"standing: {jump_factor: 0, jump_min: 0}", 10 * time.Minute, 0, 0},
+	} {
+		p, err := parseStanding(t, tc.body, nil)
+		if err != nil {
+			t.Errorf("%s: %v", tc.body, err)
+			continue
+		}
+		if s := p.Standing; s.RateHistory != tc.history || s.JumpFactor != tc.factor || s.JumpMin.PerSecond() != tc.min {
+			t.Errorf("%s: %+v", tc.body, s)
+		}
+	}
+}
+
 func TestStandingRejects(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"global: {packets: 10/s, reserve: 100%}", "must be below 100%"},
@@ -102,6 +132,18 @@ func TestStandingRejects(t *testing.T) {
 		{"standing: {l7_promotion: {when: \"\"}}", "want route_passed or authenticated"},
 		{"standing: {l7_promotion: {when: [authenticated]}}", "standing.l7_promotion.when"},
 		{"standing: {colour: red}", "unknown field"},
+		{"standing: {rate_history: 9s}", "between"},
+		{"standing: {rate_history: 25h}", "between"},
+		{"standing: {rate_history: soon}", "want a duration"},
+		{"standing: {rate_history: 10s, jump_factor: 1.5, jump_min: 1000000/s}", ""},
+		{"standing: {rate_history: 24h, jump_factor: 1000}", ""},
+		{"standing: {jump_factor: 1.49}", "between"},
+		{"standing: {jump_factor: 1001}", "between"},
+		{"standing: {jump_factor: -1}", "between"},
+		{"standing: {jump_factor: lots}", "want a number"},
+		{"standing: {jump_min: 1000001/s}", "at most"},
+		{"standing: {jump_min: 1Mbit/s}", "packets per time"},
+		{"standing: {jump_min: fast}", "standing.jump_min"},
 		{"rules: [{name: d, action: drop, match: {prefixes: [192.0.2.0/24]}, reserve: 10%}]", "only applies with action: limit"},
 	} {
 		_, err := parseStanding(t, tc.body, nil)

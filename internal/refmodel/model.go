@@ -125,6 +125,7 @@ type Model struct {
 	gen      *generation // nil until the first Apply
 	lists    lpmTable[maps.ListEntry]
 	src      map[SrcKey]Bucket
+	srcPkts  map[SrcKey]uint32 // eg_src_bucket.pkts, beside src
 	agg      map[AggKey]Bucket
 	whole    map[uint32]Bucket // whole aggregates by rule id
 	global   Bucket
@@ -152,6 +153,7 @@ func New(maxRules, srcEntries uint32) *Model {
 		seen:     map[uint32]uint64{},
 		seenMask: loader.SeenFilterWords(srcEntries) - 1,
 		src:      map[SrcKey]Bucket{},
+		srcPkts:  map[SrcKey]uint32{},
 		agg:      map[AggKey]Bucket{},
 		whole:    map[uint32]Bucket{},
 		rules:    map[uint32]maps.RuleCounters{},
@@ -436,7 +438,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	}
 	v4 := isV4Mapped(pi.Addr)
 
-	ss := &srcState{now: now, addr: pi.Addr, len: pi.Len, v4: v4}
+	ss := &srcState{now: now, addr: pi.Addr, len: pi.Len, v4: v4, ruleID: r.id}
 
 	// Fingerprint rules, before any bucket.
 	if m.fingerprint(pi, ss) {
@@ -482,6 +484,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		}
 		sk := SrcKey{RuleId: r.id, Addr: maskAddr(pi.Addr, n)}
 		b, have := m.src[sk]
+		ss.srckey = (v4 && r.srcLen4 == 32) || (!v4 && r.srcLen6 == 64)
 		if !gated(r.src) {
 			have = true
 		} else {
@@ -511,6 +514,10 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			}
 		}
 		if have {
+			if !ss.counted {
+				m.srcPkts[sk]++
+			}
+			ss.counted = true
 			ok := take(&b, r.src, now, pi.Len)
 			m.src[sk] = b
 			if !ok {

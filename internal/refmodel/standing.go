@@ -1,6 +1,8 @@
 package refmodel
 
 import (
+	"math"
+
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 )
@@ -33,6 +35,11 @@ type srcState struct {
 	refusedAgg     maps.ClassAgg
 	refusedOutcome maps.Outcome // 0: not refused by an aggregate
 	touched        int
+	// The usual rate's (EG_SS_* bits of looked in the C): the rule's
+	// per-source key is the standing key; the packet is counted; its
+	// entry says jumped.
+	ruleID                  uint32
+	srckey, counted, jumped bool
 }
 
 func reserveCut(tau uint64, r uint16) uint64 {
@@ -64,6 +71,12 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 	cls := maps.ClassNew
 	k := ss.key()
 	if e, ok := m.standing[k]; ok {
+		if !ss.counted {
+			e.Pkts++
+			ss.counted = true
+			m.standing[k] = e
+		}
+		ss.jumped = e.Jumped != 0
 		switch maps.Standing(e.Standing) {
 		case maps.StandingEstablished:
 			cls = maps.ClassEstablished
@@ -225,6 +238,7 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 		m.events.Created++
 		return
 	}
+	m.foldRate(&e, ss, ns)
 	switch maps.Standing(e.Standing) {
 	case maps.StandingPenalised:
 		if ns-e.Since < cfg.PenaltyNs {
@@ -246,6 +260,72 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 	}
 	e.LastSeen = ns
 	m.standing[k] = e
+}
+
+// foldRate is fold_rate: the source's rate since the last measurement
+// (its bucket's count and its standing lookups' count), folded into its
+// usual rate (a decayed peak, in whole steps of half-life/16), and the
+// jump rule.
+func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
+	cfg := m.gen.standing
+	hl := cfg.RateHalfLifeMs
+	if hl == 0 || !ss.srckey {
+		return
+	}
+	n := 64
+	if ss.v4 {
+		n = 128
+	}
+	src := m.srcPkts[SrcKey{RuleId: ss.ruleID, Addr: maskAddr(ss.addr, n)}]
+	if e.RateAt != 0 && ns > e.RateAt {
+		dt := (ns - e.RateAt) / 1000000
+		if dt == 0 {
+			return
+		}
+		d := src
+		if src >= e.SrcMark {
+			d = src - e.SrcMark
+		}
+		cur := (uint64(d+(e.Pkts-e.PktsMark)) << maps.RateShift) * 1000 / dt
+		cur = min(cur, math.MaxUint32)
+		usual := uint64(e.Usual)
+		step := uint64(hl) * (1000000 / 16)
+		if e.Jumped != 0 || ns < e.UsualAt {
+			e.UsualAt = ns
+		} else {
+			k := (ns - e.UsualAt) / step
+			e.UsualAt += k * step
+			if k >= 32*16 {
+				usual = 0
+			} else {
+				usual >>= k / 16
+			}
+			for range k % 16 {
+				usual = (usual * 62757) >> 16
+			}
+		}
+		st := maps.Standing(e.Standing)
+		jump := cfg.JumpFactor16 != 0 && (st == maps.StandingEstablished || st == maps.StandingValidated) &&
+			cur > uint64(cfg.JumpMin) && cur<<4 > uint64(cfg.JumpFactor16)*usual
+		if jump && e.Jumped == 0 && st == maps.StandingEstablished {
+			m.events.Jumped++
+		}
+		if !jump && e.Jumped == 0 {
+			usual = max(usual, uint64(e.Current))
+		}
+		if !jump {
+			e.Usual = uint32(usual)
+		}
+		e.Jumped = 0
+		if jump {
+			e.Jumped = 1
+		}
+		e.Current = uint32(cur)
+	}
+	if e.RateAt == 0 {
+		e.UsualAt = ns
+	}
+	e.RateAt, e.SrcMark, e.PktsMark = ns, src, e.Pkts
 }
 
 // SetStanding is maps.Maps.SetStandingWhy at time nowNS.
