@@ -174,6 +174,11 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 		} else if n > 0 {
 			d.log.Info("shield: expired overrides pruned", "count", n)
 		}
+		if n, err := d.m.PruneFingerprints(); err != nil {
+			d.log.Warn("shield: prune expired fingerprints", "err", err)
+		} else if n > 0 {
+			d.log.Info("shield: expired fingerprints pruned", "count", n)
+		}
 	}
 	for _, c := range changes {
 		d.shieldChange(eng, c)

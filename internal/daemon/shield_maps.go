@@ -171,7 +171,7 @@ func (d *Daemon) writeShieldChange(c shield.Change) error {
 			return err
 		}
 		if c.Op == shield.OpRemove {
-			return d.m.DeleteOverride(agg)
+			return d.m.DeleteOverride(agg, maps.OriginShield)
 		}
 		n := uint64(math.Ceil(a.Budget))
 		return d.m.SetOverride(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -163,9 +164,132 @@ type Override struct {
 	NewBudget Rate
 	// Expires is wall-clock time; the data plane stores CLOCK_MONOTONIC
 	// ns, so a change of the wall clock after SetOverride does not move
-	// it.
+	// it. On a write it is the expiry of the parts written; read back, the
+	// latest of the parts' expiries (Parts has each).
 	Expires time.Time
-	Origin  Origin
+	// Origin is the writer. Read back, the origin of the budget part if
+	// there is one, else of the new-source part (Parts has each).
+	Origin Origin
+	// Parts is read back only: the parts in force, the budget part first.
+	Parts []OverridePart
+}
+
+// An override of one aggregate is composed of two parts, each with its own
+// writer (origin) and expiry: the budget part (Budget, Bytes: fleet
+// mode's share) and the new-source part (NewBudget and its bucket's
+// state: the shield's tighten). A write sets the parts it carries and
+// keeps the other; DeleteOverride deletes the parts of one origin. So
+// fleet mode and the shield acting on one aggregate do not erase each
+// other.
+//
+// The data plane has one expiry per value: it holds the earliest of the
+// parts' expiries, and this process keeps each part's own. Once the
+// earlier part has expired, the next write of the aggregate or the next
+// PruneOverrides (the daemon's runs every 10 s) rewrites the value with
+// the survivor alone and its own expiry; in between (at most that
+// interval) the data plane ignores the whole override. A part never
+// outlives its own expiry. A process that opens the pins afresh (a
+// restart) knows only the value's expiry, and takes it for both parts.
+
+// OverridePart is one part of an override as read back.
+type OverridePart struct {
+	NewSource bool // the new-source part (NewBudget); false: the budget part (Budget, Bytes)
+	Origin    Origin
+	Expires   time.Time
+}
+
+// ovrPart is one part's writer and expiry (CLOCK_MONOTONIC ns; 0: no
+// such part).
+type ovrPart struct {
+	origin  Origin
+	expires uint64
+}
+
+// ovrParts are the two parts of one override as this process wrote them.
+type ovrParts struct{ budget, fresh ovrPart }
+
+// The value's origin field packs the parts' origins: the budget part's in
+// bits 0-7, the new-source part's in bits 8-15 (a one-part override
+// written before parts existed has its origin in bits 0-7).
+func packOrigins(p ovrParts, hasBudget, hasNew bool) uint32 {
+	var v uint32
+	if hasBudget {
+		v |= uint32(p.budget.origin) & 0xff
+	}
+	if hasNew {
+		v |= (uint32(p.fresh.origin) & 0xff) << 8
+	}
+	return v
+}
+
+// partsOf is the parts of a value as this process knows them: its record
+// where it has one for a part, else the value's expiry and packed origin.
+func (l *overrideLock) partsOf(k loader.LimiterEgAggKey, v loader.LimiterEgOverride) ovrParts {
+	hasB, hasN := bucketLimited(v.Budget), bucketLimited(v.NewBudget)
+	bo, no := Origin(v.Origin&0xff), Origin(v.Origin>>8&0xff)
+	if !hasB {
+		no = cmp.Or(no, bo)
+	}
+	if !hasN {
+		bo = cmp.Or(bo, no)
+	}
+	rec := l.parts[k]
+	var p ovrParts
+	if hasB {
+		p.budget = ovrPart{origin: bo, expires: v.Expires}
+		if rec.budget.expires != 0 {
+			p.budget = rec.budget
+		}
+	}
+	if hasN {
+		p.fresh = ovrPart{origin: no, expires: v.Expires}
+		if rec.fresh.expires != 0 {
+			p.fresh = rec.fresh
+		}
+	}
+	return p
+}
+
+// expire drops the parts expired at ns.
+func (p ovrParts) expire(ns uint64) ovrParts {
+	if p.budget.expires <= ns {
+		p.budget = ovrPart{}
+	}
+	if p.fresh.expires <= ns {
+		p.fresh = ovrPart{}
+	}
+	return p
+}
+
+// compose is the value of parts p: the budget part's fields from b, the
+// new-source part's (and its bucket state) from n, the earliest expiry.
+func compose(p ovrParts, b, n loader.LimiterEgOverride) (loader.LimiterEgOverride, bool) {
+	var v loader.LimiterEgOverride
+	hasB, hasN := p.budget.expires != 0, p.fresh.expires != 0
+	if hasB {
+		v.Budget = b.Budget
+		v.Expires = p.budget.expires
+	}
+	if hasN {
+		v.NewBudget, v.NewBucket = n.NewBudget, n.NewBucket
+		if !hasB || p.fresh.expires < v.Expires {
+			v.Expires = p.fresh.expires
+		}
+	}
+	v.Origin = packOrigins(p, hasB, hasN)
+	return v, hasB || hasN
+}
+
+// record keeps p as k's parts (none: forgets k). Callers hold the lock.
+func (l *overrideLock) record(k loader.LimiterEgAggKey, p ovrParts) {
+	if p.budget.expires == 0 && p.fresh.expires == 0 {
+		delete(l.parts, k)
+		return
+	}
+	if l.parts == nil {
+		l.parts = map[loader.LimiterEgAggKey]ovrParts{}
+	}
+	l.parts[k] = p
 }
 
 // ErrOverridesFull means the overrides table has no room for another
@@ -184,6 +308,7 @@ type overrideLock struct {
 	// owners are who asked for each watch (WatchAggregates): a watch goes
 	// when its last owner lets it go, or its rule goes. Guarded by mu.
 	owners map[Watch]map[Origin]bool
+	parts  map[loader.LimiterEgAggKey]ovrParts // each override's parts as written (under mu)
 }
 
 // Watch names the watched aggregates of one (rule, kind): RuleID 0 with
@@ -310,16 +435,34 @@ func (m *Maps) SetOverrides(list []Override) error {
 		if err != nil {
 			return err
 		}
+		// The parts o does not carry stay as they are (unless
+		// expired); a new-source part keeps its bucket's state when its
+		// budget is unchanged.
 		var old loader.LimiterEgOverride
-		if err := m.o.Overrides.Lookup(k, &old); err == nil && old.NewBudget == v.NewBudget {
-			v.NewBucket = old.NewBucket
+		var parts ovrParts
+		if err := m.o.Overrides.Lookup(k, &old); err == nil {
+			parts = m.ovr.partsOf(k, old).expire(clock.mono)
 		}
+		b, n := old, old
+		if bucketLimited(v.Budget) {
+			parts.budget = ovrPart{origin: o.Origin, expires: v.Expires}
+			b = v
+		}
+		if bucketLimited(v.NewBudget) {
+			parts.fresh = ovrPart{origin: o.Origin, expires: v.Expires}
+			n = v
+			if old.NewBudget == v.NewBudget {
+				n.NewBucket = old.NewBucket
+			}
+		}
+		v, _ = compose(parts, b, n)
 		if err := m.o.Overrides.Put(k, v); err != nil {
 			if isFull(err) {
 				return fmt.Errorf("override %v: %w (%d entries)", o.Aggregate, ErrOverridesFull, m.o.Overrides.MaxEntries())
 			}
 			return fmt.Errorf("write override %v: %w", o.Aggregate, err)
 		}
+		m.ovr.record(k, parts)
 		if gate.set(lr, o.Aggregate, 1<<uint32(o.Aggregate.Kind)) {
 			changed = true
 		}
@@ -331,7 +474,7 @@ func (m *Maps) SetOverrides(list []Override) error {
 }
 
 func (o Override) compile(clock monoOffset) (loader.LimiterEgOverride, error) {
-	v := loader.LimiterEgOverride{Origin: uint32(o.Origin)}
+	var v loader.LimiterEgOverride
 	if !o.Budget.Limited() && !o.Bytes.Limited() && !o.NewBudget.Limited() {
 		return v, fmt.Errorf("override %v: neither a budget nor a new-source budget", o.Aggregate)
 	}
@@ -378,17 +521,46 @@ func rateFromCfg(c BucketCfg) Rate {
 // isFull reports a hash map's "no room" error (E2BIG).
 func isFull(err error) bool { return errors.Is(err, unix.E2BIG) }
 
-// DeleteOverride removes the override of a (no error if there is none).
-func (m *Maps) DeleteOverride(a Aggregate) error {
+// DeleteOverride removes the parts of a's override that origin wrote and
+// keeps the others (no error if there are none).
+func (m *Maps) DeleteOverride(a Aggregate, origin Origin) error {
 	k, err := a.key()
+	if err != nil {
+		return err
+	}
+	ns, err := m.clockNS()
 	if err != nil {
 		return err
 	}
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
+	var old loader.LimiterEgOverride
+	if err := m.o.Overrides.Lookup(k, &old); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			m.ovr.record(k, ovrParts{})
+			return nil
+		}
+		return fmt.Errorf("read override %v: %w", a, err)
+	}
+	parts := m.ovr.partsOf(k, old)
+	if parts.budget.origin == origin {
+		parts.budget = ovrPart{}
+	}
+	if parts.fresh.origin == origin {
+		parts.fresh = ovrPart{}
+	}
+	parts = parts.expire(ns)
+	if v, ok := compose(parts, old, old); ok {
+		if err := m.o.Overrides.Put(k, v); err != nil {
+			return fmt.Errorf("rewrite override %v without its %v part: %w", a, origin, err)
+		}
+		m.ovr.record(k, parts)
+		return nil
+	}
 	if err := m.o.Overrides.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete override %v: %w", a, err)
 	}
+	m.ovr.record(k, ovrParts{})
 	return m.rebuildGate()
 }
 
@@ -421,16 +593,32 @@ func (m *Maps) Overrides() ([]Override, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.ovr.mu.Lock()
+	defer m.ovr.mu.Unlock()
 	out := make([]Override, 0, len(entries))
 	for _, e := range entries {
 		if e.v.Expires <= clock.mono {
 			continue
 		}
-		o := Override{
-			Aggregate: aggregateFromKey(e.k), Budget: rateFromCfg(e.v.Budget), NewBudget: rateFromCfg(e.v.NewBudget),
-			Expires: clock.toWall(e.v.Expires), Origin: Origin(e.v.Origin),
+		o := Override{Aggregate: aggregateFromKey(e.k)}
+		p := m.ovr.partsOf(e.k, e.v)
+		if p.budget.expires != 0 {
+			o.Budget = rateFromCfg(e.v.Budget)
+			o.Parts = append(o.Parts, OverridePart{Origin: p.budget.origin, Expires: clock.toWall(p.budget.expires)})
 		}
-		if c := e.v.Budget; c.ByteT != 0 {
+		if p.fresh.expires != 0 {
+			o.NewBudget = rateFromCfg(e.v.NewBudget)
+			o.Parts = append(o.Parts, OverridePart{NewSource: true, Origin: p.fresh.origin, Expires: clock.toWall(p.fresh.expires)})
+		}
+		if len(o.Parts) == 0 {
+			continue
+		}
+		o.Origin = o.Parts[0].Origin
+		o.Expires = o.Parts[0].Expires
+		if len(o.Parts) == 2 && o.Parts[1].Expires.After(o.Expires) {
+			o.Expires = o.Parts[1].Expires
+		}
+		if c := e.v.Budget; c.ByteT != 0 && p.budget.expires != 0 {
 			// Bytes per second and the burst in bytes, exact to
 			// BucketConfig's rounding.
 			o.Bytes = Rate{Count: uint64(float64(uint64(time.Second)<<(TickShift+ByteShift))/float64(c.ByteT) + 0.5),
@@ -460,9 +648,20 @@ func (m *Maps) PruneOverrides() (int, error) {
 		if e.v.Expires > ns {
 			continue
 		}
+		// The earliest part expired: the survivor, if any, is written
+		// alone with its own expiry.
+		parts := m.ovr.partsOf(e.k, e.v).expire(ns)
+		if v, ok := compose(parts, e.v, e.v); ok {
+			if err := m.o.Overrides.Put(e.k, v); err != nil {
+				return n, fmt.Errorf("rewrite override %v without its expired part: %w", aggregateFromKey(e.k), err)
+			}
+			m.ovr.record(e.k, parts)
+			continue
+		}
 		if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return n, fmt.Errorf("delete expired override %v: %w", aggregateFromKey(e.k), err)
 		}
+		m.ovr.record(e.k, ovrParts{})
 		n++
 	}
 	if n == 0 {
@@ -494,6 +693,7 @@ func (m *Maps) pruneOverridesFor() error {
 		if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete override %v of a rule that is gone: %w", a, err)
 		}
+		m.ovr.record(e.k, ovrParts{})
 	}
 	watches, err := m.watchKeys()
 	if err != nil {
