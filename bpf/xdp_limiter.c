@@ -839,7 +839,8 @@ static __always_inline int charged_new(const struct eg_override *o, struct src_s
 	 * loses its standing inside an aggregate the shield tightened (and
 	 * only there): a patient botnet's surge is charged as new. A
 	 * validated source (handshake, L7) keeps it. */
-	if (cls == EG_CLASS_ESTABLISHED && (ss->looked & EG_SS_JUMPED) && o->origin == EG_ORIGIN_SHIELD)
+	if (cls == EG_CLASS_ESTABLISHED && (ss->looked & EG_SS_JUMPED) &&
+	    ((o->origin >> 8 & 0xff) ? (o->origin >> 8 & 0xff) : (o->origin & 0xff)) == EG_ORIGIN_SHIELD)
 		return 1;
 	return !privileged(cls);
 }
@@ -1221,25 +1222,31 @@ static __always_inline void set_standing(struct eg_standing_val *e, __u32 st, __
  * network namespace (a listener or request socket is not ESTABLISHED). */
 static __always_inline int tcp_established(struct xdp_md *ctx, const struct src_state *ss)
 {
-	struct bpf_sock_tuple t = {};
+	struct bpf_sock_tuple *t;
 	struct bpf_sock *sk;
-	__u32 size;
+	__u32 size, zero = 0;
 	int ok;
 
+	/* The tuple lives in a per-CPU scratch slot: the program's stack
+	 * and this function's caller's are full. */
+	t = bpf_map_lookup_elem(&tuple_scratch, &zero);
+	if (!t)
+		return 0;
+	__builtin_memset(t, 0, sizeof(*t));
 	if (ss->v4) {
-		__builtin_memcpy(&t.ipv4.saddr, ss->addr + 12, 4);
-		__builtin_memcpy(&t.ipv4.daddr, ss->daddr + 12, 4);
-		t.ipv4.sport = bpf_htons(ss->sport);
-		t.ipv4.dport = bpf_htons(ss->dport);
-		size = sizeof(t.ipv4);
+		__builtin_memcpy(&t->ipv4.saddr, ss->addr + 12, 4);
+		__builtin_memcpy(&t->ipv4.daddr, ss->daddr + 12, 4);
+		t->ipv4.sport = bpf_htons(ss->sport);
+		t->ipv4.dport = bpf_htons(ss->dport);
+		size = sizeof(t->ipv4);
 	} else {
-		__builtin_memcpy(t.ipv6.saddr, ss->addr, 16);
-		__builtin_memcpy(t.ipv6.daddr, ss->daddr, 16);
-		t.ipv6.sport = bpf_htons(ss->sport);
-		t.ipv6.dport = bpf_htons(ss->dport);
-		size = sizeof(t.ipv6);
+		__builtin_memcpy(t->ipv6.saddr, ss->addr, 16);
+		__builtin_memcpy(t->ipv6.daddr, ss->daddr, 16);
+		t->ipv6.sport = bpf_htons(ss->sport);
+		t->ipv6.dport = bpf_htons(ss->dport);
+		size = sizeof(t->ipv6);
 	}
-	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	sk = bpf_skc_lookup_tcp(ctx, t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return 0;
 	ok = sk->state == BPF_TCP_ESTABLISHED;

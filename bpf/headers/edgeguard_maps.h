@@ -302,6 +302,16 @@ struct {
 	__type(value, struct eg_agg_key);
 } agg_scratch SEC(".maps");
 
+/* Scratch space for the socket tuple of standing's TCP handshake check
+ * (bpf_skc_lookup_tcp), off the full stack. One per CPU, within one
+ * packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bpf_sock_tuple);
+} tuple_scratch SEC(".maps");
+
 /* 1-in-N samples of passed and dropped packets (EG_SAMPLE_RATE), apart
  * from the drop samples so that each has its own reader. 1 MiB: ~14,000
  * samples of 72 bytes, under a second of the default cap. */

@@ -13,6 +13,18 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type LimiterBpfSockTuple struct {
+	_    structs.HostLayout
+	Ipv4 struct {
+		_     structs.HostLayout
+		Saddr uint32
+		Daddr uint32
+		Sport uint16
+		Dport uint16
+	}
+	_ [24]byte
+}
+
 type LimiterEgAction uint32
 
 const (
@@ -623,6 +635,7 @@ const (
 	LimiterMapStandingStats   = "standing_stats"
 	LimiterMapStats           = "stats"
 	LimiterMapTestClock       = "test_clock"
+	LimiterMapTupleScratch    = "tuple_scratch"
 	LimiterMapV4Chunks        = "v4_chunks"
 	LimiterMapV4L1            = "v4_l1"
 	LimiterMapWholeBuckets    = "whole_buckets"
@@ -715,6 +728,7 @@ type LimiterMapSpecs struct {
 	StandingStats   *ebpf.MapSpec `ebpf:"standing_stats"`
 	Stats           *ebpf.MapSpec `ebpf:"stats"`
 	TestClock       *ebpf.MapSpec `ebpf:"test_clock"`
+	TupleScratch    *ebpf.MapSpec `ebpf:"tuple_scratch"`
 	V4Chunks        *ebpf.MapSpec `ebpf:"v4_chunks"`
 	V4L1            *ebpf.MapSpec `ebpf:"v4_l1"`
 	WholeBuckets    *ebpf.MapSpec `ebpf:"whole_buckets"`
@@ -783,6 +797,7 @@ type LimiterMaps struct {
 	StandingStats   *ebpf.Map `ebpf:"standing_stats"`
 	Stats           *ebpf.Map `ebpf:"stats"`
 	TestClock       *ebpf.Map `ebpf:"test_clock"`
+	TupleScratch    *ebpf.Map `ebpf:"tuple_scratch"`
 	V4Chunks        *ebpf.Map `ebpf:"v4_chunks"`
 	V4L1            *ebpf.Map `ebpf:"v4_l1"`
 	WholeBuckets    *ebpf.Map `ebpf:"whole_buckets"`
@@ -823,6 +838,7 @@ func (m *LimiterMaps) Close() error {
 		m.StandingStats,
 		m.Stats,
 		m.TestClock,
+		m.TupleScratch,
 		m.V4Chunks,
 		m.V4L1,
 		m.WholeBuckets,
