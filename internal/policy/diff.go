@@ -78,6 +78,7 @@ func (d *differ) settings(a, b *Compiled) {
 	d.field("setting clock", orNone(string(a.Clock)), orNone(string(b.Clock)))
 	d.bucket("setting global", a.Global, b.Global)
 	d.field("setting sampling", formatSampling(a.Sampling), formatSampling(b.Sampling))
+	d.standing(a.Standing, b.Standing)
 	ai := map[string]Interface{}
 	for _, i := range a.Interfaces {
 		ai[i.Name] = i

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -253,4 +254,40 @@ func (ps *parser) knownGood(n *yaml.Node) []netip.Prefix {
 		ps.Errorf(n, "standing.known_good has %d prefixes; the data plane holds at most %d (aggregate them into shorter prefixes)", len(out), maxKnownGood)
 	}
 	return out
+}
+
+// standing lists what changed in the standing: section, field by field;
+// known_good prefixes one by one.
+func (d *differ) standing(a, b Standing) {
+	d.field("setting standing.established_after", a.EstablishedAfter.String(), b.EstablishedAfter.String())
+	d.field("setting standing.penalty", a.Penalty.String(), b.Penalty.String())
+	d.field("setting standing.l7_promotion", formatPromotion(a.L7Promotion), formatPromotion(b.L7Promotion))
+	d.field("setting standing.rate_history", a.RateHistory.String(), b.RateHistory.String())
+	d.field("setting standing.jump_factor", strconv.FormatFloat(a.JumpFactor, 'g', -1, 64), strconv.FormatFloat(b.JumpFactor, 'g', -1, 64))
+	if !a.JumpMin.Equal(b.JumpMin) {
+		d.add('~', "setting standing.jump_min %s -> %s", FormatRate(a.JumpMin, Packets), FormatRate(b.JumpMin, Packets))
+	}
+	had := make(map[netip.Prefix]bool, len(a.KnownGood))
+	for _, p := range a.KnownGood {
+		had[p] = true
+	}
+	has := make(map[netip.Prefix]bool, len(b.KnownGood))
+	for _, p := range b.KnownGood {
+		has[p] = true
+		if !had[p] {
+			d.add('+', "standing known_good %s", p)
+		}
+	}
+	for _, p := range a.KnownGood {
+		if !has[p] {
+			d.add('-', "standing known_good %s", p)
+		}
+	}
+}
+
+func formatPromotion(p L7Promotion) string {
+	if !p.Enabled {
+		return "off"
+	}
+	return "rate " + FormatRate(p.Rate, Packets) + " when " + string(cmp.Or(p.When, PromoteRoutePassed))
 }
