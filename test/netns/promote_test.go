@@ -1,10 +1,8 @@
 package netns_test
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"testing"
@@ -38,29 +36,13 @@ l7:
 func TestL7Promotion(t *testing.T) {
 	s := newScenario(t, 2)
 	// The upstream: a plain HTTP server inside the edge namespace.
-	var upLn net.Listener
-	if err := s.lab.Star.Edge.Do(func() (err error) {
-		upLn, err = net.Listen("tcp", netip.AddrPortFrom(s.lab.Legit[0].EdgeAddr4, 9200).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	go up.Serve(upLn)
-	t.Cleanup(func() { up.Close() })
+	upAddr := serveHTTP(t, s.lab.Star.Edge, netip.AddrPortFrom(s.lab.Legit[0].EdgeAddr4, 9200),
+		func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 
-	s.start(fmt.Sprintf(promotePolicy, "{enabled: false}", upLn.Addr()))
+	s.start(fmt.Sprintf(promotePolicy, "{enabled: false}", upAddr))
 	get := func(c *testbed.Client, src netip.Addr) int {
 		t.Helper()
-		tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := c.NS.Do(func() (err error) {
-				d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}
-				conn, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		}}
+		tr := nsTransport(c.NS, src, 2*time.Second)
 		defer tr.CloseIdleConnections()
 		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Get("http://" + netip.AddrPortFrom(c.EdgeAddr4, 8080).String() + "/")
 		if err != nil {
@@ -104,7 +86,7 @@ func TestL7Promotion(t *testing.T) {
 	}
 
 	// On, by a reload: the next passing request validates its source.
-	s.policy(fmt.Sprintf(promotePolicy, "{enabled: true, rate: 100/s}", upLn.Addr()))
+	s.policy(fmt.Sprintf(promotePolicy, "{enabled: true, rate: 100/s}", upAddr))
 	s.waitGeneration(2)
 	if code := get(c1, c1.Src4); code != 200 {
 		t.Fatalf("request after the reload: %d", code)
@@ -151,14 +133,7 @@ l7:
 // and an upstream error (500) leave their sources new.
 func TestL7PromotionAuthenticated(t *testing.T) {
 	s := newScenario(t, 2)
-	var upLn net.Listener
-	if err := s.lab.Star.Edge.Do(func() (err error) {
-		upLn, err = net.Listen("tcp", netip.AddrPortFrom(s.lab.Legit[0].EdgeAddr4, 9200).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upAddr := serveHTTP(t, s.lab.Star.Edge, netip.AddrPortFrom(s.lab.Legit[0].EdgeAddr4, 9200), func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Header.Get("X-API-Key") != "good":
 			w.WriteHeader(http.StatusUnauthorized)
@@ -167,22 +142,12 @@ func TestL7PromotionAuthenticated(t *testing.T) {
 		default:
 			io.WriteString(w, "ok")
 		}
-	})}
-	go up.Serve(upLn)
-	t.Cleanup(func() { up.Close() })
-	s.start(fmt.Sprintf(authPromotePolicy, upLn.Addr()))
+	})
+	s.start(fmt.Sprintf(authPromotePolicy, upAddr))
 
 	get := func(c *testbed.Client, src netip.Addr, path, key string) int {
 		t.Helper()
-		tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := c.NS.Do(func() (err error) {
-				d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}
-				conn, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		}}
+		tr := nsTransport(c.NS, src, 2*time.Second)
 		defer tr.CloseIdleConnections()
 		req, err := http.NewRequest("GET", "http://"+netip.AddrPortFrom(c.EdgeAddr4, 8080).String()+path, nil)
 		if err != nil {
