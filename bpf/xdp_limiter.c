@@ -1020,81 +1020,87 @@ static __always_inline int agg_peek(const struct eg_bucket *b, const struct eg_b
 
 
 /* fp_pre_slots is the prefilter's byte for value v of the field whose
- * region starts at word base (v < 65,536: in bounds), or every slot if the
- * word cannot be read. */
-static __always_inline __u32 fp_pre_slots(__u32 base, __u32 v)
+ * region starts at word base (v < 65,536: in bounds). */
+static __always_inline __u32 fp_pre_slots(const struct eg_fp_pre *p, __u32 base, __u32 v)
 {
 	__u32 idx = base + ((v & 0xffff) >> 3);
-	__u64 *w = bpf_map_lookup_elem(&fp_pre, &idx);
 
-	if (!w)
-		return 0xff;
-	return (__u32)(*w >> ((v & 7) * 8)) & 0xff;
+	if (idx >= EG_FP_PRE_WORDS) /* never for a field's values */
+		return 0;
+	return (__u32)(p->w[idx] >> ((v & 7) * 8)) & 0xff;
 }
 
 /* fp_src_index is the prefilter's 16-bit index of a source address
  * (EG_FP_PRE_SRC): the IPv4 address's first 16 bits, or IPv6's first 32
- * folded. A function of the address only, whatever the packet's family. */
-static __always_inline __u32 fp_src_index(const __u8 *a)
+ * folded. A function of the address only (v4: is_v4_mapped_addr of it),
+ * whatever the packet's family. Word loads: the address is 4-aligned. */
+static __always_inline __u32 fp_src_index(const __u8 *a, int v4)
 {
-	__u64 hi, lo;
+	const __u32 *w = __builtin_assume_aligned(a, 4);
+	/* Little-endian loads: byte i of a word is its bits 8i.. */
+	__u32 x = v4 ? w[3] : w[0];
+	__u32 i = ((x << 8) & 0xff00) | ((x >> 8) & 0xff);
 
-	__builtin_memcpy(&hi, a, 8);
-	__builtin_memcpy(&lo, a + 8, 8);
-	/* Little-endian loads: byte i of the address is bits 8i.. of hi. */
-	if (hi == 0 && (__u32)lo == 0xffff0000)
-		return ((lo >> 24) & 0xff00) | ((lo >> 40) & 0xff);
-	return (((hi << 8) & 0xff00) | ((hi >> 8) & 0xff)) ^ (((hi >> 8) & 0xff00) | ((hi >> 24) & 0xff));
+	return v4 ? i : i ^ (((x >> 8) & 0xff00) | (x >> 24));
 }
 
-/* fp_narrow keeps of cand the slots the field's value may match. */
+/* fp_narrow keeps of cand the slots the field's value may match; none
+ * left: no fingerprint can match the packet. */
 #define fp_narrow(cand, hdr, h, base, v)                                     \
 	do {                                                                 \
-		(cand) &= fp_pre_slots((base), (v)) | (__u32)(((h) >> (8 * (hdr))) & 0xff); \
+		(cand) &= fp_pre_slots(p, (base), (v)) | (__u32)(((h) >> (8 * (hdr))) & 0xff); \
 		if (!(cand))                                                 \
 			return 0;                                            \
 	} while (0)
 
-/* eg_fingerprint matches the packet against the fingerprint rules. The
- * prefilter (fp_pre) first narrows the mask slots to those with a
- * fingerprint of the packet's values, one array load per field while any
- * slot is left (none installed: the header load only); then one hash
- * lookup per slot left, first match wins (slot order). A match is charged
- * to the fingerprint's bucket; a refusal drops the packet (1), unless the
- * fingerprint is a dry run (counted, passed) or the source is validated
- * (never dropped by a fingerprint: counted as spared, passed). Global:
- * verified once, out of the main program's states. */
-__attribute__((noinline)) int eg_fingerprint(struct src_state *ss)
+/* fp_prefilter is the mask slots a fingerprint of the packet may be in
+ * (0: none can match). Inline, in the main program: a packet no
+ * fingerprint can match costs the header word and one array load per
+ * field while any slot is left, and no call. The fields the shield's
+ * masks (internal/shield Masks) name, most selective first: every mask
+ * of the shield names the protocol, most a port, the others the source
+ * port, the length or the source; TTL and flags come only with those. */
+static __always_inline __u32 fp_prefilter(const struct pkt_info *pi, int v4)
+{
+	const struct eg_fp_pre *p;
+	__u32 zero = 0, cand;
+	__u64 h;
+
+	p = bpf_map_lookup_elem(&fp_pre_words, &zero);
+	if (!p)
+		return 0;
+	h = p->w[0];
+	cand = h & 0xff; /* EG_FP_PRE_H_USED */
+	if (!cand)
+		return 0;
+	fp_narrow(cand, EG_FP_PRE_H_DPORT, h, EG_FP_PRE_DPORT, pi->dport);
+	fp_narrow(cand, EG_FP_PRE_H_SPORT, h, EG_FP_PRE_SPORT, pi->sport);
+	fp_narrow(cand, EG_FP_PRE_H_LEN, h, EG_FP_PRE_LEN, pi->ip_len);
+	fp_narrow(cand, EG_FP_PRE_H_SRC, h, EG_FP_PRE_SRC, fp_src_index(pi->addr, v4));
+	fp_narrow(cand, EG_FP_PRE_H_TTL, h, EG_FP_PRE_TTL, pi->ttl);
+	fp_narrow(cand, EG_FP_PRE_H_TCP_FLAGS, h, EG_FP_PRE_TCP_FLAGS, pi->tcp_flags);
+	fp_narrow(cand, EG_FP_PRE_H_PROTO, h, EG_FP_PRE_PROTO, pi->proto);
+	return cand;
+}
+
+/* eg_fingerprint matches the packet against the fingerprint rules of the
+ * mask slots in cand (fp_prefilter's, not 0): one hash lookup per slot,
+ * first match wins (slot order). A match is charged to the fingerprint's
+ * bucket; a refusal drops the packet (1), unless the fingerprint is a dry
+ * run (counted, passed) or the source is validated (never dropped by a
+ * fingerprint: counted as spared, passed). Global: verified once, out of
+ * the main program's states. */
+__attribute__((noinline)) int eg_fingerprint(struct src_state *ss, __u32 cand)
 {
 	struct eg_fp_masks *fm;
 	struct eg_fp_stats *st;
 	struct eg_fp_val *fv;
 	struct eg_fp_key *k;
-	__u32 zero = 0, n, f, cand;
-	__u64 h, *hp;
+	__u32 zero = 0, n, f;
 	int i, refused;
 
 	if (!ss)
 		return 0;
-	hp = bpf_map_lookup_elem(&fp_pre, &zero);
-	if (!hp)
-		return 0;
-	h = *hp;
-	cand = h & 0xff; /* EG_FP_PRE_H_USED */
-	if (!cand)
-		return 0;
-	/* The fields the shield's masks (internal/shield Masks) name, most
-	 * selective first: every mask of the shield names the protocol, most
-	 * a port, the others the source port, the length or the source; TTL
-	 * and flags come only with those. */
-	fp_narrow(cand, EG_FP_PRE_H_DPORT, h, EG_FP_PRE_DPORT, ss->dport);
-	fp_narrow(cand, EG_FP_PRE_H_SPORT, h, EG_FP_PRE_SPORT, ss->sport);
-	fp_narrow(cand, EG_FP_PRE_H_LEN, h, EG_FP_PRE_LEN, ss->ip_len);
-	fp_narrow(cand, EG_FP_PRE_H_SRC, h, EG_FP_PRE_SRC, fp_src_index(ss->addr));
-	fp_narrow(cand, EG_FP_PRE_H_TTL, h, EG_FP_PRE_TTL, ss->ttl);
-	fp_narrow(cand, EG_FP_PRE_H_TCP_FLAGS, h, EG_FP_PRE_TCP_FLAGS, ss->tcp_flags);
-	fp_narrow(cand, EG_FP_PRE_H_PROTO, h, EG_FP_PRE_PROTO, ss->proto);
-
 	fm = bpf_map_lookup_elem(&fp_masks, &zero);
 	if (!fm)
 		return 0;
@@ -1424,7 +1430,6 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_rule *rule = NULL;
 	struct eg_list_val *lv;
 	struct eg_prefix_val *pv;
-	struct eg_fp_masks *fm;
 	struct eg_rsample_stats *rs;
 	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL;
 	struct eg_src_bucket *sb;
@@ -1439,7 +1444,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	__u32 *gatep;
 	int afirst = 0;
 	void *l3p = NULL;
-	__u32 zero = 0, gen, idx, slot;
+	__u32 zero = 0, gen, idx, slot, fpc;
 	__u64 now = 0;
 	__u16 l3;
 	void *trie;
@@ -1550,13 +1555,19 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.agg_mode = rule->agg_mode;
 	ss.agg_len4 = rule->agg_len4;
 	ss.agg_len6 = rule->agg_len6;
-	/* The ports and the packet's fields below are read by the TCP
-	 * handshake check and the fingerprints only: filled for them. */
+	/* The packet's fields, for the fingerprints and the TCP handshake
+	 * check: filled on every path, so that the paths after the
+	 * fingerprint section differ in nothing the verifier must tell
+	 * apart (a few stores). */
+	ss.sport = pi.sport;
+	ss.dport = pi.dport;
+	ss.proto = pi.proto;
+	ss.ttl = pi.ttl;
+	ss.tcp_flags = pi.tcp_flags;
+	ss.ip_len = pi.ip_len;
 	if (pi.proto == IPPROTO_TCP && pi.has_l4 && l3p) {
 		/* The destination, for bpf_skc_lookup_tcp; parsing already
 		 * bounds-checked these headers, the verifier wants it again. */
-		ss.sport = pi.sport;
-		ss.dport = pi.dport;
 		if (v4) {
 			struct iphdr *iph = l3p;
 
@@ -1579,20 +1590,12 @@ int xdp_limiter(struct xdp_md *ctx)
 
 	/* 4. Fingerprint rules (the adaptive shield's): after the lists and
 	 * the rule, before any bucket, so that a fingerprinted flood charges
-	 * no bucket and creates no per-source state. The call only when a
-	 * mask is installed (eg_fingerprint checks again). */
-	fm = bpf_map_lookup_elem(&fp_masks, &zero);
-	if (fm && fm->n) {
-		ss.sport = pi.sport;
-		ss.dport = pi.dport;
-		ss.proto = pi.proto;
-		ss.ttl = pi.ttl;
-		ss.tcp_flags = pi.tcp_flags;
-		ss.ip_len = pi.ip_len;
-		if (eg_fingerprint(&ss)) {
-			v.reason = EG_R_FINGERPRINT;
-			goto limited;
-		}
+	 * no bucket and creates no per-source state. The prefilter inline,
+	 * the call only for a packet some fingerprint may match. */
+	fpc = fp_prefilter(&pi, v4);
+	if (fpc && eg_fingerprint(&ss, fpc)) {
+		v.reason = EG_R_FINGERPRINT;
+		goto limited;
 	}
 
 	/* 5. Buckets. First look, without touching per-source state, whether

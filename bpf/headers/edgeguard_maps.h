@@ -372,7 +372,7 @@ struct {
  * values. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, EG_FP_PRE_WORDS);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
-} fp_pre SEC(".maps");
+	__type(value, struct eg_fp_pre);
+} fp_pre_words SEC(".maps");

@@ -417,7 +417,7 @@ enum eg_fp_field {
 	EG_FP_SRC = 1 << 6, /* source prefix of src_len (128-bit space) */
 	EG_FP_ALL = (1 << 7) - 1,
 	EG_FP_MAX_MASKS = 8,
-	/* The prefilter (fp_pre, u64 words): which mask slots may match a
+	/* The prefilter (fp_pre_words, u64 words): which mask slots may match a
 	 * packet, so that a packet no fingerprint can match costs one load
 	 * per field instead of one hash lookup per mask. Word 0 is the
 	 * header, one byte each (bit i: mask slot i): EG_FP_PRE_H_USED, the
@@ -447,6 +447,13 @@ enum eg_fp_field {
 	EG_FP_PRE_TCP_FLAGS = EG_FP_PRE_TTL + 32, /* 256 values */
 	EG_FP_PRE_PROTO = EG_FP_PRE_TCP_FLAGS + 32,
 	EG_FP_PRE_WORDS = EG_FP_PRE_PROTO + 32,
+};
+
+/* The prefilter as one value (fp_pre_words, a single array entry): the
+ * program reads any word at a bounded offset of one pointer, with no
+ * lookup and no null check per field. */
+struct eg_fp_pre {
+	__u64 w[EG_FP_PRE_WORDS];
 };
 
 /* fp_rules key: the mask and the packet's fields under it (others zero). */

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -342,9 +343,7 @@ func TestFingerprintPrefilterRebuilt(t *testing.T) {
 	td.apply(generation(policy.CompiledRule{ID: 0}))
 	p := fpPkt{src: netip.MustParseAddr("fd00:5::1"), proto: packet.ProtoUDP, sport: 5000, dport: 7000, payload: 10, ttl: 64}
 	td.setFingerprint(fpFor(1, maps.FieldProto|maps.FieldDPort|maps.FieldSrc, p, 48))
-	for w := uint32(0); w < td.d.Objects.FpPre.MaxEntries(); w++ {
-		must(t, td.d.Objects.FpPre.Put(w, uint64(0)))
-	}
+	must(t, td.d.Objects.FpPreWords.Put(uint32(0), new(loader.LimiterEgFpPre)))
 	if td.run(p.frame()) != xdpPass {
 		t.Fatal("emptied prefilter: still matched (the test would prove nothing)")
 	}

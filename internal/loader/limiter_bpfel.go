@@ -260,6 +260,11 @@ type LimiterEgFpMasks struct {
 	SrcLen [8]uint8
 }
 
+type LimiterEgFpPre struct {
+	_ structs.HostLayout
+	W [32865]uint64
+}
+
 type LimiterEgFpStats struct {
 	_       structs.HostLayout
 	Matched LimiterEgCounter
@@ -611,7 +616,7 @@ const (
 	LimiterMapClassStats      = "class_stats"
 	LimiterMapConfigs         = "configs"
 	LimiterMapFpMasks         = "fp_masks"
-	LimiterMapFpPre           = "fp_pre"
+	LimiterMapFpPreWords      = "fp_pre_words"
 	LimiterMapFpRules         = "fp_rules"
 	LimiterMapFpStats         = "fp_stats"
 	LimiterMapGlobalBuckets   = "global_buckets"
@@ -704,7 +709,7 @@ type LimiterMapSpecs struct {
 	ClassStats      *ebpf.MapSpec `ebpf:"class_stats"`
 	Configs         *ebpf.MapSpec `ebpf:"configs"`
 	FpMasks         *ebpf.MapSpec `ebpf:"fp_masks"`
-	FpPre           *ebpf.MapSpec `ebpf:"fp_pre"`
+	FpPreWords      *ebpf.MapSpec `ebpf:"fp_pre_words"`
 	FpRules         *ebpf.MapSpec `ebpf:"fp_rules"`
 	FpStats         *ebpf.MapSpec `ebpf:"fp_stats"`
 	GlobalBuckets   *ebpf.MapSpec `ebpf:"global_buckets"`
@@ -773,7 +778,7 @@ type LimiterMaps struct {
 	ClassStats      *ebpf.Map `ebpf:"class_stats"`
 	Configs         *ebpf.Map `ebpf:"configs"`
 	FpMasks         *ebpf.Map `ebpf:"fp_masks"`
-	FpPre           *ebpf.Map `ebpf:"fp_pre"`
+	FpPreWords      *ebpf.Map `ebpf:"fp_pre_words"`
 	FpRules         *ebpf.Map `ebpf:"fp_rules"`
 	FpStats         *ebpf.Map `ebpf:"fp_stats"`
 	GlobalBuckets   *ebpf.Map `ebpf:"global_buckets"`
@@ -814,7 +819,7 @@ func (m *LimiterMaps) Close() error {
 		m.ClassStats,
 		m.Configs,
 		m.FpMasks,
-		m.FpPre,
+		m.FpPreWords,
 		m.FpRules,
 		m.FpStats,
 		m.GlobalBuckets,

@@ -172,7 +172,7 @@ func pinnedMaps() []string {
 		// cap, counters and ring buffer.
 		LimiterMapSampleCfgs, LimiterMapRateSampleCap, LimiterMapRateSampleStats, LimiterMapRateSamples,
 		// Fingerprint rules stay in force across a crash until they expire.
-		LimiterMapFpRules, LimiterMapFpMasks, LimiterMapFpStats, LimiterMapFpPre,
+		LimiterMapFpRules, LimiterMapFpMasks, LimiterMapFpStats, LimiterMapFpPreWords,
 	}
 }
 

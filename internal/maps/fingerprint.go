@@ -273,39 +273,40 @@ func preWords(slots fpSlots, entries ...fpEntry) map[uint32]bool {
 // writePrefilter makes the prefilter's header and the given words (all,
 // if nil) what entries need. Called with entries a superset of the
 // installed fingerprints (before adding, after removing), every bit a
-// packet reads, old or new, covers what is installed.
+// packet reads, old or new, covers what is installed. The prefilter is one
+// map value (fp_pre_words), read and written whole: the kernel copies a
+// written value over the old in place, so a packet may read each byte old
+// or new, and each byte is one value's slots, so either covers what is
+// installed. A whole rebuild writes the value words first and the header,
+// which turns the slots on, in a second write.
 func (m *Maps) writePrefilter(slots fpSlots, entries []fpEntry, words map[uint32]bool) error {
 	want := prefilterFor(slots, entries)
-	put := func(w uint32, v uint64) error {
-		var cur uint64
-		if err := m.o.FpPre.Lookup(w, &cur); err != nil {
-			return fmt.Errorf("read fingerprint prefilter word %d: %w", w, err)
+	cur := new(loader.LimiterEgFpPre)
+	if err := m.o.FpPreWords.Lookup(uint32(0), cur); err != nil {
+		return fmt.Errorf("read fingerprint prefilter: %w", err)
+	}
+	next := new(loader.LimiterEgFpPre)
+	*next = *cur
+	if words == nil {
+		for w := uint32(1); w < fpPreWords; w++ {
+			next.W[w] = want.words[w]
 		}
-		if cur == v {
-			return nil
+	} else {
+		for w := range words {
+			next.W[w] = want.words[w]
 		}
-		if err := m.o.FpPre.Put(w, v); err != nil {
-			return fmt.Errorf("write fingerprint prefilter word %d: %w", w, err)
+	}
+	if words == nil && next.W != cur.W {
+		if err := m.o.FpPreWords.Put(uint32(0), next); err != nil {
+			return fmt.Errorf("write fingerprint prefilter: %w", err)
 		}
+	}
+	next.W[0] = want.header
+	if next.W == cur.W {
 		return nil
 	}
-	if words == nil {
-		// Whole: the value words first, the header (which turns the
-		// slots on) last.
-		for w := uint32(1); w < fpPreWords; w++ {
-			if err := put(w, want.words[w]); err != nil {
-				return err
-			}
-		}
-		return put(0, want.header)
-	}
-	if err := put(0, want.header); err != nil {
-		return err
-	}
-	for w := range words {
-		if err := put(w, want.words[w]); err != nil {
-			return err
-		}
+	if err := m.o.FpPreWords.Put(uint32(0), next); err != nil {
+		return fmt.Errorf("write fingerprint prefilter: %w", err)
 	}
 	return nil
 }
@@ -314,12 +315,12 @@ func (m *Maps) writePrefilter(slots fpSlots, entries []fpEntry, words map[uint32
 // not on in it: pins of a version without the prefilter, which the
 // program of this one would not look up.
 func (m *Maps) checkPrefilter(slots fpSlots, entries []fpEntry) error {
-	var hdr uint64
-	if err := m.o.FpPre.Lookup(uint32(0), &hdr); err != nil {
+	cur := new(loader.LimiterEgFpPre)
+	if err := m.o.FpPreWords.Lookup(uint32(0), cur); err != nil {
 		return fmt.Errorf("read fingerprint prefilter: %w", err)
 	}
 	want := prefilterFor(slots, entries)
-	if want.header&0xff&^hdr == 0 {
+	if want.header&0xff&^cur.W[0] == 0 {
 		return nil
 	}
 	return m.writePrefilter(slots, entries, nil)
