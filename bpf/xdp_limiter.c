@@ -1020,35 +1020,36 @@ static __always_inline int agg_peek(const struct eg_bucket *b, const struct eg_b
 
 
 /* fp_pre_slots is the prefilter's byte for value v of the field whose
- * region starts at word base (v < 65,536: in bounds). */
-static __always_inline __u32 fp_pre_slots(const struct eg_fp_pre *p, __u32 base, __u32 v)
+ * region starts at word base and whose values are at most vmask (0xffff,
+ * or 0xff for the regions of 32 words). The mask is applied after a
+ * barrier, so that the compiler keeps it and every verifier sees the
+ * offset bounded: a port the compiler knows is 16 bits (a byte swap's
+ * result) is unbounded to kernels before 6.14, which do not track swaps. */
+static __always_inline __u32 fp_pre_slots(const struct eg_fp_pre *p, __u32 base, __u32 v, __u32 vmask)
 {
-	__u32 idx = base + ((v & 0xffff) >> 3);
-
-	if (idx >= EG_FP_PRE_WORDS) /* never for a field's values */
-		return 0;
-	return (__u32)(p->w[idx] >> ((v & 7) * 8)) & 0xff;
+	asm volatile("" : "+r"(v));
+	v &= vmask;
+	return (__u32)(p->w[base + (v >> 3)] >> ((v & 7) * 8)) & 0xff;
 }
 
 /* fp_src_index is the prefilter's 16-bit index of a source address
  * (EG_FP_PRE_SRC): the IPv4 address's first 16 bits, or IPv6's first 32
- * folded. A function of the address only (v4: is_v4_mapped_addr of it),
- * whatever the packet's family. Word loads: the address is 4-aligned. */
+ * folded, each 16 bits read little-endian (no byte swap). A function of the address only (v4:
+ * is_v4_mapped_addr of it), whatever the packet's family. Word loads: the
+ * address is 4-aligned. */
 static __always_inline __u32 fp_src_index(const __u8 *a, int v4)
 {
 	const __u32 *w = __builtin_assume_aligned(a, 4);
-	/* Little-endian loads: byte i of a word is its bits 8i.. */
 	__u32 x = v4 ? w[3] : w[0];
-	__u32 i = ((x << 8) & 0xff00) | ((x >> 8) & 0xff);
 
-	return v4 ? i : i ^ (((x >> 8) & 0xff00) | (x >> 24));
+	return v4 ? x & 0xffff : (x & 0xffff) ^ (x >> 16);
 }
 
 /* fp_narrow keeps of cand the slots the field's value may match; none
  * left: no fingerprint can match the packet. */
-#define fp_narrow(cand, hdr, h, base, v)                                     \
+#define fp_narrow(cand, hdr, h, base, v, vmask)                              \
 	do {                                                                 \
-		(cand) &= fp_pre_slots(p, (base), (v)) | (__u32)(((h) >> (8 * (hdr))) & 0xff); \
+		(cand) &= fp_pre_slots(p, (base), (v), (vmask)) | (__u32)(((h) >> (8 * (hdr))) & 0xff); \
 		if (!(cand))                                                 \
 			return 0;                                            \
 	} while (0)
@@ -1073,13 +1074,13 @@ static __always_inline __u32 fp_prefilter(const struct pkt_info *pi, int v4)
 	cand = h & 0xff; /* EG_FP_PRE_H_USED */
 	if (!cand)
 		return 0;
-	fp_narrow(cand, EG_FP_PRE_H_DPORT, h, EG_FP_PRE_DPORT, pi->dport);
-	fp_narrow(cand, EG_FP_PRE_H_SPORT, h, EG_FP_PRE_SPORT, pi->sport);
-	fp_narrow(cand, EG_FP_PRE_H_LEN, h, EG_FP_PRE_LEN, pi->ip_len);
-	fp_narrow(cand, EG_FP_PRE_H_SRC, h, EG_FP_PRE_SRC, fp_src_index(pi->addr, v4));
-	fp_narrow(cand, EG_FP_PRE_H_TTL, h, EG_FP_PRE_TTL, pi->ttl);
-	fp_narrow(cand, EG_FP_PRE_H_TCP_FLAGS, h, EG_FP_PRE_TCP_FLAGS, pi->tcp_flags);
-	fp_narrow(cand, EG_FP_PRE_H_PROTO, h, EG_FP_PRE_PROTO, pi->proto);
+	fp_narrow(cand, EG_FP_PRE_H_DPORT, h, EG_FP_PRE_DPORT, pi->dport, 0xffff);
+	fp_narrow(cand, EG_FP_PRE_H_SPORT, h, EG_FP_PRE_SPORT, pi->sport, 0xffff);
+	fp_narrow(cand, EG_FP_PRE_H_LEN, h, EG_FP_PRE_LEN, pi->ip_len, 0xffff);
+	fp_narrow(cand, EG_FP_PRE_H_SRC, h, EG_FP_PRE_SRC, fp_src_index(pi->addr, v4), 0xffff);
+	fp_narrow(cand, EG_FP_PRE_H_TTL, h, EG_FP_PRE_TTL, pi->ttl, 0xff);
+	fp_narrow(cand, EG_FP_PRE_H_TCP_FLAGS, h, EG_FP_PRE_TCP_FLAGS, pi->tcp_flags, 0xff);
+	fp_narrow(cand, EG_FP_PRE_H_PROTO, h, EG_FP_PRE_PROTO, pi->proto, 0xff);
 	return cand;
 }
 
@@ -1433,7 +1434,11 @@ int xdp_limiter(struct xdp_md *ctx)
 	struct eg_rsample_stats *rs;
 	struct eg_bucket *gb = NULL, *ab = NULL, *nb = NULL;
 	struct eg_src_bucket *sb;
-	struct eg_agg_key ak, nk;
+	/* The ASN's key for its look, then the derived aggregate's for its
+	 * look and charge, then the ASN's again if its bucket must be made:
+	 * one key on the stack (6.1 rounds each frame up to 32 bytes, and the
+	 * main program plus a call must fit in 512). */
+	struct eg_agg_key ak;
 	/* The lists and prefix lookups' key, then the per-source key: one
 	 * slot of the (full) stack. */
 	union {
@@ -1611,8 +1616,8 @@ int xdp_limiter(struct xdp_md *ctx)
 		}
 	}
 	if (v.asn && bucket_limited(&rule->asn)) {
-		agg_asn_key(&nk, rule, v.asn);
-		nb = bpf_map_lookup_elem(&agg_buckets, &nk);
+		agg_asn_key(&ak, rule, v.asn);
+		nb = bpf_map_lookup_elem(&agg_buckets, &ak);
 		if (nb && !agg_peek(nb, &rule->asn, (__u32)rule->reserve << 8 | EG_CAGG_ASN, &ss)) {
 			v.reason = EG_R_ASN_LIMIT;
 			goto limited;
@@ -1693,8 +1698,10 @@ int xdp_limiter(struct xdp_md *ctx)
 		}
 	}
 	if (v.asn && bucket_limited(&rule->asn)) {
-		if (!nb)
-			nb = lookup_or_create(&agg_buckets, &nk);
+		if (!nb) {
+			agg_asn_key(&ak, rule, v.asn);
+			nb = lookup_or_create(&agg_buckets, &ak);
+		}
 		if (nb && !eg_agg_take(nb, &rule->asn, (__u32)rule->reserve << 8 | EG_CAGG_ASN, &ss)) {
 			v.reason = EG_R_ASN_LIMIT;
 			goto limited;

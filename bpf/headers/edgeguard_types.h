@@ -428,8 +428,8 @@ enum eg_fp_field {
 	 * fingerprint of that value. A packet's candidate slots are USED
 	 * ANDed, per field, with (its value's byte | the field's header
 	 * byte). src values are a 16-bit index of the address: IPv4-mapped
-	 * (a[12] << 8 | a[13]), otherwise (a[0] << 8 | a[1]) ^ (a[2] << 8 |
-	 * a[3]); a fingerprint's prefix is covered if IPv4 of at least /16
+	 * (a[13] << 8 | a[12]), otherwise (a[1] << 8 | a[0]) ^ (a[3] << 8 |
+	 * a[2]); a fingerprint's prefix is covered if IPv4 of at least /16
 	 * or IPv6 of at least /32 with a nonzero first 32 bits. */
 	EG_FP_PRE_H_USED = 0,
 	EG_FP_PRE_H_DPORT = 1,

@@ -215,10 +215,10 @@ var v4Mapped = [12]byte{10: 0xff, 11: 0xff}
 func fpSrcIndex(k *loader.LimiterEgFpKey) (uint32, bool) {
 	a := k.Addr
 	if k.SrcLen >= 96+16 && [12]byte(a[:12]) == v4Mapped {
-		return uint32(a[12])<<8 | uint32(a[13]), true
+		return uint32(a[13])<<8 | uint32(a[12]), true
 	}
 	if k.SrcLen >= 32 && (a[0]|a[1]|a[2]|a[3]) != 0 {
-		return (uint32(a[0])<<8 | uint32(a[1])) ^ (uint32(a[2])<<8 | uint32(a[3])), true
+		return (uint32(a[1])<<8 | uint32(a[0])) ^ (uint32(a[3])<<8 | uint32(a[2])), true
 	}
 	return 0, false
 }
