@@ -215,9 +215,17 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		d.watchShield(nil)
 	}
 	var load []byte
+	var topID uint32
 	if st.eng == nil && cfg.Mode != shield.ModeOff {
 		if _, err := d.readStateFile(shieldStateFile, func(b []byte) error { load = b; return nil }); err != nil {
 			d.log.Error("shield: read saved baselines; learning from scratch", "err", err)
+		}
+		// Fingerprints in the pinned maps (a crashed daemon's, until
+		// they expire) keep their ids and counters: new ones are
+		// numbered above them.
+		var err error
+		if topID, err = d.m.MaxFingerprintID(); err != nil {
+			d.log.Error("shield: read the data plane's fingerprint ids; a new one may replace an older one", "err", err)
 		}
 	}
 	st.mu.Lock()
@@ -229,6 +237,10 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	switch {
 	case st.eng == nil && cfg.Mode != shield.ModeOff:
 		st.eng = shield.New(cfg)
+		if topID > 0 {
+			st.eng.SeedIDs(topID)
+			d.log.Info("shield: fingerprint ids continue above the data plane's", "max_id", topID)
+		}
 		st.eng.SetRules(shapes, global)
 		st.eng.SetASNOf(asnOfPrefix(table))
 		if load != nil {

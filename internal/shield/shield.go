@@ -662,6 +662,14 @@ func (e *Engine) plan(now time.Time) []Change {
 	return out
 }
 
+// SeedIDs makes the ids of new actions start above id (the largest one
+// the data plane holds, from before a restart), unless they already do.
+func (e *Engine) SeedIDs(id uint32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.nextID = max(e.nextID, id)
+}
+
 // masksInUse are the mask slots the fingerprint actions take (monitor
 // mode's too: they stand for what enforce would install).
 func (e *Engine) masksInUse() map[maskSlot]bool {
