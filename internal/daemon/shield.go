@@ -49,6 +49,7 @@ type shieldRun struct {
 	lastPrune time.Time
 
 	dropped, failed atomic.Uint64
+	noSlot          atomic.Uint64 // fingerprints not installed for lack of a mask slot
 	read            atomic.Uint64 // 1-in-N samples read from the ring buffer
 	auditMu         sync.Mutex
 	mitigate        prometheus.Histogram
@@ -70,6 +71,7 @@ func shieldConfig(s *policy.Shield) shield.Config {
 	if s == nil {
 		c := shield.DefaultConfig()
 		c.Mode = shield.ModeOff
+		c.MaxMasks = maps.MaxFingerprintMasks
 		return c
 	}
 	c := shield.Config{
@@ -79,6 +81,7 @@ func shieldConfig(s *policy.Shield) shield.Config {
 			EndFactor: s.EndFactor, Cooldown: s.Cooldown},
 		TTL: s.TTL, MaxActive: s.MaxActive, TightenTo: s.TightenTo, Fingerprints: s.Fingerprints,
 		FingerprintMin: s.FingerprintMin.PerSecond(), MinCoverage: s.MinCoverage, MaxCollateral: s.MaxCollateral,
+		MaxMasks: maps.MaxFingerprintMasks,
 	}
 	for _, f := range s.Forbid {
 		c.Forbid = append(c.Forbid, shield.Forbid{Prefix: f.Prefix, ASN: f.ASN, By: "policy"})
@@ -166,6 +169,12 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 		}
 		d.countShield(eng)
 		changes = append(changes, eng.Tick(now)...)
+		for _, n := range eng.TakeNoSlots() {
+			st.noSlot.Add(1)
+			d.log.Warn("shield: fingerprint not installed: every mask slot of the data plane is taken by the shield's other fingerprints",
+				"aggregate", n.Key.String(), "fingerprint", n.Fingerprint.String(), "masks", n.Masks,
+				"max_masks", maps.MaxFingerprintMasks)
+		}
 	}
 	if now.Sub(st.lastPrune) >= 10*time.Second {
 		st.lastPrune = now
@@ -206,9 +215,17 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		d.watchShield(nil)
 	}
 	var load []byte
+	var topID uint32
 	if st.eng == nil && cfg.Mode != shield.ModeOff {
 		if _, err := d.readStateFile(shieldStateFile, func(b []byte) error { load = b; return nil }); err != nil {
 			d.log.Error("shield: read saved baselines; learning from scratch", "err", err)
+		}
+		// Fingerprints in the pinned maps (a crashed daemon's, until
+		// they expire) keep their ids and counters: new ones are
+		// numbered above them.
+		var err error
+		if topID, err = d.m.MaxFingerprintID(); err != nil {
+			d.log.Error("shield: read the data plane's fingerprint ids; a new one may replace an older one", "err", err)
 		}
 	}
 	st.mu.Lock()
@@ -220,6 +237,10 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	switch {
 	case st.eng == nil && cfg.Mode != shield.ModeOff:
 		st.eng = shield.New(cfg)
+		if topID > 0 {
+			st.eng.SeedIDs(topID)
+			d.log.Info("shield: fingerprint ids continue above the data plane's", "max_id", topID)
+		}
 		st.eng.SetRules(shapes, global)
 		st.eng.SetASNOf(asnOfPrefix(table))
 		if load != nil {
@@ -543,6 +564,7 @@ type shieldCollector struct {
 	active, would, tracked    *prometheus.Desc
 	surges, wouldDrop         *prometheus.Desc
 	samplesDropped, writeFail *prometheus.Desc
+	noSlot                    *prometheus.Desc
 }
 
 func newShieldCollector(d *Daemon) []prometheus.Collector {
@@ -562,11 +584,13 @@ func newShieldCollector(d *Daemon) []prometheus.Collector {
 			"Samples the shield did not see because its queue was full.", nil, nil),
 		writeFail: prometheus.NewDesc("edgeguard_shield_write_failures_total",
 			"Shield changes the data plane refused (retried next interval).", nil, nil),
+		noSlot: prometheus.NewDesc("edgeguard_shield_fingerprints_no_slot_total",
+			"Surges whose fingerprint the shield did not install: every data-plane mask slot was taken by its other fingerprints.", nil, nil),
 	}, d.shield.mitigate}
 }
 
 func (c *shieldCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.active, c.would, c.tracked, c.surges, c.wouldDrop, c.samplesDropped, c.writeFail} {
+	for _, d := range []*prometheus.Desc{c.active, c.would, c.tracked, c.surges, c.wouldDrop, c.samplesDropped, c.writeFail, c.noSlot} {
 		ch <- d
 	}
 }
@@ -578,6 +602,7 @@ func (c *shieldCollector) Collect(ch chan<- prometheus.Metric) {
 	st.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(c.samplesDropped, prometheus.CounterValue, float64(st.dropped.Load()))
 	ch <- prometheus.MustNewConstMetric(c.writeFail, prometheus.CounterValue, float64(st.failed.Load()))
+	ch <- prometheus.MustNewConstMetric(c.noSlot, prometheus.CounterValue, float64(st.noSlot.Load()))
 	enforced := map[shield.ActionKind]int{shield.Tighten: 0, shield.FingerprintRule: 0}
 	would := map[shield.ActionKind]int{shield.Tighten: 0, shield.FingerprintRule: 0}
 	var surges uint64

@@ -316,15 +316,12 @@ func TestShieldControlHostile(t *testing.T) {
 	}
 }
 
-// TestShieldFingerprintThroughMaps: a flood from random sources to one
-// port with one length, on a real data plane with 1-in-1 samples, becomes
-// a shield fingerprint rule in the data plane that names the port and the
-// length, and the flood's packets are dropped by it while users' pass.
-func TestShieldFingerprintThroughMaps(t *testing.T) {
-	dir := t.TempDir()
-	asnPath := filepath.Join(dir, "ip2asn.tsv")
-	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
-	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
+// fingerprintFlood runs the daemon's shield over a real data plane with
+// 1-in-1 samples: 40 seconds of users (one port), then 6 with a flood
+// from random sources to port 9999 with one length. It returns a runner
+// of frames through the program.
+func fingerprintFlood(t *testing.T, d *Daemon) func(frame []byte, n int) uint32 {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	readerDone := make(chan error, 1)
 	go func() { readerDone <- d.readRateSamples(ctx) }()
@@ -356,6 +353,19 @@ func TestShieldFingerprintThroughMaps(t *testing.T) {
 	for range 6 {
 		sec(true)
 	}
+	return run
+}
+
+// TestShieldFingerprintThroughMaps: a flood from random sources to one
+// port with one length, on a real data plane with 1-in-1 samples, becomes
+// a shield fingerprint rule in the data plane that names the port and the
+// length, and the flood's packets are dropped by it while users' pass.
+func TestShieldFingerprintThroughMaps(t *testing.T) {
+	dir := t.TempDir()
+	asnPath := filepath.Join(dir, "ip2asn.tsv")
+	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
+	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
+	run := fingerprintFlood(t, d)
 	fps, err := d.m.Fingerprints()
 	if err != nil {
 		t.Fatal(err)
@@ -369,5 +379,36 @@ func TestShieldFingerprintThroughMaps(t *testing.T) {
 	}
 	if ret := run(packet.UDP4("198.18.0.1", 40000, 443, 64), 1); ret != xdpPass {
 		t.Errorf("a user's packet got %d", ret)
+	}
+}
+
+// TestShieldIDsAboveLeftovers: fingerprints a crashed daemon left in the
+// pinned map (ids 1 and 41, live for an hour) keep their ids: the new
+// daemon's shield numbers its first fingerprint 42, and both leftovers
+// are still there after it installs it.
+func TestShieldIDsAboveLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	asnPath := filepath.Join(dir, "ip2asn.tsv")
+	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
+	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
+	for _, id := range []uint32{1, 41} {
+		f := maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 6, DPort: uint16(7000 + id),
+			Expires: time.Now().Add(time.Hour), Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Origin: maps.OriginShield}
+		if err := d.m.SetFingerprint(f); err != nil {
+			t.Fatalf("leftover %d: %v", id, err)
+		}
+	}
+	fingerprintFlood(t, d)
+	fps, err := d.m.Fingerprints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[uint32]maps.FingerprintState{}
+	for _, f := range fps {
+		byID[f.ID] = f
+	}
+	if len(fps) != 3 || byID[1].DPort != 7001 || byID[41].DPort != 7041 || byID[42].DPort != 9999 {
+		t.Fatalf("fingerprints %+v, want the leftovers 1 and 41 and the flood's as 42; actions %+v",
+			fps, d.ShieldReport(5).Actions)
 	}
 }

@@ -600,5 +600,30 @@ func (m *Maps) Fingerprints() ([]FingerprintState, error) {
 	return out, nil
 }
 
+// MaxFingerprintID is the largest id among the fingerprints in the map,
+// expired ones included, and their counters (0: none). A daemon that
+// starts over pinned maps numbers its new fingerprints above it, so none
+// replaces a fingerprint from before, or starts on its counters.
+func (m *Maps) MaxFingerprintID() (uint32, error) {
+	entries, err := m.fpEntries()
+	if err != nil {
+		return 0, err
+	}
+	var top uint32
+	for _, e := range entries {
+		top = max(top, e.v.Id)
+	}
+	var id uint32
+	var per []loader.LimiterEgFpStats
+	it := m.o.FpStats.Iterate()
+	for it.Next(&id, &per) {
+		top = max(top, id)
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read fingerprint counters: %w", err)
+	}
+	return top, nil
+}
+
 // ReasonFingerprint is the reason of a packet a fingerprint dropped.
 const ReasonFingerprint = loader.LimiterEgReasonEG_R_FINGERPRINT

@@ -37,9 +37,10 @@ func (m FieldMask) String() string {
 // Fields is how many fields the mask matches.
 func (m FieldMask) Fields() int { return bits.OnesCount32(uint32(m)) }
 
-// Masks are the field combinations the shield searches, and so the most
-// distinct masks the data plane ever holds at once. Every one includes
-// the protocol: a fingerprint never spans protocols.
+// Masks are the field combinations the shield searches. They are more
+// than the data plane holds at once (Config.MaxMasks): the shield uses at
+// most that many distinct ones. Every one includes the protocol: a
+// fingerprint never spans protocols.
 var Masks = []FieldMask{
 	FProto | FDPort,
 	FProto | FDPort | FLen,
@@ -276,17 +277,39 @@ type Candidate struct {
 	BaseRate float64
 }
 
+// maskSlot is what the data plane holds one mask slot per distinct value
+// of: the fields, and with FSrc the prefix length as the data plane keys
+// it (an IPv4 prefix as IPv4-mapped IPv6: /24 is 120, /48 is 48).
+type maskSlot struct {
+	mask    FieldMask
+	srcBits int
+}
+
+func (f Fingerprint) slot() maskSlot {
+	s := maskSlot{mask: f.Mask}
+	if f.Mask&FSrc != 0 && f.Src.IsValid() {
+		s.srcBits = f.Src.Bits()
+		if f.Src.Addr().Is4() {
+			s.srcBits += 96
+		}
+	}
+	return s
+}
+
 // best picks the fingerprint for a surge: among masks whose top item
 // covers at least minCoverage of the excess and at most maxCollateral of
 // the baseline, the highest coverage minus collateral; near ties (within
-// 0.02) go to the mask with more fields, which matches less besides the
-// flood. excess is the surge's weight above baseline in the summary's
-// window; base is the baseline summary; baseSeconds converts its decayed
-// weights to rates.
-func (f *fingerprints) best(excess float64, base *fingerprints, baseSeconds, minCoverage, maxCollateral float64) (Candidate, bool) {
-	var best Candidate
-	found := false
+// 0.02) go to a mask the data plane holds already (inUse), then to the
+// mask with more fields, which matches less besides the flood. With full
+// (every mask slot taken) only masks in inUse qualify; noSlot reports
+// that one did not qualify for that reason alone and nothing else did.
+// excess is the surge's weight above baseline in the summary's window;
+// base is the baseline summary; baseSeconds converts its decayed weights
+// to rates.
+func (f *fingerprints) best(excess float64, base *fingerprints, baseSeconds, minCoverage, maxCollateral float64,
+	inUse map[maskSlot]bool, full bool) (best Candidate, found, noSlot bool) {
 	score := func(c Candidate) float64 { return c.Coverage - c.Collateral }
+	reuses := func(c Candidate) bool { return inUse[c.Fingerprint.slot()] }
 	for i := range Masks {
 		fp, w, ok := f.byMask[i].top()
 		if !ok || excess <= 0 {
@@ -301,11 +324,17 @@ func (f *fingerprints) best(excess float64, base *fingerprints, baseSeconds, min
 		if c.Coverage < minCoverage || c.Collateral > maxCollateral {
 			continue
 		}
+		if full && !reuses(c) {
+			noSlot = true
+			continue
+		}
+		near := score(c) >= score(best)-0.02 && score(c) <= score(best)+0.02
 		switch {
 		case !found, score(c) > score(best)+0.02,
-			score(c) >= score(best)-0.02 && c.Fingerprint.Mask.Fields() > best.Fingerprint.Mask.Fields():
+			near && reuses(c) && !reuses(best),
+			near && reuses(c) == reuses(best) && c.Fingerprint.Mask.Fields() > best.Fingerprint.Mask.Fields():
 			best, found = c, true
 		}
 	}
-	return best, found
+	return best, found, noSlot && !found
 }

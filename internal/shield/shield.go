@@ -42,6 +42,11 @@ type Config struct {
 	FingerprintMin float64       // a fingerprint rule's least budget, packets/s
 	MinCoverage    float64       // of the surge's excess a fingerprint must cover
 	MaxCollateral  float64       // of baseline traffic a fingerprint may match
+	// MaxMasks is how many distinct fingerprint masks the data plane
+	// holds at once (maps.MaxFingerprintMasks; a source prefix's length is
+	// part of the mask). The shield's fingerprint actions never need
+	// more; 0 is no limit.
+	MaxMasks int
 
 	Forbid []Forbid
 }
@@ -190,6 +195,19 @@ type surgeTrack struct {
 	fps   *fingerprints
 	total float64 // weight since the surge began
 	start time.Time
+	// noSlot: a fingerprint was found but every mask slot was taken
+	// (reported once per surge).
+	noSlot bool
+}
+
+// NoSlot is a fingerprint the shield found for a surge but did not
+// install: it needs a mask the data plane has no slot for (every one of
+// Config.MaxMasks is taken by the shield's other fingerprints).
+type NoSlot struct {
+	Key         Key
+	Fingerprint Fingerprint
+	Masks       int // distinct masks in use
+	At          time.Time
 }
 
 // Engine is the shield's state. Its methods are safe for concurrent use;
@@ -223,7 +241,8 @@ type Engine struct {
 	rng         *rand.Rand
 
 	surgeCount uint64
-	wouldDrop  float64 // packets, monitor mode
+	wouldDrop  float64  // packets, monitor mode
+	noSlots    []NoSlot // since the last TakeNoSlots
 	keyBuf     []Key
 }
 
@@ -582,6 +601,7 @@ func (e *Engine) plan(now time.Time) []Change {
 		return cmp.Compare(ay.curPkts-ay.baseline(e.cfg.Percentile), ax.curPkts-ax.baseline(e.cfg.Percentile))
 	})
 	var out []Change
+	inUse := e.masksInUse()
 	for _, k := range cands {
 		if len(e.actions) >= e.cfg.MaxActive {
 			break
@@ -606,10 +626,18 @@ func (e *Engine) plan(now time.Time) []Change {
 			window := max(now.Sub(st.start).Seconds(), 1e-3)
 			excess := st.total - base*window
 			baseSec := math.Min(e.baseAge.Seconds(), e.cfg.HalfLife.Seconds()/math.Ln2)
-			c, ok := st.fps.best(excess, e.base, max(baseSec, 1e-3), e.cfg.MinCoverage, e.cfg.MaxCollateral)
+			full := e.cfg.MaxMasks > 0 && len(inUse) >= e.cfg.MaxMasks
+			c, ok, noSlot := st.fps.best(excess, e.base, max(baseSec, 1e-3), e.cfg.MinCoverage, e.cfg.MaxCollateral, inUse, full)
+			if noSlot && !st.noSlot {
+				// What it would have been, for the report.
+				c, _, _ = st.fps.best(excess, e.base, max(baseSec, 1e-3), e.cfg.MinCoverage, e.cfg.MaxCollateral, nil, false)
+				st.noSlot = true
+				e.noSlots = append(e.noSlots, NoSlot{Key: k, Fingerprint: c.Fingerprint, Masks: len(inUse), At: now})
+			}
 			if !ok || e.fingerprintForbidden(c.Fingerprint) {
 				continue
 			}
+			inUse[c.Fingerprint.slot()] = true
 			fp := c.Fingerprint
 			act.Kind, act.Fingerprint = FingerprintRule, &fp
 			act.Coverage, act.Collateral = c.Coverage, c.Collateral
@@ -631,6 +659,36 @@ func (e *Engine) plan(now time.Time) []Change {
 		e.byKey[k] = act.ID
 		out = append(out, Change{Op: OpInstall, Action: *act, Why: act.Reason, By: "shield", At: now, Mitigate: now.Sub(a.det.Start)})
 	}
+	return out
+}
+
+// SeedIDs makes the ids of new actions start above id (the largest one
+// the data plane holds, from before a restart), unless they already do.
+func (e *Engine) SeedIDs(id uint32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.nextID = max(e.nextID, id)
+}
+
+// masksInUse are the mask slots the fingerprint actions take (monitor
+// mode's too: they stand for what enforce would install).
+func (e *Engine) masksInUse() map[maskSlot]bool {
+	out := map[maskSlot]bool{}
+	for _, a := range e.actions {
+		if a.Fingerprint != nil {
+			out[a.Fingerprint.slot()] = true
+		}
+	}
+	return out
+}
+
+// TakeNoSlots returns the fingerprints not installed for lack of a mask
+// slot since the last call (one per surge).
+func (e *Engine) TakeNoSlots() []NoSlot {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := e.noSlots
+	e.noSlots = nil
 	return out
 }
 

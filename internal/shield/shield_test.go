@@ -607,3 +607,128 @@ func TestSparseSamplesNoSurge(t *testing.T) {
 		t.Fatalf("%d surges, changes %+v on sampling noise", surges, s.changes)
 	}
 }
+
+// onRule makes a flow's samples those of rule id.
+func onRule(id uint32, f flow) flow {
+	mk := f.mk
+	f.mk = func(r *rand.Rand) Sample { s := mk(r); s.Rule = id; return s }
+	return f
+}
+
+// udpFlood is 30,000/s of UDP from random sources of 198.19.0.0/16 with
+// random ports, lengths and TTLs, except what set fixes.
+func udpFlood(id uint32, set func(*Sample)) flow {
+	return onRule(id, flow{constant(30000), func(r *rand.Rand) Sample {
+		s := Sample{Src: netip.AddrFrom4([4]byte{198, 19, byte(r.IntN(256)), byte(r.IntN(256))}), Proto: 17,
+			SPort: uint16(r.IntN(65536)), DPort: uint16(r.IntN(65536)), Len: uint16(60 + r.IntN(1400)),
+			TTL: uint8(30 + r.IntN(30)), Passed: true}
+		set(&s)
+		return s
+	}})
+}
+
+// TestFingerprintMaskSlots: the shield never has fingerprints of more
+// distinct masks than Config.MaxMasks (the data plane's slots); near ties
+// go to a mask it holds already; a surge whose fingerprint needs another
+// mask while every slot is taken is reported once (TakeNoSlots) and gets
+// its fingerprint when a slot frees.
+func TestFingerprintMaskSlots(t *testing.T) {
+	c := testConfig()
+	c.MaxMasks = 2
+	s := newSim(t, c)
+	// Four rules with no bucket: their floods get fingerprints.
+	s.e.SetRules(map[uint32]RuleShape{1: {}, 2: {}, 3: {}, 4: {}}, GlobalShape{})
+	var u []flow
+	for id := uint32(1); id <= 4; id++ {
+		for _, f := range users(3) {
+			u = append(u, onRule(id, f))
+		}
+	}
+	s.run(180, u...)
+	masks := func() map[maskSlot]bool {
+		out := map[maskSlot]bool{}
+		for _, a := range s.e.Report(0).Actions {
+			if a.Fingerprint != nil {
+				out[a.Fingerprint.slot()] = true
+			}
+		}
+		if len(out) > c.MaxMasks {
+			t.Fatalf("%d distinct masks in use, at most %d: %v", len(out), c.MaxMasks, out)
+		}
+		return out
+	}
+	fpOf := func(id uint32) *Fingerprint {
+		for _, a := range s.e.Report(0).Actions {
+			if a.Key == (Key{Kind: KindRule, Rule: id}) && a.Fingerprint != nil {
+				return a.Fingerprint
+			}
+		}
+		return nil
+	}
+	runChecked := func(n int, flows ...flow) {
+		for range n {
+			s.run(1, flows...)
+			masks()
+		}
+	}
+
+	// A: one port, all else random: proto+dport (and UDP's zero TCP
+	// flags, a tie with one more field).
+	a := udpFlood(1, func(s *Sample) { s.DPort = 1111 })
+	runChecked(8, append(u, a)...)
+	fa := fpOf(1)
+	if fa == nil || fa.Mask&^FTCPFlags != FProto|FDPort {
+		t.Fatalf("flood A: fingerprint %v, want proto+dport", fa)
+	}
+	// C: one port, one length, one TTL. Alone it would get
+	// proto+dport+len+ttl (most fields); A's mask covers as much and is
+	// installed.
+	cf := udpFlood(3, func(s *Sample) { s.DPort, s.Len, s.TTL = 3333, 700, 44 })
+	runChecked(8, append(u, a, cf)...)
+	if f := fpOf(3); f == nil || f.Mask != fa.Mask || f.DPort != 3333 {
+		t.Fatalf("flood C: fingerprint %v, want %s dport 3333 (the installed mask)", f, fa.Mask)
+	}
+	// B: one source port (reflection): the second mask.
+	b := udpFlood(2, func(s *Sample) { s.SPort = 53 })
+	runChecked(8, append(u, a, cf, b)...)
+	if f := fpOf(2); f == nil || f.Mask != FProto|FSPort {
+		t.Fatalf("flood B: fingerprint %v, want proto+sport", f)
+	}
+	if got := s.e.TakeNoSlots(); len(got) != 0 {
+		t.Fatalf("no-slot reports with a slot free: %+v", got)
+	}
+	// E: one length only: a third mask, no slot. Reported once.
+	e := udpFlood(4, func(s *Sample) { s.Len = 777 })
+	runChecked(8, append(u, a, cf, b, e)...)
+	if f := fpOf(4); f != nil {
+		t.Fatalf("flood E: fingerprint %v installed with every slot taken", f)
+	}
+	got := s.e.TakeNoSlots()
+	if len(got) != 1 || got[0].Key != (Key{Kind: KindRule, Rule: 4}) || got[0].Fingerprint.Mask&FLen == 0 ||
+		got[0].Fingerprint.Len != 777 || got[0].Masks != 2 {
+		t.Fatalf("no-slot reports %+v, want one for rule 4's len 777", got)
+	}
+	runChecked(5, append(u, a, cf, b, e)...)
+	if again := s.e.TakeNoSlots(); len(again) != 0 {
+		t.Fatalf("reported again in the same surge: %+v", again)
+	}
+	// B ends: its action goes, E gets the slot.
+	runChecked(30, append(u, a, cf, e)...)
+	if f := fpOf(2); f != nil {
+		t.Fatalf("flood B ended, its fingerprint %v is still there", f)
+	}
+	if f := fpOf(4); f == nil || f.Mask&FLen == 0 || f.Len != 777 {
+		t.Fatalf("flood E: fingerprint %v after a slot freed, want one on len 777", f)
+	}
+}
+
+// TestFingerprintSlotKey: a source prefix's length is part of the data
+// plane's mask (IPv4 /24 and IPv6 /48 take two slots).
+func TestFingerprintSlotKey(t *testing.T) {
+	v4 := Fingerprint{Mask: FProto | FSrc, Src: netip.MustParsePrefix("198.19.7.0/24")}
+	v6 := Fingerprint{Mask: FProto | FSrc, Src: netip.MustParsePrefix("fd00:1::/48")}
+	port := Fingerprint{Mask: FProto | FDPort, DPort: 53}
+	if v4.slot() == v6.slot() || v4.slot().srcBits != 120 || v6.slot().srcBits != 48 || port.slot().srcBits != 0 {
+		t.Fatalf("slots %+v %+v %+v", v4.slot(), v6.slot(), port.slot())
+	}
+}

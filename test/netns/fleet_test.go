@@ -247,18 +247,10 @@ func TestFleetSharedLists(t *testing.T) {
 	// Host a runs an L7 stage in front of an upstream in its edge
 	// namespace; its escalations must reach b and c like any deny.
 	a0 := fl.hosts[0].lab.Legit[0]
-	var upLn net.Listener
-	if err := fl.hosts[0].lab.Star.Edge.Do(func() (err error) {
-		upLn, err = net.Listen("tcp", netip.AddrPortFrom(a0.EdgeAddr4, 9200).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	go up.Serve(upLn)
-	t.Cleanup(func() { up.Close() })
+	upAddr := serveHTTP(t, fl.hosts[0].lab.Star.Edge, netip.AddrPortFrom(a0.EdgeAddr4, 9200),
+		func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	proxyAddr := netip.AddrPortFrom(a0.EdgeAddr4, 8080)
-	fl.start(time.Second, fleetListsPolicy, fmt.Sprintf(fleetL7Section, proxyAddr, upLn.Addr()))
+	fl.start(time.Second, fleetListsPolicy, fmt.Sprintf(fleetL7Section, proxyAddr, upAddr))
 	a, b, c := fl.hosts[0], fl.hosts[1], fl.hosts[2]
 	user := netip.PrefixFrom(b.lab.Legit[0].Src4, 29).Masked() // the same /29 in every lab
 	if lr, err := b.lab.LegitUDP(fl.ctx, 20, time.Second, false); err != nil || lr.Success() < 0.99 {
@@ -357,16 +349,7 @@ func TestFleetSharedLists(t *testing.T) {
 
 	// The real L7 stage on a: a client that keeps getting 429s is
 	// escalated to a's deny list, and from there to b's and c's.
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var conn net.Conn
-		err := a0.NS.Do(func() (err error) {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(a0.Src4, 0))}
-			conn, err = d.DialContext(ctx, network, addr)
-			return err
-		})
-		return conn, err
-	}}
-	client := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	client := &http.Client{Transport: nsTransport(a0.NS, a0.Src4, 2*time.Second), Timeout: 3 * time.Second}
 	codes := map[int]int{}
 	for range 6 {
 		resp, err := client.Get("http://" + proxyAddr.String() + "/v1/thing")
