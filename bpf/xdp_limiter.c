@@ -805,24 +805,34 @@ static __always_inline struct eg_agg_key *agg_key_of(__u32 kind, const struct sr
 	return k;
 }
 
-/* ovr_find: the live override of the packet's aggregate agg (enum
- * eg_class_agg), if its gate bit says there may be one. An expired one is
- * ignored (the daemon deletes it later). */
+/* ovr_find: the override of the packet's aggregate agg (enum
+ * eg_class_agg), if its gate bit says there may be one. Each part is
+ * honoured until its own expiry: callers check o->expires (the budget
+ * part, ovr_budget) and o->new_expires (charged_new); the daemon deletes
+ * an entry once both have expired. */
 static __always_inline struct eg_override *ovr_find(__u32 agg, const struct src_state *ss)
 {
 	__u32 kind = agg_kind_of(agg, ss);
 	struct eg_agg_key *k;
-	struct eg_override *o;
 
 	if (!(ss->gate & (1U << kind)))
 		return NULL;
 	k = agg_key_of(kind, ss);
 	if (!k)
 		return NULL;
-	o = bpf_map_lookup_elem(&overrides, k);
-	if (!o || o->expires <= (ss->now >> EG_TICK_SHIFT))
-		return NULL;
-	return o;
+	return bpf_map_lookup_elem(&overrides, k);
+}
+
+/* ovr_budget: the budget in force for an aggregate whose policy budget is
+ * cfg: the override's budget part while it has one and it has not
+ * expired. */
+static __always_inline const struct eg_bucket_cfg *ovr_budget(const struct eg_override *o,
+							       const struct eg_bucket_cfg *cfg,
+							       const struct src_state *ss)
+{
+	if (o && o->expires > (ss->now >> EG_TICK_SHIFT) && bucket_limited(&o->budget))
+		return &o->budget;
+	return cfg;
 }
 
 /* charged_new: whether the override's new-source bucket applies to this
@@ -832,7 +842,7 @@ static __always_inline int charged_new(const struct eg_override *o, struct src_s
 {
 	__u32 cls;
 
-	if (!o || !bucket_limited(&o->new_budget))
+	if (!o || o->new_expires <= (ss->now >> EG_TICK_SHIFT) || !bucket_limited(&o->new_budget))
 		return 0;
 	cls = source_class(ss, 0);
 	/* An established source whose rate jumped far above its usual one
@@ -897,8 +907,7 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 		return 1;
 	/* An override's budget replaces the policy's (cfg). */
 	o = ovr_find(ra & 0xff, ss);
-	if (o && bucket_limited(&o->budget))
-		cfg = &o->budget;
+	cfg = ovr_budget(o, cfg, ss);
 	if (charged_new(o, ss) && !bucket_would_admit(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
 		ss->refused_agg = ra & 0xff;
 		ss->refused_outcome = EG_CO_REFUSED_FULL;
@@ -976,8 +985,7 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 	 * bucket is charged first and given back if the aggregate refuses
 	 * (TATs add, so the refund is exact). */
 	o = ovr_find(agg, ss);
-	if (o && bucket_limited(&o->budget))
-		cfg = &o->budget;
+	cfg = ovr_budget(o, cfg, ss);
 	fresh = charged_new(o, ss);
 	if (fresh && !bucket_take(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
 		ss->refused_agg = agg;

@@ -363,7 +363,12 @@ struct eg_rsample_stats {
  * sources are charged against. Written directly by the daemon, no
  * generation swap; ignored once expired, deleted by the daemon. */
 struct eg_override {
-	__u64 expires; /* CLOCK_MONOTONIC ns; EG_FOREVER: never */
+	/* Each part is in force until its own expiry (CLOCK_MONOTONIC ns;
+	 * EG_FOREVER: never; 0: no such part), so parts written by different
+	 * origins expire apart: expires is the budget part's, new_expires the
+	 * new-source part's. */
+	__u64 expires;
+	__u64 new_expires;
 	/* Replaces the aggregate's budget for every class; zero pkt_t and
 	 * byte_t: the policy's budget. */
 	struct eg_bucket_cfg budget;

@@ -123,7 +123,7 @@ func (h *diffHarness) installOverrides(r *rand.Rand, g policy.Compiled, ns uint6
 		h.log = append(h.log, fmt.Sprintf("override %v: budget %+v new %+v", o.Aggregate, o.Budget, o.NewBudget))
 	}
 	for k, v := range h.programOverrides() {
-		if old, ok := h.model.Overrides()[k]; !ok || old.Expires != v.Expires || old.Budget != v.Budget || old.NewBudget != v.NewBudget || old.Origin != v.Origin {
+		if old, ok := h.model.Overrides()[k]; !ok || old.Expires != v.Expires || old.NewExpires != v.NewExpires || old.Budget != v.Budget || old.NewBudget != v.NewBudget || old.Origin != v.Origin {
 			h.model.SetOverride(k, v)
 		}
 	}
@@ -177,8 +177,11 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 		if o.NewBucket != (refmodel.Bucket{}) {
 			seen["new_source_buckets_charged"]++
 		}
-		if o.Expires <= ns {
+		if (o.Expires != 0 && o.Expires <= ns) || (o.NewExpires != 0 && o.NewExpires <= ns) {
 			seen["overrides_expired"]++
+		}
+		if o.Expires != 0 && o.NewExpires != 0 && o.Expires != o.NewExpires {
+			seen["override_parts_apart"]++
 		}
 	}
 	return seen
@@ -216,7 +219,7 @@ func TestDifferentialOverrides(t *testing.T) {
 	clearFingerprints(h.td)
 	t.Logf("seen: %v", seen)
 	if len(seeds) > 1 {
-		for _, k := range []string{"overrides_installed", "new_source_buckets_charged", "overrides_expired", "prefix_limit", "asn_limit", "global_limit",
+		for _, k := range []string{"overrides_installed", "new_source_buckets_charged", "overrides_expired", "override_parts_apart", "prefix_limit", "asn_limit", "global_limit",
 			"fingerprints_installed", "fingerprint_matched", "fingerprint_spared", "fingerprint_dropped", "fingerprint"} {
 			if seen[k] == 0 {
 				t.Errorf("no run reached %s", k)

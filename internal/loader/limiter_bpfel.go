@@ -357,13 +357,14 @@ const (
 )
 
 type LimiterEgOverride struct {
-	_         structs.HostLayout
-	Expires   uint64
-	Budget    LimiterEgBucketCfg
-	NewBudget LimiterEgBucketCfg
-	NewBucket LimiterEgBucket
-	Origin    uint32
-	Pad       uint32
+	_          structs.HostLayout
+	Expires    uint64
+	NewExpires uint64
+	Budget     LimiterEgBucketCfg
+	NewBudget  LimiterEgBucketCfg
+	NewBucket  LimiterEgBucket
+	Origin     uint32
+	Pad        uint32
 }
 
 type LimiterEgPrefixVal struct {

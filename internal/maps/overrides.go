@@ -182,14 +182,14 @@ type Override struct {
 // fleet mode and the shield acting on one aggregate do not erase each
 // other.
 //
-// The data plane has one expiry per value: it holds the earliest of the
-// parts' expiries, and this process keeps each part's own. Once the
-// earlier part has expired, the next write of the aggregate or the next
-// PruneOverrides (the daemon's runs every 10 s) rewrites the value with
-// the survivor alone and its own expiry; in between (at most that
-// interval) the data plane ignores the whole override. A part never
-// outlives its own expiry. A process that opens the pins afresh (a
-// restart) knows only the value's expiry, and takes it for both parts.
+// The value holds each part's expiry (expires: the budget part's,
+// new_expires: the new-source part's; 0: no such part) and origin, and the
+// data plane honours each part until its own expiry: once the earlier part
+// has expired the other applies alone, with no write in between. The next
+// write of the aggregate or the next PruneOverrides (the daemon's runs
+// every 10 s) clears the expired part, and deletes the entry once both are
+// gone. A process that opens the pins afresh (a restart) reads both parts
+// from the value.
 
 // OverridePart is one part of an override as read back.
 type OverridePart struct {
@@ -222,9 +222,9 @@ func packOrigins(p ovrParts, hasBudget, hasNew bool) uint32 {
 	return v
 }
 
-// partsOf is the parts of a value as this process knows them: its record
-// where it has one for a part, else the value's expiry and packed origin.
-func (l *overrideLock) partsOf(k loader.LimiterEgAggKey, v loader.LimiterEgOverride) ovrParts {
+// partsOf is the parts of a value: each part's expiry and packed origin.
+// A part with no budget is absent, whatever its expiry field says.
+func partsOf(v loader.LimiterEgOverride) ovrParts {
 	hasB, hasN := bucketLimited(v.Budget), bucketLimited(v.NewBudget)
 	bo, no := Origin(v.Origin&0xff), Origin(v.Origin>>8&0xff)
 	if !hasB {
@@ -233,21 +233,20 @@ func (l *overrideLock) partsOf(k loader.LimiterEgAggKey, v loader.LimiterEgOverr
 	if !hasN {
 		bo = cmp.Or(bo, no)
 	}
-	rec := l.parts[k]
 	var p ovrParts
-	if hasB {
+	if hasB && v.Expires != 0 {
 		p.budget = ovrPart{origin: bo, expires: v.Expires}
-		if rec.budget.expires != 0 {
-			p.budget = rec.budget
-		}
 	}
-	if hasN {
-		p.fresh = ovrPart{origin: no, expires: v.Expires}
-		if rec.fresh.expires != 0 {
-			p.fresh = rec.fresh
-		}
+	if hasN && v.NewExpires != 0 {
+		p.fresh = ovrPart{origin: no, expires: v.NewExpires}
 	}
 	return p
+}
+
+// expired says whether a part of p has expired at ns (it is cleared by
+// the next write or prune).
+func (p ovrParts) expired(ns uint64) bool {
+	return (p.budget.expires != 0 && p.budget.expires <= ns) || (p.fresh.expires != 0 && p.fresh.expires <= ns)
 }
 
 // expire drops the parts expired at ns.
@@ -262,7 +261,8 @@ func (p ovrParts) expire(ns uint64) ovrParts {
 }
 
 // compose is the value of parts p: the budget part's fields from b, the
-// new-source part's (and its bucket state) from n, the earliest expiry.
+// new-source part's (and its bucket state) from n, each with its own
+// expiry.
 func compose(p ovrParts, b, n loader.LimiterEgOverride) (loader.LimiterEgOverride, bool) {
 	var v loader.LimiterEgOverride
 	hasB, hasN := p.budget.expires != 0, p.fresh.expires != 0
@@ -272,24 +272,10 @@ func compose(p ovrParts, b, n loader.LimiterEgOverride) (loader.LimiterEgOverrid
 	}
 	if hasN {
 		v.NewBudget, v.NewBucket = n.NewBudget, n.NewBucket
-		if !hasB || p.fresh.expires < v.Expires {
-			v.Expires = p.fresh.expires
-		}
+		v.NewExpires = p.fresh.expires
 	}
 	v.Origin = packOrigins(p, hasB, hasN)
 	return v, hasB || hasN
-}
-
-// record keeps p as k's parts (none: forgets k). Callers hold the lock.
-func (l *overrideLock) record(k loader.LimiterEgAggKey, p ovrParts) {
-	if p.budget.expires == 0 && p.fresh.expires == 0 {
-		delete(l.parts, k)
-		return
-	}
-	if l.parts == nil {
-		l.parts = map[loader.LimiterEgAggKey]ovrParts{}
-	}
-	l.parts[k] = p
 }
 
 // ErrOverridesFull means the overrides table has no room for another
@@ -308,7 +294,6 @@ type overrideLock struct {
 	// owners are who asked for each watch (WatchAggregates): a watch goes
 	// when its last owner lets it go, or its rule goes. Guarded by mu.
 	owners map[Watch]map[Origin]bool
-	parts  map[loader.LimiterEgAggKey]ovrParts // each override's parts as written (under mu)
 }
 
 // Watch names the watched aggregates of one (rule, kind): RuleID 0 with
@@ -441,7 +426,7 @@ func (m *Maps) SetOverrides(list []Override) error {
 		var old loader.LimiterEgOverride
 		var parts ovrParts
 		if err := m.o.Overrides.Lookup(k, &old); err == nil {
-			parts = m.ovr.partsOf(k, old).expire(clock.mono)
+			parts = partsOf(old).expire(clock.mono)
 		}
 		b, n := old, old
 		if bucketLimited(v.Budget) {
@@ -462,7 +447,6 @@ func (m *Maps) SetOverrides(list []Override) error {
 			}
 			return fmt.Errorf("write override %v: %w", o.Aggregate, err)
 		}
-		m.ovr.record(k, parts)
 		if gate.set(lr, o.Aggregate, 1<<uint32(o.Aggregate.Kind)) {
 			changed = true
 		}
@@ -485,7 +469,8 @@ func (o Override) compile(clock monoOffset) (loader.LimiterEgOverride, error) {
 	if !ok {
 		return v, fmt.Errorf("override %v: expiry %v is past", o.Aggregate, o.Expires)
 	}
-	v.Expires = exp
+	// Both parts carry the expiry; the caller keeps the parts o sets.
+	v.Expires, v.NewExpires = exp, exp
 	var err error
 	if o.Budget.Limited() || o.Bytes.Limited() {
 		var b policy.Bucket
@@ -537,12 +522,11 @@ func (m *Maps) DeleteOverride(a Aggregate, origin Origin) error {
 	var old loader.LimiterEgOverride
 	if err := m.o.Overrides.Lookup(k, &old); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			m.ovr.record(k, ovrParts{})
 			return nil
 		}
 		return fmt.Errorf("read override %v: %w", a, err)
 	}
-	parts := m.ovr.partsOf(k, old)
+	parts := partsOf(old)
 	if parts.budget.origin == origin {
 		parts.budget = ovrPart{}
 	}
@@ -554,13 +538,11 @@ func (m *Maps) DeleteOverride(a Aggregate, origin Origin) error {
 		if err := m.o.Overrides.Put(k, v); err != nil {
 			return fmt.Errorf("rewrite override %v without its %v part: %w", a, origin, err)
 		}
-		m.ovr.record(k, parts)
 		return nil
 	}
 	if err := m.o.Overrides.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete override %v: %w", a, err)
 	}
-	m.ovr.record(k, ovrParts{})
 	return m.rebuildGate()
 }
 
@@ -582,7 +564,8 @@ func (m *Maps) overrideEntries() ([]overrideEntry, error) {
 	return out, nil
 }
 
-// Overrides returns the live (unexpired) overrides. Budgets read back are
+// Overrides returns the live overrides with their unexpired parts (an
+// expired part is left out, and an override with none). Budgets read back are
 // per second, exact to Bucket.Cfg's rounding of the emission interval.
 func (m *Maps) Overrides() ([]Override, error) {
 	entries, err := m.overrideEntries()
@@ -593,15 +576,10 @@ func (m *Maps) Overrides() ([]Override, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.ovr.mu.Lock()
-	defer m.ovr.mu.Unlock()
 	out := make([]Override, 0, len(entries))
 	for _, e := range entries {
-		if e.v.Expires <= clock.mono {
-			continue
-		}
 		o := Override{Aggregate: aggregateFromKey(e.k)}
-		p := m.ovr.partsOf(e.k, e.v)
+		p := partsOf(e.v).expire(clock.mono)
 		if p.budget.expires != 0 {
 			o.Budget = rateFromCfg(e.v.Budget)
 			o.Parts = append(o.Parts, OverridePart{Origin: p.budget.origin, Expires: clock.toWall(p.budget.expires)})
@@ -629,8 +607,9 @@ func (m *Maps) Overrides() ([]Override, error) {
 	return out, nil
 }
 
-// PruneOverrides deletes expired overrides and returns how many it deleted.
-// The data plane ignores them already; this frees their entries and their
+// PruneOverrides clears the expired parts of overrides, deletes the
+// overrides with no part left and returns how many it deleted. The data
+// plane ignores expired parts already; this frees their entries and their
 // gate bits.
 func (m *Maps) PruneOverrides() (int, error) {
 	m.ovr.mu.Lock()
@@ -645,23 +624,22 @@ func (m *Maps) PruneOverrides() (int, error) {
 	}
 	n := 0
 	for _, e := range entries {
-		if e.v.Expires > ns {
+		parts := partsOf(e.v)
+		if !parts.expired(ns) && (parts.budget.expires != 0 || parts.fresh.expires != 0) {
 			continue
 		}
-		// The earliest part expired: the survivor, if any, is written
-		// alone with its own expiry.
-		parts := m.ovr.partsOf(e.k, e.v).expire(ns)
+		// A part expired: the survivor, if any, is written alone (the
+		// data plane already honours it alone).
+		parts = parts.expire(ns)
 		if v, ok := compose(parts, e.v, e.v); ok {
 			if err := m.o.Overrides.Put(e.k, v); err != nil {
 				return n, fmt.Errorf("rewrite override %v without its expired part: %w", aggregateFromKey(e.k), err)
 			}
-			m.ovr.record(e.k, parts)
 			continue
 		}
 		if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return n, fmt.Errorf("delete expired override %v: %w", aggregateFromKey(e.k), err)
 		}
-		m.ovr.record(e.k, ovrParts{})
 		n++
 	}
 	if n == 0 {
@@ -693,7 +671,6 @@ func (m *Maps) pruneOverridesFor() error {
 		if err := m.o.Overrides.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete override %v of a rule that is gone: %w", a, err)
 		}
-		m.ovr.record(e.k, ovrParts{})
 	}
 	watches, err := m.watchKeys()
 	if err != nil {

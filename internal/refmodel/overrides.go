@@ -8,7 +8,8 @@ import (
 // Aggregate overrides (bpf/xdp_limiter.c, "Aggregate overrides and
 // watches"): per aggregate instance, a budget that replaces the policy's
 // and/or a bucket only new and penalised sources are charged against,
-// ignored once expired. The program finds them through the rule's gate
+// each part ignored once its own expiry (Expires: the budget's,
+// NewExpires: the new-source bucket's) has passed. The program finds them through the rule's gate
 // word; maps.Maps keeps a gate bit set for every override in the table, so
 // the model looks every aggregate up directly.
 
@@ -22,8 +23,8 @@ const (
 )
 
 // SetOverride installs or replaces the override of the aggregate k as
-// maps.Maps.SetOverrides writes it (v as compiled, Expires in the test
-// clock's ns): a replaced override keeps its new-source bucket when it
+// maps.Maps.SetOverrides writes it (v as compiled, Expires and NewExpires
+// in the test clock's ns): a replaced override keeps its new-source bucket when it
 // keeps its new-source budget, else the bucket starts full. v.NewBucket is
 // ignored.
 func (m *Model) SetOverride(k AggKey, v Override) {
@@ -77,19 +78,28 @@ func (m *Model) pruneOverrides() {
 	}
 }
 
-// ovrFind is ovr_find: the live override of an aggregate, nil when there
-// is none or it expired.
+// ovrFind is ovr_find: the override of an aggregate, nil when there is
+// none (its parts' expiries are checked by ovrBudget and chargedNew).
 func (m *Model) ovrFind(k AggKey, ss *srcState) (*Override, bool) {
 	o, ok := m.ovr[k]
-	if !ok || o.Expires <= ss.now>>maps.TickShift {
+	if !ok {
 		return nil, false
 	}
 	return &o, true
 }
 
+// ovrBudget is ovr_budget: the override's budget part while it has one and
+// it has not expired, else c.
+func ovrBudget(o *Override, c maps.BucketCfg, ss *srcState) maps.BucketCfg {
+	if o != nil && o.Expires > ss.now>>maps.TickShift && limited(o.Budget) {
+		return o.Budget
+	}
+	return c
+}
+
 // chargedNew is charged_new.
 func (m *Model) chargedNew(o *Override, ss *srcState) bool {
-	return o != nil && limited(o.NewBudget) && !privileged(m.class(ss, false))
+	return o != nil && o.NewExpires > ss.now>>maps.TickShift && limited(o.NewBudget) && !privileged(m.class(ss, false))
 }
 
 // ovrPeek is eg_agg_peek with the aggregate's override: its budget
@@ -97,9 +107,7 @@ func (m *Model) chargedNew(o *Override, ss *srcState) bool {
 // bucket.
 func (m *Model) ovrPeek(k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
 	o, _ := m.ovrFind(k, ss)
-	if o != nil && limited(o.Budget) {
-		c = o.Budget
-	}
+	c = ovrBudget(o, c, ss)
 	if m.chargedNew(o, ss) && !wouldAdmit(o.NewBucket, o.NewBudget, ss.now, ss.len) {
 		ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
 		return false
@@ -112,9 +120,7 @@ func (m *Model) ovrPeek(k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, ag
 // aggregate refuses.
 func (m *Model) ovrTake(k AggKey, b *Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
 	o, _ := m.ovrFind(k, ss)
-	if o != nil && limited(o.Budget) {
-		c = o.Budget
-	}
+	c = ovrBudget(o, c, ss)
 	fresh := m.chargedNew(o, ss)
 	if fresh {
 		ok := take(&o.NewBucket, o.NewBudget, ss.now, ss.len)
