@@ -850,7 +850,7 @@ static __always_inline int charged_new(const struct eg_override *o, struct src_s
 	 * only there): a patient botnet's surge is charged as new. A
 	 * validated source (handshake, L7) keeps it. */
 	if (cls == EG_CLASS_ESTABLISHED && (ss->looked & EG_SS_JUMPED) &&
-	    ((o->origin >> 8 & 0xff) ? (o->origin >> 8 & 0xff) : (o->origin & 0xff)) == EG_ORIGIN_SHIELD)
+	    (o->origin >> 8 & 0xff) == EG_ORIGIN_SHIELD)
 		return 1;
 	return !privileged(cls);
 }
@@ -1042,9 +1042,9 @@ static __always_inline __u32 fp_pre_slots(const struct eg_fp_pre *p, __u32 base,
 
 /* fp_src_index is the prefilter's 16-bit index of a source address
  * (EG_FP_PRE_SRC): the IPv4 address's first 16 bits, or IPv6's first 32
- * folded, each 16 bits read little-endian (no byte swap). A function of the address only (v4:
- * is_v4_mapped_addr of it), whatever the packet's family. Word loads: the
- * address is 4-aligned. */
+ * folded, each 16 bits read little-endian (no byte swap). A function of
+ * the address only (v4: is_v4_mapped_addr of it), whatever the packet's
+ * family. Word loads: the address is 4-aligned. */
 static __always_inline __u32 fp_src_index(const __u8 *a, int v4)
 {
 	const __u32 *w = __builtin_assume_aligned(a, 4);

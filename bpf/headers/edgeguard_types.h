@@ -377,8 +377,7 @@ struct eg_override {
 	struct eg_bucket_cfg new_budget;
 	struct eg_bucket new_bucket; /* new_budget's GCRA state (CAS'd) */
 	/* The parts' writers (enum eg_origin): the budget part's in bits 0-7,
-	 * the new-source part's in bits 8-15 (a value of one part written
-	 * before parts existed: bits 0-7). */
+	 * the new-source part's in bits 8-15. */
 	__u32 origin;
 	__u32 _pad;
 };

@@ -1,7 +1,6 @@
 package maps
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -209,8 +208,7 @@ type ovrPart struct {
 type ovrParts struct{ budget, fresh ovrPart }
 
 // The value's origin field packs the parts' origins: the budget part's in
-// bits 0-7, the new-source part's in bits 8-15 (a one-part override
-// written before parts existed has its origin in bits 0-7).
+// bits 0-7, the new-source part's in bits 8-15.
 func packOrigins(p ovrParts, hasBudget, hasNew bool) uint32 {
 	var v uint32
 	if hasBudget {
@@ -227,12 +225,6 @@ func packOrigins(p ovrParts, hasBudget, hasNew bool) uint32 {
 func partsOf(v loader.LimiterEgOverride) ovrParts {
 	hasB, hasN := bucketLimited(v.Budget), bucketLimited(v.NewBudget)
 	bo, no := Origin(v.Origin&0xff), Origin(v.Origin>>8&0xff)
-	if !hasB {
-		no = cmp.Or(no, bo)
-	}
-	if !hasN {
-		bo = cmp.Or(bo, no)
-	}
 	var p ovrParts
 	if hasB && v.Expires != 0 {
 		p.budget = ovrPart{origin: bo, expires: v.Expires}
