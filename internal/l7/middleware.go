@@ -470,12 +470,7 @@ func (m *Middleware) writeHeaders(w http.ResponseWriter, p *verdict, ext []Exter
 			if len(buf) > start {
 				buf = append(buf, ", "...)
 			}
-			buf = append(buf, '"')
-			buf = append(buf, name...)
-			buf = append(buf, `";r=`...)
-			buf = strconv.AppendInt(buf, max(0, d.Remaining), 10)
-			buf = append(buf, ";t="...)
-			buf = strconv.AppendInt(buf, resetSeconds(d), 10)
+			buf = AppendRateLimitItem(buf, name, d)
 		}
 		for i, r := range rules {
 			item(r.name, ds[i])

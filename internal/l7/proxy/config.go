@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -56,7 +58,15 @@ type Config struct {
 	// "stderr", an absolute file path (reopened on SIGUSR1), or "" for
 	// none (internal/l7/accesslog).
 	AccessLog string
+	// RLS is the rls: section (the rate-limit service for Envoy and nginx,
+	// decoded by internal/l7/rls), nil when absent. With it, Listen and
+	// Upstream may both be empty: then no proxy is served.
+	RLS *yaml.Node
 }
+
+// ServesProxy reports whether the configuration runs the reverse proxy
+// (false for an l7: section with only the rate-limit service).
+func (c *Config) ServesProxy() bool { return c.Listen != "" }
 
 // Engine is what serves the proxy's connections.
 type Engine string

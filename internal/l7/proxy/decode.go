@@ -58,6 +58,9 @@ type decoder struct {
 	yamlcheck.Checker
 	limitNames map[string]*yaml.Node
 	redis      bool
+	// keyless: limits take no key (the rate-limit service's, keyed by
+	// their descriptor: LimitDecoder).
+	keyless bool
 }
 
 // integer is yamlcheck's UintIn for the non-negative ranges used here.
@@ -158,18 +161,24 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
 		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops",
-		"access_log")
+		"access_log", "rls")
 	if f == nil {
 		return nil
 	}
+	// With an rls: section (the rate-limit service, internal/l7/rls) the
+	// reverse proxy is optional: no listen and no upstream serve no proxy.
+	cfg.RLS = f["rls"]
+	_, hasListen := f["listen"]
+	_, hasUpstream := f["upstream"]
+	proxyOff := cfg.RLS != nil && !hasListen && !hasUpstream
 	if n, ok := f["listen"]; ok {
 		cfg.Listen, _ = d.hostPort(n, "l7 listen")
-	} else {
+	} else if !proxyOff {
 		d.Errorf(node, "l7: listen is required (host:port)")
 	}
 	if n, ok := f["upstream"]; ok {
 		cfg.Upstream = d.upstream(n)
-	} else {
+	} else if !proxyOff {
 		d.Errorf(node, "l7: upstream is required (http://host:port)")
 	}
 	if n, ok := f["engine"]; ok {
@@ -634,10 +643,13 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		d.Errorf(n, "%s limit: name is required", where)
 		ok = false
 	}
-	if v, has := f["key"]; has {
+	if v, has := f["key"]; has && d.keyless {
+		d.Errorf(v, "limit %q: a rate-limit service limit takes no key: it counts per value of its descriptor", l.Name)
+		ok = false
+	} else if has {
 		k, kok := d.key(v)
 		l.Key, ok = k, ok && kok
-	} else {
+	} else if !d.keyless {
 		d.Errorf(n, "limit %q: key is required (ip, header:NAME, user, tenant, endpoint, global, or parts joined by +)", l.Name)
 		ok = false
 	}

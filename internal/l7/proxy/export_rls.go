@@ -1,0 +1,84 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
+	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/yamlcheck"
+)
+
+// What the rate-limit service (internal/l7/rls) shares with the proxy: the
+// same limit decoder, algorithms, Redis rules and escalation, so a limit
+// means the same behind either.
+
+// NewAlgorithm builds a local limit's algorithm, as a route's.
+func NewAlgorithm(l Limit) (l7.Algorithm, error) { return newAlgorithm(l) }
+
+// RedisRule builds a redis limit's rule, as a route's.
+func RedisRule(l Limit) (redislimit.Rule, error) { return redisRule(l) }
+
+// LimitDecoder decodes limit lists outside the routes (the rls: section)
+// with the rules of a route's limits, except that they take no key; limit
+// names stay unique across the whole l7: section.
+type LimitDecoder struct{ d *decoder }
+
+// NewLimitDecoder returns a decoder for file whose names already include
+// cfg's route limits.
+func NewLimitDecoder(file string, cfg *Config) *LimitDecoder {
+	d := &decoder{Checker: yamlcheck.Checker{File: file}, limitNames: map[string]*yaml.Node{}, keyless: true,
+		redis: cfg.Redis != nil}
+	add := func(ls []Limit) {
+		for _, l := range ls {
+			d.limitNames[l.Name] = &yaml.Node{}
+		}
+	}
+	for _, r := range cfg.Routes {
+		add(r.Limits)
+		if r.Tiers != nil {
+			for _, t := range r.Tiers.Tiers {
+				add(t.Limits)
+			}
+		}
+	}
+	return &LimitDecoder{d: d}
+}
+
+// Checker is the decoder's problem list, for the caller's own fields.
+func (ld *LimitDecoder) Checker() *yamlcheck.Checker { return &ld.d.Checker }
+
+// Limits decodes a sequence of limits (where names it in problems).
+func (ld *LimitDecoder) Limits(n *yaml.Node, where string, rc *Redis) []Limit {
+	return ld.d.limits(n, where, rc)
+}
+
+// Name decodes a name ([A-Za-z0-9_.-], 1-64).
+func (ld *LimitDecoder) Name(n *yaml.Node, where string) (string, bool) { return ld.d.name(n, where) }
+
+// Problems are the problems found so far.
+func (ld *LimitDecoder) Problems() []policy.Problem { return ld.d.Problems }
+
+// Escalations counts 429s per source prefix and hands the sources that
+// cross the l7 escalation threshold to an Escalator, as the proxy does.
+type Escalations struct{ e *escalation }
+
+// NewEscalations returns the escalation of cfg (Run it).
+func NewEscalations(cfg Escalation, clock l7.Clock, esc Escalator, log *slog.Logger) (*Escalations, error) {
+	e, err := newEscalation(cfg, clock, esc, log)
+	if err != nil {
+		return nil, err
+	}
+	return &Escalations{e: e}, nil
+}
+
+// Run hands the queued sources to the Escalator until ctx ends.
+func (e *Escalations) Run(ctx context.Context) { e.e.run(ctx) }
+
+// Note counts one rejection of a; it reports whether a was queued for the
+// deny list.
+func (e *Escalations) Note(a netip.Addr) bool { return e.e.note(a) }

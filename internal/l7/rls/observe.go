@@ -1,0 +1,109 @@
+package rls
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+)
+
+// logDecision writes one access-log line for a decision (nothing without
+// an access log): route "rls:RULE" (the first matched rule), decision
+// allowed, limited, escalated, invalid or unavailable, the refusing limit,
+// the status the client sees (200, 429, 400, 503), method the transport
+// (grpc, http), host the domain, path the descriptors ("k=v,k=v|k=v") and
+// peer the first remote_address.
+func (s *Service) logDecision(via string, req *Request, v *Verdict, err error, took time.Duration) {
+	if s.alog == nil {
+		return
+	}
+	e := accesslog.Entry{Time: time.Now(), Total: took, Decision: "allowed", Status: http.StatusOK}
+	switch {
+	case errors.Is(err, ErrInvalid):
+		e.Decision, e.Status = "invalid", http.StatusBadRequest
+	case err != nil:
+		e.Decision, e.Status = "unavailable", http.StatusServiceUnavailable
+	case v.Escalated:
+		e.Decision, e.Status, e.Limit = "escalated", http.StatusTooManyRequests, v.Refused
+	case !v.Allowed:
+		e.Decision, e.Status, e.Limit = "limited", http.StatusTooManyRequests, v.Refused
+	}
+	var b strings.Builder
+	peer := ""
+	for i, d := range req.Descriptors {
+		if i > 0 {
+			b.WriteByte('|')
+		}
+		for j, en := range d.Entries {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(en.Key + "=" + en.Value)
+			if en.Key == "remote_address" && peer == "" {
+				peer = en.Value
+			}
+		}
+	}
+	for _, st := range v.Statuses {
+		if st.Rule != "" {
+			e.Route = "rls:" + st.Rule
+			break
+		}
+	}
+	e.Request = &http.Request{Method: via, Host: req.Domain, URL: &url.URL{Path: b.String()}, RemoteAddr: peer}
+	s.alog.Log(e)
+}
+
+// Collector is the rate-limit service's metrics, read from the Service
+// that serves at scrape time (a reload starts them afresh, as the proxy's).
+func (s *Server) Collector() prometheus.Collector { return collector{s} }
+
+type collector struct{ s *Server }
+
+var (
+	descRequests = prometheus.NewDesc("edgeguard_l7_rls_requests_total",
+		"Rate-limit service requests (gRPC and subrequest) by answer: ok, over_limit, error (malformed or undecided).",
+		[]string{"code"}, nil)
+	descLimit = prometheus.NewDesc("edgeguard_l7_rls_limit_decisions_total",
+		"Rate-limit service decisions per limit: allowed (the whole request passed), rejected, shadow_rejected.",
+		[]string{"rule", "limit", "decision"}, nil)
+	descEscalated = prometheus.NewDesc("edgeguard_l7_rls_escalations_total",
+		"Sources the rate-limit service queued for the XDP deny list.", nil, nil)
+	descKeys = prometheus.NewDesc("edgeguard_l7_rls_store_keys",
+		"Keys held by a local limit's store (and its capacity).", []string{"rule", "limit", "what"}, nil)
+)
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descRequests
+	ch <- descLimit
+	ch <- descEscalated
+	ch <- descKeys
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	svc := c.s.cur.Load()
+	if svc == nil {
+		return
+	}
+	for i, code := range []string{"ok", "over_limit", "error"} {
+		ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(svc.requests[i].Load()), code)
+	}
+	ch <- prometheus.MustNewConstMetric(descEscalated, prometheus.CounterValue, float64(svc.escalated.Load()))
+	for _, r := range svc.rules {
+		for _, l := range r.all {
+			for i, d := range []string{"allowed", "rejected", "shadow_rejected"} {
+				ch <- prometheus.MustNewConstMetric(descLimit, prometheus.CounterValue, float64(l.counts[i].Load()), r.Name, l.Name, d)
+			}
+			if l.store != nil {
+				st := l.store.Stats()
+				ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Keys), r.Name, l.Name, "keys")
+				ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Capacity), r.Name, l.Name, "capacity")
+			}
+		}
+	}
+}
