@@ -5,6 +5,9 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/edgeguard/edgeguard/internal/control"
 )
@@ -21,7 +24,20 @@ func writeL7Status(w io.Writer, l7 *control.L7Status) {
 	if len(l7.Routes) > 0 {
 		routes = fmt.Sprintf("routes %s", strings.Join(l7.Routes, ", "))
 	}
-	fmt.Fprintf(w, "l7 stage\t%s engine on %s, upstream %s, %s\n", l7.Engine, l7.Listen, l7.Upstream, routes)
+	if l7.Engine != "" {
+		fmt.Fprintf(w, "l7 stage\t%s engine on %s, upstream %s, %s\n", l7.Engine, l7.Listen, l7.Upstream, routes)
+	} else {
+		fmt.Fprintf(w, "l7 stage\tno proxy (rate-limit service only)\n")
+	}
+	if len(l7.RLS) > 0 {
+		var parts []string
+		for _, k := range []string{"grpc", "grpc+tls", "unix", "http"} {
+			if a, ok := l7.RLS[k]; ok {
+				parts = append(parts, k+" "+a)
+			}
+		}
+		fmt.Fprintf(w, "l7 rls\t%s\n", strings.Join(parts, ", "))
+	}
 }
 
 // writeL7Stats is the L7 part of `edgectl stats` (nothing without an L7
@@ -41,4 +57,84 @@ func writeL7Stats(out io.Writer, routes []control.L7RouteStat) error {
 	}
 	fmt.Fprintln(out, "(l7 requests since the l7 section was last loaded)")
 	return nil
+}
+
+// newL7Command is `edgectl l7`: the L7 stage's commands.
+func newL7Command() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "l7",
+		Short: "The L7 stage: explain a rate-limit service decision",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError{fmt.Errorf("want a subcommand: explain")}
+		},
+	}
+	cmd.AddCommand(newL7ExplainCommand())
+	return cmd
+}
+
+func newL7ExplainCommand() *cobra.Command {
+	var domain string
+	var descriptors []string
+	cmd := &cobra.Command{
+		Use:   "explain --domain DOMAIN --descriptor KEY=VALUE[,KEY=VALUE...] ...",
+		Short: "Say what the rate-limit service would answer for a set of descriptors, and why",
+		Long: `Explain asks the running daemon's rate-limit service (l7 rls:) what it would answer now
+for DOMAIN and the descriptors given (one --descriptor per descriptor, its entries in order,
+as Envoy sends them): the rule each descriptor matches, its tier, the key it is counted
+under, and every limit with what remains of it. Nothing is charged. Limits kept in Redis are
+listed but not read.`,
+		Args: cobra.NoArgs,
+	}
+	asJSON := addJSONFlag(cmd)
+	cmd.Flags().StringVar(&domain, "domain", "", "the rate-limit domain (Envoy's filter domain)")
+	cmd.Flags().StringArrayVar(&descriptors, "descriptor", nil, "a descriptor: KEY=VALUE[,KEY=VALUE...] (repeat for several)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if domain == "" || len(descriptors) == 0 {
+			return usageError{fmt.Errorf("want --domain and at least one --descriptor")}
+		}
+		e, err := newClient(cmd).ExplainRLS(cmd.Context(), domain, descriptors)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(cmd.OutOrStdout(), e)
+		}
+		printRLSExplanation(cmd.OutOrStdout(), e)
+		return nil
+	}
+	return cmd
+}
+
+func printRLSExplanation(out io.Writer, e control.RLSExplanation) {
+	verdict := "OK (the next request passes its local limits)"
+	if !e.Allowed {
+		verdict = "OVER_LIMIT (a local limit has no room)"
+	}
+	fmt.Fprintf(out, "domain %s: %s\n", e.Domain, verdict)
+	for _, d := range e.Descriptors {
+		if d.Rule == "" {
+			fmt.Fprintf(out, "descriptor [%s]: no rule matches: not limited (OK)\n", d.Entries)
+			continue
+		}
+		tier := ""
+		if d.Tier != "" {
+			tier = ", tier " + d.Tier
+		}
+		fmt.Fprintf(out, "descriptor [%s]: rule %s%s, key %s\n", d.Entries, d.Rule, tier, d.Key)
+		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(w, "  LIMIT\tRATE\tBACKEND\tREMAINING\tRESET\t\n")
+		for _, l := range d.Limits {
+			name := l.Name
+			if l.Shadow {
+				name += " (shadow)"
+			}
+			if !l.Read {
+				fmt.Fprintf(w, "  %s\t%s\t%s\t(in redis, not read)\t\t\n", name, l.Rate, l.Backend)
+				continue
+			}
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%d\t%s\t\n", name, l.Rate, l.Backend, l.Remaining, time.Duration(l.Reset))
+		}
+		_ = w.Flush()
+	}
 }

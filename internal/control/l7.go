@@ -1,5 +1,10 @@
 package control
 
+import (
+	"context"
+	"net/url"
+)
+
 // L7Status is the L7 stage in `edgectl status`: absent when the policy has
 // no l7: section.
 type L7Status struct {
@@ -7,6 +12,9 @@ type L7Status struct {
 	Listen   string   `json:"listen"` // the bound address
 	Upstream string   `json:"upstream"`
 	Routes   []string `json:"routes"` // in match order
+	// RLS are the rate-limit service's bound addresses by kind (grpc,
+	// grpc+tls, unix, http); empty when it is off.
+	RLS map[string]string `json:"rls,omitempty"`
 }
 
 // L7RouteStat is one route's request counts by decision in `edgectl stats`,
@@ -18,4 +26,42 @@ type L7RouteStat struct {
 	Limited   int64  `json:"limited"`
 	Shed      int64  `json:"shed"`
 	Escalated int64  `json:"escalated"`
+}
+
+// RLSExplanation is `edgectl l7 explain`: what the rate-limit service
+// would answer now for a domain and descriptors, charging nothing.
+type RLSExplanation struct {
+	Domain      string                 `json:"domain"`
+	Allowed     bool                   `json:"allowed"` // every local limit has room (redis limits are not read)
+	Descriptors []RLSDescriptorExplain `json:"descriptors"`
+}
+
+// RLSDescriptorExplain is one descriptor's rule, tier, key and limits.
+type RLSDescriptorExplain struct {
+	Entries string            `json:"entries"` // k=v, k=v
+	Rule    string            `json:"rule"`    // "" when no rule matches (not limited)
+	Tier    string            `json:"tier,omitempty"`
+	Key     string            `json:"key,omitempty"`
+	Limits  []RLSLimitExplain `json:"limits,omitempty"`
+}
+
+// RLSLimitExplain is one limit's state for a descriptor.
+type RLSLimitExplain struct {
+	Name      string   `json:"name"`
+	Rate      string   `json:"rate"` // count/window
+	Backend   string   `json:"backend"`
+	Shadow    bool     `json:"shadow,omitempty"`
+	Read      bool     `json:"read"` // false: kept in Redis, not read by explain
+	Allowed   bool     `json:"allowed"`
+	Remaining int64    `json:"remaining"`
+	Reset     Duration `json:"reset"`
+	Retry     Duration `json:"retry_after,omitempty"`
+}
+
+// ExplainRLS asks the daemon what the rate-limit service would answer for
+// domain and descriptors (each "k=v,k=v").
+func (c *Client) ExplainRLS(ctx context.Context, domain string, descriptors []string) (RLSExplanation, error) {
+	var e RLSExplanation
+	v := url.Values{"domain": {domain}, "descriptor": descriptors}
+	return e, c.do(ctx, "GET", "/v1/l7/rls/explain", v, nil, &e)
 }

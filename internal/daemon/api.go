@@ -210,6 +210,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	d.explainRoutes(mux)
+	d.rlsRoutes(mux)
 	d.fleetRoutes(mux)
 	d.shieldRoutes(mux)
 	return mux

@@ -27,6 +27,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/l7/rls"
 	"github.com/edgeguard/edgeguard/internal/l7/stage"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -89,7 +90,8 @@ type running struct {
 	names    map[uint32]string // rule id -> name
 	l7       *proxy.Config     // nil: no l7: section
 	l7raw    []byte
-	asn      *asn.Table // its ASN data, nil without
+	rls      *rls.Config // nil: no rate-limit service
+	asn      *asn.Table  // its ASN data, nil without
 }
 
 // dynEntry is a list entry added at run time.
@@ -140,6 +142,7 @@ type Daemon struct {
 	metricsLn   net.Listener // bound at start, before anything is loaded
 	controlLn   net.Listener
 	l7          *stage.Stage
+	rls         *rls.Server
 	escalations chan control.ListChange
 	standing    *standingWatch // congestion state (standing.go)
 	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
@@ -301,6 +304,8 @@ func newDaemon(o Options) *Daemon {
 	d.reg = d.newRegistry()
 	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops})
 	d.reg.MustRegister(d.l7.Collector())
+	d.rls = rls.NewServer(rls.ServerOptions{Logger: log.With("stage", "l7-rls"), Escalator: d})
+	d.reg.MustRegister(d.rls.Collector())
 	return d
 }
 
@@ -386,7 +391,7 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	if err != nil {
 		return running{}, fmt.Errorf("compile policy %s: %w", source, err)
 	}
-	l7cfg, l7raw, err := decodeL7(p, source)
+	l7cfg, rlsCfg, l7raw, err := decodeL7(p, source)
 	if err != nil {
 		return running{}, err
 	}
@@ -402,7 +407,7 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	for _, r := range c.Rules {
 		names[r.ID] = r.Name
 	}
-	return running{source: source, raw: raw, pol: p, compiled: c, names: names, l7: l7cfg, l7raw: l7raw, asn: table}, nil
+	return running{source: source, raw: raw, pol: p, compiled: c, names: names, l7: l7cfg, l7raw: l7raw, rls: rlsCfg, asn: table}, nil
 }
 
 // sizes are the data plane's table sizes for the policy's tables section;
@@ -598,6 +603,7 @@ func (d *Daemon) stop() {
 	// The L7 stage drains its requests without the daemon's locks held:
 	// status and scrapes answer meanwhile.
 	d.l7.Close()
+	d.rls.Close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	kept := true

@@ -13,24 +13,29 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/l7/rls"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // decodeL7 validates the policy's l7: section. Its problems are reported
 // with the rest of the policy's.
-func decodeL7(p *policy.Policy, source string) (*proxy.Config, []byte, error) {
+func decodeL7(p *policy.Policy, source string) (*proxy.Config, *rls.Config, []byte, error) {
 	if p.L7 == nil {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	cfg, problems := proxy.Decode(p.L7, source)
 	if len(problems) > 0 {
-		return nil, nil, &policy.ValidationError{File: source, Problems: problems}
+		return nil, nil, nil, &policy.ValidationError{File: source, Problems: problems}
+	}
+	rc, problems := rls.Decode(cfg, source)
+	if len(problems) > 0 {
+		return nil, nil, nil, &policy.ValidationError{File: source, Problems: problems}
 	}
 	raw, err := yaml.Marshal(p.L7)
 	if err != nil {
-		return nil, nil, fmt.Errorf("l7 section: %w", err)
+		return nil, nil, nil, fmt.Errorf("l7 section: %w", err)
 	}
-	return cfg, raw, nil
+	return cfg, rc, raw, nil
 }
 
 // prepareL7 readies the L7 stage (internal/l7/stage) for next without
@@ -40,20 +45,36 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, []byte, error) {
 // for a replaced engine to drain); abort undoes prepare. next.l7 == nil
 // stops the stage at commit. Caller holds d.mu.
 func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
-	ch, err := d.l7.Prepare(ctx, next.l7, next.l7raw, promotion(next.compiled))
+	proxyCfg := next.l7
+	if proxyCfg != nil && !proxyCfg.ServesProxy() {
+		proxyCfg = nil // an l7: section with only the rate-limit service
+	}
+	ch, err := d.l7.Prepare(ctx, proxyCfg, next.l7raw, promotion(next.compiled))
 	if err != nil {
 		return nil, nil, fmt.Errorf("l7 stage: %w", err)
 	}
-	return ch.Commit, ch.Abort, nil
+	// The rate-limit service (internal/l7/rls): the same limits behind
+	// Envoy's RLS and the subrequest endpoint.
+	rch, err := d.rls.Prepare(next.rls)
+	if err != nil {
+		ch.Abort()
+		return nil, nil, fmt.Errorf("l7 rate-limit service: %w", err)
+	}
+	return func() { ch.Commit(); rch.Commit() }, func() { ch.Abort(); rch.Abort() }, nil
 }
 
 // l7Status is the L7 stage's part of the status (nil: not serving).
 func (d *Daemon) l7Status() *control.L7Status {
 	st := d.l7.Status()
-	if !st.Running {
+	addrs := d.rls.Addrs()
+	if !st.Running && len(addrs) == 0 {
 		return nil
 	}
-	return &control.L7Status{Engine: string(st.Engine), Listen: st.Addr, Upstream: st.Upstream, Routes: st.Routes}
+	out := &control.L7Status{RLS: addrs}
+	if st.Running {
+		out.Engine, out.Listen, out.Upstream, out.Routes = string(st.Engine), st.Addr, st.Upstream, st.Routes
+	}
+	return out
 }
 
 // l7Stats are the L7 stage's request counts by route and decision (nil:
@@ -105,7 +126,7 @@ func (d *Daemon) reopenLogs(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-d.opts.ReopenLogs:
-			if err := d.l7.ReopenAccessLog(); err != nil {
+			if err := errors.Join(d.l7.ReopenAccessLog(), d.rls.ReopenAccessLog()); err != nil {
 				d.log.Error("reopen the l7 access log; still writing the old file", "err", err)
 				continue
 			}

@@ -47,7 +47,7 @@ func CheckFile(ctx context.Context, path string, loadASN bool, progress func(don
 	if out.Compiled, err = policy.Compile(p, entries); err != nil {
 		return Checked{}, err
 	}
-	if _, _, err := decodeL7(p, path); err != nil {
+	if _, _, _, err := decodeL7(p, path); err != nil {
 		return Checked{}, err
 	}
 	if err := checkFleet(p); err != nil {
