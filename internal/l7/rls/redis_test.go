@@ -1,0 +1,124 @@
+package rls
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
+)
+
+// TestRedisBackend: two rate-limit services (two hosts) share a redis
+// limit through a real redis-server; a local limit on the same descriptor
+// is refunded when Redis refuses, and Redis is not charged when the local
+// limit refuses.
+func TestRedisBackend(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	policy := strings.ReplaceAll(`
+l7:
+  redis: {addr: REDIS, prefix: "eg:rlstest:"}
+  rls:
+    listen: 127.0.0.1:0
+    rules:
+      - name: per-user
+        domain: edge
+        descriptor: [user_id]
+        limits:
+          - {name: user-redis, rate: 5/min, algorithm: sliding-window, backend: redis}
+          - {name: user-local, rate: 4/min, algorithm: sliding-window}
+      - name: per-tenant
+        domain: edge
+        descriptor: [tenant]
+        limits:
+          - {name: tenant-redis, rate: 6/min, backend: redis}
+          - {name: tenant-shadow, rate: 1/min, backend: redis, shadow: true}
+`, "REDIS", rs.Addr())
+	a, _ := startServer(t, policy, nil, nil)
+	b, _ := startServer(t, policy, nil, nil)
+	ca, _ := dial(t, a.Addrs()["grpc"])
+	cb, _ := dial(t, b.Addrs()["grpc"])
+
+	// tenant: 6 per minute across both hosts, whichever answers.
+	ok := 0
+	for i := range 10 {
+		c := ca
+		if i%2 == 1 {
+			c = cb
+		}
+		res := ask(t, c, "edge", desc("tenant=acme"))
+		st := res.GetStatuses()[0]
+		if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			ok++
+			if st.GetCurrentLimit().GetName() != "tenant-redis" || st.GetLimitRemaining() != uint32(6-ok) {
+				t.Errorf("request %d: %v, want tenant-redis with %d remaining", i, st, 6-ok)
+			}
+			continue
+		}
+		h := headers(res)
+		if h["Retry-After"] == "" || !strings.Contains(h["RateLimit"], `"tenant-redis";r=0;t=`) || strings.Contains(h["RateLimit"], "shadow") {
+			t.Errorf("request %d refused with headers %v: want Retry-After and tenant-redis r=0, no shadow limit", i, h)
+		}
+	}
+	if ok != 6 {
+		t.Errorf("%d of 10 allowed across two hosts, want exactly 6", ok)
+	}
+	// The shadow limit never refused, and it counted.
+	if n := a.Service().rules[1].all[1].counts[cShadowRejected].Load() + b.Service().rules[1].all[1].counts[cShadowRejected].Load(); n == 0 {
+		t.Error("the shadow redis limit counted no would-be rejection")
+	}
+
+	// user: the local limit (4/min, per host) refuses the 5th on host a
+	// before Redis is asked; host b then gets the redis limit's last unit.
+	for i := range 4 {
+		if res := ask(t, ca, "edge", desc("user_id=u1")); res.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("user request %d on a: %v", i, res)
+		}
+	}
+	res := ask(t, ca, "edge", desc("user_id=u1"))
+	if res.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || res.GetStatuses()[0].GetCurrentLimit().GetName() != "user-local" {
+		t.Fatalf("5th user request on a: %v, want OVER_LIMIT by user-local", res)
+	}
+	res = ask(t, cb, "edge", desc("user_id=u1"))
+	if res.GetOverallCode() != rlsv3.RateLimitResponse_OK || res.GetStatuses()[0].GetCurrentLimit().GetName() != "user-redis" ||
+		res.GetStatuses()[0].GetLimitRemaining() != 0 {
+		t.Fatalf("user request on b: %v, want OK with user-redis at 0 remaining (a's refusal took nothing from redis)", res)
+	}
+	// Redis now refuses on b; b's local limit is refunded (3 left, not 2).
+	res = ask(t, cb, "edge", desc("user_id=u1"))
+	if res.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("6th user request: %v, want OVER_LIMIT", res)
+	}
+	if got := headers(res)["RateLimit"]; !strings.HasPrefix(got, `"user-local";r=3;`) || !strings.Contains(got, `"user-redis";r=0;`) {
+		t.Errorf("6th user request: RateLimit %q, want user-local r=3 (refunded) and user-redis r=0", got)
+	}
+
+	// hits_addend above 1 on a redis limit is refused as malformed (redis
+	// limits take one unit per request).
+	_, err := ca.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: desc("user_id=u9").Entries, HitsAddend: wrapperspb.UInt64(3)}}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("hits_addend 3 on a redis limit: %v, want InvalidArgument", err)
+	}
+	// ... and charged nothing locally.
+	res = ask(t, ca, "edge", desc("user_id=u9"))
+	if got := headers(res)["RateLimit"]; !strings.HasPrefix(got, `"user-local";r=3;`) {
+		t.Errorf("after the refused hits_addend: %q, want user-local r=3", got)
+	}
+
+	// Redis down: fail-open by default (the limits' failure policy), the
+	// answer still OK, never an error to Envoy.
+	rs.Stop()
+	res, err = ca.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("tenant=other")}})
+	if err != nil || res.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("redis down, fail-open: %v %v, want OK", res, err)
+	}
+	t.Log(fmt.Sprintf("two hosts shared 6/min exactly; redis down answered %v", res.GetOverallCode()))
+}
