@@ -1,0 +1,194 @@
+package rls
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+)
+
+func decodeProblems(t *testing.T, src string) string {
+	t.Helper()
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+		t.Fatal(err)
+	}
+	node := doc.Content[0].Content[1]
+	pc, probs := proxy.Decode(node, "p.yaml")
+	if len(probs) == 0 {
+		_, probs = Decode(pc, "p.yaml")
+	}
+	var out []string
+	for _, p := range probs {
+		out = append(out, p.String())
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestDecode: an l7: section with only the rate-limit service needs no
+// proxy; every mistake is reported with its line.
+func TestDecode(t *testing.T) {
+	ok := `
+l7:
+  rls:
+    listen: 127.0.0.1:8081
+    unix: /run/edgeguard/rls.sock
+    http_listen: 127.0.0.1:8082
+    rules:
+      - name: r
+        domain: edge
+        descriptor: [remote_address]
+        limits: [{name: a, rate: 10/s}]
+`
+	if p := decodeProblems(t, ok); p != "" {
+		t.Fatalf("rls-only l7 section: %s", p)
+	}
+	pc, _ := decodeL7(t, ok)
+	if pc.ServesProxy() {
+		t.Error("an rls-only l7 section serves a proxy")
+	}
+	for _, tc := range []struct{ name, src, want string }{
+		{"listen without upstream", "l7:\n  listen: 127.0.0.1:1\n  rls: {listen: 127.0.0.1:2}\n", "upstream is required"},
+		{"no listener", "l7:\n  rls: {rules: []}\n", "set listen"},
+		{"key on a limit", `
+l7:
+  rls:
+    listen: 127.0.0.1:1
+    rules: [{name: r, domain: d, descriptor: [a], limits: [{name: a, key: ip, rate: 1/s}]}]
+`, "takes no key"},
+		{"duplicate descriptor", `
+l7:
+  rls:
+    listen: 127.0.0.1:1
+    rules:
+      - {name: r1, domain: d, descriptor: [a, b=1], limits: [{name: a, rate: 1/s}]}
+      - {name: r2, domain: d, descriptor: [a, b=1], limits: [{name: b, rate: 1/s}]}
+`, "already matched by the rule at line 6"},
+		{"name used by a route", `
+l7:
+  listen: 127.0.0.1:1
+  upstream: http://127.0.0.1:2
+  routes: [{name: x, limits: [{name: a, key: ip, rate: 1/s}]}]
+  rls:
+    listen: 127.0.0.1:3
+    rules: [{name: r, domain: d, descriptor: [a], limits: [{name: a, rate: 1/s}]}]
+`, `limit name "a" is already used`},
+		{"shape", `
+l7:
+  rls:
+    listen: 127.0.0.1:1
+    rules: [{name: r, domain: d, descriptor: [a], limits: [{name: a, rate: 1/s, algorithm: leaky_bucket, shape: true}]}]
+`, "shape: true is not supported"},
+		{"redis without section", `
+l7:
+  rls:
+    listen: 127.0.0.1:1
+    rules: [{name: r, domain: d, descriptor: [a], limits: [{name: a, rate: 1/s, backend: redis}]}]
+`, "needs an l7 redis"},
+		{"tls without listen", `
+l7:
+  rls:
+    unix: /run/x.sock
+    tls: {cert: /a, key: /b}
+`, "applies to listen"},
+		{"tier entry not in descriptor", `
+l7:
+  rls:
+    listen: 127.0.0.1:1
+    rules:
+      - name: r
+        domain: d
+        descriptor: [a]
+        tiers: {entry: plan, levels: {pro: [{name: a, rate: 1/s}]}}
+`, `tiers entry "plan"`},
+		{"empty descriptor", `
+l7:
+  rls:
+    listen: 127.0.0.1:1
+    rules: [{name: r, domain: d, descriptor: [], limits: [{name: a, rate: 1/s}]}]
+`, "want 1 to 16 entries"},
+	} {
+		if p := decodeProblems(t, tc.src); !strings.Contains(p, tc.want) {
+			t.Errorf("%s: problems %q, want %q", tc.name, p, tc.want)
+		}
+	}
+}
+
+type escalations struct {
+	mu  sync.Mutex
+	got []netip.Prefix
+}
+
+func (e *escalations) Escalate(_ context.Context, src netip.Prefix, _ time.Duration, _ string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.got = append(e.got, src)
+	return nil
+}
+
+func (e *escalations) list() []netip.Prefix {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]netip.Prefix(nil), e.got...)
+}
+
+// TestTiersAndEscalation: a descriptor entry picks the tier; a source the
+// service keeps refusing is handed to the escalator with the l7
+// escalation's prefix, as the proxy does.
+func TestTiersAndEscalation(t *testing.T) {
+	const policy = `
+l7:
+  escalation: {enabled: true, rejections: 3, window: 1m, ttl: 10m, prefix_v4: 24}
+  rls:
+    listen: 127.0.0.1:0
+    rules:
+      - name: plans
+        domain: edge
+        descriptor: [plan, remote_address]
+        limits: [{name: all, rate: 100/min}]
+        tiers:
+          entry: plan
+          default: free
+          levels:
+            free: [{name: free-2, rate: 2/min, algorithm: fixed-window}]
+            pro: [{name: pro-5, rate: 5/min, algorithm: fixed-window}]
+`
+	esc := &escalations{}
+	s, _ := startServer(t, policy, new(l7test.ManualClock), esc)
+	svc := s.Service()
+	count := func(plan, src string, n int) (ok int, last Verdict) {
+		for range n {
+			v, err := svc.Decide(context.Background(), &Request{Domain: "edge", Descriptors: []Descriptor{{Entries: []Entry{{"plan", plan}, {"remote_address", src}}}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Allowed {
+				ok++
+			}
+			last = v
+		}
+		return ok, last
+	}
+	if ok, v := count("pro", "192.0.2.1", 7); ok != 5 || v.Statuses[0].Tier != "pro" || v.Refused != "pro-5" {
+		t.Errorf("pro: %d allowed (want 5), tier %q, refused by %q", ok, v.Statuses[0].Tier, v.Refused)
+	}
+	if ok, v := count("unknown-plan", "192.0.2.2", 3); ok != 2 || v.Statuses[0].Tier != "free" {
+		t.Errorf("unknown plan: %d allowed (want 2, the default tier free), tier %q", ok, v.Statuses[0].Tier)
+	}
+	// 192.0.2.0/24 was refused 2+1 times; one more crosses the threshold.
+	_, v := count("unknown-plan", "192.0.2.2", 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(esc.list()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := esc.list(); len(got) != 1 || got[0] != netip.MustParsePrefix("192.0.2.0/24") || !v.Escalated {
+		t.Errorf("escalated %v (verdict escalated=%t), want [192.0.2.0/24]", got, v.Escalated)
+	}
+}
