@@ -1,0 +1,184 @@
+// Command rlsbench measures rate-limit services over Envoy's RLS v3 gRPC
+// protocol with Envoy's generated client (bench/rls.sh runs it):
+//
+//	rlsbench serve -policy FILE      # Edgeguard's rate-limit service (internal/l7/rls, as the daemon runs it)
+//	rlsbench load -target ADDR ...   # decisions/s and latency percentiles against any RLS
+//
+// Descriptors are [remote_address=198.18.X.Y] over -keys distinct
+// addresses, asked in a fixed pseudo-random order by every worker.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/l7/rls"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: rlsbench serve -policy FILE | rlsbench load -target HOST:PORT [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "load":
+		err = load(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rlsbench:", err)
+		os.Exit(1)
+	}
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	path := fs.String("policy", "", "policy file with an l7: rls: section")
+	_ = fs.Parse(args)
+	raw, err := os.ReadFile(*path)
+	if err != nil {
+		return err
+	}
+	var doc struct {
+		L7 yaml.Node `yaml:"l7"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	pc, probs := proxy.Decode(&doc.L7, *path)
+	if len(probs) > 0 {
+		return fmt.Errorf("%v", probs)
+	}
+	rc, probs := rls.Decode(pc, *path)
+	if len(probs) > 0 {
+		return fmt.Errorf("%v", probs)
+	}
+	s := rls.NewServer(rls.ServerOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	ch, err := s.Prepare(rc)
+	if err != nil {
+		return err
+	}
+	ch.Commit()
+	fmt.Println("serving", s.Addrs())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	<-sig
+	s.Close()
+	return nil
+}
+
+func load(args []string) error {
+	fs := flag.NewFlagSet("load", flag.ExitOnError)
+	target := fs.String("target", "127.0.0.1:8081", "RLS gRPC address")
+	domain := fs.String("domain", "bench", "domain")
+	conns := fs.Int("conns", 4, "gRPC connections")
+	workers := fs.Int("workers", 64, "concurrent requests")
+	keys := fs.Int("keys", 4096, "distinct remote_address values")
+	dur := fs.Duration("duration", 10*time.Second, "how long")
+	warm := fs.Duration("warmup", time.Second, "warm-up before measuring")
+	label := fs.String("label", "", "name printed with the result")
+	_ = fs.Parse(args)
+
+	clients := make([]rlsv3.RateLimitServiceClient, *conns)
+	for i := range clients {
+		cc, err := grpc.NewClient(*target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	reqs := make([]*rlsv3.RateLimitRequest, *keys)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: *domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("198.18.%d.%d", i/256%256, i%256)}}}}}
+	}
+	// warm-up: connections, scripts, first keys
+	run := func(d time.Duration, record bool) ([][]time.Duration, [3]int64, error) {
+		var wg sync.WaitGroup
+		lat := make([][]time.Duration, *workers)
+		counts := make([][3]int64, *workers)
+		errs := make(chan error, *workers)
+		end := time.Now().Add(d)
+		for w := range *workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := clients[w%len(clients)]
+				rng := rand.New(rand.NewPCG(uint64(w), 26))
+				if record {
+					lat[w] = make([]time.Duration, 0, 1<<16)
+				}
+				for time.Now().Before(end) {
+					req := reqs[rng.IntN(len(reqs))]
+					t0 := time.Now()
+					res, err := c.ShouldRateLimit(context.Background(), req)
+					el := time.Since(t0)
+					if err != nil {
+						errs <- err
+						counts[w][2]++
+						return
+					}
+					if record {
+						lat[w] = append(lat[w], el)
+					}
+					if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+						counts[w][0]++
+					} else {
+						counts[w][1]++
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		var total [3]int64
+		for _, c := range counts {
+			for i := range total {
+				total[i] += c[i]
+			}
+		}
+		return lat, total, <-errs
+	}
+	if _, _, err := run(*warm, false); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	t0 := time.Now()
+	lat, total, err := run(*dur, true)
+	elapsed := time.Since(t0)
+	if err != nil {
+		return err
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	pct := func(p float64) time.Duration {
+		if len(all) == 0 {
+			return 0
+		}
+		return all[min(len(all)-1, int(float64(len(all))*p))]
+	}
+	n := total[0] + total[1]
+	fmt.Printf("%-28s decisions/s %9.0f  p50 %8s  p99 %8s  ok %d over_limit %d errors %d\n", *label,
+		float64(n)/elapsed.Seconds(), pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), total[0], total[1], total[2])
+	return nil
+}
