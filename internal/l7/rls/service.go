@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -119,6 +120,7 @@ type Service struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 
+	scratch   sync.Pool       // *scratch
 	requests  [3]atomic.Int64 // ok, over_limit, error
 	escalated atomic.Int64
 }
@@ -434,6 +436,14 @@ func fnv64(s string) uint64 {
 	return h
 }
 
+// scratch is one decision's fixed-size arrays (Service.scratch).
+type scratch struct {
+	checks  [l7.MaxChecks]l7.Check
+	out     [l7.MaxChecks]l7.Decision
+	owner   [l7.MaxChecks]*limit
+	charges l7.Charges
+}
+
 // prepared is one matched descriptor.
 type prepared struct {
 	r     *rule
@@ -478,9 +488,15 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 	}
 	v := Verdict{Allowed: true, Statuses: make([]Status, len(req.Descriptors))}
 	ps := make([]prepared, len(req.Descriptors))
-	var checks [l7.MaxChecks]l7.Check
-	var out [l7.MaxChecks]l7.Decision
-	var owner [l7.MaxChecks]*limit
+	// The arrays of one decision live in a pooled scratch, not on the
+	// stack: a gRPC handler runs on a fresh goroutine, whose small stack
+	// would be grown (copied) for them on every request.
+	sc, _ := s.scratch.Get().(*scratch)
+	if sc == nil {
+		sc = new(scratch)
+	}
+	defer s.scratch.Put(sc)
+	checks, out, owner := &sc.checks, &sc.out, &sc.owner
 	nc := 0
 	base := int64(req.HitsAddend)
 	if base == 0 {
@@ -532,8 +548,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 			nc++
 		}
 	}
-	var charges l7.Charges
-	localOK := l7.TakeAll(s.clock, checks[:nc], out[:nc], &charges)
+	charges := &sc.charges
+	*charges = l7.Charges{}
+	localOK := l7.TakeAll(s.clock, checks[:nc], out[:nc], charges)
 	if !localOK {
 		v.Allowed = false
 		for i := range nc {
