@@ -152,7 +152,11 @@ func withL7Problems(err error, raw []byte, source string) error {
 		if m.Content[i].Value != "l7" {
 			continue
 		}
-		if _, problems := proxy.Decode(m.Content[i+1], source); len(problems) > 0 {
+		cfg, problems := proxy.Decode(m.Content[i+1], source)
+		if len(problems) == 0 {
+			_, problems = rls.Decode(cfg, source)
+		}
+		if len(problems) > 0 {
 			ve.Problems = append(ve.Problems, problems...)
 			slices.SortStableFunc(ve.Problems, func(a, b policy.Problem) int {
 				if a.File != b.File {

@@ -11,6 +11,7 @@ package rls
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,6 +57,7 @@ type Config struct {
 	Escalation                     proxy.Escalation
 	Headers                        proxy.Headers
 	AccessLog                      string
+	TrustedProxies                 []netip.Prefix // for the subrequest endpoint's ?forwarded=1
 }
 
 // TLS is the gRPC listener's certificate, and the CA that client
@@ -104,7 +106,7 @@ func Decode(cfg *proxy.Config, file string) (*Config, []policy.Problem) {
 	ld := proxy.NewLimitDecoder(file, cfg)
 	c := ld.Checker()
 	out := &Config{ClientPrefixV4: cfg.ClientPrefixV4, ClientPrefixV6: cfg.ClientPrefixV6, Redis: cfg.Redis,
-		Escalation: cfg.Escalation, Headers: cfg.Headers, AccessLog: cfg.AccessLog}
+		Escalation: cfg.Escalation, Headers: cfg.Headers, AccessLog: cfg.AccessLog, TrustedProxies: cfg.TrustedProxies}
 	f := c.Fields(cfg.RLS, "l7 rls", "listen", "unix", "tls", "http_listen", "rules")
 	if f == nil {
 		return nil, ld.Problems()

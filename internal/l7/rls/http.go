@@ -3,6 +3,7 @@ package rls
 import (
 	"errors"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -24,8 +25,9 @@ const HitsHeader = "Edgeguard-Hits-Addend"
 // Retry-After, the RateLimit headers and a problem body; ?refuse=403
 // answers 403 instead of 429 (nginx's auth_request passes only 2xx, 401
 // and 403: the shipped snippet turns that 403 back into a 429 for the
-// client). A malformed request is 400; a decision that could not be made
-// is 503.
+// client); ?forwarded=1 adds the descriptor [remote_address = the last
+// address of X-Forwarded-For] (Traefik). A malformed request is 400; a
+// decision that could not be made is 503.
 func (s *Server) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/check/{domain}", func(w http.ResponseWriter, r *http.Request) {
@@ -44,7 +46,7 @@ func (s *Server) HTTPHandler() http.Handler {
 			http.Error(w, "refuse: want 429 or 403", http.StatusBadRequest)
 			return
 		}
-		req, err := parseHTTP(r)
+		req, err := parseHTTP(r, svc.cfg.TrustedProxies)
 		var v Verdict
 		if err == nil {
 			v, err = svc.Decide(r.Context(), &req)
@@ -91,7 +93,30 @@ func (s *Server) HTTPHandler() http.Handler {
 	return mux
 }
 
-func parseHTTP(r *http.Request) (Request, error) {
+// forwardedClient is the rightmost address of the X-Forwarded-For fields
+// that is not in trusted.
+func forwardedClient(fields []string, trusted []netip.Prefix) (netip.Addr, bool) {
+	for i := len(fields) - 1; i >= 0; i-- {
+		parts := strings.Split(fields[i], ",")
+		for j := len(parts) - 1; j >= 0; j-- {
+			a, err := netip.ParseAddr(strings.TrimSpace(parts[j]))
+			if err != nil {
+				return netip.Addr{}, false
+			}
+			a = a.Unmap()
+			inTrusted := false
+			for _, p := range trusted {
+				inTrusted = inTrusted || p.Contains(a)
+			}
+			if !inTrusted {
+				return a, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func parseHTTP(r *http.Request, trusted []netip.Prefix) (Request, error) {
 	req := Request{Domain: r.PathValue("domain")}
 	if v := r.Header.Get(HitsHeader); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -99,6 +124,18 @@ func parseHTTP(r *http.Request) (Request, error) {
 			return req, errors.Join(ErrInvalid, errors.New(HitsHeader+": want a number"))
 		}
 		req.HitsAddend = n
+	}
+	if r.URL.Query().Get("forwarded") == "1" {
+		// Traefik's ForwardAuth cannot set a header from the client's
+		// address; it sends X-Forwarded-For (replaced by the peer's address
+		// unless the peer is one of Traefik's trustedIPs, appended to
+		// otherwise). The client is its rightmost address outside
+		// l7.trusted_proxies, as for the proxy's ip key.
+		a, ok := forwardedClient(r.Header.Values("X-Forwarded-For"), trusted)
+		if !ok {
+			return req, errors.Join(ErrInvalid, errors.New("forwarded=1 without a client address in X-Forwarded-For"))
+		}
+		req.Descriptors = append(req.Descriptors, Descriptor{Entries: []Entry{{Key: "remote_address", Value: a.String()}}})
 	}
 	fields := r.Header.Values(DescriptorHeader)
 	if len(fields) > MaxDescriptors {

@@ -19,6 +19,7 @@ import (
 
 const httpPolicy = `
 l7:
+  trusted_proxies: [198.18.0.0/15]
   rls:
     http_listen: 127.0.0.1:0
     rules:
@@ -65,6 +66,17 @@ func TestHTTPEndpoint(t *testing.T) {
 	if res := get("/v1/check/nginx?refuse=403", "remote_address=192.0.2.10"); res.StatusCode != 403 || res.Header.Get("Retry-After") != "50" {
 		t.Errorf("refuse=403: %d %v, want 403 with Retry-After 50", res.StatusCode, res.Header)
 	}
+	// Traefik: the client from X-Forwarded-For's last address.
+	req, _ := http.NewRequest("GET", base+"/v1/check/nginx?forwarded=1", nil)
+	req.Header.Set("X-Forwarded-For", "203.0.113.50, 192.0.2.10, 198.18.0.1") // 198.18.0.0/15 is trusted
+	fres, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fres.Body.Close()
+	if fres.StatusCode != 429 || fres.Header.Get("Retry-After") != "50" {
+		t.Errorf("forwarded=1 from 192.0.2.10: %d, want 429 (its budget is spent)", fres.StatusCode)
+	}
 	for _, tc := range []struct {
 		path  string
 		descs []string
@@ -76,6 +88,7 @@ func TestHTTPEndpoint(t *testing.T) {
 		{"/v1/check/nginx?refuse=500", []string{"remote_address=192.0.2.1"}, 400},
 		{"/v1/check/other", []string{"remote_address=192.0.2.10"}, 200}, // no rule: not limited
 		{"/elsewhere", []string{"remote_address=192.0.2.10"}, 404},
+		{"/v1/check/nginx?forwarded=1", nil, 400}, // no X-Forwarded-For
 	} {
 		if res := get(tc.path, tc.descs...); res.StatusCode != tc.want {
 			t.Errorf("%s %v: %d, want %d", tc.path, tc.descs, res.StatusCode, tc.want)

@@ -510,7 +510,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		}
 		key, src, ok := s.key(r, d)
 		if !ok {
-			return Verdict{}, fmt.Errorf("%w: descriptor %d: remote_address %q is not an IP address", ErrInvalid, i, d.Entries[0].Value)
+			return Verdict{}, fmt.Errorf("%w: descriptor %d: remote_address is not an IP address", ErrInvalid, i)
 		}
 		p := &ps[i]
 		p.r, p.key, p.src, p.n = r, key, src, base
