@@ -198,6 +198,8 @@ func TestGRPCMalformed(t *testing.T) {
 		{"long value", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("unmatched=" + string(long))}}},
 		{"too many descriptors", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: many}},
 		{"not an address", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address=not-an-ip")}}},
+		{"a valid descriptor, then not an address", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			desc("remote_address=192.0.2.1"), desc("remote_address=not-an-ip")}}},
 		{"huge hits_addend", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			{Entries: desc("remote_address=192.0.2.1").Entries, HitsAddend: wrapperspb.UInt64(1 << 40)}}}},
 	}
@@ -221,8 +223,10 @@ func TestGRPCMalformed(t *testing.T) {
 	if err := cc.Invoke(ctx, "/envoy.service.ratelimit.v3.RateLimitService/Nope", &in, &out, grpc.ForceCodec(rawCodec{})); status.Code(err) != codes.Unimplemented {
 		t.Errorf("unknown method: %v, want Unimplemented", err)
 	}
-	if res := ask(t, c, "edge", desc("remote_address=192.0.2.1")); res.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-		t.Errorf("after the malformed requests: %v, want OK", res)
+	// Nothing was charged by the malformed requests: 2 of 3 remain.
+	if res := ask(t, c, "edge", desc("remote_address=192.0.2.1")); res.GetOverallCode() != rlsv3.RateLimitResponse_OK ||
+		res.GetStatuses()[0].GetLimitRemaining() != 2 {
+		t.Errorf("after the malformed requests: %v, want OK with 2 remaining", res)
 	}
 }
 

@@ -502,6 +502,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 	if base == 0 {
 		base = 1
 	}
+	// First every descriptor is matched and checked, so a malformed
+	// request is refused before anything is charged.
+	nlocal := 0
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		r := s.match(req.Domain, d)
@@ -526,10 +529,27 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 				p.set = t
 			}
 		}
+		for _, l := range p.set.local {
+			if !l.Shadow {
+				nlocal++
+			}
+		}
+		if nlocal > l7.MaxChecks {
+			return Verdict{}, fmt.Errorf("%w: more than %d local limits apply to one request", ErrInvalid, l7.MaxChecks)
+		}
+		if p.n > 1 && len(p.set.groups) > 0 {
+			return Verdict{}, fmt.Errorf("%w: descriptor %d: hits_addend %d on a redis limit (redis limits take 1 per request)", ErrInvalid, i, p.n)
+		}
 		p.hkey = maphash.String(s.seed, key)
+	}
+	now := s.clock.Now()
+	for i := range ps {
+		p := &ps[i]
+		if p.r == nil {
+			continue
+		}
 		st := &v.Statuses[i]
-		st.Rule, st.Tier, st.Key = r.Name, p.set.tier, key
-		now := s.clock.Now()
+		st.Rule, st.Tier, st.Key = p.r.Name, p.set.tier, p.key
 		for _, l := range p.set.local {
 			if l.Shadow {
 				d := l.store.Take(p.hkey, now, p.n)
@@ -538,9 +558,6 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 				}
 				st.Limits = append(st.Limits, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendLocal, Shadow: true, Decision: d})
 				continue
-			}
-			if nc == l7.MaxChecks {
-				return Verdict{}, fmt.Errorf("%w: more than %d local limits apply to one request", ErrInvalid, l7.MaxChecks)
 			}
 			checks[nc] = l7.Check{Store: l.store, Key: p.hkey, N: p.n}
 			owner[nc] = l
@@ -581,12 +598,8 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 				continue
 			}
 			for _, g := range p.set.groups {
-				if p.n != 1 {
-					if p.n == 0 {
-						continue
-					}
-					undo()
-					return Verdict{}, fmt.Errorf("%w: descriptor %d: hits_addend %d on a redis limit (redis limits take 1 per request)", ErrInvalid, i, p.n)
+				if p.n == 0 {
+					continue // a descriptor's explicit 0 only reads: Redis is not asked
 				}
 				res, err := g.lim.Allow(ctx, p.key)
 				if err != nil {
