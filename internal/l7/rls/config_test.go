@@ -2,7 +2,9 @@ package rls
 
 import (
 	"context"
+	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -190,5 +192,50 @@ l7:
 	}
 	if got := esc.list(); len(got) != 1 || got[0] != netip.MustParsePrefix("192.0.2.0/24") || !v.Escalated {
 		t.Errorf("escalated %v (verdict escalated=%t), want [192.0.2.0/24]", got, v.Escalated)
+	}
+}
+
+// TestAccessLogAndMetrics: one access-log line per decision (gRPC and
+// subrequest alike), and the per-limit counters.
+func TestAccessLogAndMetrics(t *testing.T) {
+	logPath := t.TempDir() + "/l7.log"
+	policy := `
+l7:
+  access_log: ` + logPath + `
+  rls:
+    http_listen: 127.0.0.1:0
+    rules:
+      - {name: per-ip, domain: edge, descriptor: [remote_address], limits: [{name: ip-1, rate: 1/min}]}
+`
+	_, cfg := decodeL7(t, policy)
+	s := NewServer(ServerOptions{})
+	ch, err := s.Prepare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Commit()
+	for range 2 {
+		req, _ := http.NewRequest("GET", "http://"+s.Addrs()["http"]+"/v1/check/edge", nil)
+		req.Header.Set(DescriptorHeader, "remote_address=192.0.2.44")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+	}
+	l := s.Service().rules[0].all[0]
+	if a, r := l.counts[cAllowed].Load(), l.counts[cRejected].Load(); a != 1 || r != 1 {
+		t.Errorf("ip-1 counted %d allowed, %d rejected; want 1 and 1", a, r)
+	}
+	s.Close() // flushes the log
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"route":"rls:per-ip","decision":"allowed"`) ||
+		!strings.Contains(lines[1], `"decision":"limited","limit":"ip-1","status":429`) ||
+		!strings.Contains(lines[1], `"method":"http","host":"edge","path":"remote_address=192.0.2.44","peer":"192.0.2.44"`) {
+		t.Errorf("access log:\n%s", b)
 	}
 }
