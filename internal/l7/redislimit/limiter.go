@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -110,6 +111,7 @@ type Result struct {
 // charge is what an admitted request took, to give back on Refund.
 type charge struct {
 	key      string
+	n        int64        // units taken from each rule
 	hybrid   []func()     // lease reservations
 	local    []localCheck // Degrade rules' local charges
 	remote   bool         // the decide script committed
@@ -284,10 +286,31 @@ func (l *Limiter) BreakerState() BreakerState { return l.breaker.State() }
 // including by a failure policy; it is non-nil only if ctx ended first or
 // the Limiter is closed.
 func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
+	return l.AllowN(ctx, key, 1)
+}
+
+// AllowN is Allow for a request that takes n units of every rule (the
+// rate-limit service's hits_addend), n >= 1. A cost above 1 is decided by
+// the scripts alone: a Limiter with hybrid or degrade rules refuses it
+// with an error.
+func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
 	if l.ctx.Err() != nil {
 		return Result{}, ErrClosed
 	}
-	res := Result{Rules: make([]RuleDecision, len(l.rules)), charge: &charge{key: key}}
+	if n < 1 {
+		return Result{}, fmt.Errorf("redis limiter: cost %d: want at least 1", n)
+	}
+	if n != 1 {
+		if len(l.hybrid) > 0 {
+			return Result{}, fmt.Errorf("redis limiter: cost %d with hybrid rules is not supported", n)
+		}
+		for _, i := range l.remote {
+			if l.rules[i].Failure == Degrade {
+				return Result{}, fmt.Errorf("redis limiter: cost %d with degrade rules is not supported", n)
+			}
+		}
+	}
+	res := Result{Rules: make([]RuleDecision, len(l.rules)), charge: &charge{key: key, n: n}}
 	for i, r := range l.rules {
 		res.Rules[i].Rule = r.Name
 	}
@@ -324,7 +347,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 		return combine(res), nil
 	}
 	if len(l.remote) > 0 {
-		if err := l.decideRemote(ctx, key, &res); err != nil {
+		if err := l.decideRemote(ctx, key, &res, n); err != nil {
 			refund()
 			return Result{}, err
 		}
@@ -364,7 +387,7 @@ func (l *Limiter) Refund(res Result) error {
 	}
 	for j, i := range l.remote {
 		d := &res.Rules[i].Decision
-		d.Remaining++
+		d.Remaining += c.n
 		d.Reset = time.Duration(c.before[j])
 	}
 	l.metrics.refunds.Inc()
@@ -383,9 +406,9 @@ func (l *Limiter) Refund(res Result) error {
 		keys[j] = redisKey(l.cfg.Prefix, c.key, r.Name)
 		switch r.Algorithm {
 		case GCRA:
-			args = append(args, 1, r.interval(), r.burst(), 1)
+			args = append(args, 1, r.interval(), r.burst(), c.n)
 		case SlidingWindow:
-			args = append(args, 2, r.windowMicros(), r.Limit, 1)
+			args = append(args, 2, r.windowMicros(), r.Limit, c.n)
 		}
 		args = append(args, c.before[j], c.refunds[j])
 	}
@@ -432,7 +455,7 @@ func combine(res Result) Result {
 }
 
 // decideRemote runs the decide script for the non-hybrid rules.
-func (l *Limiter) decideRemote(ctx context.Context, key string, res *Result) error {
+func (l *Limiter) decideRemote(ctx context.Context, key string, res *Result, n int64) error {
 	ok, probe := l.breaker.allow()
 	if probe {
 		l.startProbe()
@@ -447,6 +470,15 @@ func (l *Limiter) decideRemote(ctx context.Context, key string, res *Result) err
 		keys[j] = redisKey(l.cfg.Prefix, key, l.rules[i].Name)
 	}
 	c := &call{script: l.decideSH, src: decideSource, keys: keys, args: l.scriptArgs(l.args), done: make(chan struct{})}
+	if n != 1 {
+		// Each limit's cost is the fourth of its four arguments (after
+		// k); such a call is not merged with the others of its batch.
+		args := slices.Clone(l.args)
+		for j := range l.remote {
+			args[1+4*j+3] = n
+		}
+		c.args, c.custom = l.scriptArgs(args), true
+	}
 	if err := l.roundTrip(ctx, c); err != nil {
 		return err
 	}
@@ -596,6 +628,7 @@ type call struct {
 	reply       any
 	err         error
 	done        chan struct{}
+	custom      bool // args other than the Limiter's (a cost above 1): never merged
 }
 
 // roundTrip runs c, through the batch queue when batching is on. It returns
@@ -655,6 +688,23 @@ func (l *Limiter) batchWorker() {
 // all-or-nothing), or as one EVALSHA per request in one pipeline.
 func (l *Limiter) runDecide(calls []*call) {
 	l.metrics.batchSize.Observe(float64(len(calls)))
+	if l.merge && len(calls) > 1 {
+		plain := calls[:0:0]
+		var custom []*call
+		for _, c := range calls {
+			if c.custom {
+				custom = append(custom, c)
+			} else {
+				plain = append(plain, c)
+			}
+		}
+		if len(custom) > 0 {
+			l.runBatch(custom, "decide")
+			if calls = plain; len(calls) == 0 {
+				return
+			}
+		}
+	}
 	if !l.merge || len(calls) == 1 {
 		l.runBatch(calls, "decide")
 		return

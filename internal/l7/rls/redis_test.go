@@ -8,8 +8,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/edgeguard/edgeguard/internal/testenv"
@@ -99,23 +97,35 @@ l7:
 		t.Errorf("6th user request: RateLimit %q, want user-local r=3 (refunded) and user-redis r=0", got)
 	}
 
-	// hits_addend above 1 on a redis limit is refused as malformed (redis
-	// limits take one unit per request).
-	_, err := ca.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
-		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: desc("user_id=u9").Entries, HitsAddend: wrapperspb.UInt64(3)}}})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Errorf("hits_addend 3 on a redis limit: %v, want InvalidArgument", err)
+	// hits_addend on both backends: 3 units from each limit.
+	hits := func(c rlsv3.RateLimitServiceClient, user string, n uint64) *rlsv3.RateLimitResponse {
+		t.Helper()
+		res, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: desc("user_id=" + user).Entries, HitsAddend: wrapperspb.UInt64(n)}}})
+		if err != nil {
+			t.Fatalf("hits_addend %d: %v", n, err)
+		}
+		return res
 	}
-	// ... and charged nothing locally.
-	res = ask(t, ca, "edge", desc("user_id=u9"))
-	if got := headers(res)["RateLimit"]; !strings.HasPrefix(got, `"user-local";r=3;`) {
-		t.Errorf("after the refused hits_addend: %q, want user-local r=3", got)
+	if got := headers(hits(ca, "u9", 3))["RateLimit"]; !strings.HasPrefix(got, `"user-local";r=1;`) || !strings.Contains(got, `"user-redis";r=2;`) {
+		t.Errorf("hits_addend 3: RateLimit %q, want user-local r=1 and user-redis r=2", got)
+	}
+	// Host b takes 4 of u11's redis budget; host a's 2 then fit its local
+	// limit but not redis: a's local charge of 2 is given back.
+	hits(cb, "u11", 4)
+	res = hits(ca, "u11", 2)
+	if got := headers(res)["RateLimit"]; res.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		!strings.HasPrefix(got, `"user-local";r=4;`) || !strings.Contains(got, `"user-redis";r=1;`) {
+		t.Errorf("hits_addend 2 with 1 left in redis: %v %q, want OVER_LIMIT, user-local r=4 (refunded), user-redis r=1", res.GetOverallCode(), got)
+	}
+	if res := hits(ca, "u11", 1); res.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("the last unit of u11: %v, want OK", res)
 	}
 
 	// Redis down: fail-open by default (the limits' failure policy), the
 	// answer still OK, never an error to Envoy.
 	rs.Stop()
-	res, err = ca.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+	res, err := ca.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
 		Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("tenant=other")}})
 	if err != nil || res.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("redis down, fail-open: %v %v, want OK", res, err)

@@ -537,9 +537,6 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		if nlocal > l7.MaxChecks {
 			return Verdict{}, fmt.Errorf("%w: more than %d local limits apply to one request", ErrInvalid, l7.MaxChecks)
 		}
-		if p.n > 1 && len(p.set.groups) > 0 {
-			return Verdict{}, fmt.Errorf("%w: descriptor %d: hits_addend %d on a redis limit (redis limits take 1 per request)", ErrInvalid, i, p.n)
-		}
 		p.hkey = maphash.String(s.seed, key)
 	}
 	now := s.clock.Now()
@@ -601,7 +598,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 				if p.n == 0 {
 					continue // a descriptor's explicit 0 only reads: Redis is not asked
 				}
-				res, err := g.lim.Allow(ctx, p.key)
+				res, err := g.lim.AllowN(ctx, p.key, p.n)
 				if err != nil {
 					undo()
 					return Verdict{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
