@@ -365,3 +365,25 @@ l7:
 		t.Errorf("a failed reload changed the limits: %v", res)
 	}
 }
+
+// TestReloadKeepsState: a reload whose rls configuration is unchanged (the
+// policy changed elsewhere) keeps the limits' state; a changed one starts
+// them afresh, as the proxy's routes.
+func TestReloadKeepsState(t *testing.T) {
+	sock := t.TempDir() + "/rls.sock"
+	src := replaceUnix(fieldsPolicy, "UNIXSOCK")
+	src = strings.Replace(src, "unix: UNIXSOCK", "unix: "+sock, 1)
+	s, _ := startServer(t, src, nil, nil)
+	c, _ := dial(t, s.Addrs()["grpc"])
+	for range 2 {
+		ask(t, c, "edge", desc("remote_address=192.0.2.1"))
+	}
+	reload(t, s, src)
+	if got := ask(t, c, "edge", desc("remote_address=192.0.2.1")).GetStatuses()[0].GetLimitRemaining(); got != 0 {
+		t.Errorf("after an unchanged reload: %d remaining, want 0 (state kept)", got)
+	}
+	reload(t, s, strings.Replace(src, "rate: 3/min", "rate: 4/min", 1))
+	if got := ask(t, c, "edge", desc("remote_address=192.0.2.1")).GetStatuses()[0].GetLimitRemaining(); got != 3 {
+		t.Errorf("after a changed reload: %d remaining, want 3 (a new limit)", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,7 @@ type Server struct {
 	eps  map[string]*endpoint
 	cert atomic.Pointer[tls.Config]
 	alog *accesslog.Log // open while a config names l7.access_log
+	cfg  *Config        // what serves (nil: stopped)
 
 	bg      sync.WaitGroup
 	closing chan struct{}
@@ -124,6 +126,23 @@ func endpointKeys(cfg *Config) map[string]string {
 func (s *Server) Prepare(cfg *Config) (*Change, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.cfg != nil && cfg != nil && reflect.DeepEqual(*s.cfg, *cfg) {
+		// The same configuration (a reload that changed another part of
+		// the policy): the Service and its limits' state stay; only the
+		// TLS files are read again, for a rotated certificate.
+		var tc *tls.Config
+		if cfg.TLS != nil {
+			var err error
+			if tc, err = loadTLS(cfg.TLS); err != nil {
+				return nil, err
+			}
+		}
+		return &Change{commit: func() {
+			if tc != nil {
+				s.cert.Store(tc)
+			}
+		}, abort: func() {}}, nil
+	}
 	var svc *Service
 	var tc *tls.Config
 	alog, newLog := s.alog, false
@@ -187,6 +206,7 @@ func (s *Server) Prepare(cfg *Config) (*Change, error) {
 			s.cert.Store(tc)
 		}
 		old := s.cur.Swap(svc)
+		s.cfg = cfg
 		for k, ep := range s.eps {
 			if _, keep := want[k]; !keep {
 				delete(s.eps, k)
@@ -401,6 +421,7 @@ func (s *Server) Close() {
 		if old := s.cur.Swap(nil); old != nil {
 			s.closeLater(old)
 		}
+		s.cfg = nil
 		alog := s.alog
 		s.alog = nil
 		s.mu.Unlock()
