@@ -9,3 +9,4 @@ go test -run '^$' -bench 'BenchmarkL7Allow|BenchmarkL7Keyed|BenchmarkL7Middlewar
 go test -run '^$' -bench 'BenchmarkL7Redis' -benchtime=3s -count=1 ./internal/l7/redislimit
 go test -run '^$' -bench 'BenchmarkShedAcquire' -benchtime=1s -count=1 ./internal/l7/shed
 if [[ -x bench/l7.sh ]]; then bash bench/l7.sh; fi
+if [[ -x bench/rls.sh ]]; then bash bench/rls.sh; fi
