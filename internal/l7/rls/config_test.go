@@ -239,3 +239,35 @@ l7:
 		t.Errorf("access log:\n%s", b)
 	}
 }
+
+// TestExamplePolicy: the example policy's commented-out rls: section
+// (inside its commented l7:) decodes without problems and serves.
+func TestExamplePolicy(t *testing.T) {
+	data, err := os.ReadFile("../../../examples/edgeguard.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	i := strings.Index(text, "\n# l7:\n")
+	if i < 0 {
+		t.Fatal("examples/edgeguard.yaml: no commented l7: section")
+	}
+	var b strings.Builder
+	for _, line := range strings.Split(text[i+1:], "\n") {
+		b.WriteString(strings.TrimPrefix(strings.TrimPrefix(line, "#"), " ") + "\n")
+	}
+	// Free ports instead of the example's.
+	src := strings.NewReplacer("127.0.0.1:8081", "127.0.0.1:0", "127.0.0.1:8082", "127.0.0.1:0",
+		"/run/edgeguard/rls.sock", t.TempDir()+"/rls.sock").Replace(b.String())
+	pc, cfg := decodeL7(t, src)
+	if !pc.ServesProxy() || len(cfg.Rules) != 2 || cfg.Unix == "" || cfg.HTTPListen == "" {
+		t.Fatalf("example rls: %+v", cfg)
+	}
+	s := NewServer(ServerOptions{})
+	defer s.Close()
+	ch, err := s.Prepare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Commit()
+}
