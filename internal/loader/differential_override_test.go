@@ -122,6 +122,9 @@ func (h *diffHarness) installOverrides(r *rand.Rand, g policy.Compiled, ns uint6
 		installed++
 		h.log = append(h.log, fmt.Sprintf("override %v: budget %+v new %+v", o.Aggregate, o.Budget, o.NewBudget))
 	}
+	if h.programOnly {
+		return installed
+	}
 	for k, v := range h.programOverrides() {
 		if old, ok := h.model.Overrides()[k]; !ok || old.Expires != v.Expires || old.NewExpires != v.NewExpires || old.Budget != v.Budget || old.NewBudget != v.NewBudget || old.Origin != v.Origin {
 			h.model.SetOverride(k, v)
@@ -351,6 +354,9 @@ func (h *diffHarness) installFingerprints(r *rand.Rand, ns uint64, n int) int {
 		}
 		installed++
 		h.log = append(h.log, fmt.Sprintf("fingerprint %d: %+v", f.ID, f))
+		if h.programOnly {
+			continue
+		}
 		rules, masks, _ := h.programFingerprints()
 		h.model.SetFingerprintMasks(masks)
 		for k, v := range rules {
@@ -359,6 +365,8 @@ func (h *diffHarness) installFingerprints(r *rand.Rand, ns uint64, n int) int {
 			}
 		}
 	}
-	h.checkFingerprints("after installing fingerprints")
+	if !h.programOnly {
+		h.checkFingerprints("after installing fingerprints")
+	}
 	return installed
 }

@@ -33,6 +33,9 @@ type diffHarness struct {
 	baseClass maps.ClassCounters
 	baseEv    maps.StandingCounts
 	log       []string // the run so far, printed on a difference
+	// programOnly: state is installed in the program alone (the explain
+	// test loads its models from the program's maps).
+	programOnly bool
 }
 
 func newDiffHarness(tb testing.TB) *diffHarness {

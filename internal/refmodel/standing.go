@@ -100,6 +100,7 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		}
 	}
 	ss.cls = cls
+	m.traceClass(cls, ss.jumped)
 	return cls
 }
 
