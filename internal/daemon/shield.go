@@ -18,6 +18,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/refmodel"
 	"github.com/edgeguard/edgeguard/internal/shield"
 )
 
@@ -626,7 +627,7 @@ func (c *shieldCollector) Collect(ch chan<- prometheus.Metric) {
 
 // shieldOnPath are the shield's actions on a probe's path, for explain.
 // Caller holds d.mu.
-func (d *Daemon) shieldOnPath(p maps.Probe, path maps.Path, rule *policy.CompiledRule) []control.ShieldAction {
+func (d *Daemon) shieldOnPath(p Probe, tr refmodel.Trace, rule *policy.CompiledRule) []control.ShieldAction {
 	st := d.shield
 	st.mu.Lock()
 	eng := st.eng
@@ -641,8 +642,8 @@ func (d *Daemon) shieldOnPath(p maps.Probe, path maps.Path, rule *policy.Compile
 	if rule != nil {
 		s.Rule = rule.ID
 	}
-	if path.Fact != nil {
-		s.ASN = path.Fact.ASN
+	if tr.Fact != nil {
+		s.ASN = tr.Fact.ASN
 	}
 	if t := d.cur.asn; t != nil {
 		if en, ok := t.Lookup(s.Src); ok {

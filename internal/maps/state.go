@@ -3,6 +3,8 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -275,4 +277,80 @@ func nonZero[V comparable](all []V) map[uint32]V {
 		}
 	}
 	return out
+}
+
+// WallTime is the wall-clock time of a data-plane time ns (CLOCK_MONOTONIC,
+// or the test clock) in s's clock: the read's wall time plus the distance.
+// Forever and 0 (never, not set) give nil.
+func (s *State) WallTime(ns uint64, wall time.Time) *time.Time {
+	if ns == 0 || ns == Forever {
+		return nil
+	}
+	t := monoOffset{wall: wall, mono: s.NowNS}.toWall(ns)
+	return &t
+}
+
+// FingerprintOf is the fingerprint an fp_rules entry holds, its expiry
+// placed by WallTime.
+func (s *State) FingerprintOf(k loader.LimiterEgFpKey, v loader.LimiterEgFpVal, wall time.Time) Fingerprint {
+	return fingerprintFrom(k, v, monoOffset{wall: wall, mono: s.NowNS})
+}
+
+// OriginName names who wrote a list entry, override part or fingerprint.
+func OriginName(o Origin) string {
+	switch o {
+	case OriginPolicy:
+		return "policy"
+	case OriginCLI:
+		return "cli"
+	case OriginL7:
+		return "l7"
+	case OriginShield:
+		return "shield"
+	case OriginFleet:
+		return "fleet"
+	}
+	return fmt.Sprintf("origin %d", uint32(o))
+}
+
+// Match describes a fingerprint's fields as the shield writes them
+// ("udp dport 9000 len 228").
+func (f Fingerprint) Match() string {
+	var parts []string
+	if f.Mask&FieldProto != 0 {
+		parts = append(parts, protoWord(f.Proto))
+	}
+	if f.Mask&FieldSrc != 0 {
+		parts = append(parts, "src "+f.Src.String())
+	}
+	if f.Mask&FieldSPort != 0 {
+		parts = append(parts, fmt.Sprintf("sport %d", f.SPort))
+	}
+	if f.Mask&FieldDPort != 0 {
+		parts = append(parts, fmt.Sprintf("dport %d", f.DPort))
+	}
+	if f.Mask&FieldLen != 0 {
+		parts = append(parts, fmt.Sprintf("len %d", f.Len))
+	}
+	if f.Mask&FieldTTL != 0 {
+		parts = append(parts, fmt.Sprintf("ttl %d", f.TTL))
+	}
+	if f.Mask&FieldTCPFlags != 0 {
+		parts = append(parts, fmt.Sprintf("tcp flags %#02x", f.TCPFlags))
+	}
+	return strings.Join(parts, " ")
+}
+
+func protoWord(p uint8) string {
+	switch p {
+	case 1:
+		return "icmp"
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 58:
+		return "icmpv6"
+	}
+	return fmt.Sprintf("proto %d", p)
 }

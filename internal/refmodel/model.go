@@ -587,6 +587,8 @@ func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 			if !ok {
 				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
+		} else {
+			m.traceUncharged(ak, r.agg, r.reserve)
 		}
 	}
 	if asn != 0 && r.asLim {

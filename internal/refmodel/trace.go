@@ -97,9 +97,9 @@ type BucketStep struct {
 	// source was charged against the override's new-source bucket, and
 	// RefusedNew: that bucket refused it.
 	BudgetPart, NewPart, RefusedNew bool
-	// Per source: Seen is the new-source filter's answer (-1: not
-	// gated; SeenNew: passed uncharged), Charged whether the bucket was
-	// charged at all.
+	// Seen is the new-source filter's answer (-1: not asked; SeenNew:
+	// passed uncharged); Charged whether the bucket was charged at all
+	// (an aggregate step is charged unless Seen is SeenNew).
 	Seen    int
 	Charged bool
 	// Admitted, or refused with Outcome (maps.OutcomeRefused*).
@@ -205,13 +205,22 @@ func (m *Model) traceSource(k SrcKey, b Bucket, exists bool, seen int, charged, 
 	m.trace.Buckets = append(m.trace.Buckets, st)
 }
 
+// traceUncharged is a derived aggregate not in the table whose key is
+// new to the new-source filter: not created, not charged.
+func (m *Model) traceUncharged(k AggKey, c maps.BucketCfg, reserve uint16) {
+	if m.trace != nil {
+		m.trace.Buckets = append(m.trace.Buckets, BucketStep{Charge: true, Kind: k.Kind, Agg: k, Policy: c, Reserve: reserve,
+			Seen: SeenNew, Admitted: true})
+	}
+}
+
 // traceAgg starts the step of an aggregate (nil when not tracing; the
 // step's methods accept nil).
 func (m *Model) traceAgg(charge bool, k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, o *Override, ss *srcState) *BucketStep {
 	if m.trace == nil {
 		return nil
 	}
-	st := BucketStep{Charge: charge, Kind: k.Kind, Agg: k, Exists: true, Bucket: b, Policy: c, Reserve: reserve, Seen: -1}
+	st := BucketStep{Charge: charge, Kind: k.Kind, Agg: k, Exists: true, Bucket: b, Policy: c, Reserve: reserve, Seen: -1, Charged: charge}
 	if k.Kind == AggKindPrefix || k.Kind == AggKindASN {
 		_, st.Exists = m.agg[k]
 	}
