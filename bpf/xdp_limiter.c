@@ -608,6 +608,9 @@ struct src_state {
 	__u8 agg_len4, agg_len6; /* the rule's */
 	/* For fingerprints (eg_fingerprint). */
 	__u8 proto, ttl, tcp_flags;
+	/* The reason an override gives the refusal (EG_R_SHIELD_TIGHTEN,
+	 * ...), 0: the aggregate's own (padding before). */
+	__u8 refused_reason;
 	__u16 ip_len;
 };
 
@@ -855,6 +858,17 @@ static __always_inline int charged_new(const struct eg_override *o, struct src_s
 	return !privileged(cls);
 }
 
+/* ovr_reason is the drop reason of a refusal an override's part made:
+ * named by the part's writer (enum eg_origin). */
+static __always_inline __u8 ovr_reason(__u32 origin)
+{
+	if (origin == EG_ORIGIN_SHIELD)
+		return EG_R_SHIELD_TIGHTEN;
+	if (origin == EG_ORIGIN_FLEET)
+		return EG_R_FLEET_SHARE;
+	return EG_R_OVERRIDE;
+}
+
 /* eg_watch_all counts a packet that reached the buckets in the counters of
  * each watched aggregate instance on its path, creating them on its first
  * packet. */
@@ -901,6 +915,7 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 					  struct src_state *ss)
 {
 	__u16 reserve = ra >> 8;
+	const struct eg_bucket_cfg *pcfg = cfg;
 	struct eg_override *o;
 
 	if (!b || !cfg || !ss)
@@ -911,12 +926,15 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 	if (charged_new(o, ss) && !bucket_would_admit(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
 		ss->refused_agg = ra & 0xff;
 		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		ss->refused_reason = ovr_reason(o->origin >> 8 & 0xff);
 		return 0;
 	}
 	if (!bucket_would_admit(b, cfg, ss->now, ss->len)) {
 		ss->congested = 1;
 		ss->refused_agg = ra & 0xff;
 		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		if (o && cfg != pcfg)
+			ss->refused_reason = ovr_reason(o->origin & 0xff);
 		return 0;
 	}
 	if (reserve && !bucket_would_admit_r(b, cfg, ss->now, ss->len, reserve)) {
@@ -924,6 +942,8 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 		if (!privileged(source_class(ss, 1))) {
 			ss->refused_agg = ra & 0xff;
 			ss->refused_outcome = EG_CO_REFUSED_RESERVE;
+			if (o && cfg != pcfg)
+				ss->refused_reason = ovr_reason(o->origin & 0xff);
 			return 0;
 		}
 	}
@@ -976,6 +996,7 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 					  struct src_state *ss)
 {
 	__u32 agg = ra & 0xff;
+	const struct eg_bucket_cfg *pcfg;
 	struct eg_override *o;
 	int fresh;
 
@@ -985,14 +1006,18 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 	 * bucket is charged first and given back if the aggregate refuses
 	 * (TATs add, so the refund is exact). */
 	o = ovr_find(agg, ss);
+	pcfg = cfg;
 	cfg = ovr_budget(o, cfg, ss);
 	fresh = charged_new(o, ss);
 	if (fresh && !bucket_take(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
 		ss->refused_agg = agg;
 		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		ss->refused_reason = ovr_reason(o->origin >> 8 & 0xff);
 		return 0;
 	}
 	if (!eg_agg_take_cfg(b, cfg, ra, ss)) {
+		if (o && cfg != pcfg)
+			ss->refused_reason = ovr_reason(o->origin & 0xff);
 		if (fresh) {
 			if (o->new_budget.pkt_t)
 				gcra_refund(&o->new_bucket.pkt_tat, o->new_budget.pkt_t);
@@ -1722,6 +1747,9 @@ int xdp_limiter(struct xdp_md *ctx)
 	goto standing_out;
 
 limited:
+	/* An override that refused names its writer. */
+	if (ss.refused_reason)
+		v.reason = ss.refused_reason;
 	v.action = EG_ACT_DROP;
 verdict:
 	dry = cfg->mode == EG_MODE_DRY_RUN;

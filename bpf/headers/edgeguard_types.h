@@ -81,7 +81,14 @@ enum eg_reason {
 	EG_R_ICMP_WRONG_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
 				* 58 (ICMPv6), IPv6 next header 1 (ICMP) */
 	EG_R_FINGERPRINT = 18, /* a fingerprint rule's bucket is empty (adaptive shield) */
-	EG_R_MAX = 19,
+	/* An aggregate refused the packet under an override (docs/operations.md,
+	 * "Drop reasons"): its budget part was in force, or its new-source part
+	 * refused; named by that part's writer, so that the policy's own
+	 * *_limit reasons count only the operator's budgets. */
+	EG_R_SHIELD_TIGHTEN = 19, /* written by the adaptive shield */
+	EG_R_FLEET_SHARE = 20,    /* written by fleet mode (this host's share) */
+	EG_R_OVERRIDE = 21,       /* written by anyone else (edgectl) */
+	EG_R_MAX = 22,
 };
 
 enum eg_mode {

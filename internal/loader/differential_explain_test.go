@@ -187,7 +187,7 @@ func TestDifferentialExplain(t *testing.T) {
 	clearFingerprints(h.td)
 	t.Logf("seen: %v", seen)
 	for _, k := range []string{"pass", "drop", "would_drop", "deny_list", "allow_list", "source_limit", "prefix_limit", "asn_limit",
-		"global_limit", "fingerprint", "rule_drop", "rule_pass", "step_override", "step_new_source_part", "step_budget_part",
+		"global_limit", "fingerprint", "shield_tighten", "fleet_share", "rule_drop", "rule_pass", "step_override", "step_new_source_part", "step_budget_part",
 		"step_fingerprint", "class_established", "class_validated", "class_penalised", "class_new", "class_jumped"} {
 		if seen[k] == 0 {
 			t.Errorf("no packet reached %s", k)

@@ -223,7 +223,8 @@ func TestDifferentialOverrides(t *testing.T) {
 	t.Logf("seen: %v", seen)
 	if len(seeds) > 1 {
 		for _, k := range []string{"overrides_installed", "new_source_buckets_charged", "overrides_expired", "override_parts_apart", "prefix_limit", "asn_limit", "global_limit",
-			"fingerprints_installed", "fingerprint_matched", "fingerprint_spared", "fingerprint_dropped", "fingerprint"} {
+			"fingerprints_installed", "fingerprint_matched", "fingerprint_spared", "fingerprint_dropped", "fingerprint",
+			"shield_tighten", "fleet_share"} {
 			if seen[k] == 0 {
 				t.Errorf("no run reached %s", k)
 			}

@@ -398,7 +398,10 @@ const (
 	LimiterEgReasonEG_R_BAD_IP_LENGTH     LimiterEgReason = 16
 	LimiterEgReasonEG_R_ICMP_WRONG_FAMILY LimiterEgReason = 17
 	LimiterEgReasonEG_R_FINGERPRINT       LimiterEgReason = 18
-	LimiterEgReasonEG_R_MAX               LimiterEgReason = 19
+	LimiterEgReasonEG_R_SHIELD_TIGHTEN    LimiterEgReason = 19
+	LimiterEgReasonEG_R_FLEET_SHARE       LimiterEgReason = 20
+	LimiterEgReasonEG_R_OVERRIDE          LimiterEgReason = 21
+	LimiterEgReasonEG_R_MAX               LimiterEgReason = 22
 )
 
 type LimiterEgRsampleStats struct {

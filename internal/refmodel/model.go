@@ -610,6 +610,10 @@ func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 // inherits, the global setting) is dry-run.
 func (m *Model) limited(v Verdict, reason maps.Reason, r *rule, ss *srcState) Verdict {
 	v.Reason = reason
+	if ss != nil && ss.refusedReason != 0 {
+		// An override that refused names its writer.
+		v.Reason = ss.refusedReason
+	}
 	v.Action = maps.ActDrop
 	dry := m.gen.mode == maps.ModeDryRun
 	if r.mode != maps.ModeInherit {

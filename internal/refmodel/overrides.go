@@ -120,18 +120,41 @@ func (m *Model) chargedNew(o *Override, ss *srcState) bool {
 func (m *Model) ovrPeek(k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
 	o, _ := m.ovrFind(k, ss)
 	st := m.traceAgg(stepPeek, k, b, c, reserve, o, ss)
+	budgetPart := budgetInForce(o, ss)
 	c = ovrBudget(o, c, ss)
 	if m.chargedNew(o, ss) {
 		st.newPart()
 		if !wouldAdmit(o.NewBucket, o.NewBudget, ss.now, ss.len) {
 			ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
+			ss.refusedReason = ovrReason(o.Origin >> 8 & 0xff)
 			st.refusedNew()
 			return false
 		}
 	}
 	ok := m.aggPeek(b, c, reserve, agg, ss)
+	if !ok && budgetPart {
+		ss.refusedReason = ovrReason(o.Origin & 0xff)
+	}
 	st.done(ok, ss)
 	return ok
+}
+
+// budgetInForce says the override's budget part replaces the policy's
+// (ovr_budget returned it).
+func budgetInForce(o *Override, ss *srcState) bool {
+	return o != nil && o.Expires > ss.now>>maps.TickShift && limited(o.Budget)
+}
+
+// ovrReason is ovr_reason: the drop reason of a refusal by an override
+// part, named by the part's writer.
+func ovrReason(origin uint32) maps.Reason {
+	switch maps.Origin(origin) {
+	case maps.OriginShield:
+		return maps.ReasonShieldTighten
+	case maps.OriginFleet:
+		return maps.ReasonFleetShare
+	}
+	return maps.ReasonOverride
 }
 
 // ovrTake is eg_agg_take with the aggregate's override: the new-source
@@ -140,6 +163,7 @@ func (m *Model) ovrPeek(k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, ag
 func (m *Model) ovrTake(k AggKey, b *Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
 	o, _ := m.ovrFind(k, ss)
 	st := m.traceAgg(stepCharge, k, *b, c, reserve, o, ss)
+	budgetPart := budgetInForce(o, ss)
 	c = ovrBudget(o, c, ss)
 	fresh := m.chargedNew(o, ss)
 	if fresh {
@@ -148,12 +172,16 @@ func (m *Model) ovrTake(k AggKey, b *Bucket, c maps.BucketCfg, reserve uint16, a
 		m.ovr[k] = *o
 		if !ok {
 			ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
+			ss.refusedReason = ovrReason(o.Origin >> 8 & 0xff)
 			st.refusedNew()
 			return false
 		}
 	}
 	ok := m.aggTake(b, c, reserve, agg, ss)
 	st.done(ok, ss)
+	if !ok && budgetPart {
+		ss.refusedReason = ovrReason(o.Origin & 0xff)
+	}
 	if !ok {
 		if fresh {
 			if o.NewBudget.PktT != 0 {

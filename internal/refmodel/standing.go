@@ -34,6 +34,7 @@ type srcState struct {
 	congested      bool
 	refusedAgg     maps.ClassAgg
 	refusedOutcome maps.Outcome // 0: not refused by an aggregate
+	refusedReason  maps.Reason  // refused_reason: an override's, 0: none
 	touched        int
 	// The usual rate's (EG_SS_* bits of looked in the C): the rule's
 	// per-source key is the standing key; the packet is counted; its
