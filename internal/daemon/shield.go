@@ -244,6 +244,7 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		}
 		st.eng.SetRules(shapes, global)
 		st.eng.SetASNOf(asnOfPrefix(table))
+		d.adoptShield(st.eng, now)
 		if load != nil {
 			if n, err := st.eng.Load(load, now); err != nil {
 				d.quarantineState(shieldStateFile, err)
@@ -552,9 +553,12 @@ func aggName(k shield.Key, names map[uint32]string) string {
 func shieldAction(a shield.Action, names map[uint32]string) control.ShieldAction {
 	out := control.ShieldAction{ID: a.ID, Kind: string(a.Kind), Aggregate: aggName(a.Key, names), Budget: a.Budget,
 		Baseline: a.Baseline, Rate: a.Rate, Coverage: a.Coverage, Collateral: a.Collateral, Reason: a.Reason,
-		Since: a.Since, Expires: a.Expires, Pinned: a.Pinned, PinnedBy: a.PinnedBy, Enforced: a.Enforced}
+		Since: a.Since, Expires: a.Expires, Pinned: a.Pinned, PinnedBy: a.PinnedBy, Enforced: a.Enforced, Adopted: a.Adopted}
 	if a.Fingerprint != nil {
 		out.Fingerprint = a.Fingerprint.String()
+		if a.Adopted && a.Key == (shield.Key{}) {
+			out.Aggregate = "unknown (adopted: the data plane does not record it)"
+		}
 	}
 	return out
 }

@@ -422,4 +422,24 @@ func TestShieldIDsAboveLeftovers(t *testing.T) {
 		t.Fatalf("fingerprints %+v, want the leftovers 1 and 41 and the flood's as 42; actions %+v",
 			fps, d.ShieldReport(5).Actions)
 	}
+	// The shield adopted the leftovers: listed (adopted, not renewed),
+	// counted in the metric, and released through it.
+	adopted := map[uint32]bool{}
+	for _, a := range d.ShieldReport(5).Actions {
+		if a.Adopted {
+			adopted[a.ID] = true
+		}
+	}
+	if !adopted[1] || !adopted[41] || len(adopted) != 2 {
+		t.Errorf("adopted actions %v, want 1 and 41", adopted)
+	}
+	if got := shieldGauge(t, d, "edgeguard_shield_actions_active", "fingerprint"); got != 3 {
+		t.Errorf("edgeguard_shield_actions_active{kind=fingerprint} = %v, want 3 (two adopted)", got)
+	}
+	if err := d.ShieldDo("release", control.ShieldRequest{ID: 41}, "test"); err != nil {
+		t.Fatalf("release the adopted 41: %v", err)
+	}
+	if fps, err := d.m.Fingerprints(); err != nil || len(fps) != 2 {
+		t.Errorf("after releasing 41: %+v, %v", fps, err)
+	}
 }
