@@ -122,6 +122,9 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 	}
 	ip := p.Addr.Unmap()
 	v, tr := model.Explain(refmodel.ProbePacket(ip, p.Proto, p.SPort, p.DPort, p.Len, p.TTL, p.Flags), st.NowNS)
+	if err := model.LiveErr(); err != nil {
+		return control.Explanation{}, fmt.Errorf("explain: read the data plane's tables: %w", err)
+	}
 	e := control.Explanation{
 		IP: ip, Generation: d.generation,
 		Packet:  control.ExplainPacket{SPort: p.SPort, DPort: p.DPort, Len: p.Len},

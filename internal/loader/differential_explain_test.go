@@ -15,9 +15,8 @@ import (
 	"github.com/edgeguard/edgeguard/internal/refmodel"
 )
 
-// explainSizes keep the tables explain reads per packet small (the
-// new-source filter is 1,024 words); an LRU eviction changes nothing
-// here, as every packet's model is loaded from the maps as they are.
+// explainSizes are small tables; an LRU eviction changes nothing here,
+// as every packet's model is loaded from the maps as they are.
 var explainSizes = loader.Sizes{MaxRules: 64, SrcEntries: 512, AggEntries: 1024, PrefixEntries: 1024, ListEntries: 256, L4Entries: 64}
 
 // randStanding writes random standing entries for the random frames'
@@ -100,6 +99,9 @@ func (h *diffHarness) explainStep(frame []byte, ns uint64, seen map[string]int) 
 		}
 	} else {
 		want = model.Run(frame, st.NowNS)
+	}
+	if err := model.LiveErr(); err != nil {
+		h.tb.Fatalf("explain's lookups: %v", err)
 	}
 	before := h.programCell(want.Action, want.Reason)
 	got := h.td.run(frame)

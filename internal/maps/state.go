@@ -40,28 +40,63 @@ type State struct {
 	Facts     map[loader.LimiterEgLpmKey]loader.LimiterEgPrefixVal
 	Lists     map[loader.LimiterEgLpmKey]loader.LimiterEgListVal
 	KnownGood []loader.LimiterEgLpmKey
-	Src       map[loader.LimiterEgSrcKey]loader.LimiterEgSrcBucket
-	Agg       map[loader.LimiterEgAggKey]loader.LimiterEgBucket
 	// Whole are the whole aggregates' buckets by slot (zero ones left out).
-	Whole  map[uint32]loader.LimiterEgBucket
-	Global loader.LimiterEgBucket
-	// Seen is the new-source filter (zero words left out).
-	Seen      map[uint32]uint64
-	Standing  map[loader.LimiterEgStandingKey]loader.LimiterEgStandingVal
+	Whole     map[uint32]loader.LimiterEgBucket
+	Global    loader.LimiterEgBucket
 	Overrides map[loader.LimiterEgAggKey]loader.LimiterEgOverride
 	// Gate is agg_gate by slot (zero words left out).
 	Gate         map[uint32]uint32
 	FpMasks      loader.LimiterEgFpMasks
 	Fingerprints map[loader.LimiterEgFpKey]loader.LimiterEgFpVal
+
+	// The large tables (per-source and aggregate buckets, the new-source
+	// filter, standing) are not read whole: a decision touches a few
+	// entries of them, looked up when the model first needs each (Src,
+	// Agg, SeenWord, StandingOf), so explain costs the same with a full
+	// table under a flood as with an empty one.
+	m *Maps
+}
+
+// Src looks a per-source bucket up.
+func (s *State) Src(k loader.LimiterEgSrcKey) (loader.LimiterEgSrcBucket, bool, error) {
+	var v loader.LimiterEgSrcBucket
+	err := s.m.o.SrcBuckets.Lookup(k, &v)
+	return v, err == nil, notExistIsNil(err)
+}
+
+// Agg looks a derived-prefix or ASN aggregate's bucket up.
+func (s *State) Agg(k loader.LimiterEgAggKey) (loader.LimiterEgBucket, bool, error) {
+	var v loader.LimiterEgBucket
+	err := s.m.o.AggBuckets.Lookup(k, &v)
+	return v, err == nil, notExistIsNil(err)
+}
+
+// SeenWord reads word idx of the new-source filter.
+func (s *State) SeenWord(idx uint32) (uint64, error) {
+	var w uint64
+	return w, s.m.o.SeenFilter.Lookup(idx, &w)
+}
+
+// StandingOf looks a source's standing entry up.
+func (s *State) StandingOf(k loader.LimiterEgStandingKey) (loader.LimiterEgStandingVal, bool, error) {
+	var v loader.LimiterEgStandingVal
+	err := s.m.o.Standing.Lookup(k, &v)
+	return v, err == nil, notExistIsNil(err)
+}
+
+func notExistIsNil(err error) error {
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
 }
 
 // ReadState reads the program's decision state (see State).
 func (m *Maps) ReadState() (*State, error) {
-	s := &State{MaxRules: m.d.Sizes.MaxRules, SeenWords: m.o.SeenFilter.MaxEntries()}
+	s := &State{MaxRules: m.d.Sizes.MaxRules, SeenWords: m.o.SeenFilter.MaxEntries(), m: m}
 	for _, read := range []func(*State) error{
 		m.readClock, m.readGeneration, m.readRules, m.readL4, m.readFacts, m.readLists, m.readKnownGood,
-		m.readSrcBuckets, m.readAggBuckets, m.readWholeBuckets, m.readGlobalBucket, m.readSeen,
-		m.readStandingTable, m.readOverrides, m.readGateWords, m.readFingerprints,
+		m.readWholeBuckets, m.readGlobalBucket, m.readOverrides, m.readGateWords, m.readFingerprints,
 	} {
 		if err := read(s); err != nil {
 			return nil, fmt.Errorf("read data plane state: %w", err)
@@ -155,16 +190,6 @@ func (m *Maps) readKnownGood(s *State) error {
 	return wrapRead("known_good", err)
 }
 
-func (m *Maps) readSrcBuckets(s *State) (err error) {
-	s.Src, err = readHash[loader.LimiterEgSrcKey, loader.LimiterEgSrcBucket](m.o.SrcBuckets)
-	return wrapRead("per-source buckets", err)
-}
-
-func (m *Maps) readAggBuckets(s *State) (err error) {
-	s.Agg, err = readHash[loader.LimiterEgAggKey, loader.LimiterEgBucket](m.o.AggBuckets)
-	return wrapRead("aggregate buckets", err)
-}
-
 func (m *Maps) readWholeBuckets(s *State) error {
 	all, err := readArray[loader.LimiterEgBucket](m.o.WholeBuckets)
 	s.Whole = nonZero(all)
@@ -174,17 +199,6 @@ func (m *Maps) readWholeBuckets(s *State) error {
 func (m *Maps) readGlobalBucket(s *State) error {
 	slot := uint32(loader.LimiterEgGlobalSlotEG_GLOBAL_BUCKET)
 	return wrapRead("global bucket", m.o.GlobalBuckets.Lookup(slot, &s.Global))
-}
-
-func (m *Maps) readSeen(s *State) error {
-	all, err := readArray[uint64](m.o.SeenFilter)
-	s.Seen = nonZero(all)
-	return wrapRead("new-source filter", err)
-}
-
-func (m *Maps) readStandingTable(s *State) (err error) {
-	s.Standing, err = readHash[loader.LimiterEgStandingKey, loader.LimiterEgStandingVal](m.o.Standing)
-	return wrapRead("standing", err)
 }
 
 func (m *Maps) readOverrides(s *State) (err error) {

@@ -21,11 +21,92 @@ func FromState(s *maps.State) (*Model, error) {
 	m.seenMask = s.SeenWords - 1
 	ids := loadGeneration(m, s)
 	for _, load := range []func(*Model, *maps.State, map[uint32]uint32){
-		loadLists, loadKnownGood, loadBuckets, loadSeen, loadStanding, loadOverrides, loadFingerprints,
+		loadLists, loadKnownGood, loadBuckets, loadOverrides, loadFingerprints,
 	} {
 		load(m, s, ids)
 	}
+	m.live = &liveTables{s: s, tried: map[any]bool{}}
 	return m, nil
+}
+
+// liveTables looks the large tables up entry by entry as the decision
+// first needs each (maps.State); an entry looked up once is the model's
+// from then on. The first lookup error is kept (LiveErr).
+type liveTables struct {
+	s     *maps.State
+	tried map[any]bool
+	err   error
+}
+
+// LiveErr is the first error looking up the program's tables (FromState
+// models), nil if none: a decision that met one is not the program's.
+func (m *Model) LiveErr() error {
+	if m.live == nil {
+		return nil
+	}
+	return m.live.err
+}
+
+func (l *liveTables) first(k any) bool {
+	if l == nil || l.tried[k] {
+		return false
+	}
+	l.tried[k] = true
+	return true
+}
+
+func (l *liveTables) fail(err error) {
+	if err != nil && l.err == nil {
+		l.err = err
+	}
+}
+
+// faultSrc brings a per-source bucket in (with its packet count).
+func (m *Model) faultSrc(k SrcKey) {
+	if _, ok := m.src[k]; ok || !m.live.first(k) {
+		return
+	}
+	v, ok, err := m.live.s.Src(k)
+	m.live.fail(err)
+	if ok {
+		m.src[k], m.srcPkts[k] = v.B, v.Pkts
+	}
+}
+
+// faultAgg brings a derived-prefix or ASN aggregate's bucket in.
+func (m *Model) faultAgg(k AggKey) {
+	if _, ok := m.agg[k]; ok || !m.live.first(k) {
+		return
+	}
+	v, ok, err := m.live.s.Agg(k)
+	m.live.fail(err)
+	if ok {
+		m.agg[k] = v
+	}
+}
+
+// faultSeen brings a word of the new-source filter in.
+func (m *Model) faultSeen(idx uint32) {
+	if _, ok := m.seen[idx]; ok || !m.live.first(idx) {
+		return
+	}
+	w, err := m.live.s.SeenWord(idx)
+	m.live.fail(err)
+	if w != 0 {
+		m.seen[idx] = w
+	}
+}
+
+// faultStanding brings a source's standing entry in.
+func (m *Model) faultStanding(k StandingKey) {
+	if _, ok := m.standing[k]; ok || !m.live.first(k) {
+		return
+	}
+	v, ok, err := m.live.s.StandingOf(k)
+	m.live.fail(err)
+	if ok {
+		m.standing[k] = v
+	}
 }
 
 // noRule is the id a slot without a valid rule is loaded as: no rule of
@@ -89,34 +170,16 @@ func loadKnownGood(m *Model, s *maps.State, _ map[uint32]uint32) {
 	m.knownGood = newLPMTable(t)
 }
 
-// loadBuckets loads the bucket tables; whole aggregates are by slot in
-// the program, by rule id in the model.
+// loadBuckets loads the whole aggregates (by slot in the program, by
+// rule id in the model) and the global bucket; per-source and derived
+// aggregate buckets are looked up as needed (faultSrc, faultAgg).
 func loadBuckets(m *Model, s *maps.State, ids map[uint32]uint32) {
-	for k, v := range s.Src {
-		m.src[k] = v.B
-		m.srcPkts[k] = v.Pkts
-	}
-	for k, v := range s.Agg {
-		m.agg[k] = v
-	}
 	for slot, b := range s.Whole {
 		if id, ok := ids[slot]; ok {
 			m.whole[id] = b
 		}
 	}
 	m.global = s.Global
-}
-
-func loadSeen(m *Model, s *maps.State, _ map[uint32]uint32) {
-	for i, w := range s.Seen {
-		m.seen[i] = w
-	}
-}
-
-func loadStanding(m *Model, s *maps.State, _ map[uint32]uint32) {
-	for k, v := range s.Standing {
-		m.standing[k] = v
-	}
 }
 
 // loadOverrides loads the overrides as they are (new-source buckets

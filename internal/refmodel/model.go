@@ -148,7 +148,8 @@ type Model struct {
 	// and SetOverride keep no gate, as maps.Maps keeps a bit for every
 	// override).
 	gate  map[uint32]uint32
-	trace *Trace // non-nil during Explain
+	trace *Trace      // non-nil during Explain
+	live  *liveTables // FromState: the program's large tables, looked up as needed
 }
 
 // New returns a model of a program loaded with room for maxRules rules
@@ -486,6 +487,7 @@ func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 	}
 	if asn != 0 && r.asLim {
 		nk = AggKey{RuleId: r.id, Kind: AggKindASN, Asn: asn}
+		m.faultAgg(nk)
 		if nb, ok := m.agg[nk]; ok && !m.ovrPeek(nk, nb, r.asn, r.reserve, maps.ClassAggASN, ss) {
 			return m.limited(v, maps.ReasonASNLimit, &r, ss)
 		}
@@ -503,6 +505,7 @@ func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 				n = 96 + int(min(r.aggLen4, 32))
 			}
 			ak = AggKey{RuleId: r.id, Kind: AggKindPrefix, Addr: maskAddr(pi.Addr, n), Len: uint8(n)}
+			m.faultAgg(ak)
 			if ab, ok := m.agg[ak]; ok && !m.ovrPeek(ak, ab, r.agg, r.reserve, maps.ClassAggPrefix, ss) {
 				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
@@ -517,6 +520,7 @@ func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 			n = 96 + int(min(r.srcLen4, 32))
 		}
 		sk := SrcKey{RuleId: r.id, Addr: maskAddr(pi.Addr, n)}
+		m.faultSrc(sk)
 		b, have := m.src[sk]
 		before, existed, seen := b, have, -1
 		ss.srckey = (v4 && r.srcLen4 == 32) || (!v4 && r.srcLen6 == 64)
@@ -573,6 +577,7 @@ func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 		}
 	}
 	if r.aggMode == maps.AggDerived && r.aggLim {
+		m.faultAgg(ak)
 		b, have := m.agg[ak]
 		if !have && gated(r.agg) {
 			if state, _ := m.seenMark(aggKeyBytes(ak), now, false); state != seenNew {
@@ -592,6 +597,7 @@ func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 		}
 	}
 	if asn != 0 && r.asLim {
+		m.faultAgg(nk)
 		b := m.agg[nk]
 		ok := m.ovrTake(nk, &b, r.asn, r.reserve, maps.ClassAggASN, ss)
 		m.agg[nk] = b

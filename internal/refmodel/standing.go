@@ -71,6 +71,7 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 	ss.looked = true
 	cls := maps.ClassNew
 	k := ss.key()
+	m.faultStanding(k)
 	if e, ok := m.standing[k]; ok {
 		if !ss.counted {
 			e.Pkts++
@@ -179,6 +180,7 @@ func (m *Model) standingTouch(ss *srcState, salt uint32) bool {
 	epoch := ((ss.now >> maps.TickShift) >> seenEpochShift) & 0xff
 	bit := uint64(1)<<(uint64(h&63)%seenBits) | uint64(1)<<(uint64((h*0x9e3779b1)>>26)%seenBits)
 	mask := uint64(1)<<seenBits - 1
+	m.faultSeen(idx)
 	old := m.seen[idx]
 	tag := old >> (2 * seenBits)
 	var cur, prev uint64
@@ -220,6 +222,7 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 	}
 	ns := ss.now >> maps.TickShift
 	k := ss.key()
+	m.faultStanding(k)
 	e, ok := m.standing[k]
 	if ownLimit {
 		if !ok {
@@ -278,7 +281,9 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 	if ss.v4 {
 		n = 128
 	}
-	src := m.srcPkts[SrcKey{RuleId: ss.ruleID, Addr: maskAddr(ss.addr, n)}]
+	sk := SrcKey{RuleId: ss.ruleID, Addr: maskAddr(ss.addr, n)}
+	m.faultSrc(sk)
+	src := m.srcPkts[sk]
 	if e.RateAt != 0 && ns > e.RateAt {
 		dt := (ns - e.RateAt) / 1000000
 		if dt == 0 {
