@@ -260,6 +260,9 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		st.eng.SetASNOf(asnOfPrefix(table))
 		out = st.eng.Reconfigure(cfg, now)
 	}
+	if cfg.Mode == shield.ModeOff && st.eng == nil && gen == 1 {
+		d.leftoverShield(now)
+	}
 	if prev != cfg.Mode || gen == 1 {
 		d.log.Info("shield", "mode", cfg.Mode, "interval", cfg.Interval, "learn_for", cfg.LearnFor, "factor", cfg.Detect.Factor)
 	}

@@ -251,3 +251,31 @@ func ratePPS(r maps.Rate) float64 {
 	}
 	return float64(r.Count) / r.Per.Seconds()
 }
+
+// leftoverShield says, with the shield off at start, which of an earlier
+// run's shield actions the data plane still holds: nothing adopts them;
+// they stay until they expire, or `edgectl show remove` removes them.
+func (d *Daemon) leftoverShield(now time.Time) {
+	fps, err := d.m.Fingerprints()
+	if err != nil {
+		d.log.Warn("shield: read the data plane's fingerprints", "err", err)
+	}
+	for _, f := range fps {
+		if f.Origin == maps.OriginShield {
+			d.log.Warn("shield off: an earlier run's fingerprint stays in force until it expires (edgectl show remove fingerprint ID)",
+				"id", f.ID, "fingerprint", f.Match(), "expires", f.Expires)
+		}
+	}
+	ovrs, err := d.m.Overrides()
+	if err != nil {
+		d.log.Warn("shield: read the data plane's overrides", "err", err)
+	}
+	for _, o := range ovrs {
+		for _, p := range o.Parts {
+			if p.Origin == maps.OriginShield && p.Expires.After(now) {
+				d.log.Warn("shield off: an earlier run's tighten stays in force until it expires (edgectl show remove override AGGREGATE --origin shield)",
+					"aggregate", o.Aggregate.String(), "expires", p.Expires)
+			}
+		}
+	}
+}
