@@ -568,7 +568,7 @@ func (r *recentSamples) of(ip netip.Addr, n int, names map[uint32]string) []cont
 		}
 		out = append(out, control.ExplainSample{
 			Time: t.at, Action: maps.ActionName(t.s.Action), Reason: maps.ReasonName(t.s.Reason),
-			Rule: names[t.s.RuleID], Proto: t.s.Proto, SPort: t.s.SPort, DPort: t.s.DPort, Len: t.s.Len,
+			Rule: names[t.s.RuleSlot], Proto: t.s.Proto, SPort: t.s.SPort, DPort: t.s.DPort, Len: t.s.Len,
 		})
 	}
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {

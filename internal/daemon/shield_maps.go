@@ -146,7 +146,7 @@ func toShieldSample(s maps.Sample, slotToID map[uint32]uint32, table *asn.Table)
 	if !ok || !s.Source.IsValid() {
 		return shield.Sample{}, false
 	}
-	id, ok := slotToID[s.RuleID]
+	id, ok := slotToID[s.RuleSlot]
 	if !ok {
 		return shield.Sample{}, false
 	}

@@ -287,7 +287,7 @@ func (t *topTalkers) add(now time.Time, s maps.Sample) {
 		b.counts[topKey{topASN, "AS" + strconv.FormatUint(uint64(s.ASN), 10), a}]++
 	}
 	b.counts[topKey{topReason, maps.ReasonName(s.Reason), a}]++
-	b.counts[topKey{topRule, strconv.FormatUint(uint64(s.RuleID), 10), a}]++
+	b.counts[topKey{topRule, strconv.FormatUint(uint64(s.RuleSlot), 10), a}]++
 }
 
 // report sums the window; ruleName names a rule table slot ("" for a slot

@@ -144,7 +144,7 @@ func loadGeneration(m *Model, s *maps.State) map[uint32]uint32 {
 	}
 	facts := map[prefixKey]fact{}
 	for k, v := range s.Facts {
-		facts[prefixKey{addr: k.Addr, bits: int(k.Prefixlen)}] = fact{ruleID: idOf(v.RuleId), asn: v.Asn, prefix: maps.PrefixFromKey(k)}
+		facts[prefixKey{addr: k.Addr, bits: int(k.Prefixlen)}] = fact{ruleID: idOf(v.RuleSlot), asn: v.Asn, prefix: maps.PrefixFromKey(k)}
 	}
 	g.prefixes = newLPMTable(facts)
 	if s.Config.Valid != 0 {
