@@ -70,7 +70,7 @@ volatile const struct eg_btf_anchor eg_btf_anchor;
 struct verdict {
 	__u32 action;
 	__u32 reason;
-	__u32 rule_id;
+	__u32 rule_slot;
 	__u32 asn;
 	__u8 counted_rule;
 	__u8 gen;     /* the live generation, once known */
@@ -114,9 +114,9 @@ static __always_inline void count(__u32 ifindex, __u32 action, __u32 reason, __u
 	}
 }
 
-static __always_inline void count_rule(__u32 rule_id, __u32 action, __u32 len)
+static __always_inline void count_rule(__u32 rule_slot, __u32 action, __u32 len)
 {
-	struct eg_rule_counters *rc = bpf_map_lookup_elem(&rule_stats, &rule_id);
+	struct eg_rule_counters *rc = bpf_map_lookup_elem(&rule_stats, &rule_slot);
 
 	if (rc && action < EG_ACT_MAX) {
 		rc->by_action[action].packets++;
@@ -130,7 +130,7 @@ static __always_inline void fill_sample(struct eg_sample *s, const struct verdic
 	s->ktime_ns = now >> EG_TICK_SHIFT;
 	__builtin_memcpy(s->addr, pi->addr, 16);
 	s->asn = v->asn;
-	s->rule_id = v->rule_id;
+	s->rule_slot = v->rule_slot;
 	s->len = pi->len > 0xffff ? 0xffff : pi->len;
 	s->sport = pi->sport;
 	s->dport = pi->dport;
@@ -198,7 +198,7 @@ __attribute__((noinline)) int eg_rate_sample(__u64 a1, __u64 a2, __u64 hi, __u64
 	/* Scalars only, not pointers to the caller's stack: passing those
 	 * would make the verifier walk every exit's state again. */
 	struct verdict v = { .action = a1 & 0xff, .reason = (a1 >> 8) & 0xff, .gen = (a1 >> 16) & 1,
-			     .rule_id = ids, .asn = ids >> 32 };
+			     .rule_slot = ids, .asn = ids >> 32 };
 	struct pkt_info p = { .proto = a1 >> 24, .ttl = a1 >> 32, .tcp_flags = a1 >> 40, .sport = a2,
 			      .dport = a2 >> 16, .ip_len = a2 >> 32, .len = a2 >> 48 };
 	struct eg_rsample_stats *st;
@@ -252,7 +252,7 @@ static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, c
 
 	count(ctx->ingress_ifindex, v->action, v->reason, pi->len);
 	if (v->counted_rule)
-		count_rule(v->rule_id, v->action, pi->len);
+		count_rule(v->rule_slot, v->action, pi->len);
 	if (v->action != EG_ACT_PASS && v->reason != EG_R_DENY_LIST && now)
 		sample(v, pi, cfg, now);
 	if (now) {
@@ -274,7 +274,7 @@ static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, c
 		eg_rate_sample(v->action | v->reason << 8 | (__u64)v->gen << 16 | (__u64)pi->proto << 24 |
 				       (__u64)pi->ttl << 32 | (__u64)pi->tcp_flags << 40,
 			       pi->sport | (__u64)pi->dport << 16 | (__u64)pi->ip_len << 32 | (__u64)pi->len << 48, hi,
-			       lo, v->rule_id | (__u64)v->asn << 32);
+			       lo, v->rule_slot | (__u64)v->asn << 32);
 	}
 	return ret;
 }
@@ -322,7 +322,7 @@ static __always_inline __u32 l4_proto_bit(__u8 proto)
 
 /* l4_rule finds a rule matching protocol and ports: source port first (the
  * reflection case), then destination port, then the protocol alone. */
-static __always_inline int l4_rule(const struct pkt_info *pi, __u32 gen, __u32 *rule_id)
+static __always_inline int l4_rule(const struct pkt_info *pi, __u32 gen, __u32 *rule_slot)
 {
 	struct eg_l4_key k = { .gen = gen, .proto = pi->proto };
 	__u32 *id;
@@ -345,7 +345,7 @@ static __always_inline int l4_rule(const struct pkt_info *pi, __u32 gen, __u32 *
 	if (!id)
 		return 0;
 found:
-	*rule_id = *id;
+	*rule_slot = *id;
 	return 1;
 }
 
@@ -367,14 +367,14 @@ static __always_inline void v4_direct_lookup(__u32 gen, const __u8 *addr, struct
 	e = bpf_map_lookup_elem(&v4_l1, &idx);
 #pragma unroll
 	for (int i = 0; i < EG_V4_LEVELS; i++) {
-		if (!e || e->rule_id != EG_V4_CHILD)
+		if (!e || e->rule_slot != EG_V4_CHILD)
 			break;
 		idx = e->asn * EG_V4_CHUNK_ENTRIES +
 		      ((a >> (32 - EG_V4_L1_BITS - EG_V4_STRIDE * (i + 1))) & (EG_V4_CHUNK_ENTRIES - 1));
 		e = bpf_map_lookup_elem(&v4_chunks, &idx);
 	}
-	if (e && e->rule_id != EG_V4_CHILD) {
-		v->rule_id = e->rule_id;
+	if (e && e->rule_slot != EG_V4_CHILD) {
+		v->rule_slot = e->rule_slot;
 		v->asn = e->asn;
 	}
 }
@@ -608,6 +608,9 @@ struct src_state {
 	__u8 agg_len4, agg_len6; /* the rule's */
 	/* For fingerprints (eg_fingerprint). */
 	__u8 proto, ttl, tcp_flags;
+	/* The reason an override gives the refusal (EG_R_SHIELD_TIGHTEN,
+	 * ...), 0: the aggregate's own (padding before). */
+	__u8 refused_reason;
 	__u16 ip_len;
 };
 
@@ -855,6 +858,17 @@ static __always_inline int charged_new(const struct eg_override *o, struct src_s
 	return !privileged(cls);
 }
 
+/* ovr_reason is the drop reason of a refusal an override's part made:
+ * named by the part's writer (enum eg_origin). */
+static __always_inline __u8 ovr_reason(__u32 origin)
+{
+	if (origin == EG_ORIGIN_SHIELD)
+		return EG_R_SHIELD_TIGHTEN;
+	if (origin == EG_ORIGIN_FLEET)
+		return EG_R_FLEET_SHARE;
+	return EG_R_OVERRIDE;
+}
+
 /* eg_watch_all counts a packet that reached the buckets in the counters of
  * each watched aggregate instance on its path, creating them on its first
  * packet. */
@@ -901,6 +915,7 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 					  struct src_state *ss)
 {
 	__u16 reserve = ra >> 8;
+	const struct eg_bucket_cfg *pcfg = cfg;
 	struct eg_override *o;
 
 	if (!b || !cfg || !ss)
@@ -911,12 +926,15 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 	if (charged_new(o, ss) && !bucket_would_admit(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
 		ss->refused_agg = ra & 0xff;
 		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		ss->refused_reason = ovr_reason(o->origin >> 8 & 0xff);
 		return 0;
 	}
 	if (!bucket_would_admit(b, cfg, ss->now, ss->len)) {
 		ss->congested = 1;
 		ss->refused_agg = ra & 0xff;
 		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		if (o && cfg != pcfg)
+			ss->refused_reason = ovr_reason(o->origin & 0xff);
 		return 0;
 	}
 	if (reserve && !bucket_would_admit_r(b, cfg, ss->now, ss->len, reserve)) {
@@ -924,6 +942,8 @@ __attribute__((noinline)) int eg_agg_peek(const struct eg_bucket *b, const struc
 		if (!privileged(source_class(ss, 1))) {
 			ss->refused_agg = ra & 0xff;
 			ss->refused_outcome = EG_CO_REFUSED_RESERVE;
+			if (o && cfg != pcfg)
+				ss->refused_reason = ovr_reason(o->origin & 0xff);
 			return 0;
 		}
 	}
@@ -976,6 +996,7 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 					  struct src_state *ss)
 {
 	__u32 agg = ra & 0xff;
+	const struct eg_bucket_cfg *pcfg;
 	struct eg_override *o;
 	int fresh;
 
@@ -985,14 +1006,18 @@ __attribute__((noinline)) int eg_agg_take(struct eg_bucket *b, const struct eg_b
 	 * bucket is charged first and given back if the aggregate refuses
 	 * (TATs add, so the refund is exact). */
 	o = ovr_find(agg, ss);
+	pcfg = cfg;
 	cfg = ovr_budget(o, cfg, ss);
 	fresh = charged_new(o, ss);
 	if (fresh && !bucket_take(&o->new_bucket, &o->new_budget, ss->now, ss->len)) {
 		ss->refused_agg = agg;
 		ss->refused_outcome = EG_CO_REFUSED_FULL;
+		ss->refused_reason = ovr_reason(o->origin >> 8 & 0xff);
 		return 0;
 	}
 	if (!eg_agg_take_cfg(b, cfg, ra, ss)) {
+		if (o && cfg != pcfg)
+			ss->refused_reason = ovr_reason(o->origin & 0xff);
 		if (fresh) {
 			if (o->new_budget.pkt_t)
 				gcra_refund(&o->new_bucket.pkt_tat, o->new_budget.pkt_t);
@@ -1519,7 +1544,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	 * sources use the generation's direct table when it has one; it holds
 	 * the same answers as the trie (IPv6 facts above ::ffff:0:0/96
 	 * included). */
-	v.rule_id = 0;
+	v.rule_slot = 0;
 	v4 = is_v4_mapped_addr(pi.addr);
 	if (v4 && cfg->v4_direct) {
 		v4_direct_lookup(gen, pi.addr, &v);
@@ -1528,7 +1553,7 @@ int xdp_limiter(struct xdp_md *ctx)
 		if (trie) {
 			pv = bpf_map_lookup_elem(trie, &u.lk);
 			if (pv) {
-				v.rule_id = pv->rule_id;
+				v.rule_slot = pv->rule_slot;
 				v.asn = pv->asn;
 			}
 		}
@@ -1536,11 +1561,11 @@ int xdp_limiter(struct xdp_md *ctx)
 
 	/* 3. L4 rules override the prefix rule (reflection, per-protocol). */
 	if (cfg->l4_protos & l4_proto_bit(pi.proto))
-		l4_rule(&pi, gen, &v.rule_id);
+		l4_rule(&pi, gen, &v.rule_slot);
 
-	if (v.rule_id >= eg_max_rules)
+	if (v.rule_slot >= eg_max_rules)
 		goto no_policy;
-	idx = gen * eg_max_rules + v.rule_id;
+	idx = gen * eg_max_rules + v.rule_slot;
 	rule = bpf_map_lookup_elem(&rules, &idx);
 	if (!rule || !rule->valid)
 		goto no_policy;
@@ -1561,7 +1586,7 @@ int xdp_limiter(struct xdp_md *ctx)
 	ss.gen = gen;
 	ss.v4 = v4;
 	/* The rule's gate word (aggregate overrides, watches): usually 0. */
-	gatep = bpf_map_lookup_elem(&agg_gate, &v.rule_id);
+	gatep = bpf_map_lookup_elem(&agg_gate, &v.rule_slot);
 	ss.gate = gatep ? *gatep : 0;
 	ss.rule_id = rule->id;
 	ss.asn = v.asn;
@@ -1633,9 +1658,9 @@ int xdp_limiter(struct xdp_md *ctx)
 	}
 	if (rule->agg_mode != EG_AGG_NONE && bucket_limited(&rule->agg)) {
 		if (rule->agg_mode != EG_AGG_DERIVED) {
-			/* Whole. v.rule_id is the rule's slot, < eg_max_rules:
+			/* Whole. v.rule_slot is the rule's slot, < eg_max_rules:
 			 * the lookup only fails if the map were smaller. */
-			ab = bpf_map_lookup_elem(&whole_buckets, &v.rule_id);
+			ab = bpf_map_lookup_elem(&whole_buckets, &v.rule_slot);
 		} else {
 			agg_derived_key(&ak, rule, &pi, v4);
 			ab = bpf_map_lookup_elem(&agg_buckets, &ak);
@@ -1722,6 +1747,9 @@ int xdp_limiter(struct xdp_md *ctx)
 	goto standing_out;
 
 limited:
+	/* An override that refused names its writer. */
+	if (ss.refused_reason)
+		v.reason = ss.refused_reason;
 	v.action = EG_ACT_DROP;
 verdict:
 	dry = cfg->mode == EG_MODE_DRY_RUN;

@@ -58,7 +58,7 @@ struct {
 	__type(value, struct eg_config);
 } configs SEC(".maps");
 
-/* Rules of both generations: index gen * max_rules + rule_id. */
+/* Rules of both generations: index gen * max_rules + the rule's slot. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2 * EG_DEFAULT_MAX_RULES);

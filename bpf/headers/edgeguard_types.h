@@ -81,7 +81,14 @@ enum eg_reason {
 	EG_R_ICMP_WRONG_FAMILY = 17, /* ICMP under the wrong IP family: IPv4 protocol
 				* 58 (ICMPv6), IPv6 next header 1 (ICMP) */
 	EG_R_FINGERPRINT = 18, /* a fingerprint rule's bucket is empty (adaptive shield) */
-	EG_R_MAX = 19,
+	/* An aggregate refused the packet under an override (docs/operations.md,
+	 * "Drop reasons"): its budget part was in force, or its new-source part
+	 * refused; named by that part's writer, so that the policy's own
+	 * *_limit reasons count only the operator's budgets. */
+	EG_R_SHIELD_TIGHTEN = 19, /* written by the adaptive shield */
+	EG_R_FLEET_SHARE = 20,    /* written by fleet mode (this host's share) */
+	EG_R_OVERRIDE = 21,       /* written by anyone else (edgectl) */
+	EG_R_MAX = 22,
 };
 
 enum eg_mode {
@@ -159,7 +166,7 @@ enum eg_origin {
 /* Prefix facts trie value: everything the control plane knows about a
  * source prefix, most specific wins (rule prefix, ASN range, country). */
 struct eg_prefix_val {
-	__u32 rule_id;
+	__u32 rule_slot;
 	__u32 asn;
 	__u16 country; /* two ASCII letters, first in the high byte; 0 = unknown */
 	__u16 _pad0;
@@ -173,10 +180,10 @@ struct eg_prefix_val {
 /* One entry of the IPv4 direct table, the compiled form of the prefix facts
  * for IPv4 sources: either the answer of the most specific fact covering
  * the entry's addresses (rule slot and ASN; 0/0 when none does), or, when
- * rule_id is EG_V4_CHILD, the index of the chunk one level down in asn
+ * rule_slot is EG_V4_CHILD, the index of the chunk one level down in asn
  * (an index into v4_chunks in units of chunks, generation included). */
 struct eg_v4_entry {
-	__u32 rule_id;
+	__u32 rule_slot;
 	__u32 asn;
 };
 
@@ -312,7 +319,7 @@ struct eg_sample {
 	__u64 ktime_ns;
 	__u8 addr[16];
 	__u32 asn;
-	__u32 rule_id;
+	__u32 rule_slot;
 	__u16 len; /* the frame's length */
 	__u16 dport;
 	__u16 sport;

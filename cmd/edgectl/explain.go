@@ -20,17 +20,22 @@ func newExplainCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "explain ADDR",
 		Short: "Say what the data plane would do with the next packet from an address, and why",
-		Long: `Explain reads the running data plane's maps and says what it would do with the next packet
-from ADDR: the deny or allow entry that covers it, its ASN and country, the rule it is charged
-to and where that rule came from (prefix, ASN, country, default or an L4 rule), every bucket
-on its path with what is available in it now, the source's standing, and the last drop
-samples the data plane sent for it. When the policy protects TCP services (syn:), it also
+		Long: `Explain reads the running data plane's maps and decides the next packet from ADDR with
+the reference model of the XDP program (the one the differential tests hold to it), fed with
+that state: the deny or allow entry that covers it, its ASN and country, the rule it is charged
+to and where that rule came from (prefix, ASN, country, default or an L4 rule), a fingerprint
+rule it matches, every bucket on its path in the program's order (looked at, then charged)
+with what is available in it now and the override (shield, fleet, cli) in force on it, the
+class the decision gave the source, its standing, and the last drop samples the data plane
+sent for it. When the policy protects TCP services (syn:), it also
 says what the SYN path would do with a SYN from ADDR to each one (answered with a cookie,
 passed as a validated source, dropped by the answer budget of its prefix, ...), what is
 left of that budget, and the service's SYN counters. Nothing is charged or created.
 
---proto, --sport and --dport describe the packet for the L4 rules (without --proto no L4
-rule matches); --len its size for byte limits.`,
+--proto, --sport and --dport describe the packet for the L4 rules and fingerprints (without
+--proto no L4 rule matches); --len the frame's size (byte limits; a fingerprint's len is the IP
+length, --len minus 14); --ttl and --flags (the TCP flags byte) the fields fingerprints may
+also match.`,
 		Args: cobra.ExactArgs(1),
 	}
 	asJSON := addJSONFlag(cmd)
@@ -39,6 +44,8 @@ rule matches); --len its size for byte limits.`,
 	cmd.Flags().Uint16Var(&q.SPort, "sport", 0, "the packet's source port")
 	cmd.Flags().Uint16Var(&q.DPort, "dport", 0, "the packet's destination port (ICMP: the type)")
 	cmd.Flags().Uint32Var(&q.Len, "len", 64, "the frame's length in bytes")
+	cmd.Flags().Uint8Var(&q.TTL, "ttl", 64, "the packet's TTL or hop limit")
+	cmd.Flags().Uint8Var(&q.Flags, "flags", 0, "the TCP flags byte (e.g. 2 for a SYN)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ip, err := netip.ParseAddr(args[0])
 		if err != nil {
@@ -101,6 +108,29 @@ func printExplanation(out io.Writer, e control.Explanation) {
 			fmt.Fprintf(w, "rate\tusual %.4g/s, current %.4g/s (measured %.1fs ago)%s\n", r.Usual, r.Current, r.Measured, jumped)
 		}
 	}
+	if f := e.Fingerprint; f != nil {
+		state := "its bucket has room"
+		switch {
+		case f.Dropped:
+			state = "refused: dropped (fingerprint)"
+		case f.Spared:
+			state = "refused, but the source is validated: passed"
+		case f.Refused:
+			state = "refused (dry run: counted, passed)"
+		}
+		budget := "no budget: every match is refused"
+		if f.Packets != nil {
+			budget = fmt.Sprintf("%s, %s/%s available", f.Packets.Limit, human(f.Packets.Available), human(f.Packets.Burst))
+		}
+		until := "never expires"
+		if f.Expires != nil {
+			until = "until " + f.Expires.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "fingerprint	#%d %s (%s, %s; %s): %s\n", f.ID, f.Match, f.Origin, until, budget, state)
+	}
+	if e.Class != "" {
+		fmt.Fprintf(w, "class	%s (as the decision saw the source)\n", e.Class)
+	}
 	printExplainSYN(w, e.SYN)
 	for _, a := range e.Shield {
 		fmt.Fprintf(w, "shield\t%s\n", shieldExplainLine(a))
@@ -109,11 +139,15 @@ func printExplanation(out io.Writer, e control.Explanation) {
 	if len(e.Buckets) > 0 {
 		fmt.Fprintln(out)
 		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(w, "BUCKET\tKEY\tLIMIT\tAVAILABLE/BURST\tRESERVE\tADMITS")
+		fmt.Fprintln(w, "STEP\tBUCKET\tKEY\tLIMIT\tAVAILABLE/BURST\tRESERVE\tADMITS")
 		for _, b := range e.Buckets {
 			key := b.Key
 			if !b.Exists && b.Kind != "global" && key != "whole" {
 				key += " (not in the table: full)"
+			}
+			if b.Uncharged {
+				fmt.Fprintf(w, "%s\t%s\t%s\t-\tnew to the new-source filter: passes uncharged\t-\tyes\n", b.Step, b.Kind, key)
+				continue
 			}
 			for _, l := range []struct {
 				unit string
@@ -126,10 +160,33 @@ func printExplanation(out io.Writer, e control.Explanation) {
 				if l.l.Reserve > 0 {
 					rsv = human(l.l.Reserve)
 				}
-				if b.ReserveRefuses {
-					admits = "no (reserve)"
+				if b.Refused != "" && b.Refused != "budget" {
+					admits = "no (" + b.Refused + ")"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s/%s %s\t%s\t%s\n", b.Kind, key, l.l.Limit, human(l.l.Available), human(l.l.Burst), l.unit, rsv, admits)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s/%s %s\t%s\t%s\n", b.Step, b.Kind, key, l.l.Limit, human(l.l.Available), human(l.l.Burst), l.unit, rsv, admits)
+			}
+			if o := b.Override; o != nil {
+				for _, p := range []struct {
+					what string
+					p    *control.ExplainOverridePart
+				}{{"budget", o.Budget}, {"new sources", o.NewSource}} {
+					if p.p == nil {
+						continue
+					}
+					until := "never expires"
+					if p.p.Expires != nil {
+						until = "until " + p.p.Expires.UTC().Format(time.RFC3339)
+					}
+					avail := ""
+					if p.p.Packets != nil {
+						avail = fmt.Sprintf("%s/%s packets", human(p.p.Packets.Available), human(p.p.Packets.Burst))
+					}
+					charged := ""
+					if p.what == "new sources" && b.NewSource {
+						charged = " (this source is charged)"
+					}
+					fmt.Fprintf(w, "\t  override\t%s part by %s, %s%s\t%s\t%s\t\t\n", p.what, p.p.Origin, until, charged, p.p.Limit, avail)
+				}
 			}
 		}
 		w.Flush()

@@ -42,6 +42,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newFleetCommand())
 	root.AddCommand(newShieldCommand())
 	root.AddCommand(newL7Command())
+	root.AddCommand(newShowCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
 }

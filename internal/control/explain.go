@@ -17,6 +17,8 @@ type ExplainQuery struct {
 	SPort uint16
 	DPort uint16 // ICMP: the type
 	Len   uint32 // frame bytes; 0: 64
+	TTL   uint8  // TTL or hop limit; 0: 64
+	Flags uint8  // TCP flags byte (fingerprints may match it)
 }
 
 // Explanation is what the data plane would do with the next packet from
@@ -37,9 +39,18 @@ type Explanation struct {
 	ASN  ExplainASN   `json:"asn"`
 	// Rule is nil when the list decides (deny or allow) before any rule.
 	Rule *ExplainRule `json:"rule,omitempty"`
-	// Buckets on the packet's path, in the order the data plane charges
-	// them.
+	// Fingerprint is the fingerprint rule the packet matched, if any
+	// (matched before any bucket).
+	Fingerprint *ExplainFingerprint `json:"fingerprint,omitempty"`
+	// Buckets are the steps of the packet's path, in the data plane's
+	// order: the aggregates looked at before any charge (step look),
+	// then the buckets charged (step charge), up to the one that refused.
 	Buckets []ExplainBucket `json:"buckets"`
+	// Class is the source's class as the decision saw it (new,
+	// established, validated, penalised), when it looked it up; it does
+	// so only at a reserve band, an override's new-source part or a
+	// fingerprint's refusal.
+	Class string `json:"class,omitempty"`
 	// Standing is the source's standing, when the data plane keeps one.
 	Standing *ExplainStanding `json:"standing,omitempty"`
 	// SYN is the SYN path's view, when the policy protects TCP services.
@@ -99,8 +110,24 @@ type ExplainRule struct {
 
 // ExplainBucket is one bucket on the path.
 type ExplainBucket struct {
+	Step string `json:"step"` // look (before any charge) or charge
 	Kind string `json:"kind"` // per_source, per_prefix, per_asn, global
 	Key  string `json:"key"`  // 198.51.100.7/32, 198.51.100.0/24, whole, AS64500, global
+	// Override is the aggregate's override in the data plane, if any:
+	// its budget part replaces the policy's limit (Packets and Bytes are
+	// then the override's), its new-source part is a bucket new and
+	// penalised sources are charged against too.
+	Override *ExplainOverride `json:"override,omitempty"`
+	// NewSource says the source was charged against the override's
+	// new-source part; Refused names what refused the packet: budget
+	// (the bucket), reserve (its reserve band), new_source (the
+	// override's new-source part).
+	NewSource bool   `json:"new_source,omitempty"`
+	Refused   string `json:"refused,omitempty"`
+	// Uncharged says a charge step charged nothing: the bucket's key (a
+	// per-source or derived prefix key not in the table) is new to the
+	// new-source filter; its packet is charged when it comes again.
+	Uncharged bool `json:"uncharged,omitempty"`
 	// Exists is false for a bucket the table does not hold yet: it reads
 	// as full.
 	Exists  bool          `json:"exists"`
@@ -111,6 +138,37 @@ type ExplainBucket struct {
 	// neither established nor validated.
 	Admits         bool `json:"admits"`
 	ReserveRefuses bool `json:"reserve_refuses,omitempty"`
+}
+
+// ExplainOverride is an aggregate override as the data plane holds it,
+// per part; a part that expired is left out.
+type ExplainOverride struct {
+	Budget    *ExplainOverridePart `json:"budget,omitempty"`
+	NewSource *ExplainOverridePart `json:"new_source,omitempty"`
+}
+
+// ExplainOverridePart is one part of an override: its writer (shield,
+// fleet, cli), expiry, limit and, for the new-source part, its bucket.
+type ExplainOverridePart struct {
+	Origin  string        `json:"origin"`
+	Expires *time.Time    `json:"expires,omitempty"` // nil: never
+	Limit   string        `json:"limit"`
+	Packets *ExplainLevel `json:"packets,omitempty"`
+}
+
+// ExplainFingerprint is a fingerprint rule a packet matched.
+type ExplainFingerprint struct {
+	ID      uint32        `json:"id"`
+	Match   string        `json:"match"`
+	Origin  string        `json:"origin"`
+	DryRun  bool          `json:"dry_run,omitempty"`
+	Expires *time.Time    `json:"expires,omitempty"`
+	Packets *ExplainLevel `json:"packets,omitempty"` // nil: no budget, every match is refused
+	// Refused: its bucket has no room; Dropped: so the packet is dropped
+	// (fingerprint); Spared: refused, but the source is validated.
+	Refused bool `json:"refused"`
+	Dropped bool `json:"dropped"`
+	Spared  bool `json:"spared,omitempty"`
 }
 
 // ExplainLevel is one dimension of a bucket: its limit as the policy
@@ -174,6 +232,12 @@ func (c *Client) Explain(ctx context.Context, q ExplainQuery) (Explanation, erro
 	}
 	if q.Len != 0 {
 		v.Set("len", strconv.Itoa(int(q.Len)))
+	}
+	if q.TTL != 0 {
+		v.Set("ttl", strconv.Itoa(int(q.TTL)))
+	}
+	if q.Flags != 0 {
+		v.Set("flags", strconv.Itoa(int(q.Flags)))
 	}
 	return e, c.do(ctx, "GET", "/v1/explain", v, nil, &e)
 }

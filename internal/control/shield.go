@@ -53,6 +53,9 @@ type ShieldAction struct {
 	Pinned      bool      `json:"pinned,omitempty"`
 	PinnedBy    string    `json:"pinned_by,omitempty"`
 	Enforced    bool      `json:"enforced"`
+	// Adopted: found in the data plane at start (an earlier run's), kept
+	// until it expires, not renewed.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // ShieldRequest is the body of POST /v1/shield/{release,pin,forbid}.

@@ -213,6 +213,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 	d.rlsRoutes(mux)
 	d.fleetRoutes(mux)
 	d.shieldRoutes(mux)
+	d.inventoryRoutes(mux)
 	return mux
 }
 

@@ -76,7 +76,7 @@ func (in *instances) keyOf(s maps.Sample) (instKey, slotRule, bool) {
 	default:
 		return instKey{}, slotRule{}, false
 	}
-	r, ok := in.slots[s.RuleID]
+	r, ok := in.slots[s.RuleSlot]
 	if !ok {
 		in.unknown++
 		return instKey{}, slotRule{}, false

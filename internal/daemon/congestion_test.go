@@ -23,7 +23,7 @@ func testSlots() map[uint32]slotRule {
 }
 
 func refusal(src string, slot uint32, reason maps.Reason, asn uint32, o maps.Outcome, c maps.Class) maps.Sample {
-	return maps.Sample{Kind: maps.SampleDrop, Source: netip.MustParseAddr(src), RuleID: slot, Reason: reason, ASN: asn,
+	return maps.Sample{Kind: maps.SampleDrop, Source: netip.MustParseAddr(src), RuleSlot: slot, Reason: reason, ASN: asn,
 		Action: maps.ActDrop, Refusal: true, Refused: o, Class: c}
 }
 
@@ -52,9 +52,9 @@ func TestCongestedInstances(t *testing.T) {
 	}
 	// Not counted: a drop by the per-source limit, a rule drop, a sample
 	// without a refusal, a rate sample.
-	w.congestionSample(at(0), maps.Sample{Kind: maps.SampleDrop, Source: netip.MustParseAddr("198.18.9.9"), RuleID: 1, Reason: maps.ReasonSrcLimit})
+	w.congestionSample(at(0), maps.Sample{Kind: maps.SampleDrop, Source: netip.MustParseAddr("198.18.9.9"), RuleSlot: 1, Reason: maps.ReasonSrcLimit})
 	w.congestionSample(at(0), refusal("198.18.9.9", 1, maps.ReasonRuleDrop, 0, maps.OutcomeRefusedFull, maps.ClassNew))
-	w.congestionSample(at(0), maps.Sample{Kind: maps.SampleRate, Source: netip.MustParseAddr("198.18.9.9"), RuleID: 1, Reason: maps.ReasonASNLimit, ASN: 1})
+	w.congestionSample(at(0), maps.Sample{Kind: maps.SampleRate, Source: netip.MustParseAddr("198.18.9.9"), RuleSlot: 1, Reason: maps.ReasonASNLimit, ASN: 1})
 	if st := w.instanceStatus(at(500 * time.Millisecond)); len(st) != 0 {
 		t.Fatalf("listed before the tick: %+v", st)
 	}

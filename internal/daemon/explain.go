@@ -11,8 +11,10 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/refmodel"
 )
 
 // `edgectl explain ADDR`: what the data plane would do with the next
@@ -46,13 +48,25 @@ func protoName(p uint8) string {
 	return strconv.Itoa(int(p))
 }
 
-func parseProbe(r *http.Request) (maps.Probe, error) {
+// Probe is the packet explain decides: its source, the protocol, ports,
+// TTL and TCP flags the L4 rules and fingerprints look at, and the frame's
+// length for byte limits. Proto 0 is a packet no L4 rule or fingerprint
+// field but src and len can match.
+type Probe struct {
+	Addr         netip.Addr
+	Proto        uint8
+	SPort, DPort uint16 // ICMP: DPort is the type
+	Len          uint32 // frame bytes
+	TTL, Flags   uint8
+}
+
+func parseProbe(r *http.Request) (Probe, error) {
 	q := r.URL.Query()
 	ip, err := netip.ParseAddr(q.Get("ip"))
 	if err != nil {
-		return maps.Probe{}, fmt.Errorf("bad ip %q: %w", q.Get("ip"), err)
+		return Probe{}, fmt.Errorf("bad ip %q: %w", q.Get("ip"), err)
 	}
-	p := maps.Probe{Addr: ip.Unmap(), Len: 64}
+	p := Probe{Addr: ip.Unmap(), Len: 64, TTL: 64}
 	if s := q.Get("proto"); s != "" {
 		n, ok := protoNumbers[strings.ToLower(s)]
 		if !ok {
@@ -68,6 +82,8 @@ func parseProbe(r *http.Request) (maps.Probe, error) {
 		{"sport", 16, func(v uint64) { p.SPort = uint16(v) }},
 		{"dport", 16, func(v uint64) { p.DPort = uint16(v) }},
 		{"len", 32, func(v uint64) { p.Len = uint32(v) }},
+		{"ttl", 8, func(v uint64) { p.TTL = uint8(v) }},
+		{"flags", 8, func(v uint64) { p.Flags = uint8(v) }},
 	} {
 		if s := q.Get(f.name); s != "" {
 			v, err := strconv.ParseUint(s, 10, f.bits)
@@ -86,83 +102,96 @@ func parseProbe(r *http.Request) (maps.Probe, error) {
 	return p, nil
 }
 
-// Explain computes the explanation of a probe packet: the data plane's
-// path read from the live maps, with the names, origins, ASN data and
-// samples only the daemon knows.
-func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
+// Explain decides a probe packet the way the data plane would decide it
+// now: the data plane's maps are read (maps.ReadState), loaded into the
+// reference model the differential tests hold to the program
+// (refmodel.FromState) and the packet is decided there, step by step.
+// Nothing in the data plane is charged or created. The names, origins of
+// list entries, ASN data and samples are the daemon's.
+func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	path, err := d.m.ExplainPath(p)
+	st, err := d.m.ReadState()
 	if err != nil {
 		return control.Explanation{}, err
 	}
-	slots, err := d.m.RuleSlots()
+	wall := time.Now()
+	model, err := refmodel.FromState(st)
 	if err != nil {
-		return control.Explanation{}, err
+		return control.Explanation{}, fmt.Errorf("explain: %w", err)
 	}
 	ip := p.Addr.Unmap()
+	v, tr := model.Explain(refmodel.ProbePacket(ip, p.Proto, p.SPort, p.DPort, p.Len, p.TTL, p.Flags), st.NowNS)
+	if err := model.LiveErr(); err != nil {
+		return control.Explanation{}, fmt.Errorf("explain: read the data plane's tables: %w", err)
+	}
 	e := control.Explanation{
 		IP: ip, Generation: d.generation,
 		Packet:  control.ExplainPacket{SPort: p.SPort, DPort: p.DPort, Len: p.Len},
-		Verdict: maps.ActionName(path.Verdict), Reason: maps.ReasonName(path.Reason),
+		Verdict: maps.ActionName(v.Action), Reason: maps.ReasonName(v.Reason),
 		Samples: []control.ExplainSample{},
 		Buckets: []control.ExplainBucket{},
 	}
 	if p.Proto != 0 {
 		e.Packet.Proto = protoName(p.Proto)
 	}
-	e.ASN = d.explainASN(ip, path)
-	if path.List != nil {
-		kind := control.ListKind("")
-		switch path.Reason {
+	e.ASN = d.explainASN(ip, tr)
+	if tr.List != nil {
+		switch v.Reason {
 		case maps.ReasonDeny:
-			kind = control.Deny
+			e.List = d.listEntryFor(control.Deny, ip)
 		case maps.ReasonAllow:
-			kind = control.Allow
-		}
-		if kind != "" {
-			e.List = d.listEntryFor(kind, ip)
+			e.List = d.listEntryFor(control.Allow, ip)
 		}
 	}
 	var rule *policy.CompiledRule
-	if !path.NoRule && e.List == nil {
-		rule = d.compiledRule(path.RuleID)
-		e.Rule = d.explainRule(ip, path, rule)
+	if tr.Rule != nil {
+		rule = d.compiledRule(tr.Rule.ID)
+		e.Rule = d.explainRule(tr, rule)
 	}
-	global := d.cur.compiled.Global
-	for _, b := range path.Buckets {
-		e.Buckets = append(e.Buckets, explainBucket(b, rule, global))
+	if f := tr.Fingerprint; f != nil {
+		e.Fingerprint = explainFingerprint(st, f, wall)
 	}
-	st, err := d.m.LookupStanding(ip)
+	for _, b := range tr.Buckets {
+		e.Buckets = append(e.Buckets, explainBucket(st, b, rule, d.cur.compiled.Global, ip, wall))
+	}
+	if tr.Class != nil {
+		e.Class = maps.ClassName(*tr.Class)
+	}
+	std, err := d.m.LookupStanding(ip)
 	if err != nil {
 		d.log.Warn("explain: read standing", "ip", ip, "err", err)
 	} else {
-		xs := &control.ExplainStanding{Standing: maps.StandingName(st.Standing), Tracked: st.Tracked}
-		if st.Why != maps.WhyNone {
-			xs.Why = maps.StandingWhyName(st.Why)
+		xs := &control.ExplainStanding{Standing: maps.StandingName(std.Standing), Tracked: std.Tracked}
+		if std.Why != maps.WhyNone {
+			xs.Why = maps.StandingWhyName(std.Why)
 		}
-		if st.Tracked {
-			t := st.Since
+		if std.Tracked {
+			t := std.Since
 			xs.Since = &t
 		}
-		if st.RateAtNS != 0 {
-			xs.Rate = &control.ExplainRate{Usual: st.UsualRate, Current: st.CurrentRate, Jumped: st.Jumped,
-				Measured: st.RateAge.Seconds()}
+		if std.RateAtNS != 0 {
+			xs.Rate = &control.ExplainRate{Usual: std.UsualRate, Current: std.CurrentRate, Jumped: std.Jumped,
+				Measured: std.RateAge.Seconds()}
 		}
 		e.Standing = xs
 	}
-	e.SYN = d.explainSYN(ip, p, path.Reason == maps.ReasonDeny, st)
+	e.SYN = d.explainSYN(ip, p, v.Reason == maps.ReasonDeny, std)
+	slots, err := d.m.RuleSlots()
+	if err != nil {
+		return control.Explanation{}, err
+	}
 	names := map[uint32]string{}
 	for id, slot := range slots {
 		names[slot] = d.cur.names[id]
 	}
 	e.Samples = d.recent.of(ip, 10, names)
-	e.Shield = d.shieldOnPath(p, path, rule)
-	e.Why = explainWhy(e, path)
+	e.Shield = d.shieldOnPath(p, tr, rule)
+	e.Why = explainWhy(e, v)
 	return e, nil
 }
 
-func (d *Daemon) explainASN(ip netip.Addr, path maps.Path) control.ExplainASN {
+func (d *Daemon) explainASN(ip netip.Addr, tr refmodel.Trace) control.ExplainASN {
 	var a control.ExplainASN
 	if t := d.cur.asn; t != nil {
 		a.Data, a.Entries = true, t.Len()
@@ -170,8 +199,8 @@ func (d *Daemon) explainASN(ip netip.Addr, path maps.Path) control.ExplainASN {
 			a.Found, a.Prefix, a.ASN, a.Country = true, en.Prefix, en.ASN, asn.CountryString(en.Country)
 		}
 	}
-	if path.Fact != nil {
-		a.DataPlaneASN = path.Fact.ASN
+	if tr.Fact != nil {
+		a.DataPlaneASN = tr.Fact.ASN
 	}
 	return a
 }
@@ -229,52 +258,46 @@ func (d *Daemon) compiledRule(id uint32) *policy.CompiledRule {
 	return nil
 }
 
-func (d *Daemon) explainRule(ip netip.Addr, path maps.Path, rule *policy.CompiledRule) *control.ExplainRule {
-	r := &control.ExplainRule{ID: path.RuleID, Name: d.cur.names[path.RuleID], Action: "limit"}
-	switch path.Action {
+func (d *Daemon) explainRule(tr refmodel.Trace, rule *policy.CompiledRule) *control.ExplainRule {
+	tru := tr.Rule
+	r := &control.ExplainRule{ID: tru.ID, Name: d.cur.names[tru.ID], Action: "limit"}
+	switch tru.Action {
 	case maps.RuleDrop:
 		r.Action = "drop"
 	case maps.RulePass:
 		r.Action = "pass"
 	}
 	r.Mode = "enforce"
-	if m := path.Mode; m == maps.ModeDryRun || (m == maps.ModeInherit && path.GlobalMode == maps.ModeDryRun) {
+	if m := tru.Mode; m == maps.ModeDryRun || (m == maps.ModeInherit && tru.GenerationMode == maps.ModeDryRun) {
 		r.Mode = "dry-run"
 	}
 	switch {
-	case path.L4 != nil:
+	case tr.L4 != nil:
 		r.From = "l4"
-		r.Match = protoName(path.L4.Proto)
-		switch path.L4.Dir {
+		r.Match = protoName(tr.L4.Proto)
+		switch tr.L4.Dir {
 		case maps.L4Src:
-			r.Match += fmt.Sprintf(" src port %d", path.L4.Port)
+			r.Match += fmt.Sprintf(" src port %d", tr.L4.Port)
 		case maps.L4Dst:
-			r.Match += fmt.Sprintf(" dst port %d", path.L4.Port)
-			if path.L4.Proto == 1 || path.L4.Proto == 58 {
-				r.Match = fmt.Sprintf("%s type %d", protoName(path.L4.Proto), path.L4.Port)
+			r.Match += fmt.Sprintf(" dst port %d", tr.L4.Port)
+			if tr.L4.Proto == 1 || tr.L4.Proto == 58 {
+				r.Match = fmt.Sprintf("%s type %d", protoName(tr.L4.Proto), tr.L4.Port)
 			}
 		}
-	case path.RuleID == 0 || rule == nil:
+	case tr.Fact == nil || tru.ID == 0 || rule == nil:
 		r.From = "default"
 	default:
 		switch rule.Match.Kind {
 		case policy.MatchPrefix:
-			r.From = "prefix"
-			best := -1
-			for _, f := range d.cur.compiled.Prefixes {
-				if f.Prefix.Contains(ip) && f.Prefix.Bits() > best && f.RuleID == path.RuleID {
-					best, r.Match = f.Prefix.Bits(), f.Prefix.String()
-				}
-			}
+			r.From, r.Match = "prefix", tr.Fact.Prefix.String()
 		case policy.MatchASN:
-			r.From = "asn"
-			if path.Fact != nil {
-				r.Match = "AS" + strconv.FormatUint(uint64(path.Fact.ASN), 10)
-			}
+			r.From, r.Match = "asn", "AS"+strconv.FormatUint(uint64(tr.Fact.ASN), 10)
 		case policy.MatchCountry:
 			r.From = "country"
-			if path.Fact != nil {
-				r.Match = strings.TrimSpace(string(path.Fact.Country[:]))
+			for _, f := range d.cur.compiled.Prefixes {
+				if f.Prefix.Masked() == tr.Fact.Prefix {
+					r.Match = strings.TrimSpace(string(f.Country[:]))
+				}
 			}
 		default:
 			r.From = rule.Match.Kind.String()
@@ -283,50 +306,134 @@ func (d *Daemon) explainRule(ip netip.Addr, path maps.Path, rule *policy.Compile
 	return r
 }
 
-func explainBucket(b maps.PathBucket, rule *policy.CompiledRule, global policy.Bucket) control.ExplainBucket {
-	out := control.ExplainBucket{Kind: string(b.Kind), Exists: b.Exists, Admits: b.Admits, ReserveRefuses: b.ReserveRefuses}
+// explainLevel reads a GCRA dimension: tolerance tau and debt max(tat-now,
+// 0), both in ticks, as events of t ticks (bytes: t per 2^ByteShift
+// bytes); reserve is the share of tau only privileged sources may use.
+func explainLevel(tat, now, t, tau uint64, scale float64, reserve uint16, limit string) *control.ExplainLevel {
+	if t == 0 {
+		return nil
+	}
+	debt := uint64(0)
+	if tat > now {
+		debt = tat - now
+	}
+	l := &control.ExplainLevel{Limit: limit, Burst: float64(tau) / float64(t) * scale}
+	if debt < tau {
+		l.Available = float64(tau-debt) / float64(t) * scale
+	}
+	if reserve != 0 {
+		cut := (tau>>16)*uint64(reserve) + ((tau&0xffff)*uint64(reserve))>>16
+		l.Reserve = float64(cut) / float64(t) * scale
+	}
+	return l
+}
+
+// cfgLimit writes a data-plane budget as "100/s burst 10" (packets).
+func cfgLimit(c maps.BucketCfg) string {
+	if c.PktT == 0 {
+		return ""
+	}
+	per := float64(uint64(time.Second)<<maps.TickShift) / float64(c.PktT)
+	return fmt.Sprintf("%.4g/s burst %.4g", per, float64(c.PktTau)/float64(c.PktT))
+}
+
+func explainBucket(st *maps.State, b refmodel.BucketStep, rule *policy.CompiledRule, global policy.Bucket, ip netip.Addr, wall time.Time) control.ExplainBucket {
+	out := control.ExplainBucket{Step: "look", Exists: b.Exists, Admits: b.Admitted, NewSource: b.NewPart}
+	if b.Charge {
+		out.Step = "charge"
+		out.Uncharged = !b.Charged
+	}
 	var pb policy.Bucket
 	switch b.Kind {
-	case maps.BucketSource:
-		out.Key = b.Key.String()
+	case 0:
+		out.Kind = string(bucketSource)
+		out.Key = maps.PrefixFromKey(loader.LimiterEgLpmKey{Prefixlen: srcKeyLen(ip, rule), Addr: b.Src.Addr}).String()
 		if rule != nil {
 			pb = rule.PerSource
 		}
-	case maps.BucketPrefix:
-		out.Key = b.Key.String()
-		if b.Whole {
-			out.Key = "whole"
+	case refmodel.AggKindPrefix, refmodel.AggKindWhole:
+		out.Kind = string(bucketPrefix)
+		out.Key = "whole"
+		if b.Kind == refmodel.AggKindPrefix {
+			out.Key = maps.PrefixFromKey(loader.LimiterEgLpmKey{Prefixlen: uint32(b.Agg.Len), Addr: b.Agg.Addr}).String()
 		}
 		if rule != nil {
 			pb = rule.PerPrefix
 		}
-	case maps.BucketASN:
-		out.Key = "AS" + strconv.FormatUint(uint64(b.ASN), 10)
+	case refmodel.AggKindASN:
+		out.Kind, out.Key = string(bucketASN), "AS"+strconv.FormatUint(uint64(b.Agg.Asn), 10)
 		if rule != nil {
 			pb = rule.PerASN
 		}
-	case maps.BucketGlobal:
-		out.Key = "global"
+	case refmodel.AggKindGlobal:
+		out.Kind, out.Key = string(bucketGlobal), "global"
 		pb = global
 	}
-	lvl := func(l maps.BucketLevel, pl policy.Limit, unit policy.Unit) *control.ExplainLevel {
-		if !l.Limited {
-			return nil
-		}
-		x := &control.ExplainLevel{Burst: l.Burst, Available: l.Available, Reserve: l.Reserve}
-		if pl.IsSet() {
-			x.Limit = policy.FormatRate(pl.Rate, unit) + " burst " + policy.FormatBurst(pl.Burst, unit)
-		}
-		return x
+	now := st.NowNS << maps.TickShift
+	cfg := b.Policy
+	pktLimit, byteLimit := "", ""
+	if pb.Packets.IsSet() {
+		pktLimit = policy.FormatRate(pb.Packets.Rate, policy.Packets) + " burst " + policy.FormatBurst(pb.Packets.Burst, policy.Packets)
 	}
-	out.Packets = lvl(b.Packets, pb.Packets, policy.Packets)
-	out.Bytes = lvl(b.Bytes, pb.Bytes, policy.Bytes)
+	if pb.Bytes.IsSet() {
+		byteLimit = policy.FormatRate(pb.Bytes.Rate, policy.Bytes) + " burst " + policy.FormatBurst(pb.Bytes.Burst, policy.Bytes)
+	}
+	if o := b.Override; o != nil {
+		x := &control.ExplainOverride{}
+		if o.Expires > st.NowNS && (o.Budget.PktT != 0 || o.Budget.ByteT != 0) {
+			x.Budget = &control.ExplainOverridePart{Origin: maps.OriginName(maps.Origin(o.Origin & 0xff)),
+				Expires: st.WallTime(o.Expires, wall), Limit: cfgLimit(o.Budget)}
+		}
+		if o.NewExpires > st.NowNS && (o.NewBudget.PktT != 0 || o.NewBudget.ByteT != 0) {
+			x.NewSource = &control.ExplainOverridePart{Origin: maps.OriginName(maps.Origin(o.Origin >> 8 & 0xff)),
+				Expires: st.WallTime(o.NewExpires, wall), Limit: cfgLimit(o.NewBudget),
+				Packets: explainLevel(o.NewBucket.PktTat, now, o.NewBudget.PktT, o.NewBudget.PktTau, 1, 0, cfgLimit(o.NewBudget))}
+		}
+		if x.Budget != nil || x.NewSource != nil {
+			out.Override = x
+		}
+		if b.BudgetPart {
+			cfg = o.Budget
+			pktLimit = cfgLimit(o.Budget) + " (override, " + x.Budget.Origin + ")"
+			byteLimit = "(override, " + x.Budget.Origin + ")"
+		}
+	}
+	out.Packets = explainLevel(b.Bucket.PktTat, now, cfg.PktT, cfg.PktTau, 1, b.Reserve, pktLimit)
+	out.Bytes = explainLevel(b.Bucket.ByteTat, now, cfg.ByteT, cfg.ByteTau, 1<<maps.ByteShift, b.Reserve, byteLimit)
+	if !b.Admitted {
+		out.Refused = "budget"
+		switch {
+		case b.RefusedNew:
+			out.Refused = "new_source"
+		case b.Outcome == maps.OutcomeRefusedReserve:
+			out.Refused, out.ReserveRefuses = "reserve", true
+		}
+	}
 	return out
 }
 
-func explainWhy(e control.Explanation, path maps.Path) string {
+// srcKeyLen is the per-source key's length in the 128-bit space.
+func srcKeyLen(ip netip.Addr, rule *policy.CompiledRule) uint32 {
+	if rule == nil {
+		return 128
+	}
+	if ip.Is4() {
+		return 96 + uint32(min(rule.SourceKey.V4, 32))
+	}
+	return uint32(min(rule.SourceKey.V6, 128))
+}
+
+func explainFingerprint(st *maps.State, f *refmodel.TraceFingerprint, wall time.Time) *control.ExplainFingerprint {
+	fp := st.FingerprintOf(f.Key, f.Val, wall)
+	x := &control.ExplainFingerprint{ID: fp.ID, Match: fp.Match(), Origin: maps.OriginName(fp.Origin), DryRun: fp.DryRun,
+		Expires: st.WallTime(f.Val.Expires, wall), Refused: f.Refused, Dropped: f.Dropped, Spared: f.Spared}
+	x.Packets = explainLevel(f.Val.Bucket.PktTat, st.NowNS<<maps.TickShift, f.Val.Budget.PktT, f.Val.Budget.PktTau, 1, 0, cfgLimit(f.Val.Budget))
+	return x
+}
+
+func explainWhy(e control.Explanation, v refmodel.Verdict) string {
 	verb := map[string]string{"pass": "passes", "drop": "is dropped", "would_drop": "would be dropped (dry-run: it passes)"}[e.Verdict]
-	switch path.Reason {
+	switch v.Reason {
 	case maps.ReasonDeny, maps.ReasonAllow:
 		l := e.List
 		s := fmt.Sprintf("%s-listed by %s (%s", l.List, l.Prefix, l.Origin)
@@ -337,7 +444,7 @@ func explainWhy(e control.Explanation, path maps.Path) string {
 			s += ", until " + l.Expires.UTC().Format(time.RFC3339)
 		}
 		s += ")"
-		if path.Reason == maps.ReasonDeny {
+		if v.Reason == maps.ReasonDeny {
 			return s + ": the next packet " + verb + " before any rule"
 		}
 		return s + ": the next packet passes without limits"
@@ -353,12 +460,20 @@ func explainWhy(e control.Explanation, path maps.Path) string {
 		from = r.From + " " + r.Match
 	}
 	s := fmt.Sprintf("rule %s (%s)", r.Name, from)
-	switch path.Reason {
+	switch v.Reason {
 	case maps.ReasonRulePass:
 		return s + " passes everything: the next packet passes without limits"
 	case maps.ReasonRuleDrop:
 		return s + " drops everything: the next packet " + verb
-	case maps.ReasonOK:
+	case maps.ReasonFingerprint:
+		f := e.Fingerprint
+		return fmt.Sprintf("%s: fingerprint #%d (%s, by %s) matches and its bucket has no room: the next packet %s (%s)",
+			s, f.ID, f.Match, f.Origin, verb, e.Reason)
+	}
+	if f := e.Fingerprint; f != nil && f.Refused && !f.Dropped {
+		s += fmt.Sprintf("; fingerprint #%d (%s) refuses it but does not drop it (dry run, or a validated source)", f.ID, f.Match)
+	}
+	if v.Reason == maps.ReasonOK {
 		if len(e.Buckets) == 0 {
 			return s + " has no limits: the next packet passes"
 		}
@@ -368,31 +483,40 @@ func explainWhy(e control.Explanation, path maps.Path) string {
 		if b.Admits {
 			continue
 		}
-		if maps.ReasonName(path.Reason) != kindReason[b.Kind] {
-			continue
-		}
 		avail := ""
 		if b.Packets != nil {
 			avail = fmt.Sprintf(" (%.2f of %.0f packets available)", b.Packets.Available, b.Packets.Burst)
 		}
-		if b.ReserveRefuses {
+		switch b.Refused {
+		case "new_source":
+			np := b.Override.NewSource
+			return fmt.Sprintf("%s: the %s aggregate %s is overridden by %s: new and penalised sources share %s, and that is spent: the next packet %s (%s)",
+				s, b.Kind, b.Key, np.Origin, np.Limit, verb, e.Reason)
+		case "reserve":
 			rsv := ""
 			if b.Packets != nil {
 				rsv = fmt.Sprintf(" (%.2f of %.0f packets available, the last %.0f only for established and validated sources)",
 					b.Packets.Available, b.Packets.Burst, b.Packets.Reserve)
 			}
 			return fmt.Sprintf("%s: its %s bucket %s is in its reserve band%s and the source is %s: the next packet %s (%s)",
-				s, b.Kind, b.Key, rsv, e.Standing.Standing, verb, e.Reason)
+				s, b.Kind, b.Key, rsv, e.Class, verb, e.Reason)
+		}
+		if b.Override != nil && b.Override.Budget != nil {
+			return fmt.Sprintf("%s: its %s bucket %s, held to %s by an override of %s, is empty%s: the next packet %s (%s)",
+				s, b.Kind, b.Key, b.Override.Budget.Limit, b.Override.Budget.Origin, avail, verb, e.Reason)
 		}
 		return fmt.Sprintf("%s: its %s bucket %s is empty%s: the next packet %s (%s)", s, b.Kind, b.Key, avail, verb, e.Reason)
 	}
 	return s + ": the next packet " + verb + " (" + e.Reason + ")"
 }
 
-var kindReason = map[string]string{
-	string(maps.BucketSource): "source_limit", string(maps.BucketPrefix): "prefix_limit",
-	string(maps.BucketASN): "asn_limit", string(maps.BucketGlobal): "global_limit",
-}
+// Bucket kinds, as explain names them.
+const (
+	bucketSource = "per_source"
+	bucketPrefix = "per_prefix"
+	bucketASN    = "per_asn"
+	bucketGlobal = "global"
+)
 
 // recentSamples remembers the last drop samples, for explain: a bounded
 // ring (the data plane sends at most its sample budget per second, so a
@@ -444,7 +568,7 @@ func (r *recentSamples) of(ip netip.Addr, n int, names map[uint32]string) []cont
 		}
 		out = append(out, control.ExplainSample{
 			Time: t.at, Action: maps.ActionName(t.s.Action), Reason: maps.ReasonName(t.s.Reason),
-			Rule: names[t.s.RuleID], Proto: t.s.Proto, SPort: t.s.SPort, DPort: t.s.DPort, Len: t.s.Len,
+			Rule: names[t.s.RuleSlot], Proto: t.s.Proto, SPort: t.s.SPort, DPort: t.s.DPort, Len: t.s.Len,
 		})
 	}
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {

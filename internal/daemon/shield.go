@@ -18,6 +18,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/refmodel"
 	"github.com/edgeguard/edgeguard/internal/shield"
 )
 
@@ -243,6 +244,7 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		}
 		st.eng.SetRules(shapes, global)
 		st.eng.SetASNOf(asnOfPrefix(table))
+		d.adoptShield(st.eng, now)
 		if load != nil {
 			if n, err := st.eng.Load(load, now); err != nil {
 				d.quarantineState(shieldStateFile, err)
@@ -257,6 +259,9 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		}
 		st.eng.SetASNOf(asnOfPrefix(table))
 		out = st.eng.Reconfigure(cfg, now)
+	}
+	if cfg.Mode == shield.ModeOff && st.eng == nil && gen == 1 {
+		d.leftoverShield(now)
 	}
 	if prev != cfg.Mode || gen == 1 {
 		d.log.Info("shield", "mode", cfg.Mode, "interval", cfg.Interval, "learn_for", cfg.LearnFor, "factor", cfg.Detect.Factor)
@@ -551,9 +556,12 @@ func aggName(k shield.Key, names map[uint32]string) string {
 func shieldAction(a shield.Action, names map[uint32]string) control.ShieldAction {
 	out := control.ShieldAction{ID: a.ID, Kind: string(a.Kind), Aggregate: aggName(a.Key, names), Budget: a.Budget,
 		Baseline: a.Baseline, Rate: a.Rate, Coverage: a.Coverage, Collateral: a.Collateral, Reason: a.Reason,
-		Since: a.Since, Expires: a.Expires, Pinned: a.Pinned, PinnedBy: a.PinnedBy, Enforced: a.Enforced}
+		Since: a.Since, Expires: a.Expires, Pinned: a.Pinned, PinnedBy: a.PinnedBy, Enforced: a.Enforced, Adopted: a.Adopted}
 	if a.Fingerprint != nil {
 		out.Fingerprint = a.Fingerprint.String()
+		if a.Adopted && a.Key == (shield.Key{}) {
+			out.Aggregate = "unknown (adopted: the data plane does not record it)"
+		}
 	}
 	return out
 }
@@ -626,7 +634,7 @@ func (c *shieldCollector) Collect(ch chan<- prometheus.Metric) {
 
 // shieldOnPath are the shield's actions on a probe's path, for explain.
 // Caller holds d.mu.
-func (d *Daemon) shieldOnPath(p maps.Probe, path maps.Path, rule *policy.CompiledRule) []control.ShieldAction {
+func (d *Daemon) shieldOnPath(p Probe, tr refmodel.Trace, rule *policy.CompiledRule) []control.ShieldAction {
 	st := d.shield
 	st.mu.Lock()
 	eng := st.eng
@@ -641,8 +649,8 @@ func (d *Daemon) shieldOnPath(p maps.Probe, path maps.Path, rule *policy.Compile
 	if rule != nil {
 		s.Rule = rule.ID
 	}
-	if path.Fact != nil {
-		s.ASN = path.Fact.ASN
+	if tr.Fact != nil {
+		s.ASN = tr.Fact.ASN
 	}
 	if t := d.cur.asn; t != nil {
 		if en, ok := t.Lookup(s.Src); ok {

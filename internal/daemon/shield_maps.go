@@ -146,7 +146,7 @@ func toShieldSample(s maps.Sample, slotToID map[uint32]uint32, table *asn.Table)
 	if !ok || !s.Source.IsValid() {
 		return shield.Sample{}, false
 	}
-	id, ok := slotToID[s.RuleID]
+	id, ok := slotToID[s.RuleSlot]
 	if !ok {
 		return shield.Sample{}, false
 	}
@@ -192,5 +192,90 @@ func asnOfPrefix(t *asn.Table) func(netip.Prefix) uint32 {
 			return e.ASN
 		}
 		return 0
+	}
+}
+
+// adoptShield takes the shield's actions found in the data plane at start
+// (pinned overrides' new-source parts and fingerprints written by the
+// shield: an earlier run's, which a crash left in force) into a new
+// engine, so that `edgectl shield list`, release and the metrics see
+// them; each stays until its expiry, not renewed. Each is logged.
+func (d *Daemon) adoptShield(eng *shield.Engine, now time.Time) {
+	fps, err := d.m.Fingerprints()
+	if err != nil {
+		d.log.Error("shield: read the data plane's fingerprints; those of an earlier run are not listed (they expire)", "err", err)
+	}
+	for _, f := range fps {
+		if f.Origin != maps.OriginShield || !f.Expires.After(now) {
+			continue
+		}
+		sf := shield.Fingerprint{Proto: f.Proto, DPort: f.DPort, SPort: f.SPort, Len: f.Len, TTL: f.TTL, TCPFlags: f.TCPFlags, Src: f.Src}
+		for _, fm := range fieldMasks {
+			if f.Mask&fm.m != 0 {
+				sf.Mask |= fm.s
+			}
+		}
+		a, ok := eng.Adopt(shield.Action{ID: f.ID, Kind: shield.FingerprintRule, Fingerprint: &sf, Budget: ratePPS(f.Budget),
+			Expires: f.Expires}, now)
+		if ok {
+			d.log.Info("shield: adopted an action found in the data plane", "id", a.ID, "kind", a.Kind, "fingerprint", sf.String(),
+				"budget_pps", a.Budget, "expires", a.Expires)
+		}
+	}
+	ovrs, err := d.m.Overrides()
+	if err != nil {
+		d.log.Error("shield: read the data plane's overrides; those of an earlier run are not listed (they expire)", "err", err)
+	}
+	for _, o := range ovrs {
+		for _, p := range o.Parts {
+			if !p.NewSource || p.Origin != maps.OriginShield {
+				continue
+			}
+			k, ok := shieldKey(o.Aggregate)
+			if !ok {
+				continue
+			}
+			a, ok := eng.Adopt(shield.Action{Kind: shield.Tighten, Key: k, Budget: ratePPS(o.NewBudget), Expires: p.Expires}, now)
+			if ok {
+				d.log.Info("shield: adopted an action found in the data plane", "id", a.ID, "kind", a.Kind, "aggregate", k.String(),
+					"budget_pps", a.Budget, "expires", a.Expires)
+			}
+		}
+	}
+}
+
+// ratePPS is a rate in packets per second.
+func ratePPS(r maps.Rate) float64 {
+	if r.Per <= 0 {
+		return 0
+	}
+	return float64(r.Count) / r.Per.Seconds()
+}
+
+// leftoverShield says, with the shield off at start, which of an earlier
+// run's shield actions the data plane still holds: nothing adopts them;
+// they stay until they expire, or `edgectl show remove` removes them.
+func (d *Daemon) leftoverShield(now time.Time) {
+	fps, err := d.m.Fingerprints()
+	if err != nil {
+		d.log.Warn("shield: read the data plane's fingerprints", "err", err)
+	}
+	for _, f := range fps {
+		if f.Origin == maps.OriginShield {
+			d.log.Warn("shield off: an earlier run's fingerprint stays in force until it expires (edgectl show remove fingerprint ID)",
+				"id", f.ID, "fingerprint", f.Match(), "expires", f.Expires)
+		}
+	}
+	ovrs, err := d.m.Overrides()
+	if err != nil {
+		d.log.Warn("shield: read the data plane's overrides", "err", err)
+	}
+	for _, o := range ovrs {
+		for _, p := range o.Parts {
+			if p.Origin == maps.OriginShield && p.Expires.After(now) {
+				d.log.Warn("shield off: an earlier run's tighten stays in force until it expires (edgectl show remove override AGGREGATE --origin shield)",
+					"aggregate", o.Aggregate.String(), "expires", p.Expires)
+			}
+		}
 	}
 }

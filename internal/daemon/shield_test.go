@@ -167,12 +167,23 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 		t.Fatalf("actions %+v", r.Actions)
 	}
 	for ip, want := range map[string]int{"198.18.5.3": 1, "198.18.0.1": 1, "198.20.0.1": 0} {
-		e, err := d.Explain(maps.Probe{Addr: netip.MustParseAddr(ip), Proto: 17, SPort: 40000, DPort: 443, Len: 106})
+		e, err := d.Explain(Probe{Addr: netip.MustParseAddr(ip), Proto: 17, SPort: 40000, DPort: 443, Len: 106, TTL: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(e.Shield) != want {
 			t.Errorf("explain %s: shield actions %+v, want %d", ip, e.Shield, want)
+		}
+		// Explain reads the override from the data plane: on the ASN
+		// aggregate's steps, the shield's new-source part.
+		ovr := 0
+		for _, b := range e.Buckets {
+			if b.Kind == "per_asn" && b.Override != nil && b.Override.NewSource != nil && b.Override.NewSource.Origin == "shield" {
+				ovr++
+			}
+		}
+		if (ovr > 0) != (want > 0) {
+			t.Errorf("explain %s: %d per_asn steps show the shield's override, want them iff the source is in AS64501: %+v", ip, ovr, e.Buckets)
 		}
 	}
 	if got := shieldGauge(t, d, "edgeguard_shield_actions_active", "tighten"); got != 1 {
@@ -410,5 +421,25 @@ func TestShieldIDsAboveLeftovers(t *testing.T) {
 	if len(fps) != 3 || byID[1].DPort != 7001 || byID[41].DPort != 7041 || byID[42].DPort != 9999 {
 		t.Fatalf("fingerprints %+v, want the leftovers 1 and 41 and the flood's as 42; actions %+v",
 			fps, d.ShieldReport(5).Actions)
+	}
+	// The shield adopted the leftovers: listed (adopted, not renewed),
+	// counted in the metric, and released through it.
+	adopted := map[uint32]bool{}
+	for _, a := range d.ShieldReport(5).Actions {
+		if a.Adopted {
+			adopted[a.ID] = true
+		}
+	}
+	if !adopted[1] || !adopted[41] || len(adopted) != 2 {
+		t.Errorf("adopted actions %v, want 1 and 41", adopted)
+	}
+	if got := shieldGauge(t, d, "edgeguard_shield_actions_active", "fingerprint"); got != 3 {
+		t.Errorf("edgeguard_shield_actions_active{kind=fingerprint} = %v, want 3 (two adopted)", got)
+	}
+	if err := d.ShieldDo("release", control.ShieldRequest{ID: 41}, "test"); err != nil {
+		t.Fatalf("release the adopted 41: %v", err)
+	}
+	if fps, err := d.m.Fingerprints(); err != nil || len(fps) != 2 {
+		t.Errorf("after releasing 41: %+v, %v", fps, err)
 	}
 }

@@ -133,11 +133,13 @@ func CounterLine(prev, cur maps.Counters, dt time.Duration, occ map[string]maps.
 	total := func(a maps.Action) float64 {
 		return float64(cur.Total(a).Packets-prev.Total(a).Packets) / sec
 	}
-	line := fmt.Sprintf("pass %.0f/s  drop %.0f/s (deny %.0f, source %.0f, prefix %.0f, asn %.0f, global %.0f)  would-drop %.0f/s",
+	line := fmt.Sprintf("pass %.0f/s  drop %.0f/s (deny %.0f, source %.0f, prefix %.0f, asn %.0f, global %.0f, "+
+		"fingerprint %.0f, shield %.0f, fleet %.0f)  would-drop %.0f/s",
 		total(maps.ActPass), total(maps.ActDrop),
 		rate(maps.ActDrop, maps.ReasonDeny), rate(maps.ActDrop, maps.ReasonSrcLimit),
 		rate(maps.ActDrop, maps.ReasonPrefixLimit), rate(maps.ActDrop, maps.ReasonASNLimit),
-		rate(maps.ActDrop, maps.ReasonGlobalLimit), total(maps.ActWouldDrop))
+		rate(maps.ActDrop, maps.ReasonGlobalLimit), rate(maps.ActDrop, maps.ReasonFingerprint),
+		rate(maps.ActDrop, maps.ReasonShieldTighten), rate(maps.ActDrop, maps.ReasonFleetShare), total(maps.ActWouldDrop))
 	if o, ok := occ["sources"]; ok {
 		line += fmt.Sprintf("  sources %d/%d", o.Entries, o.Capacity)
 	}
@@ -285,7 +287,7 @@ func (t *topTalkers) add(now time.Time, s maps.Sample) {
 		b.counts[topKey{topASN, "AS" + strconv.FormatUint(uint64(s.ASN), 10), a}]++
 	}
 	b.counts[topKey{topReason, maps.ReasonName(s.Reason), a}]++
-	b.counts[topKey{topRule, strconv.FormatUint(uint64(s.RuleID), 10), a}]++
+	b.counts[topKey{topRule, strconv.FormatUint(uint64(s.RuleSlot), 10), a}]++
 }
 
 // report sums the window; ruleName names a rule table slot ("" for a slot

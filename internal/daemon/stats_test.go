@@ -92,10 +92,10 @@ func TestTopSplitsByAction(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	src := netipMust("198.18.5.1")
 	for i := 0; i < 6; i++ {
-		tt.add(t0, maps.Sample{Source: src, RuleID: 3, Action: maps.ActDrop, Reason: maps.ReasonSrcLimit})
+		tt.add(t0, maps.Sample{Source: src, RuleSlot: 3, Action: maps.ActDrop, Reason: maps.ReasonSrcLimit})
 	}
 	for i := 0; i < 4; i++ {
-		tt.add(t0, maps.Sample{Source: src, RuleID: 7, Action: maps.ActWouldDrop, Reason: maps.ReasonSrcLimit})
+		tt.add(t0, maps.Sample{Source: src, RuleSlot: 7, Action: maps.ActWouldDrop, Reason: maps.ReasonSrcLimit})
 	}
 	top := tt.report(t0, time.Minute, 10, func(slot uint32) string { return map[uint32]string{3: "web", 7: "trial"}[slot] })
 	want := func(what string, got []control.TopEntry, rows ...control.TopEntry) {

@@ -318,7 +318,7 @@ func synStatsToMetrics(c *synCollector, st *control.SYNStats, ch chan<- promethe
 // the data plane decides (deny list, mode, validated bypass, protection
 // on, answer budget), with the source's answer budget and the service's
 // counters. nil when the policy protects no service. Caller holds d.mu.
-func (d *Daemon) explainSYN(ip netip.Addr, p maps.Probe, denied bool, std maps.StandingEntry) *control.ExplainSYN {
+func (d *Daemon) explainSYN(ip netip.Addr, p Probe, denied bool, std maps.StandingEntry) *control.ExplainSYN {
 	st := d.syn
 	if st == nil || d.cur.pol == nil || d.cur.pol.SYN == nil || len(d.cur.pol.SYN.Services) == 0 {
 		return nil

@@ -89,12 +89,12 @@ type LimiterEgBtfAnchor struct {
 	RuleAction uint32
 	Sizes      uint32
 	PrefixVal  struct {
-		_       structs.HostLayout
-		RuleId  uint32
-		Asn     uint32
-		Country uint16
-		Pad0    uint16
-		Pad1    uint32
+		_        structs.HostLayout
+		RuleSlot uint32
+		Asn      uint32
+		Country  uint16
+		Pad0     uint16
+		Pad1     uint32
 	}
 	_      [4]byte
 	Sample struct {
@@ -102,7 +102,7 @@ type LimiterEgBtfAnchor struct {
 		KtimeNs  uint64
 		Addr     [16]uint8
 		Asn      uint32
-		RuleId   uint32
+		RuleSlot uint32
 		Len      uint16
 		Dport    uint16
 		Sport    uint16
@@ -368,12 +368,12 @@ type LimiterEgOverride struct {
 }
 
 type LimiterEgPrefixVal struct {
-	_       structs.HostLayout
-	RuleId  uint32
-	Asn     uint32
-	Country uint16
-	Pad0    uint16
-	Pad1    uint32
+	_        structs.HostLayout
+	RuleSlot uint32
+	Asn      uint32
+	Country  uint16
+	Pad0     uint16
+	Pad1     uint32
 }
 
 type LimiterEgReason uint32
@@ -398,7 +398,10 @@ const (
 	LimiterEgReasonEG_R_BAD_IP_LENGTH     LimiterEgReason = 16
 	LimiterEgReasonEG_R_ICMP_WRONG_FAMILY LimiterEgReason = 17
 	LimiterEgReasonEG_R_FINGERPRINT       LimiterEgReason = 18
-	LimiterEgReasonEG_R_MAX               LimiterEgReason = 19
+	LimiterEgReasonEG_R_SHIELD_TIGHTEN    LimiterEgReason = 19
+	LimiterEgReasonEG_R_FLEET_SHARE       LimiterEgReason = 20
+	LimiterEgReasonEG_R_OVERRIDE          LimiterEgReason = 21
+	LimiterEgReasonEG_R_MAX               LimiterEgReason = 22
 )
 
 type LimiterEgRsampleStats struct {
@@ -447,7 +450,7 @@ type LimiterEgSample struct {
 	KtimeNs  uint64
 	Addr     [16]uint8
 	Asn      uint32
-	RuleId   uint32
+	RuleSlot uint32
 	Len      uint16
 	Dport    uint16
 	Sport    uint16
@@ -587,9 +590,9 @@ const (
 )
 
 type LimiterEgV4Entry struct {
-	_      structs.HostLayout
-	RuleId uint32
-	Asn    uint32
+	_        structs.HostLayout
+	RuleSlot uint32
+	Asn      uint32
 }
 
 type LimiterEgV4Mark uint32

@@ -8,7 +8,7 @@ var LimiterEgActionNames = [...]string{"pass", "drop", "would_drop"}
 
 // LimiterEgReasonNames are the names of enum eg_reason's values, by value: each enumerator
 // lowercased without EG_R_ (EG_R_MAX is not a value).
-var LimiterEgReasonNames = [...]string{"ok", "non_ip", "no_policy", "allow_list", "deny_list", "source_limit", "prefix_limit", "asn_limit", "global_limit", "bad_ethernet", "bad_vlan", "bad_ipv4", "bad_ipv6", "bad_l4", "rule_drop", "rule_pass", "bad_ip_length", "icmp_wrong_family", "fingerprint"}
+var LimiterEgReasonNames = [...]string{"ok", "non_ip", "no_policy", "allow_list", "deny_list", "source_limit", "prefix_limit", "asn_limit", "global_limit", "bad_ethernet", "bad_vlan", "bad_ipv4", "bad_ipv6", "bad_l4", "rule_drop", "rule_pass", "bad_ip_length", "icmp_wrong_family", "fingerprint", "shield_tighten", "fleet_share", "override"}
 
 // LimiterEgStandingNames are the names of enum eg_standing's values, by value: each enumerator
 // lowercased without EG_STANDING_ (EG_STANDING_MAX is not a value).

@@ -253,6 +253,12 @@ func Load(opts Options) (_ *Datapath, err error) {
 			// then their state is moved over.
 			_, err := os.Stat(filepath.Join(mapDir, LimiterMapWholeBuckets))
 			migrateWhole = errors.Is(err, fs.ErrNotExist)
+			// Counters of a version with fewer drop reasons: they
+			// restart (a counter reset, as after a reboot); the rest of
+			// the state stays.
+			if err := dropResizedPin(mapDir, LimiterMapStats, spec.Maps[LimiterMapStats].MaxEntries, log); err != nil {
+				return nil, err
+			}
 		} else {
 			if err := os.MkdirAll(opts.PinDir, 0o700); err != nil {
 				return nil, fmt.Errorf("create pin dir: %w", err)
@@ -411,5 +417,29 @@ func Unpin(pinDir string) error {
 	if err := os.RemoveAll(pinDir); err != nil {
 		return fmt.Errorf("remove pins under %s: %w", pinDir, err)
 	}
+	return nil
+}
+
+// dropResizedPin removes our pin of a map whose size this program changed
+// (the map itself goes when the old program lets go of it), so that the
+// load creates it anew instead of refusing every pin.
+func dropResizedPin(dir, name string, want uint32, log *slog.Logger) error {
+	path := filepath.Join(dir, name)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned %s: %w", name, err)
+	}
+	got := m.MaxEntries()
+	m.Close()
+	if got == want {
+		return nil
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("remove pinned %s of %d entries (this version has %d): %w", name, got, want, err)
+	}
+	log.Warn("pinned map resized by this version: it starts empty", "map", name, "entries", got, "now", want)
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
@@ -80,5 +82,44 @@ func TestWholeBucketsFromOldPins(t *testing.T) {
 	}
 	if err := third.d.Objects.AggBuckets.Lookup(oldKey(wholeID), &b); err != nil {
 		t.Errorf("agg_buckets entry gone after a plain re-open: %v", err)
+	}
+}
+
+// TestStatsPinOfFewerReasons: pins of a version with fewer drop reasons
+// (a smaller stats map) are re-opened; the counters start over, every
+// other map keeps its state.
+func TestStatsPinOfFewerReasons(t *testing.T) {
+	requireRoot(t)
+	pinDir := fmt.Sprintf("/sys/fs/bpf/eg-test-%d-stats-pins", os.Getpid())
+	t.Cleanup(func() { loader.Unpin(pinDir) })
+	first := openPinnedTestDatapath(t, smallSizes, pinDir)
+	want := first.d.Objects.Stats.MaxEntries()
+	key := loader.LimiterEgStandingKey{Addr: [16]byte{10: 0xff, 11: 0xff, 12: 198, 13: 18, 14: 0, 15: 7}}
+	if err := first.d.Objects.Standing.Put(key, loader.LimiterEgStandingVal{Standing: 1, Since: 5}); err != nil {
+		t.Fatal(err)
+	}
+	first.d.Close()
+	// The old version's stats: 19 reasons.
+	path := filepath.Join(pinDir, "maps", loader.LimiterMapStats)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16,
+		MaxEntries: uint32(loader.LimiterEgSizesEG_IFACE_SLOTS) * 3 * 19})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+
+	second := openPinnedTestDatapath(t, smallSizes, pinDir)
+	if got := second.d.Objects.Stats.MaxEntries(); got != want {
+		t.Errorf("stats after re-open: %d entries, want %d", got, want)
+	}
+	var v loader.LimiterEgStandingVal
+	if err := second.d.Objects.Standing.Lookup(key, &v); err != nil || v.Standing != 1 {
+		t.Errorf("standing after re-open: %+v, %v: want the entry kept", v, err)
 	}
 }

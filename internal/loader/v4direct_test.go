@@ -132,7 +132,7 @@ func (p *factProbe) ask(t *testing.T, src netip.Addr) factAnswer {
 		if s.Source != src {
 			t.Fatalf("sample from %s, sent %s", s.Source, src)
 		}
-		a.sampled, a.rule, a.asn = true, s.RuleID, s.ASN
+		a.sampled, a.rule, a.asn = true, s.RuleSlot, s.ASN
 		break
 	}
 	return a

@@ -314,13 +314,11 @@ func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
 		protos |= L4Bit(l.Protocol)
 		l4[i] = l4Entry{proto: l.Protocol, dir: dir, port: l.Port, slot: slot}
 	}
-	facts := make([]policy.PrefixFact, len(c.Prefixes))
+	facts := make([]slotFact, len(c.Prefixes))
 	for i, f := range c.Prefixes {
-		facts[i] = f
+		facts[i] = slotFact{Prefix: f.Prefix, Slot: noSlot, ASN: f.ASN, Country: f.Country}
 		if slot, ok := slots[f.RuleID]; ok {
-			facts[i].RuleID = slot
-		} else {
-			facts[i].RuleID = noSlot
+			facts[i].Slot = slot
 		}
 	}
 	cfg, err := SettingsConfig(c, protos)
@@ -569,7 +567,16 @@ func (m *Maps) replaceL4(gen uint8, want []l4Entry) error {
 	return nil
 }
 
-func fillPrefixTrie(trie *ebpf.Map, facts []policy.PrefixFact) error {
+// slotFact is a prefix fact as the data plane holds it: the rule's table
+// slot (Stage's), not its id.
+type slotFact struct {
+	Prefix  netip.Prefix
+	Slot    uint32
+	ASN     uint32
+	Country [2]byte
+}
+
+func fillPrefixTrie(trie *ebpf.Map, facts []slotFact) error {
 	if len(facts) == 0 {
 		return nil
 	}
@@ -583,7 +590,7 @@ func fillPrefixTrie(trie *ebpf.Map, facts []policy.PrefixFact) error {
 			return fmt.Errorf("invalid prefix in prefix facts")
 		}
 		keys[i] = LPMKey(f.Prefix)
-		vals[i] = loader.LimiterEgPrefixVal{RuleId: f.RuleID, Asn: f.ASN, Country: uint16(f.Country[0])<<8 | uint16(f.Country[1])}
+		vals[i] = loader.LimiterEgPrefixVal{RuleSlot: f.Slot, Asn: f.ASN, Country: uint16(f.Country[0])<<8 | uint16(f.Country[1])}
 	}
 	if err := batchUpdate(trie, keys, vals); err != nil {
 		return fmt.Errorf("fill prefix trie: %w", err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -627,3 +628,56 @@ func (m *Maps) MaxFingerprintID() (uint32, error) {
 
 // ReasonFingerprint is the reason of a packet a fingerprint dropped.
 const ReasonFingerprint = loader.LimiterEgReasonEG_R_FINGERPRINT
+
+// FingerprintSlot is a mask slot in use: its fields and source prefix
+// length (Mask and Src's bits of the fingerprints in it).
+type FingerprintSlot struct {
+	Slot   int
+	Mask   FieldMask
+	SrcLen int // in the 128-bit space (IPv4 /24 is 120); 0 without FieldSrc
+}
+
+// FingerprintSlots returns the mask slots in use, in slot order.
+func (m *Maps) FingerprintSlots() ([]FingerprintSlot, error) {
+	s, err := m.readFpSlots()
+	if err != nil {
+		return nil, err
+	}
+	var out []FingerprintSlot
+	for i, mk := range s {
+		if mk.fields == 0 {
+			continue
+		}
+		out = append(out, FingerprintSlot{Slot: i, Mask: FieldMask(mk.fields), SrcLen: int(mk.srcLen)})
+	}
+	return out, nil
+}
+
+// SlotOf is the mask slot a fingerprint is in (-1: none).
+func SlotOf(slots []FingerprintSlot, f Fingerprint) int {
+	k, err := f.key()
+	if err != nil {
+		return -1
+	}
+	for _, s := range slots {
+		if uint32(s.Mask) == k.Fields && uint8(s.SrcLen) == k.SrcLen {
+			return s.Slot
+		}
+	}
+	return -1
+}
+
+// MaskName is a mask's fields ("proto dport len").
+func MaskName(mask FieldMask) string {
+	var parts []string
+	for _, f := range []struct {
+		m    FieldMask
+		name string
+	}{{FieldProto, "proto"}, {FieldDPort, "dport"}, {FieldSPort, "sport"}, {FieldLen, "len"}, {FieldTTL, "ttl"},
+		{FieldTCPFlags, "tcp_flags"}, {FieldSrc, "src"}} {
+		if mask&f.m != 0 {
+			parts = append(parts, f.name)
+		}
+	}
+	return strings.Join(parts, " ")
+}

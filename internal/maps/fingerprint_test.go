@@ -4,14 +4,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
+
+// mapsLab is a loaded limiter whose maps a test writes and reads.
+type mapsLab struct {
+	d *loader.Datapath
+	m *maps.Maps
+}
+
+func newMapsLab(t *testing.T) *mapsLab {
+	t.Helper()
+	testenv.RequireRoot(t)
+	d, err := loader.Load(loader.Options{Sizes: loader.Sizes{MaxRules: 64, SrcEntries: 4096, AggEntries: 4096,
+		PrefixEntries: 4096, ListEntries: 1024, L4Entries: 64}})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return &mapsLab{d: d, m: maps.New(d)}
+}
 
 // TestMaxFingerprintID: the largest id among the fingerprints in the real
 // map, expired ones included (they keep the id until pruned), and 0 for
 // none.
 func TestMaxFingerprintID(t *testing.T) {
-	l := newExplainLab(t)
+	l := newMapsLab(t)
 	top := func() uint32 {
 		t.Helper()
 		id, err := l.m.MaxFingerprintID()

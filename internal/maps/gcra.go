@@ -98,3 +98,5 @@ func (g GCRA) WouldAdmit(now, inc, tau uint64) bool {
 func ByteCost(c BucketCfg, length uint32) uint64 {
 	return (uint64(length) * c.ByteT) >> ByteShift
 }
+
+func bucketLimited(c loader.LimiterEgBucketCfg) bool { return c.PktT != 0 || c.ByteT != 0 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +57,42 @@ func (a Aggregate) String() string {
 		return "global"
 	}
 	return fmt.Sprintf("rule %d kind %d", a.RuleID, a.Kind)
+}
+
+// ParseAggregate reads an aggregate as Aggregate.String writes it.
+func ParseAggregate(s string) (Aggregate, error) {
+	f := strings.Fields(s)
+	bad := fmt.Errorf("aggregate %q: use 'rule N prefix CIDR', 'rule N asn N', 'rule N whole' or 'global'", s)
+	if len(f) == 1 && f[0] == "global" {
+		return Aggregate{Kind: AggKindGlobal}, nil
+	}
+	if len(f) < 3 || f[0] != "rule" {
+		return Aggregate{}, bad
+	}
+	id, err := strconv.ParseUint(f[1], 10, 32)
+	if err != nil {
+		return Aggregate{}, bad
+	}
+	a := Aggregate{RuleID: uint32(id)}
+	switch {
+	case len(f) == 3 && f[2] == "whole":
+		a.Kind = AggKindWhole
+	case len(f) == 4 && f[2] == "asn":
+		n, err := strconv.ParseUint(f[3], 10, 32)
+		if err != nil {
+			return Aggregate{}, bad
+		}
+		a.Kind, a.ASN = AggKindASN, uint32(n)
+	case len(f) == 4 && f[2] == "prefix":
+		p, err := netip.ParsePrefix(f[3])
+		if err != nil {
+			return Aggregate{}, bad
+		}
+		a.Kind, a.Prefix = AggKindPrefix, p.Masked()
+	default:
+		return Aggregate{}, bad
+	}
+	return a, nil
 }
 
 // key is the data plane's key of a, checked for form only (see checkRule

@@ -32,7 +32,7 @@ type Sample struct {
 	Time     time.Duration // CLOCK_MONOTONIC
 	Source   netip.Addr
 	ASN      uint32
-	RuleID   uint32 // the rule's table slot (see Maps.RuleSlots), not its id
+	RuleSlot uint32 // the rule's table slot (see Maps.RuleSlots), not its id
 	Len      uint16 // IP total length (IPv6: 40 + payload length)
 	FrameLen uint16 // the frame's length
 	Proto    uint8
@@ -112,7 +112,7 @@ const (
 	offSampleKtime = unsafe.Offsetof(loader.LimiterEgSample{}.KtimeNs)
 	offSampleAddr  = unsafe.Offsetof(loader.LimiterEgSample{}.Addr)
 	offSampleAsn   = unsafe.Offsetof(loader.LimiterEgSample{}.Asn)
-	offSampleRule  = unsafe.Offsetof(loader.LimiterEgSample{}.RuleId)
+	offSampleRule  = unsafe.Offsetof(loader.LimiterEgSample{}.RuleSlot)
 	offSampleLen   = unsafe.Offsetof(loader.LimiterEgSample{}.Len)
 	offSampleDport = unsafe.Offsetof(loader.LimiterEgSample{}.Dport)
 	offSampleSport = unsafe.Offsetof(loader.LimiterEgSample{}.Sport)
@@ -150,7 +150,7 @@ func decodeSample(b []byte) (Sample, error) {
 		Time:     time.Duration(ne.Uint64(buf[offSampleKtime:])),
 		Source:   netip.AddrFrom16([16]byte(buf[offSampleAddr:])).Unmap(),
 		ASN:      ne.Uint32(buf[offSampleAsn:]),
-		RuleID:   ne.Uint32(buf[offSampleRule:]),
+		RuleSlot: ne.Uint32(buf[offSampleRule:]),
 		Len:      ne.Uint16(buf[offSampleIPLen:]),
 		FrameLen: ne.Uint16(buf[offSampleLen:]),
 		Proto:    buf[offSampleProto],

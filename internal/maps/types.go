@@ -45,6 +45,11 @@ const (
 	ReasonRulePass    = loader.LimiterEgReasonEG_R_RULE_PASS
 	ReasonBadIPLen    = loader.LimiterEgReasonEG_R_BAD_IP_LENGTH
 	ReasonICMPFamily  = loader.LimiterEgReasonEG_R_ICMP_WRONG_FAMILY
+	// Refusals by an override, named by its writer (docs/operations.md,
+	// "Drop reasons").
+	ReasonShieldTighten = loader.LimiterEgReasonEG_R_SHIELD_TIGHTEN
+	ReasonFleetShare    = loader.LimiterEgReasonEG_R_FLEET_SHARE
+	ReasonOverride      = loader.LimiterEgReasonEG_R_OVERRIDE
 )
 
 // ActionName is the metric label of an action: its C enumerator

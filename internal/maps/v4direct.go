@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
-	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // The IPv4 direct table is the prefix facts compiled for IPv4 sources into
@@ -66,14 +65,14 @@ var v4MappedPrefix = [12]byte{10: 0xff, 11: 0xff}
 // v4Facts returns what the trie answers for IPv4 sources: the IPv6 fact
 // above ::ffff:0:0/96 that covers them all (zero if none), and the facts
 // inside it as IPv4 prefixes. facts carry table slots, not rule ids.
-func v4Facts(facts []policy.PrefixFact) (loader.LimiterEgV4Entry, []v4Fact) {
+func v4Facts(facts []slotFact) (loader.LimiterEgV4Entry, []v4Fact) {
 	byKey := make(map[loader.LimiterEgLpmKey]int, len(facts))
 	var background loader.LimiterEgV4Entry
 	bgBits := -1
 	var out []v4Fact
 	for _, f := range facts {
 		k := LPMKey(f.Prefix)
-		val := loader.LimiterEgV4Entry{RuleId: f.RuleID, Asn: f.ASN}
+		val := loader.LimiterEgV4Entry{RuleSlot: f.Slot, Asn: f.ASN}
 		bits := int(k.Prefixlen)
 		if bits < 96 {
 			if coversV4Mapped(k) && bits >= bgBits {
@@ -146,7 +145,7 @@ func buildV4Table(background loader.LimiterEgV4Entry, facts []v4Fact, budget int
 		// entry is the slot being refined: level 1 first, then a chunk's.
 		entry := &t.l1[addr>>(32-l1Bits)]
 		for depth := l1Bits + stride; ; depth += stride {
-			if entry.RuleId != v4Child {
+			if entry.RuleSlot != v4Child {
 				if len(t.chunks) == budget {
 					return nil, false
 				}
@@ -156,7 +155,7 @@ func buildV4Table(background loader.LimiterEgV4Entry, facts []v4Fact, budget int
 				// entry may point into a chunk moved by append: refind
 				// it through the path, which the new chunk does not change.
 				entry = t.slot(addr, depth-stride)
-				*entry = loader.LimiterEgV4Entry{RuleId: v4Child, Asn: uint32(len(t.chunks) - 1)}
+				*entry = loader.LimiterEgV4Entry{RuleSlot: v4Child, Asn: uint32(len(t.chunks) - 1)}
 			}
 			c := &t.chunks[entry.Asn]
 			nib := addr >> (32 - depth) & (1<<stride - 1)
@@ -189,7 +188,7 @@ func fill(entries []loader.LimiterEgV4Entry, v loader.LimiterEgV4Entry) {
 // writeV4Direct builds generation gen's direct table from facts (with
 // table slots) and writes it, or decides on the trie. It returns whether
 // the generation uses the table; the table is written whole or not at all.
-func (m *Maps) writeV4Direct(gen uint32, facts []policy.PrefixFact) (V4DirectStatus, error) {
+func (m *Maps) writeV4Direct(gen uint32, facts []slotFact) (V4DirectStatus, error) {
 	budget := int(m.d.Sizes.V4Chunks)
 	background, v4 := v4Facts(facts)
 	st := V4DirectStatus{Facts: len(v4), Capacity: budget}
@@ -209,7 +208,7 @@ func (m *Maps) writeV4Direct(gen uint32, facts []policy.PrefixFact) (V4DirectSta
 	// The generation's chunks start at base: pointers move by it.
 	base := gen * uint32(budget)
 	rebase := func(e loader.LimiterEgV4Entry) loader.LimiterEgV4Entry {
-		if e.RuleId == v4Child {
+		if e.RuleSlot == v4Child {
 			e.Asn += base
 		}
 		return e

@@ -6,13 +6,12 @@ import (
 	"testing"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
-	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // lookup walks the table as the data plane's v4_direct_lookup does.
 func (t *v4Table) lookup(addr uint32) loader.LimiterEgV4Entry {
 	e := t.l1[addr>>16]
-	for shift := 12; shift >= 0 && e.RuleId == v4Child; shift -= 4 {
+	for shift := 12; shift >= 0 && e.RuleSlot == v4Child; shift -= 4 {
 		e = t.chunks[e.Asn][addr>>shift&15]
 	}
 	return e
@@ -20,7 +19,7 @@ func (t *v4Table) lookup(addr uint32) loader.LimiterEgV4Entry {
 
 // trieAnswer is the longest-prefix match over the trie keys of facts (the
 // last fact of a key wins), as the kernel trie answers an IPv4 source.
-func trieAnswer(facts []policy.PrefixFact, addr uint32) loader.LimiterEgV4Entry {
+func trieAnswer(facts []slotFact, addr uint32) loader.LimiterEgV4Entry {
 	src := netip.AddrFrom4([4]byte{byte(addr >> 24), byte(addr >> 16), byte(addr >> 8), byte(addr)})
 	src16 := netip.AddrFrom16(Addr16(src))
 	best, bestBits := loader.LimiterEgV4Entry{}, -1
@@ -28,23 +27,23 @@ func trieAnswer(facts []policy.PrefixFact, addr uint32) loader.LimiterEgV4Entry 
 		k := LPMKey(f.Prefix)
 		p := netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen))
 		if p.Contains(src16) && int(k.Prefixlen) >= bestBits {
-			best, bestBits = loader.LimiterEgV4Entry{RuleId: f.RuleID, Asn: f.ASN}, int(k.Prefixlen)
+			best, bestBits = loader.LimiterEgV4Entry{RuleSlot: f.Slot, Asn: f.ASN}, int(k.Prefixlen)
 		}
 	}
 	return best
 }
 
-func randFacts(r *rand.Rand) []policy.PrefixFact {
-	var facts []policy.PrefixFact
+func randFacts(r *rand.Rand) []slotFact {
+	var facts []slotFact
 	base := r.Uint32()
 	for range 1 + r.IntN(60) {
 		bits := r.IntN(33)
 		// Mostly near one address, so prefixes nest.
 		a := base ^ r.Uint32()>>r.IntN(33)
 		p, _ := netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}).Prefix(bits)
-		f := policy.PrefixFact{Prefix: p, RuleID: uint32(r.IntN(5)), ASN: uint32(r.IntN(3))}
+		f := slotFact{Prefix: p, Slot: uint32(r.IntN(5)), ASN: uint32(r.IntN(3))}
 		if r.IntN(8) == 0 {
-			f.RuleID = noSlot
+			f.Slot = noSlot
 		}
 		facts = append(facts, f)
 		if r.IntN(10) == 0 { // the same key again, or as IPv4-mapped IPv6
@@ -58,7 +57,7 @@ func randFacts(r *rand.Rand) []policy.PrefixFact {
 	}
 	for _, s := range []string{"::/0", "::/80", "::/81", "2001:db8::/32", "::ffff:0:0/96"} {
 		if r.IntN(3) == 0 {
-			facts = append(facts, policy.PrefixFact{Prefix: netip.MustParsePrefix(s), RuleID: uint32(r.IntN(5)), ASN: 7})
+			facts = append(facts, slotFact{Prefix: netip.MustParsePrefix(s), Slot: uint32(r.IntN(5)), ASN: 7})
 		}
 	}
 	return facts

@@ -103,11 +103,11 @@ func TestSharedRejectedFamily(t *testing.T) {
 func TestCollectorLintsAlone(t *testing.T) {
 	sc := runScenario(t)
 	c := metrics.NewXDPCollector(sc.src, nil)
-	// 19 reasons x 3 actions x 2 interfaces x (packets, bytes), 3 rules x
+	// 22 reasons x 3 actions x 2 interfaces x (packets, bytes), 3 rules x
 	// 3 actions x 2, 3 rule and 8 non-rule rejection series, 4 tables x 2
 	// (sources, aggregates, standing, lists), 5 policy series, 4 error
 	// series.
-	const want = 19*3*2*2 + 3*3*2 + 3 + 8 + 4*2 + 5 + 4
+	const want = 22*3*2*2 + 3*3*2 + 3 + 8 + 4*2 + 5 + 4
 	if n := testutil.CollectAndCount(c); n != want {
 		t.Errorf("collected %d series, want %d", n, want)
 	}

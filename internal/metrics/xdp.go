@@ -86,7 +86,10 @@ func readName(i int) string {
 func decidedUnderRule(r maps.Reason) bool {
 	switch r {
 	case maps.ReasonOK, maps.ReasonSrcLimit, maps.ReasonPrefixLimit, maps.ReasonASNLimit,
-		maps.ReasonGlobalLimit, maps.ReasonRuleDrop, maps.ReasonRulePass:
+		maps.ReasonGlobalLimit, maps.ReasonRuleDrop, maps.ReasonRulePass,
+		// A fingerprint and the overrides act on a packet of a rule:
+		// the rule's counters have it too.
+		maps.ReasonFingerprint, maps.ReasonShieldTighten, maps.ReasonFleetShare, maps.ReasonOverride:
 		return true
 	}
 	return false

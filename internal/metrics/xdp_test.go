@@ -439,3 +439,36 @@ func TestConcurrentScrapes(t *testing.T) {
 		t.Errorf("lo pass/ok = %v, want 2", v)
 	}
 }
+
+// TestCollectorFingerprintDropsOnce: a packet a fingerprint drops was
+// charged to its rule (the rule's counters have it), so
+// rate_limit_rejected_total has it once, under the rule, as it has the
+// override reasons' drops; not again with rule="".
+func TestCollectorFingerprintDropsOnce(t *testing.T) {
+	src := loadSource(t)
+	src.rules = map[string]uint32{"default": 0, "blocked": 1, "dry": 2}
+	if err := src.apply(t, scenarioGen(), reloadAt); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	if err := src.m.SetTestClock(uint64(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.m.SetFingerprint(maps.Fingerprint{ID: 1, Mask: maps.FieldSrc, Src: netip.MustParsePrefix("198.18.0.0/24"),
+		Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if got := src.run(t, packet.UDP4("198.18.0.1", 1000, 53, 10)); got != xdpDrop {
+			t.Fatalf("xdp action %d, want a fingerprint drop", got)
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewXDPCollector(src, nil))
+	e := parse(t, scrape(t, reg))
+	if got := e.sum("edgeguard_xdp_packets_total", "action", "drop", "reason", "fingerprint"); got != 3 {
+		t.Fatalf("drop/fingerprint = %v, want 3", got)
+	}
+	if got := e.sum("rate_limit_rejected_total", "layer", "xdp"); got != 3 {
+		t.Errorf("rate_limit_rejected_total{layer=xdp} sums to %v, want the 3 drops once", got)
+	}
+}

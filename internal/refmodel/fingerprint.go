@@ -142,6 +142,7 @@ func (m *Model) fingerprint(pi Packet, ss *srcState) bool {
 		if !ok || v.Expires <= ss.now>>maps.TickShift {
 			continue
 		}
+		before := v
 		refused := !limited(v.Budget) || !take(&v.Bucket, v.Budget, ss.now, ss.len)
 		m.fp.rules[k] = v
 		// The counters exist from SetFingerprint on (fp_stats).
@@ -163,6 +164,7 @@ func (m *Model) fingerprint(pi Packet, ss *srcState) bool {
 		if have {
 			m.fp.stats[v.Id] = st
 		}
+		m.traceFingerprint(k, before, refused, drop, refused && !drop && v.DryRun == 0)
 		return drop
 	}
 	return false

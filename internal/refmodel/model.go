@@ -103,6 +103,7 @@ type prefixKey struct {
 
 type fact struct {
 	ruleID, asn uint32
+	prefix      netip.Prefix // for Trace
 }
 
 type generation struct {
@@ -112,10 +113,13 @@ type generation struct {
 	globalLim bool
 	l4Protos  uint8
 	reserve   uint16 // the global bucket's
-	standing  loader.LimiterEgStandingCfg
-	rules     map[uint32]rule
-	l4        map[l4Key]uint32
-	prefixes  lpmTable[fact]
+	// defaultRule is the rule of an address no fact covers (the program's
+	// slot 0): id 0 after Apply; FromState reads it from the slot.
+	defaultRule uint32
+	standing    loader.LimiterEgStandingCfg
+	rules       map[uint32]rule
+	l4          map[l4Key]uint32
+	prefixes    lpmTable[fact]
 }
 
 // Model is the reference model of one loaded program: its policy, lists,
@@ -140,6 +144,12 @@ type Model struct {
 	events    maps.StandingCounts
 	ovr       map[AggKey]Override // aggregate overrides (overrides.go)
 	fp        *fpState            // fingerprint rules (fingerprint.go)
+	// gate is agg_gate by rule id (FromState); nil: every bit set (Apply
+	// and SetOverride keep no gate, as maps.Maps keeps a bit for every
+	// override).
+	gate  map[uint32]uint32
+	trace *Trace      // non-nil during Explain
+	live  *liveTables // FromState: the program's large tables, looked up as needed
 }
 
 // New returns a model of a program loaded with room for maxRules rules
@@ -186,11 +196,7 @@ func (m *Model) Apply(g *policy.Compiled) error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidGeneration, err)
 		}
-		c := rule{id: r.ID, srcLen4: v.SrcLen4, srcLen6: v.SrcLen6, aggLen4: v.AggLen4, aggLen6: v.AggLen6,
-			aggMode: maps.AggMode(v.AggMode), mode: maps.Mode(v.Mode), action: maps.RuleAction(v.Action),
-			src: v.Src, agg: v.Agg, asn: v.Asn, reserve: v.Reserve}
-		c.srcLim, c.aggLim, c.asLim = limited(c.src), limited(c.agg), limited(c.asn)
-		n.rules[r.ID] = c
+		n.rules[r.ID] = ruleOf(v)
 	}
 	for _, l := range g.L4 {
 		if _, ok := n.rules[l.RuleID]; !ok {
@@ -214,10 +220,7 @@ func (m *Model) Apply(g *policy.Compiled) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidGeneration, err)
 	}
-	n.mode, n.malformed = maps.Mode(cfg.Mode), maps.Action(cfg.MalformedVerdict)
-	n.global, n.reserve = cfg.Global, cfg.Reserve
-	n.globalLim = limited(n.global)
-	n.standing = maps.StandingConfig(g.Standing)
+	n.settings(cfg, maps.StandingConfig(g.Standing))
 	kg := map[prefixKey]bool{}
 	for _, p := range g.Standing.KnownGood {
 		if !p.IsValid() {
@@ -229,7 +232,7 @@ func (m *Model) Apply(g *policy.Compiled) error {
 		if !f.Prefix.IsValid() {
 			return fmt.Errorf("%w: invalid prefix in prefix facts", ErrInvalidGeneration)
 		}
-		facts[keyOf(f.Prefix)] = fact{ruleID: f.RuleID, asn: f.ASN}
+		facts[keyOf(f.Prefix)] = fact{ruleID: f.RuleID, asn: f.ASN, prefix: f.Prefix.Masked()}
 	}
 	n.prefixes = newLPMTable(facts)
 	m.gen = n
@@ -249,6 +252,26 @@ func (m *Model) Apply(g *policy.Compiled) error {
 		}
 	}
 	return nil
+}
+
+// ruleOf is the model's form of a rules table entry: one line per field
+// the decision reads (Apply and FromState both come through here).
+func ruleOf(v loader.LimiterEgRule) rule {
+	c := rule{id: v.Id, srcLen4: v.SrcLen4, srcLen6: v.SrcLen6, aggLen4: v.AggLen4, aggLen6: v.AggLen6,
+		aggMode: maps.AggMode(v.AggMode), mode: maps.Mode(v.Mode), action: maps.RuleAction(v.Action),
+		src: v.Src, agg: v.Agg, asn: v.Asn, reserve: v.Reserve}
+	c.srcLim, c.aggLim, c.asLim = limited(c.src), limited(c.agg), limited(c.asn)
+	return c
+}
+
+// settings takes a generation's config and standing settings as the data
+// plane's tables hold them (Apply and FromState both come through here).
+func (g *generation) settings(cfg loader.LimiterEgConfig, st loader.LimiterEgStandingCfg) {
+	g.mode, g.malformed = maps.Mode(cfg.Mode), maps.Action(cfg.MalformedVerdict)
+	g.global, g.reserve = cfg.Global, cfg.Reserve
+	g.globalLim = limited(g.global)
+	g.l4Protos = cfg.L4Protos
+	g.standing = st
 }
 
 // SetLists makes the lists hold exactly want, as maps.Maps.SetLists does.
@@ -394,6 +417,11 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		}
 		return v
 	}
+	return m.decidePacket(pi, nowNS)
+}
+
+// decidePacket is the decision of a parsed IP packet.
+func (m *Model) decidePacket(pi Packet, nowNS uint64) Verdict {
 	g := m.gen
 	if g == nil {
 		return Verdict{Action: maps.ActPass, Reason: maps.ReasonNoPolicy}
@@ -402,6 +430,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 
 	// 1. Lists: the most specific entry answers.
 	if e, ok := m.lists.lookup(pi.Addr); ok {
+		m.traceList(e)
 		if e.DenyUntil > nowNS {
 			v := Verdict{Action: maps.ActDrop, Reason: maps.ReasonDeny}
 			if g.mode == maps.ModeDryRun {
@@ -415,11 +444,16 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	}
 
 	// 2. Prefix facts, 3. L4 override.
-	f, _ := g.prefixes.lookup(pi.Addr)
+	f, ok := g.prefixes.lookup(pi.Addr)
+	if !ok {
+		f.ruleID = g.defaultRule
+	}
 	ruleID, asn := f.ruleID, f.asn
+	m.traceFact(f, ok)
 	if g.l4Protos&l4Bit(pi.Proto) != 0 {
 		if id, ok := g.l4Rule(pi); ok {
 			ruleID = id
+			m.traceL4(pi, id)
 		}
 	}
 	// A fact or L4 match naming no rule of this generation points past
@@ -428,6 +462,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	if !ok {
 		return Verdict{Action: maps.ActPass, Reason: maps.ReasonNoPolicy}
 	}
+	m.traceRule(&r)
 	v := Verdict{Action: maps.ActPass, Reason: maps.ReasonOK, RuleID: ruleID, Counted: true}
 	switch r.action {
 	case maps.RulePass:
@@ -452,6 +487,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 	}
 	if asn != 0 && r.asLim {
 		nk = AggKey{RuleId: r.id, Kind: AggKindASN, Asn: asn}
+		m.faultAgg(nk)
 		if nb, ok := m.agg[nk]; ok && !m.ovrPeek(nk, nb, r.asn, r.reserve, maps.ClassAggASN, ss) {
 			return m.limited(v, maps.ReasonASNLimit, &r, ss)
 		}
@@ -469,6 +505,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 				n = 96 + int(min(r.aggLen4, 32))
 			}
 			ak = AggKey{RuleId: r.id, Kind: AggKindPrefix, Addr: maskAddr(pi.Addr, n), Len: uint8(n)}
+			m.faultAgg(ak)
 			if ab, ok := m.agg[ak]; ok && !m.ovrPeek(ak, ab, r.agg, r.reserve, maps.ClassAggPrefix, ss) {
 				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
@@ -483,7 +520,9 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			n = 96 + int(min(r.srcLen4, 32))
 		}
 		sk := SrcKey{RuleId: r.id, Addr: maskAddr(pi.Addr, n)}
+		m.faultSrc(sk)
 		b, have := m.src[sk]
+		before, existed, seen := b, have, -1
 		ss.srckey = (v4 && r.srcLen4 == 32) || (!v4 && r.srcLen6 == 64)
 		if !gated(r.src) {
 			have = true
@@ -492,6 +531,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			// or the last passes uncharged and is charged for it when it
 			// comes again (at creation, or on its bucket).
 			state, first := m.seenMark(srcKeyBytes(sk), now, true)
+			seen = state
 			if (v4 && r.srcLen4 == 32) || (!v4 && r.srcLen6 == 64) {
 				ss.touched = touchNo
 				if first {
@@ -520,9 +560,12 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			ss.counted = true
 			ok := take(&b, r.src, now, pi.Len)
 			m.src[sk] = b
+			m.traceSource(sk, before, existed, seen, true, ok, r.src)
 			if !ok {
 				return m.limited(v, maps.ReasonSrcLimit, &r, ss)
 			}
+		} else {
+			m.traceSource(sk, before, existed, seen, false, true, r.src)
 		}
 	}
 	if r.aggMode != maps.AggNone && r.aggLim && r.aggMode != maps.AggDerived {
@@ -534,6 +577,7 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 		}
 	}
 	if r.aggMode == maps.AggDerived && r.aggLim {
+		m.faultAgg(ak)
 		b, have := m.agg[ak]
 		if !have && gated(r.agg) {
 			if state, _ := m.seenMark(aggKeyBytes(ak), now, false); state != seenNew {
@@ -548,9 +592,12 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 			if !ok {
 				return m.limited(v, maps.ReasonPrefixLimit, &r, ss)
 			}
+		} else {
+			m.traceUncharged(ak, r.agg, r.reserve)
 		}
 	}
 	if asn != 0 && r.asLim {
+		m.faultAgg(nk)
 		b := m.agg[nk]
 		ok := m.ovrTake(nk, &b, r.asn, r.reserve, maps.ClassAggASN, ss)
 		m.agg[nk] = b
@@ -569,6 +616,10 @@ func (m *Model) decide(frame []byte, nowNS uint64) Verdict {
 // inherits, the global setting) is dry-run.
 func (m *Model) limited(v Verdict, reason maps.Reason, r *rule, ss *srcState) Verdict {
 	v.Reason = reason
+	if ss != nil && ss.refusedReason != 0 {
+		// An override that refused names its writer.
+		v.Reason = ss.refusedReason
+	}
 	v.Action = maps.ActDrop
 	dry := m.gen.mode == maps.ModeDryRun
 	if r.mode != maps.ModeInherit {

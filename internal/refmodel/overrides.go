@@ -81,6 +81,9 @@ func (m *Model) pruneOverrides() {
 // ovrFind is ovr_find: the override of an aggregate, nil when there is
 // none (its parts' expiries are checked by ovrBudget and chargedNew).
 func (m *Model) ovrFind(k AggKey, ss *srcState) (*Override, bool) {
+	if m.gate != nil && m.gate[ss.ruleID]&(1<<k.Kind) == 0 {
+		return nil, false
+	}
 	o, ok := m.ovr[k]
 	if !ok {
 		return nil, false
@@ -99,7 +102,16 @@ func ovrBudget(o *Override, c maps.BucketCfg, ss *srcState) maps.BucketCfg {
 
 // chargedNew is charged_new.
 func (m *Model) chargedNew(o *Override, ss *srcState) bool {
-	return o != nil && o.NewExpires > ss.now>>maps.TickShift && limited(o.NewBudget) && !privileged(m.class(ss, false))
+	if o == nil || o.NewExpires <= ss.now>>maps.TickShift || !limited(o.NewBudget) {
+		return false
+	}
+	cls := m.class(ss, false)
+	// An established source whose rate jumped is charged as new inside
+	// an aggregate the shield tightened (the new-source part's origin).
+	if cls == maps.ClassEstablished && ss.jumped && maps.Origin(o.Origin>>8&0xff) == maps.OriginShield {
+		return true
+	}
+	return !privileged(cls)
 }
 
 // ovrPeek is eg_agg_peek with the aggregate's override: its budget
@@ -107,12 +119,42 @@ func (m *Model) chargedNew(o *Override, ss *srcState) bool {
 // bucket.
 func (m *Model) ovrPeek(k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
 	o, _ := m.ovrFind(k, ss)
+	st := m.traceAgg(stepPeek, k, b, c, reserve, o, ss)
+	budgetPart := budgetInForce(o, ss)
 	c = ovrBudget(o, c, ss)
-	if m.chargedNew(o, ss) && !wouldAdmit(o.NewBucket, o.NewBudget, ss.now, ss.len) {
-		ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
-		return false
+	if m.chargedNew(o, ss) {
+		st.newPart()
+		if !wouldAdmit(o.NewBucket, o.NewBudget, ss.now, ss.len) {
+			ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
+			ss.refusedReason = ovrReason(o.Origin >> 8 & 0xff)
+			st.refusedNew()
+			return false
+		}
 	}
-	return m.aggPeek(b, c, reserve, agg, ss)
+	ok := m.aggPeek(b, c, reserve, agg, ss)
+	if !ok && budgetPart {
+		ss.refusedReason = ovrReason(o.Origin & 0xff)
+	}
+	st.done(ok, ss)
+	return ok
+}
+
+// budgetInForce says the override's budget part replaces the policy's
+// (ovr_budget returned it).
+func budgetInForce(o *Override, ss *srcState) bool {
+	return o != nil && o.Expires > ss.now>>maps.TickShift && limited(o.Budget)
+}
+
+// ovrReason is ovr_reason: the drop reason of a refusal by an override
+// part, named by the part's writer.
+func ovrReason(origin uint32) maps.Reason {
+	switch maps.Origin(origin) {
+	case maps.OriginShield:
+		return maps.ReasonShieldTighten
+	case maps.OriginFleet:
+		return maps.ReasonFleetShare
+	}
+	return maps.ReasonOverride
 }
 
 // ovrTake is eg_agg_take with the aggregate's override: the new-source
@@ -120,17 +162,27 @@ func (m *Model) ovrPeek(k AggKey, b Bucket, c maps.BucketCfg, reserve uint16, ag
 // aggregate refuses.
 func (m *Model) ovrTake(k AggKey, b *Bucket, c maps.BucketCfg, reserve uint16, agg maps.ClassAgg, ss *srcState) bool {
 	o, _ := m.ovrFind(k, ss)
+	st := m.traceAgg(stepCharge, k, *b, c, reserve, o, ss)
+	budgetPart := budgetInForce(o, ss)
 	c = ovrBudget(o, c, ss)
 	fresh := m.chargedNew(o, ss)
 	if fresh {
+		st.newPart()
 		ok := take(&o.NewBucket, o.NewBudget, ss.now, ss.len)
 		m.ovr[k] = *o
 		if !ok {
 			ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedFull
+			ss.refusedReason = ovrReason(o.Origin >> 8 & 0xff)
+			st.refusedNew()
 			return false
 		}
 	}
-	if !m.aggTake(b, c, reserve, agg, ss) {
+	ok := m.aggTake(b, c, reserve, agg, ss)
+	st.done(ok, ss)
+	if !ok && budgetPart {
+		ss.refusedReason = ovrReason(o.Origin & 0xff)
+	}
+	if !ok {
 		if fresh {
 			if o.NewBudget.PktT != 0 {
 				o.NewBucket.PktTat -= o.NewBudget.PktT

@@ -63,6 +63,7 @@ func (m *Model) seenMark(key []byte, now uint64, settle bool) (state int, first 
 	epoch := ((now >> maps.TickShift) >> seenEpochShift) & 0xff
 	bit := uint64(1)<<(uint64(h&63)%seenBits) | uint64(1)<<(uint64((h*0x9e3779b1)>>26)%seenBits)
 	mask := uint64(1)<<seenBits - 1
+	m.faultSeen(idx)
 	old := m.seen[idx]
 	tag := old >> (2 * seenBits)
 	var cur, prev uint64

@@ -34,6 +34,7 @@ type srcState struct {
 	congested      bool
 	refusedAgg     maps.ClassAgg
 	refusedOutcome maps.Outcome // 0: not refused by an aggregate
+	refusedReason  maps.Reason  // refused_reason: an override's, 0: none
 	touched        int
 	// The usual rate's (EG_SS_* bits of looked in the C): the rule's
 	// per-source key is the standing key; the packet is counted; its
@@ -70,6 +71,7 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 	ss.looked = true
 	cls := maps.ClassNew
 	k := ss.key()
+	m.faultStanding(k)
 	if e, ok := m.standing[k]; ok {
 		if !ss.counted {
 			e.Pkts++
@@ -100,6 +102,7 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		}
 	}
 	ss.cls = cls
+	m.traceClass(cls, ss.jumped)
 	return cls
 }
 
@@ -177,6 +180,7 @@ func (m *Model) standingTouch(ss *srcState, salt uint32) bool {
 	epoch := ((ss.now >> maps.TickShift) >> seenEpochShift) & 0xff
 	bit := uint64(1)<<(uint64(h&63)%seenBits) | uint64(1)<<(uint64((h*0x9e3779b1)>>26)%seenBits)
 	mask := uint64(1)<<seenBits - 1
+	m.faultSeen(idx)
 	old := m.seen[idx]
 	tag := old >> (2 * seenBits)
 	var cur, prev uint64
@@ -218,6 +222,7 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 	}
 	ns := ss.now >> maps.TickShift
 	k := ss.key()
+	m.faultStanding(k)
 	e, ok := m.standing[k]
 	if ownLimit {
 		if !ok {
@@ -276,7 +281,9 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 	if ss.v4 {
 		n = 128
 	}
-	src := m.srcPkts[SrcKey{RuleId: ss.ruleID, Addr: maskAddr(ss.addr, n)}]
+	sk := SrcKey{RuleId: ss.ruleID, Addr: maskAddr(ss.addr, n)}
+	m.faultSrc(sk)
+	src := m.srcPkts[sk]
 	if e.RateAt != 0 && ns > e.RateAt {
 		dt := (ns - e.RateAt) / 1000000
 		if dt == 0 {

@@ -164,6 +164,9 @@ type Action struct {
 	// Enforced: written to the data plane (mode enforce); else the action
 	// is what the shield would do (mode monitor).
 	Enforced bool `json:"enforced"`
+	// Adopted: found in the data plane's pinned maps at start (a
+	// crashed or restarted daemon's); kept until its expiry, not renewed.
+	Adopted bool `json:"adopted,omitempty"`
 
 	installed bool
 }
@@ -670,6 +673,58 @@ func (e *Engine) SeedIDs(id uint32) {
 	e.nextID = max(e.nextID, id)
 }
 
+// Adopt takes an action found in the data plane's pinned maps at start
+// (Enforced, with its expiry there) into the engine, so that it is
+// listed, counted and can be released: an action with ID 0 (a tighten:
+// overrides carry no id) gets the next id. It is not renewed: it stays
+// until its expiry, or until the shield decides the aggregate again. A
+// tighten of an aggregate the engine holds an action for already is not
+// taken (false).
+func (e *Engine) Adopt(a Action, now time.Time) (Action, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if a.Kind == Tighten {
+		if e.byKey[a.Key] != 0 {
+			return Action{}, false
+		}
+	}
+	if a.ID == 0 || e.actions[a.ID] != nil {
+		e.nextID++
+		if e.nextID == 0 {
+			e.nextID = 1
+		}
+		a.ID = e.nextID
+	}
+	e.nextID = max(e.nextID, a.ID)
+	a.Enforced, a.installed, a.Adopted = true, true, true
+	if a.Since.IsZero() {
+		a.Since = now
+	}
+	if a.Reason == "" {
+		a.Reason = "adopted from the data plane at start (an earlier run's action, kept until it expires)"
+	}
+	act := a
+	e.actions[a.ID] = &act
+	if a.Kind == Tighten {
+		e.byKey[a.Key] = a.ID
+	}
+	return act, true
+}
+
+// Holds reports whether the engine holds action id.
+func (e *Engine) Holds(id uint32) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.actions[id] != nil
+}
+
+// ActionOn is the id of the engine's action on aggregate k, 0: none.
+func (e *Engine) ActionOn(k Key) uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.byKey[k]
+}
+
 // masksInUse are the mask slots the fingerprint actions take (monitor
 // mode's too: they stand for what enforce would install).
 func (e *Engine) masksInUse() map[maskSlot]bool {
@@ -731,6 +786,9 @@ func (e *Engine) maintain(now time.Time) []Change {
 			continue
 		}
 		switch {
+		case a.Adopted && !now.Before(a.Expires):
+			out = append(out, e.remove(a, "expired (adopted from the data plane at start, not renewed)", "shield", now))
+		case a.Adopted:
 		case !a.installed:
 			a.installed = true
 			a.Expires = now.Add(e.cfg.TTL)
