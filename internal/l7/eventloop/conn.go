@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeguard/edgeguard/internal/l7/target"
 )
 
 // connState is where a client connection is in its request.
@@ -249,6 +251,10 @@ type conn struct {
 	isHEAD  bool
 	retried bool
 	cancel  context.CancelFunc
+	// fwdTarget is the request target sent upstream (before the
+	// upstream's own path is joined in front): the normal form of the
+	// client's, or the client's as sent.
+	fwdTarget string
 
 	up          *upConn
 	resp        responseHead
@@ -688,11 +694,11 @@ func (c *conn) buildRequest(head []byte) error {
 		return s[off : off+len(b)]
 	}
 	method := sub(h.method)
-	target := sub(h.target)
+	t := sub(h.target)
 	if method == http.MethodConnect {
 		return &wireError{status: http.StatusMethodNotAllowed, reason: "CONNECT is not proxied"}
 	}
-	if strings.IndexByte(target, '#') >= 0 {
+	if strings.IndexByte(t, '#') >= 0 {
 		// RFC 9112 3.2: a request-target has no fragment. net/http would
 		// take "/exact#x" as the path "/exact#x" (no route's "/exact"),
 		// and an upstream that cuts the fragment off would serve /exact.
@@ -700,25 +706,60 @@ func (c *conn) buildRequest(head []byte) error {
 	}
 	c.url = url.URL{}
 	host := sub(h.host)
-	if target[0] == '/' && strings.IndexByte(target, '%') < 0 {
-		path, query, ok := strings.Cut(target, "?")
-		c.url.Path, c.url.RawQuery, c.url.ForceQuery = path, query, ok && query == ""
-	} else {
-		u, err := url.ParseRequestURI(target)
-		if err != nil {
+	cfg := &c.l.s.cfg
+	raw, query, hasQuery, isPath := target.Split(t)
+	switch {
+	case t == "*":
+		if method != http.MethodOptions {
+			return &wireError{status: http.StatusBadRequest, reason: "asterisk-form target is only for OPTIONS"}
+		}
+		c.url.Path = "*"
+	case !isPath:
+		return &wireError{status: http.StatusBadRequest, reason: "bad request target"}
+	case t[0] != '/':
+		u, err := url.ParseRequestURI(t)
+		if err != nil || u.Host == "" {
 			return &wireError{status: http.StatusBadRequest, reason: "bad request target"}
 		}
-		c.url = *u
-		if u.Host != "" {
-			// The target's host replaces the Host field (RFC 9112 3.2.2),
-			// so it is held to the Host field's byte set: url.Parse lets
-			// "a<script>" through.
-			for i := range len(u.Host) {
-				if !isHostByte(u.Host[i]) {
-					return &wireError{status: http.StatusBadRequest, reason: "invalid host in the request target"}
-				}
+		// The target's host replaces the Host field (RFC 9112 3.2.2),
+		// so it is held to the Host field's byte set: url.Parse lets
+		// "a<script>" through.
+		for i := range len(u.Host) {
+			if !isHostByte(u.Host[i]) {
+				return &wireError{status: http.StatusBadRequest, reason: "invalid host in the request target"}
 			}
-			host = u.Host
+		}
+		host = u.Host
+		c.url.Scheme, c.url.Host = u.Scheme, u.Host
+	}
+	// Route by, and forward, the path's normal form (internal/l7/target;
+	// the net-http engine's normalizeNetHTTP does the same).
+	c.fwdTarget = t
+	if isPath {
+		n, err := target.Normalize(raw, cfg.StrictPaths)
+		if err != nil {
+			return &wireError{status: http.StatusBadRequest, reason: err.Error()}
+		}
+		c.url.Path, c.url.RawQuery, c.url.ForceQuery = target.Decode(n), query, hasQuery && query == ""
+		if n != c.url.Path {
+			c.url.RawPath = n
+		}
+		switch {
+		case cfg.PathsAsSent && t[0] == '/':
+		case cfg.PathsAsSent:
+			c.fwdTarget = raw
+			if raw == "" {
+				c.fwdTarget = "/"
+			}
+			if hasQuery {
+				c.fwdTarget += "?" + query
+			}
+		case n == raw && t[0] == '/':
+			// Already normal: the target as sent (no allocation).
+		case hasQuery:
+			c.fwdTarget = n + "?" + query
+		default:
+			c.fwdTarget = n
 		}
 	}
 	clear(c.hdr)
@@ -754,7 +795,7 @@ func (c *conn) buildRequest(head []byte) error {
 		Close:         !h.keepAlive,
 		Host:          host,
 		RemoteAddr:    c.remoteAddr,
-		RequestURI:    target,
+		RequestURI:    t,
 	}
 	if h.chunked {
 		c.req.ContentLength = -1
@@ -805,14 +846,14 @@ func (c *conn) bodyOverdue() bool {
 // the upstream URL's path and query joined in front when it has them.
 func (c *conn) upstreamTarget() string {
 	s := c.l.s
-	t := c.req.RequestURI
+	t := c.fwdTarget
 	if s.basePath == "" && s.baseQ == "" && t != "" && t[0] == '/' {
 		return t
 	}
 	if t == "*" {
 		return t
 	}
-	p := c.url.EscapedPath()
+	p, q, hasQuery := strings.Cut(t, "?")
 	switch a, b := strings.HasSuffix(s.basePath, "/"), strings.HasPrefix(p, "/"); {
 	case a && b:
 		p = s.basePath + p[1:]
@@ -821,14 +862,13 @@ func (c *conn) upstreamTarget() string {
 	default:
 		p = s.basePath + p
 	}
-	q := c.url.RawQuery
 	switch {
 	case s.baseQ != "" && q != "":
 		q = s.baseQ + "&" + q
 	case s.baseQ != "":
 		q = s.baseQ
 	}
-	if q != "" || c.url.ForceQuery {
+	if q != "" || hasQuery {
 		return p + "?" + q
 	}
 	return p

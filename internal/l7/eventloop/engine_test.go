@@ -519,7 +519,9 @@ func TestHeaders(t *testing.T) {
 		{"/base/", "/x/y", "/base/x/y"},
 		{"/base?k=v", "/x/y?q=1", "/base/x/y?k=v&q=1"},
 		{"/base?k=v", "/", "/base/?k=v"},
-		{"/base", "/a%2Fb", "/base/a%2Fb"},
+		{"/base", "/a%3Fb", "/base/a%3Fb"},
+		{"/base", "/a%2Fb", "/base/a/b"}, // the normal form (internal/l7/target)
+		{"/base", "//x/../a?q", "/base/a?q"},
 	} {
 		t.Run("upstream path "+tc.upstreamPath+" "+tc.target, func(t *testing.T) {
 			up, heads := headUpstream(t, okResponse)

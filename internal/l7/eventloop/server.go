@@ -59,6 +59,13 @@ type Config struct {
 	// past it the connection is closed (its upstream connection too). The
 	// wait does not run while the upstream is not taking the body.
 	BodyReadTimeout time.Duration
+	// StrictPaths refuses (400) a request path target.Normalize refuses
+	// under its strict rule; otherwise the standard rule applies. Routing
+	// always sees the normal path (Request.URL.Path).
+	StrictPaths bool
+	// PathsAsSent forwards the request target as the client sent it;
+	// otherwise its normal form goes upstream.
+	PathsAsSent bool
 	// AcceptPaused, when set, is called (on a loop) each time a loop stops
 	// accepting for a while because accept4 ran out of file descriptors
 	// or socket memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): for a metric.

@@ -29,7 +29,7 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 	defer p.Close()
 	const shutdownTimeout = 10 * time.Second
 	if p.cfg.ServingEngine() == EngineEventLoop {
-		srv, err := eventloop.New(eventloop.Config{
+		ec := eventloop.Config{
 			Upstream:          p.cfg.Upstream,
 			Handler:           p,
 			TrustedPeer:       p.Trusted,
@@ -41,7 +41,9 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 			ShutdownTimeout:   shutdownTimeout,
 			BodyReadTimeout:   BodyReadTimeout,
 			AcceptPaused:      p.AcceptPaused,
-		})
+		}
+		p.cfg.ApplyRules(&ec)
+		srv, err := eventloop.New(ec)
 		if err != nil {
 			_ = ln.Close()
 			return fmt.Errorf("proxy: %w", err)

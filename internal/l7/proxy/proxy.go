@@ -301,6 +301,9 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			if xff, ok := pr.In.Header["X-Forwarded-For"]; ok && p.peerTrusted(pr.In) {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
+			if p.cfg.Paths.AsSent {
+				pathAsSent(pr.Out.URL, pr.In)
+			}
 			pr.SetURL(up)
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
@@ -617,7 +620,7 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 // concurrency limits and rate limits; a request no route matches gets only
 // the global concurrency limit.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if refuseNetHTTP(w, r) {
+	if refuseNetHTTP(w, r) || !p.normalizeNetHTTP(w, r) {
 		return
 	}
 	rt, exempt := p.pick(r)

@@ -202,7 +202,7 @@ func (s *Stage) engineKey(cfg *proxy.Config) string {
 	if e == proxy.EngineNetHTTP {
 		return string(e)
 	}
-	return string(e) + " " + cfg.Upstream.String() + " " + strconv.Itoa(s.loops(cfg))
+	return string(e) + " " + cfg.Upstream.String() + " " + strconv.Itoa(s.loops(cfg)) + fmt.Sprintf(" %+v", cfg.Paths)
 }
 
 // Prepare readies the stage to serve cfg (nil: no L7 stage) without
@@ -393,7 +393,7 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 	}
 	switch in.engine {
 	case proxy.EngineEventLoop:
-		srv, err := eventloop.New(eventloop.Config{
+		ec := eventloop.Config{
 			Upstream:          cfg.Upstream,
 			Handler:           in,
 			TrustedPeer:       in.trusted,
@@ -405,7 +405,9 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 			ShutdownTimeout:   ShutdownTimeout,
 			BodyReadTimeout:   s.opts.BodyReadTimeout,
 			AcceptPaused:      func(err error) { in.cur.Load().AcceptPaused(err) },
-		})
+		}
+		cfg.ApplyRules(&ec)
+		srv, err := eventloop.New(ec)
 		if err != nil {
 			_ = ln.Close()
 			sock.release()

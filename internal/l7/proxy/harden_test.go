@@ -1,0 +1,149 @@
+package proxy
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+)
+
+// spellingConfig limits /limited (any case) to one request per hour, and
+// lets /open through without limits.
+const spellingConfig = `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  engine: ENGINE
+  PATHS
+  routes:
+    - name: limited
+      match: {path_prefix: /limited, path_case: insensitive}
+      limits:
+        - {name: one, key: global, rate: 1/h, burst: 1}
+`
+
+// issue29Spellings are the spellings of /limited/a the audit of issue 29
+// sent past a one-request limit, with the status strict paths give them
+// (429: normalised and limited; 400: refused).
+var issue29Spellings = []struct {
+	target string
+	strict int
+}{
+	{"//limited/a", 429},
+	{"/./limited/a", 429},
+	{"/x/../limited/a", 429},
+	{"/%2e/limited/a", 429},
+	{"/x/%2e%2e/limited/a", 429},
+	{"/%09/../limited", 400},
+	{"/%2flimited/a", 400},
+	{"/LIMITED/a", 429},
+	{"/\\limited/a", 400},
+	{"http://a//limited/a", 429},
+	{"/limited%2Fa", 400},
+	{"/%6Cimited/a", 429},
+	{"/limited/a/", 429},
+	{"/limited;x/a", 400},
+}
+
+// TestPathSpellingsShareTheLimit: under both engines and both path rules,
+// once /limited/a took the one request, every other spelling of it is
+// refused (429), or under strict paths refused as a bad request (400);
+// none reaches the upstream.
+func TestPathSpellingsShareTheLimit(t *testing.T) {
+	up := startRecordingUpstream(t)
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		for _, mode := range []string{"standard", "strict"} {
+			t.Run(string(e)+" "+mode, func(t *testing.T) {
+				src := strings.ReplaceAll(spellingConfig, "ENGINE", string(e))
+				src = strings.ReplaceAll(src, "PATHS", "paths: {normalize: "+mode+"}")
+				_, base := startProxy(t, decodeYAML(t, src, up.srv.URL), Options{Clock: new(l7test.ManualClock)})
+				addr := strings.TrimPrefix(base, "http://")
+				get := func(target string) int {
+					resp, _ := exchange(t, target, addr, http.MethodGet,
+						[]byte("GET "+target+" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"))
+					return resp.StatusCode
+				}
+				if s := get("/limited/a"); s != http.StatusOK {
+					t.Fatalf("first /limited/a: %d", s)
+				}
+				mark := up.count()
+				for _, c := range issue29Spellings {
+					want := http.StatusTooManyRequests
+					if mode == "strict" {
+						want = c.strict
+					}
+					if got := get(c.target); got != want {
+						t.Errorf("%s: %d, want %d", c.target, got, want)
+					}
+				}
+				if seen := up.since(mark); len(seen) > 0 {
+					t.Errorf("%d spellings reached the upstream, first %q", len(seen), seen[0].requestURI)
+				}
+			})
+		}
+	}
+}
+
+// TestPathForwardedNormalised: both engines forward the same normal form
+// (internal/l7/target), or the target as sent with paths.forward: as-sent.
+func TestPathForwardedNormalised(t *testing.T) {
+	up := startRecordingUpstream(t)
+	cases := []struct{ target, normal, asSent string }{
+		{"/open/a", "/open/a", "/open/a"},
+		{"//open/./x/../a%2e?q=%2e", "/open/a.?q=%2e", "//open/./x/../a%2e?q=%2e"},
+		{"/open/caf\xc3\xa9", "/open/caf%C3%A9", "/open/caf\xc3\xa9"},
+		{"/open/%7euser/%3b", "/open/~user/%3B", "/open/%7euser/%3b"},
+		{"http://a/open/x/..", "/open/", "/open/x/.."},
+		{"/open/LIMITED", "/open/LIMITED", "/open/LIMITED"},
+	}
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		for _, fwd := range []string{"normalized", "as-sent"} {
+			t.Run(string(e)+" "+fwd, func(t *testing.T) {
+				src := strings.ReplaceAll(spellingConfig, "ENGINE", string(e))
+				src = strings.ReplaceAll(src, "PATHS", "paths: {forward: "+fwd+"}")
+				_, base := startProxy(t, decodeYAML(t, src, up.srv.URL), Options{Clock: new(l7test.ManualClock)})
+				addr := strings.TrimPrefix(base, "http://")
+				for _, c := range cases {
+					mark := up.count()
+					resp, _ := exchange(t, c.target, addr, http.MethodGet,
+						[]byte("GET "+c.target+" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"))
+					want := c.normal
+					if fwd == "as-sent" {
+						want = c.asSent
+						if e == EngineNetHTTP && strings.Contains(c.target, "\xc3") {
+							want = c.normal // net/url encodes raw UTF-8 (docs/l7-proxy.md)
+						}
+					}
+					seen := up.since(mark)
+					if resp.StatusCode != http.StatusOK || len(seen) != 1 || seen[0].requestURI != want {
+						t.Errorf("%q: status %d, upstream saw %v, want %q", c.target, resp.StatusCode, seen, want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestAsteriskTargets: OPTIONS * is answered by the proxy (200, never
+// forwarded) under both engines; any other method with "*" is 400.
+func TestAsteriskTargets(t *testing.T) {
+	up := startRecordingUpstream(t)
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		t.Run(string(e), func(t *testing.T) {
+			src := strings.ReplaceAll(strings.ReplaceAll(spellingConfig, "ENGINE", string(e)), "PATHS", "")
+			_, base := startProxy(t, decodeYAML(t, src, up.srv.URL), Options{Clock: new(l7test.ManualClock)})
+			addr := strings.TrimPrefix(base, "http://")
+			mark := up.count()
+			for method, want := range map[string]int{http.MethodOptions: 200, http.MethodGet: 400, http.MethodDelete: 400} {
+				resp, _ := exchange(t, method, addr, method, []byte(method+" * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"))
+				if resp.StatusCode != want {
+					t.Errorf("%s *: %d, want %d", method, resp.StatusCode, want)
+				}
+			}
+			if seen := up.since(mark); len(seen) > 0 {
+				t.Errorf("forwarded: %v", seen)
+			}
+		})
+	}
+}
