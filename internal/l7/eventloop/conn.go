@@ -912,7 +912,7 @@ func (c *conn) queueUpstreamHead() {
 			continue
 		case framingField(f.name), hopByHop(f.name, h.connection), equalFold(f.name, "Host"),
 			equalFold(f.name, "X-Forwarded-Host"), equalFold(f.name, "X-Forwarded-Proto"),
-			equalFold(f.name, "Forwarded"):
+			equalFold(f.name, "Forwarded"), s.identityField(f.name):
 			continue
 		}
 		b = append(b, f.name...)

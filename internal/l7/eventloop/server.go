@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -66,6 +67,12 @@ type Config struct {
 	// PathsAsSent forwards the request target as the client sent it;
 	// otherwise its normal form goes upstream.
 	PathsAsSent bool
+	// IdentityFields are request fields removed before the request goes
+	// upstream (any case): client-set claims of who the client is
+	// (proxy.Config.IdentityFields). Fields whose name holds an
+	// underscore are always removed: CGI and WSGI upstreams read
+	// X_Forwarded_For as X-Forwarded-For.
+	IdentityFields []string
 	// AcceptPaused, when set, is called (on a loop) each time a loop stops
 	// accepting for a while because accept4 ran out of file descriptors
 	// or socket memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): for a metric.
@@ -93,6 +100,11 @@ type Server struct {
 	hostPort string // the upstream's host:port
 	basePath string // the upstream URL's path, "" or without a trailing slash
 	baseQ    string // the upstream URL's raw query
+	// identity is IdentityFields in lower case; identityLens has bit n set
+	// when one of them is n bytes long (n < 64), so most fields are passed
+	// without a lookup.
+	identity     map[string]struct{}
+	identityLens uint64
 	addrs    atomic.Pointer[[]netip.AddrPort]
 	next     atomic.Uint64 // round robin over loops (accept)
 	handlers sync.WaitGroup
@@ -148,7 +160,33 @@ func New(cfg Config) (*Server, error) {
 		s.basePath = ""
 	}
 	s.baseQ = cfg.Upstream.RawQuery
+	s.identity = map[string]struct{}{}
+	for _, name := range cfg.IdentityFields {
+		if len(name) == 0 || len(name) >= 64 {
+			return nil, fmt.Errorf("eventloop: identity field %q: want 1-63 bytes", name)
+		}
+		s.identity[strings.ToLower(name)] = struct{}{}
+		s.identityLens |= 1 << len(name)
+	}
 	return s, nil
+}
+
+// identityField reports whether a request field is removed before the
+// request goes upstream: one of IdentityFields, or a name with an
+// underscore.
+func (s *Server) identityField(name []byte) bool {
+	if indexByte(name, '_') >= 0 {
+		return true
+	}
+	if len(name) >= 64 || s.identityLens&(1<<len(name)) == 0 {
+		return false
+	}
+	var buf [64]byte
+	for i, c := range name {
+		buf[i] = lower(c)
+	}
+	_, ok := s.identity[string(buf[:len(name)])]
+	return ok
 }
 
 // Serve serves ln until ctx ends, then stops accepting, lets the requests

@@ -262,10 +262,14 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	if n, ok := f["identity_fields"]; ok {
 		cfg.IdentityFields = []string{}
 		for _, c := range d.Seq(n, "l7 identity_fields") {
-			if name := d.headerName(c, "l7 identity_fields"); name != "" {
+			if name := d.headerName(c, "l7 identity_fields"); len(name) > 63 {
+				d.Errorf(c, "l7 identity_fields: %q is longer than 63 bytes", name)
+			} else if name != "" {
 				switch name {
 				case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded":
 					d.Errorf(c, "l7 identity_fields: %s is always rewritten by the proxy; do not list it", name)
+				case "Host", "Content-Length", "Transfer-Encoding", "Connection":
+					d.Errorf(c, "l7 identity_fields: %s cannot be removed", name)
 				default:
 					cfg.IdentityFields = append(cfg.IdentityFields, name)
 				}

@@ -38,6 +38,22 @@ const BodyReadTimeout = 60 * time.Second
 func (c *Config) ApplyRules(ec *eventloop.Config) {
 	ec.StrictPaths = c.Paths.Strict
 	ec.PathsAsSent = c.Paths.AsSent
+	ec.IdentityFields = c.IdentityFields
+}
+
+// dropIdentityFields removes from a request going upstream under the
+// net-http engine the client-set identity fields (Config.IdentityFields)
+// and every field whose name holds an underscore, as the event loop does
+// (eventloop.Config.IdentityFields).
+func (p *Proxy) dropIdentityFields(h http.Header) {
+	for _, name := range p.cfg.IdentityFields {
+		delete(h, name)
+	}
+	for name := range h {
+		if strings.IndexByte(name, '_') >= 0 {
+			delete(h, name)
+		}
+	}
 }
 
 // Decide is the event loop's way in: the decision for r, made on the loop.

@@ -147,3 +147,53 @@ func TestAsteriskTargets(t *testing.T) {
 		})
 	}
 }
+
+// issue29Identity are the client-set identity fields the audit of issue 29
+// saw reach the upstream.
+var issue29Identity = []string{"X-Real-IP", "True-Client-IP", "CF-Connecting-IP", "X-Client-IP",
+	"X-Cluster-Client-IP", "Forwarded-For", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
+	"X-Original-URL", "X-Rewrite-URL", "X_Forwarded_For", "x_real_ip"}
+
+// TestIdentityFieldsRemoved: under both engines the default identity
+// fields and any field with an underscore in its name are removed, other
+// fields pass; a policy's own list replaces the default one.
+func TestIdentityFieldsRemoved(t *testing.T) {
+	up := startRecordingUpstream(t)
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		for _, list := range []string{"", "identity_fields: [X-Custom-Ip]"} {
+			t.Run(string(e)+" "+list, func(t *testing.T) {
+				src := strings.ReplaceAll(strings.ReplaceAll(spellingConfig, "ENGINE", string(e)), "PATHS", list)
+				_, base := startProxy(t, decodeYAML(t, src, up.srv.URL), Options{Clock: new(l7test.ManualClock)})
+				addr := strings.TrimPrefix(base, "http://")
+				raw := "GET /open HTTP/1.1\r\nHost: a\r\nConnection: close\r\nX-Keep: 1\r\nX-Custom-Ip: 203.0.113.9\r\n"
+				for _, name := range issue29Identity {
+					raw += name + ": 203.0.113.9\r\n"
+				}
+				mark := up.count()
+				exchange(t, "identity", addr, http.MethodGet, []byte(raw+"\r\n"))
+				seen := up.since(mark)
+				if len(seen) != 1 {
+					t.Fatalf("upstream saw %d requests", len(seen))
+				}
+				h := seen[0].header
+				if h.Get("X-Keep") != "1" || h.Get("X-Forwarded-For") != "127.0.0.1" {
+					t.Errorf("X-Keep %q, X-Forwarded-For %q", h.Get("X-Keep"), h.Get("X-Forwarded-For"))
+				}
+				for name := range h {
+					if strings.Contains(name, "_") {
+						t.Errorf("%s reached the upstream", name)
+					}
+				}
+				for _, name := range issue29Identity {
+					_, got := h[http.CanonicalHeaderKey(name)]
+					if want := list != "" && !strings.Contains(name, "_"); got != want {
+						t.Errorf("%s at the upstream: %v, want %v", name, got, want)
+					}
+				}
+				if _, got := h["X-Custom-Ip"]; got == (list != "") {
+					t.Errorf("X-Custom-Ip at the upstream: %v", got)
+				}
+			})
+		}
+	}
+}

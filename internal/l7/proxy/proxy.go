@@ -304,6 +304,7 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			if p.cfg.Paths.AsSent {
 				pathAsSent(pr.Out.URL, pr.In)
 			}
+			p.dropIdentityFields(pr.Out.Header)
 			pr.SetURL(up)
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
