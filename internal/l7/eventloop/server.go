@@ -105,10 +105,10 @@ type Server struct {
 	// without a lookup.
 	identity     map[string]struct{}
 	identityLens uint64
-	addrs    atomic.Pointer[[]netip.AddrPort]
-	next     atomic.Uint64 // round robin over loops (accept)
-	handlers sync.WaitGroup
-	served   atomic.Bool
+	addrs        atomic.Pointer[[]netip.AddrPort]
+	next         atomic.Uint64 // round robin over loops (accept)
+	handlers     sync.WaitGroup
+	served       atomic.Bool
 }
 
 // New checks cfg and fills its defaults.
