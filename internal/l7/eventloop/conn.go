@@ -704,6 +704,11 @@ func (c *conn) buildRequest(head []byte) error {
 		// and an upstream that cuts the fragment off would serve /exact.
 		return &wireError{status: http.StatusBadRequest, reason: "fragment in the request target"}
 	}
+	if e := fieldValue(h.headers, "Expect"); e != nil && !containsToken(e, "100-continue") {
+		// As net/http's server: an expectation other than 100-continue
+		// is 417, never forwarded (RFC 9110 10.1.1).
+		return &wireError{status: http.StatusExpectationFailed, reason: "unsupported expectation"}
+	}
 	c.url = url.URL{}
 	host := sub(h.host)
 	cfg := &c.l.s.cfg
@@ -944,6 +949,17 @@ func (c *conn) queueUpstreamHead() {
 	u.out.b = b
 }
 
+// fieldValue is the value of the first field called name (any case), nil
+// when there is none.
+func fieldValue(fields []header, name string) []byte {
+	for i := range fields {
+		if equalFold(fields[i].name, name) {
+			return fields[i].value
+		}
+	}
+	return nil
+}
+
 // hopByHop reports whether a field is for this connection only: the
 // RFC 9110 7.6.1 list and whatever the Connection fields name, except the
 // framing fields. Content-Length and Transfer-Encoding frame the body that
@@ -1181,11 +1197,20 @@ func (c *conn) responseHead(data []byte) bool {
 			c.upstreamFailed(errors.New("101 to a request without an upgrade"))
 			return true
 		}
+		if asked, got := fieldValue(c.head.headers, "Upgrade"), fieldValue(c.resp.headers, "Upgrade"); len(got) == 0 ||
+			len(asked) != len(got) || !equalFoldBytes(asked, got) {
+			// As httputil.ReverseProxy: the upstream may switch only to
+			// the protocol the client asked for (an h2c request answered
+			// "Upgrade: websocket" is 502, never a tunnel).
+			u.in.consume(c.l, n)
+			c.upstreamFailed(fmt.Errorf("101 switching to %q when %q was asked for", got, asked))
+			return true
+		}
 		c.status = status
 		c.queueResponseHead(true)
 		u.in.consume(c.l, n)
 		c.state = stateTunnel
-		c.deadline = 0
+		c.deadline = c.l.now + int64(c.l.s.cfg.TunnelIdleTimeout)
 		return true
 	case status < 200:
 		// Interim (100 Continue, 103 Early Hints): relayed to HTTP/1.1
@@ -1408,6 +1433,9 @@ func (c *conn) stepTunnel() bool {
 		return true
 	}
 	progress = progress || wrote
+	if progress {
+		c.deadline = c.l.now + int64(c.l.s.cfg.TunnelIdleTimeout)
+	}
 	if c.out.pending() < maxPending {
 		if data := u.in.data(); len(data) > 0 {
 			c.out.b = append(c.out.grow(c.l), data...)

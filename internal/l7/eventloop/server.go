@@ -67,6 +67,10 @@ type Config struct {
 	// PathsAsSent forwards the request target as the client sent it;
 	// otherwise its normal form goes upstream.
 	PathsAsSent bool
+	// TunnelIdleTimeout closes a connection upgraded by a 101 (a
+	// WebSocket) that carried no byte either way for that long (default
+	// 5m).
+	TunnelIdleTimeout time.Duration
 	// IdentityFields are request fields removed before the request goes
 	// upstream (any case): client-set claims of who the client is
 	// (proxy.Config.IdentityFields). Fields whose name holds an
@@ -139,6 +143,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.BodyReadTimeout <= 0 {
 		cfg.BodyReadTimeout = 60 * time.Second
+	}
+	if cfg.TunnelIdleTimeout <= 0 {
+		cfg.TunnelIdleTimeout = 5 * time.Minute
 	}
 	if cfg.BadGateway == nil {
 		cfg.BadGateway = func(w http.ResponseWriter, _ *http.Request, _ error) {

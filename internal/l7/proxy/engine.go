@@ -39,6 +39,7 @@ func (c *Config) ApplyRules(ec *eventloop.Config) {
 	ec.StrictPaths = c.Paths.Strict
 	ec.PathsAsSent = c.Paths.AsSent
 	ec.IdentityFields = c.IdentityFields
+	ec.TunnelIdleTimeout = c.Timeouts.TunnelIdle
 }
 
 // dropIdentityFields removes from a request going upstream under the
