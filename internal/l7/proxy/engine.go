@@ -32,6 +32,14 @@ import (
 // client_body_timeout default.
 const BodyReadTimeout = 60 * time.Second
 
+// Head bounds of the net-http engine, the event loop's: a request head of
+// at most 64 KiB (http.Server.MaxHeaderBytes, to which net/http adds 4 KiB
+// of slack) and 128 fields, else 431 and the connection closed.
+const (
+	MaxHeaderBytes = 60 << 10
+	maxHeadFields  = 128
+)
+
 // ApplyRules sets the fields of an event loop's configuration that follow
 // the policy's request rules (paths, identity fields, timeouts), for the L7
 // stage (and the tests) that build it.
@@ -141,6 +149,8 @@ func refuseNetHTTP(w http.ResponseWriter, r *http.Request) bool {
 		status, reason = http.StatusMethodNotAllowed, "CONNECT is not proxied"
 	case strings.IndexByte(r.RequestURI, '#') >= 0:
 		reason = "fragment in the request target"
+	case headFields(r) > maxHeadFields:
+		status, reason = http.StatusRequestHeaderFieldsTooLarge, "more than 128 header fields"
 	case r.RequestURI == "*":
 		// net/http's server answers OPTIONS * itself (200, as the event
 		// loop's Decide does); any other method is 400 under both.
@@ -152,6 +162,19 @@ func refuseNetHTTP(w http.ResponseWriter, r *http.Request) bool {
 	}
 	refuseRequest(w, status, reason)
 	return true
+}
+
+// headFields counts the fields of r's head as the event loop does (Host
+// included).
+func headFields(r *http.Request) int {
+	n := 0
+	for _, vs := range r.Header {
+		n += len(vs)
+	}
+	if r.Host != "" {
+		n++
+	}
+	return n
 }
 
 // refuseRequest answers a request the proxy refuses before routing, closing the

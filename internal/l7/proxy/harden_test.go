@@ -1,9 +1,13 @@
 package proxy
 
 import (
+	"bufio"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 )
@@ -196,4 +200,58 @@ func TestIdentityFieldsRemoved(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHeadBounds: both engines answer 431 to a head over 64 KiB or with
+// more than 128 fields, and forward one just under both bounds.
+func TestHeadBounds(t *testing.T) {
+	up := startRecordingUpstream(t)
+	fields := func(n, size int) string {
+		var b strings.Builder
+		for i := range n {
+			b.WriteString("X-F" + strconv.Itoa(i) + ": " + strings.Repeat("v", size) + "\r\n")
+		}
+		return b.String()
+	}
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		t.Run(string(e), func(t *testing.T) {
+			src := strings.ReplaceAll(strings.ReplaceAll(spellingConfig, "ENGINE", string(e)), "PATHS", "")
+			_, base := startProxy(t, decodeYAML(t, src, up.srv.URL), Options{Clock: new(l7test.ManualClock)})
+			addr := strings.TrimPrefix(base, "http://")
+			for _, c := range []struct {
+				name   string
+				fields string
+				want   int
+			}{
+				{"127 fields", fields(126, 10), 200}, // and Host
+				{"129 fields", fields(128, 10), 431},
+				{"62 KiB", fields(31, 2000), 200},
+				{"66 KiB", fields(33, 2000), 431},
+				{"900 KiB", fields(90, 10000), 431},
+			} {
+				resp, err := tryExchangeHead(addr, "GET /open HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"+c.fields+"\r\n")
+				if err != nil || resp != c.want {
+					t.Errorf("%s: %d, %v; want %d", c.name, resp, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// tryExchangeHead sends a request head and returns the response status.
+// The proxy may answer and close before it read the whole head.
+func tryExchangeHead(addr, head string) (int, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	go func() { _, _ = c.Write([]byte(head)) }()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }

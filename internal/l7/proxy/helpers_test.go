@@ -50,7 +50,8 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 		}
 		return srv.Serve(ctx, ln)
 	}
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: MaxHeaderBytes}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(CountAcceptPauses(ln, p.AcceptPaused)) }()
 	select {

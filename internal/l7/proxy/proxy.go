@@ -309,8 +309,11 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		Transport:      tr,
-		BufferPool:     new(bufferPool),
+		Transport:  tr,
+		BufferPool: new(bufferPool),
+		// Its own complaints (a client gone during a body copy) through
+		// the structured logger, never plain lines on stderr.
+		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 		ErrorHandler:   p.BadGateway,
 		ModifyResponse: checkResponse,
 	}

@@ -419,6 +419,7 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 			Handler:           bodyTimeout{h: in, timeout: s.opts.BodyReadTimeout},
 			ReadHeaderTimeout: ReadHeaderTimeout,
 			IdleTimeout:       IdleTimeout,
+			MaxHeaderBytes:    proxy.MaxHeaderBytes,
 			ErrorLog:          slog.NewLogLogger(in.log.Handler(), slog.LevelDebug),
 		}
 		in.serve = func(ctx context.Context) error {
