@@ -236,9 +236,13 @@ type conn struct {
 	headSeen   int   // input bytes known not to end a request head
 	holdOut    bool  // output waits for a handler on its goroutine to return
 	deadline   int64 // loop time; 0: none
-	// bodyDeadline: while a request body is relayed, the loop time by
-	// which its next bytes must have come (BodyReadTimeout).
-	bodyDeadline int64
+	// The transfer periods (Config.BodyReadTimeout, ResponseTimeout,
+	// MinRate): rx and tx count the bytes read from and written to the
+	// client; a period starts at bodyFrom / respFrom (loop time, 0: none
+	// running) with rx / tx at bodyAt / respAt.
+	rx, tx           int64
+	bodyFrom, bodyAt int64
+	respFrom, respAt int64
 
 	head    requestHead
 	headBuf []byte // a copy of the head's bytes, which head's fields point into
@@ -321,11 +325,13 @@ func (c *conn) flush() bool {
 	if !c.writable || c.state == stateClosed || c.holdOut {
 		return false
 	}
+	before := c.out.pending()
 	wrote, full, err := c.out.flushTo(c.l, c.fd)
 	if err != nil {
 		c.close()
 		return false
 	}
+	c.tx += int64(before - c.out.pending())
 	if full {
 		c.writable = false
 	}
@@ -335,6 +341,7 @@ func (c *conn) flush() bool {
 // read reads once from the client.
 func (c *conn) read(limit int) (n int, eof bool) {
 	n, drained, eof, err := c.in.readFrom(c.l, c.fd, limit)
+	c.rx += int64(n)
 	if drained && !c.peerClosed {
 		// (Once the client closed its side, a short read leaves the end
 		// to be read, and no new edge will announce it.)
@@ -829,22 +836,78 @@ func (c *conn) startForward() {
 	c.up = u
 	u.client = c
 	c.queueUpstreamHead()
-	c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
+	c.bodyFrom, c.bodyAt, c.respFrom = c.l.now, c.rx, 0
 }
 
-// bodyOverdue reports whether the client has let the relay wait for the
-// next bytes of its request body past BodyReadTimeout; while the upstream
-// is not taking the body (connecting, or its queue full), the wait starts
-// over.
+// periodShort reports whether a transfer period that started at from
+// with the counter at at is over and moved fewer than its minimum of
+// bytes (at least one); a period that is over and moved enough starts the
+// next one.
+func (c *conn) periodShort(from, at *int64, count int64, period time.Duration) bool {
+	if c.l.now-*from < int64(period) {
+		return false
+	}
+	least := max(c.l.s.cfg.MinRate*int64(period)/int64(time.Second), 1)
+	if count-*at < least {
+		return true
+	}
+	*from, *at = c.l.now, count
+	return false
+}
+
+// bodyOverdue reports whether the client is sending its request body
+// slower than the relay allows: fewer than MinRate bytes a second over a
+// BodyReadTimeout period (and nothing at all). While the upstream is not
+// taking the body (connecting, or its queue full), the period starts over.
 func (c *conn) bodyOverdue() bool {
 	if c.state != stateForward || c.reqBody.done || c.up == nil {
 		return false
 	}
 	if c.up.connecting || c.up.out.pending() >= maxPending {
-		c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
+		c.bodyFrom, c.bodyAt = c.l.now, c.rx
 		return false
 	}
-	return c.l.now > c.bodyDeadline
+	return c.periodShort(&c.bodyFrom, &c.bodyAt, c.rx, c.l.s.cfg.BodyReadTimeout)
+}
+
+// responseOverdue reports whether the client is taking its response
+// slower than the relay allows: fewer than MinRate bytes a second over a
+// ResponseTimeout period while bytes wait for it (a client that stopped
+// reading). The period runs only while output is pending.
+func (c *conn) responseOverdue() bool {
+	if c.state != stateForward || c.out.pending() == 0 {
+		c.respFrom = 0
+		return false
+	}
+	if c.respFrom == 0 {
+		c.respFrom, c.respAt = c.l.now, c.tx
+		return false
+	}
+	return c.periodShort(&c.respFrom, &c.respAt, c.tx, c.l.s.cfg.ResponseTimeout)
+}
+
+// failRequestBody answers a request whose body cannot be relayed (a
+// malformed chunk, a refused trailer: 400; too slow: 408) and closes: its
+// upstream connection, which holds an unfinished message, at once; the
+// client's after the answer, or at once when part of a response is out.
+// The net-http engine answers the same (proxy.Proxy.BadGateway).
+func (c *conn) failRequestBody(status int) {
+	if c.up != nil {
+		c.up.client = nil
+		c.up.closeFD()
+		c.up = nil
+	}
+	if c.respStarted || c.state != stateForward {
+		c.close()
+		return
+	}
+	c.tUpEnd = c.l.now
+	c.w.status = status
+	c.w.body = append(c.w.body[:0], strconv.Itoa(status)+" "+http.StatusText(status)+": request body\n"...)
+	c.w.hdr["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	c.closeAfter = true
+	c.respondLocal()
+	c.afterRelay()
 }
 
 // upstreamTarget is the request target sent upstream: the client's, with
@@ -1090,15 +1153,12 @@ func (c *conn) stepForward() bool {
 			n, err := c.reqBody.take(data)
 			if err != nil {
 				c.l.s.log.Debug("l7 event loop: malformed request body", "peer", c.remoteAddr, "err", err)
-				c.close()
-				return false
+				c.failRequestBody(http.StatusBadRequest)
+				return true
 			}
 			u.out.b = append(u.out.grow(c.l), data[:n]...)
 			c.in.consume(c.l, n)
 			progress = n > 0
-			if progress {
-				c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
-			}
 		} else if c.readable {
 			n, eof := c.read(bufSize)
 			if c.state == stateClosed {

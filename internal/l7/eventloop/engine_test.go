@@ -1002,7 +1002,8 @@ func TestMalformed(t *testing.T) {
 	}
 
 	// The head is fine and goes upstream, then the body turns out not to
-	// be: the engine cuts both connections.
+	// be: the engine cuts the upstream connection, answers 400 (as the
+	// net-http engine does) and closes.
 	t.Run("bad chunk", func(t *testing.T) {
 		got := make(chan string, 2)
 		up := startRawUpstream(t, func(c net.Conn) {
@@ -1023,7 +1024,7 @@ func TestMalformed(t *testing.T) {
 			t.Fatalf("upstream read %q", s)
 		}
 		write(t, c, "zz\r\n")
-		expectClosed(t, c, br)
+		expectAnswerThenClose(t, c, br, http.StatusBadRequest)
 		if s := next(t, got); s != "closed" {
 			t.Fatalf("upstream: %q", s)
 		}

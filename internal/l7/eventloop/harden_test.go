@@ -94,3 +94,100 @@ func TestExpectationFailed(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 }
+
+// TestBodyMinRate: a request body trickled in (issue 29: one byte per 2s
+// with Content-Length 1,000,000; here one byte per 200ms against a
+// minimum of 1000 B/s over 1s periods) is answered 408 and closed, its
+// upstream connection too, within a few periods; a body that keeps the
+// rate is relayed whole.
+func TestBodyMinRate(t *testing.T) {
+	up := startWireUpstream(t, closeResponse)
+	cfg := proxyConfig(t, up.url())
+	cfg.BodyReadTimeout, cfg.MinRate = time.Second, 1000
+	addr := startEngine(t, cfg)
+
+	c, br := dial(t, addr)
+	write(t, c, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n")
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+				if _, err := c.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	start := time.Now()
+	expectAnswerThenClose(t, c, br, http.StatusRequestTimeout)
+	if d := time.Since(start); d < time.Second {
+		t.Errorf("cut after %v, within the first period", d)
+	}
+	next(t, up.got) // the upstream's connection ended with part of the body
+	if n := up.requests.Load(); n != 0 {
+		t.Fatalf("the upstream read %d complete requests, want none", n)
+	}
+
+	// 64 KiB in 16 writes 150ms apart (~27 KB/s): relayed whole.
+	c2, br2 := dial(t, addr)
+	write(t, c2, "POST /y HTTP/1.1\r\nHost: a\r\nContent-Length: 65536\r\n\r\n")
+	for range 16 {
+		time.Sleep(150 * time.Millisecond)
+		write(t, c2, strings.Repeat("y", 4096))
+	}
+	if resp := readResponse(t, br2, http.MethodPost); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a body at the rate: %d", resp.StatusCode)
+	}
+}
+
+// TestResponseMinRate: a client that stops reading a large response
+// (issue 29: 64 MiB to a client that reads nothing) is cut off after a
+// period in which it took less than MinRate, and the upstream connection
+// with it. (Not with a 4 KiB receive buffer here: on loopback its window
+// stays below one MSS and the kernel then trickles the data already queued
+// at the close by persist probes, so the client's read of it never ends
+// within the test.)
+func TestResponseMinRate(t *testing.T) {
+	upEnded := make(chan error, 1)
+	up := startRawUpstream(t, func(c net.Conn) {
+		if _, err := readHead(bufio.NewReader(c)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 67108864\r\n\r\n")
+		chunk := make([]byte, 64<<10)
+		for range 1024 {
+			if _, err := c.Write(chunk); err != nil {
+				upEnded <- err
+				return
+			}
+		}
+		upEnded <- nil
+	})
+	cfg := proxyConfig(t, up.url())
+	cfg.ResponseTimeout, cfg.MinRate = time.Second, 64<<10
+	addr := startEngine(t, cfg)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	write(t, c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+	select {
+	case err := <-upEnded:
+		if err == nil {
+			t.Fatal("the upstream wrote all 64 MiB to a client that reads nothing")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the upstream connection is still held after 20s (response timeout 1s)")
+	}
+	// The client's side is closed: what was queued, then the end.
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, c)
+	if err != nil && !isReset(err) || n >= 64<<20 {
+		t.Fatalf("client connection after %d bytes: %v", n, err)
+	}
+}

@@ -55,11 +55,21 @@ type Config struct {
 	// ShutdownTimeout bounds how long Serve waits for requests in flight
 	// once its context ends (default 10s).
 	ShutdownTimeout time.Duration
-	// BodyReadTimeout bounds the wait for the next bytes of a request body
-	// the relay is waiting for (default 60s, nginx's client_body_timeout):
-	// past it the connection is closed (its upstream connection too). The
-	// wait does not run while the upstream is not taking the body.
-	BodyReadTimeout time.Duration
+	// BodyReadTimeout and ResponseTimeout are transfer periods (defaults
+	// 60s, nginx's client_body_timeout and send_timeout): while the relay
+	// waits for a request body, each BodyReadTimeout must bring at least
+	// MinRate bytes a second of it (and at least one byte); while a
+	// response waits for the client to take it, each ResponseTimeout must
+	// see MinRate bytes a second go. So a body or response of N bytes is
+	// done within one period plus N/MinRate, or the connection is closed
+	// (and its upstream connection): a request body that is too slow is
+	// answered 408 first when nothing of the response went out. Checked
+	// once a second. The body period does not run while the upstream is
+	// not taking the body, the response period only while bytes wait for
+	// the client.
+	BodyReadTimeout, ResponseTimeout time.Duration
+	// MinRate is in bytes per second (0: at least one byte per period).
+	MinRate int64
 	// StrictPaths refuses (400) a request path target.Normalize refuses
 	// under its strict rule; otherwise the standard rule applies. Routing
 	// always sees the normal path (Request.URL.Path).
@@ -143,6 +153,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.BodyReadTimeout <= 0 {
 		cfg.BodyReadTimeout = 60 * time.Second
+	}
+	if cfg.ResponseTimeout <= 0 {
+		cfg.ResponseTimeout = 60 * time.Second
 	}
 	if cfg.TunnelIdleTimeout <= 0 {
 		cfg.TunnelIdleTimeout = 5 * time.Minute

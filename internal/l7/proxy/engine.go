@@ -48,6 +48,11 @@ func (c *Config) ApplyRules(ec *eventloop.Config) {
 	ec.PathsAsSent = c.Paths.AsSent
 	ec.IdentityFields = c.IdentityFields
 	ec.TunnelIdleTimeout = c.Timeouts.TunnelIdle
+	ec.MinRate = c.Timeouts.MinRate
+	if c.Timeouts.Body > 0 {
+		ec.BodyReadTimeout = c.Timeouts.Body
+	}
+	ec.ResponseTimeout = c.Timeouts.Response
 }
 
 // dropIdentityFields removes from a request going upstream under the
