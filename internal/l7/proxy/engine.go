@@ -27,11 +27,6 @@ import (
 // innermost handler of a route's chain (under shed.Middleware, an
 // http.Handler middleware) in the request's context (withRelay).
 
-// BodyReadTimeout bounds the wait for the next bytes of a request body the
-// event loop is relaying (eventloop.Config.BodyReadTimeout): nginx's
-// client_body_timeout default.
-const BodyReadTimeout = 60 * time.Second
-
 // Head bounds of the net-http engine, the event loop's: a request head of
 // at most 64 KiB (http.Server.MaxHeaderBytes, to which net/http adds 4 KiB
 // of slack) and 128 fields, else 431 and the connection closed.

@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -254,4 +256,96 @@ func tryExchangeHead(addr, head string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// transferUpstream reads request bodies (errors ignored: these tests cut
+// them) and answers /big with 64 MiB, reporting on ended whether it could
+// write them all.
+func transferUpstream(t *testing.T) (url string, ended chan error) {
+	ended = make(chan error, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path != "/big" {
+			_, _ = io.WriteString(w, "ok\n")
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(64<<20))
+		chunk := make([]byte, 64<<10)
+		for range 1024 {
+			if _, err := w.Write(chunk); err != nil {
+				ended <- err
+				return
+			}
+		}
+		ended <- nil
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, ended
+}
+
+// TestTransferRules: under both engines a trickled request body is
+// answered 408 and closed (issue 29: one byte per 2s, Content-Length
+// 1,000,000; here one byte per 200ms against 1000 B/s over 1s periods), a
+// malformed chunk is 400 and closed, and a client that stops reading a
+// 64 MiB response is cut off together with its upstream exchange.
+func TestTransferRules(t *testing.T) {
+	upURL, ended := transferUpstream(t)
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		t.Run(string(e), func(t *testing.T) {
+			src := strings.ReplaceAll(strings.ReplaceAll(spellingConfig, "ENGINE", string(e)), "PATHS",
+				"timeouts: {body: 1s, response: 1s, min_rate: 1000}")
+			_, base := startProxy(t, decodeYAML(t, src, upURL), Options{Clock: new(l7test.ManualClock)})
+			addr := strings.TrimPrefix(base, "http://")
+
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, "POST /open HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n")
+			stop := make(chan struct{})
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(200 * time.Millisecond):
+						if _, err := c.Write([]byte("x")); err != nil {
+							return
+						}
+					}
+				}
+			}()
+			start := time.Now()
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			got, err := io.ReadAll(c)
+			close(stop)
+			if !strings.HasPrefix(string(got), "HTTP/1.1 408 ") || err != nil && !strings.Contains(err.Error(), "reset") {
+				t.Errorf("trickled body: %q, %v", got, err)
+			}
+			if d := time.Since(start); d < time.Second {
+				t.Errorf("trickled body cut after %v, within its first period", d)
+			}
+
+			status, err := tryExchangeHead(addr, "POST /open HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
+			if err != nil || status != http.StatusBadRequest {
+				t.Errorf("malformed chunk: %d, %v", status, err)
+			}
+
+			c2, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			_, _ = io.WriteString(c2, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+			select {
+			case err := <-ended:
+				if err == nil {
+					t.Fatal("the upstream wrote all 64 MiB to a client that reads nothing")
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the upstream exchange is still held after 30s (response period 1s)")
+			}
+		})
+	}
 }

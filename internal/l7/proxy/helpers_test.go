@@ -39,7 +39,6 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ShutdownTimeout:   shutdownTimeout,
-			BodyReadTimeout:   BodyReadTimeout,
 			AcceptPaused:      p.AcceptPaused,
 		}
 		p.cfg.ApplyRules(&ec)

@@ -342,6 +342,15 @@ func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) {
 // BadGateway answers a request the upstream did not answer (both engines:
 // the event loop calls it through its Config.BadGateway).
 func (p *Proxy) BadGateway(w http.ResponseWriter, r *http.Request, err error) {
+	if status := bodyStatus(r); status != 0 {
+		// The client's body failed the exchange (net-http engine; the
+		// event loop answers these itself): 400 for a malformed one, 408
+		// for one below the minimum rate, and the connection closes.
+		p.log.Debug("l7 proxy: request body failed", "path", r.URL.Path, "err", err)
+		w.Header().Set("Connection", "close")
+		refuseRequest(w, status, "request body")
+		return
+	}
 	p.upstreamErrors.Add(1)
 	if r.Context().Err() == nil {
 		p.log.Warn("l7 proxy: upstream request failed", "upstream", p.cfg.Upstream.Host, "path", r.URL.Path, "err", err)
@@ -630,12 +639,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt, exempt := p.pick(r)
 	ex := p.begin(p.obsOf(rt, exempt))
 	ex.start = time.Now()
-	ex.sw.ResponseWriter = w
+	ex.sw.ResponseWriter = p.holdTransfers(ex, w, r)
 	ww := &ex.sw
 	r = withExchange(r, ex)
 	// Deferred: ReverseProxy panics (http.ErrAbortHandler) on a response
 	// it could not finish copying; the request still ends here.
-	defer func() { ex.finish(r, ex.sw.status, time.Since(ex.start), ex.upstream, ex.forwarded) }()
+	defer func() {
+		ex.endTransfers()
+		ex.finish(r, ex.sw.status, time.Since(ex.start), ex.upstream, ex.forwarded)
+	}()
 	switch {
 	case exempt:
 		p.countExempt(rt)
