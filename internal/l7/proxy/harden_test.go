@@ -349,3 +349,86 @@ func TestTransferRules(t *testing.T) {
 		})
 	}
 }
+
+// TestTunnelRules: under both engines a 101 to another protocol than the
+// one asked for is 502 (issue 29: h2c asked, websocket answered), and a
+// tunnel silent for tunnel_idle is closed on both sides.
+func TestTunnelRules(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	upEnds := make(chan struct{}, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+				if req.Header.Get("Upgrade") != "websocket" {
+					time.Sleep(2 * time.Second)
+					return
+				}
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						upEnds <- struct{}{}
+						return
+					}
+					_, _ = io.WriteString(c, line)
+				}
+			}()
+		}
+	}()
+	for _, e := range []Engine{EngineEventLoop, EngineNetHTTP} {
+		t.Run(string(e), func(t *testing.T) {
+			src := strings.ReplaceAll(strings.ReplaceAll(spellingConfig, "ENGINE", string(e)), "PATHS",
+				"timeouts: {tunnel_idle: 1s}")
+			_, base := startProxy(t, decodeYAML(t, src, "http://"+ln.Addr().String()), Options{Clock: new(l7test.ManualClock)})
+			addr := strings.TrimPrefix(base, "http://")
+			status, err := tryExchangeHead(addr, "GET /open HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\n"+
+				"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
+			if err != nil || status != http.StatusBadGateway {
+				t.Errorf("h2c asked, websocket answered: %d, %v", status, err)
+			}
+
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			_, _ = io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("upgrade: %v, %v", resp, err)
+			}
+			_, _ = io.WriteString(c, "ping\n")
+			if line, err := br.ReadString('\n'); line != "ping\n" {
+				t.Fatalf("echo %q: %v", line, err)
+			}
+			start := time.Now()
+			if rest, err := io.ReadAll(br); err != nil && !strings.Contains(err.Error(), "reset") || len(rest) > 0 {
+				t.Errorf("silent tunnel: read %q, %v", rest, err)
+			}
+			if d := time.Since(start); d < time.Second {
+				t.Errorf("tunnel closed after %v of silence, before tunnel_idle", d)
+			}
+			select {
+			case <-upEnds:
+			case <-time.After(10 * time.Second):
+				t.Error("the upstream side of the tunnel stayed open")
+			}
+		})
+	}
+}

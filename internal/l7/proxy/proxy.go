@@ -313,9 +313,17 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 		BufferPool: new(bufferPool),
 		// Its own complaints (a client gone during a body copy) through
 		// the structured logger, never plain lines on stderr.
-		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
-		ErrorHandler:   p.BadGateway,
-		ModifyResponse: checkResponse,
+		ErrorLog:     slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		ErrorHandler: p.BadGateway,
+		ModifyResponse: func(res *http.Response) error {
+			if err := checkResponse(res); err != nil {
+				return err
+			}
+			if res.StatusCode == http.StatusSwitchingProtocols {
+				tunnelIdle(res, p.cfg.Timeouts.TunnelIdle)
+			}
+			return nil
+		},
 	}
 }
 

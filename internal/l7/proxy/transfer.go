@@ -157,3 +157,46 @@ func (ex *flight) endTransfers() {
 		_ = ex.rw.rc.SetWriteDeadline(time.Now().Add(ex.rw.period))
 	}
 }
+
+// tunnelIdle closes an upgraded exchange (a 101: ReverseProxy copies
+// bytes both ways between the client and res.Body, the upstream
+// connection) that carried nothing either way for idle; closing the
+// upstream side ends ReverseProxy's copy, which closes the client's.
+func tunnelIdle(res *http.Response, idle time.Duration) {
+	rwc, ok := res.Body.(io.ReadWriteCloser)
+	if !ok || idle <= 0 {
+		return
+	}
+	t := &idleTunnel{ReadWriteCloser: rwc, idle: idle}
+	t.timer = time.AfterFunc(idle, func() { _ = rwc.Close() })
+	res.Body = t
+}
+
+// idleTunnel is the upstream side of a tunnel; every byte either way
+// restarts its timer.
+type idleTunnel struct {
+	io.ReadWriteCloser
+	idle  time.Duration
+	timer *time.Timer
+}
+
+func (t *idleTunnel) Read(p []byte) (int, error) {
+	n, err := t.ReadWriteCloser.Read(p)
+	if n > 0 {
+		t.timer.Reset(t.idle)
+	}
+	return n, err
+}
+
+func (t *idleTunnel) Write(p []byte) (int, error) {
+	n, err := t.ReadWriteCloser.Write(p)
+	if n > 0 {
+		t.timer.Reset(t.idle)
+	}
+	return n, err
+}
+
+func (t *idleTunnel) Close() error {
+	t.timer.Stop()
+	return t.ReadWriteCloser.Close()
+}
