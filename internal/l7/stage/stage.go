@@ -193,7 +193,9 @@ func (s *Stage) engineKey(cfg *proxy.Config) string {
 	if e == proxy.EngineNetHTTP {
 		return string(e)
 	}
-	return string(e) + " " + cfg.Upstream.String() + " " + strconv.Itoa(s.loops(cfg)) + fmt.Sprintf(" %+v", cfg.Paths)
+	return string(e) + " " + cfg.Upstream.String() + " " + strconv.Itoa(s.loops(cfg)) +
+		// The request rules the event loop holds (proxy.Config.ApplyRules).
+		fmt.Sprintf(" %+v %q %+v", cfg.Paths, cfg.IdentityFields, cfg.Timeouts)
 }
 
 // Prepare readies the stage to serve cfg (nil: no L7 stage) without
