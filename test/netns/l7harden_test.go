@@ -45,13 +45,15 @@ l7:
 // client's identity fields do not reach the upstream, OPTIONS *, GET *,
 // Expect: foo and a 101 to an upgrade nobody asked for get one answer
 // under both engines, a trickled body is cut (408) within a few of its 1s
-// periods, and every line the daemon logged is JSON. About 15s.
+// periods, a client that reads nothing of 64 MiB is cut with its upstream
+// exchange, and every line the daemon logged is JSON. About 15s.
 func TestL7Issue29ThroughDaemon(t *testing.T) {
 	s := netns.New(t).Star(1)
 	c := s.Clients[0]
 	h := newDaemonHarness(t, s.Edge)
 	h.Args = append(h.Args, "--log-format", "json")
 
+	bigEnded := make(chan error, 2)
 	var mu sync.Mutex
 	var seen []*http.Request
 	upAddr := serveHTTP(t, s.Edge, netip.AddrPortFrom(c.EdgeAddr4, 9203), func(w http.ResponseWriter, r *http.Request) {
@@ -59,6 +61,18 @@ func TestL7Issue29ThroughDaemon(t *testing.T) {
 		mu.Lock()
 		seen = append(seen, r)
 		mu.Unlock()
+		if r.URL.Path == "/big" {
+			w.Header().Set("Content-Length", fmt.Sprint(64<<20))
+			chunk := make([]byte, 64<<10)
+			for range 1024 {
+				if _, err := w.Write(chunk); err != nil {
+					bigEnded <- err
+					return
+				}
+			}
+			bigEnded <- nil
+			return
+		}
 		if r.Header.Get("Upgrade") != "" {
 			w.Header().Set("Connection", "Upgrade")
 			w.Header().Set("Upgrade", "websocket")
@@ -175,6 +189,28 @@ func TestL7Issue29ThroughDaemon(t *testing.T) {
 			t.Errorf("%s: trickled body: %d after %v, want 408 after at least one 1s period", engine, code, took)
 		}
 		t.Logf("%s: trickled body answered %d after %v (periods of 1s, checked once a second)", engine, code, took)
+
+		// A client that reads nothing of a 64 MiB response: its upstream
+		// exchange is cut within a few 1s periods.
+		var conn net.Conn
+		if err := c.NS.Do(func() (err error) {
+			conn, err = net.Dial("tcp", proxyAddr.String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, _ = io.WriteString(conn, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+		select {
+		case err := <-bigEnded:
+			if err == nil {
+				t.Errorf("%s: the upstream wrote all 64 MiB to a client that reads nothing", engine)
+			}
+			t.Logf("%s: the upstream exchange of a client that reads nothing ended after %v", engine, time.Since(start))
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s: the upstream exchange of a client that reads nothing is held after 30s", engine)
+		}
+		conn.Close()
 	}
 	for _, line := range strings.Split(strings.TrimSpace(h.Logs()), "\n") {
 		if line != "" && !json.Valid([]byte(line)) {
