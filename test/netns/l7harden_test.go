@@ -46,7 +46,9 @@ l7:
 // Expect: foo and a 101 to an upgrade nobody asked for get one answer
 // under both engines, a trickled body is cut (408) within a few of its 1s
 // periods, a client that reads nothing of 64 MiB is cut with its upstream
-// exchange, and every line the daemon logged is JSON. About 15s.
+// exchange, 100 connections sending 900 KB heads each get 431 without the
+// daemon's RSS growing by more than 64 MB, and every line the daemon
+// logged is JSON. About 15s.
 func TestL7Issue29ThroughDaemon(t *testing.T) {
 	s := netns.New(t).Star(1)
 	c := s.Clients[0]
@@ -211,10 +213,73 @@ func TestL7Issue29ThroughDaemon(t *testing.T) {
 			t.Errorf("%s: the upstream exchange of a client that reads nothing is held after 30s", engine)
 		}
 		conn.Close()
+
+		// 100 connections each sending a 900 KB head (issue 29: net-http
+		// held them, RSS 60 -> 339 MB): each is 431 at 64 KiB, and the
+		// daemon's RSS grows by far less than the heads sent.
+		before := daemonRSS(t, h.Socket)
+		var wg sync.WaitGroup
+		var answered431 sync.Map
+		for i := range 100 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var conn net.Conn
+				if err := c.NS.Do(func() (err error) {
+					conn, err = net.Dial("tcp", proxyAddr.String())
+					return err
+				}); err != nil {
+					return
+				}
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(20 * time.Second))
+				go func() {
+					_, _ = io.WriteString(conn, "GET /open HTTP/1.1\r\nHost: a\r\nX-Big: ")
+					chunk := strings.Repeat("v", 64<<10)
+					for range 14 {
+						if _, err := io.WriteString(conn, chunk); err != nil {
+							return
+						}
+					}
+				}()
+				if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil && resp.StatusCode == 431 {
+					answered431.Store(i, true)
+				}
+			}()
+		}
+		wg.Wait()
+		n := 0
+		answered431.Range(func(any, any) bool { n++; return true })
+		after := daemonRSS(t, h.Socket)
+		t.Logf("%s: %d of 100 900 KB heads answered 431; daemon RSS %d -> %d MB", engine, n, before>>20, after>>20)
+		if n != 100 || after-before > 64<<20 {
+			t.Errorf("%s: %d of 100 large heads answered 431, RSS grew by %d MB (want 100 and < 64 MB)", engine, n, (after-before)>>20)
+		}
 	}
 	for _, line := range strings.Split(strings.TrimSpace(h.Logs()), "\n") {
 		if line != "" && !json.Valid([]byte(line)) {
 			t.Errorf("a log line that is not JSON: %q", line)
 		}
 	}
+}
+
+// daemonRSS is the resident set of the test's daemon, in bytes.
+func daemonRSS(t *testing.T, socket string) int64 {
+	t.Helper()
+	pid, err := daemonPID(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb int64
+		if _, err := fmt.Sscanf(line, "VmRSS: %d kB", &kb); err == nil {
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
 }
