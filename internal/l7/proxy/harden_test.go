@@ -432,3 +432,35 @@ func TestTunnelRules(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleConnectionKeepsNoWriteDeadline: under net-http, a kept-alive
+// connection idle past its last response's period still gets net/http's
+// own answers (here 431 for a head over 64 KiB), not a close from the
+// write deadline the response's period left (net/http drops it when the
+// connection goes idle, as of Go 1.26; this holds us to that).
+func TestIdleConnectionKeepsNoWriteDeadline(t *testing.T) {
+	up := startRecordingUpstream(t)
+	src := strings.ReplaceAll(strings.ReplaceAll(spellingConfig, "ENGINE", "net-http"), "PATHS",
+		"timeouts: {response: 300ms}")
+	_, base := startProxy(t, decodeYAML(t, src, up.srv.URL), Options{Clock: new(l7test.ManualClock)})
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "GET /open HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	time.Sleep(time.Second)
+	go func() {
+		_, _ = io.WriteString(c, "GET /open HTTP/1.1\r\nHost: a\r\nX-Big: "+strings.Repeat("v", 70<<10)+"\r\n\r\n")
+	}()
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("after an idle second: %v %v, want 431", resp, err)
+	}
+}
