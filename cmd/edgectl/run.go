@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime"
@@ -62,6 +63,11 @@ reboots; the --config file is never rewritten. A start that fails removes only w
 			if err != nil {
 				return err
 			}
+			// The standard library's own lines (net/http's Transport:
+			// "Unsolicited response received on idle HTTP channel ...")
+			// go through the structured logger too, so --log-format json
+			// holds for every line; a process-wide setting, here only.
+			slog.SetDefault(log.With("source", "go"))
 			socket, _ := cmd.Flags().GetString("socket")
 			// A closed stdout (edgectl run | head -1) must not kill the
 			// daemon: with SIGPIPE ignored the write fails with EPIPE,

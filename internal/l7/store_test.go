@@ -1,12 +1,13 @@
 package l7
 
 import (
-	"github.com/edgeguard/edgeguard/internal/l7/l7test"
-
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
+
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 )
 
 func newStore(t *testing.T, alg Algorithm, cfg StoreConfig) *Store {
@@ -273,4 +274,13 @@ func TestTakeAllRollbackRestoresInsertAndEviction(t *testing.T) {
 // takeAllTest is takeAll without the store-full marks and refund records.
 func takeAllTest(now int64, checks []Check, out []Decision) bool {
 	return takeAll(now, checks, out, nil, nil)
+}
+
+// TestStoreShardIsOneCacheLine: a shard that grows past 64 bytes shares
+// cache lines with its neighbours (false sharing between the cores' locks:
+// the BenchmarkL7Keyed regression of issue 29).
+func TestStoreShardIsOneCacheLine(t *testing.T) {
+	if n := unsafe.Sizeof(storeShard{}); n != 64 {
+		t.Fatalf("storeShard is %d bytes, want 64", n)
+	}
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeguard/edgeguard/internal/l7/target"
 )
 
 // connState is where a client connection is in its request.
@@ -234,9 +236,13 @@ type conn struct {
 	headSeen   int   // input bytes known not to end a request head
 	holdOut    bool  // output waits for a handler on its goroutine to return
 	deadline   int64 // loop time; 0: none
-	// bodyDeadline: while a request body is relayed, the loop time by
-	// which its next bytes must have come (BodyReadTimeout).
-	bodyDeadline int64
+	// The transfer periods (Config.BodyReadTimeout, ResponseTimeout,
+	// MinRate): rx and tx count the bytes read from and written to the
+	// client; a period starts at bodyFrom / respFrom (loop time, 0: none
+	// running) with rx / tx at bodyAt / respAt.
+	rx, tx           int64
+	bodyFrom, bodyAt int64
+	respFrom, respAt int64
 
 	head    requestHead
 	headBuf []byte // a copy of the head's bytes, which head's fields point into
@@ -249,6 +255,10 @@ type conn struct {
 	isHEAD  bool
 	retried bool
 	cancel  context.CancelFunc
+	// fwdTarget is the request target sent upstream (before the
+	// upstream's own path is joined in front): the normal form of the
+	// client's, or the client's as sent.
+	fwdTarget string
 
 	up          *upConn
 	resp        responseHead
@@ -315,11 +325,13 @@ func (c *conn) flush() bool {
 	if !c.writable || c.state == stateClosed || c.holdOut {
 		return false
 	}
+	before := c.out.pending()
 	wrote, full, err := c.out.flushTo(c.l, c.fd)
 	if err != nil {
 		c.close()
 		return false
 	}
+	c.tx += int64(before - c.out.pending())
 	if full {
 		c.writable = false
 	}
@@ -329,6 +341,7 @@ func (c *conn) flush() bool {
 // read reads once from the client.
 func (c *conn) read(limit int) (n int, eof bool) {
 	n, drained, eof, err := c.in.readFrom(c.l, c.fd, limit)
+	c.rx += int64(n)
 	if drained && !c.peerClosed {
 		// (Once the client closed its side, a short read leaves the end
 		// to be read, and no new edge will announce it.)
@@ -688,37 +701,77 @@ func (c *conn) buildRequest(head []byte) error {
 		return s[off : off+len(b)]
 	}
 	method := sub(h.method)
-	target := sub(h.target)
+	t := sub(h.target)
 	if method == http.MethodConnect {
 		return &wireError{status: http.StatusMethodNotAllowed, reason: "CONNECT is not proxied"}
 	}
-	if strings.IndexByte(target, '#') >= 0 {
+	if strings.IndexByte(t, '#') >= 0 {
 		// RFC 9112 3.2: a request-target has no fragment. net/http would
 		// take "/exact#x" as the path "/exact#x" (no route's "/exact"),
 		// and an upstream that cuts the fragment off would serve /exact.
 		return &wireError{status: http.StatusBadRequest, reason: "fragment in the request target"}
 	}
+	if e := fieldValue(h.headers, "Expect"); e != nil && !containsToken(e, "100-continue") {
+		// As net/http's server: an expectation other than 100-continue
+		// is 417, never forwarded (RFC 9110 10.1.1).
+		return &wireError{status: http.StatusExpectationFailed, reason: "unsupported expectation"}
+	}
 	c.url = url.URL{}
 	host := sub(h.host)
-	if target[0] == '/' && strings.IndexByte(target, '%') < 0 {
-		path, query, ok := strings.Cut(target, "?")
-		c.url.Path, c.url.RawQuery, c.url.ForceQuery = path, query, ok && query == ""
-	} else {
-		u, err := url.ParseRequestURI(target)
-		if err != nil {
+	cfg := &c.l.s.cfg
+	raw, query, hasQuery, isPath := target.Split(t)
+	switch {
+	case t == "*":
+		if method != http.MethodOptions {
+			return &wireError{status: http.StatusBadRequest, reason: "asterisk-form target is only for OPTIONS"}
+		}
+		c.url.Path = "*"
+	case !isPath:
+		return &wireError{status: http.StatusBadRequest, reason: "bad request target"}
+	case t[0] != '/':
+		u, err := url.ParseRequestURI(t)
+		if err != nil || u.Host == "" {
 			return &wireError{status: http.StatusBadRequest, reason: "bad request target"}
 		}
-		c.url = *u
-		if u.Host != "" {
-			// The target's host replaces the Host field (RFC 9112 3.2.2),
-			// so it is held to the Host field's byte set: url.Parse lets
-			// "a<script>" through.
-			for i := range len(u.Host) {
-				if !isHostByte(u.Host[i]) {
-					return &wireError{status: http.StatusBadRequest, reason: "invalid host in the request target"}
-				}
+		// The target's host replaces the Host field (RFC 9112 3.2.2),
+		// so it is held to the Host field's byte set: url.Parse lets
+		// "a<script>" through.
+		for i := range len(u.Host) {
+			if !isHostByte(u.Host[i]) {
+				return &wireError{status: http.StatusBadRequest, reason: "invalid host in the request target"}
 			}
-			host = u.Host
+		}
+		host = u.Host
+		c.url.Scheme, c.url.Host = u.Scheme, u.Host
+	}
+	// Route by, and forward, the path's normal form (internal/l7/target;
+	// the net-http engine's normalizeNetHTTP does the same).
+	c.fwdTarget = t
+	if isPath {
+		n, err := target.Normalize(raw, cfg.StrictPaths)
+		if err != nil {
+			return &wireError{status: http.StatusBadRequest, reason: err.Error()}
+		}
+		c.url.Path, c.url.RawQuery, c.url.ForceQuery = target.Decode(n), query, hasQuery && query == ""
+		if n != c.url.Path {
+			c.url.RawPath = n
+		}
+		switch {
+		case cfg.PathsAsSent && t[0] == '/':
+		case cfg.PathsAsSent:
+			c.fwdTarget = raw
+			if raw == "" {
+				c.fwdTarget = "/"
+			}
+			if hasQuery {
+				c.fwdTarget += "?" + query
+			}
+		case n == raw && t[0] == '/':
+			// Already normal: the target as sent (no allocation).
+		case hasQuery:
+			c.fwdTarget = n + "?" + query
+		default:
+			c.fwdTarget = n
 		}
 	}
 	clear(c.hdr)
@@ -754,7 +807,7 @@ func (c *conn) buildRequest(head []byte) error {
 		Close:         !h.keepAlive,
 		Host:          host,
 		RemoteAddr:    c.remoteAddr,
-		RequestURI:    target,
+		RequestURI:    t,
 	}
 	if h.chunked {
 		c.req.ContentLength = -1
@@ -783,36 +836,92 @@ func (c *conn) startForward() {
 	c.up = u
 	u.client = c
 	c.queueUpstreamHead()
-	c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
+	c.bodyFrom, c.bodyAt, c.respFrom = c.l.now, c.rx, 0
 }
 
-// bodyOverdue reports whether the client has let the relay wait for the
-// next bytes of its request body past BodyReadTimeout; while the upstream
-// is not taking the body (connecting, or its queue full), the wait starts
-// over.
+// periodShort reports whether a transfer period that started at from
+// with the counter at at is over and moved fewer than its minimum of
+// bytes (at least one); a period that is over and moved enough starts the
+// next one.
+func (c *conn) periodShort(from, at *int64, count int64, period time.Duration) bool {
+	if c.l.now-*from < int64(period) {
+		return false
+	}
+	least := max(c.l.s.cfg.MinRate*int64(period)/int64(time.Second), 1)
+	if count-*at < least {
+		return true
+	}
+	*from, *at = c.l.now, count
+	return false
+}
+
+// bodyOverdue reports whether the client is sending its request body
+// slower than the relay allows: fewer than MinRate bytes a second over a
+// BodyReadTimeout period (and nothing at all). While the upstream is not
+// taking the body (connecting, or its queue full), the period starts over.
 func (c *conn) bodyOverdue() bool {
 	if c.state != stateForward || c.reqBody.done || c.up == nil {
 		return false
 	}
 	if c.up.connecting || c.up.out.pending() >= maxPending {
-		c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
+		c.bodyFrom, c.bodyAt = c.l.now, c.rx
 		return false
 	}
-	return c.l.now > c.bodyDeadline
+	return c.periodShort(&c.bodyFrom, &c.bodyAt, c.rx, c.l.s.cfg.BodyReadTimeout)
+}
+
+// responseOverdue reports whether the client is taking its response
+// slower than the relay allows: fewer than MinRate bytes a second over a
+// ResponseTimeout period while bytes wait for it (a client that stopped
+// reading). The period runs only while output is pending.
+func (c *conn) responseOverdue() bool {
+	if c.state != stateForward || c.out.pending() == 0 {
+		c.respFrom = 0
+		return false
+	}
+	if c.respFrom == 0 {
+		c.respFrom, c.respAt = c.l.now, c.tx
+		return false
+	}
+	return c.periodShort(&c.respFrom, &c.respAt, c.tx, c.l.s.cfg.ResponseTimeout)
+}
+
+// failRequestBody answers a request whose body cannot be relayed (a
+// malformed chunk, a refused trailer: 400; too slow: 408) and closes: its
+// upstream connection, which holds an unfinished message, at once; the
+// client's after the answer, or at once when part of a response is out.
+// The net-http engine answers the same (proxy.Proxy.BadGateway).
+func (c *conn) failRequestBody(status int) {
+	if c.up != nil {
+		c.up.client = nil
+		c.up.closeFD()
+		c.up = nil
+	}
+	if c.respStarted || c.state != stateForward {
+		c.close()
+		return
+	}
+	c.tUpEnd = c.l.now
+	c.w.status = status
+	c.w.body = append(c.w.body[:0], strconv.Itoa(status)+" "+http.StatusText(status)+": request body\n"...)
+	c.w.hdr["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	c.closeAfter = true
+	c.respondLocal()
+	c.afterRelay()
 }
 
 // upstreamTarget is the request target sent upstream: the client's, with
 // the upstream URL's path and query joined in front when it has them.
 func (c *conn) upstreamTarget() string {
 	s := c.l.s
-	t := c.req.RequestURI
+	t := c.fwdTarget
 	if s.basePath == "" && s.baseQ == "" && t != "" && t[0] == '/' {
 		return t
 	}
 	if t == "*" {
 		return t
 	}
-	p := c.url.EscapedPath()
+	p, q, hasQuery := strings.Cut(t, "?")
 	switch a, b := strings.HasSuffix(s.basePath, "/"), strings.HasPrefix(p, "/"); {
 	case a && b:
 		p = s.basePath + p[1:]
@@ -821,14 +930,13 @@ func (c *conn) upstreamTarget() string {
 	default:
 		p = s.basePath + p
 	}
-	q := c.url.RawQuery
 	switch {
 	case s.baseQ != "" && q != "":
 		q = s.baseQ + "&" + q
 	case s.baseQ != "":
 		q = s.baseQ
 	}
-	if q != "" || c.url.ForceQuery {
+	if q != "" || hasQuery {
 		return p + "?" + q
 	}
 	return p
@@ -872,7 +980,7 @@ func (c *conn) queueUpstreamHead() {
 			continue
 		case framingField(f.name), hopByHop(f.name, h.connection), equalFold(f.name, "Host"),
 			equalFold(f.name, "X-Forwarded-Host"), equalFold(f.name, "X-Forwarded-Proto"),
-			equalFold(f.name, "Forwarded"):
+			equalFold(f.name, "Forwarded"), s.identityField(f.name):
 			continue
 		}
 		b = append(b, f.name...)
@@ -902,6 +1010,17 @@ func (c *conn) queueUpstreamHead() {
 	}
 	b = append(b, "\r\n"...)
 	u.out.b = b
+}
+
+// fieldValue is the value of the first field called name (any case), nil
+// when there is none.
+func fieldValue(fields []header, name string) []byte {
+	for i := range fields {
+		if equalFold(fields[i].name, name) {
+			return fields[i].value
+		}
+	}
+	return nil
 }
 
 // hopByHop reports whether a field is for this connection only: the
@@ -1034,15 +1153,12 @@ func (c *conn) stepForward() bool {
 			n, err := c.reqBody.take(data)
 			if err != nil {
 				c.l.s.log.Debug("l7 event loop: malformed request body", "peer", c.remoteAddr, "err", err)
-				c.close()
-				return false
+				c.failRequestBody(http.StatusBadRequest)
+				return true
 			}
 			u.out.b = append(u.out.grow(c.l), data[:n]...)
 			c.in.consume(c.l, n)
 			progress = n > 0
-			if progress {
-				c.bodyDeadline = c.l.now + int64(c.l.s.cfg.BodyReadTimeout)
-			}
 		} else if c.readable {
 			n, eof := c.read(bufSize)
 			if c.state == stateClosed {
@@ -1141,11 +1257,20 @@ func (c *conn) responseHead(data []byte) bool {
 			c.upstreamFailed(errors.New("101 to a request without an upgrade"))
 			return true
 		}
+		if asked, got := fieldValue(c.head.headers, "Upgrade"), fieldValue(c.resp.headers, "Upgrade"); len(got) == 0 ||
+			len(asked) != len(got) || !equalFoldBytes(asked, got) {
+			// As httputil.ReverseProxy: the upstream may switch only to
+			// the protocol the client asked for (an h2c request answered
+			// "Upgrade: websocket" is 502, never a tunnel).
+			u.in.consume(c.l, n)
+			c.upstreamFailed(fmt.Errorf("101 switching to %q when %q was asked for", got, asked))
+			return true
+		}
 		c.status = status
 		c.queueResponseHead(true)
 		u.in.consume(c.l, n)
 		c.state = stateTunnel
-		c.deadline = 0
+		c.deadline = c.l.now + int64(c.l.s.cfg.TunnelIdleTimeout)
 		return true
 	case status < 200:
 		// Interim (100 Continue, 103 Early Hints): relayed to HTTP/1.1
@@ -1368,6 +1493,9 @@ func (c *conn) stepTunnel() bool {
 		return true
 	}
 	progress = progress || wrote
+	if progress {
+		c.deadline = c.l.now + int64(c.l.s.cfg.TunnelIdleTimeout)
+	}
 	if c.out.pending() < maxPending {
 		if data := u.in.data(); len(data) > 0 {
 			c.out.b = append(c.out.grow(c.l), data...)

@@ -519,7 +519,9 @@ func TestHeaders(t *testing.T) {
 		{"/base/", "/x/y", "/base/x/y"},
 		{"/base?k=v", "/x/y?q=1", "/base/x/y?k=v&q=1"},
 		{"/base?k=v", "/", "/base/?k=v"},
-		{"/base", "/a%2Fb", "/base/a%2Fb"},
+		{"/base", "/a%3Fb", "/base/a%3Fb"},
+		{"/base", "/a%2Fb", "/base/a/b"}, // the normal form (internal/l7/target)
+		{"/base", "//x/../a?q", "/base/a?q"},
 	} {
 		t.Run("upstream path "+tc.upstreamPath+" "+tc.target, func(t *testing.T) {
 			up, heads := headUpstream(t, okResponse)
@@ -1000,7 +1002,8 @@ func TestMalformed(t *testing.T) {
 	}
 
 	// The head is fine and goes upstream, then the body turns out not to
-	// be: the engine cuts both connections.
+	// be: the engine cuts the upstream connection, answers 400 (as the
+	// net-http engine does) and closes.
 	t.Run("bad chunk", func(t *testing.T) {
 		got := make(chan string, 2)
 		up := startRawUpstream(t, func(c net.Conn) {
@@ -1021,7 +1024,7 @@ func TestMalformed(t *testing.T) {
 			t.Fatalf("upstream read %q", s)
 		}
 		write(t, c, "zz\r\n")
-		expectClosed(t, c, br)
+		expectAnswerThenClose(t, c, br, http.StatusBadRequest)
 		if s := next(t, got); s != "closed" {
 			t.Fatalf("upstream: %q", s)
 		}

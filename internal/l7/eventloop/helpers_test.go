@@ -299,6 +299,16 @@ func expectClosed(t *testing.T, c net.Conn, br *bufio.Reader) {
 	expectClosedWithin(t, c, br, ioTimeout)
 }
 
+// expectAnswerThenClose checks that the engine answers status, then
+// closes c.
+func expectAnswerThenClose(t *testing.T, c net.Conn, br *bufio.Reader, status int) {
+	t.Helper()
+	if resp := readResponse(t, br, http.MethodPost); resp.StatusCode != status {
+		t.Fatalf("status %d, want %d", resp.StatusCode, status)
+	}
+	expectClosed(t, c, br)
+}
+
 // expectClosedWithin is expectClosed with a bound on the wait.
 func expectClosedWithin(t *testing.T, c net.Conn, br *bufio.Reader, limit time.Duration) {
 	t.Helper()

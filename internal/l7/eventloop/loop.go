@@ -293,7 +293,8 @@ func (l *loop) adopt(fd int, peer netip.AddrPort) {
 
 // sweep closes connections past their deadlines: a head not read in
 // ReadHeaderTimeout, a kept-alive connection idle past IdleTimeout, a
-// request body stalled past BodyReadTimeout, an upstream connect past
+// request body or a response slower than MinRate over a period (see
+// bodyOverdue, responseOverdue), an upstream connect past
 // DialTimeout, an idle upstream connection past 90s.
 func (l *loop) sweep() {
 	for c := range l.conns {
@@ -307,8 +308,13 @@ func (l *loop) sweep() {
 			c.close()
 			continue
 		}
-		if c.bodyOverdue() {
-			l.s.log.Debug("l7 event loop: request body timed out", "peer", c.remoteAddr)
+		switch {
+		case c.bodyOverdue():
+			l.s.log.Debug("l7 event loop: request body too slow", "peer", c.remoteAddr)
+			c.failRequestBody(http.StatusRequestTimeout)
+			c.step()
+		case c.responseOverdue():
+			l.s.log.Debug("l7 event loop: client too slow to take its response", "peer", c.remoteAddr)
 			c.close()
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -54,11 +55,38 @@ type Config struct {
 	// ShutdownTimeout bounds how long Serve waits for requests in flight
 	// once its context ends (default 10s).
 	ShutdownTimeout time.Duration
-	// BodyReadTimeout bounds the wait for the next bytes of a request body
-	// the relay is waiting for (default 60s, nginx's client_body_timeout):
-	// past it the connection is closed (its upstream connection too). The
-	// wait does not run while the upstream is not taking the body.
-	BodyReadTimeout time.Duration
+	// BodyReadTimeout and ResponseTimeout are transfer periods (defaults
+	// 60s, nginx's client_body_timeout and send_timeout): while the relay
+	// waits for a request body, each BodyReadTimeout must bring at least
+	// MinRate bytes a second of it (and at least one byte); while a
+	// response waits for the client to take it, each ResponseTimeout must
+	// see MinRate bytes a second go. So a body or response of N bytes is
+	// done within one period plus N/MinRate, or the connection is closed
+	// (and its upstream connection): a request body that is too slow is
+	// answered 408 first when nothing of the response went out. Checked
+	// once a second. The body period does not run while the upstream is
+	// not taking the body, the response period only while bytes wait for
+	// the client.
+	BodyReadTimeout, ResponseTimeout time.Duration
+	// MinRate is in bytes per second (0: at least one byte per period).
+	MinRate int64
+	// StrictPaths refuses (400) a request path target.Normalize refuses
+	// under its strict rule; otherwise the standard rule applies. Routing
+	// always sees the normal path (Request.URL.Path).
+	StrictPaths bool
+	// PathsAsSent forwards the request target as the client sent it;
+	// otherwise its normal form goes upstream.
+	PathsAsSent bool
+	// TunnelIdleTimeout closes a connection upgraded by a 101 (a
+	// WebSocket) that carried no byte either way for that long (default
+	// 5m).
+	TunnelIdleTimeout time.Duration
+	// IdentityFields are request fields removed before the request goes
+	// upstream (any case): client-set claims of who the client is
+	// (proxy.Config.IdentityFields). Fields whose name holds an
+	// underscore are always removed: CGI and WSGI upstreams read
+	// X_Forwarded_For as X-Forwarded-For.
+	IdentityFields []string
 	// AcceptPaused, when set, is called (on a loop) each time a loop stops
 	// accepting for a while because accept4 ran out of file descriptors
 	// or socket memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): for a metric.
@@ -86,10 +114,15 @@ type Server struct {
 	hostPort string // the upstream's host:port
 	basePath string // the upstream URL's path, "" or without a trailing slash
 	baseQ    string // the upstream URL's raw query
-	addrs    atomic.Pointer[[]netip.AddrPort]
-	next     atomic.Uint64 // round robin over loops (accept)
-	handlers sync.WaitGroup
-	served   atomic.Bool
+	// identity is IdentityFields in lower case; identityLens has bit n set
+	// when one of them is n bytes long (n < 64), so most fields are passed
+	// without a lookup.
+	identity     map[string]struct{}
+	identityLens uint64
+	addrs        atomic.Pointer[[]netip.AddrPort]
+	next         atomic.Uint64 // round robin over loops (accept)
+	handlers     sync.WaitGroup
+	served       atomic.Bool
 }
 
 // New checks cfg and fills its defaults.
@@ -121,6 +154,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.BodyReadTimeout <= 0 {
 		cfg.BodyReadTimeout = 60 * time.Second
 	}
+	if cfg.ResponseTimeout <= 0 {
+		cfg.ResponseTimeout = 60 * time.Second
+	}
+	if cfg.TunnelIdleTimeout <= 0 {
+		cfg.TunnelIdleTimeout = 5 * time.Minute
+	}
 	if cfg.BadGateway == nil {
 		cfg.BadGateway = func(w http.ResponseWriter, _ *http.Request, _ error) {
 			w.Header()["Content-Type"] = []string{"text/plain; charset=utf-8"}
@@ -141,7 +180,33 @@ func New(cfg Config) (*Server, error) {
 		s.basePath = ""
 	}
 	s.baseQ = cfg.Upstream.RawQuery
+	s.identity = map[string]struct{}{}
+	for _, name := range cfg.IdentityFields {
+		if len(name) == 0 || len(name) >= 64 {
+			return nil, fmt.Errorf("eventloop: identity field %q: want 1-63 bytes", name)
+		}
+		s.identity[strings.ToLower(name)] = struct{}{}
+		s.identityLens |= 1 << len(name)
+	}
 	return s, nil
+}
+
+// identityField reports whether a request field is removed before the
+// request goes upstream: one of IdentityFields, or a name with an
+// underscore.
+func (s *Server) identityField(name []byte) bool {
+	if indexByte(name, '_') >= 0 {
+		return true
+	}
+	if len(name) >= 64 || s.identityLens&(1<<len(name)) == 0 {
+		return false
+	}
+	var buf [64]byte
+	for i, c := range name {
+		buf[i] = lower(c)
+	}
+	_, ok := s.identity[string(buf[:len(name)])]
+	return ok
 }
 
 // Serve serves ln until ctx ends, then stops accepting, lets the requests

@@ -157,7 +157,7 @@ func TestWireSafety(t *testing.T) {
 // TestRefusedTrailer: a chunked request body whose trailer section holds a
 // framing, routing or forwarding field is cut off at the latest before that
 // field's colon: the upstream never gets a complete message (nor the
-// field), the client the connection's end.
+// field), the client a 400 and the connection's end.
 func TestRefusedTrailer(t *testing.T) {
 	for _, name := range []string{"Content-Length", "Host", "X-Forwarded-For", "transfer-encoding", "Forwarded"} {
 		t.Run(name, func(t *testing.T) {
@@ -165,7 +165,7 @@ func TestRefusedTrailer(t *testing.T) {
 			addr := startEngine(t, proxyConfig(t, up.url()))
 			c, br := dial(t, addr)
 			write(t, c, "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n"+name+": 9\r\n\r\n")
-			expectClosed(t, c, br)
+			expectAnswerThenClose(t, c, br, http.StatusBadRequest)
 			got := string(next(t, up.got))
 			if _, body, _ := strings.Cut(got, "\r\n\r\n"); strings.Contains(body, name+":") {
 				t.Fatalf("the upstream received %q, with the refused trailer", got)
@@ -336,7 +336,7 @@ func TestBodyReadTimeout(t *testing.T) {
 
 	c, br := dial(t, addr)
 	write(t, c, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
-	expectClosed(t, c, br) // the sweep runs every second: within ~1.3s here
+	expectAnswerThenClose(t, c, br, http.StatusRequestTimeout) // the sweep runs every second: within ~1.3s here
 	if got := string(next(t, up.got)); !strings.HasSuffix(got, "\r\n\r\nabc") {
 		t.Fatalf("the upstream received %q", got)
 	}

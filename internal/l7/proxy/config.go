@@ -54,6 +54,17 @@ type Config struct {
 	// Loops is the event loop engine's number of loops (0: GOMAXPROCS,
 	// one per core; see eventloop.Config.Loops).
 	Loops int
+	// Paths is how request paths are normalised for routing and
+	// forwarding (internal/l7/target).
+	Paths Paths
+	// IdentityFields are the request fields that claim who the client is
+	// or where the request came from, set by a client: removed before the
+	// request goes upstream (canonical names; Decode fills
+	// DefaultIdentityFields). X-Forwarded-For, -Host, -Proto and Forwarded
+	// are always rewritten and are not listed here.
+	IdentityFields []string
+	// Timeouts bound transfers: bodies, responses and tunnels.
+	Timeouts Timeouts
 	// AccessLog is where the stage writes one JSON line per request:
 	// "stderr", an absolute file path (reopened on SIGUSR1), or "" for
 	// none (internal/l7/accesslog).
@@ -67,6 +78,54 @@ type Config struct {
 // ServesProxy reports whether the configuration runs the reverse proxy
 // (false for an l7: section with only the rate-limit service).
 func (c *Config) ServesProxy() bool { return c.Listen != "" }
+
+// Paths is the request path rule (docs/l7-proxy.md, "Request targets").
+type Paths struct {
+	// Strict refuses (400) a path with a spelling some upstream could read
+	// differently from its normal form (target.Normalize with strict).
+	Strict bool
+	// AsSent forwards the request target as the client sent it; routing
+	// still uses the normal form. Default (false): the normal form is
+	// forwarded, so the upstream serves what was routed.
+	AsSent bool
+}
+
+// Timeouts bound the transfers of a request (docs/l7-proxy.md, "Engines").
+type Timeouts struct {
+	// Body and Response are periods: while the proxy waits for the
+	// client's request body, each Body must bring at least MinRate × Body
+	// bytes (and some); while it has a response to write to the client,
+	// each Response must take at least MinRate × Response bytes (and
+	// some). So a body or response of N bytes is done within one period
+	// plus N / MinRate, or the connection is closed (and its upstream).
+	Body, Response time.Duration
+	// MinRate is in bytes per second (0: only "some" progress per period).
+	MinRate int64
+	// TunnelIdle closes an upgraded connection (a WebSocket) that carried
+	// no byte either way for that long.
+	TunnelIdle time.Duration
+}
+
+// Defaults of Timeouts.
+const (
+	DefaultBodyTimeout       = 60 * time.Second
+	DefaultResponseTimeout   = 60 * time.Second
+	DefaultMinRate           = 512
+	DefaultTunnelIdleTimeout = 5 * time.Minute
+)
+
+// DefaultIdentityFields are the client-set fields removed from requests
+// unless the policy lists its own (l7.identity_fields): each claims a
+// client address, a forwarding hop or the original URL, and some upstream
+// framework believes it.
+func DefaultIdentityFields() []string {
+	return []string{
+		"X-Real-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "X-Client-Ip", "X-Cluster-Client-Ip",
+		"Forwarded-For", "X-Forwarded", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
+		"X-Forwarded-Ssl", "X-Forwarded-Scheme", "X-Original-Url", "X-Rewrite-Url", "X-Original-Forwarded-For",
+		"Fastly-Client-Ip", "X-Proxyuser-Ip", "Client-Ip",
+	}
+}
 
 // Engine is what serves the proxy's connections.
 type Engine string
@@ -176,6 +235,10 @@ type Match struct {
 	PathPrefix string
 	// PathPattern matches URL paths it matches (RE2, anchor it yourself).
 	PathPattern *regexp.Regexp
+	// IgnoreCase compares the path with PathPrefix and PathPattern without
+	// regard to case (path_case: insensitive), for upstreams that serve
+	// /LIMITED as /limited.
+	IgnoreCase bool
 	// Header maps canonical header names to the exact value required.
 	Header map[string]string
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
+	"github.com/edgeguard/edgeguard/internal/l7/target"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
@@ -161,7 +162,7 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
 		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops",
-		"access_log", "rls")
+		"access_log", "rls", "paths", "identity_fields", "timeouts")
 	if f == nil {
 		return nil
 	}
@@ -255,6 +256,51 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	if n, ok := f["exempt_paths"]; ok {
 		cfg.ExemptPaths = d.paths(n, "l7 exempt_paths")
 	}
+	if n, ok := f["paths"]; ok {
+		pf := d.Fields(n, "l7 paths", "normalize", "forward")
+		if v, ok := pf["normalize"]; ok {
+			s, _ := d.enum(v, "l7 paths normalize", "standard", "strict")
+			cfg.Paths.Strict = s == "strict"
+		}
+		if v, ok := pf["forward"]; ok {
+			s, _ := d.enum(v, "l7 paths forward", "normalized", "as-sent")
+			cfg.Paths.AsSent = s == "as-sent"
+		}
+	}
+	cfg.IdentityFields = DefaultIdentityFields()
+	if n, ok := f["identity_fields"]; ok {
+		cfg.IdentityFields = []string{}
+		for _, c := range d.Seq(n, "l7 identity_fields") {
+			if name := d.headerName(c, "l7 identity_fields"); len(name) > 63 {
+				d.Errorf(c, "l7 identity_fields: %q is longer than 63 bytes", name)
+			} else if name != "" {
+				switch name {
+				case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded":
+					d.Errorf(c, "l7 identity_fields: %s is always rewritten by the proxy; do not list it", name)
+				case "Host", "Content-Length", "Transfer-Encoding", "Connection":
+					d.Errorf(c, "l7 identity_fields: %s cannot be removed", name)
+				default:
+					cfg.IdentityFields = append(cfg.IdentityFields, name)
+				}
+			}
+		}
+	}
+	cfg.Timeouts = Timeouts{Body: DefaultBodyTimeout, Response: DefaultResponseTimeout, MinRate: DefaultMinRate,
+		TunnelIdle: DefaultTunnelIdleTimeout}
+	if n, ok := f["timeouts"]; ok {
+		tf := d.Fields(n, "l7 timeouts", "body", "response", "min_rate", "tunnel_idle")
+		for key, dst := range map[string]*time.Duration{"body": &cfg.Timeouts.Body, "response": &cfg.Timeouts.Response,
+			"tunnel_idle": &cfg.Timeouts.TunnelIdle} {
+			if v, ok := tf[key]; ok {
+				if x, ok := d.duration(v, "l7 timeouts "+key); ok {
+					*dst = x
+				}
+			}
+		}
+		if v, ok := tf["min_rate"]; ok {
+			cfg.Timeouts.MinRate, _ = d.integer(v, "l7 timeouts min_rate (bytes per second)", 0, 1<<30)
+		}
+	}
 	if n, ok := f["headers"]; ok {
 		hf := d.Fields(n, "l7 headers", "draft", "legacy")
 		if v, ok := hf["draft"]; ok {
@@ -341,9 +387,24 @@ func (d *decoder) paths(n *yaml.Node, where string) []string {
 			d.Errorf(c, "%s: path %q must start with /", where, s)
 			continue
 		}
+		d.normalPath(c, where, s)
 		out = append(out, s)
 	}
 	return out
+}
+
+// normalPath holds a configured path (a prefix, an exempt path) to the
+// decoded normal form requests are matched in: "/a//b" or "/a/./b" could
+// never match.
+func (d *decoder) normalPath(n *yaml.Node, where, s string) {
+	norm, err := target.Normalize(s, false)
+	if err != nil {
+		d.Errorf(n, "%s %q: %v", where, s, err)
+		return
+	}
+	if dec := target.Decode(norm); dec != s {
+		d.Errorf(n, "%s %q: requests are matched by their normal path; write it as %q", where, s, dec)
+	}
 }
 
 func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
@@ -505,7 +566,7 @@ func countLocal(ls []Limit) int {
 }
 
 func (d *decoder) match(n *yaml.Node, where string) Match {
-	f := d.Fields(n, where+" match", "host", "methods", "path_prefix", "path_pattern", "header")
+	f := d.Fields(n, where+" match", "host", "methods", "path_prefix", "path_pattern", "path_case", "header")
 	var m Match
 	if v, ok := f["host"]; ok {
 		if s, ok := d.Scalar(v, "match host"); ok {
@@ -534,16 +595,25 @@ func (d *decoder) match(n *yaml.Node, where string) Match {
 	if hasPrefix && hasPattern {
 		d.Errorf(qv, "%s match: set path_prefix or path_pattern, not both", where)
 	}
+	if v, ok := f["path_case"]; ok {
+		s, _ := d.enum(v, "match path_case", "sensitive", "insensitive")
+		m.IgnoreCase = s == "insensitive"
+	}
 	if hasPrefix {
 		if s, ok := d.Scalar(pv, "match path_prefix"); ok {
 			if !strings.HasPrefix(s, "/") {
 				d.Errorf(pv, "match path_prefix %q must start with /", s)
+			} else {
+				d.normalPath(pv, "match path_prefix", s)
 			}
 			m.PathPrefix = s
 		}
 	}
 	if hasPattern {
 		if s, ok := d.Scalar(qv, "match path_pattern"); ok {
+			if m.IgnoreCase {
+				s = "(?i)" + s
+			}
 			re, err := regexp.Compile(s)
 			if err != nil {
 				d.Errorf(qv, "match path_pattern %q: %v", s, err)

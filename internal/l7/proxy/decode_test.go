@@ -43,6 +43,22 @@ func TestDecodeProblems(t *testing.T) {
 	}{
 		{"unknown top-level field", validHead + "  listn: x\n",
 			[]string{`p.yaml:4:3: unknown field "listn" in l7; allowed: listen, upstream,`}},
+		{"request rules (issue 29)", validHead + `  paths: {normalize: loose, forward: raw}
+  identity_fields: [X-Forwarded-For, "bad name", X-Real-IP]
+  timeouts: {body: 0s, min_rate: -1}
+  exempt_paths: [/health//x]
+  routes:
+    - name: api
+      match: {path_prefix: /a/./b, path_case: lower}
+`, []string{`p.yaml:4:22: l7 paths normalize "loose": want one of standard, strict`,
+			`p.yaml:4:38: l7 paths forward "raw": want one of normalized, as-sent`,
+			`p.yaml:5:21: l7 identity_fields: X-Forwarded-For is always rewritten`,
+			`p.yaml:5:38: l7 identity_fields "bad name" is not a valid header name`,
+			`p.yaml:6:20: l7 timeouts body "0s": want a positive duration`,
+			`p.yaml:6:34: l7 timeouts min_rate (bytes per second)`,
+			`p.yaml:7:18: l7 exempt_paths "/health//x": requests are matched by their normal path; write it as "/health/x"`,
+			`p.yaml:10:28: match path_prefix "/a/./b": requests are matched by their normal path; write it as "/a/b"`,
+			`p.yaml:10:47: match path_case "lower": want one of sensitive, insensitive`}},
 		{"missing listen and upstream", "l7:\n  routes: []\n",
 			[]string{"p.yaml:2:3: l7: listen is required", "p.yaml:2:3: l7: upstream is required"}},
 		{"bad listen and upstream", "l7:\n  listen: localhost\n  upstream: ftp://x\n",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
+	"github.com/edgeguard/edgeguard/internal/l7/target"
 )
 
 // The engine hand-off: both engines run the same routing (pick), limits
@@ -25,15 +27,56 @@ import (
 // innermost handler of a route's chain (under shed.Middleware, an
 // http.Handler middleware) in the request's context (withRelay).
 
-// BodyReadTimeout bounds the wait for the next bytes of a request body the
-// event loop is relaying (eventloop.Config.BodyReadTimeout): nginx's
-// client_body_timeout default.
-const BodyReadTimeout = 60 * time.Second
+// Head bounds of the net-http engine, the event loop's: a request head of
+// at most 64 KiB (http.Server.MaxHeaderBytes, to which net/http adds 4 KiB
+// of slack) and 128 fields, else 431 and the connection closed.
+const (
+	MaxHeaderBytes = 60 << 10
+	maxHeadFields  = 128
+)
+
+// ApplyRules sets the fields of an event loop's configuration that follow
+// the policy's request rules (paths, identity fields, timeouts), for the L7
+// stage (and the tests) that build it.
+func (c *Config) ApplyRules(ec *eventloop.Config) {
+	ec.StrictPaths = c.Paths.Strict
+	ec.PathsAsSent = c.Paths.AsSent
+	ec.IdentityFields = c.IdentityFields
+	ec.TunnelIdleTimeout = c.Timeouts.TunnelIdle
+	ec.MinRate = c.Timeouts.MinRate
+	if c.Timeouts.Body > 0 {
+		ec.BodyReadTimeout = c.Timeouts.Body
+	}
+	ec.ResponseTimeout = c.Timeouts.Response
+}
+
+// dropIdentityFields removes from a request going upstream under the
+// net-http engine the client-set identity fields (Config.IdentityFields)
+// and every field whose name holds an underscore, as the event loop does
+// (eventloop.Config.IdentityFields).
+func (p *Proxy) dropIdentityFields(h http.Header) {
+	for _, name := range p.cfg.IdentityFields {
+		delete(h, name)
+	}
+	for name := range h {
+		if strings.IndexByte(name, '_') >= 0 {
+			delete(h, name)
+		}
+	}
+}
 
 // Decide is the event loop's way in: the decision for r, made on the loop.
 // A route that may block (a concurrency limit, Redis) is decided on a
 // goroutine; the others here, where only local limits run.
 func (p *Proxy) Decide(w http.ResponseWriter, r *http.Request) eventloop.Decision {
+	if r.RequestURI == "*" {
+		// OPTIONS * (the event loop refuses any other method with "*"):
+		// a question about the proxy, answered here as net/http's server
+		// answers it, never forwarded.
+		w.Header()["Content-Length"] = []string{"0"}
+		w.WriteHeader(http.StatusOK)
+		return eventloop.Respond()
+	}
 	rt, exempt := p.pick(r)
 	ex := p.begin(p.obsOf(rt, exempt))
 	switch {
@@ -106,17 +149,81 @@ func refuseNetHTTP(w http.ResponseWriter, r *http.Request) bool {
 		status, reason = http.StatusMethodNotAllowed, "CONNECT is not proxied"
 	case strings.IndexByte(r.RequestURI, '#') >= 0:
 		reason = "fragment in the request target"
+	case headFields(r) > maxHeadFields:
+		status, reason = http.StatusRequestHeaderFieldsTooLarge, "more than 128 header fields"
+	case r.RequestURI == "*":
+		// net/http's server answers OPTIONS * itself (200, as the event
+		// loop's Decide does); any other method is 400 under both.
+		reason = "asterisk-form target is only for OPTIONS"
 	case !validHost(r.Host):
 		reason = "invalid host"
 	default:
 		return false
 	}
+	refuseRequest(w, status, reason)
+	return true
+}
+
+// headFields counts the fields of r's head as the event loop does (Host
+// included).
+func headFields(r *http.Request) int {
+	n := 0
+	for _, vs := range r.Header {
+		n += len(vs)
+	}
+	if r.Host != "" {
+		n++
+	}
+	return n
+}
+
+// refuseRequest answers a request the proxy refuses before routing, closing the
+// connection.
+func refuseRequest(w http.ResponseWriter, status int, reason string) {
 	h := w.Header()
 	h.Set("Connection", "close")
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(strconv.Itoa(status) + " " + http.StatusText(status) + ": " + reason + "\n"))
+}
+
+// normalizeNetHTTP puts the normal form of r's path (target.Normalize,
+// from the target as sent) in r.URL, where routing reads it decoded
+// (Path) and ReverseProxy forwards it encoded (RawPath, which
+// url.URL.EscapedPath returns as is: a normal path holds only bytes it
+// accepts). A path the rule refuses is answered 400 (false). The event
+// loop does the same in its buildRequest.
+func (p *Proxy) normalizeNetHTTP(w http.ResponseWriter, r *http.Request) bool {
+	raw, _, _, ok := target.Split(r.RequestURI)
+	if !ok {
+		return true // "*" for OPTIONS (answered by net/http)
+	}
+	n, err := target.Normalize(raw, p.cfg.Paths.Strict)
+	if err != nil {
+		refuseRequest(w, http.StatusBadRequest, err.Error())
+		return false
+	}
+	r.URL.Path, r.URL.RawPath = target.Decode(n), n
 	return true
+}
+
+// pathAsSent puts the path of in's target as the client sent it back into
+// out (l7.paths.forward: as-sent), before ReverseProxy joins the upstream's
+// path in front. Bytes that may not stand raw in a path (a backslash, raw
+// UTF-8) are percent-encoded by net/url; the event loop sends them raw.
+func pathAsSent(out *url.URL, in *http.Request) {
+	raw, _, _, ok := target.Split(in.RequestURI)
+	if !ok {
+		return
+	}
+	if raw == "" {
+		raw = "/"
+	}
+	dec, err := url.PathUnescape(raw)
+	if err != nil {
+		return
+	}
+	out.Path, out.RawPath = dec, raw
 }
 
 // validHost reports whether every byte of h may appear in a Host field

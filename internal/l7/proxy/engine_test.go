@@ -475,7 +475,7 @@ func checkExpectations(t *testing.T, name, upstreamHost string, got compared) {
 			"client trailer X-Checksum": `["c0ffee"]`, "client trailer X-Parts": `["2"]`},
 		"cookies and two values": {"client header Set-Cookie": `["a=1; Path=/" "b=2; Path=/; HttpOnly"]`,
 			"client header X-Multi": `["one" "two"]`},
-		"escaped path": {"upstream request-uri": "/a%2Fb?x=%20"},
+		"escaped path": {"upstream request-uri": "/a/b?x=%20"}, // the normal form (internal/l7/target)
 		"absolute-form target": {"upstream request-uri": "/limited/plain?q=1", "upstream host": "other.example",
 			"upstream header X-Forwarded-Host": `["other.example"]`},
 		"host not first": {"upstream host": "app.example", "upstream header Accept": `["*/*"]`,

@@ -29,7 +29,7 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 	defer p.Close()
 	const shutdownTimeout = 10 * time.Second
 	if p.cfg.ServingEngine() == EngineEventLoop {
-		srv, err := eventloop.New(eventloop.Config{
+		ec := eventloop.Config{
 			Upstream:          p.cfg.Upstream,
 			Handler:           p,
 			TrustedPeer:       p.Trusted,
@@ -39,16 +39,18 @@ func (p *Proxy) ServeListener(ctx context.Context, ln net.Listener) error {
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ShutdownTimeout:   shutdownTimeout,
-			BodyReadTimeout:   BodyReadTimeout,
 			AcceptPaused:      p.AcceptPaused,
-		})
+		}
+		p.cfg.ApplyRules(&ec)
+		srv, err := eventloop.New(ec)
 		if err != nil {
 			_ = ln.Close()
 			return fmt.Errorf("proxy: %w", err)
 		}
 		return srv.Serve(ctx, ln)
 	}
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: MaxHeaderBytes}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(CountAcceptPauses(ln, p.AcceptPaused)) }()
 	select {

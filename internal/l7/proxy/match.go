@@ -14,6 +14,7 @@ type matcher struct {
 	wildcard   bool   // host was "*.example.com": match subdomains
 	methods    []string
 	pathPrefix string
+	ignoreCase bool // pathPrefix compared case-insensitively (pattern has (?i))
 	pattern    *regexp.Regexp
 	headers    []headerMatch
 }
@@ -21,7 +22,7 @@ type matcher struct {
 type headerMatch struct{ name, value string }
 
 func newMatcher(m Match) matcher {
-	mt := matcher{methods: m.Methods, pathPrefix: m.PathPrefix, pattern: m.PathPattern}
+	mt := matcher{methods: m.Methods, pathPrefix: m.PathPrefix, pattern: m.PathPattern, ignoreCase: m.IgnoreCase}
 	mt.host = strings.ToLower(m.Host)
 	if strings.HasPrefix(mt.host, "*.") {
 		mt.wildcard = true
@@ -64,8 +65,15 @@ func (m *matcher) matches(r *http.Request) bool {
 			return false
 		}
 	}
-	if m.pathPrefix != "" && !strings.HasPrefix(r.URL.Path, m.pathPrefix) {
-		return false
+	if m.pathPrefix != "" {
+		p := r.URL.Path
+		if len(p) < len(m.pathPrefix) {
+			return false
+		}
+		if m.ignoreCase && !strings.EqualFold(p[:len(m.pathPrefix)], m.pathPrefix) ||
+			!m.ignoreCase && p[:len(m.pathPrefix)] != m.pathPrefix {
+			return false
+		}
 	}
 	if m.pattern != nil && !m.pattern.MatchString(r.URL.Path) {
 		return false

@@ -126,6 +126,11 @@ type flight struct {
 	upstream  time.Duration
 	forwarded bool
 	sw        statusWriter
+	// The net-http engine's transfer rules (transfer.go): body is the
+	// request body's when it has one, rw wraps the response writer.
+	body    *rateBody
+	rw      rateWriter
+	rwInUse bool
 }
 
 var exchanges = sync.Pool{New: func() any { return new(flight) }}

@@ -301,14 +301,29 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			if xff, ok := pr.In.Header["X-Forwarded-For"]; ok && p.peerTrusted(pr.In) {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
+			if p.cfg.Paths.AsSent {
+				pathAsSent(pr.Out.URL, pr.In)
+			}
+			p.dropIdentityFields(pr.Out.Header)
 			pr.SetURL(up)
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		Transport:      tr,
-		BufferPool:     new(bufferPool),
-		ErrorHandler:   p.BadGateway,
-		ModifyResponse: checkResponse,
+		Transport:  tr,
+		BufferPool: new(bufferPool),
+		// Its own complaints (a client gone during a body copy) through
+		// the structured logger, never plain lines on stderr.
+		ErrorLog:     slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		ErrorHandler: p.BadGateway,
+		ModifyResponse: func(res *http.Response) error {
+			if err := checkResponse(res); err != nil {
+				return err
+			}
+			if res.StatusCode == http.StatusSwitchingProtocols {
+				tunnelIdle(res, p.cfg.Timeouts.TunnelIdle)
+			}
+			return nil
+		},
 	}
 }
 
@@ -335,6 +350,15 @@ func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) {
 // BadGateway answers a request the upstream did not answer (both engines:
 // the event loop calls it through its Config.BadGateway).
 func (p *Proxy) BadGateway(w http.ResponseWriter, r *http.Request, err error) {
+	if status := bodyStatus(r); status != 0 {
+		// The client's body failed the exchange (net-http engine; the
+		// event loop answers these itself): 400 for a malformed one, 408
+		// for one below the minimum rate, and the connection closes.
+		p.log.Debug("l7 proxy: request body failed", "path", r.URL.Path, "err", err)
+		w.Header().Set("Connection", "close")
+		refuseRequest(w, status, "request body")
+		return
+	}
 	p.upstreamErrors.Add(1)
 	if r.Context().Err() == nil {
 		p.log.Warn("l7 proxy: upstream request failed", "upstream", p.cfg.Upstream.Host, "path", r.URL.Path, "err", err)
@@ -617,18 +641,21 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 // concurrency limits and rate limits; a request no route matches gets only
 // the global concurrency limit.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if refuseNetHTTP(w, r) {
+	if refuseNetHTTP(w, r) || !p.normalizeNetHTTP(w, r) {
 		return
 	}
 	rt, exempt := p.pick(r)
 	ex := p.begin(p.obsOf(rt, exempt))
 	ex.start = time.Now()
-	ex.sw.ResponseWriter = w
+	ex.sw.ResponseWriter = p.holdTransfers(ex, w, r)
 	ww := &ex.sw
 	r = withExchange(r, ex)
 	// Deferred: ReverseProxy panics (http.ErrAbortHandler) on a response
 	// it could not finish copying; the request still ends here.
-	defer func() { ex.finish(r, ex.sw.status, time.Since(ex.start), ex.upstream, ex.forwarded) }()
+	defer func() {
+		ex.endTransfers()
+		ex.finish(r, ex.sw.status, time.Since(ex.start), ex.upstream, ex.forwarded)
+	}()
 	switch {
 	case exempt:
 		p.countExempt(rt)

@@ -27,12 +27,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -54,10 +52,8 @@ const (
 	// connection's wait for its next request.
 	ReadHeaderTimeout = 10 * time.Second
 	IdleTimeout       = 2 * time.Minute
-	// BodyReadTimeout bounds the wait for the next bytes of a request body,
-	// under both engines (each read of the body must make progress within
-	// it; a body that stalls longer ends the request).
-	BodyReadTimeout = proxy.BodyReadTimeout
+	// (Request bodies, responses and tunnels: the policy's l7.timeouts,
+	// proxy.Config.Timeouts.)
 )
 
 // Options are the stage's collaborators.
@@ -72,8 +68,6 @@ type Options struct {
 	// (0: GOMAXPROCS at New). edgectl run passes the number of cores it
 	// found before raising GOMAXPROCS by one.
 	Loops int
-	// BodyReadTimeout replaces the default BodyReadTimeout (tests).
-	BodyReadTimeout time.Duration
 }
 
 // Stage is the L7 stage. Its zero value is not usable: call New.
@@ -101,9 +95,6 @@ type Stage struct {
 func New(opts Options) *Stage {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.BodyReadTimeout <= 0 {
-		opts.BodyReadTimeout = BodyReadTimeout
 	}
 	return &Stage{opts: opts, log: opts.Logger, closing: make(chan struct{})}
 }
@@ -202,7 +193,9 @@ func (s *Stage) engineKey(cfg *proxy.Config) string {
 	if e == proxy.EngineNetHTTP {
 		return string(e)
 	}
-	return string(e) + " " + cfg.Upstream.String() + " " + strconv.Itoa(s.loops(cfg))
+	return string(e) + " " + cfg.Upstream.String() + " " + strconv.Itoa(s.loops(cfg)) +
+		// The request rules the event loop holds (proxy.Config.ApplyRules).
+		fmt.Sprintf(" %+v %q %+v", cfg.Paths, cfg.IdentityFields, cfg.Timeouts)
 }
 
 // Prepare readies the stage to serve cfg (nil: no L7 stage) without
@@ -393,7 +386,7 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 	}
 	switch in.engine {
 	case proxy.EngineEventLoop:
-		srv, err := eventloop.New(eventloop.Config{
+		ec := eventloop.Config{
 			Upstream:          cfg.Upstream,
 			Handler:           in,
 			TrustedPeer:       in.trusted,
@@ -403,9 +396,10 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 			ReadHeaderTimeout: ReadHeaderTimeout,
 			IdleTimeout:       IdleTimeout,
 			ShutdownTimeout:   ShutdownTimeout,
-			BodyReadTimeout:   s.opts.BodyReadTimeout,
 			AcceptPaused:      func(err error) { in.cur.Load().AcceptPaused(err) },
-		})
+		}
+		cfg.ApplyRules(&ec)
+		srv, err := eventloop.New(ec)
 		if err != nil {
 			_ = ln.Close()
 			sock.release()
@@ -414,9 +408,10 @@ func (s *Stage) newInstance(cfg *proxy.Config, key string, sock *socket, p *prox
 		in.serve = func(ctx context.Context) error { return srv.Serve(ctx, ln) }
 	case proxy.EngineNetHTTP:
 		srv := &http.Server{
-			Handler:           bodyTimeout{h: in, timeout: s.opts.BodyReadTimeout},
+			Handler:           in,
 			ReadHeaderTimeout: ReadHeaderTimeout,
 			IdleTimeout:       IdleTimeout,
+			MaxHeaderBytes:    proxy.MaxHeaderBytes,
 			ErrorLog:          slog.NewLogLogger(in.log.Handler(), slog.LevelDebug),
 		}
 		in.serve = func(ctx context.Context) error {
@@ -576,62 +571,4 @@ func (in *instance) trusted(a netip.Addr) bool { return in.cur.Load().Trusted(a)
 
 func (in *instance) badGateway(w http.ResponseWriter, r *http.Request, err error) {
 	in.cur.Load().BadGateway(w, r, err)
-}
-
-// bodyTimeout gives a request body under the net/http engine a read
-// timeout: each read must make progress within BodyReadTimeout. The
-// deadline is lifted once the body ended, so a slow upstream answer is not
-// cut off (net/http's background read watches the connection meanwhile).
-type bodyTimeout struct {
-	h       http.Handler
-	timeout time.Duration
-}
-
-func (b bodyTimeout) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var db *deadlineBody
-	if r.Body != nil && r.Body != http.NoBody {
-		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(b.timeout)) == nil {
-			db = &deadlineBody{ReadCloser: r.Body, rc: rc, timeout: b.timeout}
-			r.Body = db
-		}
-	}
-	b.h.ServeHTTP(w, r)
-	if db != nil && db.failed {
-		// The rest of the body is unread: the connection cannot carry
-		// another request. A full-duplex request (the proxy serves bodies
-		// full duplex) leaves that to the handler, so it is closed here,
-		// after the answer is flushed.
-		if c, _, err := db.rc.Hijack(); err == nil {
-			_ = c.Close()
-		}
-	}
-}
-
-type deadlineBody struct {
-	io.ReadCloser
-	rc      *http.ResponseController
-	timeout time.Duration
-	done    bool
-	failed  bool // a read failed before the body's end
-}
-
-func (d *deadlineBody) Read(p []byte) (int, error) {
-	n, err := d.ReadCloser.Read(p)
-	switch {
-	case d.done:
-	case errors.Is(err, io.EOF):
-		// The whole body came: the deadline is lifted. (After any other
-		// error it stays: the connection is given up.)
-		d.done = true
-		_ = d.rc.SetReadDeadline(time.Time{})
-	case err != nil:
-		d.done, d.failed = true, true
-	case n > 0:
-		_ = d.rc.SetReadDeadline(time.Now().Add(d.timeout))
-	}
-	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		return n, fmt.Errorf("request body: no bytes for %v: %w", d.timeout, err)
-	}
-	return n, err
 }

@@ -438,9 +438,9 @@ func TestCloseWaitsForRequests(t *testing.T) {
 // complete body is not cut off by it.
 func TestBodyReadTimeout(t *testing.T) {
 	up := startUpstream(t)
-	s := newStage(t, Options{BodyReadTimeout: 300 * time.Millisecond})
+	s := newStage(t, Options{})
 	addr := freeAddr(t)
-	apply(t, s, section(addr, up.srv.URL, "net-http", ""))
+	apply(t, s, section(addr, up.srv.URL, "net-http", "timeouts: {body: 300ms}\n"))
 
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
