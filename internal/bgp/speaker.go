@@ -341,7 +341,6 @@ func guardName(why string) string {
 	return "other"
 }
 
-
 func (s *Speaker) withdrawLocked(e *entry, why string, now time.Time) {
 	if e.uuid != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
