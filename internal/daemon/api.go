@@ -212,6 +212,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 	d.explainRoutes(mux)
 	d.fleetRoutes(mux)
 	d.shieldRoutes(mux)
+	d.bgpRoutes(mux)
 	return mux
 }
 

@@ -1,0 +1,73 @@
+package control
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// BGPReport is the answer of GET /v1/bgp (edgectl bgp list): the BGP
+// speaker's sessions and announcements.
+type BGPReport struct {
+	Enabled          bool     `json:"enabled"` // the policy has a bgp: section
+	DryRun           bool     `json:"dry_run"`
+	LocalAS          uint32   `json:"local_as,omitempty"`
+	RouterID         string   `json:"router_id,omitempty"`
+	Community        string   `json:"community,omitempty"`
+	MaxAnnouncements int      `json:"max_announcements,omitempty"`
+	Destinations     []string `json:"destinations"`
+	// OfferedBps is the host's offered rate (every packet the data plane
+	// saw, bits per second, over the last second); UplinkBps is the
+	// automatic blackhole's threshold (uplink x fraction), 0: none.
+	OfferedBps    float64           `json:"offered_bps"`
+	UplinkBps     float64           `json:"threshold_bps,omitempty"`
+	Peers         []BGPPeer         `json:"peers"`
+	Announcements []BGPAnnouncement `json:"announcements"`
+	Error         string            `json:"error,omitempty"` // why the configured speaker is not running
+}
+
+// BGPPeer is one session.
+type BGPPeer struct {
+	Address  string    `json:"address"`
+	AS       uint32    `json:"as"`
+	State    string    `json:"state"`
+	Uptime   time.Time `json:"established_since,omitzero"`
+	Families []string  `json:"families"`
+}
+
+// BGPAnnouncement is one route the speaker holds.
+type BGPAnnouncement struct {
+	ID      uint64    `json:"id"`
+	Kind    string    `json:"kind"`   // blackhole, flowspec
+	Route   string    `json:"route"`  // the prefix, or the FlowSpec components
+	Action  string    `json:"action"` // community 65535:666, discard, rate N B/s
+	Origin  string    `json:"origin"` // shield, uplink, cli
+	Reason  string    `json:"reason"`
+	By      string    `json:"by,omitempty"`
+	Since   time.Time `json:"since"`
+	Expires time.Time `json:"expires"`
+	State   string    `json:"state"` // announced, dry-run, failed
+	Error   string    `json:"error,omitempty"`
+}
+
+// BGPRequest is the body of POST /v1/bgp/{blackhole,withdraw}.
+type BGPRequest struct {
+	Prefix string   `json:"prefix,omitempty"` // blackhole: an address or prefix
+	TTL    Duration `json:"ttl,omitempty"`    // blackhole: 0 is bgp.blackhole.ttl
+	Reason string   `json:"reason,omitempty"`
+	ID     uint64   `json:"id,omitempty"`  // withdraw
+	All    bool     `json:"all,omitempty"` // withdraw every announcement
+	By     string   `json:"by,omitempty"`
+}
+
+// BGP returns the speaker's report.
+func (c *Client) BGP(ctx context.Context) (BGPReport, error) {
+	var r BGPReport
+	return r, c.do(ctx, http.MethodGet, "/v1/bgp", nil, nil, &r)
+}
+
+// BGPDo sends a blackhole or withdraw request.
+func (c *Client) BGPDo(ctx context.Context, verb string, req BGPRequest) (BGPReport, error) {
+	var r BGPReport
+	return r, c.do(ctx, http.MethodPost, "/v1/bgp/"+verb, nil, req, &r)
+}
