@@ -282,13 +282,18 @@ func (d *Daemon) bgpShieldChange(c shield.Change) {
 		return
 	}
 	fp := *a.Fingerprint
+	note := ""
 	if fp.Mask&shield.FTTL != 0 {
-		// FlowSpec has no TTL component: without it the rule would
-		// match more than the fingerprint (the legitimate traffic the
-		// TTL told apart).
-		d.log.Warn("bgp: fingerprint not announced: FlowSpec cannot match its TTL", "shield_action", a.ID,
-			"fingerprint", fp.String())
-		return
+		// FlowSpec has no TTL component (RFC 8955): the rule matches the
+		// fingerprint's other fields at every TTL. With nothing but the
+		// protocol left it would match all of it: not announced.
+		fp.Mask &^= shield.FTTL
+		note = fmt.Sprintf(" (ttl %d not matched: FlowSpec has no TTL component)", fp.TTL)
+		if fp.Mask&^shield.FProto == 0 {
+			d.log.Warn("bgp: fingerprint not announced: without its TTL FlowSpec would match the whole protocol",
+				"shield_action", a.ID, "fingerprint", a.Fingerprint.String())
+			return
+		}
 	}
 	for _, dst := range p.Destinations {
 		if fp.Mask&shield.FSrc != 0 && fp.Src.Addr().Is4() != dst.Addr().Is4() {
@@ -317,8 +322,9 @@ func (d *Daemon) bgpShieldChange(c shield.Change) {
 			m.Src = fp.Src
 		}
 		ann := bgp.Announcement{Kind: bgp.FlowSpec, Match: &m, RateBytes: p.FlowSpecRate.PerSecond(), Origin: "shield",
-			Ref:     ref,
-			Reason:  fmt.Sprintf("shield action %d: %s surging at %.0f/s (baseline %.0f/s): %s", a.ID, a.Key, a.Rate, a.Baseline, a.Reason),
+			Ref: ref,
+			Reason: fmt.Sprintf("shield action %d: %s surging at %.0f/s (baseline %.0f/s), fingerprint %s%s", a.ID, a.Key, a.Rate,
+				a.Baseline, a.Fingerprint, note),
 			Expires: a.Expires}
 		sp.Announce(ann, c.At) // a refusal is logged, audited and counted
 	}

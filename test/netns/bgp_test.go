@@ -215,6 +215,18 @@ func TestBGPBlackhole(t *testing.T) {
 		t.Errorf("blackhole route without the BLACKHOLE community:\n%s", route)
 	}
 
+	// Withdrawn at its TTL, by the speaker itself.
+	if out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "blackhole", "198.18.0.2", "--ttl", "3s"); err != nil {
+		t.Fatalf("bgp blackhole --ttl 3s: %v: %s", err, out)
+	}
+	announced := time.Now()
+	waitFor(t, "BIRD has the 3s blackhole", func() bool { _, ok := b.route("master4", "198.18.0.2/32"); return ok })
+	waitFor(t, "BIRD drops the 3s blackhole at its TTL", func() bool { _, ok := b.route("master4", "198.18.0.2/32"); return !ok })
+	if d := time.Since(announced); d < 3*time.Second || d > 6*time.Second {
+		t.Errorf("the 3s blackhole was withdrawn %v after its announcement: want 3s to 6s (the speaker looks once a second)", d)
+	}
+	ttlGone := time.Since(announced)
+
 	out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "blackhole", "198.18.77.5")
 	if err == nil || !strings.Contains(string(out), "lists.allow") {
 		t.Errorf("blackhole of an allow-listed address: err %v, output %s: want a refusal naming lists.allow", err, out)
@@ -250,7 +262,8 @@ func TestBGPBlackhole(t *testing.T) {
 			t.Errorf("audit file has no %s record:\n%s", op, audit)
 		}
 	}
-	report(t, "dry run, announce, guard, restart, withdraw in %v", time.Since(start).Round(time.Millisecond))
+	report(t, "dry run, announce, ttl (3s blackhole withdrawn after %v), guard, restart, withdraw in %v",
+		ttlGone.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
 // TestBGPFlowSpecFromShield: the shield finds a UDP flood's fingerprint
@@ -262,7 +275,12 @@ func TestBGPFlowSpecFromShield(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	port := uint16(2000 + rand.New(rand.NewPCG(seed, 27)).IntN(28000))
 	t.Logf("seed %d: flood to udp/%d", seed, port)
-	s := newShieldScenario(t)
+	s := newScenario(t, 2, kgBotNets()...)
+	// The bots' /24s are an ASN of their own that sent nothing before.
+	asnData := strings.Replace(shASNData, "198.18.100.0\t198.18.199.255\t64501", "198.18.100.0\t198.18.199.255\t64503", 1)
+	if err := os.WriteFile(filepath.Join(filepath.Dir(s.lab.PolicyPath()), "ip2asn.tsv"), []byte(asnData), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	b := startBird(t, s)
 	const ttl = 8 * time.Second
 	p := shPolicy(s, "enforce")
@@ -296,7 +314,9 @@ func TestBGPFlowSpecFromShield(t *testing.T) {
 	if fe != nil {
 		t.Fatal(fe)
 	}
-	for _, want := range []string{"dst 198.18.0.1/32", "proto 17", fmt.Sprintf("dport %d", port), "(generic, 0x80060000, 0x0)"} {
+	// 100-byte payloads: IPv4 total length 128; IPv6 (RFC 8956) the
+	// length after the 40-byte header, 88.
+	for _, want := range []string{"dst 198.18.0.1/32", "proto 17", fmt.Sprintf("dport %d", port), "length 128;", "(generic, 0x80060000, 0x0)"} {
 		if !strings.Contains(r4, want) {
 			t.Errorf("IPv4 FlowSpec rule has no %q:\n%s", want, r4)
 		}
@@ -304,7 +324,7 @@ func TestBGPFlowSpecFromShield(t *testing.T) {
 	if !ok6 {
 		t.Errorf("no IPv6 FlowSpec rule for the flood:\n%q", b.routes("flowtab6"))
 	}
-	for _, want := range []string{"dst fd00::1/128", "next header 17", fmt.Sprintf("dport %d", port), "(generic, 0x80060000, 0x0)"} {
+	for _, want := range []string{"dst fd00::1/128", "next header 17", fmt.Sprintf("dport %d", port), "length 88;", "(generic, 0x80060000, 0x0)"} {
 		if ok6 && !strings.Contains(r6, want) {
 			t.Errorf("IPv6 FlowSpec rule has no %q:\n%s", want, r6)
 		}
