@@ -25,7 +25,7 @@ reason and expiry (dry-run ones too); 'blackhole' announces one by hand; 'withdr
 one (or all) back (docs/bgp.md).`,
 		Args: cobra.NoArgs,
 	}
-	cmd.AddCommand(newBGPListCommand(), newBGPBlackholeCommand(), newBGPWithdrawCommand())
+	cmd.AddCommand(newBGPListCommand(), newBGPBlackholeCommand(), newBGPFlowSpecCommand(), newBGPWithdrawCommand())
 	return cmd
 }
 
@@ -77,6 +77,54 @@ bgp.dry_run (the default) it is listed and logged, not announced.`,
 			return usageError{fmt.Errorf("bad --ttl %s: use a positive duration", ttl)}
 		}
 		r, err := newClient(cmd).BGPDo(cmd.Context(), "blackhole", control.BGPRequest{Prefix: args[0], TTL: control.Duration(ttl),
+			Reason: reason, By: operator()})
+		if err != nil {
+			return err
+		}
+		if output == "json" {
+			return printJSON(cmd.OutOrStdout(), r.Announcements)
+		}
+		return writeBGPAnnouncements(cmd.OutOrStdout(), r.Announcements)
+	}
+	return cmd
+}
+
+func newBGPFlowSpecCommand() *cobra.Command {
+	var output, reason string
+	var ttl time.Duration
+	var f control.BGPFlowSpec
+	cmd := &cobra.Command{
+		Use:   "flowspec --dst ADDR [MATCH...]",
+		Short: "Announce a FlowSpec rule (discard, or --rate) until --ttl",
+		Long: `Announces a FlowSpec rule (RFC 8955; IPv6 RFC 8956) for traffic to --dst: the components given
+(--src, --proto, --dport, --sport, --length, --tcp-flags, --fragment) must all match. The action
+is discard, or with --rate a traffic-rate in bytes per second. The same guards as blackhole apply
+to --dst and --src; a neighbor must carry ipv4-flowspec or ipv6-flowspec.`,
+		Args: cobra.NoArgs,
+	}
+	addOutputFlag(cmd, &output)
+	cmd.Flags().StringVar(&f.Dst, "dst", "", "destination address or prefix (required)")
+	cmd.Flags().StringVar(&f.Src, "src", "", "source prefix")
+	cmd.Flags().StringVar(&f.Proto, "proto", "", "protocol: tcp, udp, icmp, icmpv6 or a number")
+	cmd.Flags().Uint16Var(&f.DPort, "dport", 0, "destination port (tcp, udp)")
+	cmd.Flags().Uint16Var(&f.SPort, "sport", 0, "source port (tcp, udp)")
+	cmd.Flags().Uint16Var(&f.Length, "length", 0, "IP total length in bytes (IPv6: 40 + payload; announced as the payload length)")
+	cmd.Flags().StringVar(&f.TCPFlags, "tcp-flags", "", "exactly these TCP flags, like 0x02 (SYN)")
+	cmd.Flags().StringVar(&f.Fragment, "fragment", "", "not-a-fragment, is-fragment, first-fragment, last-fragment or dont-fragment")
+	cmd.Flags().StringVar(&f.Rate, "rate", "", "traffic-rate instead of discard, like 1MB/s or 10Mbit/s")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "how long it stays announced (default bgp.blackhole.ttl; 1s to 168h)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the list and the audit log")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := checkOutput(output); err != nil {
+			return err
+		}
+		if f.Dst == "" {
+			return usageError{fmt.Errorf("flowspec needs --dst")}
+		}
+		if ttl < 0 {
+			return usageError{fmt.Errorf("bad --ttl %s: use a positive duration", ttl)}
+		}
+		r, err := newClient(cmd).BGPDo(cmd.Context(), "flowspec", control.BGPRequest{FlowSpec: &f, TTL: control.Duration(ttl),
 			Reason: reason, By: operator()})
 		if err != nil {
 			return err

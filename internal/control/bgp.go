@@ -50,14 +50,29 @@ type BGPAnnouncement struct {
 	Error   string    `json:"error,omitempty"`
 }
 
-// BGPRequest is the body of POST /v1/bgp/{blackhole,withdraw}.
+// BGPRequest is the body of POST /v1/bgp/{blackhole,flowspec,withdraw}.
 type BGPRequest struct {
-	Prefix string   `json:"prefix,omitempty"` // blackhole: an address or prefix
-	TTL    Duration `json:"ttl,omitempty"`    // blackhole: 0 is bgp.blackhole.ttl
+	Prefix   string       `json:"prefix,omitempty"` // blackhole: an address or prefix
+	FlowSpec *BGPFlowSpec `json:"flowspec,omitempty"`
+	TTL      Duration     `json:"ttl,omitempty"` // blackhole, flowspec: 0 is bgp.blackhole.ttl
 	Reason string   `json:"reason,omitempty"`
 	ID     uint64   `json:"id,omitempty"`  // withdraw
 	All    bool     `json:"all,omitempty"` // withdraw every announcement
 	By     string   `json:"by,omitempty"`
+}
+
+// BGPFlowSpec is an operator's FlowSpec rule: Dst is required, empty
+// fields match anything.
+type BGPFlowSpec struct {
+	Dst      string `json:"dst"`
+	Src      string `json:"src,omitempty"`
+	Proto    string `json:"proto,omitempty"` // tcp, udp, icmp, icmpv6 or a number
+	DPort    uint16 `json:"dport,omitempty"`
+	SPort    uint16 `json:"sport,omitempty"`
+	Length   uint16 `json:"length,omitempty"`    // IP total length (IPv6: 40 + payload)
+	TCPFlags string `json:"tcp_flags,omitempty"` // exact flags, 0x02 or 2
+	Fragment string `json:"fragment,omitempty"`
+	Rate     string `json:"rate,omitempty"` // traffic-rate (bytes or bits per second); empty: discard
 }
 
 // BGP returns the speaker's report.

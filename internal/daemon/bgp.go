@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -441,6 +442,13 @@ func (d *Daemon) BGPDo(verb string, req control.BGPRequest, by string) error {
 		_, err = sp.Announce(bgp.Announcement{Kind: bgp.Blackhole, Prefix: pfx, Origin: "cli", Reason: fmt.Sprintf("%.200s", reason),
 			By: by, Expires: now.Add(ttl)}, now)
 		return err
+	case "flowspec":
+		ann, err := flowSpecRequest(req, p, by, now)
+		if err != nil {
+			return err
+		}
+		_, err = sp.Announce(ann, now)
+		return err
 	case "withdraw":
 		switch {
 		case req.All:
@@ -459,12 +467,95 @@ func (d *Daemon) BGPDo(verb string, req control.BGPRequest, by string) error {
 	return fmt.Errorf("unknown bgp request %q", verb)
 }
 
+// flowSpecRequest is an operator's FlowSpec rule as an announcement.
+func flowSpecRequest(req control.BGPRequest, p *policy.BGP, by string, now time.Time) (bgp.Announcement, error) {
+	f := req.FlowSpec
+	if f == nil {
+		return bgp.Announcement{}, errors.New("flowspec: no rule in the request")
+	}
+	prefix := func(what, s string) (netip.Prefix, error) {
+		if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" && !a.Is4In6() {
+			return netip.PrefixFrom(a, a.BitLen()), nil
+		}
+		q, err := policy.ParsePrefix(s)
+		if err != nil || q.Addr().Is4In6() {
+			return netip.Prefix{}, fmt.Errorf("flowspec %s %q: want an address or a prefix (no IPv4-mapped IPv6)", what, s)
+		}
+		return q, nil
+	}
+	var m bgp.Match
+	var err error
+	if m.Dst, err = prefix("--dst", f.Dst); err != nil {
+		return bgp.Announcement{}, err
+	}
+	if f.Src != "" {
+		if m.Src, err = prefix("--src", f.Src); err != nil {
+			return bgp.Announcement{}, err
+		}
+		if m.Src.Addr().Is4() != m.Dst.Addr().Is4() {
+			return bgp.Announcement{}, fmt.Errorf("flowspec: --src %s and --dst %s are of different families", m.Src, m.Dst)
+		}
+	}
+	if f.Proto != "" {
+		n, ok := shield.ParseProto(f.Proto)
+		if !ok || n == 0 {
+			return bgp.Announcement{}, fmt.Errorf("flowspec --proto %q: want tcp, udp, icmp, icmpv6 or 1 to 255", f.Proto)
+		}
+		m.Proto = n
+	}
+	if (f.DPort != 0 || f.SPort != 0) && m.Proto != 6 && m.Proto != 17 {
+		return bgp.Announcement{}, errors.New("flowspec: ports need --proto tcp or udp")
+	}
+	m.DPort, m.SPort = f.DPort, f.SPort
+	if f.Length != 0 {
+		if m.Dst.Addr().Is6() && f.Length < 40 {
+			return bgp.Announcement{}, fmt.Errorf("flowspec --length %d: an IPv6 packet is at least 40 bytes", f.Length)
+		}
+		m.Len = f.Length
+	}
+	if f.TCPFlags != "" {
+		if m.Proto != 6 {
+			return bgp.Announcement{}, errors.New("flowspec: --tcp-flags needs --proto tcp")
+		}
+		v, err := strconv.ParseUint(f.TCPFlags, 0, 8)
+		if err != nil {
+			return bgp.Announcement{}, fmt.Errorf("flowspec --tcp-flags %q: want a byte like 0x02 (SYN) or 0x12 (SYN+ACK)", f.TCPFlags)
+		}
+		m.TCPFlags, m.HasTCPFlags = uint8(v), true
+	}
+	if !bgp.ValidFragment(f.Fragment) {
+		return bgp.Announcement{}, fmt.Errorf("flowspec --fragment %q: want not-a-fragment, is-fragment, first-fragment, last-fragment or dont-fragment", f.Fragment)
+	}
+	m.Fragment = f.Fragment
+	var rate float64
+	if f.Rate != "" {
+		r, u, err := policy.ParseRate(f.Rate)
+		if err != nil || u != policy.Bytes || r.PerSecond() < 1 || r.PerSecond() > 1e13 {
+			return bgp.Announcement{}, fmt.Errorf("flowspec --rate %q: want bits or bytes per second, like 1MB/s or 10Mbit/s (8bit/s to 80Tbit/s)", f.Rate)
+		}
+		rate = r.PerSecond()
+	}
+	ttl := time.Duration(req.TTL)
+	if ttl == 0 {
+		ttl = p.BlackholeTTL
+	}
+	if ttl < time.Second || ttl > 7*24*time.Hour {
+		return bgp.Announcement{}, fmt.Errorf("flowspec --ttl %s: want 1s to 168h", ttl)
+	}
+	reason := req.Reason
+	if reason == "" {
+		reason = "operator"
+	}
+	return bgp.Announcement{Kind: bgp.FlowSpec, Match: &m, RateBytes: rate, Origin: "cli", Reason: fmt.Sprintf("%.200s", reason),
+		By: by, Expires: now.Add(ttl)}, nil
+}
+
 // bgpRoutes adds the speaker's endpoints to the control API.
 func (d *Daemon) bgpRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/bgp", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, d.BGPReport(r.Context()))
 	})
-	for _, verb := range []string{"blackhole", "withdraw"} {
+	for _, verb := range []string{"blackhole", "flowspec", "withdraw"} {
 		mux.Handle("POST /v1/bgp/"+verb, d.rootOnly(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			var req control.BGPRequest
 			if !decodeBody(w, r, maxSmallBody, "bgp request", &req) {
