@@ -55,10 +55,10 @@ type BGPRequest struct {
 	Prefix   string       `json:"prefix,omitempty"` // blackhole: an address or prefix
 	FlowSpec *BGPFlowSpec `json:"flowspec,omitempty"`
 	TTL      Duration     `json:"ttl,omitempty"` // blackhole, flowspec: 0 is bgp.blackhole.ttl
-	Reason string   `json:"reason,omitempty"`
-	ID     uint64   `json:"id,omitempty"`  // withdraw
-	All    bool     `json:"all,omitempty"` // withdraw every announcement
-	By     string   `json:"by,omitempty"`
+	Reason   string       `json:"reason,omitempty"`
+	ID       uint64       `json:"id,omitempty"`  // withdraw
+	All      bool         `json:"all,omitempty"` // withdraw every announcement
+	By       string       `json:"by,omitempty"`
 }
 
 // BGPFlowSpec is an operator's FlowSpec rule: Dst is required, empty
