@@ -235,6 +235,31 @@ func TestBGPBlackhole(t *testing.T) {
 		t.Errorf("blackhole of a /24: err %v, output %s: want a refusal naming bgp.widths", err, out)
 	}
 
+	// An operator's FlowSpec rule with every component and a rate.
+	if out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "flowspec", "--dst", "198.18.0.1", "--src", "198.18.100.0/24", "--proto", "tcp",
+		"--dport", "443", "--sport", "1024", "--length", "60", "--tcp-flags", "0x02", "--fragment", "not-a-fragment",
+		"--rate", "1Mbit/s", "--ttl", "1m"); err != nil {
+		t.Fatalf("bgp flowspec: %v: %s", err, out)
+	}
+	var fs string
+	waitFor(t, "BIRD has the operator's FlowSpec rule", func() bool {
+		var ok bool
+		fs, ok = b.route("flowtab4", "dport 443")
+		return ok
+	})
+	// Exactly SYN: SYN set and every other flag clear. 125000 B/s as an
+	// IEEE float: 0x47f42400 (RFC 8955 7.3).
+	for _, want := range []string{"dst 198.18.0.1/32", "src 198.18.100.0/24", "proto 6", "sport 1024", "length 60",
+		"tcp flags 0x2/0x2 && 0x0/0xfd", "fragment !is_fragment", "(generic, 0x80060000, 0x47f42400)"} {
+		if !strings.Contains(fs, want) {
+			t.Errorf("operator's FlowSpec rule has no %q:\n%s", want, fs)
+		}
+	}
+	if out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "flowspec", "--dst", "198.18.0.1", "--src", "198.18.77.0/25", "--proto", "udp"); err == nil ||
+		!strings.Contains(string(out), "lists.allow") {
+		t.Errorf("FlowSpec rule matching an allow-listed source: err %v, output %s: want a refusal naming lists.allow", err, out)
+	}
+
 	if err := s.lab.Daemon.Stop(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -252,10 +277,13 @@ func TestBGPBlackhole(t *testing.T) {
 	if rs := b.routes("master4"); len(rs) != 1 {
 		t.Errorf("after the restart BIRD has %d routes, want 1 (the guard's refusals stay refused): %q", len(rs), rs)
 	}
+	if _, ok := b.route("flowtab4", "dport 443"); !ok {
+		t.Errorf("after the restart BIRD has no FlowSpec rule: %q", b.routes("flowtab4"))
+	}
 	if out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "withdraw", "--all"); err != nil {
 		t.Fatalf("bgp withdraw --all: %v: %s", err, out)
 	}
-	waitFor(t, "BIRD drops the withdrawn route", func() bool { return len(b.routes("master4")) == 0 })
+	waitFor(t, "BIRD drops the withdrawn routes", func() bool { return len(b.routes("master4"))+len(b.routes("flowtab4")) == 0 })
 	audit, _ := os.ReadFile(filepath.Join(filepath.Dir(s.lab.Daemon.Socket), "state", "bgp-audit.jsonl"))
 	for _, op := range []string{`"op":"announce"`, `"op":"refuse"`, `"op":"withdraw"`} {
 		if !bytes.Contains(audit, []byte(op)) {
@@ -286,7 +314,9 @@ func TestBGPFlowSpecFromShield(t *testing.T) {
 	p := shPolicy(s, "enforce")
 	p = strings.Replace(p, fmt.Sprintf("learn_for: %v", shLearnFor), "learn_for: 3s", 1)
 	p = strings.Replace(p, fmt.Sprintf("ttl: %v", shTTL), fmt.Sprintf("ttl: %v", ttl), 1)
-	if err := s.lab.WritePolicy(p + "sampling: {one_in: 16}\n" + bgpSection(false, "")); err != nil {
+	// The flood's 3000/s of 142-byte frames is 3.4 Mbit/s: above half
+	// of a 2 Mbit/s uplink, the automatic blackhole is announced too.
+	if err := s.lab.WritePolicy(p + "sampling: {one_in: 16}\n" + bgpSection(false, "  uplink: {rate: 2Mbit/s, fraction: 50%}\n  blackhole: {ttl: 10s}\n")); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.lab.Daemon.Start(s.ctx); err != nil {
@@ -310,6 +340,19 @@ func TestBGPFlowSpecFromShield(t *testing.T) {
 	})
 	got := time.Since(start)
 	r6, ok6 := b.route("flowtab6", fmt.Sprintf("dport %d", port))
+	waitFor(t, "BIRD has the uplink blackhole", func() bool {
+		_, ok := b.route("master4", "198.18.0.1/32", "(65535,666)")
+		return ok
+	})
+	var up control.BGPAnnouncement
+	for _, a := range s.bgpList().Announcements {
+		if a.Kind == "blackhole" {
+			up = a
+		}
+	}
+	if up.Origin != "uplink" || !strings.Contains(up.Reason, "offered") {
+		t.Errorf("blackhole announcement %+v: want origin uplink with the offered rate as its reason", up)
+	}
 	wg.Wait()
 	if fe != nil {
 		t.Fatal(fe)
@@ -342,6 +385,6 @@ func TestBGPFlowSpecFromShield(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	report(t, "flowspec for udp/%d at BIRD %v into the flood; withdrawn %v after it (action ttl %v)\n%s",
-		port, got.Round(time.Millisecond), time.Since(ended).Round(time.Millisecond), ttl, r4)
+	report(t, "flowspec for udp/%d at BIRD %v into the flood; withdrawn %v after it (action ttl %v)\n%s\n%s\nuplink blackhole: %s",
+		port, got.Round(time.Millisecond), time.Since(ended).Round(time.Millisecond), ttl, r4, r6, up.Reason)
 }
