@@ -217,16 +217,5 @@ var (
 	ErrNotFound = errors.New("no such announcement")
 )
 
-// ParseCommunity reads "65535:666".
-func ParseCommunity(s string) (uint32, error) {
-	a, b, ok := strings.Cut(s, ":")
-	x, err1 := strconv.ParseUint(a, 10, 16)
-	y, err2 := strconv.ParseUint(b, 10, 16)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("community %q: want ASN:VALUE, each 0-65535, like 65535:666", s)
-	}
-	return uint32(x)<<16 | uint32(y), nil
-}
-
 // FormatCommunity writes "65535:666".
 func FormatCommunity(c uint32) string { return fmt.Sprintf("%d:%d", c>>16, c&0xffff) }
