@@ -194,13 +194,14 @@ func writeBGP(w io.Writer, r control.BGPReport) error {
 		fmt.Fprintf(w, "error: %s\n", r.Error)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nNEIGHBOR\tAS\tSTATE\tSINCE\tFAMILIES")
+	fmt.Fprintln(tw, "\nNEIGHBOR\tAS\tSTATE\tSINCE\tRECEIVED\tFAMILIES")
 	for _, p := range r.Peers {
 		since := "-"
 		if !p.Uptime.IsZero() {
 			since = p.Uptime.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", p.Address, p.AS, p.State, since, strings.Join(p.Families, ","))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d (%d kept)\t%s\n", p.Address, p.AS, p.State, since, p.Received, p.Accepted,
+			strings.Join(p.Families, ","))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

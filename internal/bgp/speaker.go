@@ -38,6 +38,10 @@ type Event struct {
 	Err          string       `json:"error,omitempty"`
 }
 
+// maxReceived is how many routes of one family a peer may send us (we
+// use none): past it the session is reset.
+const maxReceived = 1000
+
 // Options configure a speaker.
 type Options struct {
 	Logger *slog.Logger
@@ -61,10 +65,12 @@ type Speaker struct {
 	cfg     Config
 	started bool // cfg's sessions are running
 	srv     *server.BgpServer
-	anns    map[uint64]*entry
-	nextID  uint64
-	counts  map[Op]uint64
-	refused map[string]uint64 // by guard
+	// policySet: srv has the import policy that rejects learned routes.
+	policySet bool
+	anns      map[uint64]*entry
+	nextID    uint64
+	counts    map[Op]uint64
+	refused   map[string]uint64 // by guard
 }
 
 // New is a speaker with no sessions: Configure starts them.
@@ -119,6 +125,25 @@ func (s *Speaker) startLocked(ctx context.Context) error {
 		return fmt.Errorf("bgp: start: %w", err)
 	}
 	s.started = true
+	// Nothing a peer sends is used: every route learned from a peer is
+	// rejected on import (so none is kept, nor passed on to the other
+	// peers: the host is never a transit), and a peer that sends more
+	// than maxReceived of a family has its session reset.
+	if !s.policySet {
+		stmt := func(t api.Conditions_RouteType) *api.Statement {
+			return &api.Statement{Conditions: &api.Conditions{RouteType: t}, Actions: &api.Actions{RouteAction: api.RouteAction_REJECT}}
+		}
+		if err := s.srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{Name: "edgeguard-reject-learned",
+			Statements: []*api.Statement{stmt(api.Conditions_ROUTE_TYPE_EXTERNAL), stmt(api.Conditions_ROUTE_TYPE_INTERNAL)}}}); err != nil {
+			return fmt.Errorf("bgp: reject what peers send: %w", err)
+		}
+		s.policySet = true
+	}
+	if err := s.srv.SetPolicyAssignment(ctx, &api.SetPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
+		Name: "global", Direction: api.PolicyDirection_IMPORT, Policies: []*api.Policy{{Name: "edgeguard-reject-learned"}},
+		DefaultAction: api.RouteAction_ACCEPT}}); err != nil {
+		return fmt.Errorf("bgp: reject what peers send: %w", err)
+	}
 	for _, n := range c.Neighbors {
 		p := &api.Peer{
 			Conf: &api.PeerConf{NeighborAddress: n.Address.String(), PeerAsn: n.AS, AuthPassword: n.Password,
@@ -133,7 +158,8 @@ func (s *Speaker) startLocked(ctx context.Context) error {
 			p.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(n.Multihop)}
 		}
 		for _, f := range n.Families {
-			p.AfiSafis = append(p.AfiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: apiFamily(f), Enabled: true}})
+			p.AfiSafis = append(p.AfiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: apiFamily(f), Enabled: true},
+				PrefixLimits: &api.PrefixLimit{Family: apiFamily(f), MaxPrefixes: maxReceived}})
 		}
 		if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: p}); err != nil {
 			return fmt.Errorf("bgp: neighbor %s: %w", n.Address, err)
@@ -446,6 +472,9 @@ type Peer struct {
 	State    string    `json:"state"` // idle, connect, active, opensent, openconfirm, established
 	Uptime   time.Time `json:"uptime,omitzero"`
 	Families []Family  `json:"families"`
+	// Received are the routes the peer sent us (every family); Accepted
+	// those in the speaker's table: 0, it rejects them all.
+	Received, Accepted uint64
 }
 
 // Peers are the sessions' states.
@@ -462,11 +491,30 @@ func (s *Speaker) Peers(ctx context.Context) []Peer {
 		p := Peer{Address: n.Address.String(), AS: n.AS, State: "down", Families: n.Families}
 		if ap, ok := state[p.Address]; ok {
 			p.State = sessionState(ap.GetState().GetSessionState())
+			for _, af := range ap.GetAfiSafis() {
+				p.Received += af.GetState().GetReceived()
+			}
 			if p.State == "established" && ap.GetTimers().GetState().GetUptime() != nil {
 				p.Uptime = ap.GetTimers().GetState().GetUptime().AsTime()
 			}
 		}
 		out = append(out, p)
+	}
+	if srv == nil || !started {
+		return out
+	}
+	// What the global table holds from each peer (the import policy
+	// rejects everything: none).
+	for _, f := range Families {
+		srv.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_GLOBAL, Family: apiFamily(f)}, func(d *api.Destination) {
+			for _, path := range d.GetPaths() {
+				for i := range out {
+					if path.GetNeighborIp() == out[i].Address {
+						out[i].Accepted++
+					}
+				}
+			}
+		})
 	}
 	return out
 }

@@ -33,6 +33,10 @@ type BGPPeer struct {
 	State    string    `json:"state"`
 	Uptime   time.Time `json:"established_since,omitzero"`
 	Families []string  `json:"families"`
+	// Received are the routes the peer sent; Accepted those kept (0: the
+	// speaker uses none).
+	Received uint64 `json:"received"`
+	Accepted uint64 `json:"accepted"`
 }
 
 // BGPAnnouncement is one route the speaker holds.

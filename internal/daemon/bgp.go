@@ -393,7 +393,8 @@ func (d *Daemon) BGPReport(ctx context.Context) control.BGPReport {
 		return out
 	}
 	for _, pr := range sp.Peers(ctx) {
-		cp := control.BGPPeer{Address: pr.Address, AS: pr.AS, State: pr.State, Uptime: pr.Uptime}
+		cp := control.BGPPeer{Address: pr.Address, AS: pr.AS, State: pr.State, Uptime: pr.Uptime, Received: pr.Received,
+			Accepted: pr.Accepted}
 		for _, f := range pr.Families {
 			cp.Families = append(cp.Families, string(f))
 		}

@@ -59,6 +59,8 @@ func startBird(t *testing.T, s *scenario) *birdPeer {
 	if err := os.WriteFile(conf, []byte(`log stderr all;
 router id `+bgpPeerAddr+`;
 protocol device {}
+# Routes BIRD offers the speaker, which must keep none of them.
+protocol static offered { ipv4; route 198.18.99.0/24 unreachable; route 198.18.98.0/24 unreachable; }
 flow4 table flowtab4;
 flow6 table flowtab6;
 protocol bgp edge {
@@ -66,7 +68,7 @@ protocol bgp edge {
   neighbor `+bgpEdgeAddr+` as 64512;
   passive on;
   hold time 9;
-  ipv4 { import all; export none; };
+  ipv4 { import all; export where proto = "offered"; };
   ipv6 { import all; export none; };
   flow4 { table flowtab4; import all; export none; };
   flow6 { table flowtab6; import all; export none; };
@@ -105,11 +107,11 @@ func (b *birdPeer) ctl(args ...string) (string, error) {
 	return string(out), err
 }
 
-// routes is `birdc show route table TABLE all`: one string per route
-// (its line and its attribute lines).
+// routes is `birdc show route table TABLE protocol edge all`: one
+// string per route the speaker sent (its line and its attribute lines).
 func (b *birdPeer) routes(table string) []string {
 	b.t.Helper()
-	out, err := b.ctl("show", "route", "table", table, "all")
+	out, err := b.ctl("show", "route", "table", table, "protocol", "edge", "all")
 	if err != nil {
 		b.t.Fatalf("birdc show route table %s: %v\n%s", table, err, out)
 	}
@@ -189,6 +191,10 @@ func TestBGPBlackhole(t *testing.T) {
 	start := time.Now()
 	s.start(lists + bgpSection(true, ""))
 	s.waitEstablished()
+	waitFor(t, "the speaker counts BIRD's 2 routes", func() bool { return s.bgpList().Peers[0].Received == 2 })
+	if p := s.bgpList().Peers[0]; p.Accepted != 0 {
+		t.Errorf("the speaker kept %d of the routes BIRD sent: want none", p.Accepted)
+	}
 	if out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "blackhole", "198.18.0.1", "--ttl", "5m", "--reason", "test"); err != nil {
 		t.Fatalf("bgp blackhole in dry run: %v: %s", err, out)
 	}
