@@ -28,6 +28,9 @@ import (
 const (
 	bgpEdgeAddr = "198.18.250.1"
 	bgpPeerAddr = "198.18.250.2"
+	// bgpPassword is the session's TCP MD5 key (RFC 2385), in BIRD's
+	// configuration and the daemon's password_file.
+	bgpPassword = "edgeguard-lab-key"
 )
 
 // birdPeer is a running BIRD in the scenario's "rtr" namespace.
@@ -68,12 +71,16 @@ protocol bgp edge {
   neighbor `+bgpEdgeAddr+` as 64512;
   passive on;
   hold time 9;
+  password "`+bgpPassword+`";
   ipv4 { import all; export where proto = "offered"; };
   ipv6 { import all; export none; };
   flow4 { table flowtab4; import all; export none; };
   flow6 { table flowtab6; import all; export none; };
 }
 `), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(s.lab.PolicyPath()), "bgp.pass"), []byte(bgpPassword+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b := &birdPeer{t: t, sock: filepath.Join(dir, "bird.ctl")}
@@ -173,7 +180,7 @@ func bgpSection(dryRun bool, extra string) string {
   router_id: %s
   dry_run: %t
   destinations: [198.18.0.1/32, "fd00::1/128"]
-  neighbors: [{address: %s, as: 64513, families: [ipv4-unicast, ipv4-flowspec, ipv6-flowspec]}]
+  neighbors: [{address: %s, as: 64513, password_file: bgp.pass, families: [ipv4-unicast, ipv4-flowspec, ipv6-flowspec]}]
 %s`, bgpEdgeAddr, dryRun, bgpPeerAddr, extra)
 }
 
