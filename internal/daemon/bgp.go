@@ -45,6 +45,10 @@ type bgpRun struct {
 	pwds    []string
 	err     string  // why the configured speaker does not run
 	offered float64 // bytes per second, last reading
+	// uplinkRefused are destinations a guard refused while the offered
+	// rate is above the threshold: asked once per episode, not each
+	// second (one refusal in the log and the audit file).
+	uplinkRefused map[netip.Prefix]bool
 	saved   []byte
 
 	auditMu sync.Mutex
@@ -249,14 +253,24 @@ func (d *Daemon) bgpUplink(sp *bgp.Speaker, p *policy.BGP, now time.Time) {
 		return
 	}
 	limit := p.Uplink.PerSecond() * p.Fraction
+	b := &d.bgp
 	if rate <= limit {
+		b.uplinkRefused = nil
 		return
 	}
 	for _, dst := range p.Destinations {
+		if b.uplinkRefused[dst] {
+			continue
+		}
 		a := bgp.Announcement{Kind: bgp.Blackhole, Prefix: dst, Origin: "uplink", Ref: "uplink",
 			Reason:  fmt.Sprintf("offered %.0f bit/s > %.0f bit/s (%g of the uplink)", rate*8, limit*8, p.Fraction),
 			Expires: now.Add(p.BlackholeTTL)}
-		sp.Announce(a, now) // a refusal is logged, audited and counted
+		if _, err := sp.Announce(a, now); errors.Is(err, bgp.ErrRefused) { // logged, audited and counted
+			if b.uplinkRefused == nil {
+				b.uplinkRefused = map[netip.Prefix]bool{}
+			}
+			b.uplinkRefused[dst] = true
+		}
 	}
 }
 
