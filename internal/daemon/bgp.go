@@ -47,9 +47,9 @@ type bgpRun struct {
 	offered float64 // bytes per second, last reading
 	// uplinkRefused are destinations a guard refused while the offered
 	// rate is above the threshold: asked once per episode, not each
-	// second (one refusal in the log and the audit file).
+	// second (one refusal in the log and the audit file). runBGP's alone.
 	uplinkRefused map[netip.Prefix]bool
-	saved   []byte
+	saved         []byte
 
 	auditMu sync.Mutex
 	audits  atomic.Uint64 // audit records that could not be written
