@@ -296,21 +296,38 @@ func (d *Daemon) bgpShieldChange(c shield.Change) {
 		sp.Renew(ref, a.Expires)
 		return
 	}
-	fp := *a.Fingerprint
+	ms, note, err := flowSpecMatches(*a.Fingerprint, p.Destinations)
+	if err != nil {
+		d.log.Warn("bgp: fingerprint not announced", "shield_action", a.ID, "fingerprint", a.Fingerprint.String(), "err", err)
+		return
+	}
+	for _, m := range ms {
+		ann := bgp.Announcement{Kind: bgp.FlowSpec, Match: &m, RateBytes: p.FlowSpecRate.PerSecond(), Origin: "shield",
+			Ref: ref,
+			Reason: fmt.Sprintf("shield action %d: %s surging at %.0f/s (baseline %.0f/s), fingerprint %s%s", a.ID, a.Key, a.Rate,
+				a.Baseline, a.Fingerprint, note),
+			Expires: a.Expires}
+		sp.Announce(ann, c.At) // a refusal is logged, audited and counted
+	}
+}
+
+// flowSpecMatches are a fingerprint's FlowSpec rules, one per
+// destination (of the source prefix's family when it has one; like the
+// data plane's fingerprint rule, one without a source matches both
+// families). FlowSpec has no TTL component (RFC 8955): the rules match
+// the other fields at every TTL (note says so); a fingerprint left with
+// its protocol alone would match all of it and is refused.
+func flowSpecMatches(fp shield.Fingerprint, dsts []netip.Prefix) ([]bgp.Match, string, error) {
 	note := ""
 	if fp.Mask&shield.FTTL != 0 {
-		// FlowSpec has no TTL component (RFC 8955): the rule matches the
-		// fingerprint's other fields at every TTL. With nothing but the
-		// protocol left it would match all of it: not announced.
 		fp.Mask &^= shield.FTTL
 		note = fmt.Sprintf(" (ttl %d not matched: FlowSpec has no TTL component)", fp.TTL)
-		if fp.Mask&^shield.FProto == 0 {
-			d.log.Warn("bgp: fingerprint not announced: without its TTL FlowSpec would match the whole protocol",
-				"shield_action", a.ID, "fingerprint", a.Fingerprint.String())
-			return
-		}
 	}
-	for _, dst := range p.Destinations {
+	if fp.Mask&^shield.FProto == 0 {
+		return nil, "", errors.New("FlowSpec would match the whole protocol (it has no TTL component)")
+	}
+	var out []bgp.Match
+	for _, dst := range dsts {
 		if fp.Mask&shield.FSrc != 0 && fp.Src.Addr().Is4() != dst.Addr().Is4() {
 			continue
 		}
@@ -325,10 +342,10 @@ func (d *Daemon) bgpShieldChange(c shield.Change) {
 			m.SPort = fp.SPort
 		}
 		if fp.Mask&shield.FLen != 0 {
-			m.Len = fp.Len
-			if dst.Addr().Is6() && m.Len < 40 {
-				continue
+			if dst.Addr().Is6() && fp.Len < 40 {
+				continue // no IPv6 packet is that short
 			}
+			m.Len = fp.Len
 		}
 		if fp.Mask&shield.FTCPFlags != 0 {
 			m.TCPFlags, m.HasTCPFlags = fp.TCPFlags, true
@@ -336,13 +353,9 @@ func (d *Daemon) bgpShieldChange(c shield.Change) {
 		if fp.Mask&shield.FSrc != 0 {
 			m.Src = fp.Src
 		}
-		ann := bgp.Announcement{Kind: bgp.FlowSpec, Match: &m, RateBytes: p.FlowSpecRate.PerSecond(), Origin: "shield",
-			Ref: ref,
-			Reason: fmt.Sprintf("shield action %d: %s surging at %.0f/s (baseline %.0f/s), fingerprint %s%s", a.ID, a.Key, a.Rate,
-				a.Baseline, a.Fingerprint, note),
-			Expires: a.Expires}
-		sp.Announce(ann, c.At) // a refusal is logged, audited and counted
+		out = append(out, m)
 	}
+	return out, note, nil
 }
 
 // auditBGP appends an event to STATE_DIR/bgp-audit.jsonl (rotated to
