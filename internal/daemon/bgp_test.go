@@ -2,8 +2,12 @@ package daemon
 
 import (
 	"net/netip"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeguard/edgeguard/internal/shield"
 )
@@ -46,6 +50,35 @@ func TestFlowSpecMatches(t *testing.T) {
 		}
 		if strings.Join(got, "; ") != strings.Join(c.want, "; ") || !strings.Contains(note, c.note) {
 			t.Errorf("%s: %q note %q, want %q note %q", c.name, got, note, c.want, c.note)
+		}
+	}
+}
+
+// TestBGPDeployedQueries: every edgeguard_bgp_* series the alerts read is
+// one the BGP collector exports (without a bgp: section too).
+func TestBGPDeployedQueries(t *testing.T) {
+	d := newDaemon(Options{})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newBGPCollector(d))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range fams {
+		exported[f.GetName()] = true
+	}
+	b, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := regexp.MustCompile(`edgeguard_bgp_[a-z_]+`).FindAllString(string(b), -1)
+	if len(read) == 0 {
+		t.Error("alerts.yml reads no edgeguard_bgp_* series")
+	}
+	for _, n := range read {
+		if !exported[n] {
+			t.Errorf("alerts.yml reads %s, which the BGP collector does not export (it exports %v)", n, exported)
 		}
 	}
 }
