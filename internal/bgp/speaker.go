@@ -582,8 +582,8 @@ func (s *Speaker) Load(data []byte, now time.Time) (int, error) {
 	return n, nil
 }
 
-// gobgpLogger hands GoBGP's log to slog: its errors and warnings as
-// such, the rest at debug.
+// gobgpLogger hands GoBGP's log to slog at its levels (info: a peer's
+// state changes, once each); panic and fatal are errors here.
 type gobgpLogger struct{ log *slog.Logger }
 
 func attrsOf(f gobgplog.Fields) []any {
@@ -598,7 +598,7 @@ func (l *gobgpLogger) Panic(msg string, f gobgplog.Fields) { l.log.Error(msg, at
 func (l *gobgpLogger) Fatal(msg string, f gobgplog.Fields) { l.log.Error(msg, attrsOf(f)...) }
 func (l *gobgpLogger) Error(msg string, f gobgplog.Fields) { l.log.Error(msg, attrsOf(f)...) }
 func (l *gobgpLogger) Warn(msg string, f gobgplog.Fields)  { l.log.Warn(msg, attrsOf(f)...) }
-func (l *gobgpLogger) Info(msg string, f gobgplog.Fields)  { l.log.Debug(msg, attrsOf(f)...) }
+func (l *gobgpLogger) Info(msg string, f gobgplog.Fields)  { l.log.Info(msg, attrsOf(f)...) }
 func (l *gobgpLogger) Debug(msg string, f gobgplog.Fields) { l.log.Debug(msg, attrsOf(f)...) }
 func (l *gobgpLogger) SetLevel(gobgplog.LogLevel)          {}
 func (l *gobgpLogger) GetLevel() gobgplog.LogLevel         { return gobgplog.InfoLevel }
