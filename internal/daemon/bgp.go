@@ -121,7 +121,8 @@ func (d *Daemon) bgpTick(ctx context.Context, now time.Time) {
 func (d *Daemon) configureBGP(ctx context.Context, sp *bgp.Speaker, want *policy.BGP, guards []policy.BGPGuard, pwds []string,
 	now time.Time) *bgp.Speaker {
 	b := &d.bgp
-	if sp == nil {
+	fresh := sp == nil
+	if fresh {
 		sp = bgp.New(bgp.Options{Logger: d.log.With("component", "bgp"), Audit: d.auditBGP})
 		if _, err := d.readStateFile(bgpStateFile, func(data []byte) error {
 			n, err := sp.Load(data, now)
@@ -155,7 +156,28 @@ func (d *Daemon) configureBGP(ctx context.Context, sp *bgp.Speaker, want *policy
 		b.err = err.Error()
 		d.log.Error("bgp: sessions not started: nothing is announced", "err", err)
 	}
+	if fresh {
+		// The shield's fingerprints in force before the speaker ran
+		// (a bgp: section added to a running policy) are announced too.
+		defer d.bgpAdoptShield(now)
+	}
 	return sp
+}
+
+// bgpAdoptShield announces the shield's enforced fingerprint actions as
+// if they were just installed (the same routes renew, not duplicate).
+func (d *Daemon) bgpAdoptShield(now time.Time) {
+	d.shield.mu.Lock()
+	eng := d.shield.eng
+	d.shield.mu.Unlock()
+	if eng == nil {
+		return
+	}
+	for _, a := range eng.Report(1).Actions {
+		if a.Expires.After(now) {
+			d.bgpShieldChange(shield.Change{Op: shield.OpInstall, Action: a, Why: "in force when the BGP speaker started", By: "shield", At: now})
+		}
+	}
 }
 
 // readBGPPasswords reads each neighbor's password file ("" without one).
