@@ -408,14 +408,20 @@ func (s *Speaker) WithdrawRef(ref, why string, now time.Time) int {
 }
 
 // Renew moves the expiry of the announcements that follow ref.
-func (s *Speaker) Renew(ref string, expires time.Time) {
+// It returns how many there are.
+func (s *Speaker) Renew(ref string, expires time.Time) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	n := 0
 	for _, e := range s.anns {
-		if e.Ref == ref && expires.After(e.Expires) {
-			e.Expires = expires
+		if e.Ref == ref {
+			n++
+			if expires.After(e.Expires) {
+				e.Expires = expires
+			}
 		}
 	}
+	return n
 }
 
 // Expire withdraws the announcements whose time is up, and retries

@@ -49,7 +49,12 @@ type bgpRun struct {
 	// rate is above the threshold: asked once per episode, not each
 	// second (one refusal in the log and the audit file). runBGP's alone.
 	uplinkRefused map[netip.Prefix]bool
-	saved         []byte
+	// asked are the shield actions already turned into announcements
+	// (or refused): a renewal of one not asked yet is announced (the
+	// speaker started, or flowspec.auto was turned on, after its
+	// install). Guarded by mu.
+	asked map[string]bool
+	saved []byte
 
 	auditMu sync.Mutex
 	audits  atomic.Uint64 // audit records that could not be written
@@ -213,7 +218,7 @@ func (d *Daemon) stopBGP() {
 	d.saveBGP(true)
 	sp.Close()
 	b.mu.Lock()
-	b.sp, b.pol, b.guards, b.pwds = nil, nil, nil, nil
+	b.sp, b.pol, b.guards, b.pwds, b.asked = nil, nil, nil, nil, nil
 	b.mu.Unlock()
 	d.log.Info("bgp: sessions closed; the peers withdraw our routes")
 }
@@ -310,13 +315,26 @@ func (d *Daemon) bgpShieldChange(c shield.Change) {
 		return
 	}
 	ref := fmt.Sprintf("shield action %d", a.ID)
+	b := &d.bgp
+	b.mu.Lock()
+	asked := b.asked[ref]
+	switch {
+	case c.Op == shield.OpRemove:
+		delete(b.asked, ref)
+	case b.asked == nil:
+		b.asked = map[string]bool{ref: true}
+	default:
+		b.asked[ref] = true
+	}
+	b.mu.Unlock()
 	switch c.Op {
 	case shield.OpRemove:
 		sp.WithdrawRef(ref, "shield action removed: "+c.Why, c.At)
 		return
 	case shield.OpRenew:
-		sp.Renew(ref, a.Expires)
-		return
+		if sp.Renew(ref, a.Expires) > 0 || asked {
+			return
+		}
 	}
 	ms, note, err := flowSpecMatches(*a.Fingerprint, p.Destinations)
 	if err != nil {
