@@ -297,6 +297,18 @@ func TestBGPBlackhole(t *testing.T) {
 		t.Fatalf("bgp withdraw --all: %v: %s", err, out)
 	}
 	waitFor(t, "BIRD drops the withdrawn routes", func() bool { return len(b.routes("master4"))+len(b.routes("flowtab4")) == 0 })
+	// A policy without a bgp: section closes the session.
+	if out, err := b.ctl("show", "protocols", "edge"); !strings.Contains(out, "Established") {
+		t.Fatalf("BIRD's session before the section goes: %v\n%s", err, out)
+	}
+	s.policy(lists)
+	waitFor(t, "BIRD's session closes when the policy loses its bgp: section", func() bool {
+		out, _ := b.ctl("show", "protocols", "edge")
+		return !strings.Contains(out, "Established")
+	})
+	if r := s.bgpList(); r.Enabled || len(r.Peers) != 0 {
+		t.Errorf("bgp list without a bgp: section: %+v", r)
+	}
 	audit, _ := os.ReadFile(filepath.Join(filepath.Dir(s.lab.Daemon.Socket), "state", "bgp-audit.jsonl"))
 	for _, op := range []string{`"op":"announce"`, `"op":"refuse"`, `"op":"withdraw"`} {
 		if !bytes.Contains(audit, []byte(op)) {
