@@ -65,12 +65,10 @@ type Speaker struct {
 	cfg     Config
 	started bool // cfg's sessions are running
 	srv     *server.BgpServer
-	// policySet: srv has the import policy that rejects learned routes.
-	policySet bool
-	anns      map[uint64]*entry
-	nextID    uint64
-	counts    map[Op]uint64
-	refused   map[string]uint64 // by guard
+	anns    map[uint64]*entry
+	nextID  uint64
+	counts  map[Op]uint64
+	refused map[string]uint64 // by guard
 }
 
 // New is a speaker with no sessions: Configure starts them.
@@ -129,15 +127,16 @@ func (s *Speaker) startLocked(ctx context.Context) error {
 	// rejected on import (so none is kept, nor passed on to the other
 	// peers: the host is never a transit), and a peer that sends more
 	// than maxReceived of a family has its session reset.
-	if !s.policySet {
-		stmt := func(t api.Conditions_RouteType) *api.Statement {
-			return &api.Statement{Conditions: &api.Conditions{RouteType: t}, Actions: &api.Actions{RouteAction: api.RouteAction_REJECT}}
-		}
-		if err := s.srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{Name: "edgeguard-reject-learned",
-			Statements: []*api.Statement{stmt(api.Conditions_ROUTE_TYPE_EXTERNAL), stmt(api.Conditions_ROUTE_TYPE_INTERNAL)}}}); err != nil {
-			return fmt.Errorf("bgp: reject what peers send: %w", err)
-		}
-		s.policySet = true
+	// StartBgp starts from an empty policy table: the policy is added on
+	// every start.
+	stmt := func(name string, t api.Conditions_RouteType) *api.Statement {
+		return &api.Statement{Name: name, Conditions: &api.Conditions{RouteType: t},
+			Actions: &api.Actions{RouteAction: api.RouteAction_REJECT}}
+	}
+	if err := s.srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{Name: "edgeguard-reject-learned",
+		Statements: []*api.Statement{stmt("edgeguard-reject-external", api.Conditions_ROUTE_TYPE_EXTERNAL),
+			stmt("edgeguard-reject-internal", api.Conditions_ROUTE_TYPE_INTERNAL)}}}); err != nil {
+		return fmt.Errorf("bgp: reject what peers send: %w", err)
 	}
 	if err := s.srv.SetPolicyAssignment(ctx, &api.SetPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
 		Name: "global", Direction: api.PolicyDirection_IMPORT, Policies: []*api.Policy{{Name: "edgeguard-reject-learned"}},

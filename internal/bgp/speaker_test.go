@@ -131,6 +131,17 @@ func TestDryRunExpireSave(t *testing.T) {
 	if l := s.List(); len(l) != 1 || l[0].ID != b.ID {
 		t.Errorf("after a guard now refuses %d: %+v", c.ID, l)
 	}
+	// New session settings restart the sessions on the same server
+	// (twice: each start sets up the import policy again).
+	for _, as := range []uint32{64600, 64601} {
+		cfg.LocalAS = as
+		if err := s.Configure(context.Background(), cfg); err != nil {
+			t.Fatalf("restart the sessions as AS%d: %v", as, err)
+		}
+	}
+	if l := s.List(); len(l) != 1 || l[0].ID != b.ID {
+		t.Errorf("after the session restarts: %+v", l)
+	}
 
 	r := New(Options{})
 	n, err := r.Load(data, now.Add(30*time.Minute))

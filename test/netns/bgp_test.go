@@ -196,7 +196,21 @@ func TestBGPBlackhole(t *testing.T) {
 	b := startBird(t, s)
 	lists := "lists: {allow: [198.18.77.0/24]}\n"
 	start := time.Now()
+	// A wrong TCP MD5 key first: BIRD's kernel drops the daemon's
+	// segments and the session stays down; the right key, written to the
+	// same password_file, is picked up live.
+	passFile := filepath.Join(filepath.Dir(s.lab.PolicyPath()), "bgp.pass")
+	if err := os.WriteFile(passFile, []byte("not-the-key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s.start(lists + bgpSection(true, ""))
+	time.Sleep(5 * time.Second)
+	if p := s.bgpList().Peers; len(p) != 1 || p[0].State == "established" {
+		t.Fatalf("with a wrong MD5 key: peers %+v, want one not established", p)
+	}
+	if err := os.WriteFile(passFile, []byte(bgpPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s.waitEstablished()
 	waitFor(t, "the speaker counts BIRD's 2 routes", func() bool { return s.bgpList().Peers[0].Received == 2 })
 	if p := s.bgpList().Peers[0]; p.Accepted != 0 {
