@@ -26,6 +26,8 @@ needs=(
   "ethtool:ethtool"
   "timeout:coreutils"
   "sysctl:procps"
+  "bird:bird2"
+  "birdc:bird2"
 )
 
 missing=()

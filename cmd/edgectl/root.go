@@ -43,6 +43,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newShieldCommand())
 	root.AddCommand(newL7Command())
 	root.AddCommand(newShowCommand())
+	root.AddCommand(newBGPCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
 }

@@ -214,6 +214,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 	d.fleetRoutes(mux)
 	d.shieldRoutes(mux)
 	d.inventoryRoutes(mux)
+	d.bgpRoutes(mux)
 	return mux
 }
 

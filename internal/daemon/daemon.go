@@ -148,6 +148,7 @@ type Daemon struct {
 	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
 	fleet       fleetLink      // fleet mode (fleet.go)
 	shield      *shieldRun     // the adaptive shield (shield.go)
+	bgp         bgpRun         // the BGP speaker (bgp.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -588,6 +589,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("fleet", d.runFleet)
 	run("shield", d.runShield)
 	run("shield samples", d.readRateSamples)
+	run("bgp", d.runBGP)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()

@@ -356,6 +356,9 @@ func (d *Daemon) shieldChange(eng *shield.Engine, c shield.Change) {
 	if c.Op != shield.OpRenew {
 		d.auditShield(c, err)
 	}
+	if err == nil {
+		d.bgpShieldChange(c)
+	}
 }
 
 // auditRecord is one line of the shield's audit file.

@@ -435,6 +435,7 @@ func DiffSections(from, to *Policy) []Change {
 	}
 	d.fleet(from, to)
 	d.shield(from.Shield, to.Shield)
+	d.bgp(from.BGP, to.BGP)
 	return d.out
 }
 

@@ -67,6 +67,8 @@ type Policy struct {
 	Sampling Sampling
 	// Fleet is the fleet: section (fleet.go); nil without one.
 	Fleet *Fleet
+	// BGP is the bgp: section (bgp.go, docs/bgp.md); nil without one.
+	BGP *BGP
 }
 
 // Interface is one network interface the XDP program attaches to.

@@ -113,7 +113,7 @@ func (ps *parser) parse(data []byte) *Policy {
 		Sampling:      DefaultSampling(),
 	}
 	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "shield", "sampling", "fleet")
+		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "shield", "sampling", "fleet", "bgp")
 	if f == nil {
 		return nil
 	}
@@ -188,8 +188,12 @@ func (ps *parser) parse(data []byte) *Policy {
 	if n, ok := f["fleet"]; ok {
 		p.Fleet = ps.fleet(n)
 	}
+	if n, ok := f["bgp"]; ok {
+		p.BGP = ps.bgp(n)
+	}
 	ps.crossCheck(p, root, listsNode, rulesNode, tableAt)
 	ps.checkFleet(p)
+	ps.checkBGP(p)
 	return p
 }
 
