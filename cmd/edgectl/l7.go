@@ -22,11 +22,20 @@ func writeL7Status(w io.Writer, l7 *control.L7Status) {
 		routes = fmt.Sprintf("routes %s", strings.Join(l7.Routes, ", "))
 	}
 	fmt.Fprintf(w, "l7 stage\t%s engine on %s, upstream %s, %s\n", l7.Engine, l7.Listen, l7.Upstream, routes)
+	if l7.Classes == nil {
+		fmt.Fprintf(w, "l7 classes\toff (l7.classes.enabled: false)\n")
+		return
+	}
+	parts := make([]string, 0, len(l7.Classes))
+	for _, c := range l7.Classes {
+		parts = append(parts, fmt.Sprintf("%s %d/%d", c.Class, c.Admitted, c.Admitted+c.Refused))
+	}
+	fmt.Fprintf(w, "l7 classes\tadmitted/requests: %s\n", strings.Join(parts, ", "))
 }
 
 // writeL7Stats is the L7 part of `edgectl stats` (nothing without an L7
 // stage): requests by route and decision since the stage's last reload.
-func writeL7Stats(out io.Writer, routes []control.L7RouteStat) error {
+func writeL7Stats(out io.Writer, routes []control.L7RouteStat, classes []control.L7ClassStat) error {
 	if len(routes) == 0 {
 		return nil
 	}
@@ -40,5 +49,18 @@ func writeL7Stats(out io.Writer, routes []control.L7RouteStat) error {
 		return err
 	}
 	fmt.Fprintln(out, "(l7 requests since the l7 section was last loaded)")
+	if len(classes) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "L7 CLASS\tADMITTED\tREFUSED\t\n")
+	for _, c := range classes {
+		fmt.Fprintf(w, "%s\t%d\t%d\t\n", c.Class, c.Admitted, c.Refused)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "(l7 requests by client class since the daemon started; docs/operations.md, \"Class ranking at L7\")")
 	return nil
 }

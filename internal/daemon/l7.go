@@ -12,7 +12,10 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/l7/stage"
+	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -40,7 +43,8 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, []byte, error) {
 // for a replaced engine to drain); abort undoes prepare. next.l7 == nil
 // stops the stage at commit. Caller holds d.mu.
 func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
-	ch, err := d.l7.Prepare(ctx, next.l7, next.l7raw, promotion(next.compiled))
+	ch, err := d.l7.Prepare(ctx, next.l7, next.l7raw, stage.Standing{Promotion: promotion(next.compiled),
+		EstablishedAfter: next.compiled.Standing.EstablishedAfter})
 	if err != nil {
 		return nil, nil, fmt.Errorf("l7 stage: %w", err)
 	}
@@ -53,7 +57,52 @@ func (d *Daemon) l7Status() *control.L7Status {
 	if !st.Running {
 		return nil
 	}
-	return &control.L7Status{Engine: string(st.Engine), Listen: st.Addr, Upstream: st.Upstream, Routes: st.Routes}
+	return &control.L7Status{Engine: string(st.Engine), Listen: st.Addr, Upstream: st.Upstream, Routes: st.Routes,
+		Classes: d.l7Classes()}
+}
+
+// l7Classes are the L7 stage's requests by client class since the daemon
+// started (nil: the ranking is off).
+func (d *Daemon) l7Classes() []control.L7ClassStat {
+	c, ok := d.l7.ClassCounts()
+	if !ok {
+		return nil
+	}
+	out := make([]control.L7ClassStat, 0, class.NumClasses)
+	for i := range class.NumClasses {
+		out = append(out, control.L7ClassStat{Class: class.Class(i).String(), Admitted: c.Admitted[i], Refused: c.Refused[i]})
+	}
+	return out
+}
+
+// classStandings is the data plane's standing as the L7 class ranking
+// reads it (docs/operations.md, "Class ranking at L7"): established (or
+// standing.known_good) is history; validated by an L7 promotion (only
+// authenticated ones since route_passed was removed) is authenticated;
+// validated by a TCP handshake or a SYN cookie is an address, not intent:
+// none, as new.
+type classStandings struct{ d *Daemon }
+
+func (s classStandings) Standing(a netip.Addr) (class.Standing, error) {
+	m := s.d.m
+	if m == nil {
+		return class.StandingNone, errors.New("no data plane loaded")
+	}
+	e, err := m.LookupStanding(a)
+	if err != nil {
+		return class.StandingNone, err
+	}
+	switch e.Standing {
+	case maps.StandingEstablished:
+		return class.StandingEstablished, nil
+	case maps.StandingValidated:
+		if e.Why == maps.WhyL7 {
+			return class.StandingAuthenticated, nil
+		}
+	case maps.StandingPenalised:
+		return class.StandingPenalised, nil
+	}
+	return class.StandingNone, nil
 }
 
 // l7Stats are the L7 stage's request counts by route and decision (nil:

@@ -52,6 +52,9 @@ type Config struct {
 	// Loops is the event loop engine's number of loops (0: GOMAXPROCS,
 	// one per core; see eventloop.Config.Loops).
 	Loops int
+	// Classes ranks clients (l7.classes, internal/l7/class): on unless
+	// disabled.
+	Classes Classes
 	// AccessLog is where the stage writes one JSON line per request:
 	// "stderr", an absolute file path (reopened on SIGUSR1), or "" for
 	// none (internal/l7/accesslog).
@@ -79,6 +82,23 @@ func (c *Config) ServingEngine() Engine {
 		return EngineNetHTTP
 	}
 	return EngineEventLoop
+}
+
+// Classes is the l7.classes section: how the L7 stage ranks clients
+// (docs/operations.md, "Class ranking at L7"). Decode fills the defaults
+// of internal/l7/class.
+type Classes struct {
+	Enabled bool
+	// Window is the usual rate's measuring period.
+	Window time.Duration
+	// Headroom multiplies a client's usual requests per Window: beyond it
+	// its requests are charged as over_usual.
+	Headroom int64
+	// DefaultUsualRate (requests/s) is the usual of a client with history
+	// whose own is not measured yet.
+	DefaultUsualRate int64
+	// CacheTTL is how long a data plane standing read is used.
+	CacheTTL time.Duration
 }
 
 // Headers selects the RateLimit header fields of responses.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"net"
 	"net/netip"
 	"net/textproto"
@@ -158,7 +159,7 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
 		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops",
-		"access_log")
+		"access_log", "classes")
 	if f == nil {
 		return nil
 	}
@@ -270,6 +271,11 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		TTL: DefaultEscalationTTL, PrefixV4: 32, PrefixV6: 64, MaxSources: DefaultEscalationSources}
 	if n, ok := f["escalation"]; ok {
 		d.escalation(n, &cfg.Escalation)
+	}
+	cfg.Classes = Classes{Enabled: true, Window: class.DefaultWindow, Headroom: class.DefaultHeadroom,
+		DefaultUsualRate: class.DefaultUsualRate, CacheTTL: class.DefaultCacheTTL}
+	if n, ok := f["classes"]; ok {
+		d.classes(n, &cfg.Classes)
 	}
 	if n, ok := f["routes"]; ok {
 		seen := map[string]*yaml.Node{}
@@ -439,6 +445,33 @@ func (d *decoder) escalation(n *yaml.Node, e *Escalation) {
 	if v, ok := f["max_sources"]; ok {
 		x, _ := d.integer(v, "escalation max_sources", 1, maxCapacity)
 		e.MaxSources = int(x)
+	}
+}
+
+func (d *decoder) classes(n *yaml.Node, c *Classes) {
+	f := d.Fields(n, "l7 classes", "enabled", "window", "headroom", "default_usual_rate", "cache_ttl")
+	if v, ok := f["enabled"]; ok {
+		c.Enabled = d.boolean(v, "classes enabled")
+	}
+	if v, ok := f["window"]; ok {
+		if w, ok := d.duration(v, "classes window"); ok && (w < time.Second || w > time.Hour) {
+			d.Errorf(v, "classes window %s: want 1s to 1h", w)
+		} else if ok {
+			c.Window = w
+		}
+	}
+	if v, ok := f["headroom"]; ok {
+		c.Headroom, _ = d.integer(v, "classes headroom", 1, 100)
+	}
+	if v, ok := f["default_usual_rate"]; ok {
+		c.DefaultUsualRate, _ = d.integer(v, "classes default_usual_rate", 1, 1_000_000)
+	}
+	if v, ok := f["cache_ttl"]; ok {
+		if ttl, ok := d.duration(v, "classes cache_ttl"); ok && ttl > time.Minute {
+			d.Errorf(v, "classes cache_ttl %s: want at most 1m (a penalty must show soon)", ttl)
+		} else if ok {
+			c.CacheTTL = ttl
+		}
 	}
 }
 

@@ -36,6 +36,9 @@ const BodyReadTimeout = 60 * time.Second
 func (p *Proxy) Decide(w http.ResponseWriter, r *http.Request) eventloop.Decision {
 	rt, exempt := p.pick(r)
 	ex := p.begin(p.obsOf(rt, exempt))
+	if !exempt {
+		p.classify(ex, r)
+	}
 	switch {
 	case exempt:
 		p.countExempt(rt)

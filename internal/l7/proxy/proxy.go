@@ -19,6 +19,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
@@ -48,6 +49,11 @@ type Options struct {
 	// AccessLog, when set, receives one line per request (the L7 stage
 	// opens it from l7.access_log and keeps it across reloads).
 	AccessLog *accesslog.Log
+	// Classes, when set, ranks every routed request's client
+	// (internal/l7/class): concurrency slots and queue order prefer
+	// established and authenticated clients within their usual rate. The
+	// stage keeps one table across reloads.
+	Classes *class.Table
 	// Transport carries requests to the upstream under the net-http engine
 	// and when the Proxy is used as an http.Handler (default: an
 	// http.Transport keeping up to 512 idle connections to it). The
@@ -79,6 +85,7 @@ type Proxy struct {
 	observ    observations
 	obsSets   []*routeObs // every route's, then the unmatched and exempt requests'
 	alog      *accesslog.Log
+	classes   *class.Table          // Options.Classes, or nil
 	reg       prometheus.Registerer // Options.Registerer, or nil
 
 	// unmatchedOffLoop is unmatched as the event loop's decision off the
@@ -147,7 +154,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		return nil, errors.New("proxy: config without upstream")
 	}
 	p := &Proxy{cfg: cfg, log: opts.Logger, clock: opts.Clock, exempt: map[string]struct{}{}, descs: newProxyDescs(),
-		observ: newObservations(), alog: opts.AccessLog}
+		observ: newObservations(), alog: opts.AccessLog, classes: opts.Classes}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -374,23 +381,63 @@ func (p *Proxy) Trusted(a netip.Addr) bool {
 	return false
 }
 
+// priorityFunc is a concurrency limit's priority of a request: the
+// priority header's value when the limit names one and the request carries
+// a known value (critical, default, sheddable: set by a trusted layer in
+// front), else the client's class (internal/l7/class): established and
+// authenticated within their usual rate are critical (they may use the
+// reserve and are served first from the queue), new and over-usual
+// default, penalised sheddable.
 func priorityFunc(header string) func(*http.Request) shed.Priority {
-	if header == "" {
-		return nil
-	}
 	return func(r *http.Request) shed.Priority {
-		v := r.Header[header]
-		if len(v) == 0 {
-			return shed.PriorityDefault
+		if header != "" {
+			if v := r.Header[header]; len(v) > 0 {
+				switch v[0] {
+				case "critical":
+					return shed.PriorityCritical
+				case "sheddable":
+					return shed.PrioritySheddable
+				case "default":
+					return shed.PriorityDefault
+				}
+			}
 		}
-		switch v[0] {
-		case "critical":
-			return shed.PriorityCritical
-		case "sheddable":
-			return shed.PrioritySheddable
-		}
+		return classPriority(exchangeOf(r))
+	}
+}
+
+// classPriority is the concurrency priority of a request's class
+// (PriorityDefault when it was not classified).
+func classPriority(ex *flight) shed.Priority {
+	if ex == nil || !ex.classed {
 		return shed.PriorityDefault
 	}
+	switch c := ex.ticket.Class; {
+	case c.Priority():
+		return shed.PriorityCritical
+	case c == class.Penalised:
+		return shed.PrioritySheddable
+	}
+	return shed.PriorityDefault
+}
+
+// classify charges a routed request to its client's class (Options.Classes;
+// nothing without it): the client is the address the ip keys use (the
+// forwarded-for client behind a trusted proxy), and the data plane's
+// standing is read only for a client that is the TCP peer.
+func (p *Proxy) classify(ex *flight, r *http.Request) {
+	if p.classes == nil {
+		return
+	}
+	a, ok := p.km.keys.ClientIP(r)
+	if !ok {
+		return
+	}
+	peer := false
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		peer = ap.Addr().Unmap() == a.Unmap()
+	}
+	ex.ticket, ex.classed = p.classes.Classify(a, peer), true
 }
 
 // newShed builds a concurrency limiter and the constructor of its
@@ -622,6 +669,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rt, exempt := p.pick(r)
 	ex := p.begin(p.obsOf(rt, exempt))
+	if !exempt {
+		p.classify(ex, r)
+	}
 	ex.start = time.Now()
 	ex.sw.ResponseWriter = w
 	ww := &ex.sw
@@ -879,6 +929,9 @@ func (p *Proxy) Close() {
 		}
 	})
 }
+
+// Ranks reports whether the proxy ranks its clients (Options.Classes).
+func (p *Proxy) Ranks() bool { return p.classes != nil }
 
 // RouteNames lists the routes in match order (for status output).
 func (p *Proxy) RouteNames() []string {
