@@ -148,6 +148,12 @@ type entry struct {
 	winStart   int64
 	winCount   int64
 	usual      int64 // requests per Window
+	// The client's clump: the most requests it sent within one second
+	// (burstCount since burstStart), peak of the window in winClump,
+	// learned in clump.
+	burstStart, burstCount int64
+	winClump, clump        int64
+	windows                int64 // windows measured
 }
 
 type set struct {
@@ -266,6 +272,11 @@ func (t *Table) Classify(a netip.Addr, peer bool) Ticket {
 	e.lastSeen = now
 	e.roll(now, int64(cfg.Window))
 	e.winCount++
+	if now-e.burstStart >= int64(time.Second) {
+		e.burstStart, e.burstCount = now, 0
+	}
+	e.burstCount++
+	e.winClump = max(e.winClump, e.burstCount)
 	if !e.hasHistory && now-e.cleanSince >= int64(cfg.EstablishedAfter) {
 		e.hasHistory = true
 	}
@@ -317,9 +328,9 @@ func (e *entry) classify(st Standing, cfg *Config) Class {
 	}
 	budget := cfg.DefaultUsualRate * int64(cfg.Window) / int64(time.Second)
 	if e.learned {
-		budget = cfg.Headroom * e.usual
+		budget = cfg.Headroom*e.usual + e.clump
 	}
-	if e.winCount > max(budget, 1) {
+	if e.winCount > budget {
 		return OverUsual
 	}
 	if st == StandingAuthenticated {
@@ -328,30 +339,47 @@ func (e *entry) classify(st Standing, cfg *Config) Class {
 	return Established
 }
 
-// roll closes the windows that ended before now: the usual follows a
-// window's count up by at most an eighth (plus one) per window, so a
-// client that jumps is charged as over usual until it has sent at the new
-// rate for many windows, and down by a sixteenth per window.
+// roll closes the windows that ended before now. While the client has
+// no history, and for its first learnWindows, its usual is the highest
+// count of a window (it is learning how the client sends); after that the
+// usual follows a window's count up by at most an eighth (plus one) per
+// window, so a client that jumps is charged as over usual until it has
+// sent at the new rate for many windows, and down by a sixteenth per
+// window. The clump (the most requests in one second) is learned the same
+// way, and then moves by one per window.
 func (e *entry) roll(now, window int64) {
 	if now-e.winStart < window {
 		return
 	}
 	n := (now - e.winStart) / window
-	count := e.winCount
+	count, clump := e.winCount, e.winClump
 	for i := int64(0); i < n && i < 64; i++ {
 		switch {
-		case !e.learned:
-			e.usual, e.learned = count, true
+		case !e.learned || !e.hasHistory || e.windows < learnWindows:
+			e.usual, e.clump, e.learned = max(e.usual, count), max(e.clump, clump), true
 		case count > e.usual:
 			e.usual += min(count-e.usual, e.usual/8+1)
 		default:
 			e.usual = max(count, e.usual-e.usual/16)
 		}
-		count = 0 // the windows after the first were empty
+		if e.hasHistory && e.windows >= learnWindows {
+			switch {
+			case clump > e.clump:
+				e.clump++
+			case clump < e.clump:
+				e.clump--
+			}
+		}
+		e.windows++
+		count, clump = 0, 0 // the windows after the first were empty
 	}
 	e.winStart += n * window
-	e.winCount = 0
+	e.winCount, e.winClump = 0, 0
 }
+
+// learnWindows is how many windows a client's usual and clump are taken
+// at their highest.
+const learnWindows = 3
 
 func (s *set) find(key [16]byte) int {
 	for i := range s.e {

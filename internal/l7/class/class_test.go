@@ -162,13 +162,15 @@ func TestUsualRate(t *testing.T) {
 			t.Fatalf("window %d at its usual: %d over", i, over)
 		}
 	}
-	// usual is now 60: 120 per window keep the class, a jump to 300 does not.
-	if over := window(300); over != 300-120 {
-		t.Fatalf("a jump to 300: %d over, want %d", over, 300-120)
+	// usual is now 60 and its clump 6 (two clumps of 3 in a second):
+	// 2×60+6 per window keep the class, a jump to 300 does not.
+	if over := window(300); over != 300-126 {
+		t.Fatalf("a jump to 300: %d over, want %d", over, 300-126)
 	}
-	// The jump raised the usual by an eighth and one: 60 → 68.
-	if over := window(200); over != 200-136 {
-		t.Fatalf("the window after the jump: %d over, want %d", over, 200-136)
+	// The jump raised the usual by an eighth and one (60 → 68), the
+	// clump by one (6 → 7).
+	if over := window(200); over != 200-143 {
+		t.Fatalf("the window after the jump: %d over, want %d", over, 200-143)
 	}
 	// A slow ramp (+10% a window) is followed.
 	n := 60
@@ -219,5 +221,21 @@ func TestCounts(t *testing.T) {
 	}
 	if fmt.Sprint(OverUsual) != "over_usual" {
 		t.Errorf("label %s", OverUsual)
+	}
+}
+
+// TestSparseBurstyUser: a user who loads a page (a clump of 3) every 20 s
+// to 40 s, established, is never charged as over usual.
+func TestSparseBurstyUser(t *testing.T) {
+	clk := &fakeClock{}
+	src := &fakeStandings{m: map[netip.Addr]Standing{addr(1): StandingEstablished}}
+	tb := NewTable(64, src, clk, testCfg)
+	for i := 0; i < 60; i++ {
+		for j := 0; j < 3; j++ {
+			if c := tb.Classify(addr(1), true).Class; c != Established {
+				t.Fatalf("clump %d request %d: %s", i, j, c)
+			}
+		}
+		clk.advance(time.Duration(20+20*(i%2)) * time.Second)
 	}
 }
