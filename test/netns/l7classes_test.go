@@ -29,12 +29,12 @@ import (
 // nothing is retried.
 
 const (
-	l7cBotNets     = 20 // /24s of the users' ASN the bots spread over
-	l7cBotsPerNet  = 13 // hosts per /24: 260 bots
-	l7cRate        = 2  // requests per second, users and bots alike
-	l7cClump       = 2  // a user's requests come in clumps of 2 (mean gap 1 s)
-	l7cSlots       = 4  // the upstream's capacity: 4 requests at once,
-	l7cService     = 40 * time.Millisecond // each taking 40 ms: 100/s
+	l7cBotNets    = 20                    // /24s of the users' ASN the bots spread over
+	l7cBotsPerNet = 13                    // hosts per /24: 260 bots
+	l7cRate       = 2                     // requests per second, users and bots alike
+	l7cClump      = 2                     // a user's requests come in clumps of 2 (mean gap 1 s)
+	l7cSlots      = 4                     // the upstream's capacity: 4 requests at once,
+	l7cService    = 50 * time.Millisecond // each taking 50 ms: 80/s
 	// A gap longer than established_after restarts a new client's clean
 	// history: with 8 s, one gap of a user's in e^8 ≈ 3,000.
 	l7cEstablished = 8 * time.Second
@@ -63,9 +63,13 @@ l7:
 `
 
 // upstreamMeter is the upstream: it serves each request in l7cService and
-// records the most requests it ever held at once and per second.
+// records the most requests it ever held at once and per second. A
+// request whose connection the proxy closes (its client gave up: the
+// proxy stops waiting for the answer and frees its slot) stops counting
+// then, and is counted in abandoned.
 type upstreamMeter struct {
 	inFlight, maxInFlight atomic.Int64
+	abandoned             atomic.Int64
 	mu                    sync.Mutex
 	perSecond             map[int64]int
 }
@@ -81,7 +85,15 @@ func (u *upstreamMeter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.perSecond[time.Now().Unix()]++
 	u.mu.Unlock()
-	time.Sleep(l7cService)
+	t := time.NewTimer(l7cService)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		u.inFlight.Add(-1)
+		u.abandoned.Add(1)
+		return
+	}
 	u.inFlight.Add(-1)
 	io.WriteString(w, "ok")
 }
@@ -239,7 +251,9 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	s.start(fmt.Sprintf(l7cPolicy, l7cEstablished, upAddr, engine, l7cSlots))
 	bots := addBots(t, s.lab.Attackers[0])
 
-	url := func(c *testbed.Client) string { return "http://" + netip.AddrPortFrom(c.EdgeAddr4, 8080).String() + "/" }
+	url := func(c *testbed.Client) string {
+		return "http://" + netip.AddrPortFrom(c.EdgeAddr4, 8080).String() + "/"
+	}
 	var users, arrivals []*httpClient
 	for i, c := range s.lab.Legit {
 		for j, src := range []netip.Addr{c.Src4, c.Alt4} {
@@ -295,9 +309,9 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	offered := float64(botTally.sent.Load()+during.sent.Load()+arrived.sent.Load()) / l7cAttack.Seconds()
 	st := s.stats()
 	report(t, "%s: users before the attack %v; during %v (margin %.2f%% over 99%%); arrivals %v; bots %v; "+
-		"offered %.0f/s = %.1f× the upstream's %.0f/s; upstream at most %d at once (capacity %d), %d in its busiest second; classes %+v",
+		"offered %.0f/s = %.1f× the upstream's %.0f/s; upstream at most %d at once (capacity %d), %d in its busiest second, %d abandoned by the proxy; classes %+v",
 		engine, &before, &during, 100*(during.rate()-0.99), &arrived, &botTally, offered, offered/capacity, capacity,
-		up.maxInFlight.Load(), l7cSlots, up.maxPerSecond(), st.L7Classes)
+		up.maxInFlight.Load(), l7cSlots, up.maxPerSecond(), up.abandoned.Load(), st.L7Classes)
 
 	if offered < 5*capacity {
 		t.Errorf("offered %.0f/s, under 5× the upstream's %.0f/s: the test is not testing", offered, capacity)
