@@ -26,6 +26,12 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, []byte, error) {
 		return nil, nil, nil
 	}
 	cfg, problems := proxy.Decode(p.L7, source)
+	if cfg != nil && p.ASNData.Path == "" {
+		for _, name := range cfg.LimitsKeyedOn(proxy.KeyASN) {
+			problems = append(problems, policy.Problem{File: source,
+				Msg: fmt.Sprintf("l7 limit %q keys on asn, and the policy has no asn_data", name)})
+		}
+	}
 	if len(problems) > 0 {
 		return nil, nil, &policy.ValidationError{File: source, Problems: problems}
 	}
@@ -44,7 +50,7 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, []byte, error) {
 // stops the stage at commit. Caller holds d.mu.
 func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
 	ch, err := d.l7.Prepare(ctx, next.l7, next.l7raw, stage.Standing{Promotion: promotion(next.compiled),
-		EstablishedAfter: next.compiled.Standing.EstablishedAfter})
+		EstablishedAfter: next.compiled.Standing.EstablishedAfter, ASN: next.asn})
 	if err != nil {
 		return nil, nil, fmt.Errorf("l7 stage: %w", err)
 	}

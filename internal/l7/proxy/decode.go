@@ -647,7 +647,7 @@ func (d *decoder) limits(n *yaml.Node, where string, rc *Redis) []Limit {
 
 func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 	f := d.Fields(n, where+" limit", "name", "key", "rate", "burst", "algorithm", "shape", "shadow", "backend",
-		"failure", "capacity")
+		"failure", "capacity", "reserve")
 	if f == nil {
 		return Limit{}, false
 	}
@@ -671,7 +671,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		k, kok := d.key(v)
 		l.Key, ok = k, ok && kok
 	} else {
-		d.Errorf(n, "limit %q: key is required (ip, header:NAME, user, tenant, endpoint, global, or parts joined by +)", l.Name)
+		d.Errorf(n, "limit %q: key is required (ip, header:NAME, user, tenant, endpoint, global, prefix, asn, or parts joined by +)", l.Name)
 		ok = false
 	}
 	var rateNode *yaml.Node
@@ -738,6 +738,22 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 	if v, has := f["capacity"]; has {
 		x, _ := d.integer(v, "limit capacity", 1, maxCapacity)
 		l.Capacity = int(x)
+	}
+	switch v, has := f["reserve"]; {
+	case has && l.Backend == BackendRedis:
+		d.Errorf(v, "limit %q: reserve applies to backend local (the class ranking is local)", l.Name)
+		ok = false
+	case has:
+		if s, sok := d.Scalar(v, "limit reserve"); sok {
+			pct, err := strconv.Atoi(strings.TrimSuffix(s, "%"))
+			if err != nil || !strings.HasSuffix(s, "%") || pct < 0 || pct > 99 {
+				d.Errorf(v, "limit %q: reserve %q: want a percentage from 0%% to 99%%", l.Name, s)
+				ok = false
+			}
+			l.Reserve = pct
+		}
+	case l.Backend == BackendLocal && l.Key.Aggregate():
+		l.Reserve = DefaultAggregateReserve
 	}
 	if (l.Algorithm == AlgSlidingWindow || l.Algorithm == AlgFixedWindow || l.Algorithm == AlgSlidingLog) && l.Burst != 0 {
 		d.Errorf(f["burst"], "limit %q: burst applies to gcra, token-bucket and leaky_bucket, not %s", l.Name, l.Algorithm)
@@ -824,7 +840,8 @@ func (d *decoder) key(n *yaml.Node) (Key, bool) {
 }
 
 // ParseKey parses a key expression: ip, header:NAME, user, tenant,
-// endpoint, global, or several joined by "+" (endpoint+user, tenant+ip).
+// endpoint, global, prefix, asn, or several joined by "+" (endpoint+user,
+// tenant+ip, asn+endpoint).
 func ParseKey(s string) (Key, error) {
 	var k Key
 	seen := map[string]bool{}
@@ -842,6 +859,10 @@ func ParseKey(s string) (Key, error) {
 			p.Kind = KeyEndpoint
 		case part == "global":
 			p.Kind = KeyGlobal
+		case part == "prefix":
+			p.Kind = KeyPrefix
+		case part == "asn":
+			p.Kind = KeyASN
 		case strings.HasPrefix(part, "header:"):
 			h := strings.TrimSpace(strings.TrimPrefix(part, "header:"))
 			if !httpToken(h) {
@@ -849,7 +870,7 @@ func ParseKey(s string) (Key, error) {
 			}
 			p = KeyPart{Kind: KeyHeader, Header: textproto.CanonicalMIMEHeaderKey(h)}
 		default:
-			return nil, fmt.Errorf("limit key %q: unknown part %q; want ip, header:NAME, user, tenant, endpoint, global, joined by +", s, part)
+			return nil, fmt.Errorf("limit key %q: unknown part %q; want ip, header:NAME, user, tenant, endpoint, global, prefix, asn, joined by +", s, part)
 		}
 		id := Key{p}.String()
 		if seen[id] {

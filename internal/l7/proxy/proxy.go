@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
 	"github.com/edgeguard/edgeguard/internal/l7/class"
@@ -49,6 +50,9 @@ type Options struct {
 	// AccessLog, when set, receives one line per request (the L7 stage
 	// opens it from l7.access_log and keeps it across reloads).
 	AccessLog *accesslog.Log
+	// ASN is the policy's asn_data, for limits keyed on asn (nil: such
+	// limits are skipped by every request).
+	ASN *asn.Table
 	// Classes, when set, ranks every routed request's client
 	// (internal/l7/class): concurrency slots and queue order prefer
 	// established and authenticated clients within their usual rate. The
@@ -174,6 +178,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 	if p.km, err = newKeyMaker(cfg); err != nil {
 		return nil, err
 	}
+	p.km.asn = opts.ASN
 	for _, s := range cfg.ExemptPaths {
 		p.exempt[s] = struct{}{}
 	}
@@ -484,9 +489,14 @@ func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 	if capacity == 0 {
 		capacity = DefaultLocalCapacity
 	}
+	var reserve int64
+	if l.Reserve > 0 {
+		reserve = min(alg.Limit()*int64(l.Reserve)/100, alg.Limit()-1)
+	}
 	return l7.Rule{
 		Name:      l.Name,
 		Key:       p.km.hashFunc(l.Key, route),
+		Reserve:   reserve,
 		Algorithm: alg,
 		Shadow:    l.Shadow,
 		Shape:     l.Shape,
@@ -753,7 +763,11 @@ func (p *Proxy) limit(rt *route, ex *flight, w http.ResponseWriter, r *http.Requ
 		return true
 	}
 	var lp l7.Pending
-	rt.mw.Decide(r, &lp)
+	if ex != nil && ex.classed && !ex.ticket.Class.Priority() {
+		rt.mw.DecideOutsideReserve(r, &lp)
+	} else {
+		rt.mw.Decide(r, &lp)
+	}
 	if lp.Skipped() {
 		rt.counts.n[decisionAllowed].Add(1)
 		return true

@@ -40,6 +40,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
 	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
@@ -217,6 +218,8 @@ type Standing struct {
 	// EstablishedAfter is standing.established_after: the L7 history a
 	// client needs to rank as established (internal/l7/class).
 	EstablishedAfter time.Duration
+	// ASN is the policy's asn_data (limits keyed on asn), or nil.
+	ASN *asn.Table
 }
 
 // classConfig is the ranking's configuration for cfg and std.
@@ -339,7 +342,7 @@ func (s *Stage) prepare(ctx context.Context, cfg *proxy.Config, raw []byte, prom
 		return noChange(s), nil
 	}
 	opts := proxy.Options{Logger: s.log, Escalator: s.opts.Escalator,
-		Promoter: s.opts.Promoter, Promotion: promo.Promotion, AccessLog: alog}
+		Promoter: s.opts.Promoter, Promotion: promo.Promotion, AccessLog: alog, ASN: promo.ASN}
 	// rank installs the ranking's settings with the proxy that uses them.
 	rank := func() {}
 	if cfg.Classes.Enabled && s.opts.Classes != nil {
