@@ -46,7 +46,9 @@ const (
 // l7cPolicy: XDP out of the way (per-source budgets far above anyone's
 // rate: this is the L7 stage's test), a short established_after, and an
 // L7 stage whose upstream takes l7cSlots requests at once, with a queue,
-// a per-IP limit above a user's rate, and the default class ranking.
+// a per-IP limit above a user's rate, per-/24 and per-ASN budgets (their
+// default reserve: half, for the first class), and the default class
+// ranking.
 const l7cPolicy = `defaults:
   per_source: {packets: {rate: 10000/s, burst: 10000}}
 standing: {established_after: %s}
@@ -60,6 +62,8 @@ l7:
       match: {path_prefix: /}
       limits:
         - {name: per-ip, key: ip, rate: 30/s, burst: 30}
+        - {name: per-24, key: prefix, rate: 20/s, burst: 20}
+        - {name: per-asn, key: asn, rate: 70/s, burst: 70}
 `
 
 // upstreamMeter is the upstream: it serves each request in l7cService and
@@ -318,6 +322,9 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	}
 	if r := during.rate(); r < 0.99 {
 		t.Errorf("users during the attack: %v, want ≥ 99%%", &during)
+	}
+	if m, limit := up.maxPerSecond(), 70+70+10; m > limit {
+		t.Errorf("the upstream served %d requests in one second; the ASN's budget allows %d (burst and rate, 10 for the edges)", m, limit)
 	}
 	if m := up.maxInFlight.Load(); m > l7cSlots {
 		t.Errorf("the upstream held %d requests at once, capacity %d", m, l7cSlots)

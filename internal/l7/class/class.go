@@ -247,17 +247,11 @@ func (t *Table) Classify(a netip.Addr, peer bool) Ticket {
 		}
 	}
 	if w < 0 {
+		// No room: ranked new, without reading the data plane (a read
+		// per request is what the table is for).
 		s.mu.Unlock()
 		t.untracked.Add(1)
-		st := StandingNone
-		if peer {
-			st = t.read(a)
-		}
-		if st == StandingPenalised {
-			tk.Class = Penalised
-		} else {
-			tk.Class = New
-		}
+		tk.Class = New
 		return tk
 	}
 	tk.way = int8(w)

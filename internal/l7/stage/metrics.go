@@ -30,7 +30,7 @@ var (
 			"by result (ok, error: the client was ranked as if new).", []string{"result"}, nil)
 	classUntrackedDesc = prometheus.NewDesc("edgeguard_l7_class_untracked_requests_total",
 		"Requests of clients the L7 class table had no room for (every entry of their set held an active client "+
-			"with history): ranked new, or penalised.", nil, nil)
+			"with history): ranked new, the data plane not asked.", nil, nil)
 	accessLogReopensDesc = prometheus.NewDesc("edgeguard_l7_access_log_reopens_total",
 		"Times the access log file was reopened (SIGUSR1).", nil, nil)
 )
