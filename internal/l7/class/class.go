@@ -163,7 +163,8 @@ type set struct {
 }
 
 // Table is the clients the L7 stage knows: fixed size, allocated up front
-// (about 100 bytes per client), kept across reloads.
+// (124 bytes per client with its set's lock: 7.8 MiB for DefaultClients),
+// kept across reloads.
 type Table struct {
 	clock l7.Clock
 	src   Standings
