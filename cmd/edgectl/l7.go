@@ -64,3 +64,26 @@ func writeL7Stats(out io.Writer, routes []control.L7RouteStat, classes []control
 	fmt.Fprintln(out, "(l7 requests by client class since the daemon started; docs/operations.md, \"Class ranking at L7\")")
 	return nil
 }
+
+// printExplainL7 is the L7 class ranking's line of `edgectl explain`:
+// the class the address's next request would be charged as, its L7
+// history and its personal budget (nothing without a ranking).
+func printExplainL7(w io.Writer, x *control.ExplainL7) {
+	if x == nil {
+		return
+	}
+	if !x.Tracked {
+		fmt.Fprintf(w, "l7 class\tnext request: %s (not seen by the L7 stage)\n", x.Next)
+		return
+	}
+	history := "no L7 history"
+	if x.History {
+		history = "L7 history"
+	}
+	budget := fmt.Sprintf("default budget %d", x.Budget)
+	if x.Learned {
+		budget = fmt.Sprintf("budget %d: headroom × usual %d + clump %d", x.Budget, x.Usual, x.Clump)
+	}
+	fmt.Fprintf(w, "l7 class\tnext request: %s (%s; %d requests in this %gs window, %s)\n",
+		x.Next, history, x.InWindow, x.Window, budget)
+}

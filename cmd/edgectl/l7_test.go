@@ -66,3 +66,25 @@ func TestStatsL7Section(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainL7Line: `edgectl explain` says what class the address's next
+// request would be charged as, and its budget.
+func TestExplainL7Line(t *testing.T) {
+	var b bytes.Buffer
+	printExplainL7(&b, &control.ExplainL7{Next: "over_usual", Tracked: true, History: true, Learned: true,
+		Usual: 20, Clump: 3, InWindow: 43, Budget: 43, Window: 10})
+	want := "l7 class\tnext request: over_usual (L7 history; 43 requests in this 10s window, budget 43: headroom × usual 20 + clump 3)\n"
+	if b.String() != want {
+		t.Errorf("got %q\nwant %q", b.String(), want)
+	}
+	b.Reset()
+	printExplainL7(&b, &control.ExplainL7{Next: "new"})
+	if want := "l7 class\tnext request: new (not seen by the L7 stage)\n"; b.String() != want {
+		t.Errorf("got %q, want %q", b.String(), want)
+	}
+	b.Reset()
+	printExplainL7(&b, nil)
+	if b.Len() != 0 {
+		t.Errorf("no ranking, yet %q", b.String())
+	}
+}

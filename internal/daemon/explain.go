@@ -158,6 +158,7 @@ func (d *Daemon) Explain(p maps.Probe) (control.Explanation, error) {
 	}
 	e.Samples = d.recent.of(ip, 10, names)
 	e.Shield = d.shieldOnPath(p, path, rule)
+	e.L7 = d.explainL7(ip)
 	e.Why = explainWhy(e, path)
 	return e, nil
 }

@@ -81,6 +81,17 @@ func (d *Daemon) l7Classes() []control.L7ClassStat {
 	return out
 }
 
+// explainL7 is the L7 class table's view of ip as a TCP peer (nil: the
+// ranking is off).
+func (d *Daemon) explainL7(ip netip.Addr) *control.ExplainL7 {
+	x, ok := d.l7.ExplainClient(ip)
+	if !ok {
+		return nil
+	}
+	return &control.ExplainL7{Next: x.Next.String(), Tracked: x.Tracked, History: x.History, Learned: x.Learned,
+		Usual: x.Usual, Clump: x.Clump, InWindow: x.InWindow, Budget: x.Budget, Window: x.Window.Seconds()}
+}
+
 // classStandings is the data plane's standing as the L7 class ranking
 // reads it (docs/operations.md, "Class ranking at L7"): established (or
 // standing.known_good) is history; validated by an L7 promotion (only

@@ -340,6 +340,13 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	if a, b := arrived.rate(), botTally.rate(); a > 0.5 || a > 3*b+0.05 || a < b/3-0.05 {
 		t.Errorf("arrivals %v against bots %v: want the bots' share", &arrived, &botTally)
 	}
+	// edgectl explain: what a user's and a bot's next request would be.
+	if x := s.explain(s.lab.Legit[0].Src4.String()).L7; x == nil || x.Next != "established" {
+		t.Errorf("explain %s: l7 %+v, want the next request established", s.lab.Legit[0].Src4, x)
+	}
+	if x := s.explain(bots[0].String()).L7; x == nil || x.Next != "new" || x.History {
+		t.Errorf("explain bot %s: l7 %+v, want new without history", bots[0], x)
+	}
 	classes := map[string][2]uint64{}
 	for _, c := range st.L7Classes {
 		classes[c.Class] = [2]uint64{c.Admitted, c.Refused}

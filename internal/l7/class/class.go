@@ -432,6 +432,66 @@ func (t *Table) Done(tk Ticket, refused bool) {
 	s.mu.Unlock()
 }
 
+// Explanation is what the table knows of a client, and the class its
+// next request would be charged as (edgectl explain).
+type Explanation struct {
+	// Tracked: the table holds the client; History: it has L7 history.
+	Tracked, History bool
+	// Standing is the data plane's, read now (StandingNone for a client
+	// that is not the peer).
+	Standing Standing
+	// Learned: Usual and Clump are measured (else Budget is the default).
+	Learned      bool
+	Usual, Clump int64
+	// InWindow are the client's requests in the current window, Budget
+	// the most of them that keep the first rank.
+	InWindow, Budget int64
+	Window           time.Duration
+	// Next is the class of the client's next request, were it now.
+	Next Class
+}
+
+// Explain reports what the table knows of client a (peer as for
+// Classify) without charging anything.
+func (t *Table) Explain(a netip.Addr, peer bool) Explanation {
+	cfg := t.cfg.Load()
+	now := t.clock.Now()
+	a = Key(a)
+	key := a.As16()
+	s := &t.sets[maphash.Comparable(t.seed, key)&t.mask]
+	s.mu.Lock()
+	var e entry
+	w := s.find(key)
+	if w >= 0 {
+		e = s.e[w]
+	}
+	s.mu.Unlock()
+	x := Explanation{Tracked: w >= 0, Window: cfg.Window}
+	if peer {
+		x.Standing = t.read(a)
+	}
+	if w < 0 {
+		e = entry{key: key, used: true, cleanSince: now, winStart: now}
+	} else if gap := now - e.lastSeen; gap > int64(ForgetAfter) {
+		e = entry{key: key, used: true, cleanSince: now, winStart: now}
+	} else if !e.hasHistory && gap > int64(cfg.EstablishedAfter) {
+		e.cleanSince = now
+	}
+	e.roll(now, int64(cfg.Window))
+	x.InWindow = e.winCount
+	e.winCount++
+	if !e.hasHistory && now-e.cleanSince >= int64(cfg.EstablishedAfter) {
+		e.hasHistory = true
+	}
+	x.History, x.Learned, x.Usual, x.Clump = e.hasHistory, e.learned, e.usual, e.clump
+	x.Budget = cfg.DefaultUsualRate * int64(cfg.Window) / int64(time.Second)
+	if e.learned {
+		x.Budget = cfg.Headroom*e.usual + e.clump
+	}
+	x.Next = e.classify(x.Standing, cfg)
+	return x
+}
+
 // Counts are the requests by class.
 type Counts struct {
 	Admitted, Refused [NumClasses]uint64

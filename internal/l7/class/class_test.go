@@ -239,3 +239,27 @@ func TestSparseBurstyUser(t *testing.T) {
 		clk.advance(time.Duration(20+20*(i%2)) * time.Second)
 	}
 }
+
+// TestExplainChargesNothing: Explain says what the next request would be
+// charged as and changes nothing.
+func TestExplainChargesNothing(t *testing.T) {
+	clk := &fakeClock{}
+	src := &fakeStandings{m: map[netip.Addr]Standing{addr(1): StandingEstablished}}
+	tb := NewTable(64, src, clk, testCfg)
+	if x := tb.Explain(addr(2), true); x.Tracked || x.Next != New {
+		t.Errorf("unknown client: %+v", x)
+	}
+	for i := 0; i < 100; i++ {
+		tb.Classify(addr(1), true)
+	}
+	x := tb.Explain(addr(1), true)
+	if !x.Tracked || x.InWindow != 100 || x.Budget != 100 || x.Next != OverUsual || x.Standing != StandingEstablished {
+		t.Errorf("explain after 100 requests: %+v, want 100 of a budget of 100 in the window, next over_usual", x)
+	}
+	if c := tb.Classify(addr(1), true).Class; c != OverUsual {
+		t.Errorf("the 101st request: %s", c)
+	}
+	if y := tb.Explain(addr(1), true); y.InWindow != 101 {
+		t.Errorf("explain charged: %d in the window, want 101", y.InWindow)
+	}
+}

@@ -611,6 +611,15 @@ func (s *Stage) ClassCounts() (class.Counts, bool) {
 	return s.opts.Classes.Counts(), true
 }
 
+// ExplainClient is the class table's view of a client that is the TCP
+// peer (class.Table.Explain); false when ClassCounts would be.
+func (s *Stage) ExplainClient(a netip.Addr) (class.Explanation, bool) {
+	if _, ok := s.ClassCounts(); !ok {
+		return class.Explanation{}, false
+	}
+	return s.opts.Classes.Explain(a, true), true
+}
+
 // ServeHTTP hands the request to the instance's current proxy.
 func (in *instance) ServeHTTP(w http.ResponseWriter, r *http.Request) { in.cur.Load().ServeHTTP(w, r) }
 
