@@ -438,9 +438,11 @@ func (p *Proxy) classify(ex *flight, r *http.Request) {
 	if !ok {
 		return
 	}
-	peer := false
-	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
-		peer = ap.Addr().Unmap() == a.Unmap()
+	peer := len(p.cfg.TrustedProxies) == 0 // then the client is the peer
+	if !peer {
+		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+			peer = ap.Addr().Unmap() == a.Unmap()
+		}
 	}
 	ex.ticket, ex.classed = p.classes.Classify(a, peer), true
 }
