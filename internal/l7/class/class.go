@@ -208,9 +208,6 @@ func (t *Table) Configure(cfg Config) {
 	t.cfg.Store(&c)
 }
 
-// Config is the configuration in use.
-func (t *Table) Config() Config { return *t.cfg.Load() }
-
 // Key is the address a client is kept under: an IPv4 address, an IPv6
 // address's /64 (one host owns a /64, as the data plane's standing table
 // keys it).
