@@ -56,7 +56,7 @@ l7:
   listen: 0.0.0.0:8080
   upstream: http://%s
   engine: %s
-  concurrency: {max_in_flight: %d, queue: 64, queue_timeout: 500ms}
+  concurrency: {max_in_flight: %d, queue: 64, queue_timeout: 900ms}
   routes:
     - name: api
       match: {path_prefix: /}
