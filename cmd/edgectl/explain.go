@@ -135,6 +135,7 @@ func printExplanation(out io.Writer, e control.Explanation) {
 	for _, a := range e.Shield {
 		fmt.Fprintf(w, "shield\t%s\n", shieldExplainLine(a))
 	}
+	printExplainL7(w, e.L7)
 	w.Flush()
 	if len(e.Buckets) > 0 {
 		fmt.Fprintln(out)

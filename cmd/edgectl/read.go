@@ -136,7 +136,7 @@ func writeStats(out io.Writer, st control.Stats) error {
 	if err := writeSamplerStats(out, st.Sampler); err != nil {
 		return err
 	}
-	return writeL7Stats(out, st.L7)
+	return writeL7Stats(out, st.L7, st.L7Classes)
 }
 
 func newTopCommand() *cobra.Command {

@@ -62,6 +62,25 @@ type Explanation struct {
 	// tightened aggregate it belongs to, or a fingerprint it matches (TTL
 	// and TCP flags are not compared: the probe has none).
 	Shield []ShieldAction `json:"shield,omitempty"`
+	// L7 is the L7 class ranking's view of the address (nil: no L7
+	// stage, or l7.classes disabled).
+	L7 *ExplainL7 `json:"l7,omitempty"`
+}
+
+// ExplainL7 is what the L7 class table knows of an address as a client
+// that is the TCP peer (docs/operations.md, "Class ranking at L7"), and
+// the class its next request would be charged as.
+type ExplainL7 struct {
+	Next    string `json:"next_request_class"`
+	Tracked bool   `json:"tracked"`
+	History bool   `json:"history"` // L7 history (established_after without a refusal)
+	// Usual and Clump are measured (else the budget is the default).
+	Learned  bool    `json:"learned"`
+	Usual    int64   `json:"usual_per_window"`
+	Clump    int64   `json:"clump"`
+	InWindow int64   `json:"in_window"`
+	Budget   int64   `json:"budget"`
+	Window   float64 `json:"window_s"`
 }
 
 // ExplainPacket is the probe packet.

@@ -15,6 +15,18 @@ type L7Status struct {
 	// RLS are the rate-limit service's bound addresses by kind (grpc,
 	// grpc+tls, unix, http); empty when it is off.
 	RLS map[string]string `json:"rls,omitempty"`
+	// Classes are the requests by client class since the daemon started
+	// (docs/operations.md, "Class ranking at L7"); nil while l7.classes is
+	// disabled.
+	Classes []L7ClassStat `json:"classes,omitempty"`
+}
+
+// L7ClassStat is one client class's requests: admitted (passed to the
+// upstream) and refused (429, 503).
+type L7ClassStat struct {
+	Class    string `json:"class"`
+	Admitted uint64 `json:"admitted"`
+	Refused  uint64 `json:"refused"`
 }
 
 // L7RouteStat is one route's request counts by decision in `edgectl stats`,

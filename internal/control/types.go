@@ -95,6 +95,9 @@ type Stats struct {
 	Standing *StandingStats `json:"standing,omitempty"`
 	SYN      *SYNStats      `json:"syn,omitempty"` // the SYN path (syn.go); nil before it loads
 	L7       []L7RouteStat  `json:"l7,omitempty"`  // nil: no L7 stage
+	// L7Classes are the L7 stage's requests by client class (nil: no L7
+	// stage, or l7.classes disabled).
+	L7Classes []L7ClassStat `json:"l7_classes,omitempty"`
 	// Sampler: the 1-in-N sampler (shield.go); nil without a data plane.
 	Sampler *SamplerStats `json:"sampler,omitempty"`
 }

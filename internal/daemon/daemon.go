@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"io"
 	"log/slog"
 	stdmaps "maps"
@@ -303,7 +304,8 @@ func newDaemon(o Options) *Daemon {
 		shield:      newShieldRun(),
 	}
 	d.reg = d.newRegistry()
-	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops})
+	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops,
+		Classes: class.NewTable(class.DefaultClients, classStandings{d}, nil, class.Config{})})
 	d.reg.MustRegister(d.l7.Collector())
 	d.rls = rls.NewServer(rls.ServerOptions{Logger: log.With("stage", "l7-rls"), Escalator: d})
 	d.reg.MustRegister(d.rls.Collector())

@@ -187,6 +187,7 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 	}
 	e.Samples = d.recent.of(ip, 10, names)
 	e.Shield = d.shieldOnPath(p, tr, rule)
+	e.L7 = d.explainL7(ip)
 	e.Why = explainWhy(e, v)
 	return e, nil
 }

@@ -12,8 +12,11 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 	"github.com/edgeguard/edgeguard/internal/l7/rls"
+	"github.com/edgeguard/edgeguard/internal/l7/stage"
+	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -24,6 +27,12 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, *rls.Config, []by
 		return nil, nil, nil, nil
 	}
 	cfg, problems := proxy.Decode(p.L7, source)
+	if cfg != nil && p.ASNData.Path == "" {
+		for _, name := range cfg.LimitsKeyedOn(proxy.KeyASN) {
+			problems = append(problems, policy.Problem{File: source,
+				Msg: fmt.Sprintf("l7 limit %q keys on asn, and the policy has no asn_data", name)})
+		}
+	}
 	if len(problems) > 0 {
 		return nil, nil, nil, &policy.ValidationError{File: source, Problems: problems}
 	}
@@ -49,7 +58,8 @@ func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort fu
 	if proxyCfg != nil && !proxyCfg.ServesProxy() {
 		proxyCfg = nil // an l7: section with only the rate-limit service
 	}
-	ch, err := d.l7.Prepare(ctx, proxyCfg, next.l7raw, promotion(next.compiled))
+	ch, err := d.l7.Prepare(ctx, proxyCfg, next.l7raw, stage.Standing{Promotion: promotion(next.compiled),
+		EstablishedAfter: next.compiled.Standing.EstablishedAfter, ASN: next.asn})
 	if err != nil {
 		return nil, nil, fmt.Errorf("l7 stage: %w", err)
 	}
@@ -73,8 +83,64 @@ func (d *Daemon) l7Status() *control.L7Status {
 	out := &control.L7Status{RLS: addrs}
 	if st.Running {
 		out.Engine, out.Listen, out.Upstream, out.Routes = string(st.Engine), st.Addr, st.Upstream, st.Routes
+		out.Classes = d.l7Classes()
 	}
 	return out
+}
+
+// l7Classes are the L7 stage's requests by client class since the daemon
+// started (nil: the ranking is off).
+func (d *Daemon) l7Classes() []control.L7ClassStat {
+	c, ok := d.l7.ClassCounts()
+	if !ok {
+		return nil
+	}
+	out := make([]control.L7ClassStat, 0, class.NumClasses)
+	for i := range class.NumClasses {
+		out = append(out, control.L7ClassStat{Class: class.Class(i).String(), Admitted: c.Admitted[i], Refused: c.Refused[i]})
+	}
+	return out
+}
+
+// explainL7 is the L7 class table's view of ip as a TCP peer (nil: the
+// ranking is off).
+func (d *Daemon) explainL7(ip netip.Addr) *control.ExplainL7 {
+	x, ok := d.l7.ExplainClient(ip)
+	if !ok {
+		return nil
+	}
+	return &control.ExplainL7{Next: x.Next.String(), Tracked: x.Tracked, History: x.History, Learned: x.Learned,
+		Usual: x.Usual, Clump: x.Clump, InWindow: x.InWindow, Budget: x.Budget, Window: x.Window.Seconds()}
+}
+
+// classStandings is the data plane's standing as the L7 class ranking
+// reads it (docs/operations.md, "Class ranking at L7"): established (or
+// standing.known_good) is history; validated by an L7 promotion (only
+// authenticated ones since route_passed was removed) is authenticated;
+// validated by a TCP handshake or a SYN cookie is an address, not intent:
+// none, as new.
+type classStandings struct{ d *Daemon }
+
+func (s classStandings) Standing(a netip.Addr) (class.Standing, error) {
+	m := s.d.m
+	if m == nil {
+		return class.StandingNone, errors.New("no data plane loaded")
+	}
+	e, err := m.LookupStanding(a)
+	if err != nil {
+		return class.StandingNone, err
+	}
+	switch e.Standing {
+	case maps.StandingEstablished:
+		return class.StandingEstablished, nil
+	case maps.StandingValidated:
+		if e.Why == maps.WhyL7 {
+			return class.StandingAuthenticated, nil
+		}
+	case maps.StandingPenalised:
+		return class.StandingPenalised, nil
+	}
+	return class.StandingNone, nil
 }
 
 // l7Stats are the L7 stage's request counts by route and decision (nil:

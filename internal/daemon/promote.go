@@ -10,9 +10,9 @@ import (
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
-// Promote implements proxy.Promoter: a source whose request passed its L7
-// route's limits completed a TCP handshake with this host, so its address
-// is not spoofed: the data plane's standing table marks it validated
+// Promote implements proxy.Promoter: a source whose authenticated request
+// passed its L7 route's limits (standing.l7_promotion) is marked validated
+// (why l7_promotion), which the L7 class ranking reads as authenticated
 // (docs/operations.md, "L7 promotion"). A penalised source stays
 // penalised (its penalty decays on its own), and one already validated is
 // not written again. The proxy rate-limits the calls
@@ -39,6 +39,5 @@ func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error
 // standing.l7_promotion.
 func promotion(c *policy.Compiled) proxy.Promotion {
 	lp := c.Standing.L7Promotion
-	return proxy.Promotion{Enabled: lp.Enabled, Rate: int64(lp.Rate.Count), Per: lp.Rate.Per,
-		Authenticated: lp.When == policy.PromoteAuthenticated}
+	return proxy.Promotion{Enabled: lp.Enabled, Rate: int64(lp.Rate.Count), Per: lp.Rate.Per}
 }

@@ -164,6 +164,7 @@ func (d *Daemon) Stats() (control.Stats, error) {
 	st.SYN = d.synStats()
 	st.Sampler = d.samplerStats()
 	st.L7 = d.l7Stats()
+	st.L7Classes = d.l7Classes()
 	return st, nil
 }
 

@@ -29,6 +29,11 @@ type Rule struct {
 	// Store sizes the rule's keyed store (Capacity 0 means 1<<18 keys,
 	// 6 MiB, allocated up front).
 	Store StoreConfig
+	// Reserve is the units of the limit (of Algorithm.Limit()) a request
+	// outside the first class may not use (DecideOutsideReserve): it is
+	// refused when fewer than Reserve units would be left after its
+	// charge. At most Limit() minus the cost; 0: none.
+	Reserve int64
 	// Shape makes the rule a shaper: an admitted request is also held
 	// until its release slot (Pending.Delay). It needs an Algorithm that
 	// schedules (LeakyBucket) and is not for shadow rules.
@@ -109,6 +114,7 @@ type rule struct {
 	policy  string // `"name";q=100;w=60`
 	counter *ruleCounters
 	shaper  shaper // nil: not shaping
+	reserve int64  // Rule.Reserve
 }
 
 type tier struct {
@@ -129,6 +135,7 @@ type Middleware struct {
 	base       *tier // Config.Rules only
 	deflt      *tier // base plus DefaultTier's rules
 	all        []*rule
+	reserves   bool // a rule has a Reserve
 	headers    HeaderVersion
 	legacy     bool
 	jitterSec  int64
@@ -190,6 +197,7 @@ func NewMiddleware(cfg Config) (*Middleware, error) {
 			}
 			names[r.name] = true
 			m.all = append(m.all, r)
+			m.reserves = m.reserves || r.reserve > 0
 			out = append(out, r)
 		}
 		return out, nil
@@ -251,6 +259,10 @@ func newRule(tierName string, rc Rule) (*rule, error) {
 	if _, d := rc.Algorithm.Take(State{}, 0, cost); cost < 0 || !d.Allowed {
 		return nil, fmt.Errorf("middleware: rule %q: cost %d never fits the limit: %w", rc.Name, cost, ErrInvalidConfig)
 	}
+	if rc.Reserve < 0 || rc.Reserve > 0 && rc.Reserve > rc.Algorithm.Limit()-cost {
+		return nil, fmt.Errorf("middleware: rule %q: reserve %d of a limit of %d leaves no room for a request of cost %d: %w",
+			rc.Name, rc.Reserve, rc.Algorithm.Limit(), cost, ErrInvalidConfig)
+	}
 	sc := rc.Store
 	if sc.Capacity == 0 {
 		sc.Capacity = 1 << 18
@@ -269,6 +281,7 @@ func newRule(tierName string, rc Rule) (*rule, error) {
 		policy:  PolicyItem(rc.Name, rc.Algorithm.Limit(), rc.Algorithm.Window()),
 		counter: new(ruleCounters),
 		shaper:  sh,
+		reserve: rc.Reserve,
 	}, nil
 }
 
@@ -321,7 +334,7 @@ func (m *Middleware) tierFor(r *http.Request) *tier {
 // returns whether to call the next handler.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	var p verdict
-	m.decide(r, &p, nil)
+	m.decide(r, &p, nil, false)
 	if p.n == 0 {
 		return true
 	}

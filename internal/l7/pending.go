@@ -58,12 +58,21 @@ func PolicyItem(name string, limit int64, window time.Duration) string {
 // request on a skipped path gets Skipped. Rejections are counted here;
 // admissions when the caller settles p with Commit.
 func (m *Middleware) Decide(r *http.Request, p *Pending) {
-	m.decide(r, &p.verdict, &p.charges)
+	m.decide(r, &p.verdict, &p.charges, false)
+}
+
+// DecideOutsideReserve is Decide for a request that may not use the rules'
+// reserves (Rule.Reserve: a request outside the first class of the L7
+// ranking, internal/l7/class): a rule that would be left with fewer than
+// its reserve refuses it (429, Retry-After the time until the reserve and
+// the request's cost are back, from the rule's rate).
+func (m *Middleware) DecideOutsideReserve(r *http.Request, p *Pending) {
+	m.decide(r, &p.verdict, &p.charges, m.reserves)
 }
 
 // decide is Decide; charges, if not nil, receives what an admitted request
-// took, for Refund.
-func (m *Middleware) decide(r *http.Request, p *verdict, charges *[MaxChecks]undo) {
+// took, for Refund. outside: the rules' reserves are not the request's.
+func (m *Middleware) decide(r *http.Request, p *verdict, charges *[MaxChecks]undo, outside bool) {
 	p.m, p.n, p.settled = m, 0, false
 	if len(m.skip) > 0 {
 		if _, ok := m.skip[r.URL.Path]; ok {
@@ -100,7 +109,11 @@ func (m *Middleware) decide(r *http.Request, p *verdict, charges *[MaxChecks]und
 		p.allowed = true
 		return
 	}
-	p.allowed = takeAll(now, p.checks[:n], p.out[:n], &p.full, charges)
+	if outside {
+		p.allowed = m.takeOutsideReserve(now, p, charges)
+	} else {
+		p.allowed = takeAll(now, p.checks[:n], p.out[:n], &p.full, charges)
+	}
 	if p.allowed {
 		return
 	}
@@ -113,6 +126,40 @@ func (m *Middleware) decide(r *http.Request, p *verdict, charges *[MaxChecks]und
 			p.applied[i].counter.rejected.Add(1)
 		}
 	}
+}
+
+// takeOutsideReserve is takeAll for a request that may not use the rules'
+// reserves: a charge that leaves a rule under its reserve is given back
+// and the request refused.
+func (m *Middleware) takeOutsideReserve(now int64, p *verdict, charges *[MaxChecks]undo) bool {
+	n := p.n
+	var local [MaxChecks]undo
+	if charges == nil {
+		charges = &local
+	}
+	if !takeAll(now, p.checks[:n], p.out[:n], &p.full, charges) {
+		return false
+	}
+	into := false
+	for i := range n {
+		if ru := p.applied[i]; ru.reserve > 0 && p.out[i].Remaining < ru.reserve {
+			into = true
+		}
+	}
+	if !into {
+		return true
+	}
+	refundAll(m.clock, p.checks[:n], charges, p.out[:n])
+	for i := range n {
+		ru, d := p.applied[i], &p.out[i]
+		if ru.reserve == 0 || d.Remaining >= ru.reserve+ru.cost {
+			continue
+		}
+		d.Allowed = false
+		need := ru.reserve + ru.cost - max(d.Remaining, 0)
+		d.RetryAfter = time.Duration(float64(need) * float64(d.Window) / float64(max(d.Limit, 1)))
+	}
+	return false
 }
 
 // Skipped reports whether r is exempt (SkipPaths, Skip): not limited, no

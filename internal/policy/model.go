@@ -339,7 +339,9 @@ type L7Promotion struct {
 	// Rate is the most promotions per Per the L7 stage may make.
 	Rate Rate
 	// When is what a request must do to promote its source:
-	// PromoteRoutePassed (the default) or PromoteAuthenticated.
+	// PromoteAuthenticated, the only value since route_passed was removed
+	// (issue 23: a bot's request passes a route's limits as easily as a
+	// user's).
 	When PromotionWhen
 }
 
@@ -348,8 +350,6 @@ type PromotionWhen string
 
 // What promotes a source (docs/operations.md, "L7 promotion").
 const (
-	// PromoteRoutePassed: a request that passed its route's limits.
-	PromoteRoutePassed PromotionWhen = "route_passed"
 	// PromoteAuthenticated: a request that passed its route's limits,
 	// carried a credential the route's limits key on (a header: part,
 	// user or tenant) exactly once, and that the upstream answered with a
@@ -363,7 +363,7 @@ func DefaultStanding() Standing {
 	return Standing{
 		EstablishedAfter: 30 * time.Second,
 		Penalty:          5 * time.Minute,
-		L7Promotion:      L7Promotion{Rate: Rate{Count: 100, Per: time.Second}, When: PromoteRoutePassed},
+		L7Promotion:      L7Promotion{Rate: Rate{Count: 100, Per: time.Second}, When: PromoteAuthenticated},
 		RateHistory:      10 * time.Minute,
 		JumpFactor:       4,
 		JumpMin:          Rate{Count: 10, Per: time.Second},

@@ -183,10 +183,13 @@ func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
 		pf := ps.Fields(v, "standing.l7_promotion", "enabled", "rate", "when")
 		if w, ok := pf["when"]; ok {
 			switch s, _ := ps.Scalar(w, "standing.l7_promotion.when"); PromotionWhen(s) {
-			case PromoteRoutePassed, PromoteAuthenticated:
+			case PromoteAuthenticated:
 				out.L7Promotion.When = PromotionWhen(s)
+			case "route_passed":
+				ps.Errorf(w, "standing.l7_promotion.when route_passed was removed: a bot's request passes a route's "+
+					"limits as easily as a user's; use authenticated (docs/operations.md, \"L7 promotion\")")
 			default:
-				ps.Errorf(w, "standing.l7_promotion.when %q: want route_passed or authenticated", s)
+				ps.Errorf(w, "standing.l7_promotion.when %q: want authenticated", s)
 			}
 		}
 		if e, ok := pf["enabled"]; ok {
@@ -289,5 +292,5 @@ func formatPromotion(p L7Promotion) string {
 	if !p.Enabled {
 		return "off"
 	}
-	return "rate " + FormatRate(p.Rate, Packets) + " when " + string(cmp.Or(p.When, PromoteRoutePassed))
+	return "rate " + FormatRate(p.Rate, Packets) + " when " + string(cmp.Or(p.When, PromoteAuthenticated))
 }

@@ -25,7 +25,7 @@ func TestStandingDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.Standing.EstablishedAfter != 30*time.Second || p.Standing.Penalty != 5*time.Minute || p.Standing.L7Promotion.Enabled ||
-		p.Standing.L7Promotion.Rate != (Rate{Count: 100, Per: time.Second}) || p.Standing.L7Promotion.When != PromoteRoutePassed {
+		p.Standing.L7Promotion.Rate != (Rate{Count: 100, Per: time.Second}) || p.Standing.L7Promotion.When != PromoteAuthenticated {
 		t.Errorf("standing defaults: %+v", p.Standing)
 	}
 	if p.GlobalReserve != DefaultReserve || p.Defaults.Reserve != DefaultReserve {
@@ -127,9 +127,10 @@ func TestStandingRejects(t *testing.T) {
 		{"standing: {l7_promotion: {enabled: yes}}", "want true or false"},
 		{"standing: {l7_promotion: {rate: 1Mbit/s}}", "promotions per time"},
 		{"standing: {l7_promotion: {when: authenticated}}", ""},
-		{"standing: {l7_promotion: {when: route_passed}}", ""},
-		{"standing: {l7_promotion: {when: Authenticated}}", "want route_passed or authenticated"},
-		{"standing: {l7_promotion: {when: \"\"}}", "want route_passed or authenticated"},
+		{"standing: {l7_promotion: {when: authenticated}}", ""},
+		{"standing: {l7_promotion: {when: route_passed}}", "route_passed was removed"},
+		{"standing: {l7_promotion: {when: Authenticated}}", "want authenticated"},
+		{"standing: {l7_promotion: {when: \"\"}}", "want authenticated"},
 		{"standing: {l7_promotion: {when: [authenticated]}}", "standing.l7_promotion.when"},
 		{"standing: {colour: red}", "unknown field"},
 		{"standing: {rate_history: 9s}", "between"},

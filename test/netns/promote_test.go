@@ -13,7 +13,8 @@ import (
 
 // promotePolicy: an L7 stage on every edge address, one route with one
 // request a minute for everyone (so the second request is a 429 whoever
-// sends it), and standing.l7_promotion as %s. A reload that changes the
+// sends it) and a per-API-key limit (the credential an authenticated
+// promotion needs), and standing.l7_promotion as %s. A reload that changes the
 // promotion builds a new proxy, whose limits start afresh.
 const promotePolicy = `defaults:
   per_source: {packets: {rate: 10000/s, burst: 10000}}
@@ -27,10 +28,12 @@ l7:
       match: {path_prefix: /}
       limits:
         - {name: everyone, key: global, rate: 1/min, burst: 1}
+        - {name: per-key, key: "header:X-API-Key", rate: 1000/s}
 `
 
 // TestL7Promotion: with standing.l7_promotion enabled, a client whose HTTP
-// request passes its route's limits is marked validated in the data
+// request carries its API key, passes its route's limits and is answered
+// by the upstream is marked validated in the data
 // plane's standing table (edgectl explain shows it, reason l7_promotion);
 // while it is off nobody is, and turning it on is a policy reload.
 func TestL7Promotion(t *testing.T) {
@@ -44,7 +47,9 @@ func TestL7Promotion(t *testing.T) {
 		t.Helper()
 		tr := nsTransport(c.NS, src, 2*time.Second)
 		defer tr.CloseIdleConnections()
-		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Get("http://" + netip.AddrPortFrom(c.EdgeAddr4, 8080).String() + "/")
+		req, _ := http.NewRequest("GET", "http://"+netip.AddrPortFrom(c.EdgeAddr4, 8080).String()+"/", nil)
+		req.Header.Set("X-API-Key", "key-"+src.String())
+		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatalf("GET from %s: %v", src, err)
 		}

@@ -48,6 +48,9 @@ type Entry struct {
 	Total     time.Duration
 	Upstream  time.Duration
 	Forwarded bool
+	// Class is the client's class (internal/l7/class; "" when the
+	// request was not classified: exempt, or no ranking).
+	Class string
 }
 
 // Stats are the log's counters.
@@ -225,6 +228,10 @@ func AppendJSON(b []byte, e Entry) []byte {
 	if e.Limit != "" {
 		b = append(b, `,"limit":`...)
 		b = appendString(b, e.Limit)
+	}
+	if e.Class != "" {
+		b = append(b, `,"class":`...)
+		b = appendString(b, e.Class)
 	}
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(e.Status), 10)

@@ -167,3 +167,16 @@ func readLines(t *testing.T, path string) []string {
 	}
 	return out
 }
+
+// TestAppendJSONClass: the class a request was charged as is written when
+// known, and left out otherwise.
+func TestAppendJSONClass(t *testing.T) {
+	e := entry("GET", "h", "/", "198.18.0.1:1")
+	if b := string(AppendJSON(nil, e)); strings.Contains(b, `"class"`) {
+		t.Errorf("no class, yet %q", b)
+	}
+	e.Class = "over_usual"
+	if b := string(AppendJSON(nil, e)); !strings.Contains(b, `"limit":"per-ip","class":"over_usual","status":429`) {
+		t.Errorf("class missing or misplaced: %q", b)
+	}
+}

@@ -65,6 +65,9 @@ type Config struct {
 	IdentityFields []string
 	// Timeouts bound transfers: bodies, responses and tunnels.
 	Timeouts Timeouts
+	// Classes ranks clients (l7.classes, internal/l7/class): on unless
+	// disabled.
+	Classes Classes
 	// AccessLog is where the stage writes one JSON line per request:
 	// "stderr", an absolute file path (reopened on SIGUSR1), or "" for
 	// none (internal/l7/accesslog).
@@ -148,6 +151,23 @@ func (c *Config) ServingEngine() Engine {
 		return EngineNetHTTP
 	}
 	return EngineEventLoop
+}
+
+// Classes is the l7.classes section: how the L7 stage ranks clients
+// (docs/operations.md, "Class ranking at L7"). Decode fills the defaults
+// of internal/l7/class.
+type Classes struct {
+	Enabled bool
+	// Window is the usual rate's measuring period.
+	Window time.Duration
+	// Headroom multiplies a client's usual requests per Window: beyond it
+	// its requests are charged as over_usual.
+	Headroom int64
+	// DefaultUsualRate (requests/s) is the usual of a client with history
+	// whose own is not measured yet.
+	DefaultUsualRate int64
+	// CacheTTL is how long a data plane standing read is used.
+	CacheTTL time.Duration
 }
 
 // Headers selects the RateLimit header fields of responses.
@@ -269,7 +289,19 @@ type Limit struct {
 	Failure string
 	// Capacity bounds the keys of a local limit (default 1<<16).
 	Capacity int
+	// Reserve is the percentage of the limit (rounded down, at most all
+	// but one request) that only the first class of the L7 ranking may
+	// use (internal/l7/class): established and authenticated clients
+	// within their usual rate. Decode fills it: DefaultAggregateReserve
+	// for a local limit whose key names no client (global, endpoint,
+	// prefix, asn), 0 otherwise and for redis limits.
+	Reserve int
 }
+
+// DefaultAggregateReserve is the reserve of a local limit whose key is an
+// aggregate of clients (docs/policy.md, l7 limits): the share the data
+// plane's aggregates keep for their first class by default, too.
+const DefaultAggregateReserve = 50
 
 // Algorithms and backends of a Limit.
 const (
@@ -312,7 +344,56 @@ const (
 	KeyTenant
 	KeyEndpoint
 	KeyGlobal
+	// KeyPrefix is the client's /24 (IPv4) or /48 (IPv6).
+	KeyPrefix
+	// KeyASN is the client's ASN (the policy's asn_data); a client in no
+	// ASN skips the limit.
+	KeyASN
 )
+
+// Aggregate prefix lengths of KeyPrefix.
+const (
+	AggregatePrefixV4 = 24
+	AggregatePrefixV6 = 48
+)
+
+// LimitsKeyedOn names the limits (of routes and tiers) whose key has a
+// part of kind k.
+func (c *Config) LimitsKeyedOn(k KeyKind) []string {
+	var out []string
+	add := func(ls []Limit) {
+		for _, l := range ls {
+			for _, p := range l.Key {
+				if p.Kind == k {
+					out = append(out, l.Name)
+					break
+				}
+			}
+		}
+	}
+	for _, r := range c.Routes {
+		add(r.Limits)
+		if r.Tiers != nil {
+			for _, t := range r.Tiers.Tiers {
+				add(t.Limits)
+			}
+		}
+	}
+	return out
+}
+
+// Aggregate reports whether k names no client: every part is global,
+// endpoint, prefix or asn.
+func (k Key) Aggregate() bool {
+	for _, p := range k {
+		switch p.Kind {
+		case KeyGlobal, KeyEndpoint, KeyPrefix, KeyASN:
+		default:
+			return false
+		}
+	}
+	return len(k) > 0
+}
 
 // KeyPart is one part of a Key: a kind, and the header name for KeyHeader.
 type KeyPart struct {
@@ -345,6 +426,10 @@ func (k Key) String() string {
 			b.WriteString("endpoint")
 		case KeyGlobal:
 			b.WriteString("global")
+		case KeyPrefix:
+			b.WriteString("prefix")
+		case KeyASN:
+			b.WriteString("asn")
 		}
 	}
 	return b.String()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"net"
 	"net/netip"
 	"net/textproto"
@@ -162,7 +163,7 @@ func (d *decoder) config(node *yaml.Node) *Config {
 	}
 	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
 		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops",
-		"access_log", "rls", "paths", "identity_fields", "timeouts")
+		"access_log", "rls", "paths", "identity_fields", "timeouts", "classes")
 	if f == nil {
 		return nil
 	}
@@ -325,6 +326,11 @@ func (d *decoder) config(node *yaml.Node) *Config {
 		TTL: DefaultEscalationTTL, PrefixV4: 32, PrefixV6: 64, MaxSources: DefaultEscalationSources}
 	if n, ok := f["escalation"]; ok {
 		d.escalation(n, &cfg.Escalation)
+	}
+	cfg.Classes = Classes{Enabled: true, Window: class.DefaultWindow, Headroom: class.DefaultHeadroom,
+		DefaultUsualRate: class.DefaultUsualRate, CacheTTL: class.DefaultCacheTTL}
+	if n, ok := f["classes"]; ok {
+		d.classes(n, &cfg.Classes)
 	}
 	if n, ok := f["routes"]; ok {
 		seen := map[string]*yaml.Node{}
@@ -512,6 +518,33 @@ func (d *decoder) escalation(n *yaml.Node, e *Escalation) {
 	}
 }
 
+func (d *decoder) classes(n *yaml.Node, c *Classes) {
+	f := d.Fields(n, "l7 classes", "enabled", "window", "headroom", "default_usual_rate", "cache_ttl")
+	if v, ok := f["enabled"]; ok {
+		c.Enabled = d.boolean(v, "classes enabled")
+	}
+	if v, ok := f["window"]; ok {
+		if w, ok := d.duration(v, "classes window"); ok && (w < time.Second || w > time.Hour) {
+			d.Errorf(v, "classes window %s: want 1s to 1h", w)
+		} else if ok {
+			c.Window = w
+		}
+	}
+	if v, ok := f["headroom"]; ok {
+		c.Headroom, _ = d.integer(v, "classes headroom", 1, 100)
+	}
+	if v, ok := f["default_usual_rate"]; ok {
+		c.DefaultUsualRate, _ = d.integer(v, "classes default_usual_rate", 1, 1_000_000)
+	}
+	if v, ok := f["cache_ttl"]; ok {
+		if ttl, ok := d.duration(v, "classes cache_ttl"); ok && ttl > time.Minute {
+			d.Errorf(v, "classes cache_ttl %s: want at most 1m (a penalty must show soon)", ttl)
+		} else if ok {
+			c.CacheTTL = ttl
+		}
+	}
+}
+
 func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
 	f := d.Fields(n, "route", "name", "match", "exempt_paths", "limits", "tiers", "concurrency")
 	if f == nil {
@@ -693,7 +726,7 @@ func (d *decoder) limits(n *yaml.Node, where string, rc *Redis) []Limit {
 
 func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 	f := d.Fields(n, where+" limit", "name", "key", "rate", "burst", "algorithm", "shape", "shadow", "backend",
-		"failure", "capacity")
+		"failure", "capacity", "reserve")
 	if f == nil {
 		return Limit{}, false
 	}
@@ -720,7 +753,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		k, kok := d.key(v)
 		l.Key, ok = k, ok && kok
 	} else if !d.keyless {
-		d.Errorf(n, "limit %q: key is required (ip, header:NAME, user, tenant, endpoint, global, or parts joined by +)", l.Name)
+		d.Errorf(n, "limit %q: key is required (ip, header:NAME, user, tenant, endpoint, global, prefix, asn, or parts joined by +)", l.Name)
 		ok = false
 	}
 	var rateNode *yaml.Node
@@ -787,6 +820,22 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 	if v, has := f["capacity"]; has {
 		x, _ := d.integer(v, "limit capacity", 1, maxCapacity)
 		l.Capacity = int(x)
+	}
+	switch v, has := f["reserve"]; {
+	case has && l.Backend == BackendRedis:
+		d.Errorf(v, "limit %q: reserve applies to backend local (the class ranking is local)", l.Name)
+		ok = false
+	case has:
+		if s, sok := d.Scalar(v, "limit reserve"); sok {
+			pct, err := strconv.Atoi(strings.TrimSuffix(s, "%"))
+			if err != nil || !strings.HasSuffix(s, "%") || pct < 0 || pct > 99 {
+				d.Errorf(v, "limit %q: reserve %q: want a percentage from 0%% to 99%%", l.Name, s)
+				ok = false
+			}
+			l.Reserve = pct
+		}
+	case l.Backend == BackendLocal && l.Key.Aggregate():
+		l.Reserve = DefaultAggregateReserve
 	}
 	if (l.Algorithm == AlgSlidingWindow || l.Algorithm == AlgFixedWindow || l.Algorithm == AlgSlidingLog) && l.Burst != 0 {
 		d.Errorf(f["burst"], "limit %q: burst applies to gcra, token-bucket and leaky_bucket, not %s", l.Name, l.Algorithm)
@@ -873,7 +922,8 @@ func (d *decoder) key(n *yaml.Node) (Key, bool) {
 }
 
 // ParseKey parses a key expression: ip, header:NAME, user, tenant,
-// endpoint, global, or several joined by "+" (endpoint+user, tenant+ip).
+// endpoint, global, prefix, asn, or several joined by "+" (endpoint+user,
+// tenant+ip, asn+endpoint).
 func ParseKey(s string) (Key, error) {
 	var k Key
 	seen := map[string]bool{}
@@ -891,6 +941,10 @@ func ParseKey(s string) (Key, error) {
 			p.Kind = KeyEndpoint
 		case part == "global":
 			p.Kind = KeyGlobal
+		case part == "prefix":
+			p.Kind = KeyPrefix
+		case part == "asn":
+			p.Kind = KeyASN
 		case strings.HasPrefix(part, "header:"):
 			h := strings.TrimSpace(strings.TrimPrefix(part, "header:"))
 			if !httpToken(h) {
@@ -898,7 +952,7 @@ func ParseKey(s string) (Key, error) {
 			}
 			p = KeyPart{Kind: KeyHeader, Header: textproto.CanonicalMIMEHeaderKey(h)}
 		default:
-			return nil, fmt.Errorf("limit key %q: unknown part %q; want ip, header:NAME, user, tenant, endpoint, global, joined by +", s, part)
+			return nil, fmt.Errorf("limit key %q: unknown part %q; want ip, header:NAME, user, tenant, endpoint, global, prefix, asn, joined by +", s, part)
 		}
 		id := Key{p}.String()
 		if seen[id] {

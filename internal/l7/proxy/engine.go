@@ -79,6 +79,9 @@ func (p *Proxy) Decide(w http.ResponseWriter, r *http.Request) eventloop.Decisio
 	}
 	rt, exempt := p.pick(r)
 	ex := p.begin(p.obsOf(rt, exempt))
+	if !exempt {
+		p.classify(ex, r)
+	}
 	switch {
 	case exempt:
 		p.countExempt(rt)

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"hash/maphash"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
 
+	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 )
@@ -72,6 +75,7 @@ func redisRule(l Limit) (redislimit.Rule, error) {
 // (redis limits: the same on every instance).
 type keyMaker struct {
 	keys     *l7.Keys
+	asn      *asn.Table // the policy's asn_data (asn keys), or nil
 	seed     maphash.Seed
 	v4, v6   int
 	user     string
@@ -124,6 +128,24 @@ func (km *keyMaker) hashFunc(k Key, route string) l7.KeyFunc {
 			parts[i] = km.keys.Tenant()
 		case KeyGlobal:
 			parts[i] = km.keys.Global()
+		case KeyPrefix:
+			seed := km.seed
+			parts[i] = func(r *http.Request) (uint64, bool) {
+				pfx, ok := km.aggregate(r)
+				if !ok {
+					return 0, false
+				}
+				return maphash.Comparable(seed, pfx), true
+			}
+		case KeyASN:
+			seed := km.seed
+			parts[i] = func(r *http.Request) (uint64, bool) {
+				n, ok := km.asnOf(r)
+				if !ok {
+					return 0, false
+				}
+				return maphash.Comparable(seed, n) ^ 0xa5a5a5a5a5a5a5a5, true
+			}
 		case KeyEndpoint:
 			rh := maphash.String(km.seed, route)
 			seed := km.seed
@@ -136,6 +158,38 @@ func (km *keyMaker) hashFunc(k Key, route string) l7.KeyFunc {
 		return parts[0]
 	}
 	return l7.Compose(parts...)
+}
+
+// aggregate is the client's /24 or /48 (KeyPrefix).
+func (km *keyMaker) aggregate(r *http.Request) (netip.Prefix, bool) {
+	a, ok := km.keys.ClientIP(r)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	a = a.Unmap()
+	bits := AggregatePrefixV6
+	if a.Is4() {
+		bits = AggregatePrefixV4
+	}
+	pfx, err := a.Prefix(bits)
+	return pfx, err == nil
+}
+
+// asnOf is the client's ASN from the policy's asn_data (KeyASN); false
+// without asn_data or for an address in no ASN.
+func (km *keyMaker) asnOf(r *http.Request) (uint32, bool) {
+	if km.asn == nil {
+		return 0, false
+	}
+	a, ok := km.keys.ClientIP(r)
+	if !ok {
+		return 0, false
+	}
+	e, ok := km.asn.Lookup(a)
+	if !ok || e.ASN == 0 {
+		return 0, false
+	}
+	return e.ASN, true
 }
 
 // maxKeyValue: longer header values are replaced by a hash in Redis keys.
@@ -191,6 +245,18 @@ func (km *keyMaker) stringFunc(k Key, route string) func(r *http.Request) (strin
 				b.WriteString("endpoint=" + r.Method + " " + route)
 			case KeyGlobal:
 				b.WriteString("global")
+			case KeyPrefix:
+				pfx, ok := km.aggregate(r)
+				if !ok {
+					return "", false
+				}
+				b.WriteString("prefix=" + pfx.String())
+			case KeyASN:
+				n, ok := km.asnOf(r)
+				if !ok {
+					return "", false
+				}
+				b.WriteString("asn=" + strconv.FormatUint(uint64(n), 10))
 			}
 		}
 		return b.String(), true

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 )
 
@@ -119,6 +120,9 @@ type flight struct {
 	// promote: the request passed its route's limits with a credential;
 	// its source is promoted if the upstream accepts it (Proxy.accepted).
 	promote bool
+	// classed: ticket is the request's class (Proxy.classify).
+	classed bool
+	ticket  class.Ticket
 	// relay: decided off the event loop, the engine's relay.
 	relay *eventloop.Relay
 	// The net-http engine's timing and status.
@@ -154,6 +158,9 @@ func (ex *flight) finish(r *http.Request, status int, total, upstream time.Durat
 	if ex.promote {
 		ex.p.accepted(r, status, forwarded)
 	}
+	if ex.classed {
+		ex.p.classes.Done(ex.ticket, ex.decision != decisionAllowed)
+	}
 	o.inFlight.Add(-1)
 	o.status[statusClass(status)].Add(1)
 	o.total.Observe(total.Seconds())
@@ -163,11 +170,20 @@ func (ex *flight) finish(r *http.Request, status int, total, upstream time.Durat
 	if l := ex.p.alog; l != nil {
 		l.Log(accesslog.Entry{
 			Time: time.Now(), Request: r, Route: o.name, Decision: decisionName(ex.decision), Limit: ex.limit,
-			Status: status, Total: total, Upstream: upstream, Forwarded: forwarded,
+			Status: status, Total: total, Upstream: upstream, Forwarded: forwarded, Class: ex.className(),
 		})
 	}
 	*ex = flight{}
 	exchanges.Put(ex)
+}
+
+// className is the request's class for the access log ("" when not
+// classified).
+func (ex *flight) className() string {
+	if !ex.classed {
+		return ""
+	}
+	return ex.ticket.Class.String()
 }
 
 // refused notes a 429 or 503 decision.

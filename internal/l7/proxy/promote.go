@@ -25,12 +25,12 @@ type Promoter interface {
 	Promote(ctx context.Context, src netip.Addr, reason string) error
 }
 
-// Reasons passed to Promoter.Promote: the request passed its route's
-// limits; or it did, carried a credential and the upstream accepted it.
-const (
-	PromotionReason              = "l7_route"
-	PromotionReasonAuthenticated = "l7_authenticated"
-)
+// PromotionReasonAuthenticated is the reason passed to Promoter.Promote:
+// the request passed its route's limits, carried a credential and the
+// upstream accepted it. (A request that merely passed its route's limits,
+// the removed route_passed, promotes nothing: a bot's request passes them
+// as easily as a user's.)
+const PromotionReasonAuthenticated = "l7_authenticated"
 
 // maxCredential is the longest credential value that can authenticate a
 // request (longer than any API key, user or tenant id we know of); a
@@ -38,18 +38,15 @@ const (
 const maxCredential = 1024
 
 // Promotion configures promotion: off unless Enabled and a Promoter is
-// given. At most Rate promotions per Per leave the proxy in all (burst:
+// given. A source is promoted for a request that passed its route's
+// limits, carried a credential of its route (carriesCredential) and that
+// the upstream answered with a status from 200 to 399. At most Rate promotions per Per leave the proxy in all (burst:
 // one Per's worth), and each source at most once per Refresh, so a flood
 // of requests is not a flood of map writes.
 type Promotion struct {
 	Enabled bool
 	Rate    int64
 	Per     time.Duration
-	// Authenticated: promote only for a request that also carried a
-	// credential of its route (carriesCredential) and that the upstream
-	// answered with a status from 200 to 399. Otherwise a request that
-	// passed its route's limits is enough.
-	Authenticated bool
 	// Refresh is how long a promoted source is not promoted again
 	// (default DefaultPromotionRefresh).
 	Refresh time.Duration
@@ -144,11 +141,7 @@ func (pr *promotion) run(ctx context.Context) {
 			return
 		case a := <-pr.queue:
 			cctx, cancel := context.WithTimeout(ctx, EscalateTimeout)
-			reason := PromotionReason
-			if pr.cfg.Authenticated {
-				reason = PromotionReasonAuthenticated
-			}
-			err := pr.pro.Promote(cctx, a, reason)
+			err := pr.pro.Promote(cctx, a, PromotionReasonAuthenticated)
 			cancel()
 			if err != nil {
 				pr.failed.Add(1)
@@ -174,19 +167,14 @@ func (pr *promotion) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// passed is called for a request that passed its route's limits. Without
-// Authenticated its TCP peer is offered for promotion at once; with it,
-// only a request that carried a credential of the route is marked, and
-// accepted reports the upstream's answer. The peer, not a forwarded-for
+// passed is called for a request that passed its route's limits: one
+// that carried a credential of the route is marked, and accepted reports
+// the upstream's answer. The peer, not a forwarded-for
 // address: standing is about the address the data plane sees, and the peer
 // is the one that completed a TCP handshake with this host. A trusted proxy
 // is never promoted (it carries everyone's requests, bad ones too).
 func (p *Proxy) passed(rt *route, ex *flight, r *http.Request) {
 	if p.promo == nil {
-		return
-	}
-	if !p.promo.cfg.Authenticated {
-		p.promotePeer(r)
 		return
 	}
 	if ex != nil && carriesCredential(r.Header, rt.creds) {

@@ -31,8 +31,9 @@ func (r *recordingPromoter) Promote(_ context.Context, src netip.Addr, reason st
 	return nil
 }
 
-// TestPromotion drives the proxy's handler with requests from distinct
-// peers: sources whose requests pass their route's limits are promoted, at
+// TestPromotion drives the proxy's handler with authenticated requests
+// from distinct peers: sources whose requests pass their route's limits
+// with a credential, and that the upstream accepts, are promoted, at
 // most Rate per second in all and each once per Refresh; a 429, a trusted
 // proxy and a disabled promotion promote nobody.
 func TestPromotion(t *testing.T) {
@@ -44,7 +45,7 @@ l7:
   trusted_proxies: [10.9.0.0/16]
   routes:
     - name: api
-      limits: [{name: per-ip, key: ip, rate: 2/min}]
+      limits: [{name: per-ip, key: ip, rate: 2/min}, {name: per-key, key: "header:X-API-Key", rate: 1000/s}]
 `, up.srv.URL)
 	clock := new(l7test.ManualClock)
 	rec := &recordingPromoter{calls: make(chan promotionCall, 64)}
@@ -60,6 +61,7 @@ l7:
 		w := &discardWriter{h: http.Header{}}
 		r, _ := http.NewRequest("GET", "http://proxy/", nil)
 		r.RemoteAddr = netip.AddrPortFrom(netip.MustParseAddr(ip), 40000).String()
+		r.Header.Set("X-API-Key", "key-"+ip)
 		p.ServeHTTP(w, r)
 		if w.code == 0 {
 			w.code = http.StatusOK
@@ -74,8 +76,8 @@ l7:
 		t.Helper()
 		select {
 		case c := <-rec.calls:
-			if c.src.String() != want || c.reason != PromotionReason {
-				t.Fatalf("promoted %v (%q), want %s (%q)", c.src, c.reason, want, PromotionReason)
+			if c.src.String() != want || c.reason != PromotionReasonAuthenticated {
+				t.Fatalf("promoted %v (%q), want %s (%q)", c.src, c.reason, want, PromotionReasonAuthenticated)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no promotion of %s", want)
@@ -231,7 +233,7 @@ func TestAuthenticatedPromotion(t *testing.T) {
 			rec := &recordingPromoter{calls: make(chan promotionCall, 64)}
 			clock := new(l7test.ManualClock)
 			p, base := startProxy(t, cfg, Options{Clock: clock, Promoter: rec,
-				Promotion: Promotion{Enabled: true, Authenticated: true, Rate: 100, Per: time.Second}})
+				Promotion: Promotion{Enabled: true, Rate: 100, Per: time.Second}})
 			addr := strings.TrimPrefix(base, "http://")
 			req := func(path string, headers ...string) string {
 				return "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + strings.Join(headers, "") + "\r\n"

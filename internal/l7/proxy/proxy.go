@@ -17,8 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
@@ -48,6 +50,14 @@ type Options struct {
 	// AccessLog, when set, receives one line per request (the L7 stage
 	// opens it from l7.access_log and keeps it across reloads).
 	AccessLog *accesslog.Log
+	// ASN is the policy's asn_data, for limits keyed on asn (nil: such
+	// limits are skipped by every request).
+	ASN *asn.Table
+	// Classes, when set, ranks every routed request's client
+	// (internal/l7/class): concurrency slots and queue order prefer
+	// established and authenticated clients within their usual rate. The
+	// stage keeps one table across reloads.
+	Classes *class.Table
 	// Transport carries requests to the upstream under the net-http engine
 	// and when the Proxy is used as an http.Handler (default: an
 	// http.Transport keeping up to 512 idle connections to it). The
@@ -79,6 +89,7 @@ type Proxy struct {
 	observ    observations
 	obsSets   []*routeObs // every route's, then the unmatched and exempt requests'
 	alog      *accesslog.Log
+	classes   *class.Table          // Options.Classes, or nil
 	reg       prometheus.Registerer // Options.Registerer, or nil
 
 	// unmatchedOffLoop is unmatched as the event loop's decision off the
@@ -147,7 +158,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 		return nil, errors.New("proxy: config without upstream")
 	}
 	p := &Proxy{cfg: cfg, log: opts.Logger, clock: opts.Clock, exempt: map[string]struct{}{}, descs: newProxyDescs(),
-		observ: newObservations(), alog: opts.AccessLog}
+		observ: newObservations(), alog: opts.AccessLog, classes: opts.Classes}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -167,6 +178,7 @@ func New(cfg *Config, opts Options) (*Proxy, error) {
 	if p.km, err = newKeyMaker(cfg); err != nil {
 		return nil, err
 	}
+	p.km.asn = opts.ASN
 	for _, s := range cfg.ExemptPaths {
 		p.exempt[s] = struct{}{}
 	}
@@ -398,23 +410,65 @@ func (p *Proxy) Trusted(a netip.Addr) bool {
 	return false
 }
 
+// priorityFunc is a concurrency limit's priority of a request: the
+// priority header's value when the limit names one and the request carries
+// a known value (critical, default, sheddable: set by a trusted layer in
+// front), else the client's class (internal/l7/class): established and
+// authenticated within their usual rate are critical (they may use the
+// reserve and are served first from the queue), new and over-usual
+// default, penalised sheddable.
 func priorityFunc(header string) func(*http.Request) shed.Priority {
-	if header == "" {
-		return nil
-	}
 	return func(r *http.Request) shed.Priority {
-		v := r.Header[header]
-		if len(v) == 0 {
-			return shed.PriorityDefault
+		if header != "" {
+			if v := r.Header[header]; len(v) > 0 {
+				switch v[0] {
+				case "critical":
+					return shed.PriorityCritical
+				case "sheddable":
+					return shed.PrioritySheddable
+				case "default":
+					return shed.PriorityDefault
+				}
+			}
 		}
-		switch v[0] {
-		case "critical":
-			return shed.PriorityCritical
-		case "sheddable":
-			return shed.PrioritySheddable
-		}
+		return classPriority(exchangeOf(r))
+	}
+}
+
+// classPriority is the concurrency priority of a request's class
+// (PriorityDefault when it was not classified).
+func classPriority(ex *flight) shed.Priority {
+	if ex == nil || !ex.classed {
 		return shed.PriorityDefault
 	}
+	switch c := ex.ticket.Class; {
+	case c.Priority():
+		return shed.PriorityCritical
+	case c == class.Penalised:
+		return shed.PrioritySheddable
+	}
+	return shed.PriorityDefault
+}
+
+// classify charges a routed request to its client's class (Options.Classes;
+// nothing without it): the client is the address the ip keys use (the
+// forwarded-for client behind a trusted proxy), and the data plane's
+// standing is read only for a client that is the TCP peer.
+func (p *Proxy) classify(ex *flight, r *http.Request) {
+	if p.classes == nil {
+		return
+	}
+	a, ok := p.km.keys.ClientIP(r)
+	if !ok {
+		return
+	}
+	peer := len(p.cfg.TrustedProxies) == 0 // then the client is the peer
+	if !peer {
+		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+			peer = ap.Addr().Unmap() == a.Unmap()
+		}
+	}
+	ex.ticket, ex.classed = p.classes.Classify(a, peer), true
 }
 
 // newShed builds a concurrency limiter and the constructor of its
@@ -461,9 +515,14 @@ func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 	if capacity == 0 {
 		capacity = DefaultLocalCapacity
 	}
+	var reserve int64
+	if l.Reserve > 0 {
+		reserve = min(alg.Limit()*int64(l.Reserve)/100, alg.Limit()-1)
+	}
 	return l7.Rule{
 		Name:      l.Name,
 		Key:       p.km.hashFunc(l.Key, route),
+		Reserve:   reserve,
 		Algorithm: alg,
 		Shadow:    l.Shadow,
 		Shape:     l.Shape,
@@ -646,6 +705,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rt, exempt := p.pick(r)
 	ex := p.begin(p.obsOf(rt, exempt))
+	if !exempt {
+		p.classify(ex, r)
+	}
 	ex.start = time.Now()
 	ex.sw.ResponseWriter = p.holdTransfers(ex, w, r)
 	ww := &ex.sw
@@ -730,7 +792,11 @@ func (p *Proxy) limit(rt *route, ex *flight, w http.ResponseWriter, r *http.Requ
 		return true
 	}
 	var lp l7.Pending
-	rt.mw.Decide(r, &lp)
+	if ex != nil && ex.classed && !ex.ticket.Class.Priority() {
+		rt.mw.DecideOutsideReserve(r, &lp)
+	} else {
+		rt.mw.Decide(r, &lp)
+	}
 	if lp.Skipped() {
 		rt.counts.n[decisionAllowed].Add(1)
 		return true
@@ -906,6 +972,9 @@ func (p *Proxy) Close() {
 		}
 	})
 }
+
+// Ranks reports whether the proxy ranks its clients (Options.Classes).
+func (p *Proxy) Ranks() bool { return p.classes != nil }
 
 // RouteNames lists the routes in match order (for status output).
 func (p *Proxy) RouteNames() []string {

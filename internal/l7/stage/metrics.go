@@ -2,6 +2,8 @@ package stage
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 )
 
 var (
@@ -19,6 +21,16 @@ var (
 			"stderr is slower than the requests). Absent without l7.access_log.", []string{"result"}, nil)
 	accessLogErrorsDesc = prometheus.NewDesc("edgeguard_l7_access_log_write_errors_total",
 		"Writes of the access log buffer that failed (the lines in them are lost).", nil, nil)
+	classRequestsDesc = prometheus.NewDesc("edgeguard_l7_class_requests_total",
+		"Requests the L7 stage routed (exempt paths aside), by the class they were charged as (established, "+
+			"authenticated, new, over_usual, penalised) and result (admitted: passed to the upstream; refused: "+
+			"answered 429 or 503). Absent while l7.classes is disabled.", []string{"class", "result"}, nil)
+	classReadsDesc = prometheus.NewDesc("edgeguard_l7_class_standing_reads_total",
+		"Reads of the data plane's standing table by the L7 class cache (one per client per l7.classes.cache_ttl), "+
+			"by result (ok, error: the client was ranked as if new).", []string{"result"}, nil)
+	classUntrackedDesc = prometheus.NewDesc("edgeguard_l7_class_untracked_requests_total",
+		"Requests of clients the L7 class table had no room for (every entry of their set held an active client "+
+			"with history): ranked new, the data plane not asked.", nil, nil)
 	accessLogReopensDesc = prometheus.NewDesc("edgeguard_l7_access_log_reopens_total",
 		"Times the access log file was reopened (SIGUSR1).", nil, nil)
 )
@@ -48,5 +60,15 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(infoDesc, prometheus.GaugeValue, 1, string(run.engine), run.sock.ln.Addr().String())
+	if c, ok := s.ClassCounts(); ok {
+		for i := range class.NumClasses {
+			name := class.Class(i).String()
+			ch <- prometheus.MustNewConstMetric(classRequestsDesc, prometheus.CounterValue, float64(c.Admitted[i]), name, "admitted")
+			ch <- prometheus.MustNewConstMetric(classRequestsDesc, prometheus.CounterValue, float64(c.Refused[i]), name, "refused")
+		}
+		ch <- prometheus.MustNewConstMetric(classReadsDesc, prometheus.CounterValue, float64(c.StandingReads-c.StandingReadErrors), "ok")
+		ch <- prometheus.MustNewConstMetric(classReadsDesc, prometheus.CounterValue, float64(c.StandingReadErrors), "error")
+		ch <- prometheus.MustNewConstMetric(classUntrackedDesc, prometheus.CounterValue, float64(c.Untracked))
+	}
 	run.cur.Load().Collect(ch)
 }

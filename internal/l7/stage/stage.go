@@ -38,7 +38,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeguard/edgeguard/internal/asn"
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/eventloop"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 )
@@ -64,6 +66,10 @@ type Options struct {
 	// Promoter receives the sources the proxy promotes (the policy's
 	// standing.l7_promotion, passed to Prepare).
 	Promoter proxy.Promoter
+	// Classes is the client ranking every proxy uses while l7.classes is
+	// enabled (nil: none); the stage configures it at each commit and it
+	// keeps what it knows of clients across reloads.
+	Classes *class.Table
 	// Loops is the number of event loops when the policy sets no l7.loops
 	// (0: GOMAXPROCS at New). edgectl run passes the number of cores it
 	// found before raising GOMAXPROCS by one.
@@ -75,10 +81,10 @@ type Stage struct {
 	opts Options
 	log  *slog.Logger
 
-	mu    sync.Mutex      // guards run and raw; a change is prepared and committed by one caller at a time (the daemon's lock)
-	run   *instance       // nil: the stage is stopped
-	raw   []byte          // the l7: section of run's proxy
-	promo proxy.Promotion // and its promotion settings
+	mu    sync.Mutex // guards run and raw; a change is prepared and committed by one caller at a time (the daemon's lock)
+	run   *instance  // nil: the stage is stopped
+	raw   []byte     // the l7: section of run's proxy
+	promo Standing   // and its standing settings
 
 	// alog is the access log the serving proxy writes (nil: none); it
 	// stays open across reloads that keep its path.
@@ -198,13 +204,31 @@ func (s *Stage) engineKey(cfg *proxy.Config) string {
 		fmt.Sprintf(" %+v %q %+v", cfg.Paths, cfg.IdentityFields, cfg.Timeouts)
 }
 
+// Standing is what the stage takes from the policy's standing: section.
+type Standing struct {
+	// Promotion is standing.l7_promotion.
+	Promotion proxy.Promotion
+	// EstablishedAfter is standing.established_after: the L7 history a
+	// client needs to rank as established (internal/l7/class).
+	EstablishedAfter time.Duration
+	// ASN is the policy's asn_data (limits keyed on asn), or nil.
+	ASN *asn.Table
+}
+
+// classConfig is the ranking's configuration for cfg and std.
+func classConfig(cfg *proxy.Config, std Standing) class.Config {
+	c := cfg.Classes
+	return class.Config{EstablishedAfter: std.EstablishedAfter, Window: c.Window, Headroom: c.Headroom,
+		DefaultUsualRate: c.DefaultUsualRate, CacheTTL: c.CacheTTL}
+}
+
 // Prepare readies the stage to serve cfg (nil: no L7 stage) without
 // changing what serves now. raw is the l7: section as written: an equal one
 // is no change. It builds the new proxy and, when the stage is stopped or
 // its listen address changes, binds the new address (a taken port fails
 // here). promo is the policy's L7 promotion (standing.l7_promotion), which
 // lives outside the l7: section: a change of it alone rebuilds the proxy.
-func (s *Stage) Prepare(ctx context.Context, cfg *proxy.Config, raw []byte, promo proxy.Promotion) (*Change, error) {
+func (s *Stage) Prepare(ctx context.Context, cfg *proxy.Config, raw []byte, promo Standing) (*Change, error) {
 	s.mu.Lock()
 	cur := s.alog
 	s.mu.Unlock()
@@ -286,7 +310,7 @@ func (s *Stage) AccessLogStats() accesslog.Stats {
 	return l.Stats()
 }
 
-func (s *Stage) prepare(ctx context.Context, cfg *proxy.Config, raw []byte, promo proxy.Promotion, alog *accesslog.Log) (*Change, error) {
+func (s *Stage) prepare(ctx context.Context, cfg *proxy.Config, raw []byte, promo Standing, alog *accesslog.Log) (*Change, error) {
 	select {
 	case <-s.closing:
 		return nil, errors.New("the l7 stage is closed")
@@ -310,14 +334,23 @@ func (s *Stage) prepare(ctx context.Context, cfg *proxy.Config, raw []byte, prom
 	if run != nil && string(curRaw) == string(raw) && curPromo == promo {
 		return noChange(s), nil
 	}
-	p, err := proxy.New(cfg, proxy.Options{Logger: s.log, Escalator: s.opts.Escalator,
-		Promoter: s.opts.Promoter, Promotion: promo, AccessLog: alog})
+	opts := proxy.Options{Logger: s.log, Escalator: s.opts.Escalator,
+		Promoter: s.opts.Promoter, Promotion: promo.Promotion, AccessLog: alog, ASN: promo.ASN}
+	// rank installs the ranking's settings with the proxy that uses them.
+	rank := func() {}
+	if cfg.Classes.Enabled && s.opts.Classes != nil {
+		opts.Classes = s.opts.Classes
+		ranking := classConfig(cfg, promo)
+		rank = func() { s.opts.Classes.Configure(ranking) }
+	}
+	p, err := proxy.New(cfg, opts)
 	if err != nil {
 		return nil, err
 	}
 	key := s.engineKey(cfg)
 	if run != nil && run.listen == cfg.Listen && run.key == key {
 		return &Change{s: s, abort: p.Close, commit: func() {
+			rank()
 			old := run.cur.Swap(p)
 			s.mu.Lock()
 			s.raw, s.promo = raw, promo
@@ -359,6 +392,7 @@ func (s *Stage) prepare(ctx context.Context, cfg *proxy.Config, raw []byte, prom
 			}
 		},
 		commit: func() {
+			rank()
 			s.start(next)
 			s.mu.Lock()
 			s.run, s.raw, s.promo = next, raw, promo
@@ -557,6 +591,28 @@ func (s *Stage) Decisions() []proxy.RouteDecisions {
 		return nil
 	}
 	return run.cur.Load().Decisions()
+}
+
+// ClassCounts are the requests by client class since the stage was made;
+// false when the stage is stopped or its proxy does not rank clients
+// (l7.classes disabled).
+func (s *Stage) ClassCounts() (class.Counts, bool) {
+	s.mu.Lock()
+	run := s.run
+	s.mu.Unlock()
+	if run == nil || s.opts.Classes == nil || !run.cur.Load().Ranks() {
+		return class.Counts{}, false
+	}
+	return s.opts.Classes.Counts(), true
+}
+
+// ExplainClient is the class table's view of a client that is the TCP
+// peer (class.Table.Explain); false when ClassCounts would be.
+func (s *Stage) ExplainClient(a netip.Addr) (class.Explanation, bool) {
+	if _, ok := s.ClassCounts(); !ok {
+		return class.Explanation{}, false
+	}
+	return s.opts.Classes.Explain(a, true), true
 }
 
 // ServeHTTP hands the request to the instance's current proxy.

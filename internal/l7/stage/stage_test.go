@@ -104,7 +104,7 @@ func apply(t *testing.T, s *Stage, body string) {
 	if body != "" {
 		cfg, raw = config(t, body)
 	}
-	ch, err := s.Prepare(context.Background(), cfg, raw, proxy.Promotion{})
+	ch, err := s.Prepare(context.Background(), cfg, raw, Standing{})
 	if err != nil {
 		t.Fatalf("Prepare: %v", err)
 	}
@@ -232,7 +232,7 @@ func TestPrepareTakenPort(t *testing.T) {
 	}
 	defer taken.Close()
 	cfg, raw := config(t, section(taken.Addr().String(), up.srv.URL, "net-http", ""))
-	if _, err := s.Prepare(context.Background(), cfg, raw, proxy.Promotion{}); err == nil || !strings.Contains(err.Error(), "address already in use") {
+	if _, err := s.Prepare(context.Background(), cfg, raw, Standing{}); err == nil || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("Prepare on a taken port: %v, want address already in use", err)
 	}
 	if head, code := rawGet(t, addr, "/"); code != 200 || engineOf(head) != proxy.EngineEventLoop {
@@ -252,7 +252,7 @@ func TestAbort(t *testing.T) {
 	apply(t, s, section(addr, up.srv.URL, "event-loop", ""))
 	other := freeAddr(t)
 	cfg, raw := config(t, section(other, up.srv.URL, "net-http", ""))
-	ch, err := s.Prepare(context.Background(), cfg, raw, proxy.Promotion{})
+	ch, err := s.Prepare(context.Background(), cfg, raw, Standing{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestAbort(t *testing.T) {
 	// Another engine on the same address, aborted: the socket stays open
 	// and served by the running engine.
 	cfg, raw = config(t, section(addr, up.srv.URL, "net-http", ""))
-	ch, err = s.Prepare(context.Background(), cfg, raw, proxy.Promotion{})
+	ch, err = s.Prepare(context.Background(), cfg, raw, Standing{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +425,7 @@ func TestCloseWaitsForRequests(t *testing.T) {
 				c.Close()
 				t.Fatal("still listening after Close returned")
 			}
-			if _, err := s.Prepare(context.Background(), nil, nil, proxy.Promotion{}); err == nil {
+			if _, err := s.Prepare(context.Background(), nil, nil, Standing{}); err == nil {
 				t.Fatal("Prepare after Close succeeded")
 			}
 		})
