@@ -116,7 +116,9 @@ type LimiterEgBtfAnchor struct {
 		Refused  uint8
 		Cls      uint8
 		Weight   uint32
-		_        [4]byte
+		CapLen   uint16
+		Pad      uint16
+		Frame    [128]uint8
 	}
 	Standing      uint32
 	StandingWhy   uint32
@@ -281,6 +283,12 @@ type LimiterEgFpVal struct {
 	Origin  uint32
 	DryRun  uint8
 	Pad     [7]uint8
+}
+
+type LimiterEgFrameScratch struct {
+	_    structs.HostLayout
+	Len  uint32
+	Data [128]uint8
 }
 
 type LimiterEgGate uint32
@@ -461,7 +469,9 @@ type LimiterEgSample struct {
 	Refused  uint8
 	Cls      uint8
 	Weight   uint32
-	_        [4]byte
+	CapLen   uint16
+	Pad      uint16
+	Frame    [128]uint8
 }
 
 type LimiterEgSampleCfg struct {
@@ -498,6 +508,7 @@ const (
 	LimiterEgSizesEG_V4STRIDE         LimiterEgSizes = 4
 	LimiterEgSizesEG_V4CHUNK_ENTRIES  LimiterEgSizes = 16
 	LimiterEgSizesEG_V4LEVELS         LimiterEgSizes = 4
+	LimiterEgSizesEG_SNAP_LEN         LimiterEgSizes = 128
 )
 
 type LimiterEgSrcBucket struct {
@@ -620,6 +631,7 @@ const (
 	LimiterMapFpPreWords      = "fp_pre_words"
 	LimiterMapFpRules         = "fp_rules"
 	LimiterMapFpStats         = "fp_stats"
+	LimiterMapFrameScratch    = "frame_scratch"
 	LimiterMapGlobalBuckets   = "global_buckets"
 	LimiterMapIfaceSlots      = "iface_slots"
 	LimiterMapKnownGood       = "known_good"
@@ -713,6 +725,7 @@ type LimiterMapSpecs struct {
 	FpPreWords      *ebpf.MapSpec `ebpf:"fp_pre_words"`
 	FpRules         *ebpf.MapSpec `ebpf:"fp_rules"`
 	FpStats         *ebpf.MapSpec `ebpf:"fp_stats"`
+	FrameScratch    *ebpf.MapSpec `ebpf:"frame_scratch"`
 	GlobalBuckets   *ebpf.MapSpec `ebpf:"global_buckets"`
 	IfaceSlots      *ebpf.MapSpec `ebpf:"iface_slots"`
 	KnownGood       *ebpf.MapSpec `ebpf:"known_good"`
@@ -782,6 +795,7 @@ type LimiterMaps struct {
 	FpPreWords      *ebpf.Map `ebpf:"fp_pre_words"`
 	FpRules         *ebpf.Map `ebpf:"fp_rules"`
 	FpStats         *ebpf.Map `ebpf:"fp_stats"`
+	FrameScratch    *ebpf.Map `ebpf:"frame_scratch"`
 	GlobalBuckets   *ebpf.Map `ebpf:"global_buckets"`
 	IfaceSlots      *ebpf.Map `ebpf:"iface_slots"`
 	KnownGood       *ebpf.Map `ebpf:"known_good"`
@@ -823,6 +837,7 @@ func (m *LimiterMaps) Close() error {
 		m.FpPreWords,
 		m.FpRules,
 		m.FpStats,
+		m.FrameScratch,
 		m.GlobalBuckets,
 		m.IfaceSlots,
 		m.KnownGood,

@@ -53,12 +53,18 @@ type Sample struct {
 	Weight uint32
 	// Refused (SampleDrop only): OutcomeRefusedReserve or
 	// OutcomeRefusedFull when the aggregate the Reason names refused the
-	// packet; Refusal false otherwise. Class is the source's class there
-	// (ClassUnknown: its standing was not looked up).
+	// packet; Refusal false otherwise. Class (both kinds) is the source's
+	// class there (ClassUnknown: its standing was not looked up, as for
+	// every packet no aggregate refused; from a program before capture,
+	// ClassNew in 1-in-N samples).
 	Refusal bool
 	Refused Outcome
 	Class   Class
 }
+
+// SnapLen is how many of a frame's first bytes a sample carries at most
+// (EG_SNAP_LEN): SampleReader.Frame.
+const SnapLen = int(loader.LimiterEgSizesEG_SNAP_LEN)
 
 // SampleReader reads samples from one of the data plane's ring buffers.
 // Read is for one goroutine at a time.
@@ -100,6 +106,21 @@ func (s *SampleReader) Read() (Sample, error) {
 	return decodeSample(s.rec.RawSample)
 }
 
+// Frame is the first bytes (at most SnapLen) of the frame of the sample
+// Read returned last, valid until the next Read; empty for a sample without
+// them (a program from before capture).
+func (s *SampleReader) Frame() []byte { return sampleFrame(s.rec.RawSample) }
+
+// sampleFrame is a record's frame bytes: cap_len of them, bounded by
+// SnapLen and by the record.
+func sampleFrame(b []byte) []byte {
+	if len(b) < offSampleFrame {
+		return nil
+	}
+	n := min(int(binary.NativeEndian.Uint16(b[offSampleCapLen:])), SnapLen, len(b)-offSampleFrame)
+	return b[offSampleFrame : offSampleFrame+n]
+}
+
 // ErrBadSample is the error of a ring buffer record too short to be a
 // sample: the reader may skip it and read on.
 var ErrBadSample = errors.New("bad sample record")
@@ -126,6 +147,9 @@ const (
 	offSampleRefd  = unsafe.Offsetof(loader.LimiterEgSample{}.Refused)
 	offSampleCls   = unsafe.Offsetof(loader.LimiterEgSample{}.Cls)
 	offSampleWt    = unsafe.Offsetof(loader.LimiterEgSample{}.Weight)
+	// A record from before capture ends at weight: no frame.
+	offSampleCapLen = int(unsafe.Offsetof(loader.LimiterEgSample{}.CapLen))
+	offSampleFrame  = int(unsafe.Offsetof(loader.LimiterEgSample{}.Frame))
 	// minSampleLen is the oldest program's record: everything before
 	// weight, which came later.
 	minSampleLen = int(offSampleWt)

@@ -105,7 +105,7 @@ func TestDecodeSampleFields(t *testing.T) {
 // weight keeps the bytes it has, the full length or longer decodes whole.
 // Every length agrees with the reflect decode.
 func TestDecodeSampleBounds(t *testing.T) {
-	if minSampleLen != 48 || sampleSize != 56 {
+	if minSampleLen != 48 || sampleSize != 56+SnapLen {
 		t.Fatalf("layout: minimum %d, size %d; the ring buffer's oldest records are 48 bytes", minSampleLen, sampleSize)
 	}
 	full := encodeSample(t, testSample())
@@ -144,6 +144,35 @@ func TestDecodeSampleBounds(t *testing.T) {
 		}
 		if s.Weight != wantW {
 			t.Errorf("%d bytes: weight %#x, want %#x", n, s.Weight, wantW)
+		}
+	}
+}
+
+// TestSampleFrame: a record's frame bytes are cap_len of them, never more
+// than SnapLen nor past the record's end (a hostile or truncated cap_len);
+// a record from before capture (ending at weight) has none.
+func TestSampleFrame(t *testing.T) {
+	raw := testSample()
+	for i := range raw.Frame {
+		raw.Frame[i] = byte(i + 1)
+	}
+	for _, tc := range []struct {
+		capLen uint16
+		cut    int // record length; 0: whole
+		want   int
+	}{
+		{0, 0, 0}, {1, 0, 1}, {60, 0, 60}, {uint16(SnapLen), 0, SnapLen}, {uint16(SnapLen) + 1, 0, SnapLen},
+		{0xffff, 0, SnapLen}, {100, offSampleFrame + 10, 10}, {100, offSampleFrame, 0}, {100, minSampleLen + 4, 0},
+		{100, minSampleLen, 0}, {100, 1, 0},
+	} {
+		raw.CapLen = tc.capLen
+		rec := encodeSample(t, raw)
+		if tc.cut > 0 {
+			rec = rec[:tc.cut]
+		}
+		got := sampleFrame(rec)
+		if len(got) != tc.want || !bytes.Equal(got, raw.Frame[:tc.want]) {
+			t.Errorf("cap_len %d, %d-byte record: %d bytes %x, want the first %d", tc.capLen, len(rec), len(got), got, tc.want)
 		}
 	}
 }
