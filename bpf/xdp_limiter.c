@@ -144,6 +144,7 @@ static __always_inline void fill_sample(struct eg_sample *s, const struct verdic
 	s->refused = v->refused;
 	s->cls = v->cls;
 	s->weight = weight;
+	s->has_rule = v->counted_rule;
 }
 
 /* copy_frame copies the frame's first bytes, at most EG_SNAP_LEN of its len
@@ -233,7 +234,7 @@ __attribute__((noinline)) int eg_rate_sample(__u64 a1, __u64 a2, __u64 hi, __u64
 	/* Scalars only, not pointers to the caller's stack: passing those
 	 * would make the verifier walk every exit's state again. */
 	struct verdict v = { .action = a1 & 0xff, .reason = (a1 >> 8) & 0xff, .gen = (a1 >> 16) & 1,
-			     .refused = a1 >> 48, .cls = a1 >> 56, .rule_id = ids, .asn = ids >> 32 };
+			     .counted_rule = (a1 >> 17) & 1, .refused = a1 >> 48, .cls = a1 >> 56, .rule_id = ids, .asn = ids >> 32 };
 	struct pkt_info p = { .proto = a1 >> 24, .ttl = a1 >> 32, .tcp_flags = a1 >> 40, .sport = a2,
 			      .dport = a2 >> 16, .ip_len = a2 >> 32, .len = a2 >> 48 };
 	struct eg_frame_scratch *f;
@@ -315,7 +316,8 @@ static __always_inline int finish(struct xdp_md *ctx, const struct verdict *v, c
 		__builtin_memcpy(&hi, pi->addr, 8);
 		__builtin_memcpy(&lo, pi->addr + 8, 8);
 		eg_frame_copy(ctx);
-		eg_rate_sample(v->action | v->reason << 8 | (__u64)v->gen << 16 | (__u64)pi->proto << 24 |
+		eg_rate_sample(v->action | v->reason << 8 | (__u64)v->gen << 16 | (__u64)v->counted_rule << 17 |
+				       (__u64)pi->proto << 24 |
 				       (__u64)pi->ttl << 32 | (__u64)pi->tcp_flags << 40 | (__u64)v->refused << 48 |
 				       (__u64)v->cls << 56,
 			       pi->sport | (__u64)pi->dport << 16 | (__u64)pi->ip_len << 32 | (__u64)pi->len << 48, hi,

@@ -342,7 +342,8 @@ struct eg_sample {
 	/* The frame's first cap_len bytes (at most EG_SNAP_LEN, fewer for a
 	 * shorter frame; 0: not copied). Bytes past cap_len are not written. */
 	__u16 cap_len;
-	__u16 _pad;
+	__u8 has_rule; /* 1: rule_id is the packet's rule; 0: no rule yet (lists, malformed, no policy) */
+	__u8 _pad;
 	__u8 frame[EG_SNAP_LEN];
 };
 

@@ -41,6 +41,7 @@ func newRootCommand() *cobra.Command {
 		newListCommand(control.Allow), newASNCommand(), newDemoCommand(), newExplainCommand())
 	root.AddCommand(newFleetCommand())
 	root.AddCommand(newShieldCommand())
+	root.AddCommand(newCaptureCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
 }

@@ -117,7 +117,8 @@ type LimiterEgBtfAnchor struct {
 		Cls      uint8
 		Weight   uint32
 		CapLen   uint16
-		Pad      uint16
+		HasRule  uint8
+		Pad      uint8
 		Frame    [128]uint8
 	}
 	Standing      uint32
@@ -470,7 +471,8 @@ type LimiterEgSample struct {
 	Cls      uint8
 	Weight   uint32
 	CapLen   uint16
-	Pad      uint16
+	HasRule  uint8
+	Pad      uint8
 	Frame    [128]uint8
 }
 

@@ -29,10 +29,14 @@ const (
 
 // Sample is one sampled packet reported by the data plane.
 type Sample struct {
-	Time     time.Duration // CLOCK_MONOTONIC
-	Source   netip.Addr
-	ASN      uint32
-	RuleID   uint32 // the rule's table slot (see Maps.RuleSlots), not its id
+	Time   time.Duration // CLOCK_MONOTONIC
+	Source netip.Addr
+	ASN    uint32
+	RuleID uint32 // the rule's table slot (see Maps.RuleSlots), not its id
+	// HasRule: RuleID is the packet's rule; false for verdicts before a
+	// rule is known (lists, malformed frames, no policy; and every sample
+	// of a program from before capture).
+	HasRule  bool
 	Len      uint16 // IP total length (IPv6: 40 + payload length)
 	FrameLen uint16 // the frame's length
 	Proto    uint8
@@ -150,6 +154,7 @@ const (
 	// A record from before capture ends at weight: no frame.
 	offSampleCapLen = int(unsafe.Offsetof(loader.LimiterEgSample{}.CapLen))
 	offSampleFrame  = int(unsafe.Offsetof(loader.LimiterEgSample{}.Frame))
+	offSampleHasRul = unsafe.Offsetof(loader.LimiterEgSample{}.HasRule)
 	// minSampleLen is the oldest program's record: everything before
 	// weight, which came later.
 	minSampleLen = int(offSampleWt)
@@ -175,6 +180,7 @@ func decodeSample(b []byte) (Sample, error) {
 		Source:   netip.AddrFrom16([16]byte(buf[offSampleAddr:])).Unmap(),
 		ASN:      ne.Uint32(buf[offSampleAsn:]),
 		RuleID:   ne.Uint32(buf[offSampleRule:]),
+		HasRule:  buf[offSampleHasRul] != 0,
 		Len:      ne.Uint16(buf[offSampleIPLen:]),
 		FrameLen: ne.Uint16(buf[offSampleLen:]),
 		Proto:    buf[offSampleProto],

@@ -29,7 +29,7 @@ func decodeSampleReflect(b []byte) (Sample, error) {
 	return Sample{
 		Time:   time.Duration(raw.KtimeNs),
 		Source: netip.AddrFrom16(raw.Addr).Unmap(),
-		ASN:    raw.Asn, RuleID: raw.RuleId, Len: raw.IpLen, FrameLen: raw.Len, Proto: raw.Proto,
+		ASN:    raw.Asn, RuleID: raw.RuleId, HasRule: raw.HasRule != 0, Len: raw.IpLen, FrameLen: raw.Len, Proto: raw.Proto,
 		SPort: raw.Sport, DPort: raw.Dport, TTL: raw.Ttl, TCPFlags: raw.TcpFlags,
 		Reason: Reason(raw.Reason), Action: Action(raw.Action), Kind: SampleKind(raw.Kind),
 		Passed: Action(raw.Action) != ActDrop, Weight: raw.Weight,
@@ -49,7 +49,7 @@ func testSample() loader.LimiterEgSample {
 		KtimeNs: 0x0102030405060708, Addr: addr, Asn: 0x11121314, RuleId: 0x21222324,
 		Len: 0x3132, Dport: 0x4142, Sport: 0x5152, Proto: 0x61, Reason: 0x62, Action: 0x63,
 		Kind: uint8(SampleDrop), Ttl: 0x65, TcpFlags: 0x66, IpLen: 0x7172, Refused: 0x67, Cls: 0x68,
-		Weight: 0x81828384,
+		Weight: 0x81828384, HasRule: 1,
 	}
 }
 
@@ -74,7 +74,7 @@ func TestDecodeSampleFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Sample{
-		Time: 0x0102030405060708, Source: netip.AddrFrom16(raw.Addr), ASN: 0x11121314, RuleID: 0x21222324,
+		Time: 0x0102030405060708, Source: netip.AddrFrom16(raw.Addr), ASN: 0x11121314, RuleID: 0x21222324, HasRule: true,
 		Len: 0x7172, FrameLen: 0x3132, Proto: 0x61, SPort: 0x5152, DPort: 0x4142, TTL: 0x65, TCPFlags: 0x66,
 		Reason: 0x62, Action: 0x63, Kind: SampleDrop, Passed: true, Weight: 0x81828384,
 		Refusal: true, Refused: 0x67, Class: 0x68,
