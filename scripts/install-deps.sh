@@ -26,6 +26,7 @@ needs=(
   "ethtool:ethtool"
   "timeout:coreutils"
   "sysctl:procps"
+  "tcpdump:tcpdump"
 )
 
 missing=()
