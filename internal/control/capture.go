@@ -58,9 +58,9 @@ type CaptureStart struct {
 	// DropBudget is the drop samples' budget per second (0: drop
 	// samples off); OneIn and MaxPerSecond the 1-in-N sampler's (OneIn
 	// 0: off).
-	DropBudget   uint64 `json:"drop_samples_per_second"`
-	OneIn        uint32 `json:"one_in"`
-	MaxPerSecond uint64 `json:"max_per_second"`
+	DropBudget   uint64   `json:"drop_samples_per_second"`
+	OneIn        uint32   `json:"one_in"`
+	MaxPerSecond uint64   `json:"max_per_second"`
 	Interfaces   []string `json:"interfaces,omitempty"`
 }
 
