@@ -130,10 +130,6 @@ func sampleWallTime(mono time.Duration) time.Time {
 // selects until the client goes, the daemon stops, or the client's
 // connection fails.
 func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
-	if d.m == nil {
-		writeError(w, http.StatusServiceUnavailable, errors.New("no data plane: nothing to capture"))
-		return
-	}
 	var req control.CaptureRequest
 	if !decodeBody(w, r, maxCaptureBody, "capture request", &req) {
 		return
@@ -155,6 +151,10 @@ func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
 	snap := maps.SnapLen
 	if req.SnapLen > 0 {
 		snap = min(snap, req.SnapLen)
+	}
+	if d.m == nil {
+		writeError(w, http.StatusServiceUnavailable, errors.New("no data plane: nothing to capture"))
+		return
 	}
 	flusher, ok := w.(http.Flusher)
 	if !ok {

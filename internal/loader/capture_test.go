@@ -99,8 +99,14 @@ func TestSampleFrameBytes(t *testing.T) {
 		}
 		s, got := readOneFrame(t, drops)
 		check("drop samples", s, got, f, maps.SampleDrop, maps.ActDrop)
+		if !s.HasRule || s.RuleID != 0 || s.Reason != maps.ReasonRuleDrop {
+			t.Errorf("drop sample: %+v, want rule slot 0 known, reason rule_drop", s)
+		}
 		s, got = readOneFrame(t, rates)
 		check("1-in-N samples", s, got, f, maps.SampleRate, maps.ActDrop)
+		if !s.HasRule {
+			t.Errorf("1-in-N sample: %+v, want its rule known", s)
+		}
 	}
 	requireRingEmpty(t, drops, "drop samples")
 	requireRingEmpty(t, rates, "1-in-N samples")
@@ -117,6 +123,18 @@ func TestSampleFrameBytes(t *testing.T) {
 		if s.Class != maps.ClassUnknown {
 			t.Errorf("passed sample: class %d, want unknown (no aggregate looked the standing up)", s.Class)
 		}
+	}
+	requireRingEmpty(t, drops, "drop samples")
+
+	// A deny-list drop: no rule yet; only the 1-in-N sampler sends it.
+	must(t, td.m.SetLists([]maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.4.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI}}))
+	if td.run(frames[3]) != xdpDrop {
+		t.Fatal("deny-listed frame: not dropped")
+	}
+	s, got := readOneFrame(t, rates)
+	check("1-in-N samples", s, got, frames[3], maps.SampleRate, maps.ActDrop)
+	if s.HasRule || s.Reason != maps.ReasonDeny {
+		t.Errorf("deny-list sample: %+v, want no rule, reason deny_list", s)
 	}
 	requireRingEmpty(t, drops, "drop samples")
 }
