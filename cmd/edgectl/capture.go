@@ -161,6 +161,9 @@ func runCapture(cmd *cobra.Command, req control.CaptureRequest, file string, cou
 		if cerr := f.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close %s: %w", file, cerr)
 		}
+		if w == nil {
+			os.Remove(file) // not even a header: no file rather than an unreadable one
+		}
 	}
 	summary := fmt.Sprintf("%d frames written", written)
 	if lost > 0 {

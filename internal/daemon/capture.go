@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edgeguard/edgeguard/internal/capture"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -48,10 +50,12 @@ type captureSub struct {
 
 type captureHub struct {
 	active atomic.Int32 // subscribers: the readers' fast path when 0
-	mu     sync.Mutex
-	subs   map[*captureSub]struct{}
-	closed chan struct{} // closed when the daemon stops
-	once   sync.Once
+	// Frames streamed and lost (a full queue), all captures together.
+	sent, lost atomic.Uint64
+	mu         sync.Mutex
+	subs       map[*captureSub]struct{}
+	closed     chan struct{} // closed when the daemon stops
+	once       sync.Once
 }
 
 func newCaptureHub() *captureHub {
@@ -106,7 +110,26 @@ func (h *captureHub) publish(s maps.Sample, frame []byte) {
 		case sub.ch <- f:
 		default:
 			sub.lost.Add(1)
+			h.lost.Add(1)
 		}
+	}
+}
+
+// captureCollectors export the hub's state (docs/metrics.md, "Capture").
+func (h *captureHub) collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgeguard_captures_active",
+			Help: "edgectl capture streams open now (at most 8).",
+		}, func() float64 { return float64(h.active.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgeguard_capture_frames_sent_total",
+			Help: "Sampled frames streamed to edgectl capture, all captures together.",
+		}, func() float64 { return float64(h.sent.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edgeguard_capture_frames_lost_total",
+			Help: "Sampled frames a capture selected and could not queue (its reader was slower than the samples), all captures together.",
+		}, func() float64 { return float64(h.lost.Load()) }),
 	}
 }
 
@@ -205,6 +228,7 @@ func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 				sent++
+				d.capture.sent.Add(1)
 				select {
 				case f = <-sub.ch:
 				default:

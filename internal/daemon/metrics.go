@@ -35,6 +35,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(fleetCollector{d})
 	reg.MustRegister(newShieldCollector(d)...)
 	reg.MustRegister(newSamplerCollector(d))
+	reg.MustRegister(d.capture.collectors()...)
 	return reg
 }
 
