@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -164,6 +166,9 @@ func TestCapture(t *testing.T) {
 	drops := startCapture(t, s, "drops", "-c", "60", "-G", "30")
 	passed := startCapture(t, s, "passed", "--passed", "-c", "10", "-G", "30")
 	port := startCapture(t, s, "port", "-c", "30", "-G", "30", "udp", "and", "src", "port", "5001")
+	// Unbounded: one ended by Ctrl-C, one by the daemon stopping.
+	interrupted := startCapture(t, s, "interrupted")
+	orphan := startCapture(t, s, "orphan", "--all")
 
 	a := s.lab.Attackers[0]
 	flood := trafficgen.Flood{
@@ -183,6 +188,11 @@ func TestCapture(t *testing.T) {
 	}
 	for _, c := range []*captureRun{drops, passed, port} {
 		c.wait(t)
+	}
+	interrupted.cmd.Process.Signal(os.Interrupt)
+	interrupted.wait(t)
+	if n := tcpdumpCount(t, interrupted.file); n == 0 || !strings.Contains(interrupted.errb.String(), fmt.Sprintf("%d frames written", n)) {
+		t.Errorf("interrupted capture: tcpdump reads %d frames; it said %q", n, interrupted.errb.String())
 	}
 
 	check := func(c *captureRun, n int, verdict string) []capturedPacket {
@@ -231,6 +241,34 @@ func TestCapture(t *testing.T) {
 	}
 	if got := tcpdumpCount(t, drops.file, "udp", "and", "src", "port", "5001"); got != ours {
 		t.Errorf("tcpdump finds %d frames from port 5001 in the drops file, our reading %d", got, ours)
+	}
+	// Refused before anything streams: a filter tcpdump cannot compile, a
+	// reason the data plane does not have.
+	if out, err := s.lab.Daemon.Ctl(s.ctx, "capture", "-w", filepath.Join(t.TempDir(), "x"), "udp", "and"); err == nil ||
+		!strings.Contains(string(out), "syntax error") {
+		t.Errorf("capture with a bad filter: %v: %s", err, out)
+	}
+	if out, err := s.lab.Daemon.Ctl(s.ctx, "capture", "-w", filepath.Join(t.TempDir(), "x"), "--reason", "nope"); err == nil ||
+		!strings.Contains(string(out), "source_limit") {
+		t.Errorf("capture with an unknown reason: %v: %s", err, out)
+	}
+	// The daemon stops: the open capture ends with an error, its file
+	// whole.
+	if err := s.lab.Daemon.Stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-orphan.done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(orphan.errb.String(), "the daemon ended the capture") {
+			t.Errorf("capture when the daemon stopped: %v: %s", err, orphan.errb.String())
+		}
+		orphan.done <- err
+	case <-time.After(20 * time.Second):
+		t.Fatalf("capture still running 20 s after the daemon stopped: %s", orphan.errb.String())
+	}
+	if n := tcpdumpCount(t, orphan.file); n == 0 {
+		t.Errorf("capture ended by the daemon: tcpdump reads %d frames", n)
 	}
 	report(t, "capture: flood %d frames; drops 60 (%d from port 5001), passed 10, filtered 30; %v from the daemon's start",
 		fr.Sent, ours, time.Since(start).Round(time.Millisecond))
