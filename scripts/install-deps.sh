@@ -27,6 +27,7 @@ needs=(
   "timeout:coreutils"
   "sysctl:procps"
   "tcpdump:tcpdump"
+  "tshark:tshark"
 )
 
 missing=()

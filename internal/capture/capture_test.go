@@ -243,4 +243,21 @@ func TestWriterReadBack(t *testing.T) {
 	if lines != len(frames) {
 		t.Errorf("tcpdump read %d frames, want %d:\n%s", lines, len(frames), out)
 	}
+
+	// Wireshark's reader (tshark) shows each frame's comment.
+	if _, err := exec.LookPath("tshark"); err != nil {
+		t.Skip("tshark not installed (scripts/install-deps.sh installs it): Wireshark's reading not checked")
+	}
+	cmd = exec.Command("tshark", "-r", "-", "-T", "fields", "-e", "frame.comment", "-e", "frame.len", "-e", "frame.cap_len")
+	cmd.Stdin = bytes.NewReader(data)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err = cmd.Output()
+	if err != nil {
+		t.Fatalf("tshark -r: %v\n%s", err, stderr.String())
+	}
+	want := wantComments[0] + "\t1400\t100\n" + wantComments[1] + "\t60\t60\n"
+	if string(out) != want {
+		t.Errorf("tshark:\n%s\nwant\n%s", out, want)
+	}
 }

@@ -232,6 +232,22 @@ func TestCapture(t *testing.T) {
 			t.Errorf("port frame %d: source port %d, want only 5001 (the filter)", i, sport)
 		}
 	}
+	// Wireshark's reader shows the same comments.
+	if _, err := exec.LookPath("tshark"); err == nil {
+		out, err := exec.Command("tshark", "-r", drops.file, "-T", "fields", "-e", "frame.comment").Output()
+		if err != nil {
+			t.Fatalf("tshark -r: %v", err)
+		}
+		var comments []string
+		for _, p := range readCapture(t, drops.file) {
+			comments = append(comments, p.comment)
+		}
+		if got := strings.TrimSpace(string(out)); got != strings.Join(comments, "\n") {
+			t.Errorf("tshark's comments:\n%s\nwant\n%s", got, strings.Join(comments, "\n"))
+		}
+	} else {
+		t.Log("tshark not installed (scripts/install-deps.sh installs it): Wireshark's reading not checked")
+	}
 	// tcpdump's filter agrees with the daemon's on the unfiltered file.
 	var ours int
 	for _, p := range readCapture(t, drops.file) {
