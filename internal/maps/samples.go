@@ -169,7 +169,7 @@ func decodeSample(b []byte) (Sample, error) {
 	if len(b) < minSampleLen {
 		return Sample{}, fmt.Errorf("decode sample: %d bytes, want at least %d: %w", len(b), minSampleLen, ErrBadSample)
 	}
-	var buf [sampleSize]byte // zero past a short record's end
+	var buf [offSampleFrame]byte // the fields, not the frame; zero past a short record's end
 	copy(buf[:], b)
 	ne := binary.NativeEndian
 	kind := SampleKind(buf[offSampleKind])
