@@ -110,8 +110,13 @@ func runCapture(cmd *cobra.Command, req control.CaptureRequest, file string, cou
 		switch {
 		case ev.Start != nil:
 			st := ev.Start
-			if req.Which != string(capture.Dropped) && st.OneIn == 0 {
-				return fmt.Errorf("1-in-N sampling is off (policy sampling.one_in: 0): no passed frames can come")
+			if st.OneIn == 0 {
+				switch req.Which {
+				case string(capture.Passed):
+					return fmt.Errorf("1-in-N sampling is off (policy sampling.one_in: 0): no passed frames can come")
+				case string(capture.All):
+					fmt.Fprintln(status, "edgectl: 1-in-N sampling is off (policy sampling.one_in: 0): dropped frames only")
+				}
 			}
 			snap := st.SnapLen
 			if req.SnapLen > 0 {
