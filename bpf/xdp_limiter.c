@@ -155,13 +155,51 @@ static __always_inline __u16 copy_frame(struct xdp_md *ctx, __u8 *dst, __u32 len
 {
 	__u32 n = len < EG_SNAP_LEN ? len : EG_SNAP_LEN;
 
-	/* Hide what clang knows of n, so it checks the bounds on the register
-	 * it passes (else it tests data_end == data and passes a copy of len
-	 * the verifier sees unbounded). */
+	_Static_assert((EG_SNAP_LEN & (EG_SNAP_LEN - 1)) == 0, "EG_SNAP_LEN must be a power of two");
+	if (n == 0)
+		return 0;
+	/* n is 1..EG_SNAP_LEN. Say so in a form every verifier follows (6.1
+	 * learns no lower bound from n != 0: "size=0"), behind a barrier so
+	 * clang neither folds it away nor passes another register holding
+	 * len (which the verifier sees unbounded). */
 	asm volatile("" : "+r"(n));
-	if (n == 0 || n > EG_SNAP_LEN || bpf_xdp_load_bytes(ctx, 0, dst, n))
+	n = ((n - 1) & (EG_SNAP_LEN - 1)) + 1;
+	if (bpf_xdp_load_bytes(ctx, 0, dst, n))
 		return 0;
 	return n;
+}
+
+/* eg_frame_copy copies the packet's first bytes to this CPU's frame_scratch,
+ * for the sample about to be sent (take_frame). Global: verified once, on
+ * its own, so the copy's variable length ties no state of the main program
+ * to the frame's length (copied inline at the drop sample, that made the
+ * verifier walk twice the instructions). Called only for a packet chosen
+ * for a sample. */
+__attribute__((noinline)) int eg_frame_copy(struct xdp_md *ctx)
+{
+	struct eg_frame_scratch *f;
+	__u32 zero = 0;
+
+	f = bpf_map_lookup_elem(&frame_scratch, &zero);
+	if (!f)
+		return 0;
+	f->len = copy_frame(ctx, f->data, ctx->data_end - ctx->data);
+	return 0;
+}
+
+/* take_frame puts the bytes eg_frame_copy took of this packet into s. The
+ * scratch is this CPU's and written just before, within the same packet. */
+static __always_inline void take_frame(struct eg_sample *s)
+{
+	struct eg_frame_scratch *f;
+	__u32 zero = 0;
+
+	f = bpf_map_lookup_elem(&frame_scratch, &zero);
+	s->cap_len = 0;
+	if (f && f->len <= EG_SNAP_LEN) {
+		__builtin_memcpy(s->frame, f->data, EG_SNAP_LEN);
+		s->cap_len = f->len;
+	}
 }
 
 /* sample sends a drop sample to user space, within its own budget so a flood
@@ -178,13 +216,14 @@ static __always_inline void sample(struct xdp_md *ctx, const struct verdict *v, 
 	b = bpf_map_lookup_elem(&global_buckets, &slot);
 	if (!b || !gcra_take(&b->pkt_tat, now, cfg->sample.pkt_t, cfg->sample.pkt_tau))
 		return;
+	/* The bytes only for a packet the budget admits (and before the
+	 * reservation: no call while a ring buffer record is held). */
+	eg_frame_copy(ctx);
 	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
 	if (!s)
 		return;
 	fill_sample(s, v, pi, now, EG_SAMPLE_DROP, 0);
-	/* The bytes only for a sample sent: after the budget and the ring's
-	 * reservation. */
-	s->cap_len = copy_frame(ctx, s->frame, pi->len);
+	take_frame(s);
 	bpf_ringbuf_submit(s, 0);
 }
 
@@ -206,21 +245,6 @@ static __always_inline __u32 eg_rand(struct eg_rsample_stats *st)
 	return x >> 32;
 }
 
-/* eg_frame_copy copies a chosen packet's first bytes to this CPU's
- * frame_scratch, where eg_rate_sample takes them. Global: verified once;
- * called only for a chosen packet. */
-__attribute__((noinline)) int eg_frame_copy(struct xdp_md *ctx)
-{
-	struct eg_frame_scratch *f;
-	__u32 zero = 0;
-
-	f = bpf_map_lookup_elem(&frame_scratch, &zero);
-	if (!f)
-		return 0;
-	f->len = copy_frame(ctx, f->data, ctx->data_end - ctx->data);
-	return 0;
-}
-
 /* eg_rate_sample is the 1-in-N sampler (docs/operations.md, "Sampling"):
  * every packet of a live generation, passed or dropped, is chosen with
  * probability thresh / 2^32 (1/one_in, exact to 2^-32), drawn in finish()
@@ -237,7 +261,6 @@ __attribute__((noinline)) int eg_rate_sample(__u64 a1, __u64 a2, __u64 hi, __u64
 			     .counted_rule = (a1 >> 17) & 1, .refused = a1 >> 48, .cls = a1 >> 56, .rule_id = ids, .asn = ids >> 32 };
 	struct pkt_info p = { .proto = a1 >> 24, .ttl = a1 >> 32, .tcp_flags = a1 >> 40, .sport = a2,
 			      .dport = a2 >> 16, .ip_len = a2 >> 32, .len = a2 >> 48 };
-	struct eg_frame_scratch *f;
 	struct eg_rsample_stats *st;
 	struct eg_sample_cfg *scfg;
 	struct eg_bucket *b;
@@ -274,13 +297,7 @@ __attribute__((noinline)) int eg_rate_sample(__u64 a1, __u64 a2, __u64 hi, __u64
 	__builtin_memcpy(p.addr + 8, &lo, 8);
 	w = st->pending * scfg->one_in;
 	fill_sample(s, &v, &p, now, EG_SAMPLE_RATE, w > 0xffffffff ? 0xffffffff : w);
-	/* The bytes eg_frame_copy took of this packet, just before the call. */
-	f = bpf_map_lookup_elem(&frame_scratch, &zero);
-	s->cap_len = 0;
-	if (f && f->len <= EG_SNAP_LEN) {
-		__builtin_memcpy(s->frame, f->data, EG_SNAP_LEN);
-		s->cap_len = f->len;
-	}
+	take_frame(s); /* eg_frame_copy ran just before the call */
 	bpf_ringbuf_submit(s, 0);
 	st->sent++;
 	st->pending = 0;

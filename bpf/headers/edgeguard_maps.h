@@ -312,9 +312,10 @@ struct {
 	__type(value, struct bpf_sock_tuple);
 } tuple_scratch SEC(".maps");
 
-/* A chosen packet's first bytes, copied by eg_frame_copy for the 1-in-N
- * sampler (eg_rate_sample has no room left for the context among its five
- * arguments). One per CPU, written and read within one packet. */
+/* A sampled packet's first bytes, copied by eg_frame_copy (a global
+ * function: the copy is verified once) and put into the sample by
+ * take_frame; eg_rate_sample has no room left for the context among its
+ * five arguments. One per CPU, written and read within one packet. */
 struct eg_frame_scratch {
 	__u32 len; /* bytes of data valid, at most EG_SNAP_LEN */
 	__u8 data[EG_SNAP_LEN];
