@@ -28,6 +28,8 @@ needs=(
   "sysctl:procps"
   "bird:bird2"
   "birdc:bird2"
+  "tcpdump:tcpdump"
+  "tshark:tshark"
 )
 
 missing=()

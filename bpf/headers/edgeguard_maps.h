@@ -312,9 +312,27 @@ struct {
 	__type(value, struct bpf_sock_tuple);
 } tuple_scratch SEC(".maps");
 
+/* A sampled packet's first bytes, copied by eg_frame_copy (a global
+ * function: the copy is verified once) and put into the sample by
+ * take_frame; eg_rate_sample has no room left for the context among its
+ * five arguments. One per CPU, written and read within one packet. */
+struct eg_frame_scratch {
+	__u32 len; /* bytes of data valid, at most EG_SNAP_LEN */
+	__u8 data[EG_SNAP_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct eg_frame_scratch);
+} frame_scratch SEC(".maps");
+
 /* 1-in-N samples of passed and dropped packets (EG_SAMPLE_RATE), apart
- * from the drop samples so that each has its own reader. 1 MiB: ~14,000
- * samples of 72 bytes, under a second of the default cap. */
+ * from the drop samples so that each has its own reader. 1 MiB: ~5,400
+ * samples of 192 bytes (with the ring's header), a quarter of a second of
+ * the default cap. (Its size is kept: a pinned ring of another size would
+ * refuse the upgrade.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1024 * 1024);

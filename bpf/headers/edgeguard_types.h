@@ -41,6 +41,11 @@ enum eg_sizes {
 	EG_V4_STRIDE = 4,
 	EG_V4_CHUNK_ENTRIES = 16,
 	EG_V4_LEVELS = 4,
+	/* Samples carry the first EG_SNAP_LEN bytes of their frame (struct
+	 * eg_sample.frame) for edgectl capture: Ethernet, two VLAN tags, an
+	 * IPv6 header and a TCP header with 32 bytes of options (14 + 8 + 40
+	 * + 52 = 114) fit, with the start of the payload. */
+	EG_SNAP_LEN = 128,
 };
 
 /* "Never expires" for list entries. */
@@ -330,9 +335,10 @@ struct eg_sample {
 	__u8 ttl;       /* TTL or hop limit */
 	__u8 tcp_flags; /* 0 for other protocols */
 	__u16 ip_len;   /* IP total length (IPv6: 40 + payload length) */
-	/* Drop samples: EG_CO_REFUSED_RESERVE or _FULL when an aggregate
-	 * (reason) refused the packet, else 0; cls is its enum eg_class
-	 * (EG_CLASS_UNKNOWN: standing not looked up). 0 in rate samples. */
+	/* EG_CO_REFUSED_RESERVE or _FULL when an aggregate (reason) refused
+	 * the packet, else 0; cls is the source's enum eg_class there
+	 * (EG_CLASS_UNKNOWN: standing not looked up, as for every packet no
+	 * aggregate refused). Both samplers. */
 	__u8 refused;
 	__u8 cls;
 	/* EG_SAMPLE_RATE: how many packets this sample stands for: one_in,
@@ -340,6 +346,12 @@ struct eg_sample {
 	 * its last sample (cap or ring buffer full). Sum of weights over an
 	 * interval / interval = the rate. 0 for drop samples. */
 	__u32 weight;
+	/* The frame's first cap_len bytes (at most EG_SNAP_LEN, fewer for a
+	 * shorter frame; 0: not copied). Bytes past cap_len are not written. */
+	__u16 cap_len;
+	__u8 has_rule; /* 1: rule_slot is the packet's rule; 0: no rule yet (lists, malformed, no policy) */
+	__u8 _pad;
+	__u8 frame[EG_SNAP_LEN];
 };
 
 /* The 1-in-N sampler's settings of one generation (sample_cfgs[gen]). */

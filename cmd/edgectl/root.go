@@ -44,6 +44,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newL7Command())
 	root.AddCommand(newShowCommand())
 	root.AddCommand(newBGPCommand())
+	root.AddCommand(newCaptureCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
 	return root
 }

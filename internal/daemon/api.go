@@ -73,6 +73,7 @@ func (d *Daemon) serveControl(ctx context.Context) error {
 	}
 	go func() {
 		<-ctx.Done()
+		d.capture.close() // capture streams end, so Shutdown finds them idle
 		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		srv.Shutdown(shut)
@@ -155,6 +156,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		}
 		writeJSON(w, d.top.report(time.Now(), window, n, func(slot uint32) string { return bySlot[slot] }))
 	})
+	mux.HandleFunc("POST /v1/capture", d.serveCapture)
 	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
 		doc := control.PolicyDoc{Source: d.cur.source, Generation: d.generation, YAML: string(d.cur.raw)}

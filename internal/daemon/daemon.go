@@ -137,6 +137,7 @@ type Daemon struct {
 	history *history
 	top     *topTalkers
 	recent  *recentSamples // last drop samples, for explain
+	capture *captureHub    // open captures (capture.go)
 
 	locks       []*os.File // flocks held while the daemon runs (pin dir, state dir)
 	reg         *prometheus.Registry
@@ -299,6 +300,7 @@ func newDaemon(o Options) *Daemon {
 		history:     newHistory(16),
 		top:         newTopTalkers(5 * time.Minute),
 		recent:      newRecentSamples(),
+		capture:     newCaptureHub(),
 		escalations: make(chan control.ListChange, 256),
 		standing:    &standingWatch{},
 		shield:      newShieldRun(),

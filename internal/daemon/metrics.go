@@ -36,6 +36,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg.MustRegister(newShieldCollector(d)...)
 	reg.MustRegister(newSamplerCollector(d))
 	reg.MustRegister(newBGPCollector(d))
+	reg.MustRegister(d.capture.collectors()...)
 	return reg
 }
 

@@ -380,5 +380,6 @@ func (d *Daemon) readRing(ctx context.Context, ring string, r *maps.SampleReader
 			return err
 		}
 		each(s)
+		d.capture.publish(s, r.Frame())
 	}
 }

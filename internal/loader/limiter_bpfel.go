@@ -116,7 +116,10 @@ type LimiterEgBtfAnchor struct {
 		Refused  uint8
 		Cls      uint8
 		Weight   uint32
-		_        [4]byte
+		CapLen   uint16
+		HasRule  uint8
+		Pad      uint8
+		Frame    [128]uint8
 	}
 	Standing      uint32
 	StandingWhy   uint32
@@ -281,6 +284,12 @@ type LimiterEgFpVal struct {
 	Origin  uint32
 	DryRun  uint8
 	Pad     [7]uint8
+}
+
+type LimiterEgFrameScratch struct {
+	_    structs.HostLayout
+	Len  uint32
+	Data [128]uint8
 }
 
 type LimiterEgGate uint32
@@ -464,7 +473,10 @@ type LimiterEgSample struct {
 	Refused  uint8
 	Cls      uint8
 	Weight   uint32
-	_        [4]byte
+	CapLen   uint16
+	HasRule  uint8
+	Pad      uint8
+	Frame    [128]uint8
 }
 
 type LimiterEgSampleCfg struct {
@@ -501,6 +513,7 @@ const (
 	LimiterEgSizesEG_V4STRIDE         LimiterEgSizes = 4
 	LimiterEgSizesEG_V4CHUNK_ENTRIES  LimiterEgSizes = 16
 	LimiterEgSizesEG_V4LEVELS         LimiterEgSizes = 4
+	LimiterEgSizesEG_SNAP_LEN         LimiterEgSizes = 128
 )
 
 type LimiterEgSrcBucket struct {
@@ -623,6 +636,7 @@ const (
 	LimiterMapFpPreWords      = "fp_pre_words"
 	LimiterMapFpRules         = "fp_rules"
 	LimiterMapFpStats         = "fp_stats"
+	LimiterMapFrameScratch    = "frame_scratch"
 	LimiterMapGlobalBuckets   = "global_buckets"
 	LimiterMapIfaceSlots      = "iface_slots"
 	LimiterMapKnownGood       = "known_good"
@@ -716,6 +730,7 @@ type LimiterMapSpecs struct {
 	FpPreWords      *ebpf.MapSpec `ebpf:"fp_pre_words"`
 	FpRules         *ebpf.MapSpec `ebpf:"fp_rules"`
 	FpStats         *ebpf.MapSpec `ebpf:"fp_stats"`
+	FrameScratch    *ebpf.MapSpec `ebpf:"frame_scratch"`
 	GlobalBuckets   *ebpf.MapSpec `ebpf:"global_buckets"`
 	IfaceSlots      *ebpf.MapSpec `ebpf:"iface_slots"`
 	KnownGood       *ebpf.MapSpec `ebpf:"known_good"`
@@ -785,6 +800,7 @@ type LimiterMaps struct {
 	FpPreWords      *ebpf.Map `ebpf:"fp_pre_words"`
 	FpRules         *ebpf.Map `ebpf:"fp_rules"`
 	FpStats         *ebpf.Map `ebpf:"fp_stats"`
+	FrameScratch    *ebpf.Map `ebpf:"frame_scratch"`
 	GlobalBuckets   *ebpf.Map `ebpf:"global_buckets"`
 	IfaceSlots      *ebpf.Map `ebpf:"iface_slots"`
 	KnownGood       *ebpf.Map `ebpf:"known_good"`
@@ -826,6 +842,7 @@ func (m *LimiterMaps) Close() error {
 		m.FpPreWords,
 		m.FpRules,
 		m.FpStats,
+		m.FrameScratch,
 		m.GlobalBuckets,
 		m.IfaceSlots,
 		m.KnownGood,

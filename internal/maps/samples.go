@@ -29,10 +29,14 @@ const (
 
 // Sample is one sampled packet reported by the data plane.
 type Sample struct {
-	Time     time.Duration // CLOCK_MONOTONIC
-	Source   netip.Addr
-	ASN      uint32
+	Time   time.Duration // CLOCK_MONOTONIC
+	Source netip.Addr
+	ASN    uint32
 	RuleSlot uint32 // the rule's table slot (see Maps.RuleSlots), not its id
+	// HasRule: RuleSlot is the packet's rule; false for verdicts before a
+	// rule is known (lists, malformed frames, no policy; and every sample
+	// of a program from before capture).
+	HasRule  bool
 	Len      uint16 // IP total length (IPv6: 40 + payload length)
 	FrameLen uint16 // the frame's length
 	Proto    uint8
@@ -53,12 +57,18 @@ type Sample struct {
 	Weight uint32
 	// Refused (SampleDrop only): OutcomeRefusedReserve or
 	// OutcomeRefusedFull when the aggregate the Reason names refused the
-	// packet; Refusal false otherwise. Class is the source's class there
-	// (ClassUnknown: its standing was not looked up).
+	// packet; Refusal false otherwise. Class (both kinds) is the source's
+	// class there (ClassUnknown: its standing was not looked up, as for
+	// every packet no aggregate refused; from a program before capture,
+	// ClassNew in 1-in-N samples).
 	Refusal bool
 	Refused Outcome
 	Class   Class
 }
+
+// SnapLen is how many of a frame's first bytes a sample carries at most
+// (EG_SNAP_LEN): SampleReader.Frame.
+const SnapLen = int(loader.LimiterEgSizesEG_SNAP_LEN)
 
 // SampleReader reads samples from one of the data plane's ring buffers.
 // Read is for one goroutine at a time.
@@ -100,6 +110,21 @@ func (s *SampleReader) Read() (Sample, error) {
 	return decodeSample(s.rec.RawSample)
 }
 
+// Frame is the first bytes (at most SnapLen) of the frame of the sample
+// Read returned last, valid until the next Read; empty for a sample without
+// them (a program from before capture).
+func (s *SampleReader) Frame() []byte { return sampleFrame(s.rec.RawSample) }
+
+// sampleFrame is a record's frame bytes: cap_len of them, bounded by
+// SnapLen and by the record.
+func sampleFrame(b []byte) []byte {
+	if len(b) < offSampleFrame {
+		return nil
+	}
+	n := min(int(binary.NativeEndian.Uint16(b[offSampleCapLen:])), SnapLen, len(b)-offSampleFrame)
+	return b[offSampleFrame : offSampleFrame+n]
+}
+
 // ErrBadSample is the error of a ring buffer record too short to be a
 // sample: the reader may skip it and read on.
 var ErrBadSample = errors.New("bad sample record")
@@ -126,6 +151,10 @@ const (
 	offSampleRefd  = unsafe.Offsetof(loader.LimiterEgSample{}.Refused)
 	offSampleCls   = unsafe.Offsetof(loader.LimiterEgSample{}.Cls)
 	offSampleWt    = unsafe.Offsetof(loader.LimiterEgSample{}.Weight)
+	// A record from before capture ends at weight: no frame.
+	offSampleCapLen = int(unsafe.Offsetof(loader.LimiterEgSample{}.CapLen))
+	offSampleFrame  = int(unsafe.Offsetof(loader.LimiterEgSample{}.Frame))
+	offSampleHasRul = unsafe.Offsetof(loader.LimiterEgSample{}.HasRule)
 	// minSampleLen is the oldest program's record: everything before
 	// weight, which came later.
 	minSampleLen = int(offSampleWt)
@@ -140,7 +169,7 @@ func decodeSample(b []byte) (Sample, error) {
 	if len(b) < minSampleLen {
 		return Sample{}, fmt.Errorf("decode sample: %d bytes, want at least %d: %w", len(b), minSampleLen, ErrBadSample)
 	}
-	var buf [sampleSize]byte // zero past a short record's end
+	var buf [offSampleFrame]byte // the fields, not the frame; zero past a short record's end
 	copy(buf[:], b)
 	ne := binary.NativeEndian
 	kind := SampleKind(buf[offSampleKind])
@@ -151,6 +180,7 @@ func decodeSample(b []byte) (Sample, error) {
 		Source:   netip.AddrFrom16([16]byte(buf[offSampleAddr:])).Unmap(),
 		ASN:      ne.Uint32(buf[offSampleAsn:]),
 		RuleSlot: ne.Uint32(buf[offSampleRule:]),
+		HasRule:  buf[offSampleHasRul] != 0,
 		Len:      ne.Uint16(buf[offSampleIPLen:]),
 		FrameLen: ne.Uint16(buf[offSampleLen:]),
 		Proto:    buf[offSampleProto],

@@ -29,7 +29,7 @@ func decodeSampleReflect(b []byte) (Sample, error) {
 	return Sample{
 		Time:   time.Duration(raw.KtimeNs),
 		Source: netip.AddrFrom16(raw.Addr).Unmap(),
-		ASN:    raw.Asn, RuleSlot: raw.RuleSlot, Len: raw.IpLen, FrameLen: raw.Len, Proto: raw.Proto,
+		ASN:    raw.Asn, RuleSlot: raw.RuleSlot, HasRule: raw.HasRule != 0, Len: raw.IpLen, FrameLen: raw.Len, Proto: raw.Proto,
 		SPort: raw.Sport, DPort: raw.Dport, TTL: raw.Ttl, TCPFlags: raw.TcpFlags,
 		Reason: Reason(raw.Reason), Action: Action(raw.Action), Kind: SampleKind(raw.Kind),
 		Passed: Action(raw.Action) != ActDrop, Weight: raw.Weight,
@@ -49,7 +49,7 @@ func testSample() loader.LimiterEgSample {
 		KtimeNs: 0x0102030405060708, Addr: addr, Asn: 0x11121314, RuleSlot: 0x21222324,
 		Len: 0x3132, Dport: 0x4142, Sport: 0x5152, Proto: 0x61, Reason: 0x62, Action: 0x63,
 		Kind: uint8(SampleDrop), Ttl: 0x65, TcpFlags: 0x66, IpLen: 0x7172, Refused: 0x67, Cls: 0x68,
-		Weight: 0x81828384,
+		Weight: 0x81828384, HasRule: 1,
 	}
 }
 
@@ -74,7 +74,7 @@ func TestDecodeSampleFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Sample{
-		Time: 0x0102030405060708, Source: netip.AddrFrom16(raw.Addr), ASN: 0x11121314, RuleSlot: 0x21222324,
+		Time: 0x0102030405060708, Source: netip.AddrFrom16(raw.Addr), ASN: 0x11121314, RuleSlot: 0x21222324, HasRule: true,
 		Len: 0x7172, FrameLen: 0x3132, Proto: 0x61, SPort: 0x5152, DPort: 0x4142, TTL: 0x65, TCPFlags: 0x66,
 		Reason: 0x62, Action: 0x63, Kind: SampleDrop, Passed: true, Weight: 0x81828384,
 		Refusal: true, Refused: 0x67, Class: 0x68,
@@ -105,7 +105,7 @@ func TestDecodeSampleFields(t *testing.T) {
 // weight keeps the bytes it has, the full length or longer decodes whole.
 // Every length agrees with the reflect decode.
 func TestDecodeSampleBounds(t *testing.T) {
-	if minSampleLen != 48 || sampleSize != 56 {
+	if minSampleLen != 48 || sampleSize != 56+SnapLen {
 		t.Fatalf("layout: minimum %d, size %d; the ring buffer's oldest records are 48 bytes", minSampleLen, sampleSize)
 	}
 	full := encodeSample(t, testSample())
@@ -144,6 +144,35 @@ func TestDecodeSampleBounds(t *testing.T) {
 		}
 		if s.Weight != wantW {
 			t.Errorf("%d bytes: weight %#x, want %#x", n, s.Weight, wantW)
+		}
+	}
+}
+
+// TestSampleFrame: a record's frame bytes are cap_len of them, never more
+// than SnapLen nor past the record's end (a hostile or truncated cap_len);
+// a record from before capture (ending at weight) has none.
+func TestSampleFrame(t *testing.T) {
+	raw := testSample()
+	for i := range raw.Frame {
+		raw.Frame[i] = byte(i + 1)
+	}
+	for _, tc := range []struct {
+		capLen uint16
+		cut    int // record length; 0: whole
+		want   int
+	}{
+		{0, 0, 0}, {1, 0, 1}, {60, 0, 60}, {uint16(SnapLen), 0, SnapLen}, {uint16(SnapLen) + 1, 0, SnapLen},
+		{0xffff, 0, SnapLen}, {100, offSampleFrame + 10, 10}, {100, offSampleFrame, 0}, {100, minSampleLen + 4, 0},
+		{100, minSampleLen, 0}, {100, 1, 0},
+	} {
+		raw.CapLen = tc.capLen
+		rec := encodeSample(t, raw)
+		if tc.cut > 0 {
+			rec = rec[:tc.cut]
+		}
+		got := sampleFrame(rec)
+		if len(got) != tc.want || !bytes.Equal(got, raw.Frame[:tc.want]) {
+			t.Errorf("cap_len %d, %d-byte record: %d bytes %x, want the first %d", tc.capLen, len(rec), len(got), got, tc.want)
 		}
 	}
 }

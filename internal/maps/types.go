@@ -5,6 +5,7 @@ package maps
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
@@ -68,6 +69,19 @@ func ReasonName(r Reason) string {
 		return loader.LimiterEgReasonNames[r]
 	}
 	return fmt.Sprintf("reason_%d", r)
+}
+
+// ReasonNames are the reasons' names (ReasonName), by value.
+func ReasonNames() []string { return slices.Clone(loader.LimiterEgReasonNames[:]) }
+
+// ReasonByName is the reason of a name ReasonName gives.
+func ReasonByName(name string) (Reason, bool) {
+	for i, n := range loader.LimiterEgReasonNames {
+		if n == name {
+			return Reason(i), true
+		}
+	}
+	return 0, false
 }
 
 // Mode is enforce or dry-run (rules may also inherit the global mode).

@@ -188,21 +188,7 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 	if err := f.Validate(); err != nil {
 		return FloodResult{}, err
 	}
-	rng := f.rng()
-	fixed := f.drawSources(rng)
-	frameOf := func(n uint64) []byte {
-		var src netip.Addr
-		if len(fixed) > 0 {
-			src = fixed[n%uint64(len(fixed))]
-		} else {
-			src = randomIn(rng, f.Sources[n%uint64(len(f.Sources))])
-		}
-		sport := uint16(1024 + rng.IntN(64511))
-		if len(f.SrcPorts) > 0 {
-			sport = f.SrcPorts[n%uint64(len(f.SrcPorts))]
-		}
-		return f.frame(src, sport)
-	}
+	frameOf := f.Sequence()
 	if f.Deadlines {
 		return f.runDeadlines(ctx, c, frameOf)
 	}
@@ -231,6 +217,27 @@ func (f Flood) Run(ctx context.Context, c *PacketConn) (FloodResult, error) {
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
+}
+
+// Sequence is the flood's frames, byte for byte, as Run sends them: call
+// it with n = 0, 1, 2, ... in order (the random draws are sequential), from
+// one goroutine. A test compares what the data plane saw with it.
+func (f Flood) Sequence() func(n uint64) []byte {
+	rng := f.rng()
+	fixed := f.drawSources(rng)
+	return func(n uint64) []byte {
+		var src netip.Addr
+		if len(fixed) > 0 {
+			src = fixed[n%uint64(len(fixed))]
+		} else {
+			src = randomIn(rng, f.Sources[n%uint64(len(f.Sources))])
+		}
+		sport := uint16(1024 + rng.IntN(64511))
+		if len(f.SrcPorts) > 0 {
+			sport = f.SrcPorts[n%uint64(len(f.SrcPorts))]
+		}
+		return f.frame(src, sport)
+	}
 }
 
 // pacer says how many frames are due by a time: evenly spaced at Rate, or
