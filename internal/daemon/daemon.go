@@ -120,6 +120,12 @@ type Daemon struct {
 	// staged, if set (tests), runs in apply between writing the new
 	// generation and committing it: changeMu held, mu not.
 	staged func()
+	// afterStart are the state directory changes a start decided on
+	// (setting a corrupt file aside, dropping a superseded applied
+	// policy): made only once the start succeeded, so a start that fails
+	// touches nothing.
+	afterStart []func()
+	starting   bool // start has not finished yet
 
 	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
 	cur        running
@@ -168,6 +174,7 @@ type startUndo struct {
 
 func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	d := newDaemon(o)
+	d.starting = true
 	var undo startUndo
 	defer func() {
 		if err != nil {
@@ -221,6 +228,10 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	d.mu.Lock()
 	d.tidyLinkPins() // links.go: pins no attachment took over
 	d.mu.Unlock()
+	for _, f := range d.afterStart {
+		f()
+	}
+	d.afterStart, d.starting = nil, false
 	d.recordPins()
 	return d, nil
 }
@@ -355,9 +366,14 @@ func (d *Daemon) choosePolicy() ([]byte, string, error) {
 		return []byte(a.YAML), a.Source, nil
 	}
 	if a != nil {
-		d.log.Info("the config file changed since the last 'edgectl policy apply': running the config file",
+		why := "the config file changed since the last 'edgectl policy apply'"
+		if a.ConfigPath != d.opts.ConfigPath {
+			why = fmt.Sprintf("the last 'edgectl policy apply' was made under --config %q; this start names %q",
+				a.ConfigPath, d.opts.ConfigPath)
+		}
+		d.log.Info(why+": running the config file; the applied policy is dropped once this start succeeds",
 			"policy", source, "superseded", d.statePath(appliedFile))
-		d.dropApplied()
+		d.afterStart = append(d.afterStart, d.dropApplied)
 	}
 	d.origin = "config file"
 	if d.opts.ConfigPath == "" {

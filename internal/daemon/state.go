@@ -133,8 +133,26 @@ func (d *Daemon) readStateFile(name string, decode func([]byte) error) (bool, er
 	}
 	if err := decode(data); err != nil {
 		aside := path + ".corrupt"
-		if rerr := os.Rename(path, aside); rerr != nil {
-			return false, fmt.Errorf("state file %s does not parse (%w) and could not be moved aside: %w", path, err, rerr)
+		setAside := func() error {
+			if rerr := os.Rename(path, aside); rerr != nil {
+				return fmt.Errorf("state file %s does not parse (%w) and could not be moved aside: %w", path, err, rerr)
+			}
+			return nil
+		}
+		if d.starting {
+			// The file is moved aside only once the start succeeded; a
+			// start that fails leaves it where it is.
+			d.afterStart = append(d.afterStart, func() {
+				if rerr := setAside(); rerr != nil {
+					d.log.Error("set aside a corrupt state file", "err", rerr)
+				}
+			})
+			d.log.Error("state file does not parse: starting without it; moved aside once the start succeeds",
+				"file", path, "moved_to", aside, "err", err)
+			return false, nil
+		}
+		if rerr := setAside(); rerr != nil {
+			return false, rerr
 		}
 		d.log.Error("state file does not parse: moved aside, starting without it", "file", path, "moved_to", aside, "err", err)
 		return false, nil
