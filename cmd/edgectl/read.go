@@ -53,6 +53,9 @@ func writeStatus(out io.Writer, st control.Status) error {
 		result = "FAILED: " + r.Error
 	}
 	fmt.Fprintf(w, "last reload\t%s by %s: %s\n", r.Time.Format(time.RFC3339), r.Trigger, result)
+	if st.StateNotSaved != "" {
+		fmt.Fprintf(w, "state\tNOT SAVED: %s\n", st.StateNotSaved)
+	}
 	fmt.Fprintf(w, "program\tid %d, pins under %s\n", st.ProgramID, st.PinDir)
 	for _, i := range st.Interfaces {
 		fmt.Fprintf(w, "interface\t%s (ifindex %d), xdp %s\n", i.Name, i.Ifindex, i.XDPMode)

@@ -203,8 +203,13 @@ func (d *Daemon) controlMux() *http.ServeMux {
 			writeError(w, http.StatusBadRequest, fmt.Errorf("bad prefix: %w", err))
 			return
 		}
-		if err := d.RemoveFromList(kind, p); err != nil {
+		notSaved, err := d.RemoveFromList(kind, p)
+		if err != nil {
 			writeError(w, http.StatusNotFound, err)
+			return
+		}
+		if notSaved != "" {
+			writeJSON(w, control.ListEntry{Prefix: p.Masked(), NotSaved: notSaved})
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -317,6 +322,7 @@ func (d *Daemon) Status() control.Status {
 		Version: d.opts.Build.Version, Build: d.opts.Build, Policy: d.cur.source, PolicyOrigin: d.origin, Generation: d.generation,
 		LastReload: d.lastReload, Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
 		StateDir: d.opts.StateDir, Started: d.started, UptimeSeconds: int64(time.Since(d.started).Seconds()),
+		StateNotSaved: d.listsNotSaved(),
 	}
 	if d.metricsLn != nil {
 		st.MetricsAddr = d.metricsLn.Addr().String()
@@ -453,13 +459,15 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 		}
 		return control.ListEntry{}, err
 	}
+	var notSaved string
 	if err := d.saveLists(); err != nil {
-		d.log.Error("list entry added but not saved: a restart forgets it", "err", err)
+		notSaved = err.Error()
+		d.log.Error("list entry added and in force, but not saved: a restart forgets it", "list", kind, "prefix", p, "err", err)
 	}
 	d.publishList(fleet.OpAdd, kind, p, e)
 	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin,
 		"reason", e.reason, "forced", ch.Force, "refreshed", had)
-	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason}
+	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason, NotSaved: notSaved}
 	if !e.expires.IsZero() {
 		le.Expires = &e.expires
 	}
@@ -468,7 +476,7 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 
 // RemoveFromList removes a run-time entry. Entries of the policy file are
 // changed in the file.
-func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) error {
+func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) (notSaved string, _ error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p = p.Masked()
@@ -476,27 +484,28 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) error {
 	if !ok {
 		for _, e := range d.cur.pol.Deny {
 			if kind == control.Deny && e.Prefix.Masked() == p {
-				return fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
+				return "", fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
 			}
 		}
 		for _, e := range d.cur.pol.Allow {
 			if kind == control.Allow && e.Prefix.Masked() == p {
-				return fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
+				return "", fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
 			}
 		}
-		return fmt.Errorf("%s is not on the %s list", p, kind)
+		return "", fmt.Errorf("%s is not on the %s list", p, kind)
 	}
 	delete(d.dyn[kind], p)
 	if err := d.syncLists(); err != nil {
 		d.dyn[kind][p] = prev
-		return err
+		return "", err
 	}
 	if err := d.saveLists(); err != nil {
-		d.log.Error("list entry removed but not saved: a restart brings it back", "err", err)
+		notSaved = err.Error()
+		d.log.Error("list entry removed from the data plane, but not saved: a restart brings it back", "list", kind, "prefix", p, "err", err)
 	}
 	d.publishList(fleet.OpDel, kind, p, prev)
 	d.log.Info("list entry removed", "list", kind, "prefix", p)
-	return nil
+	return notSaved, nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) { writeJSONStatus(w, http.StatusOK, v) }

@@ -135,6 +135,12 @@ type Daemon struct {
 	reloads    uint64
 	failures   uint64
 	dyn        map[control.ListKind]map[netip.Prefix]dynEntry
+	// listsUnsaved is why the run-time entries in force are not those in
+	// the state directory (nil: saved), since listsUnsavedAt;
+	// listsSaveFailures counts failed saves.
+	listsUnsaved      error
+	listsUnsavedAt    time.Time
+	listsSaveFailures uint64
 	atts       map[string]*loader.Attachment
 
 	history *history
@@ -719,6 +725,10 @@ func (d *Daemon) expireLists(ctx context.Context) error {
 				if err := d.syncLists(); err != nil {
 					d.log.Error("expire list entries", "err", err)
 				}
+			}
+			// A save that failed (a full or read-only state directory)
+			// is retried here until it succeeds.
+			if expired || d.listsUnsaved != nil {
 				if err := d.saveLists(); err != nil {
 					d.log.Error("save list entries", "err", err)
 				}

@@ -56,6 +56,25 @@ func (d *Daemon) controlCollectors() []prometheus.Collector {
 			return 0
 		}
 		return float64(len(d.unprotected()))
+	}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "edgeguard_state_unsaved",
+		Help:        "1 while the run-time list entries in force are not those saved in the state directory (a restart would lose the difference); retried every 10 s.",
+		ConstLabels: prometheus.Labels{"file": listsFile},
+	}, func() float64 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.listsUnsaved != nil {
+			return 1
+		}
+		return 0
+	}), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "edgeguard_state_save_failures_total",
+		Help:        "Failed saves of the run-time list entries to the state directory (full, read-only, gone).",
+		ConstLabels: prometheus.Labels{"file": listsFile},
+	}, func() float64 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return float64(d.listsSaveFailures)
 	})}
 }
 

@@ -177,9 +177,29 @@ func (d *Daemon) saveLists() error {
 		return err
 	}
 	if err := writeFileAtomic(path, data, 0o600); err != nil {
-		return fmt.Errorf("save run-time list entries: %w", err)
+		err = fmt.Errorf("save run-time list entries: %w", err)
+		d.listsSaveFailures++
+		if d.listsUnsaved == nil {
+			d.listsUnsavedAt = time.Now()
+		}
+		d.listsUnsaved = err
+		return err
 	}
+	if d.listsUnsaved != nil {
+		d.log.Info("run-time list entries saved again", "file", path, "unsaved_since", d.listsUnsavedAt)
+	}
+	d.listsUnsaved = nil
 	return nil
+}
+
+// listsNotSaved says why the run-time entries in force are not saved, for
+// status; "" when they are. Caller holds d.mu.
+func (d *Daemon) listsNotSaved() string {
+	if d.listsUnsaved == nil {
+		return ""
+	}
+	return fmt.Sprintf("run-time list entries NOT saved since %s (a restart loses the changes since): %v",
+		d.listsUnsavedAt.UTC().Format(time.RFC3339), d.listsUnsaved)
 }
 
 // loadLists reads the entries a previous run saved; expired ones are

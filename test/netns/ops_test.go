@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -86,6 +88,85 @@ func TestFailedStartTouchesNothing(t *testing.T) {
 	if logs := h.Logs()[mark:]; strings.Contains(logs, "the config file changed since") ||
 		!strings.Contains(logs, "this start names") {
 		t.Errorf("start under another --config: log does not say so:\n%s", logs)
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+// readOnly makes dir read-only for everyone, root included (a read-only
+// bind mount over it), until the returned function or the test's end.
+func readOnly(t *testing.T, dir string) (undo func()) {
+	t.Helper()
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount %s: %v", dir, err)
+	}
+	done := false
+	undo = func() {
+		if !done {
+			done = true
+			if err := unix.Unmount(dir, 0); err != nil {
+				t.Errorf("unmount %s: %v", dir, err)
+			}
+		}
+	}
+	t.Cleanup(undo)
+	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remount %s read-only: %v", dir, err)
+	}
+	return undo
+}
+
+// TestDenyUnsavedIsLoud: with the state directory read-only, 'deny add'
+// and 'deny remove' take effect in the data plane at once (an operator
+// under attack needs the drop now) but exit 1 saying the change is not
+// saved; status and edgeguard_state_unsaved say so until a later save
+// succeeds, which the daemon retries by itself.
+func TestDenyUnsavedIsLoud(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	h.start()
+	att := openDaemonFlow(t, s, 0)
+	if got := att.burst(t, 20); got != 20 {
+		t.Fatalf("before: %d of 20 through", got)
+	}
+	writable := readOnly(t, h.stateDir())
+	src := s.Clients[0].Src4.String()
+	out, err := h.ctl("deny", "add", src, "--reason", "unsaved")
+	if err == nil || !strings.Contains(out, "NOT saved") || !strings.Contains(out, "a restart forgets it") {
+		t.Errorf("deny add with a read-only state dir: %v\n%s; want exit 1 saying it is not saved", err, out)
+	}
+	if got := att.burst(t, 20); got != 0 {
+		t.Errorf("the unsaved deny is not in force: %d of 20 through", got)
+	}
+	if st := h.status(); !strings.Contains(st.StateNotSaved, "NOT saved") {
+		t.Errorf("status after an unsaved deny: state_not_saved %q", st.StateNotSaved)
+	}
+	if text, _ := h.ctl("status"); !strings.Contains(text, "NOT SAVED") {
+		t.Errorf("status text does not say the lists are not saved:\n%s", text)
+	}
+	fams := h.scrape()
+	if v, _ := metricSum(fams, "edgeguard_state_unsaved", nil); v != 1 {
+		t.Errorf("edgeguard_state_unsaved = %v, want 1", v)
+	}
+	checkMetricPositive(t, fams, "edgeguard_state_save_failures_total", map[string]string{"file": "lists.json"})
+	out, err = h.ctl("deny", "remove", src)
+	if err == nil || !strings.Contains(out, "NOT saved") || !strings.Contains(out, "a restart brings it back") {
+		t.Errorf("deny remove with a read-only state dir: %v\n%s; want exit 1 saying it is not saved", err, out)
+	}
+	if _, err := h.ctl("deny", "add", "198.18.200.7", "--reason", "kept"); err == nil {
+		t.Errorf("second deny add with a read-only state dir exited 0")
+	}
+	// Writable again: the daemon's retry saves what runs.
+	writable()
+	waitFor(t, "the retried save", func() bool { return h.status().StateNotSaved == "" })
+	if v, _ := metricSum(h.scrape(), "edgeguard_state_unsaved", nil); v != 0 {
+		t.Errorf("edgeguard_state_unsaved after the save = %v, want 0", v)
+	}
+	h.stop(syscall.SIGTERM)
+	h.start()
+	out, err = h.ctl("deny", "list", "--json")
+	if err != nil || !strings.Contains(out, "198.18.200.7") || strings.Contains(out, src+"/32") {
+		t.Errorf("after the restart the deny list is not what ran: %v\n%s", err, out)
 	}
 	h.stop(syscall.SIGTERM)
 }
