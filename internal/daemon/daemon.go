@@ -141,7 +141,7 @@ type Daemon struct {
 	listsUnsaved      error
 	listsUnsavedAt    time.Time
 	listsSaveFailures uint64
-	atts       map[string]*loader.Attachment
+	atts              map[string]*loader.Attachment
 
 	history *history
 	top     *topTalkers
