@@ -9,9 +9,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeguard/edgeguard/internal/testbed"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -167,6 +169,51 @@ func TestDenyUnsavedIsLoud(t *testing.T) {
 	out, err = h.ctl("deny", "list", "--json")
 	if err != nil || !strings.Contains(out, "198.18.200.7") || strings.Contains(out, src+"/32") {
 		t.Errorf("after the restart the deny list is not what ran: %v\n%s", err, out)
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+// TestColdStartAttachesLast: on a cold start the program is attached only
+// once its policy is live: a client sending all through the start sees no
+// packet counted pass/no_policy.
+func TestColdStartAttachesLast(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	f := openDaemonFlow(t, s, 0)
+	stop := make(chan struct{})
+	sent := make(chan int)
+	go func() {
+		// Bounded: at most 60,000 datagrams, one per 250 µs, 15 s at most.
+		n := 0
+		deadline := time.Now().Add(15 * time.Second)
+		for ; n < 60000 && time.Now().Before(deadline); n++ {
+			select {
+			case <-stop:
+				sent <- n
+				return
+			default:
+			}
+			f.from.Write([]byte("eg-coldstart"))
+			time.Sleep(250 * time.Microsecond)
+		}
+		sent <- n
+	}()
+	h.start()
+	time.Sleep(200 * time.Millisecond) // packets after the start too
+	close(stop)
+	n := <-sent
+	st, err := h.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testbed.CountersOf(st)
+	t.Logf("sent %d datagrams during the start; counters %v", n, c)
+	if c["pass/ok"] == 0 {
+		t.Fatalf("no packet counted pass/ok: the flow did not reach the program")
+	}
+	if got := c["pass/no_policy"]; got != 0 {
+		t.Errorf("%d packets counted pass/no_policy: the program was attached before its policy was live", got)
 	}
 	h.stop(syscall.SIGTERM)
 }
