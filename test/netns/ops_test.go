@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -216,4 +217,28 @@ func TestColdStartAttachesLast(t *testing.T) {
 		t.Errorf("%d packets counted pass/no_policy: the program was attached before its policy was live", got)
 	}
 	h.stop(syscall.SIGTERM)
+}
+
+// TestKeepOnPrivateBPFFSIsRefused: under 'ip netns exec' with a bpffs
+// mounted inside it (what the refusal of a missing bpffs used to suggest),
+// the pins would vanish with the process: --keep is refused with the
+// reason, and nothing stays attached.
+func TestKeepOnPrivateBPFFSIsRefused(t *testing.T) {
+	s := netns.New(t).Star(1)
+	h := newDaemonHarness(t, s.Edge)
+	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
+		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	script := `mount -t bpf bpf /sys/fs/bpf && exec "$@"`
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", filepath.Base(h.NS.Path()), "sh", "-c", script, "sh",
+		h.Bin, "run", "--keep", "--config", h.Config, "--pin-dir", h.PinDir, "--socket", h.Socket,
+		"--state-dir", h.stateDir()).CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "vanish when the daemon exits") ||
+		!strings.Contains(string(out), "--keep would keep nothing") {
+		t.Fatalf("edgectl run --keep on a private bpffs: %v\n%s", err, out)
+	}
+	if got := attachedProgID(t, s.Edge, "eg-c0"); got != 0 {
+		t.Errorf("refused start left program %d attached", got)
+	}
 }
