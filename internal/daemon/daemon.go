@@ -506,6 +506,13 @@ func (d *Daemon) reload(ctx context.Context, trigger string) {
 	}
 	changed := !bytes.Equal(raw, d.fileRaw)
 	if !changed && (trigger == "file-change" || d.applied != nil) {
+		d.mu.Lock()
+		if !d.lastReload.OK && d.lastReload.Trigger == "file-change" {
+			// The file is readable again and what runs: in sync.
+			d.lastReload = control.ReloadInfo{Time: time.Now(), OK: true, Trigger: trigger}
+			d.log.Info("policy file readable again and unchanged: the running policy is the file's", "config", source)
+		}
+		d.mu.Unlock()
 		if trigger != "file-change" {
 			d.log.Info("config file unchanged since 'edgectl policy apply': the applied policy stays",
 				"config", source, "applied", d.applied.Source)
@@ -667,14 +674,20 @@ func (d *Daemon) stop() {
 }
 
 // watchPolicy reloads on the Reload channel (SIGHUP) and when the policy
-// file's content changes. Polling, not inotify: it also sees a file
-// replaced by rename or a symlink flipped (as config management and
-// Kubernetes ConfigMaps do), and costs one stat per interval.
+// file's content changes. Polling, not inotify: every interval it reads
+// the file (through symlinks) and compares a SHA-256 of the content, so it
+// sees a file replaced by rename, a symlink flipped (Kubernetes
+// ConfigMaps' ..data), and a file swapped for one of the same size and
+// modification time (cp -p, rsync -a, packages). A file that cannot be read
+// (deleted, a dangling symlink) is reported once as a failed reload, so
+// status and the reload metrics say so without a SIGHUP; the running policy
+// stays.
 func (d *Daemon) watchPolicy(ctx context.Context) error {
 	t := time.NewTicker(d.opts.PollInterval)
 	defer t.Stop()
-	var lastMod time.Time
-	var lastSize int64 = -1
+	d.changeMu.Lock()
+	last := sha256Hex(d.fileRaw) // what the watcher last acted on
+	d.changeMu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
@@ -686,16 +699,25 @@ func (d *Daemon) watchPolicy(ctx context.Context) error {
 			if d.opts.ConfigPath == "" {
 				continue
 			}
-			st, err := os.Stat(d.opts.ConfigPath)
+			raw, err := os.ReadFile(d.opts.ConfigPath)
 			if err != nil {
+				if target, lerr := os.Readlink(d.opts.ConfigPath); lerr == nil {
+					err = fmt.Errorf("%w: a dangling symlink to %s", err, target)
+				}
+				seen := "error: " + err.Error()
+				if seen != last {
+					last = seen
+					d.fail(fmt.Errorf("read policy: %w (the running policy stays; fix the file or the symlink)", err), "file-change")
+				}
 				continue
 			}
-			if st.ModTime().Equal(lastMod) && st.Size() == lastSize {
+			sum := sha256Hex(raw)
+			if sum == last {
 				continue
 			}
-			lastMod, lastSize = st.ModTime(), st.Size()
-			// reload compares the content with the running policy, so
-			// the first look (and a touch) changes nothing.
+			last = sum
+			// reload re-reads and compares the content with the running
+			// policy's file, so a file put back as it was changes nothing.
 			d.reload(ctx, "file-change")
 		}
 	}

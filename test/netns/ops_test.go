@@ -242,3 +242,52 @@ func TestKeepOnPrivateBPFFSIsRefused(t *testing.T) {
 		t.Errorf("refused start left program %d attached", got)
 	}
 }
+
+// TestWatcherSeesContentNotStat: the policy file is a symlink (as a
+// Kubernetes ConfigMap's ..data layout makes it); flipping it to a file of
+// the same size and modification time reloads it, without SIGHUP; a
+// dangling symlink is reported as a failed reload at once, and the running
+// policy stays.
+func TestWatcherSeesContentNotStat(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	os.WriteFile(a, []byte(fmt.Sprintf(daemonPolicy, 100000, 100000)), 0o644)
+	os.WriteFile(b, []byte(fmt.Sprintf(daemonPolicy, 900000, 900000)), 0o644)
+	stamp := time.Now().Add(-time.Hour).Truncate(time.Second)
+	for _, f := range []string{a, b} {
+		if err := os.Chtimes(f, stamp, stamp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flip := func(target string) {
+		t.Helper()
+		tmp := h.Config + ".tmp"
+		os.Remove(tmp)
+		if err := os.Symlink(target, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, h.Config); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flip(a)
+	h.start()
+	flip(b)
+	waitFor(t, "the flipped symlink reloaded", func() bool { return h.status().Generation == 2 })
+	if out, err := h.ctl("policy", "diff", b); err != nil {
+		t.Errorf("policy diff against the flipped file: %v\n%s", err, out)
+	}
+	flip(filepath.Join(dir, "gone.yaml"))
+	waitFor(t, "the dangling symlink reported", func() bool {
+		r := h.status().LastReload
+		return !r.OK && strings.Contains(r.Error, "gone.yaml")
+	})
+	if st := h.status(); st.Generation != 2 {
+		t.Errorf("a dangling symlink changed the generation: %d", st.Generation)
+	}
+	flip(b) // back to what runs: in sync again
+	waitFor(t, "status ok again", func() bool { return h.status().LastReload.OK })
+	h.stop(syscall.SIGTERM)
+}
