@@ -126,6 +126,9 @@ type Daemon struct {
 	// touches nothing.
 	afterStart []func()
 	starting   bool // start has not finished yet
+	// listsCorrupt: the start found a lists file that is not a list (set
+	// aside); the entries come back from the pinned data plane.
+	listsCorrupt bool
 
 	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
 	cur        running
@@ -227,6 +230,9 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	}
 	if err := d.loadDatapath(next); err != nil {
 		return nil, err
+	}
+	if d.listsCorrupt && !undo.maps {
+		d.recoverLists(&next)
 	}
 	if err := d.apply(ctx, next, "start"); err != nil {
 		return nil, err

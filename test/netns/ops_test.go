@@ -291,3 +291,78 @@ func TestWatcherSeesContentNotStat(t *testing.T) {
 	waitFor(t, "status ok again", func() bool { return h.status().LastReload.OK })
 	h.stop(syscall.SIGTERM)
 }
+
+// TestCorruptListsKeepPinnedEntries: a lists file that does not parse at
+// all (truncated, or null) is set aside, and the run-time entries the
+// pinned data plane still enforces are recovered, not removed; a file with
+// one bad entry loads the others and names the bad one.
+func TestCorruptListsKeepPinnedEntries(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	h.Args = []string{"--keep"}
+	h.start()
+	att := openDaemonFlow(t, s, 0)
+	src := s.Clients[0].Src4.String()
+	for _, p := range []string{src, "198.18.200.0/24"} {
+		if _, err := h.ctl("deny", "add", p, "--reason", "flood"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.stop(syscall.SIGTERM)
+	lists := filepath.Join(h.stateDir(), "lists.json")
+	good, err := os.ReadFile(lists)
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied := func(what string) {
+		t.Helper()
+		out, err := h.ctl("deny", "list", "--json")
+		if err != nil || !strings.Contains(out, src+"/32") || !strings.Contains(out, "198.18.200.0/24") {
+			t.Errorf("%s: the deny list lost run-time entries: %v\n%s", what, err, out)
+		}
+		if got := att.burst(t, 20); got != 0 {
+			t.Errorf("%s: %d of 20 packets of the denied source passed", what, got)
+		}
+	}
+	for _, tc := range []struct{ name, content string }{
+		{"truncated", string(good[:len(good)/2])},
+		{"null", "null\n"},
+	} {
+		os.WriteFile(lists, []byte(tc.content), 0o600)
+		os.Remove(lists + ".corrupt")
+		mark := len(h.Logs())
+		h.start()
+		if !strings.Contains(h.Logs()[mark:], "recovered from the pinned data plane") {
+			t.Errorf("%s: no word of the recovery:\n%s", tc.name, h.Logs()[mark:])
+		}
+		if _, err := os.Stat(lists + ".corrupt"); err != nil {
+			t.Errorf("%s: the file was not set aside: %v", tc.name, err)
+		}
+		denied(tc.name)
+		if saved, err := os.ReadFile(lists); err != nil || !strings.Contains(string(saved), "198.18.200.0/24") {
+			t.Errorf("%s: the recovered entries are not saved: %v\n%s", tc.name, err, saved)
+		}
+		h.stop(syscall.SIGTERM) // --keep: the pins stay for the next case
+	}
+	// One entry with a bad prefix among good ones.
+	bad := strings.Replace(string(good), "198.18.200.0/24", "198.18.300.0/24", 1)
+	if bad == string(good) {
+		t.Fatalf("lists file does not hold 198.18.200.0/24:\n%s", good)
+	}
+	os.WriteFile(lists, []byte(bad), 0o600)
+	mark := len(h.Logs())
+	h.Args = nil
+	h.start()
+	logs := h.Logs()[mark:]
+	if !strings.Contains(logs, "saved list entry skipped") || !strings.Contains(logs, "198.18.300.0/24") {
+		t.Errorf("the bad entry is not named:\n%s", logs)
+	}
+	if out, err := h.ctl("deny", "list", "--json"); err != nil || !strings.Contains(out, src+"/32") {
+		t.Errorf("the good entry did not load: %v\n%s", err, out)
+	}
+	if got := att.burst(t, 20); got != 0 {
+		t.Errorf("%d of 20 packets of the denied source passed", got)
+	}
+	h.stop(syscall.SIGTERM)
+}
