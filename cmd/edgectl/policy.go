@@ -159,8 +159,12 @@ The daemon keeps the applied policy in its state directory (--state-dir, default
 applied policy as long as the config file is unchanged since; once the file changes (edit,
 package upgrade), the file runs again. 'edgectl status' says which one runs and why.
 
-Exit code: 0 applied (or no change), 1 not applied (declined, or the daemon refused it),
-2 FILE does not validate or --yes is missing without a terminal.`,
+A daemon asked to stop (SIGTERM) while it applies finishes the change and answers first
+(at most 30 s), and refuses changes asked for after the signal. If no answer arrives at all,
+the command says the outcome is unknown and names the generation that ran before.
+
+Exit code: 0 applied (or no change), 1 not applied (declined, or the daemon refused it, or
+the outcome is unknown), 2 FILE does not validate or --yes is missing without a terminal.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			doc, err := readPolicyDoc(args[0])
@@ -185,6 +189,13 @@ Exit code: 0 applied (or no change), 1 not applied (declined, or the daemon refu
 				}
 			}
 			res, err := c.ApplyPolicy(cmd.Context(), doc)
+			var apiErr *control.APIError
+			if err != nil && !errors.As(err, &apiErr) && !errors.Is(err, control.ErrNotRunning) {
+				// The daemon did not answer (it stopped, or the connection
+				// broke): say what is known and how to learn the rest.
+				return fmt.Errorf("no answer to the apply (%w): the outcome is unknown; the running generation was %d "+
+					"before: 'edgectl policy show' says which policy runs now", err, ch.Generation)
+			}
 			if err != nil {
 				return asValidation(err)
 			}

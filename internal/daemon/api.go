@@ -73,6 +73,12 @@ func (d *Daemon) serveControl(ctx context.Context) error {
 	}
 	go func() {
 		<-ctx.Done()
+		// A policy change in progress finishes and its caller gets the
+		// answer (applied or not) before the socket closes; changes asked
+		// for from now on are refused. Bounded: a change stuck longer
+		// (ASN data that never arrives) is cut off, and its caller is told
+		// the outcome is unknown.
+		d.waitForChange(changeWaitAtStop)
 		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		srv.Shutdown(shut)
@@ -83,6 +89,31 @@ func (d *Daemon) serveControl(ctx context.Context) error {
 	}
 	os.Remove(d.opts.Socket)
 	return nil
+}
+
+// changeWaitAtStop bounds how long a stopping daemon waits for a policy
+// change in progress to finish and answer.
+const changeWaitAtStop = 30 * time.Second
+
+// waitForChange waits (at most limit) for a policy change in progress to
+// finish, then marks the daemon stopping so no other starts.
+func (d *Daemon) waitForChange(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	logged := false
+	for !d.changeMu.TryLock() {
+		if time.Now().After(deadline) {
+			d.log.Error("stopping: the policy change in progress did not finish; its caller is told the outcome is unknown",
+				"waited", limit)
+			return
+		}
+		if !logged {
+			d.log.Info("stopping: waiting for the policy change in progress to finish and answer", "at_most", limit)
+			logged = true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.stopping = true
+	d.changeMu.Unlock()
 }
 
 // decodeBody decodes a JSON request body of at most limit bytes; a larger
@@ -242,6 +273,10 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 	}
 	d.changeMu.Lock()
 	defer d.changeMu.Unlock()
+	if d.stopping {
+		writeError(w, http.StatusServiceUnavailable, errors.New("the daemon is stopping: nothing was changed"))
+		return
+	}
 	ctx := context.WithoutCancel(r.Context())
 	next, err := d.prepare(ctx, []byte(doc.YAML), source)
 	if err != nil {

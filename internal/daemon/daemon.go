@@ -113,6 +113,7 @@ type Daemon struct {
 	// readied; mu is not, so status, lists and scrapes go on meanwhile.
 	changeMu sync.Mutex
 	fileRaw  []byte         // the config file's content as last read (changeMu)
+	stopping bool           // the daemon stops: no change starts any more (changeMu)
 	applied  *appliedPolicy // the running policy came from 'policy apply' (changeMu)
 	asnPath  string         // ASN data cache (changeMu)
 	asnStamp time.Time

@@ -3,7 +3,10 @@ package netns_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/testbed"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
@@ -363,6 +367,80 @@ func TestCorruptListsKeepPinnedEntries(t *testing.T) {
 	}
 	if got := att.burst(t, 20); got != 0 {
 		t.Errorf("%d of 20 packets of the denied source passed", got)
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+// TestStopMidApplyAnswers: SIGTERM while a policy apply is in progress
+// (here waiting on a list file that is a FIFO): the daemon finishes the
+// change and its caller gets the answer (applied, generation 2) before the
+// daemon exits; the next start runs what the caller was told. (The apply
+// is sent as 'edgectl policy apply' sends it, without the CLI's diff step,
+// which would read the FIFO first.)
+func TestStopMidApplyAnswers(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	h.start()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "deny.txt")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	next := filepath.Join(dir, "next.yaml")
+	yaml := fmt.Sprintf(daemonPolicy, 90000, 90000) + "lists:\n  deny:\n    - {file: deny.txt}\n"
+	os.WriteFile(next, []byte(yaml), 0o644)
+	body, _ := json.Marshal(control.PolicyDoc{Source: next, YAML: yaml})
+	c := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", h.Socket)
+		}}}
+	type result struct {
+		status int
+		change control.PolicyChange
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := c.Post("http://edgeguard/v1/policy", "application/json", bytes.NewReader(body))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var ch control.PolicyChange
+		err = json.NewDecoder(resp.Body).Decode(&ch)
+		done <- result{resp.StatusCode, ch, err}
+	}()
+	var f *os.File
+	waitFor(t, "the apply to read the list file", func() bool {
+		var err error
+		f, err = os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0)
+		return err == nil // ENXIO: no reader yet
+	})
+	// The apply waits on the FIFO, holding the change: stop the daemon,
+	// and let the apply go on only after the 2 s a stopping daemon used
+	// to give its socket.
+	if err := h.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	f.WriteString("198.18.202.0/24\n")
+	f.Close()
+	r := <-done
+	if r.err != nil || r.status != http.StatusOK || !r.change.Applied || r.change.Generation != 2 {
+		t.Errorf("apply interrupted by SIGTERM: %d %+v %v; want its answer (applied, generation 2)", r.status, r.change, r.err)
+	}
+	h.stop(syscall.SIGTERM) // waits for the exit already under way
+	if !strings.Contains(h.Logs(), "waiting for the policy change in progress") {
+		t.Errorf("the stop does not say it waits for the change:\n%s", h.Logs())
+	}
+	// The next start runs what the caller was told.
+	os.Remove(fifo)
+	os.WriteFile(fifo, []byte("198.18.202.0/24\n"), 0o644)
+	h.start()
+	if st := h.status(); st.Policy != next {
+		t.Errorf("after the restart the daemon runs %s (%s), want the applied %s", st.Policy, st.PolicyOrigin, next)
 	}
 	h.stop(syscall.SIGTERM)
 }
