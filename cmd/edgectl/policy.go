@@ -88,6 +88,9 @@ not validate, no daemon to ask).`,
 					return exitError{2, err}
 				}
 				diff, n = ch.Diff, ch.Changes
+				if ch.Warning != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "edgectl: warning: %s\n", ch.Warning)
+				}
 			}
 			fmt.Fprint(cmd.OutOrStdout(), orNoChange(diff))
 			if n > 0 {
@@ -181,6 +184,9 @@ the outcome is unknown), 2 FILE does not validate or --yes is missing without a 
 				return asValidation(err)
 			}
 			fmt.Fprint(cmd.OutOrStdout(), orNoChange(ch.Diff))
+			if ch.Warning != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "edgectl: warning: %s\n", ch.Warning)
+			}
 			if !yes {
 				fmt.Fprint(cmd.OutOrStdout(), "apply? [y/N] ")
 				answer, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
@@ -200,7 +206,7 @@ the outcome is unknown), 2 FILE does not validate or --yes is missing without a 
 				return asValidation(err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "applied: generation %d\n", res.Generation)
-			if res.Warning != "" {
+			if res.Warning != "" && res.Warning != ch.Warning {
 				fmt.Fprintf(cmd.ErrOrStderr(), "edgectl: warning: %s\n", res.Warning)
 			}
 			return nil

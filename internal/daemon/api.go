@@ -298,10 +298,42 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 	d.mu.Lock()
 	cur, gen := d.cur, d.generation
 	d.mu.Unlock()
-	changes := append(policy.DiffSections(cur.pol, next.pol), policy.Diff(cur.compiled, next.compiled)...)
-	change := control.PolicyChange{Diff: policy.FormatDiff(changes), Changes: len(changes), Generation: gen}
+	// With --iface the flags name the interfaces, whatever either policy
+	// says: the diff leaves interfaces out, and says so when the file's
+	// differ.
+	from, to := cur.pol, next.pol
+	cfrom, cto := cur.compiled, next.compiled
+	var warnings []string
+	if len(d.opts.Ifaces) > 0 {
+		a, b := *from, *to
+		a.Interfaces, b.Interfaces = nil, nil
+		from, to = &a, &b
+		ca, cb := *cfrom, *cto
+		ca.Interfaces, cb.Interfaces = nil, nil
+		cfrom, cto = &ca, &cb
+		var names []string
+		for _, i := range next.pol.Interfaces {
+			names = append(names, i.Name)
+		}
+		if !slices.Equal(slices.Sorted(slices.Values(names)), slices.Sorted(slices.Values(d.opts.Ifaces))) {
+			warnings = append(warnings, fmt.Sprintf("the daemon runs with --iface %s: the file's interfaces: [%s] are not used "+
+				"(restart the daemon without --iface to use them)", strings.Join(d.opts.Ifaces, ","), strings.Join(names, ",")))
+		}
+	}
+	sizesErr := d.checkSizes(next.pol.Tables)
+	if sizesErr != nil && !apply {
+		warnings = append(warnings, "applying it is refused: "+sizesErr.Error())
+	}
+	changes := append(policy.DiffSections(from, to), policy.Diff(cfrom, cto)...)
+	change := control.PolicyChange{Diff: policy.FormatDiff(changes), Changes: len(changes), Generation: gen,
+		Warning: strings.Join(warnings, "; ")}
 	if !apply {
 		writeJSON(w, change)
+		return
+	}
+	if sizesErr != nil {
+		d.fail(sizesErr, "api")
+		writeError(w, http.StatusUnprocessableEntity, sizesErr)
 		return
 	}
 	// The applied policy is kept in the state directory, never written
@@ -336,12 +368,13 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 		if err := pending.commit(); err != nil {
 			origin += "; not saved, a restart runs the config file"
 			d.log.Error("policy applied but not saved: a restart runs the config file", "err", err)
-			change.Warning = fmt.Sprintf("applied, but not saved (%v): a restart runs the config file", err)
+			warnings = append(warnings, fmt.Sprintf("applied, but not saved (%v): a restart runs the config file", err))
 		}
 	} else {
 		origin += "; no --state-dir, a restart runs the config file"
-		change.Warning = "applied, but the daemon has no --state-dir: a restart runs the config file"
+		warnings = append(warnings, "applied, but the daemon has no --state-dir: a restart runs the config file")
 	}
+	change.Warning = strings.Join(warnings, "; ")
 	d.mu.Lock()
 	d.origin = origin
 	change.Applied, change.Generation = true, d.generation

@@ -397,7 +397,9 @@ func (d *Daemon) choosePolicy() ([]byte, string, error) {
 }
 
 // prepare validates and compiles a policy, loading its ASN data if that
-// changed. It touches no map. Caller holds changeMu (or is starting).
+// changed. It touches no map, and does not compare the policy's table
+// sizes with the loaded maps (checkSizes). Caller holds changeMu (or is
+// starting).
 func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (running, error) {
 	p, err := policy.Parse(source, raw, os.ReadFile)
 	if err != nil {
@@ -421,11 +423,6 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	}
 	if err := checkFleet(p); err != nil {
 		return running{}, err
-	}
-	if d.dp != nil {
-		if err := d.checkSizes(p.Tables); err != nil {
-			return running{}, err
-		}
 	}
 	names := map[uint32]string{}
 	for _, r := range c.Rules {
@@ -527,6 +524,9 @@ func (d *Daemon) reload(ctx context.Context, trigger string) {
 		return
 	}
 	next, err := d.prepare(ctx, raw, source)
+	if err == nil {
+		err = d.checkSizes(next.pol.Tables)
+	}
 	if err == nil {
 		err = d.apply(ctx, next, trigger)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -441,6 +442,50 @@ func TestStopMidApplyAnswers(t *testing.T) {
 	h.start()
 	if st := h.status(); st.Policy != next {
 		t.Errorf("after the restart the daemon runs %s (%s), want the applied %s", st.Policy, st.PolicyOrigin, next)
+	}
+	h.stop(syscall.SIGTERM)
+}
+
+// TestDiffSaysWhatApplyDoes: on a daemon run with --iface, a file's
+// interfaces: are not used, and diff and apply say so instead of showing
+// an interface change that never happens; a file whose tables: differ from
+// the loaded maps still gets its whole diff, with the reason an apply is
+// refused.
+func TestDiffSaysWhatApplyDoes(t *testing.T) {
+	s := netns.New(t).Star(2)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	h.Args = []string{"--iface", "eg-c0", "--xdp-mode", "native"}
+	h.start()
+	dir := t.TempDir()
+	one := filepath.Join(dir, "one.yaml")
+	os.WriteFile(one, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 90000, 90000),
+		"  - {name: eg-c0, xdp_mode: native}\n", "", 1)), 0o644)
+	out, err := h.ctl("policy", "diff", one)
+	if err == nil || strings.Contains(out, "- interface") || strings.Contains(out, "+ interface") || !strings.Contains(out, "--iface eg-c0") ||
+		!strings.Contains(out, "90k") {
+		t.Errorf("policy diff of a file naming eg-c1 under --iface eg-c0: %v\n%s; want the rate change, no interface change, a word on --iface", err, out)
+	}
+	out, err = h.ctl("policy", "apply", one, "--yes")
+	if err != nil || !strings.Contains(out, "--iface eg-c0") || !strings.Contains(out, "applied: generation 2") {
+		t.Errorf("policy apply under --iface: %v\n%s; want it applied with a word on --iface", err, out)
+	}
+	if st := h.status(); len(st.Interfaces) != 1 || st.Interfaces[0].Name != "eg-c0" {
+		t.Errorf("interfaces after the apply: %+v", st.Interfaces)
+	}
+	tables := filepath.Join(dir, "tables.yaml")
+	os.WriteFile(tables, []byte(fmt.Sprintf(daemonPolicy, 80000, 80000)+"tables: {list_entries: 12345}\n"), 0o644)
+	out, err = h.ctl("policy", "diff", tables)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, "80k") ||
+		!strings.Contains(out, "tables.list_entries") || !strings.Contains(out, "applying it is refused") {
+		t.Errorf("policy diff with other tables: %v\n%s; want exit 1, the whole diff and why an apply is refused", err, out)
+	}
+	if out, err := h.ctl("policy", "apply", tables, "--yes"); err == nil || !strings.Contains(out, "table sizes are fixed") {
+		t.Errorf("policy apply with other tables: %v\n%s; want it refused", err, out)
+	}
+	if st := h.status(); st.Generation != 2 {
+		t.Errorf("generation after the refused apply: %d, want 2", st.Generation)
 	}
 	h.stop(syscall.SIGTERM)
 }
