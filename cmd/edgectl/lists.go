@@ -46,8 +46,8 @@ retries every 10 s). A removal that cannot be saved is reported the same way.`, 
 			if err != nil {
 				return usageError{fmt.Errorf("bad prefix %q: %w", args[0], err)}
 			}
-			if ttl < 0 {
-				return usageError{fmt.Errorf("--ttl must be positive")}
+			if cmd.Flags().Changed("ttl") && ttl <= 0 {
+				return usageError{fmt.Errorf("--ttl %v: a TTL must be positive; leave --ttl out for an entry that lasts until removed", ttl)}
 			}
 			e, err := newClient(cmd).AddToList(cmd.Context(), kind, control.ListChange{Prefix: p, TTL: control.Duration(ttl), Reason: reason, Force: force})
 			if err != nil {
@@ -65,7 +65,7 @@ retries every 10 s). A removal that cannot be saved is reported the same way.`, 
 			return nil
 		},
 	}
-	add.Flags().DurationVar(&ttl, "ttl", 0, "remove the entry by itself after this long (e.g. 10m, 24h)")
+	add.Flags().DurationVar(&ttl, "ttl", 0, "remove the entry by itself after this long (e.g. 10m, 24h); left out: until removed")
 	add.Flags().StringVar(&reason, "reason", "", "why (shown by list and logged); re-adding an entry without --reason keeps its reason")
 	add.Flags().BoolVar(&force, "force", false, "add a prefix wider than IPv4 /16 or IPv6 /32, or (deny) one overlapping the policy's lists.protected")
 	remove := &cobra.Command{
@@ -93,13 +93,17 @@ retries every 10 s). A removal that cannot be saved is reported the same way.`, 
 		Short: fmt.Sprintf("Show the %s list: the policy's entries and those added at run time", kind),
 		Args:  cobra.NoArgs,
 	}
-	asJSON := addJSONFlag(list)
+	asJSON := addOutputFlags(list)
 	list.RunE = func(cmd *cobra.Command, _ []string) error {
+		json, err := asJSON()
+		if err != nil {
+			return err
+		}
 		entries, err := newClient(cmd).List(cmd.Context(), kind)
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		if json {
 			if entries == nil {
 				entries = []control.ListEntry{}
 			}

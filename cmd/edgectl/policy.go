@@ -29,14 +29,17 @@ func newPolicyValidate() *cobra.Command {
 		Use:   "validate FILE",
 		Short: "Check a policy file; print every problem with file:line:column",
 		Long: `Check a policy file and print every problem at once, each with file:line:column,
-what is wrong and what is allowed. Exit code 0 if valid, 2 if not, 1 if a file it names
-(asn data) cannot be read. It needs no daemon and changes nothing.
+what is wrong and what is allowed. Exit code 0 if valid, 2 if not (or FILE cannot be read),
+1 if a file it names (asn data) cannot be read. It needs no daemon and changes nothing.
 
 The ASN data the file names (asn_data.path, relative to the policy file) is loaded and
 compiled in, as the daemon does, so a warning that an ASN has no prefixes is about the real
 data; --no-asn skips that (faster), and the output then says the data was not loaded.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := os.Stat(args[0]); err != nil {
+				return usageError{fmt.Errorf("policy file: %w", err)}
+			}
 			ch, err := daemon.CheckFile(cmd.Context(), args[0], !noASN, progressBar(cmd.ErrOrStderr(), "loading asn data"))
 			if err != nil {
 				return asValidation(err)

@@ -20,13 +20,17 @@ func newStatusCommand() *cobra.Command {
 		Short: "Show interfaces, XDP mode, program and map ids, policy generation and table fill",
 		Args:  cobra.NoArgs,
 	}
-	asJSON := addJSONFlag(cmd)
+	asJSON := addOutputFlags(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		json, err := asJSON()
+		if err != nil {
+			return err
+		}
 		st, err := newClient(cmd).Status(cmd.Context())
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		if json {
 			return printJSON(cmd.OutOrStdout(), st)
 		}
 		return writeStatus(cmd.OutOrStdout(), st)
@@ -101,13 +105,17 @@ func newStatsCommand() *cobra.Command {
 		Short: "Show counter totals and rates, per reason and per rule",
 		Args:  cobra.NoArgs,
 	}
-	asJSON := addJSONFlag(cmd)
+	asJSON := addOutputFlags(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		json, err := asJSON()
+		if err != nil {
+			return err
+		}
 		st, err := newClient(cmd).Stats(cmd.Context())
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		if json {
 			return printJSON(cmd.OutOrStdout(), st)
 		}
 		return writeStats(cmd.OutOrStdout(), st)

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/shield"
 )
 
 // edgectl shield: the adaptive shield (docs/shield.md).
@@ -139,6 +140,9 @@ policy's shield.forbid cannot be lifted here.`,
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if err := checkOutput(output); err != nil {
 			return err
+		}
+		if _, err := shield.ParseForbid(args[0]); err != nil {
+			return usageError{err} // checked here as the daemon does: a mistyped aggregate is a usage error
 		}
 		r, err := newClient(cmd).ShieldDo(cmd.Context(), "forbid", control.ShieldRequest{Aggregate: args[0], Remove: remove, By: operator()})
 		if err != nil {
