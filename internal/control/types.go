@@ -79,6 +79,10 @@ type Interface struct {
 	Name    string `json:"name"`
 	Ifindex int    `json:"ifindex"`
 	XDPMode string `json:"xdp_mode"`
+	// Problem, when set, says why the interface is not protected now
+	// (gone, re-created, renamed away, its program removed): the same
+	// as /readyz.
+	Problem string `json:"problem,omitempty"`
 }
 
 // MapInfo is one map's identity and fill.

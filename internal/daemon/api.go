@@ -384,6 +384,7 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 
 // Status describes the daemon for `edgectl status`.
 func (d *Daemon) Status() control.Status {
+	problems := d.unprotectedIfaces() // takes mu itself
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := control.Status{
@@ -404,7 +405,12 @@ func (d *Daemon) Status() control.Status {
 	st.CongestedInstances = d.standing.instanceStatus(time.Now())
 	st.L7 = d.l7Status()
 	for name, a := range d.atts {
-		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode)})
+		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode),
+			Problem: problems[name]})
+		delete(problems, name)
+	}
+	for name, why := range problems { // named by the policy, not attached
+		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Problem: why})
 	}
 	slices.SortFunc(st.Interfaces, func(a, b control.Interface) int { return strings.Compare(a.Name, b.Name) })
 	if info, err := d.dp.Objects.XdpLimiter.Info(); err == nil {

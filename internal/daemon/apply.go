@@ -304,6 +304,17 @@ func (d *Daemon) listen(next running) error {
 // carry its program: deleted, re-created under a new index, or with the
 // program removed behind its back. Reads mu briefly, then netlink.
 func (d *Daemon) unprotected() []string {
+	var out []string
+	for name, why := range d.unprotectedIfaces() {
+		out = append(out, fmt.Sprintf("interface %s: %s: not protected", name, why))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// unprotectedIfaces says, per interface the policy names that does not
+// carry the program now, why. Reads mu briefly, then netlink.
+func (d *Daemon) unprotectedIfaces() map[string]string {
 	d.mu.Lock()
 	type att struct {
 		name    string
@@ -326,21 +337,20 @@ func (d *Daemon) unprotected() []string {
 			prog = uint32(id)
 		}
 	}
-	var out []string
+	out := map[string]string{}
 	for _, a := range atts {
 		l, err := netlink.LinkByName(a.name)
 		switch {
 		case err != nil:
-			out = append(out, fmt.Sprintf("interface %s: gone (%v): not protected", a.name, err))
+			out[a.name] = fmt.Sprintf("gone (%v)", err)
 		case a.ifindex == 0:
-			out = append(out, fmt.Sprintf("interface %s: not attached: not protected", a.name))
+			out[a.name] = "not attached"
 		case l.Attrs().Index != a.ifindex:
-			out = append(out, fmt.Sprintf("interface %s: re-created (ifindex %d, attached to %d): not protected", a.name, l.Attrs().Index, a.ifindex))
+			out[a.name] = fmt.Sprintf("re-created (ifindex %d, attached to %d)", l.Attrs().Index, a.ifindex)
 		case l.Attrs().Xdp == nil || !l.Attrs().Xdp.Attached || (prog != 0 && l.Attrs().Xdp.ProgId != prog):
-			out = append(out, fmt.Sprintf("interface %s: does not carry program %d: not protected", a.name, prog))
+			out[a.name] = fmt.Sprintf("does not carry program %d", prog)
 		}
 	}
-	slices.Sort(out)
 	return out
 }
 

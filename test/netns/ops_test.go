@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/control"
@@ -488,4 +489,55 @@ func TestDiffSaysWhatApplyDoes(t *testing.T) {
 		t.Errorf("generation after the refused apply: %d, want 2", st.Generation)
 	}
 	h.stop(syscall.SIGTERM)
+}
+
+// TestStatusSaysWhatEnforces: status marks an interface renamed away (or
+// deleted) as not protected, as /readyz does, instead of listing it as
+// attached; after a --keep stop, status and stats say the program is
+// attached and enforcing from the pins, not only that no daemon runs.
+func TestStatusSaysWhatEnforces(t *testing.T) {
+	s := netns.New(t).Star(1)
+	nl := s.Edge.Netlink()
+	if err := nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "egdum0"}, PeerName: "egdum0p"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := nl.LinkByName("egdum0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl.LinkSetUp(l)
+	h := newDaemonHarness(t, s.Edge)
+	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
+		"  - {name: eg-c1, xdp_mode: native}\n", "  - {name: egdum0, xdp_mode: generic}\n", 1)), 0o644)
+	h.Args = []string{"--keep"}
+	h.start()
+	nl.LinkSetDown(l)
+	if err := nl.LinkSetName(l, "egren0"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "status to mark egdum0 not protected", func() bool {
+		for _, i := range h.status().Interfaces {
+			if i.Name == "egdum0" && i.Problem != "" {
+				return true
+			}
+		}
+		return false
+	})
+	if out, _ := h.ctl("status"); !strings.Contains(out, "egdum0: NOT PROTECTED") {
+		t.Errorf("status text does not mark egdum0:\n%s", out)
+	}
+	h.stop(syscall.SIGTERM)
+	for _, cmd := range []string{"status", "stats"} {
+		out, err := h.ctl(cmd, "--pin-dir", h.PinDir)
+		if err == nil || !strings.Contains(out, "not running") || !strings.Contains(out, "ATTACHED AND ENFORCING") ||
+			!strings.Contains(out, "eg-c0") {
+			t.Errorf("%s after a --keep stop: %v\n%s; want: not running, but enforcing from the pins on eg-c0", cmd, err, out)
+		}
+	}
+	if out, err := exec.Command(h.Bin, "detach", "--unpin", "--pin-dir", h.PinDir).CombinedOutput(); err != nil {
+		t.Fatalf("detach --unpin: %v %s", err, out)
+	}
+	if out, _ := h.ctl("status", "--pin-dir", h.PinDir); strings.Contains(out, "ENFORCING") {
+		t.Errorf("status after detach --unpin still says enforcing:\n%s", out)
+	}
 }
