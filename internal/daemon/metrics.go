@@ -28,14 +28,18 @@ func (d *Daemon) metricsAddr(next running) string {
 func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
-	d.registerXDP(reg)
-	reg.MustRegister(newV4DirectCollector(d))
-	reg.MustRegister(d.controlCollectors()...)
-	reg.MustRegister(newSynCollector(d))
-	reg.MustRegister(fleetCollector{d})
-	reg.MustRegister(newShieldCollector(d)...)
-	reg.MustRegister(newSamplerCollector(d))
+	reg.MustRegister(d.edgeguardCollectors()...)
 	return reg
+}
+
+// edgeguardCollectors are the daemon's own collectors (the L7 stage
+// registers its own on top).
+func (d *Daemon) edgeguardCollectors() []prometheus.Collector {
+	out := []prometheus.Collector{d.xdpCollector(), newV4DirectCollector(d)}
+	out = append(out, d.controlCollectors()...)
+	out = append(out, newSynCollector(d), fleetCollector{d})
+	out = append(out, newShieldCollector(d)...)
+	return append(out, newSamplerCollector(d))
 }
 
 // controlCollectors are the daemon's own families: which build runs, and

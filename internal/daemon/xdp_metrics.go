@@ -11,8 +11,8 @@ import (
 
 // registerXDP registers the data plane's collector, reading through the
 // daemon (which knows interface and rule names).
-func (d *Daemon) registerXDP(reg *prometheus.Registry) {
-	reg.MustRegister(metrics.NewXDPCollector(xdpSource{d}, d.log))
+func (d *Daemon) xdpCollector() prometheus.Collector {
+	return metrics.NewXDPCollector(xdpSource{d}, d.log)
 }
 
 // xdpSource implements metrics.XDPSource over the daemon's maps.
