@@ -22,6 +22,9 @@ func writeL7Status(w io.Writer, l7 *control.L7Status) {
 		routes = fmt.Sprintf("routes %s", strings.Join(l7.Routes, ", "))
 	}
 	fmt.Fprintf(w, "l7 stage\t%s engine on %s, upstream %s, %s\n", l7.Engine, l7.Listen, l7.Upstream, routes)
+	if l7.AccessLogReopenFailed != "" {
+		fmt.Fprintf(w, "l7 access log\tREOPEN FAILED at %s; still writing the old file\n", l7.AccessLogReopenFailed)
+	}
 }
 
 // writeL7Stats is the L7 part of `edgectl stats` (nothing without an L7

@@ -7,6 +7,10 @@ type L7Status struct {
 	Listen   string   `json:"listen"` // the bound address
 	Upstream string   `json:"upstream"`
 	Routes   []string `json:"routes"` // in match order
+	// AccessLogReopenFailed says when and why the last reopen of the
+	// access log (SIGUSR1) failed: lines still go to the old file. ""
+	// when it succeeded or none was asked for.
+	AccessLogReopenFailed string `json:"access_log_reopen_failed,omitempty"`
 }
 
 // L7RouteStat is one route's request counts by decision in `edgectl stats`,

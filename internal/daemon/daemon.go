@@ -145,6 +145,7 @@ type Daemon struct {
 	listsUnsaved      error
 	listsUnsavedAt    time.Time
 	listsSaveFailures uint64
+	reopenFailed      string // the last SIGUSR1 access log reopen failed: when and why ("" ok)
 	atts              map[string]*loader.Attachment
 
 	history *history

@@ -53,7 +53,8 @@ func (d *Daemon) l7Status() *control.L7Status {
 	if !st.Running {
 		return nil
 	}
-	return &control.L7Status{Engine: string(st.Engine), Listen: st.Addr, Upstream: st.Upstream, Routes: st.Routes}
+	return &control.L7Status{Engine: string(st.Engine), Listen: st.Addr, Upstream: st.Upstream, Routes: st.Routes,
+		AccessLogReopenFailed: d.reopenFailed}
 }
 
 // l7Stats are the L7 stage's request counts by route and decision (nil:
@@ -105,7 +106,15 @@ func (d *Daemon) reopenLogs(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-d.opts.ReopenLogs:
-			if err := d.l7.ReopenAccessLog(); err != nil {
+			err := d.l7.ReopenAccessLog()
+			d.mu.Lock()
+			if err != nil {
+				d.reopenFailed = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)
+			} else {
+				d.reopenFailed = ""
+			}
+			d.mu.Unlock()
+			if err != nil {
 				d.log.Error("reopen the l7 access log; still writing the old file", "err", err)
 				continue
 			}
