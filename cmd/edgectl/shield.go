@@ -185,6 +185,9 @@ func writeShield(out io.Writer, r control.ShieldReport) error {
 			base, factor := rate(a.Baseline), fmt.Sprintf("%.1fx", a.Factor)
 			if !a.Judged {
 				base, factor = "learning", "-"
+				if a.LearningPaused {
+					base = "learning (paused: surge)"
+				}
 			}
 			act := "-"
 			if a.Action != 0 {
