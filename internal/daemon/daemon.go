@@ -616,6 +616,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("escalations", d.applyEscalations)
 	run("log reopen", d.reopenLogs)
 	run("standing", d.watchStanding)
+	run("mptcp watch", d.watchMPTCP)
 	run("link watch", d.watchLinks)
 	run("fleet", d.runFleet)
 	run("shield", d.runShield)

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -540,4 +542,94 @@ func TestStatusSaysWhatEnforces(t *testing.T) {
 	if out, _ := h.ctl("status", "--pin-dir", h.PinDir); strings.Contains(out, "ENFORCING") {
 		t.Errorf("status after detach --unpin still says enforcing:\n%s", out)
 	}
+}
+
+// TestSynMPTCPListenerPassed: a protected service whose listener is MPTCP
+// (Go's default for listeners since 1.24) gets its SYNs passed to the
+// kernel, loudly (stats, metric, log), instead of cookie SYN-ACKs that
+// reset each new MPTCP client's first connection: every new client
+// connects at the first try. When the listener becomes plain TCP,
+// protection turns on by itself.
+func TestSynMPTCPListenerPassed(t *testing.T) {
+	netns.RequireRoot(t)
+	requireSyn(t)
+	star := netns.New(t).Star(2)
+	for _, c := range star.Clients {
+		napiPeer(t, c.NS, "eg-up")
+	}
+	if b, err := os.ReadFile("/proc/sys/net/mptcp/enabled"); err != nil || strings.TrimSpace(string(b)) != "1" {
+		t.Skipf("MPTCP is off on this kernel (net.mptcp.enabled: %q %v)", b, err)
+	}
+	serve := func(ln *net.TCPListener) {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hi"))
+			c.Close()
+		}
+	}
+	ln, err := listenTCPProto(star.Edge, fmt.Sprintf("[::]:%d", synPort), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go serve(ln)
+	h := newDaemonHarness(t, star.Edge)
+	os.WriteFile(h.Config, []byte(fmt.Sprintf(synDaemonPolicy, fmt.Sprintf(synDaemonSection, synPort, synPort, "always"))), 0o644)
+	h.start()
+	svc := func() control.SYNServiceStat {
+		t.Helper()
+		st, err := h.Stats(context.Background())
+		if err != nil || st.SYN == nil || len(st.SYN.Services) != 1 {
+			t.Fatalf("stats: %+v %v", st.SYN, err)
+		}
+		return st.SYN.Services[0]
+	}
+	if s := svc(); !s.MPTCPListener || s.Active {
+		t.Errorf("service with an MPTCP listener: %+v, want mptcp_listener and not active", s)
+	}
+	if v, _ := metricSum(h.scrape(), "edgeguard_syn_mptcp_listener", map[string]string{"service": "api"}); v != 1 {
+		t.Errorf("edgeguard_syn_mptcp_listener = %v, want 1", v)
+	}
+	if !strings.Contains(h.Logs(), "syn protection OFF for a service whose listener is MPTCP") {
+		t.Errorf("no warning in the log:\n%s", h.Logs())
+	}
+	c := star.Clients[0]
+	connect := func(i int) error {
+		return c.NS.Do(func() error {
+			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{IP: c.Src4.AsSlice()}}
+			d.SetMultipathTCP(true)
+			conn, err := d.Dial("tcp", netip.AddrPortFrom(c.EdgeAddr4, synPort).String())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(3 * time.Second))
+			buf := make([]byte, 2)
+			if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "hi" {
+				return fmt.Errorf("client %d read %q: %v", i, buf, err)
+			}
+			return nil
+		})
+	}
+	for i := range 5 {
+		if err := connect(i); err != nil {
+			t.Errorf("new MPTCP client %d, first try: %v", i, err)
+		}
+	}
+	// The server restarts as plain TCP: protection turns on by itself.
+	ln.Close()
+	plain, err := listenTCPProto(star.Edge, fmt.Sprintf("[::]:%d", synPort), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { plain.Close() })
+	go serve(plain)
+	waitFor(t, "protection on for the plain TCP listener", func() bool { s := svc(); return !s.MPTCPListener && s.Active })
+	if err := connect(9); err != nil {
+		t.Errorf("a client through the cookies of the plain TCP listener: %v", err)
+	}
+	h.stop(syscall.SIGTERM)
 }
