@@ -278,7 +278,7 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
-	next, err := d.prepare(ctx, []byte(doc.YAML), source)
+	next, err := d.prepareAnySize(ctx, []byte(doc.YAML), source)
 	if err != nil {
 		if apply {
 			d.fail(err, "api")

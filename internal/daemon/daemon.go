@@ -398,10 +398,22 @@ func (d *Daemon) choosePolicy() ([]byte, string, error) {
 }
 
 // prepare validates and compiles a policy, loading its ASN data if that
-// changed. It touches no map, and does not compare the policy's table
-// sizes with the loaded maps (checkSizes). Caller holds changeMu (or is
-// starting).
+// changed, and refuses table sizes the loaded maps do not have. It
+// touches no map. Caller holds changeMu (or is starting).
 func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (running, error) {
+	next, err := d.prepareAnySize(ctx, raw, source)
+	if err == nil && d.dp != nil {
+		err = d.checkSizes(next.pol.Tables)
+	}
+	if err != nil {
+		return running{}, err
+	}
+	return next, nil
+}
+
+// prepareAnySize is prepare without the table size check (a diff shows a
+// policy whose sizes differ, and says why applying it is refused).
+func (d *Daemon) prepareAnySize(ctx context.Context, raw []byte, source string) (running, error) {
 	p, err := policy.Parse(source, raw, os.ReadFile)
 	if err != nil {
 		return running{}, withL7Problems(err, raw, source)
@@ -525,9 +537,6 @@ func (d *Daemon) reload(ctx context.Context, trigger string) {
 		return
 	}
 	next, err := d.prepare(ctx, raw, source)
-	if err == nil {
-		err = d.checkSizes(next.pol.Tables)
-	}
 	if err == nil {
 		err = d.apply(ctx, next, trigger)
 	}

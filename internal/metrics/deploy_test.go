@@ -252,6 +252,7 @@ var synFamilies = map[string]bool{
 	"edgeguard_syn_protection_active": true,
 	"edgeguard_syn_path_loaded":       true,
 	"edgeguard_syn_activations_total": true,
+	"edgeguard_syn_mptcp_listener":    true,
 }
 
 // shieldFamilies are exported by the daemon's shield collector;
