@@ -46,7 +46,17 @@ if ((${#missing[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# Debian starts these as services on install; tests start their own on loopback.
-for svc in redis-server nginx prometheus; do
-  systemctl disable --now "$svc" >/dev/null 2>&1 || true
-done
+# Debian starts these as services on install; the tests start their own on
+# loopback. Stopping and disabling them is only for machines that exist to
+# run the tests: CI (CI=true) and the throwaway Vagrant VM
+# (EDGEGUARD_THROWAWAY_VM=1, set by the Vagrantfile). On any other host
+# they are left as they are, and the script says so.
+services=(redis-server nginx prometheus)
+if [[ ${CI:-} == true || ${EDGEGUARD_THROWAWAY_VM:-} == 1 ]]; then
+  for svc in "${services[@]}"; do
+    systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  done
+else
+  echo "install-deps: the ${services[*]} services are left as they are (not CI, not the throwaway VM);" \
+    "the tests start their own on loopback. CI=true stops and disables them." >&2
+fi

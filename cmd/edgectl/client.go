@@ -21,6 +21,23 @@ func addJSONFlag(cmd *cobra.Command) *bool {
 	return cmd.Flags().Bool("json", false, "print JSON instead of a table")
 }
 
+// addOutputFlags gives a command --json and its long form -o/--output
+// table|json (as explain and shield have); the returned function says
+// whether JSON was asked for, or a usage error for another format.
+func addOutputFlags(cmd *cobra.Command) func() (bool, error) {
+	asJSON := addJSONFlag(cmd)
+	output := cmd.Flags().StringP("output", "o", "table", "output format: table or json (--json is -o json)")
+	return func() (bool, error) {
+		switch *output {
+		case "table":
+			return *asJSON, nil
+		case "json":
+			return true, nil
+		}
+		return false, usageError{fmt.Errorf("bad --output %q: use table or json", *output)}
+	}
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -38,6 +38,9 @@ func writeL7Status(w io.Writer, l7 *control.L7Status) {
 		}
 		fmt.Fprintf(w, "l7 rls\t%s\n", strings.Join(parts, ", "))
 	}
+	if l7.AccessLogReopenFailed != "" {
+		fmt.Fprintf(w, "l7 access log\tREOPEN FAILED at %s; still writing the old file\n", l7.AccessLogReopenFailed)
+	}
 	if l7.Engine == "" {
 		return
 	}

@@ -55,7 +55,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"deny", "add", "not-a-prefix"}, 2},
 		{[]string{"policy", "validate", "testdata/invalid.yaml"}, 2},
 		{[]string{"policy", "validate", "../../examples/edgeguard.yaml"}, 0},
-		{[]string{"policy", "validate", "testdata/missing.yaml"}, 1},
+		{[]string{"policy", "validate", "testdata/missing.yaml"}, 2},
 		// No daemon listens on this socket: an operational error.
 		{[]string{"status", "--socket", "/nonexistent/edgeguard.sock"}, 1},
 	} {

@@ -29,14 +29,17 @@ func newPolicyValidate() *cobra.Command {
 		Use:   "validate FILE",
 		Short: "Check a policy file; print every problem with file:line:column",
 		Long: `Check a policy file and print every problem at once, each with file:line:column,
-what is wrong and what is allowed. Exit code 0 if valid, 2 if not, 1 if a file it names
-(asn data) cannot be read. It needs no daemon and changes nothing.
+what is wrong and what is allowed. Exit code 0 if valid, 2 if not (or FILE cannot be read),
+1 if a file it names (asn data) cannot be read. It needs no daemon and changes nothing.
 
 The ASN data the file names (asn_data.path, relative to the policy file) is loaded and
 compiled in, as the daemon does, so a warning that an ASN has no prefixes is about the real
 data; --no-asn skips that (faster), and the output then says the data was not loaded.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := os.Stat(args[0]); err != nil {
+				return usageError{fmt.Errorf("policy file: %w", err)}
+			}
 			ch, err := daemon.CheckFile(cmd.Context(), args[0], !noASN, progressBar(cmd.ErrOrStderr(), "loading asn data"))
 			if err != nil {
 				return asValidation(err)
@@ -88,6 +91,9 @@ not validate, no daemon to ask).`,
 					return exitError{2, err}
 				}
 				diff, n = ch.Diff, ch.Changes
+				if ch.Warning != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "edgectl: warning: %s\n", ch.Warning)
+				}
 			}
 			fmt.Fprint(cmd.OutOrStdout(), orNoChange(diff))
 			if n > 0 {
@@ -159,8 +165,12 @@ The daemon keeps the applied policy in its state directory (--state-dir, default
 applied policy as long as the config file is unchanged since; once the file changes (edit,
 package upgrade), the file runs again. 'edgectl status' says which one runs and why.
 
-Exit code: 0 applied (or no change), 1 not applied (declined, or the daemon refused it),
-2 FILE does not validate or --yes is missing without a terminal.`,
+A daemon asked to stop (SIGTERM) while it applies finishes the change and answers first
+(at most 30 s), and refuses changes asked for after the signal. If no answer arrives at all,
+the command says the outcome is unknown and names the generation that ran before.
+
+Exit code: 0 applied (or no change), 1 not applied (declined, or the daemon refused it, or
+the outcome is unknown), 2 FILE does not validate or --yes is missing without a terminal.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			doc, err := readPolicyDoc(args[0])
@@ -177,6 +187,9 @@ Exit code: 0 applied (or no change), 1 not applied (declined, or the daemon refu
 				return asValidation(err)
 			}
 			fmt.Fprint(cmd.OutOrStdout(), orNoChange(ch.Diff))
+			if ch.Warning != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "edgectl: warning: %s\n", ch.Warning)
+			}
 			if !yes {
 				fmt.Fprint(cmd.OutOrStdout(), "apply? [y/N] ")
 				answer, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
@@ -185,11 +198,18 @@ Exit code: 0 applied (or no change), 1 not applied (declined, or the daemon refu
 				}
 			}
 			res, err := c.ApplyPolicy(cmd.Context(), doc)
+			var apiErr *control.APIError
+			if err != nil && !errors.As(err, &apiErr) && !errors.Is(err, control.ErrNotRunning) {
+				// The daemon did not answer (it stopped, or the connection
+				// broke): say what is known and how to learn the rest.
+				return fmt.Errorf("no answer to the apply (%w): the outcome is unknown; the running generation was %d "+
+					"before: 'edgectl policy show' says which policy runs now", err, ch.Generation)
+			}
 			if err != nil {
 				return asValidation(err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "applied: generation %d\n", res.Generation)
-			if res.Warning != "" {
+			if res.Warning != "" && res.Warning != ch.Warning {
 				fmt.Fprintf(cmd.ErrOrStderr(), "edgectl: warning: %s\n", res.Warning)
 			}
 			return nil

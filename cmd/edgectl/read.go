@@ -2,9 +2,11 @@ package main
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/loader"
 )
 
 func newStatusCommand() *cobra.Command {
@@ -20,18 +23,63 @@ func newStatusCommand() *cobra.Command {
 		Short: "Show interfaces, XDP mode, program and map ids, policy generation and table fill",
 		Args:  cobra.NoArgs,
 	}
-	asJSON := addJSONFlag(cmd)
+	asJSON := addOutputFlags(cmd)
+	pinDir := addPinDirFlag(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		st, err := newClient(cmd).Status(cmd.Context())
+		json, err := asJSON()
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		st, err := newClient(cmd).Status(cmd.Context())
+		if err != nil {
+			return withKeptProgram(err, *pinDir)
+		}
+		if json {
 			return printJSON(cmd.OutOrStdout(), st)
 		}
 		return writeStatus(cmd.OutOrStdout(), st)
 	}
 	return cmd
+}
+
+func addPinDirFlag(cmd *cobra.Command) *string {
+	return cmd.Flags().String("pin-dir", loader.DefaultPinDir,
+		"where to look for a program left enforcing when no daemon runs (the daemon's --pin-dir)")
+}
+
+// withKeptProgram adds to "no daemon" what the pins say: a program left
+// attached by 'edgectl run --keep' (or a crash) keeps enforcing with no
+// daemon, and the operator must know that, not only that none runs.
+func withKeptProgram(err error, pinDir string) error {
+	if !errors.Is(err, control.ErrNotRunning) {
+		return err
+	}
+	pls, perr := loader.PinnedLinks(pinDir)
+	if perr != nil || len(pls) == 0 {
+		return err
+	}
+	var on, severed []string
+	for _, pl := range pls {
+		if pl.Kind != "xdp" || !pl.Ours {
+			continue
+		}
+		if pl.Ifindex == 0 {
+			severed = append(severed, pl.Name)
+			continue
+		}
+		on = append(on, fmt.Sprintf("%s (ifindex %d)", pl.Name, pl.Ifindex))
+	}
+	if len(on) == 0 {
+		return err
+	}
+	msg := fmt.Sprintf("but the program is ATTACHED AND ENFORCING from the pins under %s on %s, with the last policy "+
+		"the daemon applied (left by 'edgectl run --keep' or a crash): nothing reloads it, expires run-time list "+
+		"entries from the daemon's view or reads its samples. 'edgectl run' takes it over; "+
+		"'edgectl detach --unpin --pin-dir %s' removes it", pinDir, strings.Join(on, ", "), pinDir)
+	if len(severed) > 0 {
+		msg += fmt.Sprintf(" (severed links, their interfaces gone: %s)", strings.Join(severed, ", "))
+	}
+	return fmt.Errorf("%w\n%s", err, msg)
 }
 
 func writeStatus(out io.Writer, st control.Status) error {
@@ -53,8 +101,15 @@ func writeStatus(out io.Writer, st control.Status) error {
 		result = "FAILED: " + r.Error
 	}
 	fmt.Fprintf(w, "last reload\t%s by %s: %s\n", r.Time.Format(time.RFC3339), r.Trigger, result)
+	if st.StateNotSaved != "" {
+		fmt.Fprintf(w, "state\tNOT SAVED: %s\n", st.StateNotSaved)
+	}
 	fmt.Fprintf(w, "program\tid %d, pins under %s\n", st.ProgramID, st.PinDir)
 	for _, i := range st.Interfaces {
+		if i.Problem != "" {
+			fmt.Fprintf(w, "interface\t%s: NOT PROTECTED: %s\n", i.Name, i.Problem)
+			continue
+		}
 		fmt.Fprintf(w, "interface\t%s (ifindex %d), xdp %s\n", i.Name, i.Ifindex, i.XDPMode)
 	}
 	fmt.Fprintf(w, "asn data\t%d entries\n", st.ASNEntries)
@@ -98,13 +153,18 @@ func newStatsCommand() *cobra.Command {
 		Short: "Show counter totals and rates, per reason and per rule",
 		Args:  cobra.NoArgs,
 	}
-	asJSON := addJSONFlag(cmd)
+	asJSON := addOutputFlags(cmd)
+	pinDir := addPinDirFlag(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		st, err := newClient(cmd).Stats(cmd.Context())
+		json, err := asJSON()
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		st, err := newClient(cmd).Stats(cmd.Context())
+		if err != nil {
+			return withKeptProgram(err, *pinDir)
+		}
+		if json {
 			return printJSON(cmd.OutOrStdout(), st)
 		}
 		return writeStats(cmd.OutOrStdout(), st)

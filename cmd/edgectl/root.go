@@ -46,6 +46,14 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(newBGPCommand())
 	root.AddCommand(newCaptureCommand())
 	root.AddCommand(newGenDocsCommand()) // man pages and completions for make deb
+	// cobra's 'completion' group, made now so that a shell it does not know
+	// ('completion tcsh') is a usage error, not its help with exit 0.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			groupCommand(c)
+		}
+	}
 	return root
 }
 
@@ -98,10 +106,12 @@ func newVersionCommand() *cobra.Command {
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 	}
-	asJSON := addJSONFlag(cmd)
+	asJSON := addOutputFlags(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		info := buildInfo()
-		if *asJSON {
+		if json, err := asJSON(); err != nil {
+			return err
+		} else if json {
 			return printJSON(cmd.OutOrStdout(), info)
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "edgectl %s\n", info)

@@ -79,8 +79,10 @@ reboots; the --config file is never rewritten. A start that fails removes only w
 			// P every 20µs (docs/l7-proxy.md, "Engines").
 			cores := runtime.GOMAXPROCS(0)
 			runtime.GOMAXPROCS(cores + 1)
-			// go-redis logs through one process-wide logger: structured, ours.
-			redis.SetLogger(redislimit.ClientLogger(log.With("stage", "l7")))
+			// go-redis logs through one process-wide logger: structured,
+			// ours. Both the L7 stage's Redis and the fleet's use it, so its
+			// lines name the client, not a stage.
+			redis.SetLogger(redislimit.ClientLogger(log.With("component", "redis-client")))
 			reload := make(chan struct{}, 1)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)

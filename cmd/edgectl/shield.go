@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/shield"
 )
 
 // edgectl shield: the adaptive shield (docs/shield.md).
@@ -140,6 +141,9 @@ policy's shield.forbid cannot be lifted here.`,
 		if err := checkOutput(output); err != nil {
 			return err
 		}
+		if _, err := shield.ParseForbid(args[0]); err != nil {
+			return usageError{err} // checked here as the daemon does: a mistyped aggregate is a usage error
+		}
 		r, err := newClient(cmd).ShieldDo(cmd.Context(), "forbid", control.ShieldRequest{Aggregate: args[0], Remove: remove, By: operator()})
 		if err != nil {
 			return err
@@ -181,6 +185,9 @@ func writeShield(out io.Writer, r control.ShieldReport) error {
 			base, factor := rate(a.Baseline), fmt.Sprintf("%.1fx", a.Factor)
 			if !a.Judged {
 				base, factor = "learning", "-"
+				if a.LearningPaused {
+					base = "learning (paused: surge)"
+				}
 			}
 			act := "-"
 			if a.Action != 0 {

@@ -98,8 +98,8 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		}
 		return ae
 	}
-	if out == nil {
-		return nil
+	if out == nil || len(data) == 0 {
+		return nil // 204 No Content
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("decode daemon answer: %w", err)
@@ -160,6 +160,8 @@ func (c *Client) AddToList(ctx context.Context, kind ListKind, ch ListChange) (L
 }
 
 // RemoveFromList removes an entry added at run time.
-func (c *Client) RemoveFromList(ctx context.Context, kind ListKind, p string) error {
-	return c.do(ctx, http.MethodDelete, "/v1/lists/"+string(kind), url.Values{"prefix": {p}}, nil, nil)
+// The answer's NotSaved says when the removal is not saved.
+func (c *Client) RemoveFromList(ctx context.Context, kind ListKind, p string) (ListEntry, error) {
+	var e ListEntry
+	return e, c.do(ctx, http.MethodDelete, "/v1/lists/"+string(kind), url.Values{"prefix": {p}}, nil, &e)
 }

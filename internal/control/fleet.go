@@ -43,7 +43,10 @@ type FleetMember struct {
 
 // FleetShare is this host's share of one fleet-wide aggregate budget.
 type FleetShare struct {
-	Aggregate string `json:"aggregate"`
+	Aggregate string `json:"aggregate"` // with the rule's name: "rule bots asn 64500"
+	// Key is the aggregate as the fleet shares it in Redis, by rule id:
+	// "rule 3524799594 asn 64500".
+	Key string `json:"key,omitempty"`
 	// Budget is the policy's budget (packets/s); Share is this host's part
 	// of it, Fraction = Share / Budget.
 	Budget   float64 `json:"budget_pps"`

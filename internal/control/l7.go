@@ -15,6 +15,10 @@ type L7Status struct {
 	// RLS are the rate-limit service's bound addresses by kind (grpc,
 	// grpc+tls, unix, http); empty when it is off.
 	RLS map[string]string `json:"rls,omitempty"`
+	// AccessLogReopenFailed says when and why the last reopen of the
+	// access log (SIGUSR1) failed: lines still go to the old file. ""
+	// when it succeeded or none was asked for.
+	AccessLogReopenFailed string `json:"access_log_reopen_failed,omitempty"`
 	// Classes are the requests by client class since the daemon started
 	// (docs/operations.md, "Class ranking at L7"); nil while l7.classes is
 	// disabled.

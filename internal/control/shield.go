@@ -33,7 +33,10 @@ type ShieldAggregate struct {
 	State        string   `json:"state"` // normal, pending, surging, cooling
 	Learned      Duration `json:"learned"`
 	Judged       bool     `json:"judged"`
-	Action       uint32   `json:"action,omitempty"`
+	// LearningPaused: still learning and surging against what it learned
+	// so far; the surge is not learned, nothing acts on it yet.
+	LearningPaused bool   `json:"learning_paused,omitempty"`
+	Action         uint32 `json:"action,omitempty"`
 }
 
 // ShieldAction is one action of the shield.

@@ -17,8 +17,12 @@ type SYNStats struct {
 
 // SYNServiceStat is one protected service's counters since load.
 type SYNServiceStat struct {
-	Service           string `json:"service"`
-	Active            bool   `json:"active"` // SYNs answered by the data plane now
+	Service string `json:"service"`
+	Active  bool   `json:"active"` // SYNs answered by the data plane now
+	// MPTCPListener: the service's listener is MPTCP, so its SYNs go to
+	// the kernel (the data plane's cookies would reset each new client's
+	// first connection); protection is off for it until it is plain TCP.
+	MPTCPListener     bool   `json:"mptcp_listener,omitempty"`
 	SYNs              uint64 `json:"syns"`
 	Answered          uint64 `json:"answered"`
 	WouldAnswer       uint64 `json:"would_answer"`

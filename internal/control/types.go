@@ -47,6 +47,10 @@ type Status struct {
 	Congestion []Congestion `json:"congestion,omitempty"`
 	// CongestedInstances are the single aggregates refusing sources now.
 	CongestedInstances []CongestedInstance `json:"congested_instances,omitempty"`
+	// StateNotSaved, when set, says the run-time list entries in force
+	// differ from those saved in the state directory (why, since when): a
+	// restart would lose the difference. The daemon retries every 10 s.
+	StateNotSaved string `json:"state_not_saved,omitempty"`
 }
 
 // IPv4Direct says how the active policy generation looks IPv4 sources up:
@@ -75,6 +79,10 @@ type Interface struct {
 	Name    string `json:"name"`
 	Ifindex int    `json:"ifindex"`
 	XDPMode string `json:"xdp_mode"`
+	// Problem, when set, says why the interface is not protected now
+	// (gone, re-created, renamed away, its program removed): the same
+	// as /readyz.
+	Problem string `json:"problem,omitempty"`
 }
 
 // MapInfo is one map's identity and fill.
@@ -172,6 +180,11 @@ type ListEntry struct {
 	Expires *time.Time   `json:"expires,omitempty"`
 	// Host is the fleet host that added an entry of origin fleet.
 	Host string `json:"host,omitempty"`
+	// NotSaved, in the answer to an add or a remove only, says the change
+	// is in force in the data plane but could not be saved to the state
+	// directory (why): a restart forgets it (an added entry is gone, a
+	// removed one back).
+	NotSaved string `json:"not_saved,omitempty"`
 }
 
 // ListChange adds an entry.

@@ -73,6 +73,12 @@ func (d *Daemon) serveControl(ctx context.Context) error {
 	}
 	go func() {
 		<-ctx.Done()
+		// A policy change in progress finishes and its caller gets the
+		// answer (applied or not) before the socket closes; changes asked
+		// for from now on are refused. Bounded: a change stuck longer
+		// (ASN data that never arrives) is cut off, and its caller is told
+		// the outcome is unknown.
+		d.waitForChange(changeWaitAtStop)
 		d.capture.close() // capture streams end, so Shutdown finds them idle
 		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -84,6 +90,31 @@ func (d *Daemon) serveControl(ctx context.Context) error {
 	}
 	os.Remove(d.opts.Socket)
 	return nil
+}
+
+// changeWaitAtStop bounds how long a stopping daemon waits for a policy
+// change in progress to finish and answer.
+const changeWaitAtStop = 30 * time.Second
+
+// waitForChange waits (at most limit) for a policy change in progress to
+// finish, then marks the daemon stopping so no other starts.
+func (d *Daemon) waitForChange(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	logged := false
+	for !d.changeMu.TryLock() {
+		if time.Now().After(deadline) {
+			d.log.Error("stopping: the policy change in progress did not finish; its caller is told the outcome is unknown",
+				"waited", limit)
+			return
+		}
+		if !logged {
+			d.log.Info("stopping: waiting for the policy change in progress to finish and answer", "at_most", limit)
+			logged = true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.stopping = true
+	d.changeMu.Unlock()
 }
 
 // decodeBody decodes a JSON request body of at most limit bytes; a larger
@@ -205,8 +236,13 @@ func (d *Daemon) controlMux() *http.ServeMux {
 			writeError(w, http.StatusBadRequest, fmt.Errorf("bad prefix: %w", err))
 			return
 		}
-		if err := d.RemoveFromList(kind, p); err != nil {
+		notSaved, err := d.RemoveFromList(kind, p)
+		if err != nil {
 			writeError(w, http.StatusNotFound, err)
+			return
+		}
+		if notSaved != "" {
+			writeJSON(w, control.ListEntry{Prefix: p.Masked(), NotSaved: notSaved})
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -242,8 +278,12 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 	}
 	d.changeMu.Lock()
 	defer d.changeMu.Unlock()
+	if d.stopping {
+		writeError(w, http.StatusServiceUnavailable, errors.New("the daemon is stopping: nothing was changed"))
+		return
+	}
 	ctx := context.WithoutCancel(r.Context())
-	next, err := d.prepare(ctx, []byte(doc.YAML), source)
+	next, err := d.prepareAnySize(ctx, []byte(doc.YAML), source)
 	if err != nil {
 		if apply {
 			d.fail(err, "api")
@@ -263,10 +303,42 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 	d.mu.Lock()
 	cur, gen := d.cur, d.generation
 	d.mu.Unlock()
-	changes := append(policy.DiffSections(cur.pol, next.pol), policy.Diff(cur.compiled, next.compiled)...)
-	change := control.PolicyChange{Diff: policy.FormatDiff(changes), Changes: len(changes), Generation: gen}
+	// With --iface the flags name the interfaces, whatever either policy
+	// says: the diff leaves interfaces out, and says so when the file's
+	// differ.
+	from, to := cur.pol, next.pol
+	cfrom, cto := cur.compiled, next.compiled
+	var warnings []string
+	if len(d.opts.Ifaces) > 0 {
+		a, b := *from, *to
+		a.Interfaces, b.Interfaces = nil, nil
+		from, to = &a, &b
+		ca, cb := *cfrom, *cto
+		ca.Interfaces, cb.Interfaces = nil, nil
+		cfrom, cto = &ca, &cb
+		var names []string
+		for _, i := range next.pol.Interfaces {
+			names = append(names, i.Name)
+		}
+		if !slices.Equal(slices.Sorted(slices.Values(names)), slices.Sorted(slices.Values(d.opts.Ifaces))) {
+			warnings = append(warnings, fmt.Sprintf("the daemon runs with --iface %s: the file's interfaces: [%s] are not used "+
+				"(restart the daemon without --iface to use them)", strings.Join(d.opts.Ifaces, ","), strings.Join(names, ",")))
+		}
+	}
+	sizesErr := d.checkSizes(next.pol.Tables)
+	if sizesErr != nil && !apply {
+		warnings = append(warnings, "applying it is refused: "+sizesErr.Error())
+	}
+	changes := append(policy.DiffSections(from, to), policy.Diff(cfrom, cto)...)
+	change := control.PolicyChange{Diff: policy.FormatDiff(changes), Changes: len(changes), Generation: gen,
+		Warning: strings.Join(warnings, "; ")}
 	if !apply {
 		writeJSON(w, change)
+		return
+	}
+	if sizesErr != nil {
+		d.fail(sizesErr, "api")
+		writeError(w, http.StatusUnprocessableEntity, sizesErr)
 		return
 	}
 	// The applied policy is kept in the state directory, never written
@@ -301,12 +373,13 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 		if err := pending.commit(); err != nil {
 			origin += "; not saved, a restart runs the config file"
 			d.log.Error("policy applied but not saved: a restart runs the config file", "err", err)
-			change.Warning = fmt.Sprintf("applied, but not saved (%v): a restart runs the config file", err)
+			warnings = append(warnings, fmt.Sprintf("applied, but not saved (%v): a restart runs the config file", err))
 		}
 	} else {
 		origin += "; no --state-dir, a restart runs the config file"
-		change.Warning = "applied, but the daemon has no --state-dir: a restart runs the config file"
+		warnings = append(warnings, "applied, but the daemon has no --state-dir: a restart runs the config file")
 	}
+	change.Warning = strings.Join(warnings, "; ")
 	d.mu.Lock()
 	d.origin = origin
 	change.Applied, change.Generation = true, d.generation
@@ -316,12 +389,14 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 
 // Status describes the daemon for `edgectl status`.
 func (d *Daemon) Status() control.Status {
+	problems := d.unprotectedIfaces() // takes mu itself
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := control.Status{
 		Version: d.opts.Build.Version, Build: d.opts.Build, Policy: d.cur.source, PolicyOrigin: d.origin, Generation: d.generation,
 		LastReload: d.lastReload, Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
 		StateDir: d.opts.StateDir, Started: d.started, UptimeSeconds: int64(time.Since(d.started).Seconds()),
+		StateNotSaved: d.listsNotSaved(),
 	}
 	if d.metricsLn != nil {
 		st.MetricsAddr = d.metricsLn.Addr().String()
@@ -335,7 +410,12 @@ func (d *Daemon) Status() control.Status {
 	st.CongestedInstances = d.standing.instanceStatus(time.Now())
 	st.L7 = d.l7Status()
 	for name, a := range d.atts {
-		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode)})
+		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode),
+			Problem: problems[name]})
+		delete(problems, name)
+	}
+	for name, why := range problems { // named by the policy, not attached
+		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Problem: why})
 	}
 	slices.SortFunc(st.Interfaces, func(a, b control.Interface) int { return strings.Compare(a.Name, b.Name) })
 	if info, err := d.dp.Objects.XdpLimiter.Info(); err == nil {
@@ -458,13 +538,15 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 		}
 		return control.ListEntry{}, err
 	}
+	var notSaved string
 	if err := d.saveLists(); err != nil {
-		d.log.Error("list entry added but not saved: a restart forgets it", "err", err)
+		notSaved = err.Error()
+		d.log.Error("list entry added and in force, but not saved: a restart forgets it", "list", kind, "prefix", p, "err", err)
 	}
 	d.publishList(fleet.OpAdd, kind, p, e)
 	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin,
 		"reason", e.reason, "forced", ch.Force, "refreshed", had)
-	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason}
+	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason, NotSaved: notSaved}
 	if !e.expires.IsZero() {
 		le.Expires = &e.expires
 	}
@@ -473,7 +555,7 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 
 // RemoveFromList removes a run-time entry. Entries of the policy file are
 // changed in the file.
-func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) error {
+func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) (notSaved string, _ error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p = p.Masked()
@@ -481,27 +563,28 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) error {
 	if !ok {
 		for _, e := range d.cur.pol.Deny {
 			if kind == control.Deny && e.Prefix.Masked() == p {
-				return fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
+				return "", fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
 			}
 		}
 		for _, e := range d.cur.pol.Allow {
 			if kind == control.Allow && e.Prefix.Masked() == p {
-				return fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
+				return "", fmt.Errorf("%s is in the policy file (%s): remove it there", p, e.Source)
 			}
 		}
-		return fmt.Errorf("%s is not on the %s list", p, kind)
+		return "", fmt.Errorf("%s is not on the %s list", p, kind)
 	}
 	delete(d.dyn[kind], p)
 	if err := d.syncLists(); err != nil {
 		d.dyn[kind][p] = prev
-		return err
+		return "", err
 	}
 	if err := d.saveLists(); err != nil {
-		d.log.Error("list entry removed but not saved: a restart brings it back", "err", err)
+		notSaved = err.Error()
+		d.log.Error("list entry removed from the data plane, but not saved: a restart brings it back", "list", kind, "prefix", p, "err", err)
 	}
 	d.publishList(fleet.OpDel, kind, p, prev)
 	d.log.Info("list entry removed", "list", kind, "prefix", p)
-	return nil
+	return notSaved, nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) { writeJSONStatus(w, http.StatusOK, v) }

@@ -22,7 +22,8 @@ import (
 // be checked is checked first (interfaces exist and carry no other XDP
 // program, the L7 stage is ready and its address bound, the lists fit);
 // then interfaces the policy gains are attached (they run the old policy
-// for a moment), the new generation goes live, the lists are written, and
+// for a moment; on a cold start, with no policy live, only after the new
+// one is), the new generation goes live, the lists are written, and
 // only then do status, the generation and GET /v1/policy change. A step
 // that fails undoes the ones before it: the data plane, status, metrics
 // and the running policy stay exactly as they were. Interfaces the policy
@@ -77,13 +78,27 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 		}
 		l7abort()
 	}
-	for _, name := range add {
-		a, taken, err := d.attach(name, want[name])
-		if err != nil {
+	attachAll := func() error {
+		for _, name := range add {
+			a, taken, err := d.attach(name, want[name])
+			if err != nil {
+				return err
+			}
+			added = append(added, attached{a, taken})
+		}
+		return nil
+	}
+	// A change attaches the interfaces it adds before the new generation
+	// goes live: they run the old policy for a moment, and a failed
+	// attach leaves the running policy untouched. A cold start has no
+	// policy live to run: there the program is attached only after its
+	// policy is (below), or its first packets would pass as no_policy.
+	cold := d.cur.pol == nil
+	if !cold {
+		if err := attachAll(); err != nil {
 			undo()
 			return err
 		}
-		added = append(added, attached{a, taken})
 	}
 
 	// Check before change: the lists must fit. Run-time entries change
@@ -124,6 +139,15 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 				if rerr := d.syncLists(); rerr != nil {
 					d.log.Error("roll back the lists", "err", rerr)
 				}
+			}
+		}
+	}
+	if err == nil && cold {
+		if err = attachAll(); err != nil {
+			// The start fails; pinned maps an earlier run left keep the
+			// generation that run made live.
+			if rerr := d.m.Revert(staged); rerr != nil {
+				d.log.Error("roll back to the earlier run's generation", "err", rerr)
 			}
 		}
 	}
@@ -280,6 +304,17 @@ func (d *Daemon) listen(next running) error {
 // carry its program: deleted, re-created under a new index, or with the
 // program removed behind its back. Reads mu briefly, then netlink.
 func (d *Daemon) unprotected() []string {
+	var out []string
+	for name, why := range d.unprotectedIfaces() {
+		out = append(out, fmt.Sprintf("interface %s: %s: not protected", name, why))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// unprotectedIfaces says, per interface the policy names that does not
+// carry the program now, why. Reads mu briefly, then netlink.
+func (d *Daemon) unprotectedIfaces() map[string]string {
 	d.mu.Lock()
 	type att struct {
 		name    string
@@ -302,21 +337,20 @@ func (d *Daemon) unprotected() []string {
 			prog = uint32(id)
 		}
 	}
-	var out []string
+	out := map[string]string{}
 	for _, a := range atts {
 		l, err := netlink.LinkByName(a.name)
 		switch {
 		case err != nil:
-			out = append(out, fmt.Sprintf("interface %s: gone (%v): not protected", a.name, err))
+			out[a.name] = fmt.Sprintf("gone (%v)", err)
 		case a.ifindex == 0:
-			out = append(out, fmt.Sprintf("interface %s: not attached: not protected", a.name))
+			out[a.name] = "not attached"
 		case l.Attrs().Index != a.ifindex:
-			out = append(out, fmt.Sprintf("interface %s: re-created (ifindex %d, attached to %d): not protected", a.name, l.Attrs().Index, a.ifindex))
+			out[a.name] = fmt.Sprintf("re-created (ifindex %d, attached to %d)", l.Attrs().Index, a.ifindex)
 		case l.Attrs().Xdp == nil || !l.Attrs().Xdp.Attached || (prog != 0 && l.Attrs().Xdp.ProgId != prog):
-			out = append(out, fmt.Sprintf("interface %s: does not carry program %d: not protected", a.name, prog))
+			out[a.name] = fmt.Sprintf("does not carry program %d", prog)
 		}
 	}
-	slices.Sort(out)
 	return out
 }
 

@@ -116,6 +116,7 @@ type Daemon struct {
 	// readied; mu is not, so status, lists and scrapes go on meanwhile.
 	changeMu sync.Mutex
 	fileRaw  []byte         // the config file's content as last read (changeMu)
+	stopping bool           // the daemon stops: no change starts any more (changeMu)
 	applied  *appliedPolicy // the running policy came from 'policy apply' (changeMu)
 	asnPath  string         // ASN data cache (changeMu)
 	asnStamp time.Time
@@ -123,6 +124,15 @@ type Daemon struct {
 	// staged, if set (tests), runs in apply between writing the new
 	// generation and committing it: changeMu held, mu not.
 	staged func()
+	// afterStart are the state directory changes a start decided on
+	// (setting a corrupt file aside, dropping a superseded applied
+	// policy): made only once the start succeeded, so a start that fails
+	// touches nothing.
+	afterStart []func()
+	starting   bool // start has not finished yet
+	// listsCorrupt: the start found a lists file that is not a list (set
+	// aside); the entries come back from the pinned data plane.
+	listsCorrupt bool
 
 	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
 	cur        running
@@ -132,7 +142,14 @@ type Daemon struct {
 	reloads    uint64
 	failures   uint64
 	dyn        map[control.ListKind]map[netip.Prefix]dynEntry
-	atts       map[string]*loader.Attachment
+	// listsUnsaved is why the run-time entries in force are not those in
+	// the state directory (nil: saved), since listsUnsavedAt;
+	// listsSaveFailures counts failed saves.
+	listsUnsaved      error
+	listsUnsavedAt    time.Time
+	listsSaveFailures uint64
+	reopenFailed      string // the last SIGUSR1 access log reopen failed: when and why ("" ok)
+	atts              map[string]*loader.Attachment
 
 	history *history
 	top     *topTalkers
@@ -174,6 +191,7 @@ type startUndo struct {
 
 func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	d := newDaemon(o)
+	d.starting = true
 	var undo startUndo
 	defer func() {
 		if err != nil {
@@ -221,12 +239,19 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.loadDatapath(next); err != nil {
 		return nil, err
 	}
+	if d.listsCorrupt && !undo.maps {
+		d.recoverLists(&next)
+	}
 	if err := d.apply(ctx, next, "start"); err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
 	d.tidyLinkPins() // links.go: pins no attachment took over
 	d.mu.Unlock()
+	for _, f := range d.afterStart {
+		f()
+	}
+	d.afterStart, d.starting = nil, false
 	d.recordPins()
 	return d, nil
 }
@@ -365,9 +390,14 @@ func (d *Daemon) choosePolicy() ([]byte, string, error) {
 		return []byte(a.YAML), a.Source, nil
 	}
 	if a != nil {
-		d.log.Info("the config file changed since the last 'edgectl policy apply': running the config file",
+		why := "the config file changed since the last 'edgectl policy apply'"
+		if a.ConfigPath != d.opts.ConfigPath {
+			why = fmt.Sprintf("the last 'edgectl policy apply' was made under --config %q; this start names %q",
+				a.ConfigPath, d.opts.ConfigPath)
+		}
+		d.log.Info(why+": running the config file; the applied policy is dropped once this start succeeds",
 			"policy", source, "superseded", d.statePath(appliedFile))
-		d.dropApplied()
+		d.afterStart = append(d.afterStart, d.dropApplied)
 	}
 	d.origin = "config file"
 	if d.opts.ConfigPath == "" {
@@ -378,8 +408,22 @@ func (d *Daemon) choosePolicy() ([]byte, string, error) {
 }
 
 // prepare validates and compiles a policy, loading its ASN data if that
-// changed. It touches no map. Caller holds changeMu (or is starting).
+// changed, and refuses table sizes the loaded maps do not have. It
+// touches no map. Caller holds changeMu (or is starting).
 func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (running, error) {
+	next, err := d.prepareAnySize(ctx, raw, source)
+	if err == nil && d.dp != nil {
+		err = d.checkSizes(next.pol.Tables)
+	}
+	if err != nil {
+		return running{}, err
+	}
+	return next, nil
+}
+
+// prepareAnySize is prepare without the table size check (a diff shows a
+// policy whose sizes differ, and says why applying it is refused).
+func (d *Daemon) prepareAnySize(ctx context.Context, raw []byte, source string) (running, error) {
 	p, err := policy.Parse(source, raw, os.ReadFile)
 	if err != nil {
 		return running{}, withL7Problems(err, raw, source)
@@ -402,11 +446,6 @@ func (d *Daemon) prepare(ctx context.Context, raw []byte, source string) (runnin
 	}
 	if err := checkFleet(p); err != nil {
 		return running{}, err
-	}
-	if d.dp != nil {
-		if err := d.checkSizes(p.Tables); err != nil {
-			return running{}, err
-		}
 	}
 	names := map[uint32]string{}
 	for _, r := range c.Rules {
@@ -494,6 +533,13 @@ func (d *Daemon) reload(ctx context.Context, trigger string) {
 	}
 	changed := !bytes.Equal(raw, d.fileRaw)
 	if !changed && (trigger == "file-change" || d.applied != nil) {
+		d.mu.Lock()
+		if !d.lastReload.OK && d.lastReload.Trigger == "file-change" {
+			// The file is readable again and what runs: in sync.
+			d.lastReload = control.ReloadInfo{Time: time.Now(), OK: true, Trigger: trigger}
+			d.log.Info("policy file readable again and unchanged: the running policy is the file's", "config", source)
+		}
+		d.mu.Unlock()
 		if trigger != "file-change" {
 			d.log.Info("config file unchanged since 'edgectl policy apply': the applied policy stays",
 				"config", source, "applied", d.applied.Source)
@@ -589,6 +635,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("escalations", d.applyEscalations)
 	run("log reopen", d.reopenLogs)
 	run("standing", d.watchStanding)
+	run("mptcp watch", d.watchMPTCP)
 	run("link watch", d.watchLinks)
 	run("fleet", d.runFleet)
 	run("shield", d.runShield)
@@ -657,14 +704,20 @@ func (d *Daemon) stop() {
 }
 
 // watchPolicy reloads on the Reload channel (SIGHUP) and when the policy
-// file's content changes. Polling, not inotify: it also sees a file
-// replaced by rename or a symlink flipped (as config management and
-// Kubernetes ConfigMaps do), and costs one stat per interval.
+// file's content changes. Polling, not inotify: every interval it reads
+// the file (through symlinks) and compares a SHA-256 of the content, so it
+// sees a file replaced by rename, a symlink flipped (Kubernetes
+// ConfigMaps' ..data), and a file swapped for one of the same size and
+// modification time (cp -p, rsync -a, packages). A file that cannot be read
+// (deleted, a dangling symlink) is reported once as a failed reload, so
+// status and the reload metrics say so without a SIGHUP; the running policy
+// stays.
 func (d *Daemon) watchPolicy(ctx context.Context) error {
 	t := time.NewTicker(d.opts.PollInterval)
 	defer t.Stop()
-	var lastMod time.Time
-	var lastSize int64 = -1
+	d.changeMu.Lock()
+	last := sha256Hex(d.fileRaw) // what the watcher last acted on
+	d.changeMu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
@@ -676,16 +729,25 @@ func (d *Daemon) watchPolicy(ctx context.Context) error {
 			if d.opts.ConfigPath == "" {
 				continue
 			}
-			st, err := os.Stat(d.opts.ConfigPath)
+			raw, err := os.ReadFile(d.opts.ConfigPath)
 			if err != nil {
+				if target, lerr := os.Readlink(d.opts.ConfigPath); lerr == nil {
+					err = fmt.Errorf("%w: a dangling symlink to %s", err, target)
+				}
+				seen := "error: " + err.Error()
+				if seen != last {
+					last = seen
+					d.fail(fmt.Errorf("read policy: %w (the running policy stays; fix the file or the symlink)", err), "file-change")
+				}
 				continue
 			}
-			if st.ModTime().Equal(lastMod) && st.Size() == lastSize {
+			sum := sha256Hex(raw)
+			if sum == last {
 				continue
 			}
-			lastMod, lastSize = st.ModTime(), st.Size()
-			// reload compares the content with the running policy, so
-			// the first look (and a touch) changes nothing.
+			last = sum
+			// reload re-reads and compares the content with the running
+			// policy's file, so a file put back as it was changes nothing.
 			d.reload(ctx, "file-change")
 		}
 	}
@@ -715,6 +777,10 @@ func (d *Daemon) expireLists(ctx context.Context) error {
 				if err := d.syncLists(); err != nil {
 					d.log.Error("expire list entries", "err", err)
 				}
+			}
+			// A save that failed (a full or read-only state directory)
+			// is retried here until it succeeds.
+			if expired || d.listsUnsaved != nil {
 				if err := d.saveLists(); err != nil {
 					d.log.Error("save list entries", "err", err)
 				}

@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -183,7 +185,29 @@ func (d *Daemon) FleetStatus() control.FleetStatus {
 		}
 		return st
 	}
-	return f.Status()
+	st := f.Status()
+	names := d.ruleNames()
+	for i, sh := range st.Shares {
+		st.Shares[i].Key = sh.Aggregate
+		st.Shares[i].Aggregate = namedAggregate(sh.Aggregate, names)
+	}
+	return st
+}
+
+// namedAggregate is a fleet aggregate key ("rule 3524799594 whole", the
+// form every host shares in Redis) with the rule's name for the operator
+// ("rule bots whole").
+func namedAggregate(key string, names map[uint32]string) string {
+	rest, ok := strings.CutPrefix(key, "rule ")
+	if !ok {
+		return key
+	}
+	idText, tail, _ := strings.Cut(rest, " ")
+	id, err := strconv.ParseUint(idText, 10, 32)
+	if err != nil || names[uint32(id)] == "" {
+		return key
+	}
+	return strings.TrimSpace("rule " + names[uint32(id)] + " " + tail)
 }
 
 func (d *Daemon) fleetRoutes(mux *http.ServeMux) {

@@ -80,7 +80,7 @@ func (d *Daemon) l7Status() *control.L7Status {
 	if !st.Running && len(addrs) == 0 {
 		return nil
 	}
-	out := &control.L7Status{RLS: addrs}
+	out := &control.L7Status{RLS: addrs, AccessLogReopenFailed: d.reopenFailed}
 	if st.Running {
 		out.Engine, out.Listen, out.Upstream, out.Routes = string(st.Engine), st.Addr, st.Upstream, st.Routes
 		out.Classes = d.l7Classes()
@@ -192,7 +192,15 @@ func (d *Daemon) reopenLogs(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-d.opts.ReopenLogs:
-			if err := errors.Join(d.l7.ReopenAccessLog(), d.rls.ReopenAccessLog()); err != nil {
+			err := errors.Join(d.l7.ReopenAccessLog(), d.rls.ReopenAccessLog())
+			d.mu.Lock()
+			if err != nil {
+				d.reopenFailed = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)
+			} else {
+				d.reopenFailed = ""
+			}
+			d.mu.Unlock()
+			if err != nil {
 				d.log.Error("reopen the l7 access log; still writing the old file", "err", err)
 				continue
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -35,6 +36,71 @@ func checkPinDir(pinDir string) error {
 		"(which mounts a private /sys without the host's bpffs)", pinDir, dir)
 }
 
+// checkPinDirOutlives refuses a pin directory on a bpffs that dies with
+// the process: one mounted in a mount namespace of its own (what 'ip netns
+// exec' gives a command, and 'mount -t bpf bpf /sys/fs/bpf' inside it
+// makes), seen by no process outside it. A bpffs instance is known by its
+// device number: the pins outlive the daemon when the same instance is
+// mounted in the mount namespace of PID 1 (the host's, or the
+// container's). With keep the start is refused; without it the daemon
+// warns (its pins go when it exits, which is what a stop without --keep
+// does anyway; a crash leaves nothing enforcing).
+func (d *Daemon) checkPinDirOutlives(pinDir string) error {
+	dir := pinDir
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		dir = filepath.Dir(pinDir)
+	}
+	private, err := privateMount(dir)
+	if err != nil {
+		d.log.Warn("cannot tell whether the pin dir's bpffs outlives the daemon", "pin_dir", pinDir, "err", err)
+		return nil
+	}
+	if !private {
+		return nil
+	}
+	why := fmt.Sprintf("pin dir %s: its bpf filesystem is mounted only in this process's mount namespace "+
+		"(as after 'ip netns exec' and 'mount -t bpf bpf /sys/fs/bpf' inside it), not in PID 1's: it and every "+
+		"pin on it vanish when the daemon exits", pinDir)
+	if d.opts.Keep {
+		return fmt.Errorf("%s, so --keep would keep nothing enforcing: run the daemon with "+
+			"'nsenter --net=/run/netns/NAME edgectl run ...', which keeps the host's /sys/fs/bpf", why)
+	}
+	d.log.Warn(why+": a crash leaves nothing enforcing and a restart starts from empty tables", "pin_dir", pinDir)
+	return nil
+}
+
+// privateMount says whether the bpffs instance holding dir is missing from
+// PID 1's mounts (/proc/1/mountinfo): a mount namespace of this process's
+// own, which ends with it.
+func privateMount(dir string) (bool, error) {
+	self, err1 := os.Readlink("/proc/self/ns/mnt")
+	pid1, err2 := os.Readlink("/proc/1/ns/mnt")
+	if err1 == nil && err2 == nil && self == pid1 {
+		return false, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dir, err)
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	data, err := os.ReadFile("/proc/1/mountinfo")
+	if err != nil {
+		return false, fmt.Errorf("read PID 1's mounts: %w", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS... - FSTYPE SOURCE SUPEROPTS
+		f := strings.Fields(line)
+		_, after, ok := strings.Cut(line, " - ")
+		if len(f) < 3 || !ok {
+			continue
+		}
+		if f[2] == dev && strings.HasPrefix(after, "bpf ") {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // lockPinDir takes an exclusive flock on the pin directory itself (bpffs
 // holds no regular files to lock), creating it if needed, so two daemons
 // never drive the same pins, whatever their sockets and state directories.
@@ -46,6 +112,9 @@ func (d *Daemon) lockPinDir() (created bool, err error) {
 		return false, nil
 	}
 	if err := checkPinDir(dir); err != nil {
+		return false, err
+	}
+	if err := d.checkPinDirOutlives(dir); err != nil {
 		return false, err
 	}
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {

@@ -28,16 +28,19 @@ func (d *Daemon) metricsAddr(next running) string {
 func (d *Daemon) newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
-	d.registerXDP(reg)
-	reg.MustRegister(newV4DirectCollector(d))
-	reg.MustRegister(d.controlCollectors()...)
-	reg.MustRegister(newSynCollector(d))
-	reg.MustRegister(fleetCollector{d})
-	reg.MustRegister(newShieldCollector(d)...)
-	reg.MustRegister(newSamplerCollector(d))
-	reg.MustRegister(newBGPCollector(d))
-	reg.MustRegister(d.capture.collectors()...)
+	reg.MustRegister(d.edgeguardCollectors()...)
 	return reg
+}
+
+// edgeguardCollectors are the daemon's own collectors (the L7 stage
+// registers its own on top).
+func (d *Daemon) edgeguardCollectors() []prometheus.Collector {
+	out := []prometheus.Collector{d.xdpCollector(), newV4DirectCollector(d)}
+	out = append(out, d.controlCollectors()...)
+	out = append(out, newSynCollector(d), fleetCollector{d})
+	out = append(out, newShieldCollector(d)...)
+	out = append(out, newSamplerCollector(d), newBGPCollector(d))
+	return append(out, d.capture.collectors()...)
 }
 
 // controlCollectors are the daemon's own families: which build runs, and
@@ -58,6 +61,25 @@ func (d *Daemon) controlCollectors() []prometheus.Collector {
 			return 0
 		}
 		return float64(len(d.unprotected()))
+	}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "edgeguard_state_unsaved",
+		Help:        "1 while the run-time list entries in force are not those saved in the state directory (a restart would lose the difference); retried every 10 s.",
+		ConstLabels: prometheus.Labels{"file": listsFile},
+	}, func() float64 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.listsUnsaved != nil {
+			return 1
+		}
+		return 0
+	}), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "edgeguard_state_save_failures_total",
+		Help:        "Failed saves of the run-time list entries to the state directory (full, read-only, gone).",
+		ConstLabels: prometheus.Labels{"file": listsFile},
+	}, func() float64 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return float64(d.listsSaveFailures)
 	})}
 }
 

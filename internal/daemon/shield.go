@@ -527,7 +527,7 @@ func (d *Daemon) ShieldReport(n int) control.ShieldReport {
 		out.Aggregates = append(out.Aggregates, control.ShieldAggregate{
 			Aggregate: aggName(row.Key, names), Baseline: row.Baseline, BaselineBits: row.BaselineBits,
 			Rate: row.Rate, Bits: row.Bits, Factor: row.Factor, State: row.State.String(),
-			Learned: control.Duration(row.Learned.Round(time.Second)), Judged: row.Judged, Action: row.Action,
+			Learned: control.Duration(row.Learned.Round(time.Second)), Judged: row.Judged, LearningPaused: row.LearningPaused, Action: row.Action,
 		})
 	}
 	for _, a := range r.Actions {

@@ -117,7 +117,7 @@ metrics: {listen: ""}
 		t.Errorf("status congestion: %+v", st.Congestion)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	d.registerXDP(reg)
+	reg.MustRegister(d.xdpCollector())
 	for name, want := range map[string]int{
 		"edgeguard_xdp_class_packets_total": 2 * 3 * 5 * 4, "edgeguard_standing_events_total": 6, "edgeguard_aggregate_congested": 3,
 		"edgeguard_aggregate_congested_instances": 3,

@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/sockdiag"
 )
 
 // synStage is the SYN path as the daemon runs it (docs/tcp.md): loaded in
@@ -27,6 +30,7 @@ type synStage struct {
 	names       []string          // service id -> name
 	always      []bool            // service id -> protection: always
 	svcs        []maps.SynService // service id -> what the data plane holds
+	mptcp       []bool            // service id -> its listener is MPTCP: its SYNs go to the kernel
 	unavailable error             // why the SYN path is off on this kernel
 }
 
@@ -160,13 +164,106 @@ func (d *Daemon) applySyn(p *policy.Policy) error {
 			return err
 		}
 	}
+	mptcp := d.passMPTCP(svcs, names)
 	if err := st.m.ApplySyn(svcs); err != nil {
 		return fmt.Errorf("apply syn services: %w", err)
 	}
 	st.mu.Lock()
-	st.names, st.always, st.svcs = names, always, svcs
+	st.names, st.always, st.svcs, st.mptcp = names, always, svcs, mptcp
 	st.mu.Unlock()
 	return nil
+}
+
+// passMPTCP turns protection off (SYNs to the kernel) for each service
+// whose listener is MPTCP, loudly: the data plane answers a SYN with a
+// plain-TCP cookie SYN-ACK, which an MPTCP client's first connection does
+// not survive (it is reset). It asks the kernel (sock_diag) which sockets
+// listen with MPTCP; when it cannot, nothing changes and it says so.
+func (d *Daemon) passMPTCP(svcs []maps.SynService, names []string) []bool {
+	out := make([]bool, len(svcs))
+	if len(svcs) == 0 {
+		return out
+	}
+	ls, err := sockdiag.MPTCPListeners()
+	if err != nil {
+		d.log.Warn("syn protection: cannot tell whether protected services listen with MPTCP", "err", err)
+		return out
+	}
+	for i := range svcs {
+		if !mptcpCovers(svcs[i].Endpoints, ls) {
+			continue
+		}
+		out[i] = true
+		svcs[i].Mode = maps.SynOff
+		d.log.Warn("syn protection OFF for a service whose listener is MPTCP: its SYNs go to the kernel (the data "+
+			"plane's cookie SYN-ACK would reset every new MPTCP client's first connection); make the listener plain "+
+			"TCP (Go: ListenConfig.SetMultipathTCP(false), or GODEBUG=multipathtcp=0) to protect it",
+			"service", names[i], "endpoints", fmt.Sprint(svcs[i].Endpoints))
+	}
+	return out
+}
+
+// mptcpCovers says whether an MPTCP listener serves one of endpoints: the
+// same port, and the same address or a wildcard on either side.
+func mptcpCovers(endpoints, listeners []netip.AddrPort) bool {
+	for _, e := range endpoints {
+		for _, l := range listeners {
+			if e.Port() == l.Port() && (e.Addr().IsUnspecified() || l.Addr().IsUnspecified() || e.Addr().Unmap() == l.Addr().Unmap()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// watchMPTCP re-checks every 5 seconds whether protected services listen
+// with MPTCP (a restarted server may change), and re-applies the SYN
+// services when that changed.
+func (d *Daemon) watchMPTCP(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		d.mu.Lock()
+		st := d.syn
+		var svcs []maps.SynService
+		var was []bool
+		if st != nil && st.path != nil && d.cur.pol != nil {
+			svcs, _, _ = synServices(d.cur.pol.SYN)
+			st.mu.Lock()
+			was = slices.Clone(st.mptcp)
+			st.mu.Unlock()
+		}
+		d.mu.Unlock()
+		if len(svcs) == 0 {
+			continue
+		}
+		ls, err := sockdiag.MPTCPListeners()
+		if err != nil {
+			continue
+		}
+		changed := len(was) != len(svcs)
+		for i := range svcs {
+			if i < len(was) && mptcpCovers(svcs[i].Endpoints, ls) != was[i] {
+				changed = true
+			}
+		}
+		if !changed {
+			continue
+		}
+		d.mu.Lock()
+		if d.cur.pol != nil {
+			d.log.Info("syn protection: a protected service's listener changed between TCP and MPTCP; re-applying")
+			if err := d.applySyn(d.cur.pol); err != nil {
+				d.log.Error("syn protection: re-apply after a listener change", "err", err)
+			}
+		}
+		d.mu.Unlock()
+	}
 }
 
 // syncSynTC puts the tcx program on every attached interface. Caller holds
@@ -228,7 +325,7 @@ func (st *synStage) stats() *control.SYNStats {
 		return out
 	}
 	st.mu.Lock()
-	names, always := st.names, st.always
+	names, always, mptcp := st.names, st.always, st.mptcp
 	st.mu.Unlock()
 	cs, err := st.m.SynCounters(len(names))
 	if err != nil {
@@ -237,7 +334,8 @@ func (st *synStage) stats() *control.SYNStats {
 	}
 	for i, c := range cs {
 		out.Services = append(out.Services, control.SYNServiceStat{
-			Service: names[i], Active: c.Active || always[i], SYNs: c.SYNs, Answered: c.Answered, WouldAnswer: c.WouldAnswer,
+			Service: names[i], Active: (c.Active || always[i]) && !(i < len(mptcp) && mptcp[i]),
+			MPTCPListener: i < len(mptcp) && mptcp[i], SYNs: c.SYNs, Answered: c.Answered, WouldAnswer: c.WouldAnswer,
 			AnswerLimited: c.AnswerLimited, CookiesValid: c.CookieValid, CookiesInvalid: c.CookieInvalid,
 			OutOfStateDropped: c.OutOfStateDrop, OutOfStatePassed: c.OutOfStateBudget, Established: c.Established,
 			ValidatedPassed: c.ValidatedPass, Requests: c.Requests, RequestFailures: c.RequestFailures,
@@ -254,6 +352,7 @@ type synCollector struct {
 	active   *prometheus.Desc
 	loaded   *prometheus.Desc
 	failures *prometheus.Desc
+	mptcp    *prometheus.Desc
 }
 
 func newSynCollector(d *Daemon) *synCollector {
@@ -270,6 +369,9 @@ func newSynCollector(d *Daemon) *synCollector {
 				"lacks what it needs (the log and edgectl stats say which).", nil, nil),
 		failures: prometheus.NewDesc("edgeguard_syn_activations_total",
 			"Times auto protection turned on, per service.", []string{"service"}, nil),
+		mptcp: prometheus.NewDesc("edgeguard_syn_mptcp_listener",
+			"1 while the service's listener is MPTCP: its SYNs go to the kernel, protection is off for it (docs/tcp.md).",
+			[]string{"service"}, nil),
 	}
 }
 
@@ -278,6 +380,7 @@ func (c *synCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.active
 	ch <- c.loaded
 	ch <- c.failures
+	ch <- c.mptcp
 }
 
 func (c *synCollector) Collect(ch chan<- prometheus.Metric) {
@@ -310,6 +413,11 @@ func synStatsToMetrics(c *synCollector, st *control.SYNStats, ch chan<- promethe
 		}
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, active, s.Service)
 		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(s.Activations), s.Service)
+		mp := 0.0
+		if s.MPTCPListener {
+			mp = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.mptcp, prometheus.GaugeValue, mp, s.Service)
 	}
 }
 

@@ -9,10 +9,10 @@ import (
 	"github.com/edgeguard/edgeguard/internal/metrics"
 )
 
-// registerXDP registers the data plane's collector, reading through the
+// xdpCollector is the data plane's collector, reading through the
 // daemon (which knows interface and rule names).
-func (d *Daemon) registerXDP(reg *prometheus.Registry) {
-	reg.MustRegister(metrics.NewXDPCollector(xdpSource{d}, d.log))
+func (d *Daemon) xdpCollector() prometheus.Collector {
+	return metrics.NewXDPCollector(xdpSource{d}, d.log)
 }
 
 // xdpSource implements metrics.XDPSource over the daemon's maps.

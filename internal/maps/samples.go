@@ -29,9 +29,9 @@ const (
 
 // Sample is one sampled packet reported by the data plane.
 type Sample struct {
-	Time   time.Duration // CLOCK_MONOTONIC
-	Source netip.Addr
-	ASN    uint32
+	Time     time.Duration // CLOCK_MONOTONIC
+	Source   netip.Addr
+	ASN      uint32
 	RuleSlot uint32 // the rule's table slot (see Maps.RuleSlots), not its id
 	// HasRule: RuleSlot is the packet's rule; false for verdicts before a
 	// rule is known (lists, malformed frames, no policy; and every sample

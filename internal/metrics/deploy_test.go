@@ -224,6 +224,8 @@ var daemonFamilies = map[string]bool{
 	"edgeguard_ipv4_direct_table_capacity_chunks": true,
 	"edgeguard_interfaces_unprotected":            true,
 	"edgeguard_build_info":                        true,
+	"edgeguard_state_unsaved":                     true,
+	"up":                                          true, // Prometheus's own, per scrape target
 }
 
 // l7StageFamilies are exported by the L7 stage (internal/l7/stage and the
@@ -250,6 +252,7 @@ var synFamilies = map[string]bool{
 	"edgeguard_syn_protection_active": true,
 	"edgeguard_syn_path_loaded":       true,
 	"edgeguard_syn_activations_total": true,
+	"edgeguard_syn_mptcp_listener":    true,
 }
 
 // bgpFamilies are exported by the daemon's BGP collector
@@ -412,5 +415,23 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	if m := regexp.MustCompile(`(?m)^ReadWritePaths=(.*)$`).FindSubmatch(b); m == nil ||
 		!slices.Contains(strings.Fields(string(m[1])), "/sys/fs/bpf") || !slices.Contains(strings.Fields(string(m[1])), "/run/edgeguard") {
 		t.Errorf("ReadWritePaths must hold /sys/fs/bpf and /run/edgeguard")
+	}
+}
+
+// TestKernelRequirementAgrees (issue 25): the systemd unit and the README
+// name the same oldest kernel.
+func TestKernelRequirementAgrees(t *testing.T) {
+	unit, err := os.ReadFile(repoFile(t, "deploy/systemd/edgeguard.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(repoFile(t, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := regexp.MustCompile(`Needs Linux >= ([0-9.]+)`).FindSubmatch(unit)
+	r := regexp.MustCompile(`Linux ≥ ([0-9.]+), the oldest kernel`).FindSubmatch(readme)
+	if u == nil || r == nil || string(u[1]) != string(r[1]) {
+		t.Errorf("the unit needs Linux %s, the README %s: they must agree", u, r)
 	}
 }

@@ -379,6 +379,20 @@ func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
 		}
 		burstNode = f["burst"]
 	}
+	// The rate and the burst are checked independently, so a policy with
+	// both wrong gets both problems at once.
+	burst, burstOK := uint64(0), true
+	if burstNode != nil {
+		burstOK = false
+		if bs, ok := ps.Scalar(burstNode, where+" burst"); ok {
+			b, err := ParseBurst(bs, unit)
+			if err != nil {
+				ps.Errorf(burstNode, "%s: %v", where, err)
+			} else {
+				burst, burstOK = b, true
+			}
+		}
+	}
 	s, ok := ps.Scalar(rateNode, where+" rate")
 	if !ok {
 		return Limit{}
@@ -392,18 +406,12 @@ func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
 		ps.Errorf(rateNode, "%s: %q is a %s rate; %s takes a %s rate", where, s, u, where, unit)
 		return Limit{}
 	}
+	if !burstOK {
+		return Limit{}
+	}
 	l := Limit{Rate: r, Burst: defaultBurst(r)}
 	if burstNode != nil {
-		bs, ok := ps.Scalar(burstNode, where+" burst")
-		if !ok {
-			return Limit{}
-		}
-		b, err := ParseBurst(bs, unit)
-		if err != nil {
-			ps.Errorf(burstNode, "%s: %v", where, err)
-			return Limit{}
-		}
-		l.Burst = b
+		l.Burst = burst
 	}
 	return l
 }

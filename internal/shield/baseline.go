@@ -82,6 +82,9 @@ type aggState struct {
 	own, explained   float64 // surge attribution since the surge began
 	shape            RuleShape
 	imp              float64 // importance at the last interval (eviction order)
+	// pausedFor is how long learning has been paused by a surge while
+	// learning (surgeWhileLearning); 0 while it learns.
+	pausedFor time.Duration
 }
 
 // baseline is the learned packet rate (per second) at the percentile.

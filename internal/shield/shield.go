@@ -519,9 +519,14 @@ func (e *Engine) Tick(now time.Time) []Change {
 			}
 		}
 		if !a.det.hot() {
-			a.Packets.add(pr, decay)
-			a.Bits.add(br, decay)
-			a.Learned += dt
+			if e.surgeWhileLearning(a, pr) {
+				a.pausedFor += dt
+			} else {
+				a.pausedFor = 0
+				a.Packets.add(pr, decay)
+				a.Bits.add(br, decay)
+				a.Learned += dt
+			}
 		}
 		a.imp = e.importance(a)
 		e.admitMin = math.Min(e.admitMin, a.imp)
@@ -537,6 +542,28 @@ func (e *Engine) Tick(now time.Time) []Change {
 	out = append(out, e.plan(now)...)
 	out = append(out, e.maintain(now)...)
 	return out
+}
+
+// surgeWhileLearning says whether an aggregate still learning (not yet
+// judged) is in a surge against what it learned so far, so that this
+// interval is not learned: a surge while learning must not become the
+// baseline (it would hide this surge and the next, and leave broader
+// aggregates to take the blame). It needs a little history first
+// (learnedEnough), since with none there is nothing to compare; and a
+// level held for 10 x learn_for is learned after all, as the new normal.
+func (e *Engine) surgeWhileLearning(a *aggState, rate float64) bool {
+	if a.Learned >= e.cfg.LearnFor || a.Learned < e.learnedEnough() || a.pausedFor >= 10*e.cfg.LearnFor {
+		return false
+	}
+	base := a.baseline(e.cfg.Percentile)
+	return base > 0 && rate > e.cfg.Detect.Factor*base && rate >= e.cfg.Detect.MinRate
+}
+
+// learnedEnough is the history an aggregate needs before a surge while
+// learning is told from its normal: a quarter of learn_for, at least two
+// intervals, at most a minute.
+func (e *Engine) learnedEnough() time.Duration {
+	return max(2*e.cfg.Interval, min(e.cfg.LearnFor/4, time.Minute))
 }
 
 // startTrack opens a fingerprint summary for a newly hot aggregate that
@@ -893,7 +920,11 @@ type Row struct {
 	State        SurgeState
 	Learned      time.Duration
 	Judged       bool // learned long enough to be judged
-	Action       uint32
+	// LearningPaused: still learning, and in a surge against what it
+	// learned so far: the surge's intervals are not learned and nothing
+	// acts on the aggregate until it is judged.
+	LearningPaused bool
+	Action         uint32
 }
 
 // Report is the shield's state for edgectl shield.
@@ -920,7 +951,8 @@ func (e *Engine) Report(n int) Report {
 	for k, a := range e.tracked {
 		base := a.baseline(e.cfg.Percentile)
 		row := Row{Key: k, Baseline: base, BaselineBits: a.Bits.quantile(e.cfg.Percentile), Rate: a.curPkts, Bits: a.curBits,
-			State: a.det.State, Learned: a.Learned, Judged: a.Learned >= e.cfg.LearnFor, Action: e.byKey[k]}
+			State: a.det.State, Learned: a.Learned, Judged: a.Learned >= e.cfg.LearnFor, Action: e.byKey[k],
+			LearningPaused: a.pausedFor > 0}
 		if base > 0 {
 			row.Factor = a.curPkts / base
 		}

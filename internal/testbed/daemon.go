@@ -109,6 +109,14 @@ func (d *Daemon) Stop(sig syscall.Signal) error {
 	}
 }
 
+// Signal sends sig to the daemon without waiting for it to exit.
+func (d *Daemon) Signal(sig syscall.Signal) error {
+	if d.cmd == nil {
+		return errors.New("daemon not running")
+	}
+	return d.cmd.Process.Signal(sig)
+}
+
 // Kill sends SIGKILL (no cleanup runs in the daemon: pins stay) and waits.
 func (d *Daemon) Kill() {
 	if d.cmd != nil {

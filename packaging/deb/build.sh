@@ -39,9 +39,14 @@ trap 'rm -rf "$stage"' EXIT
 root=$stage/root
 gen=$stage/gen
 
-# A static binary: the package depends on nothing but the kernel.
+# A static binary: the package depends on nothing but the kernel. It is
+# stamped with the version, the commit and the commit's date (as make
+# build does): with -buildvcs=false in GOFLAGS, or -trimpath builds outside
+# a checkout, the toolchain would record none of them.
+commit=$(git rev-parse HEAD)
+date=$(git log -1 --format=%cI)
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath \
-	-ldflags "-s -w -X main.version=$VERSION" -o "$stage/edgectl" ./cmd/edgectl
+	-ldflags "-s -w -X main.version=$VERSION -X main.commit=$commit -X main.date=$date" -o "$stage/edgectl" ./cmd/edgectl
 "$stage/edgectl" gendocs "$gen"
 
 install -D -m 0755 "$stage/edgectl" "$root/usr/bin/edgectl"

@@ -75,6 +75,12 @@ if grep -qa 'ld-linux-x86-64\.so' "$bin"; then
 	problem "edgectl is dynamically linked"
 fi
 "$bin" version >/dev/null || problem "edgectl version fails"
+# The binary says which commit it was built from and when (build.sh stamps
+# them): 'edgectl version' from the package is what a bug report quotes.
+vjson=$("$bin" version --json 2>/dev/null || true)
+grep -Eq '"commit": "[0-9a-f]{40}"' <<<"$vjson" || problem "edgectl version has no commit stamped: $vjson"
+grep -Eq '"date": "[0-9]{4}-' <<<"$vjson" || problem "edgectl version has no commit date stamped: $vjson"
+grep -q "\"version\": \"$ver\"" <<<"$vjson" || problem "edgectl version is not the package's $ver: $vjson"
 mapfile -t cmds < <("$bin" --help | awk '/^Available Commands:/{on=1; next} on && /^$/{on=0} on {print $1}')
 ((${#cmds[@]} > 5)) || problem "edgectl --help lists ${#cmds[@]} commands"
 for c in "${cmds[@]}"; do

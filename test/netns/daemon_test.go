@@ -401,12 +401,23 @@ func waitReloadFailure(t *testing.T, h *daemonHarness) {
 
 func checkMetricPositive(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) {
 	t.Helper()
-	f, ok := fams[name]
+	sum, ok := metricSum(fams, name, labels)
 	if !ok {
 		t.Errorf("metric %s missing from /metrics", name)
 		return
 	}
-	var sum float64
+	if sum <= 0 {
+		t.Errorf("metric %s%v = %v, want > 0", name, labels, sum)
+	}
+}
+
+// metricSum sums a family's counters and gauges whose labels include
+// labels; ok is false when the family is missing.
+func metricSum(fams map[string]*dto.MetricFamily, name string, labels map[string]string) (sum float64, ok bool) {
+	f, ok := fams[name]
+	if !ok {
+		return 0, false
+	}
 next:
 	for _, m := range f.GetMetric() {
 		for k, v := range labels {
@@ -427,7 +438,5 @@ next:
 			sum += m.GetGauge().GetValue()
 		}
 	}
-	if sum <= 0 {
-		t.Errorf("metric %s%v = %v, want > 0", name, labels, sum)
-	}
+	return sum, true
 }

@@ -842,9 +842,18 @@ func TestFleetRedisKilled(t *testing.T) {
 		if err != nil || st.RedisUp || !st.Fallback || len(st.Shares) == 0 || !st.Shares[0].Static {
 			t.Errorf("host %s during the outage: %+v (%v), want redis down, static shares", h.name, st, err)
 		}
+		// The operator's names (issue 25): the rule's, not its id.
+		if len(st.Shares) > 0 && !strings.HasPrefix(st.Shares[0].Aggregate, "rule bots ") {
+			t.Errorf("host %s: fleet status names the aggregate %q, want the rule's name (rule bots ...)", h.name, st.Shares[0].Aggregate)
+		}
 	}
-	if !strings.Contains(fl.hosts[0].lab.Daemon.Logs(), "redis unreachable") {
+	logs := fl.hosts[0].lab.Daemon.Logs()
+	if !strings.Contains(logs, "redis unreachable") {
 		t.Error("no log event says redis is unreachable")
+	}
+	// No L7 stage is configured: no log line may claim one.
+	if strings.Contains(logs, "stage=l7") {
+		t.Errorf("a policy without l7: logs lines as stage=l7:\n%s", logs)
 	}
 	fl.startRedis()
 	back := time.Now()

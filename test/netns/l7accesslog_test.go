@@ -142,6 +142,27 @@ func TestL7AccessLogReopen(t *testing.T) {
 			t.Errorf("edgeguard_l7_responses_total %s = %v, want %v (all: %v)", k, got[k], n, got)
 		}
 	}
+
+	// A reopen that fails (the log's directory read-only) is in status
+	// until one succeeds (issue 25).
+	if err := os.Rename(logPath, logPath+".2"); err != nil {
+		t.Fatal(err)
+	}
+	writable := readOnly(t, filepath.Dir(logPath))
+	syscall.Kill(pid, syscall.SIGUSR1)
+	waitFor(t, "status to report the failed reopen", func() bool {
+		st := h.status()
+		return st.L7 != nil && st.L7.AccessLogReopenFailed != ""
+	})
+	if out, _ := h.ctl("status"); !strings.Contains(out, "REOPEN FAILED") {
+		t.Errorf("status text does not report the failed reopen:\n%s", out)
+	}
+	writable()
+	syscall.Kill(pid, syscall.SIGUSR1)
+	waitFor(t, "status to clear the failed reopen", func() bool {
+		st := h.status()
+		return st.L7 != nil && st.L7.AccessLogReopenFailed == ""
+	})
 }
 
 // waitLines waits (up to 15s: lines are written within 200ms) until path

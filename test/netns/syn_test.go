@@ -111,10 +111,15 @@ func newSynLab(t *testing.T, svc maps.SynService, pinDir string) *synLab {
 // (1.24+), and the kernel hands no cookie request to an MPTCP listener
 // (docs/tcp.md).
 func listenTCP(ns *netns.Namespace, addr string) (*net.TCPListener, error) {
+	return listenTCPProto(ns, addr, false)
+}
+
+// listenTCPProto is listenTCP with MPTCP on or off.
+func listenTCPProto(ns *netns.Namespace, addr string, mptcp bool) (*net.TCPListener, error) {
 	var ln *net.TCPListener
 	err := ns.Do(func() error {
 		var lc net.ListenConfig
-		lc.SetMultipathTCP(false)
+		lc.SetMultipathTCP(mptcp)
 		l, err := lc.Listen(context.Background(), "tcp", addr)
 		if err != nil {
 			return err

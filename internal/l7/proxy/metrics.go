@@ -77,6 +77,7 @@ func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
 		for name, c := range rt.redisCounters {
 			ch <- prometheus.MustNewConstMetric(d.redisAllowed, prometheus.CounterValue, float64(c.allowed.Load()), layer, name)
 			ch <- prometheus.MustNewConstMetric(d.redisRejected, prometheus.CounterValue, float64(c.rejected.Load()), layer, name, "quota_exceeded")
+			ch <- prometheus.MustNewConstMetric(d.redisRejected, prometheus.CounterValue, float64(c.unavailable.Load()), layer, name, "redis_unavailable")
 			ch <- prometheus.MustNewConstMetric(d.redisShadow, prometheus.CounterValue, float64(c.shadowRejected.Load()), layer, name)
 		}
 	}

@@ -149,6 +149,9 @@ type redisGroup struct {
 
 type redisCounters struct {
 	allowed, rejected, shadowRejected atomic.Int64
+	// unavailable are refusals of a fail-closed rule without Redis (down,
+	// or the breaker still open after it came back), not over any quota.
+	unavailable atomic.Int64
 }
 
 // New builds a Proxy from cfg (normally from Decode). It connects nothing:
@@ -852,7 +855,11 @@ func (p *Proxy) limit(rt *route, ex *flight, w http.ResponseWriter, r *http.Requ
 				continue
 			}
 			if !rd.Decision.Allowed {
-				g.counters[rd.Rule].rejected.Add(1)
+				if rd.Source == redislimit.SourceFailClosed {
+					g.counters[rd.Rule].unavailable.Add(1)
+				} else {
+					g.counters[rd.Rule].rejected.Add(1)
+				}
 				if refusedBy == "" {
 					refusedBy = rd.Rule
 				}

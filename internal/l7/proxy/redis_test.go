@@ -99,6 +99,51 @@ l7:
 	if s := status(t, "GET", base+"/closed"); s != 200 {
 		t.Fatalf("no API key with Redis down: %d, want 200", s)
 	}
+	// A fail-closed refusal without Redis is not a quota: its own reason.
+	got = gather(t, reg)
+	if v := got[`rate_limit_rejected_total{layer="l7_redis",reason="redis_unavailable",rule="r-closed"}`]; v != 1 {
+		t.Errorf("r-closed refusals without redis %v, want 1 (reason redis_unavailable)", v)
+	}
+	if v := got[`rate_limit_rejected_total{layer="l7_redis",reason="quota_exceeded",rule="r-closed"}`]; v != 1 {
+		t.Errorf("r-closed quota refusals %v, want still 1", v)
+	}
+	// Open the breaker (3 failed round trips) and let one probe fail, so
+	// that it backs off (1 s) when Redis comes back.
+	down := 1
+	for range 3 {
+		if s := status(t, "GET", base+"/closed", key("k9")); s != 429 {
+			t.Fatalf("fail-closed with Redis down: %d", s)
+		}
+		down++
+	}
+	time.Sleep(600 * time.Millisecond)
+	status(t, "GET", base+"/closed", key("k9")) // starts the probe, which fails
+	down++
+	time.Sleep(100 * time.Millisecond)
+	// Redis comes back: the breaker's backoff keeps refusing for at most
+	// MaxOpenFor + ProbeTimeout (5 s + 250 ms with the defaults,
+	// docs/l7-redis.md), every refusal counted as redis_unavailable.
+	srv.Restart()
+	back := time.Now()
+	refused := 0
+	for status(t, "GET", base+"/closed", key(fmt.Sprintf("r%d", refused))) == 429 {
+		refused++
+		if time.Since(back) > 5250*time.Millisecond+2*time.Second {
+			t.Fatalf("fail-closed still refuses %v after redis came back", time.Since(back))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("fail-closed refused %d requests for %v after redis came back", refused, time.Since(back).Round(time.Millisecond))
+	got = gather(t, reg)
+	if refused == 0 {
+		t.Errorf("no refusal after redis came back: the breaker did not back off (the test did not open it)")
+	}
+	if v := got[`rate_limit_rejected_total{layer="l7_redis",reason="redis_unavailable",rule="r-closed"}`]; v != float64(down+refused) {
+		t.Errorf("r-closed refusals without redis %v, want %d", v, down+refused)
+	}
+	if v := got[`rate_limit_rejected_total{layer="l7_redis",reason="quota_exceeded",rule="r-closed"}`]; v != 1 {
+		t.Errorf("r-closed quota refusals %v, want still 1", v)
+	}
 }
 
 func mustStatus(t *testing.T, resp *http.Response, want int, what string) {
