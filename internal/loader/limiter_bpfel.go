@@ -154,8 +154,9 @@ const (
 	LimiterEgClassEG_CLASS_ESTABLISHED LimiterEgClass = 1
 	LimiterEgClassEG_CLASS_VALIDATED   LimiterEgClass = 2
 	LimiterEgClassEG_CLASS_PENALISED   LimiterEgClass = 3
-	LimiterEgClassEG_CLASS_UNKNOWN     LimiterEgClass = 4
-	LimiterEgClassEG_CLASS_MAX         LimiterEgClass = 5
+	LimiterEgClassEG_CLASS_OVER_BUDGET LimiterEgClass = 4
+	LimiterEgClassEG_CLASS_UNKNOWN     LimiterEgClass = 5
+	LimiterEgClassEG_CLASS_MAX         LimiterEgClass = 6
 )
 
 type LimiterEgClassAgg uint32
@@ -531,6 +532,8 @@ type LimiterEgStandingCfg struct {
 	RateHalfLifeMs     uint32
 	JumpFactor16       uint32
 	JumpMin            uint32
+	Headroom16         uint32
+	DefaultRate        uint32
 	Pad                uint32
 }
 
@@ -558,15 +561,18 @@ type LimiterEgStandingVal struct {
 	LastSeen   uint64
 	RateAt     uint64
 	UsualAt    uint64
+	BudgetTat  uint64
 	Usual      uint32
 	Current    uint32
+	Mean       uint32
+	MeanW      uint32
 	SrcMark    uint32
 	Pkts       uint32
 	PktsMark   uint32
 	Standing   uint8
 	Why        uint8
 	Jumped     uint8
-	Pad        uint8
+	Held       uint8
 }
 
 type LimiterEgStandingWhy uint32

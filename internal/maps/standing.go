@@ -270,6 +270,10 @@ func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
 		c.JumpFactor16 = uint32(math.Round(s.JumpFactor * 16)) // 0: jumps off
 		c.JumpMin = uint32(min(s.JumpMin.PerSecond()*(1<<RateShift), math.MaxUint32))
 	}
+	if s.PersonalHeadroom > 0 {
+		c.Headroom16 = uint32(math.Round(s.PersonalHeadroom * 16))
+		c.DefaultRate = uint32(max(min(s.PersonalDefault.PerSecond()*(1<<RateShift), math.MaxUint32), 1))
+	}
 	return c
 }
 
@@ -355,6 +359,7 @@ const (
 	ClassEstablished = loader.LimiterEgClassEG_CLASS_ESTABLISHED
 	ClassValidated   = loader.LimiterEgClassEG_CLASS_VALIDATED
 	ClassPenalised   = loader.LimiterEgClassEG_CLASS_PENALISED
+	ClassOverBudget  = loader.LimiterEgClassEG_CLASS_OVER_BUDGET
 	ClassUnknown     = loader.LimiterEgClassEG_CLASS_UNKNOWN
 	numClasses       = int(loader.LimiterEgClassEG_CLASS_MAX)
 )

@@ -13,6 +13,8 @@ type (
 	StandingKey = loader.LimiterEgStandingKey
 	// StandingVal is one source's standing.
 	StandingVal = loader.LimiterEgStandingVal
+	// StandingCfg is a generation's standing settings.
+	StandingCfg = loader.LimiterEgStandingCfg
 )
 
 // Touch states of srcState (EG_TOUCH_* in the C).
@@ -54,6 +56,91 @@ func withReserve(c maps.BucketCfg, r uint16) maps.BucketCfg {
 
 func privileged(c maps.Class) bool { return c == maps.ClassEstablished || c == maps.ClassValidated }
 
+// handshakeOnly is handshake_only: validated by a TCP handshake and
+// nothing else, which ranks as new.
+func handshakeOnly(e StandingVal) bool {
+	return maps.Standing(e.Standing) == maps.StandingValidated && maps.StandingWhy(e.Why) == maps.WhyTCP
+}
+
+// PersonalBudget is a privileged source's personal budget as the data
+// plane computes it from its standing entry (personal_take): Rate is
+// packets/s << RateShift, T and Tau the GCRA's emission interval and
+// tolerance in ticks. Off: budgets are off (standing.personal_budget:
+// off), the source is not metered.
+type PersonalBudget struct {
+	Off       bool
+	Rate      uint64
+	T, Tau    uint64
+	BurstPkts float64 // the burst in packets (1 + Tau/T)
+}
+
+// Personal is the personal budget of entry e under the standing settings
+// cfg; vouched: known_good or validated (at least the default).
+func Personal(cfg StandingCfg, e StandingVal, vouched bool) PersonalBudget {
+	if cfg.Headroom16 == 0 {
+		return PersonalBudget{Off: true}
+	}
+	rate := (uint64(e.Mean) * uint64(cfg.Headroom16)) >> 4
+	if rate == 0 || (vouched && rate < uint64(cfg.DefaultRate)) {
+		rate = uint64(cfg.DefaultRate)
+	}
+	rate = max(rate, 1)
+	burst := max(uint64(e.Usual), rate)
+	burst = min(burst, 1<<28)
+	const sec = uint64(1000000000) << maps.TickShift
+	b := PersonalBudget{Rate: rate, T: (sec << maps.RateShift) / rate}
+	if burst > 1<<maps.RateShift {
+		b.Tau = (burst - 1<<maps.RateShift) * sec / rate
+	}
+	b.BurstPkts = 1 + float64(b.Tau)/float64(b.T)
+	return b
+}
+
+// personalTake is personal_take: 1 within the budget (and charged).
+func personalTake(cfg StandingCfg, e *StandingVal, now uint64, vouched bool) bool {
+	b := Personal(cfg, *e, vouched)
+	if b.Off {
+		return true
+	}
+	next := max(e.BudgetTat, now) + b.T
+	if next-now > b.Tau {
+		return false
+	}
+	e.BudgetTat = next
+	return true
+}
+
+// NextClass is the class the source's next packet would be charged as at
+// time now (ticks) if it met an aggregate's reserve band, from its entry
+// (ok: it has one) and whether it is in known_good, without charging
+// anything: what explain shows. It does not apply a penalty that is over
+// (cls new), as the data plane does.
+func NextClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint64) maps.Class {
+	cls, vouched := maps.ClassNew, false
+	if ok {
+		switch maps.Standing(e.Standing) {
+		case maps.StandingEstablished:
+			cls = maps.ClassEstablished
+		case maps.StandingValidated:
+			if !handshakeOnly(e) {
+				cls, vouched = maps.ClassValidated, true
+			}
+		case maps.StandingPenalised:
+			cls = maps.ClassPenalised
+			if now>>maps.TickShift-e.Since >= cfg.PenaltyNs {
+				cls = maps.ClassNew
+			}
+		}
+	}
+	if cls == maps.ClassNew && knownGood {
+		cls, vouched = maps.ClassEstablished, true
+	}
+	if privileged(cls) && ok && !personalTake(cfg, &e, now, vouched) {
+		cls = maps.ClassOverBudget
+	}
+	return cls
+}
+
 func (ss *srcState) key() StandingKey {
 	n := 64
 	if ss.v4 {
@@ -68,9 +155,10 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		return ss.cls
 	}
 	ss.looked = true
-	cls := maps.ClassNew
+	cls, vouched := maps.ClassNew, false
 	k := ss.key()
-	if e, ok := m.standing[k]; ok {
+	e, ok := m.standing[k]
+	if ok {
 		if !ss.counted {
 			e.Pkts++
 			ss.counted = true
@@ -81,7 +169,14 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		case maps.StandingEstablished:
 			cls = maps.ClassEstablished
 		case maps.StandingValidated:
-			cls = maps.ClassValidated
+			if !handshakeOnly(e) {
+				cls, vouched = maps.ClassValidated, true
+				break
+			}
+			if reset {
+				e.CleanSince = ss.now >> maps.TickShift
+				m.standing[k] = e
+			}
 		case maps.StandingPenalised:
 			cls = maps.ClassPenalised
 			if ss.now>>maps.TickShift-e.Since >= m.gen.standing.PenaltyNs {
@@ -95,9 +190,15 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		}
 	}
 	if cls == maps.ClassNew {
-		if _, ok := m.knownGood.lookup(ss.addr); ok {
-			cls = maps.ClassEstablished
+		if _, kg := m.knownGood.lookup(ss.addr); kg {
+			cls, vouched = maps.ClassEstablished, true
 		}
+	}
+	if privileged(cls) && ok {
+		if !personalTake(m.gen.standing, &e, ss.now, vouched) {
+			cls = maps.ClassOverBudget
+		}
+		m.standing[k] = e
 	}
 	ss.cls = cls
 	return cls
@@ -247,10 +348,16 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 			return
 		}
 		setStanding(&e, maps.StandingNew, maps.WhyDecayed, ns)
-	case maps.StandingNew:
+	case maps.StandingNew, maps.StandingValidated:
+		if !handshakeOnly(e) && maps.Standing(e.Standing) != maps.StandingNew {
+			break
+		}
 		switch {
 		case ss.congested:
-			e.CleanSince, e.Why = ns, uint8(maps.WhyCongested)
+			e.CleanSince = ns
+			if maps.Standing(e.Standing) == maps.StandingNew {
+				e.Why = uint8(maps.WhyCongested)
+			}
 		case ns-e.LastSeen > cfg.EstablishedAfterNs:
 			e.CleanSince = ns
 		case ns-e.CleanSince >= cfg.EstablishedAfterNs:
@@ -278,10 +385,10 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 	}
 	src := m.srcPkts[SrcKey{RuleId: ss.ruleID, Addr: maskAddr(ss.addr, n)}]
 	if e.RateAt != 0 && ns > e.RateAt {
-		dt := (ns - e.RateAt) / 1000000
-		if dt == 0 {
+		if ns-e.RateAt < 1<<seenEpochShift {
 			return
 		}
+		dt := (ns - e.RateAt) / 1000000
 		d := src
 		if src >= e.SrcMark {
 			d = src - e.SrcMark
@@ -290,7 +397,7 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 		cur = min(cur, math.MaxUint32)
 		usual := uint64(e.Usual)
 		step := uint64(hl) * (1000000 / 16)
-		if e.Jumped != 0 || ns < e.UsualAt {
+		if e.Jumped != 0 || ss.congested || ns < e.UsualAt {
 			e.UsualAt = ns
 		} else {
 			k := (ns - e.UsualAt) / step
@@ -310,15 +417,24 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 		if jump && e.Jumped == 0 && st == maps.StandingEstablished {
 			m.events.Jumped++
 		}
-		if !jump && e.Jumped == 0 {
+		if !jump && e.Jumped == 0 && e.Held == 0 {
 			usual = max(usual, uint64(e.Current))
 		}
 		if !jump {
 			e.Usual = uint32(usual)
 		}
-		e.Jumped = 0
+		if !ss.congested && !jump {
+			w := uint64(e.MeanW)
+			dt = min(dt, uint64(hl))
+			e.Mean = uint32((uint64(e.Mean)*w + cur*dt) / (w + dt))
+			e.MeanW = uint32(min(w+dt, uint64(hl)))
+		}
+		e.Jumped, e.Held = 0, 0
 		if jump {
 			e.Jumped = 1
+		}
+		if ss.congested {
+			e.Held = 1
 		}
 		e.Current = uint32(cur)
 	}
