@@ -649,12 +649,13 @@ static __always_inline int handshake_only(const struct eg_standing_val *e)
  * rate, or the default budget when it has no mean yet; a vouched source
  * (known_good, validated) gets at least the default. The burst is its
  * busiest second: its usual rate (a decayed peak over windows of at least
- * an epoch) x 1 s, at least one second of the budget. Both from the entry
+ * an epoch) x 1 s, at least one second of the budget and one packet. Both
+ * from the entry
  * as it is: nothing is measured here. */
 static __always_inline int personal_take(struct eg_standing_val *e, const struct eg_standing_cfg *scfg, __u64 now,
 					 int vouched)
 {
-	__u64 rate = ((__u64)e->mean * scfg->headroom16) >> 4, burst, t, tau = 0;
+	__u64 rate = ((__u64)e->mean * scfg->headroom16) >> 4, burst, t, tau;
 
 	if (!scfg->headroom16)
 		return 1;
@@ -663,13 +664,14 @@ static __always_inline int personal_take(struct eg_standing_val *e, const struct
 	if (!rate)
 		rate = 1;
 	burst = e->usual > rate ? e->usual : rate;
+	if (burst < (1 << EG_RATE_SHIFT))
+		burst = 1 << EG_RATE_SHIFT; /* at least one packet */
 	if (burst > (1ULL << 28))
 		burst = 1ULL << 28;
 	/* Ticks per packet (rate is packets/s << EG_RATE_SHIFT), and the
-	 * tolerance: the burst less the packet itself. */
+	 * tolerance: burst packets' worth. */
 	t = ((1000000000ULL << EG_TICK_SHIFT) << EG_RATE_SHIFT) / rate;
-	if (burst > (1 << EG_RATE_SHIFT))
-		tau = (burst - (1 << EG_RATE_SHIFT)) * (1000000000ULL << EG_TICK_SHIFT) / rate;
+	tau = burst * (1000000000ULL << EG_TICK_SHIFT) / rate;
 	return gcra_take(&e->budget_tat, now, t, tau);
 }
 

@@ -71,7 +71,7 @@ type PersonalBudget struct {
 	Off       bool
 	Rate      uint64
 	T, Tau    uint64
-	BurstPkts float64 // the burst in packets (1 + Tau/T)
+	BurstPkts float64 // the burst in packets (Tau/T)
 }
 
 // Personal is the personal budget of entry e under the standing settings
@@ -85,29 +85,30 @@ func Personal(cfg StandingCfg, e StandingVal, vouched bool) PersonalBudget {
 		rate = uint64(cfg.DefaultRate)
 	}
 	rate = max(rate, 1)
-	burst := max(uint64(e.Usual), rate)
-	burst = min(burst, 1<<28)
+	burst := min(max(uint64(e.Usual), rate, 1<<maps.RateShift), 1<<28)
 	const sec = uint64(1000000000) << maps.TickShift
-	b := PersonalBudget{Rate: rate, T: (sec << maps.RateShift) / rate}
-	if burst > 1<<maps.RateShift {
-		b.Tau = (burst - 1<<maps.RateShift) * sec / rate
-	}
-	b.BurstPkts = 1 + float64(b.Tau)/float64(b.T)
+	b := PersonalBudget{Rate: rate, T: (sec << maps.RateShift) / rate, Tau: burst * sec / rate}
+	b.BurstPkts = float64(b.Tau) / float64(b.T)
 	return b
 }
 
-// personalTake is personal_take: 1 within the budget (and charged).
-func personalTake(cfg StandingCfg, e *StandingVal, now uint64, vouched bool) bool {
-	b := Personal(cfg, *e, vouched)
+// Take charges one packet at now (ticks) to a personal budget whose GCRA
+// word is *tat: true within it (and charged), false over it.
+func (b PersonalBudget) Take(tat *uint64, now uint64) bool {
 	if b.Off {
 		return true
 	}
-	next := max(e.BudgetTat, now) + b.T
+	next := max(*tat, now) + b.T
 	if next-now > b.Tau {
 		return false
 	}
-	e.BudgetTat = next
+	*tat = next
 	return true
+}
+
+// personalTake is personal_take.
+func personalTake(cfg StandingCfg, e *StandingVal, now uint64, vouched bool) bool {
+	return Personal(cfg, *e, vouched).Take(&e.BudgetTat, now)
 }
 
 // NextClass is the class the source's next packet would be charged as at
