@@ -646,7 +646,8 @@ static __always_inline int handshake_only(const struct eg_standing_val *e)
 /* personal_take charges one packet to a privileged source's personal
  * budget (docs/operations.md, "Personal budget"): 1 within it, 0 over it
  * (the packet is then charged as new). The rate is headroom x its mean
- * rate, or the default budget when it has no mean yet; a vouched source
+ * rate, or the default budget when it has not been measured yet (mean_w
+ * 0); a vouched source
  * (known_good, validated) gets at least the default. The burst is its
  * busiest second: its usual rate (a decayed peak over windows of at least
  * an epoch) x 1 s, at least one second of the budget and one packet. Both
@@ -659,7 +660,7 @@ static __always_inline int personal_take(struct eg_standing_val *e, const struct
 
 	if (!scfg->headroom16)
 		return 1;
-	if (!rate || (vouched && rate < scfg->default_rate))
+	if (!e->mean_w || (vouched && rate < scfg->default_rate))
 		rate = scfg->default_rate;
 	if (!rate)
 		rate = 1;
@@ -1468,6 +1469,14 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 			count_standing(EG_SE_FULL);
 		}
 		return 0;
+	}
+	/* The packet that makes this update is counted, if neither its
+	 * bucket nor a standing lookup did: a source slower than one packet
+	 * every other epoch has no bucket (the new-source filter), and its
+	 * rate is what these packets say. */
+	if (!(ss->looked & EG_SS_COUNTED)) {
+		e->pkts++;
+		ss->looked |= EG_SS_COUNTED;
 	}
 	fold_rate(e, ss, scfg, ns, &k);
 	if (e->standing == EG_STANDING_PENALISED) {

@@ -19,11 +19,11 @@ const (
 	// computes in milliseconds; a day keeps its products in 64 bits), the
 	// jump factor's, and the highest jump minimum (rates are kept in 32
 	// bits at 1/16 packet per second).
-	minRateHistory      = 10 * time.Second
-	maxRateHistory      = 24 * time.Hour
-	minJumpFactor       = 1.5
-	maxJumpFactor       = 1000
-	maxJumpMin          = 1_000_000
+	minRateHistory = 10 * time.Second
+	maxRateHistory = 24 * time.Hour
+	minJumpFactor  = 1.5
+	maxJumpFactor  = 1000
+	maxJumpMin     = 1_000_000
 	// Bounds of standing.personal_budget: its headroom, and its default
 	// (packets/s; at least 1/s so that no privileged source's budget is 0).
 	minPersonalHeadroom = 1

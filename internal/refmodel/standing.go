@@ -81,7 +81,7 @@ func Personal(cfg StandingCfg, e StandingVal, vouched bool) PersonalBudget {
 		return PersonalBudget{Off: true}
 	}
 	rate := (uint64(e.Mean) * uint64(cfg.Headroom16)) >> 4
-	if rate == 0 || (vouched && rate < uint64(cfg.DefaultRate)) {
+	if e.MeanW == 0 || (vouched && rate < uint64(cfg.DefaultRate)) {
 		rate = uint64(cfg.DefaultRate)
 	}
 	rate = max(rate, 1)
@@ -339,6 +339,10 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 		m.standing[k] = StandingVal{Since: ns, CleanSince: ns, LastSeen: ns, Why: uint8(maps.WhyFirstSeen)}
 		m.events.Created++
 		return
+	}
+	if !ss.counted {
+		e.Pkts++
+		ss.counted = true
 	}
 	m.foldRate(&e, ss, ns)
 	switch maps.Standing(e.Standing) {
