@@ -104,6 +104,8 @@ type botnetCase struct {
 	// standing is added inside the policy's standing: mapping, e.g.
 	// ", rate_history: 10s".
 	standing string
+	// asnBurst is the per-ASN burst in packets (0: asnRate, one second).
+	asnBurst int
 	// likeUsers: the bots' datagrams are the users' (same port, same
 	// size, UDP from a random port): nothing but their timing tells them
 	// apart. Their passes are then counted from the program's counters.
@@ -149,7 +151,11 @@ func (c botnetCase) policy(s *scenario) string {
 		reserve = "  reserve: " + c.reserve + "\n"
 	}
 	if c.asnRate > 0 {
-		p += fmt.Sprintf("  per_asn:\n    packets: {rate: %d/s, burst: %d}\n", c.asnRate, c.asnRate) + reserve
+		burst := c.asnBurst
+		if burst == 0 {
+			burst = c.asnRate
+		}
+		p += fmt.Sprintf("  per_asn:\n    packets: {rate: %d/s, burst: %d}\n", c.asnRate, burst) + reserve
 		p += "asn_data: {path: " + filepath.Join(filepath.Dir(s.lab.PolicyPath()), "ip2asn.tsv") + "}\n"
 		p += "global:\n  packets: {rate: 1M/s, burst: 1M}\n" + reserve
 	} else {
@@ -288,7 +294,11 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	if c.asnRate == 0 {
 		r.rate = float64(c.globalRate)
 	}
-	r.budget = r.rate + r.rate*r.flood.Elapsed.Seconds()
+	burst := float64(c.asnBurst)
+	if burst == 0 {
+		burst = r.rate
+	}
+	r.budget = burst + r.rate*r.flood.Elapsed.Seconds()
 	return r
 }
 

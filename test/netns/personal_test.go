@@ -1,12 +1,16 @@
 package netns_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
 	"net/netip"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 )
@@ -33,11 +37,11 @@ const (
 func TestPatientBotnetPersonalBudget(t *testing.T) {
 	const arrivals = 4
 	s := newBotnetScenario(t, false, arrivals)
-	c := botnetCase{asnRate: pbASNRate, bots: pbBots, prewarmRate: pbTrickle, botRate: pbAttack, arrivals: arrivals,
-		likeUsers: true, standing: ", rate_history: 10s", warm: kgWarm, attack: 3*kgEstablishedAfter + time.Second}
+	c := botnetCase{asnRate: pbASNRate, asnBurst: 2 * pbASNRate, bots: pbBots, prewarmRate: pbTrickle, botRate: pbAttack, arrivals: arrivals,
+		likeUsers: true, standing: ", rate_history: 10s", warm: kgWarm + 2*time.Second, attack: 3*kgEstablishedAfter + time.Second}
 	start := time.Now()
 	r := c.run(s)
-	r.report(t, "patient botnet (2,000 bots at 0.4/s for 10 s, then 4.4/s), per-ASN 2000/s, personal budgets (headroom 2)")
+	r.report(t, "patient botnet (2,000 bots at 0.4/s for 12 s, then 4.4/s), per-ASN 2000/s, personal budgets (headroom 2)")
 	r.checkHostile(t)
 	users := userAddrs(s.lab.Legit[:kgUsers])
 	r.checkUsersEstablished(t, users)
@@ -72,6 +76,28 @@ func TestPatientBotnetPersonalBudget(t *testing.T) {
 	report(t, "%d of %d bots established; bots' mean rate median %.2f/s, users' %.2f/s; the established bots' personal budgets "+
 		"add up to %.0f/s of the ASN's %d/s; a new packet's expected share of the leftover %.1f%%",
 		established, pbBots, median(botMeans), median(userMeans), privBudget, pbASNRate, 100*leftover)
+
+	// Per class, at the ASN aggregate (stats): what the reserve band
+	// admitted and refused.
+	out, err := s.lab.Daemon.Ctl(s.ctx, "stats", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st control.Stats
+	if err := json.Unmarshal(out, &st); err != nil || st.Standing == nil {
+		t.Fatalf("stats --json: %v: %s", err, out)
+	}
+	var classes []string
+	for _, c := range st.Standing.Classes {
+		if c.Aggregate == "asn" {
+			classes = append(classes, fmt.Sprintf("%s %s %d", c.Class, c.Outcome, c.Packets))
+		}
+	}
+	var lowest float64 = math.Inf(1)
+	for _, u := range users {
+		lowest = math.Min(lowest, meanRate(r.standingBefore[u]))
+	}
+	report(t, "asn classes: %s; the lowest user mean %.2f/s", strings.Join(classes, ", "), lowest)
 
 	if r.during.Success() < 0.99 {
 		t.Errorf("users during the attack: %v, want ≥ 99%%", r.during)
