@@ -1019,9 +1019,24 @@ static __always_inline int eg_agg_take_cfg(struct eg_bucket *b, const struct eg_
 	}
 	if (band || congested_after(b, cfg, ss->now, reserve)) {
 		ss->congested = 1;
-		if (reserve)
-			count_class(0, agg, source_class(ss, 0), band ? EG_CO_ADMITTED_RESERVE : EG_CO_ADMITTED,
-				    ss->len);
+		if (reserve) {
+			__u32 cls = source_class(ss, 0);
+
+			/* Penalised last (docs/operations.md, "Class ranking"): in a
+			 * congested aggregate a penalised source gets nothing, not
+			 * even the new sources' share; the charge is given back
+			 * (TATs add, so the refund is exact). */
+			if (cls == EG_CLASS_PENALISED) {
+				if (cfg->pkt_t)
+					gcra_refund(&b->pkt_tat, cfg->pkt_t);
+				if (cfg->byte_t)
+					gcra_refund(&b->byte_tat, byte_cost(cfg, ss->len));
+				ss->refused_agg = agg;
+				ss->refused_outcome = EG_CO_REFUSED_RESERVE;
+				return 0;
+			}
+			count_class(0, agg, cls, band ? EG_CO_ADMITTED_RESERVE : EG_CO_ADMITTED, ss->len);
+		}
 	}
 	return 1;
 }

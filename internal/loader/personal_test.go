@@ -208,3 +208,37 @@ func TestPersonalBudgetOverride(t *testing.T) {
 		t.Errorf("established source under an override: %d of 20 passed, want %d (its personal burst, then the new-source burst 3)", got, want)
 	}
 }
+
+// TestPenalisedLast: in an aggregate congested below its band (filled past
+// half the new-source tolerance), new sources are still admitted and a
+// penalised source is not: penalised ranks last (docs/operations.md,
+// "Class ranking"); the refused packet's charge is given back.
+func TestPenalisedLast(t *testing.T) {
+	td := &jumpTD{testDatapath: newTestDatapath(t, smallSizes), now: ovrStart}
+	td.setClock(td.now)
+	td.apply(personalGen(2))
+	const bad = "198.18.9.9"
+	must(t, td.m.SetStanding(netip.MustParseAddr(bad), maps.StandingPenalised))
+	// Below half of the new-source tolerance (25 of 50): not congested,
+	// the penalised source passes like anyone.
+	if got := td.fillBand(20); got != 20 {
+		t.Fatalf("new sources: %d of 20", got)
+	}
+	if got := td.burst(bad, 1); got != 1 {
+		t.Fatalf("penalised source in an uncongested aggregate: %d of 1 admitted, want 1", got)
+	}
+	if got := td.fillBand(10); got != 10 {
+		t.Fatalf("new sources: %d of 10", got)
+	}
+	// Now past half: the penalised source is refused, new ones are not.
+	if got := td.burst(bad, 5); got != 0 {
+		t.Errorf("penalised source in a congested aggregate: %d of 5 admitted, want 0", got)
+	}
+	if got := td.burst("198.18.60.1", 19); got != 19 {
+		t.Errorf("new source after the refusals: %d of 19 admitted, want 19 (the refused charges given back)", got)
+	}
+	c := td.classCounters()
+	if n := c[0][maps.ClassAggASN][maps.ClassPenalised][maps.OutcomeRefusedReserve].Packets; n != 5 {
+		t.Errorf("penalised refused_reserve %d, want 5", n)
+	}
+}

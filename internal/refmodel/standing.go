@@ -256,11 +256,23 @@ func (m *Model) aggTake(b *Bucket, c maps.BucketCfg, reserve uint16, agg maps.Cl
 	if band || congestedAfter(*b, c, ss.now, reserve) {
 		ss.congested = true
 		if reserve != 0 {
+			cls := m.class(ss, false)
+			if cls == maps.ClassPenalised {
+				// Penalised last: refused, the charge given back.
+				if c.PktT != 0 {
+					b.PktTat -= c.PktT
+				}
+				if c.ByteT != 0 {
+					b.ByteTat -= maps.ByteCost(c, ss.len)
+				}
+				ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedReserve
+				return false
+			}
 			o := maps.OutcomeAdmitted
 			if band {
 				o = maps.OutcomeAdmittedReserve
 			}
-			m.countClass(0, agg, m.class(ss, false), o, ss.len)
+			m.countClass(0, agg, cls, o, ss.len)
 		}
 	}
 	return true
