@@ -217,8 +217,12 @@ func (m *Maps) ExplainPath(p Probe) (Path, error) {
 		return out, err
 	}
 	switch out.Standing.Standing {
-	case StandingEstablished, StandingValidated:
+	case StandingEstablished:
 		out.Privileged = true
+	case StandingValidated:
+		// Validated by a TCP handshake only ranks as new
+		// (docs/operations.md, "Class ranking").
+		out.Privileged = out.Standing.Why != WhyTCP
 	case StandingPenalised:
 		var sc loader.LimiterEgStandingCfg
 		if err := m.o.StandingCfg.Lookup(gen, &sc); err != nil {
