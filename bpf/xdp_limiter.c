@@ -649,8 +649,9 @@ static __always_inline int handshake_only(const struct eg_standing_val *e)
  * rate, or the default budget when it has not been measured yet (mean_w
  * 0); a vouched source
  * (known_good, validated) gets at least the default. The burst is its
- * busiest second: its usual rate (a decayed peak over windows of at least
- * an epoch) x 1 s, at least one second of the budget and one packet. Both
+ * busiest seconds: its usual rate (a decayed peak over windows of at least
+ * an epoch) x EG_PERSONAL_BURST_SECONDS, at least one second of the budget
+ * and one packet. Both
  * from the entry
  * as it is: nothing is measured here. */
 static __always_inline int personal_take(struct eg_standing_val *e, const struct eg_standing_cfg *scfg, __u64 now,
@@ -664,9 +665,13 @@ static __always_inline int personal_take(struct eg_standing_val *e, const struct
 		rate = scfg->default_rate;
 	if (!rate)
 		rate = 1;
-	burst = e->usual > rate ? e->usual : rate;
+	/* The burst in 1/16 packets: its busiest seconds, at least one
+	 * second of the budget and one packet. */
+	burst = (__u64)e->usual * EG_PERSONAL_BURST_SECONDS;
+	if (burst < rate)
+		burst = rate;
 	if (burst < (1 << EG_RATE_SHIFT))
-		burst = 1 << EG_RATE_SHIFT; /* at least one packet */
+		burst = 1 << EG_RATE_SHIFT;
 	if (burst > (1ULL << 28))
 		burst = 1ULL << 28;
 	/* Ticks per packet (rate is packets/s << EG_RATE_SHIFT), and the

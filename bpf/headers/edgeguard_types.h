@@ -41,6 +41,11 @@ enum eg_sizes {
 	EG_V4_STRIDE = 4,
 	EG_V4_CHUNK_ENTRIES = 16,
 	EG_V4_LEVELS = 4,
+	/* A personal budget's burst is this many of the source's busiest
+	 * seconds (docs/operations.md, "Personal budget"): users' clumps come
+	 * at random, and one second of headroom x mean overflows for a
+	 * Poisson-clumped user about once in a hundred requests. */
+	EG_PERSONAL_BURST_SECONDS = 2,
 };
 
 /* "Never expires" for list entries. */

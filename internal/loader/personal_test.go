@@ -83,7 +83,8 @@ func TestPersonalBudget(t *testing.T) {
 			if headroom == 0 {
 				return
 			}
-			// Headroom 2 over 3.7/s, its busiest second 7.4 packets.
+			// Headroom 2 over 3.7/s: 7.4/s, and a burst of its two busiest
+			// seconds (2 × 3.7) or one second of that, 7.4 packets.
 			if want != 7 {
 				t.Errorf("personal burst %d packets: want 7 (2 × %v/s over one second)", want, perEpoch(4))
 			}
