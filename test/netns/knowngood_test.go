@@ -448,6 +448,7 @@ func (r botnetRun) checkKnownGood(t *testing.T, s *scenario, bots []netip.Prefix
 		t.Errorf("users during the attack: %v, want ≥ 99%%", r.during)
 	}
 	within(t, "aggregate passed (counters)", r.passed, r.budget, 0.10)
+	report(t, "class counters: asn [%s]; global [%s]", s.classCounts("asn"), s.classCounts("global"))
 	n := checkNoBotStanding(t, s.standings(), users, bots)
 	report(t, "standing after the attack: %d bot addresses tracked, none established or validated; %d users established",
 		n, len(users))

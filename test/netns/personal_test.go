@@ -79,27 +79,11 @@ func TestPatientBotnetPersonalBudget(t *testing.T) {
 		"add up to %.0f/s of the ASN's %d/s; a new packet's expected share of the leftover %.1f%%",
 		established, pbBots, median(botMeans), median(userMeans), privBudget, pbASNRate, 100*leftover)
 
-	// Per class, at the ASN aggregate (stats): what the reserve band
-	// admitted and refused.
-	out, err := s.lab.Daemon.Ctl(s.ctx, "stats", "--json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st control.Stats
-	if err := json.Unmarshal(out, &st); err != nil || st.Standing == nil {
-		t.Fatalf("stats --json: %v: %s", err, out)
-	}
-	var classes []string
-	for _, c := range st.Standing.Classes {
-		if c.Aggregate == "asn" {
-			classes = append(classes, fmt.Sprintf("%s %s %d", c.Class, c.Outcome, c.Packets))
-		}
-	}
 	var lowest float64 = math.Inf(1)
 	for _, u := range users {
 		lowest = math.Min(lowest, meanRate(r.standingBefore[u]))
 	}
-	report(t, "asn classes: %s; the lowest user mean %.2f/s", strings.Join(classes, ", "), lowest)
+	report(t, "asn classes: %s; the lowest user mean %.2f/s", s.classCounts("asn"), lowest)
 
 	if r.during.Success() < 0.99 {
 		t.Errorf("users during the attack: %v, want ≥ 99%%", r.during)
@@ -158,4 +142,26 @@ func median(xs []float64) float64 {
 	}
 	sort.Float64s(xs)
 	return xs[len(xs)/2]
+}
+
+// classCounts is the class counters of one aggregate kind (edgectl stats),
+// as "class outcome packets" items: what the reserve band admitted and
+// refused per class.
+func (s *scenario) classCounts(aggregate string) string {
+	s.t.Helper()
+	out, err := s.lab.Daemon.Ctl(s.ctx, "stats", "--json")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var st control.Stats
+	if err := json.Unmarshal(out, &st); err != nil || st.Standing == nil {
+		s.t.Fatalf("stats --json: %v: %s", err, out)
+	}
+	var classes []string
+	for _, c := range st.Standing.Classes {
+		if c.Aggregate == aggregate {
+			classes = append(classes, fmt.Sprintf("%s %s %d", c.Class, c.Outcome, c.Packets))
+		}
+	}
+	return strings.Join(classes, ", ")
 }
