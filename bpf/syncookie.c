@@ -189,9 +189,14 @@ static __always_inline void standing_key(struct eg_standing_key *k, const __u8 *
 }
 
 /* validate records that the source completed a handshake with our cookie:
- * its standing becomes validated (why: TCP) from now, unless it is
- * penalised (a penalty is about what it sent, which a handshake does not
- * undo). Racing CPUs may both write the same values. */
+ * a new source's standing becomes validated (why: TCP) from now, which
+ * lets its next SYNs pass without a cookie (validated_ns) and gives it no
+ * priority in the limiter (a handshake proves an address, not good intent:
+ * docs/operations.md, "Class ranking"); its clean history goes on. An
+ * established source, one validated otherwise (L7, the operator) and a
+ * penalised one (a penalty is about what it sent, which a handshake does
+ * not undo) keep their standing; a handshake-validated one is renewed.
+ * Racing CPUs may both write the same values. */
 static __always_inline void validate(const struct eg_standing_key *k, __u64 now)
 {
 	struct eg_standing_val fresh = {
@@ -202,13 +207,13 @@ static __always_inline void validate(const struct eg_standing_key *k, __u64 now)
 	long err;
 
 	if (e) {
-		if (e->standing != EG_STANDING_PENALISED) {
+		if (e->standing == EG_STANDING_NEW ||
+		    (e->standing == EG_STANDING_VALIDATED && e->why == EG_WHY_TCP_HANDSHAKE)) {
 			if (e->standing != EG_STANDING_VALIDATED)
 				count_standing(EG_SE_VALIDATED);
 			e->standing = EG_STANDING_VALIDATED;
 			e->why = EG_WHY_TCP_HANDSHAKE;
 			e->since = now;
-			e->clean_since = now;
 		}
 		e->last_seen = now;
 		return;

@@ -701,6 +701,53 @@ static __always_inline int privileged(__u32 cls)
 	return cls == EG_CLASS_ESTABLISHED || cls == EG_CLASS_VALIDATED;
 }
 
+/* handshake_only: validated by a TCP handshake (ours or a SYN cookie's)
+ * and nothing else. A handshake proves the address, not good intent
+ * (docs/operations.md, "Class ranking"): such a source ranks as new, and
+ * its history goes on counting toward established. */
+static __always_inline int handshake_only(const struct eg_standing_val *e)
+{
+	return e->standing == EG_STANDING_VALIDATED && e->why == EG_WHY_TCP_HANDSHAKE;
+}
+
+/* personal_take charges one packet to a privileged source's personal
+ * budget (docs/operations.md, "Personal budget"): 1 within it, 0 over it
+ * (the packet is then charged as new). The rate is headroom x its mean
+ * rate, or the default budget when it has not been measured yet (mean_w
+ * 0); a vouched source
+ * (known_good, validated) gets at least the default. The burst is its
+ * busiest seconds: its usual rate (a decayed peak over windows of at least
+ * an epoch) x EG_PERSONAL_BURST_SECONDS, at least one second of the budget
+ * and one packet. Both
+ * from the entry
+ * as it is: nothing is measured here. */
+static __always_inline int personal_take(struct eg_standing_val *e, const struct eg_standing_cfg *scfg, __u64 now,
+					 int vouched)
+{
+	__u64 rate = ((__u64)e->mean * scfg->headroom16) >> 4, burst, t, tau;
+
+	if (!scfg->headroom16)
+		return 1;
+	if (!e->mean_w || (vouched && rate < scfg->default_rate))
+		rate = scfg->default_rate;
+	if (!rate)
+		rate = 1;
+	/* The burst in 1/16 packets: its busiest seconds, at least one
+	 * second of the budget and one packet. */
+	burst = (__u64)e->usual * EG_PERSONAL_BURST_SECONDS;
+	if (burst < rate)
+		burst = rate;
+	if (burst < (1 << EG_RATE_SHIFT))
+		burst = 1 << EG_RATE_SHIFT;
+	if (burst > (1ULL << 28))
+		burst = 1ULL << 28;
+	/* Ticks per packet (rate is packets/s << EG_RATE_SHIFT), and the
+	 * tolerance: burst packets' worth. */
+	t = ((1000000000ULL << EG_TICK_SHIFT) << EG_RATE_SHIFT) / rate;
+	tau = burst * (1000000000ULL << EG_TICK_SHIFT) / rate;
+	return gcra_take(&e->budget_tat, now, t, tau);
+}
+
 static __always_inline void standing_key(struct eg_standing_key *k, const struct src_state *ss)
 {
 	mask_addr(k->addr, ss->addr, ss->v4 ? 128 : 64);
@@ -710,7 +757,12 @@ static __always_inline void standing_key(struct eg_standing_key *k, const struct
  * else standing.known_good (established), else new. A penalty that is over
  * counts as new already (the entry itself changes at its next update). A
  * new source met in a reserve band (reset) starts its clean history over:
- * history gathered while congested does not count. */
+ * history gathered while congested does not count. A source validated by
+ * a handshake only is new. A privileged source (established, validated,
+ * known_good) with an entry is charged to its personal budget: over it,
+ * this packet's class is over_budget, charged as new. A known_good source
+ * without an entry (its very first packet: its entry is made when it is
+ * admitted) is not metered. */
 static __always_inline __u32 source_class(struct src_state *ss, int reset)
 {
 	struct eg_standing_cfg *scfg;
@@ -718,10 +770,12 @@ static __always_inline __u32 source_class(struct src_state *ss, int reset)
 	struct eg_standing_key k;
 	struct eg_lpm_key lk;
 	__u32 cls = EG_CLASS_NEW, gen = ss->gen;
+	int vouched = 0;
 
 	if (ss->looked & EG_SS_LOOKED)
 		return ss->cls;
 	ss->looked |= EG_SS_LOOKED;
+	scfg = bpf_map_lookup_elem(&standing_cfg, &gen);
 	standing_key(&k, ss);
 	e = bpf_map_lookup_elem(&standing, &k);
 	if (e) {
@@ -740,11 +794,16 @@ static __always_inline __u32 source_class(struct src_state *ss, int reset)
 			cls = EG_CLASS_ESTABLISHED;
 			break;
 		case EG_STANDING_VALIDATED:
-			cls = EG_CLASS_VALIDATED;
+			if (!handshake_only(e)) {
+				cls = EG_CLASS_VALIDATED;
+				vouched = 1;
+				break;
+			}
+			if (reset)
+				e->clean_since = ss->now >> EG_TICK_SHIFT;
 			break;
 		case EG_STANDING_PENALISED:
 			cls = EG_CLASS_PENALISED;
-			scfg = bpf_map_lookup_elem(&standing_cfg, &gen);
 			if (scfg && (ss->now >> EG_TICK_SHIFT) - e->since >= scfg->penalty_ns)
 				cls = EG_CLASS_NEW;
 			break;
@@ -756,9 +815,13 @@ static __always_inline __u32 source_class(struct src_state *ss, int reset)
 	if (cls == EG_CLASS_NEW) {
 		lk.prefixlen = 128;
 		__builtin_memcpy(lk.addr, ss->addr, 16);
-		if (bpf_map_lookup_elem(&known_good, &lk))
+		if (bpf_map_lookup_elem(&known_good, &lk)) {
 			cls = EG_CLASS_ESTABLISHED;
+			vouched = 1;
+		}
 	}
+	if (privileged(cls) && e && scfg && !personal_take(e, scfg, ss->now, vouched))
+		cls = EG_CLASS_OVER_BUDGET;
 	ss->cls = cls;
 	return cls;
 }
@@ -1045,9 +1108,24 @@ static __always_inline int eg_agg_take_cfg(struct eg_bucket *b, const struct eg_
 	}
 	if (band || congested_after(b, cfg, ss->now, reserve)) {
 		ss->congested = 1;
-		if (reserve)
-			count_class(0, agg, source_class(ss, 0), band ? EG_CO_ADMITTED_RESERVE : EG_CO_ADMITTED,
-				    ss->len);
+		if (reserve) {
+			__u32 cls = source_class(ss, 0);
+
+			/* Penalised last (docs/operations.md, "Class ranking"): in a
+			 * congested aggregate a penalised source gets nothing, not
+			 * even the new sources' share; the charge is given back
+			 * (TATs add, so the refund is exact). */
+			if (cls == EG_CLASS_PENALISED) {
+				if (cfg->pkt_t)
+					gcra_refund(&b->pkt_tat, cfg->pkt_t);
+				if (cfg->byte_t)
+					gcra_refund(&b->byte_tat, byte_cost(cfg, ss->len));
+				ss->refused_agg = agg;
+				ss->refused_outcome = EG_CO_REFUSED_RESERVE;
+				return 0;
+			}
+			count_class(0, agg, cls, band ? EG_CO_ADMITTED_RESERVE : EG_CO_ADMITTED, ss->len);
+		}
 	}
 	return 1;
 }
@@ -1376,7 +1454,7 @@ static __always_inline void fold_rate(struct eg_standing_val *e, const struct sr
 {
 	struct eg_src_bucket *sb;
 	__u32 src = 0, n, hl = scfg->rate_half_life_ms;
-	__u64 dt, cur, usual, k, step;
+	__u64 dt, cur, usual, k, step, w;
 	int jump;
 
 	if (!hl || !(ss->looked & EG_SS_SRCKEY))
@@ -1385,9 +1463,11 @@ static __always_inline void fold_rate(struct eg_standing_val *e, const struct sr
 	if (sb)
 		src = *(volatile __u32 *)&sb->pkts;
 	if (e->rate_at && ns > e->rate_at) {
-		dt = (ns - e->rate_at) / 1000000; /* ms */
-		if (!dt)
+		/* At least an epoch per measurement: two updates in
+		 * consecutive epochs can be microseconds apart. */
+		if (ns - e->rate_at < (1ULL << EG_SEEN_EPOCH_SHIFT))
 			return;
+		dt = (ns - e->rate_at) / 1000000; /* ms */
 		/* A bucket that is younger than the mark (evicted and made
 		 * again, or another rule's) counts from zero. */
 		n = (src >= e->src_mark ? src - e->src_mark : src) + (e->pkts - e->pkts_mark);
@@ -1396,7 +1476,7 @@ static __always_inline void fold_rate(struct eg_standing_val *e, const struct sr
 			cur = 0xffffffff;
 		usual = e->usual;
 		step = (__u64)hl * (1000000 / 16);
-		if (e->jumped || ns < e->usual_at) {
+		if (e->jumped || ss->congested || ns < e->usual_at) {
 			e->usual_at = ns; /* frozen: no decay accrues */
 		} else {
 			k = (ns - e->usual_at) / step;
@@ -1418,11 +1498,22 @@ static __always_inline void fold_rate(struct eg_standing_val *e, const struct sr
 		 * is measured partly in one and fully in the next, and the
 		 * partial one must not raise the usual rate the next is judged
 		 * against. One that was a jump never joins. */
-		if (!jump && !e->jumped && e->current > usual)
+		if (!jump && !e->jumped && !e->held && e->current > usual)
 			usual = e->current;
 		if (!jump)
 			e->usual = usual;
+		/* The mean (the personal budget's rate): what the source sent
+		 * over up to rate_history, uncongested measurements only, so
+		 * that an attack's rate never becomes anyone's budget. */
+		if (!ss->congested && !jump) {
+			w = e->mean_w;
+			if (dt > hl)
+				dt = hl;
+			e->mean = ((__u64)e->mean * w + cur * dt) / (w + dt);
+			e->mean_w = w + dt > hl ? hl : w + dt;
+		}
 		e->jumped = jump;
+		e->held = ss->congested;
 		e->current = cur;
 	}
 	if (!e->rate_at)
@@ -1488,6 +1579,14 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 		}
 		return 0;
 	}
+	/* The packet that makes this update is counted, if neither its
+	 * bucket nor a standing lookup did: a source slower than one packet
+	 * every other epoch has no bucket (the new-source filter), and its
+	 * rate is what these packets say. */
+	if (!(ss->looked & EG_SS_COUNTED)) {
+		e->pkts++;
+		ss->looked |= EG_SS_COUNTED;
+	}
 	fold_rate(e, ss, scfg, ns, &k);
 	if (e->standing == EG_STANDING_PENALISED) {
 		if (ns - e->since < scfg->penalty_ns) {
@@ -1495,17 +1594,19 @@ __attribute__((noinline)) int eg_standing_update(struct src_state *ss, __u32 wha
 			return 0;
 		}
 		set_standing(e, EG_STANDING_NEW, EG_WHY_PENALTY_OVER, ns);
-	} else if ((e->standing == EG_STANDING_NEW || e->standing == EG_STANDING_ESTABLISHED) && ss->tcp &&
-		   tcp_established(ctx, ss)) {
+	} else if (e->standing == EG_STANDING_NEW && ss->tcp && tcp_established(ctx, ss)) {
 		/* A completed handshake proves the address is not spoofed,
-		 * congested or not: that is what a user arriving during an
-		 * attack can do. */
-		set_standing(e, EG_STANDING_VALIDATED, EG_WHY_TCP_HANDSHAKE, ns);
+		 * congested or not. It is no priority (the source still ranks
+		 * as new, handshake_only) and its clean history goes on. */
+		e->standing = EG_STANDING_VALIDATED;
+		e->why = EG_WHY_TCP_HANDSHAKE;
+		e->since = ns;
 		count_standing(EG_SE_VALIDATED);
-	} else if (e->standing == EG_STANDING_NEW) {
+	} else if (e->standing == EG_STANDING_NEW || handshake_only(e)) {
 		if (ss->congested) {
 			e->clean_since = ns;
-			e->why = EG_WHY_CONGESTED;
+			if (e->standing == EG_STANDING_NEW)
+				e->why = EG_WHY_CONGESTED;
 		} else if (ns - e->last_seen > scfg->established_after_ns) {
 			e->clean_since = ns; /* gone longer than the whole wait: start over */
 		} else if (ns - e->clean_since >= scfg->established_after_ns) {

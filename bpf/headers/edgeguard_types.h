@@ -46,6 +46,11 @@ enum eg_sizes {
 	 * IPv6 header and a TCP header with 32 bytes of options (14 + 8 + 40
 	 * + 52 = 114) fit, with the start of the payload. */
 	EG_SNAP_LEN = 128,
+	/* A personal budget's burst is this many of the source's busiest
+	 * seconds (docs/operations.md, "Personal budget"): users' clumps come
+	 * at random, and one second of headroom x mean overflows for a
+	 * Poisson-clumped user about once in a hundred requests. */
+	EG_PERSONAL_BURST_SECONDS = 2,
 };
 
 /* "Never expires" for list entries. */
@@ -562,15 +567,24 @@ struct eg_standing_val {
 	 * current the last measured one, over rate_at's interval. */
 	__u64 rate_at;  /* when the rate was last measured (0: never) */
 	__u64 usual_at; /* usual's decay clock (whole decay steps) */
+	/* The personal budget's GCRA word (docs/operations.md, "Personal
+	 * budget"), in ticks: charged only when the source's class is looked
+	 * up (a packet in an aggregate's reserve band). */
+	__u64 budget_tat;
 	__u32 usual;
 	__u32 current;
+	/* mean is the source's mean rate over up to rate_history, measured
+	 * only while uncongested (same fixed point as usual); mean_w the
+	 * weight it has, in ms (at most rate_history). */
+	__u32 mean;
+	__u32 mean_w;
 	__u32 src_mark; /* the source bucket's pkts at rate_at */
 	__u32 pkts;     /* packets counted at its standing lookup (not at its bucket) */
 	__u32 pkts_mark; /* pkts at rate_at */
 	__u8 standing;  /* enum eg_standing */
 	__u8 why;       /* enum eg_standing_why */
 	__u8 jumped;    /* current > jump_factor x usual (and > jump_min) */
-	__u8 _pad;
+	__u8 held;      /* current was measured while congested: it never joins usual */
 };
 
 /* Standing settings of one policy generation (standing_cfg[gen]). */
@@ -583,6 +597,13 @@ struct eg_standing_cfg {
 	__u32 rate_half_life_ms;
 	__u32 jump_factor16;
 	__u32 jump_min;
+	/* Personal budget (standing.personal_budget): headroom x 16 over the
+	 * mean rate (0: personal budgets off, privileged sources are not
+	 * metered); the default budget in packets/s << EG_RATE_SHIFT for a
+	 * source without a measured mean, and the least one of a vouched
+	 * source (known_good, validated). */
+	__u32 headroom16;
+	__u32 default_rate;
 	__u32 _pad;
 };
 
@@ -597,8 +618,11 @@ enum eg_class {
 	EG_CLASS_ESTABLISHED = 1,
 	EG_CLASS_VALIDATED = 2,
 	EG_CLASS_PENALISED = 3,
-	EG_CLASS_UNKNOWN = 4,
-	EG_CLASS_MAX = 5,
+	/* An established or validated source (or known_good) over its
+	 * personal budget: this packet is charged as new. */
+	EG_CLASS_OVER_BUDGET = 4,
+	EG_CLASS_UNKNOWN = 5,
+	EG_CLASS_MAX = 6,
 };
 
 /* Aggregates the class counters are kept for. */

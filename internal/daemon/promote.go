@@ -14,8 +14,9 @@ import (
 // passed its L7 route's limits (standing.l7_promotion) is marked validated
 // (why l7_promotion), which the L7 class ranking reads as authenticated
 // (docs/operations.md, "L7 promotion"). A penalised source stays
-// penalised (its penalty decays on its own), and one already validated is
-// not written again. The proxy rate-limits the calls
+// penalised (its penalty decays on its own), and one already validated
+// (other than by a TCP handshake, which gives no priority) is not written
+// again. The proxy rate-limits the calls
 // (standing.l7_promotion.rate); no daemon lock is taken.
 func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error {
 	e, err := d.m.LookupStanding(src)
@@ -23,7 +24,9 @@ func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error
 		return fmt.Errorf("promote %s: %w", src, err)
 	}
 	switch {
-	case e.Tracked && e.Standing == maps.StandingValidated:
+	case e.Tracked && e.Standing == maps.StandingValidated && e.Why != maps.WhyTCP:
+		// A handshake's validation is rank 2 (docs/operations.md, "Class
+		// ranking"): promotion still writes over it.
 		return nil
 	case e.Tracked && e.Standing == maps.StandingPenalised:
 		d.log.Debug("l7 promotion of a penalised source skipped", "src", src, "reason", reason)

@@ -32,7 +32,7 @@ type congestion struct {
 	lastSeen time.Time // last tick that refused a new source
 	// start holds the class counters when the congestion began, for the
 	// shares reported when it ends.
-	start [maps.ClassAggGlobal + 1][5][4]maps.Counter
+	start [maps.ClassAggGlobal + 1][maps.ClassUnknown + 1][4]maps.Counter
 }
 
 // standingWatch keeps the congestion state the daemon reports.

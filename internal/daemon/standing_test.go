@@ -119,7 +119,7 @@ metrics: {listen: ""}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(d.xdpCollector())
 	for name, want := range map[string]int{
-		"edgeguard_xdp_class_packets_total": 2 * 3 * 5 * 4, "edgeguard_standing_events_total": 6, "edgeguard_aggregate_congested": 3,
+		"edgeguard_xdp_class_packets_total": 2 * 3 * 6 * 4, "edgeguard_standing_events_total": 6, "edgeguard_aggregate_congested": 3,
 		"edgeguard_aggregate_congested_instances": 3,
 	} {
 		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != want {

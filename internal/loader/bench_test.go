@@ -141,9 +141,25 @@ func BenchmarkDataPlane(b *testing.B) {
 	})
 	b.Run("congested_established", func(b *testing.B) {
 		// The same aggregate, an established source: its standing is
-		// looked up and it is admitted inside the band.
+		// looked up and it is admitted inside the band (personal budgets
+		// off: the path before them).
 		cached(b, "congested_established", func(b *testing.B) *benchCase {
 			return congestedCase(b, true)
+		}).measure(b)
+	})
+	b.Run("congested_within_budget", func(b *testing.B) {
+		// The same, with personal budgets on: the established source is
+		// within its budget (the default, 10^9/s), charged to it and
+		// admitted inside the band.
+		cached(b, "congested_within_budget", func(b *testing.B) *benchCase {
+			return congestedBudgetCase(b, false)
+		}).measure(b)
+	})
+	b.Run("congested_over_budget", func(b *testing.B) {
+		// The same, the established source over its budget (its GCRA
+		// word an hour ahead): charged as new, refused by the reserve.
+		cached(b, "congested_over_budget", func(b *testing.B) *benchCase {
+			return congestedBudgetCase(b, true)
 		}).measure(b)
 	})
 	b.Run("pass_1M_keys", func(b *testing.B) {
@@ -633,6 +649,36 @@ func spread(i uint32) netip.Addr {
 // where it stays for the whole benchmark (each admitted packet adds 1 ms of
 // the 10^6 s tolerance, and time drains it at the same pace).
 func congestedCase(b *testing.B, established bool) *benchCase {
+	return congestedWith(b, established, policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: 5 * time.Minute}, nil)
+}
+
+// congestedBudgetCase is congestedCase's established source with personal
+// budgets on (headroom 2, default 10^9/s: no mean, so the default), within
+// its budget or over it (its budget's GCRA word an hour ahead).
+func congestedBudgetCase(b *testing.B, over bool) *benchCase {
+	st := policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: 5 * time.Minute, PersonalHeadroom: 2,
+		PersonalDefault: policy.Rate{Count: 1_000_000_000, Per: time.Second}}
+	return congestedWith(b, true, st, func(bd *benchDatapath, now uint64) uint32 {
+		if !over {
+			return xdpPass
+		}
+		k := maps.StandingKey(src4(1))
+		var v loader.LimiterEgStandingVal
+		if err := bd.d.Objects.Standing.Lookup(k, &v); err != nil {
+			b.Fatal(err)
+		}
+		v.BudgetTat = now + uint64(time.Hour)<<uint64(loader.LimiterEgShiftsEG_SHIFT_TICK)
+		if err := bd.d.Objects.Standing.Put(k, v); err != nil {
+			b.Fatal(err)
+		}
+		return xdpDrop
+	})
+}
+
+// congestedWith builds congestedCase with the standing settings st; then,
+// for an established source, adjust may change its entry (now is the
+// clock in ticks) and says the verdict to expect.
+func congestedWith(b *testing.B, established bool, st policy.Standing, adjust func(bd *benchDatapath, now uint64) uint32) *benchCase {
 	bd := loadBench(b, smallSizes)
 	r := generousRule(0)
 	r.Aggregate = policy.AggregateWhole
@@ -642,7 +688,7 @@ func congestedCase(b *testing.B, established bool) *benchCase {
 		Mode:      policy.ModeEnforce,
 		Malformed: policy.VerdictPass,
 		Rules:     []policy.CompiledRule{r},
-		Standing:  policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: 5 * time.Minute},
+		Standing:  st,
 	})
 	cfg, err := maps.BucketConfig(r.PerPrefix)
 	if err != nil {
@@ -662,6 +708,9 @@ func congestedCase(b *testing.B, established bool) *benchCase {
 			b.Fatal(err)
 		}
 		want = xdpPass
+		if adjust != nil {
+			want = adjust(bd, uint64(ts.Nano())<<uint64(loader.LimiterEgShiftsEG_SHIFT_TICK))
+		}
 	}
 	return &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: want}
 }

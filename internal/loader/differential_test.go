@@ -64,17 +64,20 @@ func (h *diffHarness) reset(g policy.Compiled, lists []maps.ListEntry) {
 	if err := h.model.SetLists(lists); err != nil {
 		h.tb.Fatalf("model set lists: %v", err)
 	}
-	// One validated and one penalised source, on both sides.
+	// One validated, one validated by a handshake only (ranks as new) and
+	// one penalised source, on both sides.
 	for _, s := range []struct {
 		addr string
 		st   maps.Standing
-	}{{"198.18.1.7", maps.StandingValidated}, {"198.18.2.9", maps.StandingPenalised}} {
+		why  maps.StandingWhy
+	}{{"198.18.1.7", maps.StandingValidated, maps.WhySet}, {"198.18.1.6", maps.StandingValidated, maps.WhyTCP},
+		{"198.18.2.9", maps.StandingPenalised, maps.WhySet}} {
 		k := maps.StandingKey(netip.MustParseAddr(s.addr))
-		v := loader.LimiterEgStandingVal{Since: diffStart, CleanSince: diffStart, LastSeen: diffStart, Standing: uint8(s.st), Why: uint8(maps.WhySet)}
+		v := loader.LimiterEgStandingVal{Since: diffStart, CleanSince: diffStart, LastSeen: diffStart, Standing: uint8(s.st), Why: uint8(s.why)}
 		if err := h.td.d.Objects.Standing.Put(k, v); err != nil {
 			h.tb.Fatalf("set standing: %v", err)
 		}
-		h.model.SetStanding(k, s.st, maps.WhySet, diffStart)
+		h.model.SetStanding(k, s.st, s.why, diffStart)
 	}
 	h.base = h.td.counters()
 	h.baseRules = h.ruleCounters()
@@ -519,6 +522,10 @@ func randPolicy(r *rand.Rand) policy.Compiled {
 			g.Standing.JumpFactor = pick(r, 0, 1.5, 4)
 			g.Standing.JumpMin = policy.Rate{Count: pick[uint64](r, 0, 10, 100), Per: time.Second}
 		}
+		// Personal budgets: off, tight or loose, and a default a
+		// timeline's few packets per source can use up or not.
+		g.Standing.PersonalHeadroom = pick[float64](r, 0, 1, 2, 2)
+		g.Standing.PersonalDefault = policy.Rate{Count: pick[uint64](r, 1, 5, 20), Per: time.Second}
 	}
 	if r.IntN(2) == 0 {
 		// Drop samples use their own bucket and must change no verdict.
@@ -706,6 +713,9 @@ func runDiff(h *diffHarness, seed uint64, n int, extra []byte) map[string]int {
 			for c := range cc[d][a] {
 				seen["class_"+maps.OutcomeName(maps.Outcome(maps.OutcomeRefusedReserve))] += int(cc[d][a][c][maps.OutcomeRefusedReserve].Packets)
 				seen["class_"+maps.OutcomeName(maps.Outcome(maps.OutcomeAdmittedReserve))] += int(cc[d][a][c][maps.OutcomeAdmittedReserve].Packets)
+				if maps.Class(c) == maps.ClassOverBudget {
+					seen["class_over_budget"] += int(cc[d][a][c][maps.OutcomeRefusedReserve].Packets + cc[d][a][c][maps.OutcomeAdmitted].Packets)
+				}
 			}
 		}
 	}
@@ -743,7 +753,7 @@ func TestDifferential(t *testing.T) {
 	}
 	// And every part of standing and the reserve.
 	for _, k := range []string{"standing_created", "standing_established", "standing_penalised", "standing_jumped", "standing_rate_measured",
-		"class_refused_reserve", "class_admitted_reserve"} {
+		"class_refused_reserve", "class_admitted_reserve", "class_over_budget"} {
 		if seen[k] == 0 {
 			t.Errorf("no run reached %s", k)
 		}

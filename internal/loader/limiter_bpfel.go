@@ -157,8 +157,9 @@ const (
 	LimiterEgClassEG_CLASS_ESTABLISHED LimiterEgClass = 1
 	LimiterEgClassEG_CLASS_VALIDATED   LimiterEgClass = 2
 	LimiterEgClassEG_CLASS_PENALISED   LimiterEgClass = 3
-	LimiterEgClassEG_CLASS_UNKNOWN     LimiterEgClass = 4
-	LimiterEgClassEG_CLASS_MAX         LimiterEgClass = 5
+	LimiterEgClassEG_CLASS_OVER_BUDGET LimiterEgClass = 4
+	LimiterEgClassEG_CLASS_UNKNOWN     LimiterEgClass = 5
+	LimiterEgClassEG_CLASS_MAX         LimiterEgClass = 6
 )
 
 type LimiterEgClassAgg uint32
@@ -504,16 +505,17 @@ const (
 type LimiterEgSizes uint32
 
 const (
-	LimiterEgSizesEG_IFACE_SLOTS      LimiterEgSizes = 16
-	LimiterEgSizesEG_IFINDEX_MAX      LimiterEgSizes = 65536
-	LimiterEgSizesEG_SEEN_BITS        LimiterEgSizes = 28
-	LimiterEgSizesEG_SEEN_EPOCH_SHIFT LimiterEgSizes = 30
-	LimiterEgSizesEG_V4L1BITS         LimiterEgSizes = 16
-	LimiterEgSizesEG_V4L1ENTRIES      LimiterEgSizes = 65536
-	LimiterEgSizesEG_V4STRIDE         LimiterEgSizes = 4
-	LimiterEgSizesEG_V4CHUNK_ENTRIES  LimiterEgSizes = 16
-	LimiterEgSizesEG_V4LEVELS         LimiterEgSizes = 4
-	LimiterEgSizesEG_SNAP_LEN         LimiterEgSizes = 128
+	LimiterEgSizesEG_IFACE_SLOTS            LimiterEgSizes = 16
+	LimiterEgSizesEG_IFINDEX_MAX            LimiterEgSizes = 65536
+	LimiterEgSizesEG_SEEN_BITS              LimiterEgSizes = 28
+	LimiterEgSizesEG_SEEN_EPOCH_SHIFT       LimiterEgSizes = 30
+	LimiterEgSizesEG_V4L1BITS               LimiterEgSizes = 16
+	LimiterEgSizesEG_V4L1ENTRIES            LimiterEgSizes = 65536
+	LimiterEgSizesEG_V4STRIDE               LimiterEgSizes = 4
+	LimiterEgSizesEG_V4CHUNK_ENTRIES        LimiterEgSizes = 16
+	LimiterEgSizesEG_V4LEVELS               LimiterEgSizes = 4
+	LimiterEgSizesEG_SNAP_LEN               LimiterEgSizes = 128
+	LimiterEgSizesEG_PERSONAL_BURST_SECONDS LimiterEgSizes = 2
 )
 
 type LimiterEgSrcBucket struct {
@@ -547,6 +549,8 @@ type LimiterEgStandingCfg struct {
 	RateHalfLifeMs     uint32
 	JumpFactor16       uint32
 	JumpMin            uint32
+	Headroom16         uint32
+	DefaultRate        uint32
 	Pad                uint32
 }
 
@@ -574,15 +578,18 @@ type LimiterEgStandingVal struct {
 	LastSeen   uint64
 	RateAt     uint64
 	UsualAt    uint64
+	BudgetTat  uint64
 	Usual      uint32
 	Current    uint32
+	Mean       uint32
+	MeanW      uint32
 	SrcMark    uint32
 	Pkts       uint32
 	PktsMark   uint32
 	Standing   uint8
 	Why        uint8
 	Jumped     uint8
-	Pad        uint8
+	Held       uint8
 }
 
 type LimiterEgStandingWhy uint32

@@ -20,7 +20,7 @@ var LimiterEgStandingWhyNames = [...]string{"none", "first_seen", "clean_history
 
 // LimiterEgClassNames are the names of enum eg_class's values, by value: each enumerator
 // lowercased without EG_CLASS_ (EG_CLASS_MAX is not a value).
-var LimiterEgClassNames = [...]string{"new", "established", "validated", "penalised", "unknown"}
+var LimiterEgClassNames = [...]string{"new", "established", "validated", "penalised", "over_budget", "unknown"}
 
 // LimiterEgClassAggNames are the names of enum eg_class_agg's values, by value: each enumerator
 // lowercased without EG_CAGG_ (EG_CAGG_MAX is not a value).

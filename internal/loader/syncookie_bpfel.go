@@ -39,15 +39,18 @@ type SyncookieEgStandingVal struct {
 	LastSeen   uint64
 	RateAt     uint64
 	UsualAt    uint64
+	BudgetTat  uint64
 	Usual      uint32
 	Current    uint32
+	Mean       uint32
+	MeanW      uint32
 	SrcMark    uint32
 	Pkts       uint32
 	PktsMark   uint32
 	Standing   uint8
 	Why        uint8
 	Jumped     uint8
-	Pad        uint8
+	Held       uint8
 }
 
 type SyncookieEgSynBtfAnchor struct {

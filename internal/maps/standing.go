@@ -91,6 +91,13 @@ type StandingEntry struct {
 	RateAtNS               uint64
 	RateAge                time.Duration // how long ago RateAtNS was
 	Jumped                 bool
+	// MeanRate is the mean rate the personal budget is headroom × of
+	// (packets/s, to 1/16; docs/operations.md "Personal budget").
+	MeanRate float64
+	// Raw is the entry as the data plane holds it (zero when untracked):
+	// internal/refmodel computes the personal budget, its use and the
+	// class of the next packet from it (refmodel.Personal, NextClass).
+	Raw loader.LimiterEgStandingVal
 }
 
 // StandingKey is the standing table's key of an address: an IPv4 address
@@ -124,7 +131,7 @@ func (m *Maps) entry(k loader.LimiterEgStandingKey, v loader.LimiterEgStandingVa
 		Addr: standingAddr(k), Standing: Standing(v.Standing), Why: StandingWhy(v.Why), Tracked: true,
 		SinceNS: v.Since, CleanSinceNS: v.CleanSince, LastSeenNS: v.LastSeen,
 		UsualRate: float64(v.Usual) / (1 << RateShift), CurrentRate: float64(v.Current) / (1 << RateShift),
-		RateAtNS: v.RateAt, Jumped: v.Jumped != 0,
+		RateAtNS: v.RateAt, Jumped: v.Jumped != 0, MeanRate: float64(v.Mean) / (1 << RateShift), Raw: v,
 	}
 	if v.RateAt != 0 && v.RateAt <= mono {
 		e.RateAge = time.Duration(mono - v.RateAt)
@@ -270,6 +277,10 @@ func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
 		c.JumpFactor16 = uint32(math.Round(s.JumpFactor * 16)) // 0: jumps off
 		c.JumpMin = uint32(min(s.JumpMin.PerSecond()*(1<<RateShift), math.MaxUint32))
 	}
+	if s.PersonalHeadroom > 0 {
+		c.Headroom16 = uint32(math.Round(s.PersonalHeadroom * 16))
+		c.DefaultRate = uint32(max(min(s.PersonalDefault.PerSecond()*(1<<RateShift), math.MaxUint32), 1))
+	}
 	return c
 }
 
@@ -355,6 +366,7 @@ const (
 	ClassEstablished = loader.LimiterEgClassEG_CLASS_ESTABLISHED
 	ClassValidated   = loader.LimiterEgClassEG_CLASS_VALIDATED
 	ClassPenalised   = loader.LimiterEgClassEG_CLASS_PENALISED
+	ClassOverBudget  = loader.LimiterEgClassEG_CLASS_OVER_BUDGET
 	ClassUnknown     = loader.LimiterEgClassEG_CLASS_UNKNOWN
 	numClasses       = int(loader.LimiterEgClassEG_CLASS_MAX)
 )

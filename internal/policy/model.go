@@ -331,6 +331,16 @@ type Standing struct {
 	JumpFactor float64
 	// JumpMin is the least current rate that counts as a jump.
 	JumpMin Rate
+	// PersonalHeadroom: a privileged source has priority up to this ×
+	// its mean rate (its personal budget); what it sends above is charged
+	// as new (docs/operations.md, "Personal budget"). 0: budgets off,
+	// privileged sources are not metered.
+	PersonalHeadroom float64
+	// PersonalDefault is the personal budget of a privileged source
+	// without a measured mean (cold start, rates off, a rule whose
+	// per-source key is not the standing key), and the least budget of a
+	// vouched one (known_good, validated).
+	PersonalDefault Rate
 }
 
 // L7Promotion is standing.l7_promotion.
@@ -367,5 +377,7 @@ func DefaultStanding() Standing {
 		RateHistory:      10 * time.Minute,
 		JumpFactor:       4,
 		JumpMin:          Rate{Count: 10, Per: time.Second},
+		PersonalHeadroom: 2,
+		PersonalDefault:  Rate{Count: 20, Per: time.Second},
 	}
 }

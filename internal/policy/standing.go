@@ -19,11 +19,16 @@ const (
 	// computes in milliseconds; a day keeps its products in 64 bits), the
 	// jump factor's, and the highest jump minimum (rates are kept in 32
 	// bits at 1/16 packet per second).
-	minRateHistory      = 10 * time.Second
-	maxRateHistory      = 24 * time.Hour
-	minJumpFactor       = 1.5
-	maxJumpFactor       = 1000
-	maxJumpMin          = 1_000_000
+	minRateHistory = 10 * time.Second
+	maxRateHistory = 24 * time.Hour
+	minJumpFactor  = 1.5
+	maxJumpFactor  = 1000
+	maxJumpMin     = 1_000_000
+	// Bounds of standing.personal_budget: its headroom, and its default
+	// (packets/s; at least 1/s so that no privileged source's budget is 0).
+	minPersonalHeadroom = 1
+	maxPersonalHeadroom = 100
+	maxPersonalDefault  = 1_000_000
 	maxStandingDuration = 7 * 24 * time.Hour
 	// maxKnownGood is the known_good table's capacity in the data plane
 	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
@@ -142,7 +147,10 @@ func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration
 func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
 	out := base
 	f := ps.Fields(n, "standing", "established_after", "penalty", "known_good", "l7_promotion", "rate_history", "jump_factor",
-		"jump_min")
+		"jump_min", "personal_budget")
+	if v, ok := f["personal_budget"]; ok {
+		out.PersonalHeadroom, out.PersonalDefault = ps.personalBudget(v, base)
+	}
 	if v, ok := f["established_after"]; ok {
 		out.EstablishedAfter = ps.duration(v, "standing.established_after", minEstablishedAfter, maxStandingDuration, base.EstablishedAfter)
 	}
@@ -221,6 +229,34 @@ func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
 	return out
 }
 
+// personalBudget parses standing.personal_budget: off, or {headroom: X,
+// default: N/s}.
+func (ps *parser) personalBudget(v *yaml.Node, base Standing) (float64, Rate) {
+	if v.Kind == yaml.ScalarNode {
+		if s, _ := ps.Scalar(v, "standing.personal_budget"); s != "off" {
+			ps.Errorf(v, "standing.personal_budget %q: want off or {headroom: X, default: N/s}", s)
+		}
+		return 0, base.PersonalDefault
+	}
+	h, d := base.PersonalHeadroom, base.PersonalDefault
+	if h == 0 {
+		h = DefaultStanding().PersonalHeadroom
+	}
+	f := ps.Fields(v, "standing.personal_budget", "headroom", "default")
+	if n, ok := f["headroom"]; ok {
+		h = ps.factor(n, "standing.personal_budget.headroom", minPersonalHeadroom, maxPersonalHeadroom, h)
+	}
+	if n, ok := f["default"]; ok {
+		r := ps.packetRate(n, "standing.personal_budget.default", d)
+		if r.PerSecond() < 1 || r.PerSecond() > maxPersonalDefault {
+			ps.Errorf(n, "standing.personal_budget.default %v/s: want 1/s to %d/s", r.PerSecond(), maxPersonalDefault)
+		} else {
+			d = r
+		}
+	}
+	return h, d
+}
+
 // knownGood parses standing.known_good: CIDRs, and {file: PATH} entries
 // naming files of one CIDR per line (# comments).
 func (ps *parser) knownGood(n *yaml.Node) []netip.Prefix {
@@ -270,6 +306,7 @@ func (d *differ) standing(a, b Standing) {
 	if !a.JumpMin.Equal(b.JumpMin) {
 		d.add('~', "setting standing.jump_min %s -> %s", FormatRate(a.JumpMin, Packets), FormatRate(b.JumpMin, Packets))
 	}
+	d.field("setting standing.personal_budget", formatPersonal(a), formatPersonal(b))
 	had := make(map[netip.Prefix]bool, len(a.KnownGood))
 	for _, p := range a.KnownGood {
 		had[p] = true
@@ -286,6 +323,14 @@ func (d *differ) standing(a, b Standing) {
 			d.add('-', "standing known_good %s", p)
 		}
 	}
+}
+
+func formatPersonal(s Standing) string {
+	if s.PersonalHeadroom == 0 {
+		return "off"
+	}
+	return fmt.Sprintf("{headroom: %s, default: %s}", strconv.FormatFloat(s.PersonalHeadroom, 'g', -1, 64),
+		FormatRate(s.PersonalDefault, Packets))
 }
 
 func formatPromotion(p L7Promotion) string {

@@ -104,6 +104,47 @@ func TestStandingUsualRateFields(t *testing.T) {
 	}
 }
 
+// TestStandingPersonalBudget: standing.personal_budget's defaults, its
+// fields, off, and its bounds.
+func TestStandingPersonalBudget(t *testing.T) {
+	if d := DefaultStanding(); d.PersonalHeadroom != 2 || d.PersonalDefault.PerSecond() != 20 {
+		t.Errorf("defaults: headroom %v, default %v/s", d.PersonalHeadroom, d.PersonalDefault.PerSecond())
+	}
+	for _, tc := range []struct {
+		body     string
+		headroom float64
+		def      float64
+		err      string
+	}{
+		{"standing: {personal_budget: {headroom: 3, default: 50/s}}", 3, 50, ""},
+		{"standing: {personal_budget: {headroom: 1.5}}", 1.5, 20, ""},
+		{"standing: {personal_budget: {default: 5/s}}", 2, 5, ""},
+		{"standing: {personal_budget: off}", 0, 20, ""},
+		{"standing: {personal_budget: on}", 0, 0, "want off or"},
+		{"standing: {personal_budget: {headroom: 0.5}}", 0, 0, "between 1 and 100"},
+		{"standing: {personal_budget: {headroom: 101}}", 0, 0, "between 1 and 100"},
+		{"standing: {personal_budget: {default: 1/min}}", 0, 0, "want 1/s to"},
+		{"standing: {personal_budget: {default: 2M/s}}", 0, 0, "want 1/s to"},
+		{"standing: {personal_budget: {default: 1MB/s}}", 0, 0, "packets per time"},
+		{"standing: {personal_budget: {burst: 3}}", 0, 0, "unknown field"},
+	} {
+		p, err := parseStanding(t, tc.body, nil)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want %q", tc.body, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.body, err)
+			continue
+		}
+		if s := p.Standing; s.PersonalHeadroom != tc.headroom || s.PersonalDefault.PerSecond() != tc.def {
+			t.Errorf("%s: headroom %v default %v/s, want %v and %v/s", tc.body, s.PersonalHeadroom, s.PersonalDefault.PerSecond(), tc.headroom, tc.def)
+		}
+	}
+}
+
 func TestStandingRejects(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"global: {packets: 10/s, reserve: 100%}", "must be below 100%"},

@@ -13,6 +13,8 @@ type (
 	StandingKey = loader.LimiterEgStandingKey
 	// StandingVal is one source's standing.
 	StandingVal = loader.LimiterEgStandingVal
+	// StandingCfg is a generation's standing settings.
+	StandingCfg = loader.LimiterEgStandingCfg
 )
 
 // Touch states of srcState (EG_TOUCH_* in the C).
@@ -55,6 +57,96 @@ func withReserve(c maps.BucketCfg, r uint16) maps.BucketCfg {
 
 func privileged(c maps.Class) bool { return c == maps.ClassEstablished || c == maps.ClassValidated }
 
+// handshakeOnly is handshake_only: validated by a TCP handshake and
+// nothing else, which ranks as new.
+func handshakeOnly(e StandingVal) bool {
+	return maps.Standing(e.Standing) == maps.StandingValidated && maps.StandingWhy(e.Why) == maps.WhyTCP
+}
+
+// PersonalBudget is a privileged source's personal budget as the data
+// plane computes it from its standing entry (personal_take): Rate is
+// packets/s << RateShift, T and Tau the GCRA's emission interval and
+// tolerance in ticks. Off: budgets are off (standing.personal_budget:
+// off), the source is not metered.
+type PersonalBudget struct {
+	Off       bool
+	Rate      uint64
+	T, Tau    uint64
+	BurstPkts float64 // the burst in packets (Tau/T)
+}
+
+// personalBurstSeconds is how many of its busiest seconds a personal
+// budget's burst holds.
+const personalBurstSeconds = uint64(loader.LimiterEgSizesEG_PERSONAL_BURST_SECONDS)
+
+// Personal is the personal budget of entry e under the standing settings
+// cfg; vouched: known_good or validated (at least the default).
+func Personal(cfg StandingCfg, e StandingVal, vouched bool) PersonalBudget {
+	if cfg.Headroom16 == 0 {
+		return PersonalBudget{Off: true}
+	}
+	rate := (uint64(e.Mean) * uint64(cfg.Headroom16)) >> 4
+	if e.MeanW == 0 || (vouched && rate < uint64(cfg.DefaultRate)) {
+		rate = uint64(cfg.DefaultRate)
+	}
+	rate = max(rate, 1)
+	burst := min(max(uint64(e.Usual)*personalBurstSeconds, rate, 1<<maps.RateShift), 1<<28)
+	const sec = uint64(1000000000) << maps.TickShift
+	b := PersonalBudget{Rate: rate, T: (sec << maps.RateShift) / rate, Tau: burst * sec / rate}
+	b.BurstPkts = float64(b.Tau) / float64(b.T)
+	return b
+}
+
+// Take charges one packet at now (ticks) to a personal budget whose GCRA
+// word is *tat: true within it (and charged), false over it.
+func (b PersonalBudget) Take(tat *uint64, now uint64) bool {
+	if b.Off {
+		return true
+	}
+	next := max(*tat, now) + b.T
+	if next-now > b.Tau {
+		return false
+	}
+	*tat = next
+	return true
+}
+
+// personalTake is personal_take.
+func personalTake(cfg StandingCfg, e *StandingVal, now uint64, vouched bool) bool {
+	return Personal(cfg, *e, vouched).Take(&e.BudgetTat, now)
+}
+
+// NextClass is the class the source's next packet would be charged as at
+// time now (ticks) if it met an aggregate's reserve band, from its entry
+// (ok: it has one) and whether it is in known_good, without charging
+// anything: what explain shows. It does not apply a penalty that is over
+// (cls new), as the data plane does.
+func NextClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint64) maps.Class {
+	cls, vouched := maps.ClassNew, false
+	if ok {
+		switch maps.Standing(e.Standing) {
+		case maps.StandingEstablished:
+			cls = maps.ClassEstablished
+		case maps.StandingValidated:
+			if !handshakeOnly(e) {
+				cls, vouched = maps.ClassValidated, true
+			}
+		case maps.StandingPenalised:
+			cls = maps.ClassPenalised
+			if now>>maps.TickShift-e.Since >= cfg.PenaltyNs {
+				cls = maps.ClassNew
+			}
+		}
+	}
+	if cls == maps.ClassNew && knownGood {
+		cls, vouched = maps.ClassEstablished, true
+	}
+	if privileged(cls) && ok && !personalTake(cfg, &e, now, vouched) {
+		cls = maps.ClassOverBudget
+	}
+	return cls
+}
+
 func (ss *srcState) key() StandingKey {
 	n := 64
 	if ss.v4 {
@@ -69,10 +161,11 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		return ss.cls
 	}
 	ss.looked = true
-	cls := maps.ClassNew
+	cls, vouched := maps.ClassNew, false
 	k := ss.key()
 	m.faultStanding(k)
-	if e, ok := m.standing[k]; ok {
+	e, ok := m.standing[k]
+	if ok {
 		if !ss.counted {
 			e.Pkts++
 			ss.counted = true
@@ -83,7 +176,14 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		case maps.StandingEstablished:
 			cls = maps.ClassEstablished
 		case maps.StandingValidated:
-			cls = maps.ClassValidated
+			if !handshakeOnly(e) {
+				cls, vouched = maps.ClassValidated, true
+				break
+			}
+			if reset {
+				e.CleanSince = ss.now >> maps.TickShift
+				m.standing[k] = e
+			}
 		case maps.StandingPenalised:
 			cls = maps.ClassPenalised
 			if ss.now>>maps.TickShift-e.Since >= m.gen.standing.PenaltyNs {
@@ -97,9 +197,15 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		}
 	}
 	if cls == maps.ClassNew {
-		if _, ok := m.knownGood.lookup(ss.addr); ok {
-			cls = maps.ClassEstablished
+		if _, kg := m.knownGood.lookup(ss.addr); kg {
+			cls, vouched = maps.ClassEstablished, true
 		}
+	}
+	if privileged(cls) && ok {
+		if !personalTake(m.gen.standing, &e, ss.now, vouched) {
+			cls = maps.ClassOverBudget
+		}
+		m.standing[k] = e
 	}
 	ss.cls = cls
 	m.traceClass(cls, ss.jumped)
@@ -157,11 +263,23 @@ func (m *Model) aggTake(b *Bucket, c maps.BucketCfg, reserve uint16, agg maps.Cl
 	if band || congestedAfter(*b, c, ss.now, reserve) {
 		ss.congested = true
 		if reserve != 0 {
+			cls := m.class(ss, false)
+			if cls == maps.ClassPenalised {
+				// Penalised last: refused, the charge given back.
+				if c.PktT != 0 {
+					b.PktTat -= c.PktT
+				}
+				if c.ByteT != 0 {
+					b.ByteTat -= maps.ByteCost(c, ss.len)
+				}
+				ss.refusedAgg, ss.refusedOutcome = agg, maps.OutcomeRefusedReserve
+				return false
+			}
 			o := maps.OutcomeAdmitted
 			if band {
 				o = maps.OutcomeAdmittedReserve
 			}
-			m.countClass(0, agg, m.class(ss, false), o, ss.len)
+			m.countClass(0, agg, cls, o, ss.len)
 		}
 	}
 	return true
@@ -243,6 +361,10 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 		m.events.Created++
 		return
 	}
+	if !ss.counted {
+		e.Pkts++
+		ss.counted = true
+	}
 	m.foldRate(&e, ss, ns)
 	switch maps.Standing(e.Standing) {
 	case maps.StandingPenalised:
@@ -252,10 +374,16 @@ func (m *Model) standingUpdate(ss *srcState, ownLimit bool) {
 			return
 		}
 		setStanding(&e, maps.StandingNew, maps.WhyDecayed, ns)
-	case maps.StandingNew:
+	case maps.StandingNew, maps.StandingValidated:
+		if !handshakeOnly(e) && maps.Standing(e.Standing) != maps.StandingNew {
+			break
+		}
 		switch {
 		case ss.congested:
-			e.CleanSince, e.Why = ns, uint8(maps.WhyCongested)
+			e.CleanSince = ns
+			if maps.Standing(e.Standing) == maps.StandingNew {
+				e.Why = uint8(maps.WhyCongested)
+			}
 		case ns-e.LastSeen > cfg.EstablishedAfterNs:
 			e.CleanSince = ns
 		case ns-e.CleanSince >= cfg.EstablishedAfterNs:
@@ -285,10 +413,10 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 	m.faultSrc(sk)
 	src := m.srcPkts[sk]
 	if e.RateAt != 0 && ns > e.RateAt {
-		dt := (ns - e.RateAt) / 1000000
-		if dt == 0 {
+		if ns-e.RateAt < 1<<seenEpochShift {
 			return
 		}
+		dt := (ns - e.RateAt) / 1000000
 		d := src
 		if src >= e.SrcMark {
 			d = src - e.SrcMark
@@ -297,7 +425,7 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 		cur = min(cur, math.MaxUint32)
 		usual := uint64(e.Usual)
 		step := uint64(hl) * (1000000 / 16)
-		if e.Jumped != 0 || ns < e.UsualAt {
+		if e.Jumped != 0 || ss.congested || ns < e.UsualAt {
 			e.UsualAt = ns
 		} else {
 			k := (ns - e.UsualAt) / step
@@ -317,15 +445,24 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 		if jump && e.Jumped == 0 && st == maps.StandingEstablished {
 			m.events.Jumped++
 		}
-		if !jump && e.Jumped == 0 {
+		if !jump && e.Jumped == 0 && e.Held == 0 {
 			usual = max(usual, uint64(e.Current))
 		}
 		if !jump {
 			e.Usual = uint32(usual)
 		}
-		e.Jumped = 0
+		if !ss.congested && !jump {
+			w := uint64(e.MeanW)
+			dt = min(dt, uint64(hl))
+			e.Mean = uint32((uint64(e.Mean)*w + cur*dt) / (w + dt))
+			e.MeanW = uint32(min(w+dt, uint64(hl)))
+		}
+		e.Jumped, e.Held = 0, 0
 		if jump {
 			e.Jumped = 1
+		}
+		if ss.congested {
+			e.Held = 1
 		}
 		e.Current = uint32(cur)
 	}

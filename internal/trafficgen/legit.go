@@ -25,7 +25,9 @@ const (
 // the sequence number.
 var legitMagic = []byte("eg-legit")
 
-const legitSize = 16
+// LegitSize is the payload of a legitimate request (and its reply), in
+// bytes: a flood that wants to look like the users sends the same.
+const LegitSize = 16
 
 // LegitUDP sends requests from real UDP sockets (one per client address,
 // connected to an echo server) and waits for each reply.
@@ -168,7 +170,7 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 				}
 				continue
 			}
-			if n != legitSize || !bytes.HasPrefix(buf[:n], legitMagic) {
+			if n != LegitSize || !bytes.HasPrefix(buf[:n], legitMagic) {
 				continue
 			}
 			seq := binary.BigEndian.Uint64(buf[8:])
@@ -189,7 +191,7 @@ func (g LegitUDP) runOne(ctx context.Context, c *net.UDPConn, timeout time.Durat
 			mu.Unlock()
 		}
 	}()
-	msg := make([]byte, legitSize)
+	msg := make([]byte, LegitSize)
 	copy(msg, legitMagic)
 	schedule := paced
 	if g.Burst > 1 {
@@ -290,13 +292,13 @@ func tcpRequest(dial func(time.Duration) (net.Conn, error), seq uint64, timeout 
 	}
 	defer c.Close()
 	c.SetDeadline(deadline)
-	msg := make([]byte, legitSize)
+	msg := make([]byte, LegitSize)
 	copy(msg, legitMagic)
 	binary.BigEndian.PutUint64(msg[8:], seq)
 	if _, err := c.Write(msg); err != nil {
 		return err
 	}
-	got := make([]byte, legitSize)
+	got := make([]byte, LegitSize)
 	if _, err := io.ReadFull(c, got); err != nil {
 		return err
 	}
@@ -349,7 +351,7 @@ func serveUDP(c *net.UDPConn, cc *countedConn) {
 		if err != nil {
 			continue
 		}
-		if n == legitSize && bytes.HasPrefix(buf[:n], legitMagic) {
+		if n == LegitSize && bytes.HasPrefix(buf[:n], legitMagic) {
 			c.WriteToUDPAddrPort(buf[:n], from)
 			cc.mu.Lock()
 			cc.legit++
@@ -374,7 +376,7 @@ func (e *Echo) serveTCP(l *net.TCPListener) {
 		e.wg.Go(func() {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(5 * time.Second))
-			io.CopyN(c, c, legitSize)
+			io.CopyN(c, c, LegitSize)
 		})
 	}
 }

@@ -96,7 +96,20 @@ type botnetCase struct {
 	arrivals int
 	// prewarm: the bots send at prewarmRate each during the warm-up too
 	// (a patient botnet earning its standing).
-	prewarmRate int
+	prewarmRate float64
+	// bots and botRate are the botnet's size and each bot's rate during
+	// the attack (0: kgBots, kgBotRate).
+	bots    int
+	botRate float64
+	// standing is added inside the policy's standing: mapping, e.g.
+	// ", rate_history: 10s".
+	standing string
+	// asnBurst is the per-ASN burst in packets (0: asnRate, one second).
+	asnBurst int
+	// likeUsers: the bots' datagrams are the users' (same port, same
+	// size, UDP from a random port): nothing but their timing tells them
+	// apart. Their passes are then counted from the program's counters.
+	likeUsers bool
 	// during runs alongside the attack (a reload, a restart).
 	during func(s *scenario)
 	// asnRate > 0: ASN data loaded and a per-ASN budget of asnRate/s
@@ -138,13 +151,17 @@ func (c botnetCase) policy(s *scenario) string {
 		reserve = "  reserve: " + c.reserve + "\n"
 	}
 	if c.asnRate > 0 {
-		p += fmt.Sprintf("  per_asn:\n    packets: {rate: %d/s, burst: %d}\n", c.asnRate, c.asnRate) + reserve
+		burst := c.asnBurst
+		if burst == 0 {
+			burst = c.asnRate
+		}
+		p += fmt.Sprintf("  per_asn:\n    packets: {rate: %d/s, burst: %d}\n", c.asnRate, burst) + reserve
 		p += "asn_data: {path: " + filepath.Join(filepath.Dir(s.lab.PolicyPath()), "ip2asn.tsv") + "}\n"
 		p += "global:\n  packets: {rate: 1M/s, burst: 1M}\n" + reserve
 	} else {
 		p += reserve + fmt.Sprintf("global:\n  packets: {rate: %d/s, burst: %d}\n", c.globalRate, c.globalRate) + reserve
 	}
-	p += fmt.Sprintf("standing: {established_after: %v}\n", kgEstablishedAfter)
+	p += fmt.Sprintf("standing: {established_after: %v%s}\n", kgEstablishedAfter, c.standing)
 	return p + c.extra
 }
 
@@ -208,9 +225,13 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	}
 	conns := s.userConns(s.lab.Legit[:kgUsers])
 	var r botnetRun
+	bots, botRate := c.bots, c.botRate
+	if bots == 0 {
+		bots, botRate = kgBots, kgBotRate
+	}
 	r.floodSpec = trafficgen.Flood{
-		Sources: kgBotNets(), Distinct: kgBots, Proto: trafficgen.UDP, Payload: 32,
-		Rate: kgBots * kgBotRate, Duration: c.attack, Seed: 11,
+		Sources: kgBotNets(), Distinct: bots, Proto: trafficgen.UDP, Payload: 32,
+		Rate: int(float64(bots) * botRate), Duration: c.attack, Seed: 11,
 		// 1,500 independent bots: their packets arrive as a Poisson
 		// stream, not evenly spaced (which would flatter the flood
 		// against a user arriving at a random instant), each at its own
@@ -221,12 +242,15 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	if c.spoofed {
 		r.floodSpec.Sources, r.floodSpec.Distinct = []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16")}, 0
 	}
+	if c.likeUsers {
+		r.floodSpec.DstPort, r.floodSpec.Payload = testbed.EchoPort, trafficgen.LegitSize
+	}
 	r.floodSpec.Count = int(float64(r.floodSpec.Rate) * c.attack.Seconds())
 	var wg sync.WaitGroup
 	var fe error
 	if c.prewarmRate > 0 {
 		warm := r.floodSpec
-		warm.Rate, warm.Duration = kgBots*c.prewarmRate, c.warm
+		warm.Rate, warm.Duration = int(float64(bots)*c.prewarmRate), c.warm
 		warm.Count = int(float64(warm.Rate) * c.warm.Seconds())
 		wg.Go(func() { _, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], warm) })
 	}
@@ -270,7 +294,11 @@ func (c botnetCase) run(s *scenario) botnetRun {
 	if c.asnRate == 0 {
 		r.rate = float64(c.globalRate)
 	}
-	r.budget = r.rate + r.rate*r.flood.Elapsed.Seconds()
+	burst := float64(c.asnBurst)
+	if burst == 0 {
+		burst = r.rate
+	}
+	r.budget = burst + r.rate*r.flood.Elapsed.Seconds()
 	return r
 }
 
@@ -420,6 +448,7 @@ func (r botnetRun) checkKnownGood(t *testing.T, s *scenario, bots []netip.Prefix
 		t.Errorf("users during the attack: %v, want ≥ 99%%", r.during)
 	}
 	within(t, "aggregate passed (counters)", r.passed, r.budget, 0.10)
+	report(t, "class counters: asn [%s]; global [%s]", s.classCounts("asn"), s.classCounts("global"))
 	n := checkNoBotStanding(t, s.standings(), users, bots)
 	report(t, "standing after the attack: %d bot addresses tracked, none established or validated; %d users established",
 		n, len(users))
