@@ -63,25 +63,44 @@ type instances struct {
 	unknown uint64              // refusals from a slot with no known rule
 }
 
-// keyOf names the instance that refused s; false for a sample no
+// refusingAgg is the kind of aggregate that refused s: the reason's for
+// the policy's own budgets (as every program's samples say it), the
+// sample's RefusedAgg when an override refused (its reason names who
+// wrote the override, not the aggregate); false for a sample no
 // aggregate refused.
-func (in *instances) keyOf(s maps.Sample) (instKey, slotRule, bool) {
+func refusingAgg(s maps.Sample) (maps.ClassAgg, bool) {
 	if !s.Refusal {
-		return instKey{}, slotRule{}, false
+		return 0, false
 	}
 	switch s.Reason {
 	case maps.ReasonGlobalLimit:
-		return instKey{agg: maps.ClassAggGlobal}, slotRule{}, true
-	case maps.ReasonASNLimit, maps.ReasonPrefixLimit:
-	default:
+		return maps.ClassAggGlobal, true
+	case maps.ReasonASNLimit:
+		return maps.ClassAggASN, true
+	case maps.ReasonPrefixLimit:
+		return maps.ClassAggPrefix, true
+	case maps.ReasonShieldTighten, maps.ReasonFleetShare, maps.ReasonOverride:
+		return s.RefusedAgg, s.RefusedAgg <= maps.ClassAggGlobal
+	}
+	return 0, false
+}
+
+// keyOf names the instance that refused s; false for a sample no
+// aggregate refused.
+func (in *instances) keyOf(s maps.Sample) (instKey, slotRule, bool) {
+	agg, ok := refusingAgg(s)
+	if !ok {
 		return instKey{}, slotRule{}, false
+	}
+	if agg == maps.ClassAggGlobal {
+		return instKey{agg: maps.ClassAggGlobal}, slotRule{}, true
 	}
 	r, ok := in.slots[s.RuleSlot]
 	if !ok {
 		in.unknown++
 		return instKey{}, slotRule{}, false
 	}
-	if s.Reason == maps.ReasonASNLimit {
+	if agg == maps.ClassAggASN {
 		return instKey{agg: maps.ClassAggASN, rule: r.id, asn: s.ASN}, r, true
 	}
 	k := instKey{agg: maps.ClassAggPrefix, rule: r.id}

@@ -29,9 +29,9 @@ const (
 
 // Sample is one sampled packet reported by the data plane.
 type Sample struct {
-	Time   time.Duration // CLOCK_MONOTONIC
-	Source netip.Addr
-	ASN    uint32
+	Time     time.Duration // CLOCK_MONOTONIC
+	Source   netip.Addr
+	ASN      uint32
 	RuleSlot uint32 // the rule's table slot (see Maps.RuleSlots), not its id
 	// HasRule: RuleSlot is the packet's rule; false for verdicts before a
 	// rule is known (lists, malformed frames, no policy; and every sample
@@ -63,7 +63,13 @@ type Sample struct {
 	// ClassNew in 1-in-N samples).
 	Refusal bool
 	Refused Outcome
-	Class   Class
+	// RefusedAgg is the kind of aggregate that refused (prefix, whole
+	// included; ASN; global), with Refused. The Reason names it too for
+	// prefix_limit, asn_limit and global_limit, but not when an override
+	// refused (shield_tighten, fleet_share, override). From a program
+	// before it, ClassAggPrefix (0) for every refusal.
+	RefusedAgg ClassAgg
+	Class      Class
 }
 
 // SnapLen is how many of a frame's first bytes a sample carries at most
@@ -155,6 +161,7 @@ const (
 	offSampleCapLen = int(unsafe.Offsetof(loader.LimiterEgSample{}.CapLen))
 	offSampleFrame  = int(unsafe.Offsetof(loader.LimiterEgSample{}.Frame))
 	offSampleHasRul = unsafe.Offsetof(loader.LimiterEgSample{}.HasRule)
+	offSampleRefAgg = unsafe.Offsetof(loader.LimiterEgSample{}.RefusedAgg)
 	// minSampleLen is the oldest program's record: everything before
 	// weight, which came later.
 	minSampleLen = int(offSampleWt)
@@ -176,26 +183,27 @@ func decodeSample(b []byte) (Sample, error) {
 	act := Action(buf[offSampleAct])
 	refused := buf[offSampleRefd]
 	return Sample{
-		Time:     time.Duration(ne.Uint64(buf[offSampleKtime:])),
-		Source:   netip.AddrFrom16([16]byte(buf[offSampleAddr:])).Unmap(),
-		ASN:      ne.Uint32(buf[offSampleAsn:]),
-		RuleSlot: ne.Uint32(buf[offSampleRule:]),
-		HasRule:  buf[offSampleHasRul] != 0,
-		Len:      ne.Uint16(buf[offSampleIPLen:]),
-		FrameLen: ne.Uint16(buf[offSampleLen:]),
-		Proto:    buf[offSampleProto],
-		SPort:    ne.Uint16(buf[offSampleSport:]),
-		DPort:    ne.Uint16(buf[offSampleDport:]),
-		TTL:      buf[offSampleTTL],
-		TCPFlags: buf[offSampleFlags],
-		Reason:   Reason(buf[offSampleRsn]),
-		Action:   act,
-		Kind:     kind,
-		Passed:   act != ActDrop,
-		Weight:   ne.Uint32(buf[offSampleWt:]),
-		Refusal:  kind == SampleDrop && refused != 0,
-		Refused:  Outcome(refused),
-		Class:    Class(buf[offSampleCls]),
+		Time:       time.Duration(ne.Uint64(buf[offSampleKtime:])),
+		Source:     netip.AddrFrom16([16]byte(buf[offSampleAddr:])).Unmap(),
+		ASN:        ne.Uint32(buf[offSampleAsn:]),
+		RuleSlot:   ne.Uint32(buf[offSampleRule:]),
+		HasRule:    buf[offSampleHasRul] != 0,
+		Len:        ne.Uint16(buf[offSampleIPLen:]),
+		FrameLen:   ne.Uint16(buf[offSampleLen:]),
+		Proto:      buf[offSampleProto],
+		SPort:      ne.Uint16(buf[offSampleSport:]),
+		DPort:      ne.Uint16(buf[offSampleDport:]),
+		TTL:        buf[offSampleTTL],
+		TCPFlags:   buf[offSampleFlags],
+		Reason:     Reason(buf[offSampleRsn]),
+		Action:     act,
+		Kind:       kind,
+		Passed:     act != ActDrop,
+		Weight:     ne.Uint32(buf[offSampleWt:]),
+		Refusal:    kind == SampleDrop && refused != 0,
+		Refused:    Outcome(refused),
+		RefusedAgg: ClassAgg(buf[offSampleRefAgg]),
+		Class:      Class(buf[offSampleCls]),
 	}, nil
 }
 
