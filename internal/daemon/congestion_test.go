@@ -208,6 +208,18 @@ func TestCongestedInstancesUnderOverrides(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("instances %v, want %v\n%+v", got, want, st)
 	}
+	// Who decided, per instance.
+	for _, c := range st {
+		want := map[string]string{"asn": "map[asn_limit:5 shield_tighten:20]", "global": "map[override:7]"}[c.Aggregate]
+		if c.Prefix == "whole" {
+			want = "map[fleet_share:20]"
+		} else if c.Aggregate == "prefix" {
+			want = "map[override:7]"
+		}
+		if got := fmt.Sprint(c.RefusedByReason); got != want {
+			t.Errorf("%s %s: refused by reason %s, want %s", c.Aggregate, c.Prefix, got, want)
+		}
+	}
 	if k := w.inst.congestedByKind(); k["asn"] != 1 || k["prefix"] != 2 || k["global"] != 1 {
 		t.Fatalf("edgeguard_aggregate_congested_instances: %v", k)
 	}

@@ -55,9 +55,10 @@ type Sample struct {
 	// anything is the sum of its samples' weights over the interval. 0
 	// for SampleDrop samples.
 	Weight uint32
-	// Refused (SampleDrop only): OutcomeRefusedReserve or
-	// OutcomeRefusedFull when the aggregate the Reason names refused the
-	// packet; Refusal false otherwise. Class (both kinds) is the source's
+	// Refused: OutcomeRefusedReserve or OutcomeRefusedFull when an
+	// aggregate refused the packet (the one the Reason names, or under an
+	// override the one RefusedAgg names); Refusal (SampleDrop only) false
+	// otherwise. Class (both kinds) is the source's
 	// class there (ClassUnknown: its standing was not looked up, as for
 	// every packet no aggregate refused; from a program before capture,
 	// ClassNew in 1-in-N samples).
