@@ -74,9 +74,13 @@ struct verdict {
 	__u32 asn;
 	__u8 counted_rule;
 	__u8 gen;     /* the live generation, once known */
-	__u8 refused; /* drop samples: EG_CO_REFUSED_* of the refusing aggregate */
-	__u8 cls;     /* drop samples: the source's class at that aggregate */
+	/* Drop samples: EG_CO_REFUSED_* of the refusing aggregate (low
+	 * nibble) and its enum eg_class_agg (high nibble): one byte, as a
+	 * separate one would take the stack past 512 bytes. */
+	__u8 refused;
+	__u8 cls; /* drop samples: the source's class at that aggregate */
 };
+_Static_assert(EG_CO_MAX <= 16 && EG_CAGG_MAX <= 16, "verdict.refused packs both in a byte");
 
 /* now_ticks reads the generation's clock (enum eg_clock). Both are
  * CLOCK_MONOTONIC, so a policy change from one to the other moves time by
@@ -141,7 +145,8 @@ static __always_inline void fill_sample(struct eg_sample *s, const struct verdic
 	s->ttl = pi->ttl;
 	s->tcp_flags = pi->tcp_flags;
 	s->ip_len = pi->ip_len;
-	s->refused = v->refused;
+	s->refused = v->refused & 0xf;
+	s->refused_agg = v->refused >> 4;
 	s->cls = v->cls;
 	s->weight = weight;
 	s->has_rule = v->counted_rule;
@@ -1929,7 +1934,7 @@ verdict:
 		count_class(dry ? 1 : 0, ss.refused_agg, ss.cls, EG_CO_REFUSED_RESERVE, pi.len);
 	/* For the drop sample: which congestion refused it (per-instance
 	 * congestion, docs/operations.md "Standing"). */
-	v.refused = ss.refused_outcome;
+	v.refused = ss.refused_outcome | ss.refused_agg << 4;
 	v.cls = ss.looked ? ss.cls : EG_CLASS_UNKNOWN;
 standing_out:
 	/* Watched aggregates count every packet that reached the buckets. */

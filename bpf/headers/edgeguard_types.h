@@ -355,7 +355,10 @@ struct eg_sample {
 	 * shorter frame; 0: not copied). Bytes past cap_len are not written. */
 	__u16 cap_len;
 	__u8 has_rule; /* 1: rule_slot is the packet's rule; 0: no rule yet (lists, malformed, no policy) */
-	__u8 _pad;
+	/* With refused: the enum eg_class_agg of the aggregate that refused.
+	 * The reason says it too for prefix/asn/global_limit, not for an
+	 * override's (shield_tighten, fleet_share, override). */
+	__u8 refused_agg;
 	__u8 frame[EG_SNAP_LEN];
 };
 

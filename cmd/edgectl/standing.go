@@ -33,9 +33,9 @@ func instanceLine(c control.CongestedInstance) string {
 	if c.Overcount > 0 {
 		over = fmt.Sprintf(" (up to %d of them other instances')", c.Overcount)
 	}
-	return fmt.Sprintf("%s: REFUSING since %s, for %s; sampled refusals %d by the reserve, %d full%s, %.1f%% of the %s kind's; refused %s",
+	return fmt.Sprintf("%s: REFUSING since %s, for %s; sampled refusals %d by the reserve, %d full%s, %.1f%% of the %s kind's; refused %s; decided by %s",
 		name, c.Since.Format(time.RFC3339), time.Duration(c.For).Round(time.Second), c.RefusedReserve, c.RefusedFull, over,
-		100*c.Share, c.Aggregate, classShares(c.RefusedByClass))
+		100*c.Share, c.Aggregate, classShares(c.RefusedByClass), classShares(c.RefusedByReason))
 }
 
 func classShares(m map[string]uint64) string {

@@ -96,9 +96,11 @@ func TestStatusCongestedGolden(t *testing.T) {
 	}
 	st.CongestedInstances = []control.CongestedInstance{
 		{Aggregate: "asn", Rule: "isp", ASN: 64500, Since: since, For: control.Duration(time.Minute), LastRefused: since.Add(time.Minute),
-			RefusedReserve: 4000, RefusedFull: 20, RefusedByClass: map[string]uint64{"new": 3990, "penalised": 10, "unknown": 20}, Share: 1},
+			RefusedReserve: 4000, RefusedFull: 20, RefusedByClass: map[string]uint64{"new": 3990, "penalised": 10, "unknown": 20},
+			RefusedByReason: map[string]uint64{"shield_tighten": 4000, "asn_limit": 20}, Share: 1},
 		{Aggregate: "prefix", Rule: "isp", Prefix: "198.18.4.0/24", Since: since.Add(10 * time.Second), For: control.Duration(50 * time.Second),
-			LastRefused: since.Add(time.Minute), RefusedReserve: 30, RefusedByClass: map[string]uint64{"new": 30}, Share: 0.75, Overcount: 3},
+			LastRefused: since.Add(time.Minute), RefusedReserve: 30, RefusedByClass: map[string]uint64{"new": 30},
+			RefusedByReason: map[string]uint64{"prefix_limit": 30}, Share: 0.75, Overcount: 3},
 	}
 	var text, js bytes.Buffer
 	if err := writeStatus(&text, st); err != nil {

@@ -185,7 +185,7 @@ func TestWriterReadBack(t *testing.T) {
 	}
 	t0 := time.Date(2026, 12, 4, 10, 0, 0, 123456789, time.UTC)
 	frames := []*control.CaptureFrame{
-		{Time: t0, Sampler: "drop", Action: "drop", Reason: "source_limit", Rule: "api", Class: "new", Refused: "refused_reserve",
+		{Time: t0, Sampler: "drop", Action: "drop", Reason: "shield_tighten", Rule: "api", Class: "new", Refused: "refused_reserve", RefusedBy: "asn",
 			Len: 1400, Data: bytes.Repeat([]byte{0xab}, 128)},
 		{Time: t0.Add(time.Millisecond), Sampler: "1-in-N", Weight: 1024, Action: "pass", Reason: "ok", Rule: "api",
 			Class: "unknown", Len: 60, Data: bytes.Repeat([]byte{0xcd}, 60)},
@@ -207,7 +207,7 @@ func TestWriterReadBack(t *testing.T) {
 		t.Errorf("interface %+v, %v", intf, err)
 	}
 	wantComments := []string{
-		"edgeguard verdict=drop reason=source_limit rule=api class=new refused=refused_reserve sampler=drop",
+		"edgeguard verdict=drop reason=shield_tighten rule=api class=new refused=refused_reserve refused_by=asn sampler=drop",
 		"edgeguard verdict=pass reason=ok rule=api class=unknown sampler=1-in-N weight=1024",
 	}
 	for i, f := range frames {

@@ -79,6 +79,9 @@ func Comment(f *control.CaptureFrame) string {
 	fmt.Fprintf(&b, " class=%s", f.Class)
 	if f.Refused != "" {
 		fmt.Fprintf(&b, " refused=%s", f.Refused)
+		if f.RefusedBy != "" {
+			fmt.Fprintf(&b, " refused_by=%s", f.RefusedBy)
+		}
 	}
 	fmt.Fprintf(&b, " sampler=%s", f.Sampler)
 	if f.Weight > 0 {

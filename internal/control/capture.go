@@ -75,9 +75,12 @@ type CaptureFrame struct {
 	Reason  string `json:"reason"`
 	Rule    string `json:"rule,omitempty"`
 	// Class is the source's standing class where an aggregate refused the
-	// packet ("unknown": not looked up); Refused the outcome there.
-	Class   string `json:"class"`
-	Refused string `json:"refused,omitempty"`
+	// packet ("unknown": not looked up); Refused the outcome there, and
+	// RefusedBy that aggregate's kind (prefix, asn, global), which an
+	// override's reason (shield_tighten, ...) does not name.
+	Class     string `json:"class"`
+	Refused   string `json:"refused,omitempty"`
+	RefusedBy string `json:"refused_by,omitempty"`
 	// Len is the frame's length on the wire; Data its first bytes.
 	Len  int    `json:"len"`
 	Data []byte `json:"data"`

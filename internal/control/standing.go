@@ -65,6 +65,11 @@ type CongestedInstance struct {
 	RefusedReserve uint64            `json:"refused_reserve_sampled"`
 	RefusedFull    uint64            `json:"refused_full_sampled"`
 	RefusedByClass map[string]uint64 `json:"refused_by_class_sampled,omitempty"`
+	// RefusedByReason splits them by drop reason, that is by who decided:
+	// the policy's budget (prefix_limit, asn_limit, global_limit) or an
+	// override part on the instance (shield_tighten, fleet_share,
+	// override).
+	RefusedByReason map[string]uint64 `json:"refused_by_reason_sampled,omitempty"`
 	// Share is this instance's part of its kind's sampled refusals among
 	// the tracked instances (0-1).
 	Share float64 `json:"share"`

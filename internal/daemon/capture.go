@@ -298,7 +298,7 @@ func (d *Daemon) captureFrame(f *capturedFrame, snap int, names *slotRules) *con
 		cf.Sampler, cf.Weight = "1-in-N", s.Weight
 	}
 	if s.Refused != 0 {
-		cf.Refused = maps.OutcomeName(s.Refused)
+		cf.Refused, cf.RefusedBy = maps.OutcomeName(s.Refused), maps.ClassAggName(s.RefusedAgg)
 	}
 	cf.Len = cmp.Or(cf.Len, len(cf.Data))
 	return cf

@@ -39,7 +39,10 @@ type instance struct {
 	// to instances this one replaced (Space-Saving's error bound).
 	reserve, full uint64
 	byClass       [maps.ClassUnknown + 1]uint64
-	over          uint64
+	// byReason splits them by who decided: the policy's budget or an
+	// override part (shield_tighten, fleet_share, override).
+	byReason map[maps.Reason]uint64
+	over     uint64
 }
 
 // refused is the Space-Saving count the table ranks by: the sampled
@@ -63,25 +66,44 @@ type instances struct {
 	unknown uint64              // refusals from a slot with no known rule
 }
 
-// keyOf names the instance that refused s; false for a sample no
+// refusingAgg is the kind of aggregate that refused s: the reason's for
+// the policy's own budgets (as every program's samples say it), the
+// sample's RefusedAgg when an override refused (its reason names who
+// wrote the override, not the aggregate); false for a sample no
 // aggregate refused.
-func (in *instances) keyOf(s maps.Sample) (instKey, slotRule, bool) {
+func refusingAgg(s maps.Sample) (maps.ClassAgg, bool) {
 	if !s.Refusal {
-		return instKey{}, slotRule{}, false
+		return 0, false
 	}
 	switch s.Reason {
 	case maps.ReasonGlobalLimit:
-		return instKey{agg: maps.ClassAggGlobal}, slotRule{}, true
-	case maps.ReasonASNLimit, maps.ReasonPrefixLimit:
-	default:
+		return maps.ClassAggGlobal, true
+	case maps.ReasonASNLimit:
+		return maps.ClassAggASN, true
+	case maps.ReasonPrefixLimit:
+		return maps.ClassAggPrefix, true
+	case maps.ReasonShieldTighten, maps.ReasonFleetShare, maps.ReasonOverride:
+		return s.RefusedAgg, s.RefusedAgg <= maps.ClassAggGlobal
+	}
+	return 0, false
+}
+
+// keyOf names the instance that refused s; false for a sample no
+// aggregate refused.
+func (in *instances) keyOf(s maps.Sample) (instKey, slotRule, bool) {
+	agg, ok := refusingAgg(s)
+	if !ok {
 		return instKey{}, slotRule{}, false
+	}
+	if agg == maps.ClassAggGlobal {
+		return instKey{agg: maps.ClassAggGlobal}, slotRule{}, true
 	}
 	r, ok := in.slots[s.RuleSlot]
 	if !ok {
 		in.unknown++
 		return instKey{}, slotRule{}, false
 	}
-	if s.Reason == maps.ReasonASNLimit {
+	if agg == maps.ClassAggASN {
 		return instKey{agg: maps.ClassAggASN, rule: r.id, asn: s.ASN}, r, true
 	}
 	k := instKey{agg: maps.ClassAggPrefix, rule: r.id}
@@ -137,6 +159,10 @@ func (in *instances) add(now time.Time, s maps.Sample) {
 	if int(s.Class) < len(it.byClass) {
 		it.byClass[s.Class]++
 	}
+	if it.byReason == nil {
+		it.byReason = map[maps.Reason]uint64{}
+	}
+	it.byReason[s.Reason]++
 }
 
 // observe logs the instances that entered congestion since the last tick
@@ -150,7 +176,7 @@ func (in *instances) observe(log *slog.Logger, now time.Time) {
 				log.Info("aggregate instance left congestion", append(in.attrs(k),
 					"lasted", it.lastSeen.Sub(it.since).Round(time.Second),
 					"refused_reserve_sampled", it.reserve, "refused_full_sampled", it.full,
-					"refused_by_class", classCounts(it))...)
+					"refused_by_class", classCounts(it), "refused_by_reason", reasonCounts(it))...)
 			}
 			delete(in.m, k)
 		case !it.entered:
@@ -187,6 +213,14 @@ func (in *instances) attrs(k instKey) []any {
 	return a
 }
 
+func reasonCounts(it *instance) map[string]uint64 {
+	out := map[string]uint64{}
+	for r, n := range it.byReason {
+		out[maps.ReasonName(r)] = n
+	}
+	return out
+}
+
 func classCounts(it *instance) map[string]uint64 {
 	out := map[string]uint64{}
 	for c, n := range it.byClass {
@@ -212,7 +246,7 @@ func (in *instances) status(now time.Time) []control.CongestedInstance {
 		c := control.CongestedInstance{
 			Aggregate: maps.ClassAggName(k.agg), ASN: k.asn,
 			Since: it.since, For: control.Duration(now.Sub(it.since)), LastRefused: it.lastSeen,
-			RefusedReserve: it.reserve, RefusedFull: it.full, RefusedByClass: classCounts(it), Overcount: it.over,
+			RefusedReserve: it.reserve, RefusedFull: it.full, RefusedByClass: classCounts(it), RefusedByReason: reasonCounts(it), Overcount: it.over,
 			Share: float64(it.refused()) / float64(max(total[k.agg], 1)),
 		}
 		if k.agg != maps.ClassAggGlobal {

@@ -158,3 +158,69 @@ func TestCongestedInstancesBound(t *testing.T) {
 	}
 	t.Logf("%d instances evicted for more-refusing ones; light overcount up to %d", w.inst.evicted, st[len(st)-1].Overcount)
 }
+
+// TestCongestedInstancesUnderOverrides: a refusal under an override is
+// counted under a reason that names the override's writer
+// (shield_tighten, fleet_share, override), not the aggregate; the sample's
+// RefusedAgg says which aggregate refused, and the refusal goes to that
+// instance, with the policy's own refusals of the same instance.
+func TestCongestedInstancesUnderOverrides(t *testing.T) {
+	w := &standingWatch{}
+	log := slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))
+	t0 := time.Unix(1_000_000, 0)
+	w.tickInstances(log, testSlots(), t0)
+	under := func(src string, slot uint32, reason maps.Reason, agg maps.ClassAgg, asn uint32) maps.Sample {
+		s := refusal(src, slot, reason, asn, maps.OutcomeRefusedFull, maps.ClassUnknown)
+		s.RefusedAgg = agg
+		return s
+	}
+	for i := 0; i < 20; i++ {
+		// The shield tightens AS64500 of rule isp; its own budget refused 5.
+		w.congestionSample(t0, under(fmt.Sprintf("198.18.%d.1", i), 1, maps.ReasonShieldTighten, maps.ClassAggASN, 64500))
+		// Fleet's share of rule whole's whole aggregate.
+		w.congestionSample(t0, under(fmt.Sprintf("198.19.%d.1", i), 2, maps.ReasonFleetShare, maps.ClassAggPrefix, 0))
+	}
+	for i := 0; i < 5; i++ {
+		w.congestionSample(t0, refusal("198.18.50.1", 1, maps.ReasonASNLimit, 64500, maps.OutcomeRefusedReserve, maps.ClassNew))
+	}
+	for i := 0; i < 7; i++ {
+		// An edgectl override of rule isp's 198.18.4.0/24, and of global.
+		w.congestionSample(t0, under(fmt.Sprintf("198.18.4.%d", i+1), 1, maps.ReasonOverride, maps.ClassAggPrefix, 64500))
+		w.congestionSample(t0, under("fd00::7", 1, maps.ReasonOverride, maps.ClassAggGlobal, 0))
+	}
+	// Not counted: an override reason without a refusal, or with an
+	// aggregate kind no program writes.
+	w.congestionSample(t0, maps.Sample{Kind: maps.SampleDrop, Source: netip.MustParseAddr("198.18.9.9"), RuleSlot: 1, Reason: maps.ReasonOverride})
+	w.congestionSample(t0, under("198.18.9.9", 1, maps.ReasonFleetShare, maps.ClassAggGlobal+1, 64500))
+
+	w.tickInstances(log, nil, t0.Add(time.Second))
+	st := w.instanceStatus(t0.Add(time.Second))
+	got := map[string]uint64{}
+	for _, c := range st {
+		got[fmt.Sprintf("%s %s %d %s", c.Aggregate, c.Rule, c.ASN, c.Prefix)] = c.RefusedFull + c.RefusedReserve
+	}
+	want := map[string]uint64{
+		"asn isp 64500 ":             25,
+		"prefix whole 0 whole":       20,
+		"prefix isp 0 198.18.4.0/24": 7,
+		"global  0 ":                 7,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("instances %v, want %v\n%+v", got, want, st)
+	}
+	// Who decided, per instance.
+	for _, c := range st {
+		want := map[string]string{"asn": "map[asn_limit:5 shield_tighten:20]", "global": "map[override:7]"}[c.Aggregate]
+		if c.Prefix == "whole" {
+			want = "map[fleet_share:20]"
+		} else if c.Aggregate == "prefix" {
+			want = "map[override:7]"
+		}
+		if got := fmt.Sprint(c.RefusedByReason); got != want {
+			t.Errorf("%s %s: refused by reason %s, want %s", c.Aggregate, c.Prefix, got, want)
+		}
+	}
+	if k := w.inst.congestedByKind(); k["asn"] != 1 || k["prefix"] != 2 || k["global"] != 1 {
+		t.Fatalf("edgeguard_aggregate_congested_instances: %v", k)
+	}
+}

@@ -134,12 +134,13 @@ func CounterLine(prev, cur maps.Counters, dt time.Duration, occ map[string]maps.
 		return float64(cur.Total(a).Packets-prev.Total(a).Packets) / sec
 	}
 	line := fmt.Sprintf("pass %.0f/s  drop %.0f/s (deny %.0f, source %.0f, prefix %.0f, asn %.0f, global %.0f, "+
-		"fingerprint %.0f, shield %.0f, fleet %.0f)  would-drop %.0f/s",
+		"fingerprint %.0f, shield %.0f, fleet %.0f, override %.0f)  would-drop %.0f/s",
 		total(maps.ActPass), total(maps.ActDrop),
 		rate(maps.ActDrop, maps.ReasonDeny), rate(maps.ActDrop, maps.ReasonSrcLimit),
 		rate(maps.ActDrop, maps.ReasonPrefixLimit), rate(maps.ActDrop, maps.ReasonASNLimit),
 		rate(maps.ActDrop, maps.ReasonGlobalLimit), rate(maps.ActDrop, maps.ReasonFingerprint),
-		rate(maps.ActDrop, maps.ReasonShieldTighten), rate(maps.ActDrop, maps.ReasonFleetShare), total(maps.ActWouldDrop))
+		rate(maps.ActDrop, maps.ReasonShieldTighten), rate(maps.ActDrop, maps.ReasonFleetShare),
+		rate(maps.ActDrop, maps.ReasonOverride), total(maps.ActWouldDrop))
 	if o, ok := occ["sources"]; ok {
 		line += fmt.Sprintf("  sources %d/%d", o.Entries, o.Capacity)
 	}

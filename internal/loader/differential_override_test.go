@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,6 +145,7 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 	r := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
 	h.td.m.SetV4DirectMinFacts(0)
 	g := randPolicy(r)
+	g.Samples = everyDrop
 	clearOverrides(h.td)
 	clearFingerprints(h.td)
 	h.reset(g, randLists(r))
@@ -155,6 +157,7 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 		switch i {
 		case n / 2:
 			g = randPolicy(r)
+			g.Samples = everyDrop
 			h.swap(g)
 			h.checkOverrides("after the policy swap")
 			seen["overrides_installed"] += h.installOverrides(r, g, ns, 16)
@@ -195,10 +198,17 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 // refund, expiry, pruning by a policy swap) and fingerprint rules (match
 // by mask order, bucket, dry run, validated sources spared, replacement,
 // expiry) on both sides: every verdict, counter, bucket, override,
-// fingerprint bucket and fingerprint counter must agree. EDGEGUARD_DIFF_SEED=N runs seed
+// fingerprint bucket and fingerprint counter must agree, and every drop
+// sample must say the model's reason and which aggregate refused. EDGEGUARD_DIFF_SEED=N runs seed
 // N alone (the seeds run are printed).
 func TestDifferentialOverrides(t *testing.T) {
 	h := newDiffHarness(t)
+	drops, err := h.td.m.NewSampleReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drops.Close()
+	h.drops = drops
 	seeds := []uint64{101, 102, 103, 104, 105, 106}
 	if s := os.Getenv("EDGEGUARD_DIFF_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
@@ -221,6 +231,18 @@ func TestDifferentialOverrides(t *testing.T) {
 	clearOverrides(h.td)
 	clearFingerprints(h.td)
 	t.Logf("seen: %v", seen)
+	t.Logf("drop samples: %v", h.sampled)
+	under := 0
+	for k, n := range h.sampled {
+		for _, r := range []maps.Reason{maps.ReasonShieldTighten, maps.ReasonFleetShare, maps.ReasonOverride} {
+			if strings.HasPrefix(k, "sampled_"+maps.ReasonName(r)+"_by_") {
+				under += n
+			}
+		}
+	}
+	if under == 0 {
+		t.Error("no drop sample of a refusal under an override was checked")
+	}
 	if len(seeds) > 1 {
 		for _, k := range []string{"overrides_installed", "new_source_buckets_charged", "overrides_expired", "override_parts_apart", "prefix_limit", "asn_limit", "global_limit",
 			"fingerprints_installed", "fingerprint_matched", "fingerprint_spared", "fingerprint_dropped", "fingerprint",

@@ -3,10 +3,12 @@ package loader_test
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"reflect"
 	"testing"
 	"time"
@@ -36,6 +38,46 @@ type diffHarness struct {
 	// programOnly: state is installed in the program alone (the explain
 	// test loads its models from the program's maps).
 	programOnly bool
+	// drops, when set, is the drop-sample ring of a policy that samples
+	// every drop (everyDrop): step reads each packet's sample and holds it
+	// to the model's verdict and refusal.
+	drops   *maps.SampleReader
+	sampled map[string]int // drop samples checked, by what they said
+}
+
+// everyDrop is a drop-sample budget no run reaches.
+var everyDrop = policy.Limit{Rate: policy.Rate{Count: 1_000_000_000, Per: time.Second}, Burst: 1_000_000_000}
+
+// checkDropSample compares the drop sample of the packet just run (none
+// for a pass, a deny-list drop or a malformed frame) with the model's
+// verdict: its reason, and which aggregate refused it (an override's
+// reason does not say; per-instance congestion reads it).
+func (h *diffHarness) checkDropSample(want refmodel.Verdict) {
+	h.tb.Helper()
+	h.drops.SetDeadline(time.Now())
+	s, err := h.drops.Read()
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if want.Refused != 0 {
+			h.fail("packet %d: the model's %s (refused by %s) has no drop sample", len(h.log), want, maps.ClassAggName(want.RefusedAgg))
+		}
+		return
+	}
+	if err != nil {
+		h.tb.Fatalf("read drop sample: %v", err)
+	}
+	if s.Reason != want.Reason || s.Action != want.Action || s.Refused != want.Refused ||
+		(want.Refused != 0 && s.RefusedAgg != want.RefusedAgg) {
+		h.fail("packet %d: drop sample %s/%s refused %s by %s; model %s refused %s by %s", len(h.log),
+			maps.ActionName(s.Action), maps.ReasonName(s.Reason), maps.OutcomeName(s.Refused), maps.ClassAggName(s.RefusedAgg),
+			want, maps.OutcomeName(want.Refused), maps.ClassAggName(want.RefusedAgg))
+	}
+	if h.sampled == nil {
+		h.sampled = map[string]int{}
+	}
+	h.sampled["drop_samples"]++
+	if s.Refused != 0 {
+		h.sampled["sampled_"+maps.ReasonName(s.Reason)+"_by_"+maps.ClassAggName(s.RefusedAgg)]++
+	}
 }
 
 func newDiffHarness(tb testing.TB) *diffHarness {
@@ -230,6 +272,9 @@ func (h *diffHarness) step(frame []byte, ns uint64) refmodel.Verdict {
 	if got := h.programCell(want.Action, want.Reason); got != mc[want.Action][want.Reason] {
 		h.fail("packet %d: model counted %s, the program did not (program %+v, model %+v); all counters:\n%s",
 			len(h.log), want, got, mc[want.Action][want.Reason], counterDiff(h.programCounters(), mc))
+	}
+	if h.drops != nil {
+		h.checkDropSample(want)
 	}
 	return want
 }

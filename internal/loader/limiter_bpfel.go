@@ -98,28 +98,28 @@ type LimiterEgBtfAnchor struct {
 	}
 	_      [4]byte
 	Sample struct {
-		_        structs.HostLayout
-		KtimeNs  uint64
-		Addr     [16]uint8
-		Asn      uint32
-		RuleSlot uint32
-		Len      uint16
-		Dport    uint16
-		Sport    uint16
-		Proto    uint8
-		Reason   uint8
-		Action   uint8
-		Kind     uint8
-		Ttl      uint8
-		TcpFlags uint8
-		IpLen    uint16
-		Refused  uint8
-		Cls      uint8
-		Weight   uint32
-		CapLen   uint16
-		HasRule  uint8
-		Pad      uint8
-		Frame    [128]uint8
+		_          structs.HostLayout
+		KtimeNs    uint64
+		Addr       [16]uint8
+		Asn        uint32
+		RuleSlot   uint32
+		Len        uint16
+		Dport      uint16
+		Sport      uint16
+		Proto      uint8
+		Reason     uint8
+		Action     uint8
+		Kind       uint8
+		Ttl        uint8
+		TcpFlags   uint8
+		IpLen      uint16
+		Refused    uint8
+		Cls        uint8
+		Weight     uint32
+		CapLen     uint16
+		HasRule    uint8
+		RefusedAgg uint8
+		Frame      [128]uint8
 	}
 	Standing      uint32
 	StandingWhy   uint32
@@ -456,28 +456,28 @@ type LimiterEgRuleCounters struct {
 }
 
 type LimiterEgSample struct {
-	_        structs.HostLayout
-	KtimeNs  uint64
-	Addr     [16]uint8
-	Asn      uint32
-	RuleSlot uint32
-	Len      uint16
-	Dport    uint16
-	Sport    uint16
-	Proto    uint8
-	Reason   uint8
-	Action   uint8
-	Kind     uint8
-	Ttl      uint8
-	TcpFlags uint8
-	IpLen    uint16
-	Refused  uint8
-	Cls      uint8
-	Weight   uint32
-	CapLen   uint16
-	HasRule  uint8
-	Pad      uint8
-	Frame    [128]uint8
+	_          structs.HostLayout
+	KtimeNs    uint64
+	Addr       [16]uint8
+	Asn        uint32
+	RuleSlot   uint32
+	Len        uint16
+	Dport      uint16
+	Sport      uint16
+	Proto      uint8
+	Reason     uint8
+	Action     uint8
+	Kind       uint8
+	Ttl        uint8
+	TcpFlags   uint8
+	IpLen      uint16
+	Refused    uint8
+	Cls        uint8
+	Weight     uint32
+	CapLen     uint16
+	HasRule    uint8
+	RefusedAgg uint8
+	Frame      [128]uint8
 }
 
 type LimiterEgSampleCfg struct {

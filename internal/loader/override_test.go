@@ -106,23 +106,87 @@ func TestOverrideTightensAndExpires(t *testing.T) {
 	td.wantGateClear()
 }
 
-// TestOverrideKinds: prefix, whole and global overrides limit their own
-// aggregate instance, and aggregates a rule does not have are refused.
+// sampleAll turns both samplers on in g (every drop, and every packet 1
+// in 1) and opens their rings.
+func (td *testDatapath) sampleAll(g *policy.Compiled) (drops, rates *maps.SampleReader) {
+	td.tb.Helper()
+	g.Samples = policy.Limit{Rate: policy.Rate{Count: 1_000_000_000, Per: time.Second}, Burst: 1_000_000_000}
+	g.Sampling = policy.Sampling{OneIn: 1, MaxPerSecond: 1_000_000}
+	var err error
+	if drops, err = td.m.NewSampleReader(); err != nil {
+		td.tb.Fatal(err)
+	}
+	td.tb.Cleanup(func() { drops.Close() })
+	if rates, err = td.m.NewRateSampleReader(); err != nil {
+		td.tb.Fatal(err)
+	}
+	td.tb.Cleanup(func() { rates.Close() })
+	return drops, rates
+}
+
+// wantRefusedBy reads the samples of passed + dropped packets: a drop
+// sample for each drop and a 1-in-N sample for every packet. Each drop
+// must say reason, an aggregate refusal, and agg as the aggregate that
+// refused (per-instance congestion needs it: an override's reason names
+// its writer, not the aggregate); a pass no refusal.
+func wantRefusedBy(t *testing.T, drops, rates *maps.SampleReader, passed, dropped int, reason maps.Reason, agg maps.ClassAgg) {
+	t.Helper()
+	check := func(ring string, s maps.Sample) {
+		t.Helper()
+		if s.Action != maps.ActDrop {
+			if s.Refused != 0 {
+				t.Errorf("%s: a passed packet says refused: %+v", ring, s)
+			}
+			return
+		}
+		if s.Reason != reason || s.Refused == 0 || s.RefusedAgg != agg || (s.Kind == maps.SampleDrop && !s.Refusal) {
+			t.Errorf("%s: reason %s, refused %s by %s (refusal %v); want %s, refused by %s", ring,
+				maps.ReasonName(s.Reason), maps.OutcomeName(s.Refused), maps.ClassAggName(s.RefusedAgg), s.Refusal,
+				maps.ReasonName(reason), maps.ClassAggName(agg))
+		}
+	}
+	for range dropped {
+		s, _ := readOneFrame(t, drops)
+		check("drop sample", s)
+	}
+	n := 0
+	for range passed + dropped {
+		s, _ := readOneFrame(t, rates)
+		check("1-in-N sample", s)
+		if s.Action == maps.ActDrop {
+			n++
+		}
+	}
+	if n != dropped {
+		t.Errorf("1-in-N samples: %d drops, want %d", n, dropped)
+	}
+	requireRingEmpty(t, drops, "drop samples")
+	requireRingEmpty(t, rates, "1-in-N samples")
+}
+
+// TestOverrideKinds: prefix, whole, ASN and global overrides limit their
+// own aggregate instance, and aggregates a rule does not have are refused.
+// Both samplers say which aggregate refused, under the reason that names
+// the override's writer.
 func TestOverrideKinds(t *testing.T) {
 	exp := time.Now().Add(time.Hour)
 	budget := rate(1, 2)
 	t.Run("prefix", func(t *testing.T) {
 		td := newTestDatapath(t, smallSizes)
 		td.setClock(ovrStart)
-		td.apply(generation(policy.CompiledRule{ID: 0, Aggregate: policy.AggregateDerived, AggregateKey: policy.KeyBits{V4: 24, V6: 48}, PerPrefix: pkts(1000, 100)}))
+		g := generation(policy.CompiledRule{ID: 0, Aggregate: policy.AggregateDerived, AggregateKey: policy.KeyBits{V4: 24, V6: 48}, PerPrefix: pkts(1000, 100)})
+		drops, rates := td.sampleAll(&g)
+		td.apply(g)
 		a := maps.Aggregate{Kind: maps.AggKindPrefix, Prefix: netip.MustParsePrefix("198.18.1.0/24")}
-		td.setOverride(maps.Override{Aggregate: a, Budget: budget, Expires: exp})
+		td.setOverride(maps.Override{Aggregate: a, Budget: budget, Expires: exp, Origin: maps.OriginCLI})
 		if got := td.burst("198.18.1.5", 10); got != 2 {
 			t.Fatalf("198.18.1.0/24 under an override of burst 2: %d of 10 passed", got)
 		}
+		wantRefusedBy(t, drops, rates, 2, 8, maps.ReasonOverride, maps.ClassAggPrefix)
 		if got := td.burst("198.18.2.5", 10); got != 10 {
 			t.Fatalf("198.18.2.0/24: %d of 10 passed, want all", got)
 		}
+		wantRefusedBy(t, drops, rates, 10, 0, maps.ReasonOverride, maps.ClassAggPrefix)
 		wrong := maps.Aggregate{Kind: maps.AggKindPrefix, Prefix: netip.MustParsePrefix("198.18.0.0/16")}
 		if err := td.m.SetOverride(maps.Override{Aggregate: wrong, Budget: budget, Expires: exp}); err == nil {
 			t.Fatal("a /16 override of a rule with /24 aggregates was accepted")
@@ -134,23 +198,43 @@ func TestOverrideKinds(t *testing.T) {
 	t.Run("whole", func(t *testing.T) {
 		td := newTestDatapath(t, smallSizes)
 		td.setClock(ovrStart)
-		td.apply(generation(policy.CompiledRule{ID: 0, Aggregate: policy.AggregateWhole, PerPrefix: pkts(1000, 100)}))
-		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindWhole}, Budget: budget, Expires: exp})
+		g := generation(policy.CompiledRule{ID: 0, Aggregate: policy.AggregateWhole, PerPrefix: pkts(1000, 100)})
+		drops, rates := td.sampleAll(&g)
+		td.apply(g)
+		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindWhole}, Budget: budget, Expires: exp, Origin: maps.OriginFleet})
 		if got := td.burst("198.18.1.5", 5) + td.burst("198.19.1.5", 5); got != 2 {
 			t.Fatalf("whole aggregate under an override of burst 2: %d of 10 passed", got)
 		}
+		wantRefusedBy(t, drops, rates, 2, 8, maps.ReasonFleetShare, maps.ClassAggPrefix)
+	})
+	t.Run("asn new sources", func(t *testing.T) {
+		// Refused by the shield's new-source part, not by the budget.
+		td := newTestDatapath(t, smallSizes)
+		td.setClock(ovrStart)
+		g := asnGen(0)
+		g.Standing = policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: time.Hour}
+		drops, rates := td.sampleAll(&g)
+		td.apply(g)
+		td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 3},
+			Expires: exp, Origin: maps.OriginShield})
+		if got := td.newSources("198.18.2", 0); got != 3 {
+			t.Fatalf("new sources under a new-source burst of 3: %d of 20 passed", got)
+		}
+		wantRefusedBy(t, drops, rates, 3, 17, maps.ReasonShieldTighten, maps.ClassAggASN)
 	})
 	t.Run("global", func(t *testing.T) {
 		td := newTestDatapath(t, smallSizes)
 		td.setClock(ovrStart)
 		g := asnGen(7)
 		g.Global = pkts(1000, 100)
+		drops, rates := td.sampleAll(&g)
 		td.apply(g)
-		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindGlobal}, Budget: budget, Expires: exp})
+		td.setOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindGlobal}, Budget: budget, Expires: exp, Origin: maps.OriginShield})
 		// Rule 7's and the default rule's packets share the global bucket.
 		if got := td.burst("198.18.1.5", 5) + td.burst("203.0.113.5", 5); got != 2 {
 			t.Fatalf("global under an override of burst 2: %d of 10 passed", got)
 		}
+		wantRefusedBy(t, drops, rates, 2, 8, maps.ReasonShieldTighten, maps.ClassAggGlobal)
 	})
 	t.Run("no policy budget", func(t *testing.T) {
 		// Overrides change budgets the policy has, they add none.

@@ -55,15 +55,22 @@ type Sample struct {
 	// anything is the sum of its samples' weights over the interval. 0
 	// for SampleDrop samples.
 	Weight uint32
-	// Refused (SampleDrop only): OutcomeRefusedReserve or
-	// OutcomeRefusedFull when the aggregate the Reason names refused the
-	// packet; Refusal false otherwise. Class (both kinds) is the source's
+	// Refused: OutcomeRefusedReserve or OutcomeRefusedFull when an
+	// aggregate refused the packet (the one the Reason names, or under an
+	// override the one RefusedAgg names); Refusal (SampleDrop only) false
+	// otherwise. Class (both kinds) is the source's
 	// class there (ClassUnknown: its standing was not looked up, as for
 	// every packet no aggregate refused; from a program before capture,
 	// ClassNew in 1-in-N samples).
 	Refusal bool
 	Refused Outcome
-	Class   Class
+	// RefusedAgg is the kind of aggregate that refused (prefix, whole
+	// included; ASN; global), with Refused. The Reason names it too for
+	// prefix_limit, asn_limit and global_limit, but not when an override
+	// refused (shield_tighten, fleet_share, override). From a program
+	// before it, ClassAggPrefix (0) for every refusal.
+	RefusedAgg ClassAgg
+	Class      Class
 }
 
 // SnapLen is how many of a frame's first bytes a sample carries at most
@@ -155,6 +162,7 @@ const (
 	offSampleCapLen = int(unsafe.Offsetof(loader.LimiterEgSample{}.CapLen))
 	offSampleFrame  = int(unsafe.Offsetof(loader.LimiterEgSample{}.Frame))
 	offSampleHasRul = unsafe.Offsetof(loader.LimiterEgSample{}.HasRule)
+	offSampleRefAgg = unsafe.Offsetof(loader.LimiterEgSample{}.RefusedAgg)
 	// minSampleLen is the oldest program's record: everything before
 	// weight, which came later.
 	minSampleLen = int(offSampleWt)
@@ -176,26 +184,27 @@ func decodeSample(b []byte) (Sample, error) {
 	act := Action(buf[offSampleAct])
 	refused := buf[offSampleRefd]
 	return Sample{
-		Time:     time.Duration(ne.Uint64(buf[offSampleKtime:])),
-		Source:   netip.AddrFrom16([16]byte(buf[offSampleAddr:])).Unmap(),
-		ASN:      ne.Uint32(buf[offSampleAsn:]),
-		RuleSlot: ne.Uint32(buf[offSampleRule:]),
-		HasRule:  buf[offSampleHasRul] != 0,
-		Len:      ne.Uint16(buf[offSampleIPLen:]),
-		FrameLen: ne.Uint16(buf[offSampleLen:]),
-		Proto:    buf[offSampleProto],
-		SPort:    ne.Uint16(buf[offSampleSport:]),
-		DPort:    ne.Uint16(buf[offSampleDport:]),
-		TTL:      buf[offSampleTTL],
-		TCPFlags: buf[offSampleFlags],
-		Reason:   Reason(buf[offSampleRsn]),
-		Action:   act,
-		Kind:     kind,
-		Passed:   act != ActDrop,
-		Weight:   ne.Uint32(buf[offSampleWt:]),
-		Refusal:  kind == SampleDrop && refused != 0,
-		Refused:  Outcome(refused),
-		Class:    Class(buf[offSampleCls]),
+		Time:       time.Duration(ne.Uint64(buf[offSampleKtime:])),
+		Source:     netip.AddrFrom16([16]byte(buf[offSampleAddr:])).Unmap(),
+		ASN:        ne.Uint32(buf[offSampleAsn:]),
+		RuleSlot:   ne.Uint32(buf[offSampleRule:]),
+		HasRule:    buf[offSampleHasRul] != 0,
+		Len:        ne.Uint16(buf[offSampleIPLen:]),
+		FrameLen:   ne.Uint16(buf[offSampleLen:]),
+		Proto:      buf[offSampleProto],
+		SPort:      ne.Uint16(buf[offSampleSport:]),
+		DPort:      ne.Uint16(buf[offSampleDport:]),
+		TTL:        buf[offSampleTTL],
+		TCPFlags:   buf[offSampleFlags],
+		Reason:     Reason(buf[offSampleRsn]),
+		Action:     act,
+		Kind:       kind,
+		Passed:     act != ActDrop,
+		Weight:     ne.Uint32(buf[offSampleWt:]),
+		Refusal:    kind == SampleDrop && refused != 0,
+		Refused:    Outcome(refused),
+		RefusedAgg: ClassAgg(buf[offSampleRefAgg]),
+		Class:      Class(buf[offSampleCls]),
 	}, nil
 }
 

@@ -34,7 +34,7 @@ func decodeSampleReflect(b []byte) (Sample, error) {
 		Reason: Reason(raw.Reason), Action: Action(raw.Action), Kind: SampleKind(raw.Kind),
 		Passed: Action(raw.Action) != ActDrop, Weight: raw.Weight,
 		Refusal: SampleKind(raw.Kind) == SampleDrop && raw.Refused != 0,
-		Refused: Outcome(raw.Refused), Class: Class(raw.Cls),
+		Refused: Outcome(raw.Refused), RefusedAgg: ClassAgg(raw.RefusedAgg), Class: Class(raw.Cls),
 	}, nil
 }
 
@@ -49,7 +49,7 @@ func testSample() loader.LimiterEgSample {
 		KtimeNs: 0x0102030405060708, Addr: addr, Asn: 0x11121314, RuleSlot: 0x21222324,
 		Len: 0x3132, Dport: 0x4142, Sport: 0x5152, Proto: 0x61, Reason: 0x62, Action: 0x63,
 		Kind: uint8(SampleDrop), Ttl: 0x65, TcpFlags: 0x66, IpLen: 0x7172, Refused: 0x67, Cls: 0x68,
-		Weight: 0x81828384, HasRule: 1,
+		Weight: 0x81828384, HasRule: 1, RefusedAgg: 0x69,
 	}
 }
 
@@ -77,7 +77,7 @@ func TestDecodeSampleFields(t *testing.T) {
 		Time: 0x0102030405060708, Source: netip.AddrFrom16(raw.Addr), ASN: 0x11121314, RuleSlot: 0x21222324, HasRule: true,
 		Len: 0x7172, FrameLen: 0x3132, Proto: 0x61, SPort: 0x5152, DPort: 0x4142, TTL: 0x65, TCPFlags: 0x66,
 		Reason: 0x62, Action: 0x63, Kind: SampleDrop, Passed: true, Weight: 0x81828384,
-		Refusal: true, Refused: 0x67, Class: 0x68,
+		Refusal: true, Refused: 0x67, RefusedAgg: 0x69, Class: 0x68,
 	}
 	if s != want {
 		t.Errorf("decodeSample:\n got %+v\nwant %+v", s, want)

@@ -65,6 +65,13 @@ type Verdict struct {
 	RuleID uint32 // the rule the packet was charged under, when Counted
 	// Counted says the packet went to the rule's counters.
 	Counted bool
+	// Refused is what the drop sample says (struct eg_sample's refused and
+	// refused_agg): the outcome at the aggregate that refused the packet
+	// (maps.OutcomeRefused*; 0: no aggregate refused it) and that
+	// aggregate's kind, which an override's reason (shield_tighten,
+	// fleet_share, override) does not name.
+	Refused    maps.Outcome
+	RefusedAgg maps.ClassAgg
 }
 
 // Passes reports whether the program would return XDP_PASS.
@@ -629,6 +636,9 @@ func (m *Model) limited(v Verdict, reason maps.Reason, r *rule, ss *srcState) Ve
 		v.Action = maps.ActWouldDrop
 	}
 	if ss != nil {
+		if ss.refusedOutcome != 0 {
+			v.Refused, v.RefusedAgg = ss.refusedOutcome, ss.refusedAgg
+		}
 		if ss.refusedOutcome == maps.OutcomeRefusedReserve {
 			d := 0
 			if dry {

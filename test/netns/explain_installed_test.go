@@ -115,6 +115,28 @@ func agrees(t *testing.T, what string, got map[string]uint64, es []control.Expla
 	}
 }
 
+// congestedBy checks, within the 5 s an instance stays listed after its
+// last refusal, that status lists the aggregate instance (aggregate, and
+// prefix "whole" or "" for global) as congested by the override's reason
+// alone: refusals under an override are the aggregate's.
+func (s *scenario) congestedBy(aggregate, prefix, reason string) {
+	s.t.Helper()
+	st, err := s.ctlStatus()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, c := range st.CongestedInstances {
+		if c.Aggregate == aggregate && c.Prefix == prefix {
+			report(s.t, "congested instance %s %s: decided by %v", aggregate, prefix, c.RefusedByReason)
+			if len(c.RefusedByReason) != 1 || c.RefusedByReason[reason] == 0 {
+				s.t.Errorf("congested instance %s %s: refused by %v, want %s alone", aggregate, prefix, c.RefusedByReason, reason)
+			}
+			return
+		}
+	}
+	s.t.Errorf("status lists no congested instance %s %s after refusals under %s: %+v", aggregate, prefix, reason, st.CongestedInstances)
+}
+
 // TestExplainInstalled: the four cases on the real daemon, each
 // explained before and after the packets meet it, explain's verdict and
 // reason compared with what the data plane counted for them: a fleet
@@ -122,7 +144,8 @@ func agrees(t *testing.T, what string, got map[string]uint64, es []control.Expla
 // shield fingerprint; then a crash (kill -9) with a fingerprint and an
 // override in force: after the restart show lists both, the shield adopts
 // both (listed, releasable), and a release removes them from the data
-// plane. The entries are written into the pinned maps by the test, as
+// plane. Status lists the aggregate instances the fleet share and the
+// tighten held as congested, decided by fleet_share and shield_tighten. The entries are written into the pinned maps by the test, as
 // fleet mode and the shield write them (their origins, through
 // internal/maps): this tests explain, show and the reasons, not when the
 // shield or the fleet decide (their own tests do).
@@ -151,6 +174,7 @@ func TestExplainInstalled(t *testing.T) {
 	}
 	got, es := s.flood(src, 1, 500, 9009, 32, src.Addr().String(), "--proto", "udp", "--dport", "9009")
 	agrees(t, "fleet share 50/s on "+whole.String(), got, es, "fleet_share")
+	s.congestedBy("prefix", "whole", "fleet_share")
 	if got["drop/fleet_share"] < 1200 || got["drop/prefix_limit"] != 0 {
 		t.Errorf("fleet share: counters %v: want the refusals as fleet_share", got)
 	}
@@ -168,6 +192,7 @@ func TestExplainInstalled(t *testing.T) {
 	bots := netip.MustParsePrefix("198.19.64.0/18")
 	got, es = s.flood(bots, 500, 1000, 9009, 32, "198.19.99.1", "--proto", "udp", "--dport", "9009")
 	agrees(t, "shield tighten 11/s on global", got, es, "shield_tighten")
+	s.congestedBy("global", "", "shield_tighten")
 	if got["drop/shield_tighten"] < 2700 || got["drop/global_limit"] != 0 {
 		t.Errorf("shield tighten: counters %v", got)
 	}
