@@ -107,6 +107,12 @@ func printExplanation(out io.Writer, e control.Explanation) {
 			}
 			fmt.Fprintf(w, "rate\tusual %.4g/s, current %.4g/s (measured %.1fs ago)%s\n", r.Usual, r.Current, r.Measured, jumped)
 		}
+		if b := s.Budget; b != nil {
+			fmt.Fprintf(w, "budget\tpersonal %.4g/s, burst %.4g packets; its next packet fills it to %.0f%%\n", b.Rate, b.Burst, 100*b.InUse)
+		}
+		if s.Next != "" {
+			fmt.Fprintf(w, "next packet\tcharged as %s where an aggregate is in its reserve band\n", s.Next)
+		}
 	}
 	if f := e.Fingerprint; f != nil {
 		state := "its bucket has room"

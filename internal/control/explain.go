@@ -211,6 +211,23 @@ type ExplainStanding struct {
 	// Rate is the source's usual and current rate (docs/operations.md,
 	// "Usual rate"), once one was measured.
 	Rate *ExplainRate `json:"rate,omitempty"`
+	// Next is the class the source's next packet would be charged as if
+	// it met an aggregate's reserve band (established, validated,
+	// over_budget, new, penalised), computed by the reference model.
+	Next string `json:"next_class,omitempty"`
+	// Budget is its personal budget, for an established or validated
+	// source while budgets are on (docs/operations.md, "Personal budget").
+	Budget *ExplainBudget `json:"personal_budget,omitempty"`
+}
+
+// ExplainBudget is a privileged source's personal budget: packets per
+// second and burst (packets), and how full the burst would be with its
+// next packet (0 to 1; at 1 that packet is over: charged as new, class
+// over_budget).
+type ExplainBudget struct {
+	Rate  float64 `json:"rate"`
+	Burst float64 `json:"burst"`
+	InUse float64 `json:"in_use"`
 }
 
 // ExplainRate is a source's usual rate (a decayed peak of its measured

@@ -121,6 +121,9 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 		return control.Explanation{}, fmt.Errorf("explain: %w", err)
 	}
 	ip := p.Addr.Unmap()
+	// The standing's next charge, before the probe charges the model's
+	// copy of the state.
+	next, budget, metered, inUse := model.NextCharge(ip, st.NowNS)
 	v, tr := model.Explain(refmodel.ProbePacket(ip, p.Proto, p.SPort, p.DPort, p.Len, p.TTL, p.Flags), st.NowNS)
 	if err := model.LiveErr(); err != nil {
 		return control.Explanation{}, fmt.Errorf("explain: read the data plane's tables: %w", err)
@@ -173,6 +176,10 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 		if std.RateAtNS != 0 {
 			xs.Rate = &control.ExplainRate{Usual: std.UsualRate, Current: std.CurrentRate, Jumped: std.Jumped,
 				Measured: std.RateAge.Seconds()}
+		}
+		xs.Next = maps.ClassName(next)
+		if metered {
+			xs.Budget = &control.ExplainBudget{Rate: budget.RatePerSecond(), Burst: budget.BurstPkts, InUse: inUse}
 		}
 		e.Standing = xs
 	}

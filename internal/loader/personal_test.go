@@ -111,6 +111,32 @@ func TestPersonalBudget(t *testing.T) {
 			if cls := refmodel.NextClass(maps.StandingConfig(g.Standing), td.entry(user).Raw, true, false, now+uint64(time.Second)<<maps.TickShift); cls != maps.ClassEstablished {
 				t.Errorf("next class of the user a second later: %s, want established", maps.ClassName(cls))
 			}
+			// The same through explain's path: the live maps read into the
+			// model (maps.ReadState, refmodel.FromState, NextCharge).
+			st, err := td.m.ReadState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			model, err := refmodel.FromState(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				at   uint64
+				want maps.Class
+			}{{now, maps.ClassOverBudget}, {now + uint64(time.Second)<<maps.TickShift, maps.ClassEstablished}} {
+				cls, b, metered, inUse := model.NextCharge(netip.MustParseAddr(user), c.at)
+				if cls != c.want || !metered || b.RatePerSecond() <= 0 {
+					t.Errorf("explain's next charge of the user at +%v: %s (budget %v/s, metered %v), want %s",
+						time.Duration((c.at-now)>>maps.TickShift), maps.ClassName(cls), b.RatePerSecond(), metered, maps.ClassName(c.want))
+				}
+				if c.want == maps.ClassOverBudget && inUse < 0.99 {
+					t.Errorf("explain's burst in use of an over-budget user: %.2f, want 1", inUse)
+				}
+			}
+			if cls, _, metered, _ := model.NextCharge(netip.MustParseAddr(shook), now); cls != maps.ClassNew || metered {
+				t.Errorf("explain's next charge of a handshake-only source: %s (metered %v), want new, no budget", maps.ClassName(cls), metered)
+			}
 			// Congestion froze its rates: this epoch's measurement (in the
 			// band) does not join its mean.
 			td.now += jumpEpoch

@@ -2,6 +2,7 @@ package refmodel
 
 import (
 	"math"
+	"net/netip"
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -63,6 +64,16 @@ func handshakeOnly(e StandingVal) bool {
 	return maps.Standing(e.Standing) == maps.StandingValidated && maps.StandingWhy(e.Why) == maps.WhyTCP
 }
 
+// knownStanding: the entry's standing is established, validated or
+// penalised (the cases source_class ranks by).
+func knownStanding(e StandingVal) bool {
+	switch maps.Standing(e.Standing) {
+	case maps.StandingEstablished, maps.StandingValidated, maps.StandingPenalised:
+		return true
+	}
+	return false
+}
+
 // PersonalBudget is a privileged source's personal budget as the data
 // plane computes it from its standing entry (personal_take): Rate is
 // packets/s << RateShift, T and Tau the GCRA's emission interval and
@@ -97,6 +108,11 @@ func Personal(cfg StandingCfg, e StandingVal, vouched bool) PersonalBudget {
 	return b
 }
 
+// RatePerSecond is the budget's rate in packets per second.
+func (b PersonalBudget) RatePerSecond() float64 {
+	return float64(b.Rate) / float64(uint64(1)<<maps.RateShift)
+}
+
 // Take charges one packet at now (ticks) to a personal budget whose GCRA
 // word is *tat: true within it (and charged), false over it.
 func (b PersonalBudget) Take(tat *uint64, now uint64) bool {
@@ -116,12 +132,12 @@ func personalTake(cfg StandingCfg, e *StandingVal, now uint64, vouched bool) boo
 	return Personal(cfg, *e, vouched).Take(&e.BudgetTat, now)
 }
 
-// NextClass is the class the source's next packet would be charged as at
-// time now (ticks) if it met an aggregate's reserve band, from its entry
-// (ok: it has one) and whether it is in known_good, without charging
-// anything: what explain shows. It does not apply a penalty that is over
-// (cls new), as the data plane does.
-func NextClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint64) maps.Class {
+// standingClass is the ranking source_class applies to a standing entry
+// (ok: the source has one) and known_good, before the personal budget:
+// the class, and whether the source is vouched for (known_good or
+// validated: its budget is at least the default). A handshake alone
+// ranks as new; a penalty that is over ranks as new.
+func standingClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint64) (maps.Class, bool) {
 	cls, vouched := maps.ClassNew, false
 	if ok {
 		switch maps.Standing(e.Standing) {
@@ -141,10 +157,47 @@ func NextClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint64) m
 	if cls == maps.ClassNew && knownGood {
 		cls, vouched = maps.ClassEstablished, true
 	}
+	return cls, vouched
+}
+
+// NextClass is the class the source's next packet would be charged as at
+// time now (ticks) if it met an aggregate's reserve band, from its entry
+// (ok: it has one) and whether it is in known_good, without charging
+// anything. It does not apply a penalty that is over (cls new), as the
+// data plane does.
+func NextClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint64) maps.Class {
+	cls, vouched := standingClass(cfg, e, ok, knownGood, now)
 	if privileged(cls) && ok && !personalTake(cfg, &e, now, vouched) {
 		cls = maps.ClassOverBudget
 	}
 	return cls
+}
+
+// NextCharge is what explain shows of a source's standing: the class its
+// next packet would be charged as at now (ticks) if it met an aggregate's
+// reserve band, its personal budget (metered: it has one that applies)
+// and how full its burst would be with that packet (0 to 1; 1 when it is
+// over: charged as new). Nothing is
+// charged; the entry is read through the live state as the decision
+// reads it.
+func (m *Model) NextCharge(addr netip.Addr, now uint64) (cls maps.Class, b PersonalBudget, metered bool, inUse float64) {
+	ss := srcState{now: now, addr: maps.Addr16(addr), v4: addr.Unmap().Is4()}
+	k := ss.key()
+	m.faultStanding(k)
+	e, ok := m.standing[k]
+	_, kg := m.knownGood.lookup(ss.addr)
+	cls, vouched := standingClass(m.gen.standing, e, ok, kg, now)
+	if !privileged(cls) || !ok {
+		return cls, PersonalBudget{}, false, 0
+	}
+	b = Personal(m.gen.standing, e, vouched)
+	if !b.Off && b.Tau > 0 {
+		inUse = min(float64(max(e.BudgetTat, now)+b.T-now)/float64(b.Tau), 1)
+	}
+	if !b.Take(&e.BudgetTat, now) {
+		cls = maps.ClassOverBudget
+	}
+	return cls, b, !b.Off, inUse
 }
 
 func (ss *srcState) key() StandingKey {
@@ -161,7 +214,6 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 		return ss.cls
 	}
 	ss.looked = true
-	cls, vouched := maps.ClassNew, false
 	k := ss.key()
 	m.faultStanding(k)
 	e, ok := m.standing[k]
@@ -172,35 +224,15 @@ func (m *Model) class(ss *srcState, reset bool) maps.Class {
 			m.standing[k] = e
 		}
 		ss.jumped = e.Jumped != 0
-		switch maps.Standing(e.Standing) {
-		case maps.StandingEstablished:
-			cls = maps.ClassEstablished
-		case maps.StandingValidated:
-			if !handshakeOnly(e) {
-				cls, vouched = maps.ClassValidated, true
-				break
-			}
-			if reset {
-				e.CleanSince = ss.now >> maps.TickShift
-				m.standing[k] = e
-			}
-		case maps.StandingPenalised:
-			cls = maps.ClassPenalised
-			if ss.now>>maps.TickShift-e.Since >= m.gen.standing.PenaltyNs {
-				cls = maps.ClassNew
-			}
-		default:
-			if reset {
-				e.CleanSince = ss.now >> maps.TickShift
-				m.standing[k] = e
-			}
+		// A source with no history of its own (none, or a handshake's
+		// validation only) starts its clean history again.
+		if reset && (handshakeOnly(e) || !knownStanding(e)) {
+			e.CleanSince = ss.now >> maps.TickShift
+			m.standing[k] = e
 		}
 	}
-	if cls == maps.ClassNew {
-		if _, kg := m.knownGood.lookup(ss.addr); kg {
-			cls, vouched = maps.ClassEstablished, true
-		}
-	}
+	_, kg := m.knownGood.lookup(ss.addr)
+	cls, vouched := standingClass(m.gen.standing, e, ok, kg, ss.now)
 	if privileged(cls) && ok {
 		if !personalTake(m.gen.standing, &e, ss.now, vouched) {
 			cls = maps.ClassOverBudget
