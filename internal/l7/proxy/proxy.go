@@ -506,6 +506,15 @@ func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(onShed 
 	return l, mw, nil
 }
 
+// reserveUnits is l's Reserve (a percentage) in units of alg's limit,
+// rounded down and at most all but one unit.
+func reserveUnits(l Limit, alg l7.Algorithm) int64 {
+	if l.Reserve <= 0 {
+		return 0
+	}
+	return min(alg.Limit()*int64(l.Reserve)/100, alg.Limit()-1)
+}
+
 func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 	alg, err := newAlgorithm(l)
 	if err != nil {
@@ -515,14 +524,10 @@ func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 	if capacity == 0 {
 		capacity = DefaultLocalCapacity
 	}
-	var reserve int64
-	if l.Reserve > 0 {
-		reserve = min(alg.Limit()*int64(l.Reserve)/100, alg.Limit()-1)
-	}
 	return l7.Rule{
 		Name:      l.Name,
 		Key:       p.km.hashFunc(l.Key, route),
-		Reserve:   reserve,
+		Reserve:   reserveUnits(l, alg),
 		Algorithm: alg,
 		Shadow:    l.Shadow,
 		Shape:     l.Shape,
