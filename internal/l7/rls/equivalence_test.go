@@ -251,3 +251,13 @@ func TestEquivalenceClasses(t *testing.T) {
 	}
 	t.Logf("900 requests: %d refused inside a reserve; identical decisions, headers and classes through the proxy and the rate-limit service", reserveRefusals)
 }
+
+// classCounts are the service's requests by class (class.Counts'
+// Admitted and Refused; the unranked ones are not in it).
+func (s *Service) classCounts() class.Counts {
+	var c class.Counts
+	for i := range class.NumClasses {
+		c.Admitted[i], c.Refused[i] = uint64(s.byClass[i][0].Load()), uint64(s.byClass[i][1].Load())
+	}
+	return c
+}

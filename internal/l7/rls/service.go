@@ -845,13 +845,3 @@ func moreRestrictive(a, b l7.Decision) bool {
 	}
 	return a.Remaining < b.Remaining
 }
-
-// classCounts are the service's requests by class (class.Counts'
-// Admitted and Refused; the unranked ones are not in it).
-func (s *Service) classCounts() class.Counts {
-	var c class.Counts
-	for i := range class.NumClasses {
-		c.Admitted[i], c.Refused[i] = uint64(s.byClass[i][0].Load()), uint64(s.byClass[i][1].Load())
-	}
-	return c
-}
