@@ -257,3 +257,48 @@ func TestClassesHistoryShared(t *testing.T) {
 		t.Errorf("a client clean for 6s since its refusal is %v, want established", v.Class)
 	}
 }
+
+// TestEscalationAsTheProxy (Envoy's generated client): a refused request
+// counts against its client whichever limit refused it, as a 429 of the
+// proxy does: an aggregate descriptor's limit (its reserve included)
+// escalates the request's remote_address; an address of
+// l7.trusted_proxies is never escalated.
+func TestEscalationAsTheProxy(t *testing.T) {
+	const policy = `
+l7:
+  trusted_proxies: [198.18.9.0/24]
+  escalation: {enabled: true, rejections: 3, window: 1m, ttl: 10m}
+  rls:
+    listen: 127.0.0.1:0
+    rules:
+      - name: everyone
+        domain: edge
+        descriptor: [generic_key=api]
+        limits: [{name: everyone, rate: 4/min, algorithm: fixed-window}]
+`
+	esc := &escalations{}
+	clock := new(l7test.ManualClock)
+	clock.Set(int64(time.Hour))
+	s, _ := startServer(t, policy, clock, esc)
+	c, _ := dial(t, s.Addrs()["grpc"])
+	for _, a := range []string{"198.18.1.1", "198.18.1.1", "198.18.9.1", "198.18.9.1"} {
+		if res := ask(t, c, "edge", desc("generic_key=api"), desc("remote_address="+a)); res.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("%s: %v, want OK", a, res.GetOverallCode())
+		}
+	}
+	for range 4 {
+		for _, a := range []string{"198.18.1.1", "198.18.9.1"} {
+			if res := ask(t, c, "edge", desc("generic_key=api"), desc("remote_address="+a)); res.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Fatalf("%s: %v, want OVER_LIMIT", a, res.GetOverallCode())
+			}
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(esc.list()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // a wrong second escalation would show by now
+	if got := esc.list(); len(got) != 1 || got[0] != netip.MustParsePrefix("198.18.1.1/32") {
+		t.Errorf("escalated %v, want [198.18.1.1/32] (the trusted proxy never)", got)
+	}
+}

@@ -416,10 +416,9 @@ func (s *Service) match(domain string, d *Descriptor) *rule {
 // key is the counting key of d under r: the rule and every entry, with
 // remote_address grouped by the l7 client_prefix as the proxy's ip key.
 // ok is false for a remote_address that is not an address.
-func (s *Service) key(r *rule, d *Descriptor) (string, netip.Addr, bool) {
+func (s *Service) key(r *rule, d *Descriptor) (string, bool) {
 	var b strings.Builder
 	b.WriteString(r.Name)
-	var src netip.Addr
 	for _, e := range d.Entries {
 		b.WriteByte('|')
 		b.WriteString(e.Key)
@@ -427,9 +426,9 @@ func (s *Service) key(r *rule, d *Descriptor) (string, netip.Addr, bool) {
 		if e.Key == "remote_address" {
 			a, err := netip.ParseAddr(e.Value)
 			if err != nil {
-				return "", src, false
+				return "", false
 			}
-			src = a.Unmap()
+			src := a.Unmap()
 			bits := s.cfg.ClientPrefixV6
 			if src.Is4() {
 				bits = s.cfg.ClientPrefixV4
@@ -440,7 +439,7 @@ func (s *Service) key(r *rule, d *Descriptor) (string, netip.Addr, bool) {
 		}
 		b.WriteString(stableValue(e.Value))
 	}
-	return b.String(), src, true
+	return b.String(), true
 }
 
 // stableValue keeps keys short: long values are replaced by a hash (as
@@ -476,7 +475,6 @@ type prepared struct {
 	set   *limitSet
 	key   string
 	hkey  uint64
-	src   netip.Addr
 	n     int64
 	local []int // indexes into checks of its enforced local limits
 }
@@ -538,12 +536,12 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		if r == nil {
 			continue
 		}
-		key, src, ok := s.key(r, d)
+		key, ok := s.key(r, d)
 		if !ok {
 			return Verdict{}, fmt.Errorf("%w: descriptor %d: remote_address is not an IP address", ErrInvalid, i)
 		}
 		p := &ps[i]
-		p.r, p.key, p.src, p.n = r, key, src, base
+		p.r, p.key, p.n = r, key, base
 		if d.HasHits {
 			p.n = int64(d.Hits)
 		}
@@ -755,14 +753,15 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 	}
 	if !v.Allowed {
 		v.Headers = append(v.Headers, [2]string{"Retry-After", strconv.FormatInt(l7.RetryAfterSeconds(retry), 10)})
+		// Escalation as the proxy's: every refused request counts once
+		// against its client (the first remote_address), whichever limit
+		// refused it (a descriptor without the address too: an aggregate's
+		// reserve), except an address of l7.trusted_proxies (denying it
+		// at the NIC would drop every client behind it).
 		if s.esc != nil && !peek {
-			for i := range ps {
-				if ps[i].r != nil && v.Statuses[i].Over && ps[i].src.IsValid() {
-					if s.esc.Note(ps[i].src) {
-						v.Escalated = true
-						s.escalated.Add(1)
-					}
-				}
+			if a, ok := client(req); ok && !s.trusted(a) && s.esc.Note(a) {
+				v.Escalated = true
+				s.escalated.Add(1)
 			}
 		}
 	}
@@ -782,6 +781,16 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		}
 	}
 	return v, nil
+}
+
+// trusted reports whether a is in l7.trusted_proxies.
+func (s *Service) trusted(a netip.Addr) bool {
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // client is the first remote_address of req's descriptors that is an
