@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
 	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
@@ -141,7 +143,8 @@ func classesPolicy(upstream string) string {
 // the rate-limit service (a [generic_key, remote_address] descriptor and
 // a [generic_key] one, whose default reserve is the same). Each path has
 // its own class table, on one clock and one standing table, so each sees
-// the sequence once.
+// the sequence once. The service is asked over gRPC with Envoy's generated
+// client.
 func TestEquivalenceClasses(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	t.Cleanup(app.Close)
@@ -171,11 +174,15 @@ func TestEquivalenceClasses(t *testing.T) {
 	}
 	t.Cleanup(p.Close)
 	rc.EstablishedAfter = 20 * time.Second
-	svc, err := New(rc, Options{Clock: clock, Classes: rlsTable})
+	// The service through Envoy's generated client, over gRPC.
+	srv := NewServer(ServerOptions{Clock: clock, Classes: rlsTable})
+	t.Cleanup(srv.Close)
+	ch, err := srv.Prepare(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(svc.Close)
+	ch.Commit()
+	envoy, _ := dial(t, srv.Addrs()["grpc"])
 	rng := rand.New(rand.NewPCG(26, 2))
 	// Regulars: established and authenticated by standing, a penalised
 	// one, and one that earns its history at L7 (it sends from the start).
@@ -201,21 +208,14 @@ func TestEquivalenceClasses(t *testing.T) {
 		p.ServeHTTP(rec, req)
 		proxyOK := rec.Code == http.StatusOK
 
-		v, err := svc.Decide(context.Background(), &Request{Domain: "edge", Descriptors: []Descriptor{
-			{Entries: []Entry{{"generic_key", a.name}, {"remote_address", src}}},
-			{Entries: []Entry{{"generic_key", a.name}}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !v.Ranked || v.Client.String() != src {
-			t.Fatalf("step %d: ranked %t as %v, want ranked as %s", step, v.Ranked, v.Client, src)
-		}
+		res := ask(t, envoy, "edge", desc("generic_key="+a.name, "remote_address="+src), desc("generic_key="+a.name))
+		allowed := res.GetOverallCode() == rlsv3.RateLimitResponse_OK
 		h := http.Header{}
-		for _, kv := range v.Headers {
-			h.Set(kv[0], kv[1])
+		for k, v := range headers(res) {
+			h.Set(k, v)
 		}
-		if proxyOK != v.Allowed {
-			t.Fatalf("step %d (%s from %s, %s): proxy %d, rls allowed=%t", step, a.name, src, v.Class, rec.Code, v.Allowed)
+		if proxyOK != allowed {
+			t.Fatalf("step %d (%s from %s): proxy %d, rls %v", step, a.name, src, rec.Code, res.GetOverallCode())
 		}
 		if !proxyOK && rec.Code != http.StatusTooManyRequests {
 			t.Fatalf("step %d: proxy answered %d", step, rec.Code)
@@ -223,14 +223,14 @@ func TestEquivalenceClasses(t *testing.T) {
 		for _, f := range []string{"RateLimit", "RateLimit-Policy", "Retry-After"} {
 			pv := strings.ReplaceAll(rec.Header().Get(f), `"p-`, `"r-`)
 			if pv != h.Get(f) {
-				t.Fatalf("step %d (%s from %s, %s): %s proxy %q, rls %q", step, a.name, src, v.Class, f, pv, h.Get(f))
+				t.Fatalf("step %d (%s from %s): %s proxy %q, rls %q", step, a.name, src, f, pv, h.Get(f))
 			}
 		}
-		if !v.Allowed && v.Statuses[1].Over && v.Statuses[1].Decision.Remaining > 0 {
+		if st := res.GetStatuses()[1]; st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && st.GetLimitRemaining() > 0 {
 			reserveRefusals++ // refused with room left: the reserve was not its
 		}
 	}
-	pcnt, rcnt := proxyTable.Counts(), svc.classCounts()
+	pcnt, rcnt := proxyTable.Counts(), srv.Service().classCounts()
 	for c := range class.NumClasses {
 		if pcnt.Admitted[c] != rcnt.Admitted[c] || pcnt.Refused[c] != rcnt.Refused[c] {
 			t.Errorf("class %s: proxy admitted %d refused %d, rls admitted %d refused %d", class.Class(c),
