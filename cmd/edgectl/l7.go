@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -140,6 +141,9 @@ func printRLSExplanation(out io.Writer, e control.RLSExplanation) {
 		verdict = "OVER_LIMIT (a local limit has no room)"
 	}
 	fmt.Fprintf(out, "domain %s: %s\n", e.Domain, verdict)
+	if e.Class != "" {
+		fmt.Fprintf(out, "client %s: next request charged as %s\n", e.Client, e.Class)
+	}
 	for _, d := range e.Descriptors {
 		if d.Rule == "" {
 			fmt.Fprintf(out, "descriptor [%s]: no rule matches: not limited (OK)\n", d.Entries)
@@ -161,7 +165,11 @@ func printRLSExplanation(out io.Writer, e control.RLSExplanation) {
 				fmt.Fprintf(w, "  %s\t%s\t%s\t(in redis, not read)\t\t\n", name, l.Rate, l.Backend)
 				continue
 			}
-			fmt.Fprintf(w, "  %s\t%s\t%s\t%d\t%s\t\n", name, l.Rate, l.Backend, l.Remaining, time.Duration(l.Reset))
+			remaining := strconv.FormatInt(l.Remaining, 10)
+			if l.Reserve > 0 {
+				remaining += fmt.Sprintf(" (reserve %d)", l.Reserve)
+			}
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t\n", name, l.Rate, l.Backend, remaining, time.Duration(l.Reset))
 		}
 		_ = w.Flush()
 	}

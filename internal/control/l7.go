@@ -47,8 +47,15 @@ type L7RouteStat struct {
 // RLSExplanation is `edgectl l7 explain`: what the rate-limit service
 // would answer now for a domain and descriptors, charging nothing.
 type RLSExplanation struct {
-	Domain      string                 `json:"domain"`
-	Allowed     bool                   `json:"allowed"` // every local limit has room (redis limits are not read)
+	Domain  string `json:"domain"`
+	Allowed bool   `json:"allowed"` // every local limit has room (redis limits are not read)
+	// Class is the class the client's next request would be charged as
+	// (its first remote_address; "" when the request is not ranked:
+	// l7.classes off, no remote_address or no rule matched). Outside the
+	// first class (established, authenticated) a limit's reserve is not
+	// the request's.
+	Class       string                 `json:"class,omitempty"`
+	Client      string                 `json:"client,omitempty"`
 	Descriptors []RLSDescriptorExplain `json:"descriptors"`
 }
 
@@ -70,6 +77,7 @@ type RLSLimitExplain struct {
 	Read      bool     `json:"read"` // false: kept in Redis, not read by explain
 	Allowed   bool     `json:"allowed"`
 	Remaining int64    `json:"remaining"`
+	Reserve   int64    `json:"reserve,omitempty"` // units only the first class may use
 	Reset     Duration `json:"reset"`
 	Retry     Duration `json:"retry_after,omitempty"`
 }

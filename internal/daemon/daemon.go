@@ -331,10 +331,13 @@ func newDaemon(o Options) *Daemon {
 		shield:      newShieldRun(),
 	}
 	d.reg = d.newRegistry()
+	// One class table for the L7 stage and the rate-limit service: a
+	// client's history is one whichever way its requests come.
+	classes := class.NewTable(class.DefaultClients, classStandings{d}, nil, class.Config{})
 	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops,
-		Classes: class.NewTable(class.DefaultClients, classStandings{d}, nil, class.Config{})})
+		Classes: classes})
 	d.reg.MustRegister(d.l7.Collector())
-	d.rls = rls.NewServer(rls.ServerOptions{Logger: log.With("stage", "l7-rls"), Escalator: d})
+	d.rls = rls.NewServer(rls.ServerOptions{Logger: log.With("stage", "l7-rls"), Escalator: d, Classes: classes})
 	d.reg.MustRegister(d.rls.Collector())
 	return d
 }

@@ -65,7 +65,13 @@ func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort fu
 	}
 	// The rate-limit service (internal/l7/rls): the same limits behind
 	// Envoy's RLS and the subrequest endpoint.
-	rch, err := d.rls.Prepare(next.rls)
+	rcfg := next.rls
+	if rcfg != nil {
+		c := *rcfg
+		c.EstablishedAfter = next.compiled.Standing.EstablishedAfter
+		rcfg = &c
+	}
+	rch, err := d.rls.Prepare(rcfg)
 	if err != nil {
 		ch.Abort()
 		return nil, nil, fmt.Errorf("l7 rate-limit service: %w", err)

@@ -47,6 +47,11 @@ func rlsExplanation(req *rls.Request, v *rls.Verdict) control.RLSExplanation {
 	// Explain takes 0 units: a limit admits the next request when one
 	// unit remains.
 	e := control.RLSExplanation{Domain: req.Domain, Allowed: true}
+	outside := false
+	if v.Ranked {
+		e.Class, e.Client = v.Class.String(), v.Client.String()
+		outside = !v.Class.Priority()
+	}
 	for i, st := range v.Statuses {
 		var parts []string
 		for _, en := range req.Descriptors[i].Entries {
@@ -56,8 +61,12 @@ func rlsExplanation(req *rls.Request, v *rls.Verdict) control.RLSExplanation {
 		for _, l := range st.Limits {
 			le := control.RLSLimitExplain{Name: l.Name, Rate: fmt.Sprintf("%d/%s", l.Count, l.Per), Backend: l.Backend,
 				Shadow: l.Shadow, Read: l.Decision.Limit > 0, Remaining: l.Decision.Remaining,
-				Reset: control.Duration(l.Decision.Reset)}
-			le.Allowed = !le.Read || le.Remaining >= 1
+				Reserve: l.Reserve, Reset: control.Duration(l.Decision.Reset)}
+			need := int64(1)
+			if outside {
+				need += l.Reserve // the reserve is the first class's
+			}
+			le.Allowed = !le.Read || le.Remaining >= need
 			if le.Read && !le.Shadow && !le.Allowed {
 				e.Allowed = false
 			}

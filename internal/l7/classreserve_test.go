@@ -73,3 +73,71 @@ func TestReserveOutsideFirstClass(t *testing.T) {
 		t.Error("a reserve of the whole limit accepted")
 	}
 }
+
+// TestTakeAllOutsideReserveIsTheMiddlewares: the rate-limit service's
+// TakeAllOutsideReserve and a route's DecideOutsideReserve decide the same
+// sequence the same way (one code path): admissions, refusals and
+// Retry-After, with a personal limit beside the reserved one.
+func TestTakeAllOutsideReserveIsTheMiddlewares(t *testing.T) {
+	clock := new(l7test.ManualClock)
+	alg := func(n, burst int64) Algorithm {
+		g, err := NewGCRA(n, time.Second, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	m, err := NewMiddleware(Config{Clock: clock, Rules: []Rule{
+		{Name: "all", Key: func(*http.Request) (uint64, bool) { return 1, true }, Algorithm: alg(10, 10), Reserve: 4},
+		{Name: "one", Key: func(*http.Request) (uint64, bool) { return 2, true }, Algorithm: alg(20, 6)},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := NewStore(alg(10, 10), StoreConfig{Capacity: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := NewStore(alg(20, 6), StoreConfig{Capacity: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	inReserve := 0
+	for step := range 60 {
+		first := step%3 == 0 // every third request is the first class's
+		var p Pending
+		if first {
+			m.Decide(r, &p)
+		} else {
+			m.DecideOutsideReserve(r, &p)
+		}
+		checks := []Check{{Store: all, Key: 1, N: 1, Reserve: 4}, {Store: one, Key: 2, N: 1}}
+		var out [2]Decision
+		var c Charges
+		var ok bool
+		if first {
+			ok = TakeAll(clock, checks, out[:], &c)
+		} else {
+			ok = TakeAllOutsideReserve(clock, checks, out[:], &c)
+		}
+		if ok != p.Allowed() {
+			t.Fatalf("step %d (first %t): middleware %t, TakeAll %t", step, first, p.Allowed(), ok)
+		}
+		if p.Allowed() {
+			p.Commit()
+		}
+		if !ok && !first && out[0].Remaining > 0 {
+			inReserve++
+		}
+		for i := range out {
+			if out[i] != p.out[i] {
+				t.Fatalf("step %d limit %d: middleware %+v, TakeAll %+v", step, i, p.out[i], out[i])
+			}
+		}
+		clock.Advance(40 * time.Millisecond)
+	}
+	if inReserve == 0 {
+		t.Fatal("no request was refused inside the reserve")
+	}
+}

@@ -37,6 +37,28 @@ func TakeAll(clock Clock, checks []Check, out []Decision, c *Charges) bool {
 	return ok
 }
 
+// TakeAllOutsideReserve is TakeAll for a request outside the first class
+// of the L7 ranking (internal/l7/class): it may not use the checks'
+// Reserve, exactly as a proxy route's request outside it
+// (Middleware.DecideOutsideReserve): a charge that would leave a check
+// with fewer than its Reserve units is given back and the request refused
+// (out[i].RetryAfter the time until the reserve and the cost are back).
+func TakeAllOutsideReserve(clock Clock, checks []Check, out []Decision, c *Charges) bool {
+	if len(checks) == 0 {
+		return true
+	}
+	var charges *[MaxChecks]undo
+	if c != nil {
+		charges = &c.charges
+		c.n = 0
+	}
+	ok := takeOutsideReserve(clock, clock.Now(), checks, out, nil, charges)
+	if ok && c != nil {
+		c.n = copy(c.checks[:], checks)
+	}
+	return ok
+}
+
 // Refund gives back what TakeAll charged (nothing if it refused or was
 // refunded already) and writes each check's state after the refund to out.
 func (c *Charges) Refund(clock Clock, out []Decision) {

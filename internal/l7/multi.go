@@ -6,10 +6,14 @@ import "sync"
 const MaxChecks = 8
 
 // Check is one limit of a multi-limit request: n units of key in store.
+// Reserve is the units of the limit a request outside the first class of
+// the L7 ranking may not use (Rule.Reserve; takeOutsideReserve); takeAll
+// ignores it.
 type Check struct {
-	Store *Store
-	Key   uint64
-	N     int64
+	Store   *Store
+	Key     uint64
+	N       int64
+	Reserve int64
 }
 
 // takeAll applies several limits all-or-nothing: the request is charged

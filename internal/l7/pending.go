@@ -100,7 +100,7 @@ func (m *Middleware) decide(r *http.Request, p *verdict, charges *[MaxChecks]und
 			}
 			continue
 		}
-		p.checks[n] = Check{Store: ru.store, Key: key, N: ru.cost}
+		p.checks[n] = Check{Store: ru.store, Key: key, N: ru.cost, Reserve: ru.reserve}
 		p.applied[n] = ru
 		n++
 	}
@@ -129,34 +129,42 @@ func (m *Middleware) decide(r *http.Request, p *verdict, charges *[MaxChecks]und
 }
 
 // takeOutsideReserve is takeAll for a request that may not use the rules'
-// reserves: a charge that leaves a rule under its reserve is given back
-// and the request refused.
+// reserves.
 func (m *Middleware) takeOutsideReserve(now int64, p *verdict, charges *[MaxChecks]undo) bool {
-	n := p.n
+	return takeOutsideReserve(m.clock, now, p.checks[:p.n], p.out[:p.n], &p.full, charges)
+}
+
+// takeOutsideReserve is takeAll for a request outside the first class of
+// the L7 ranking: a charge that leaves a check under its Reserve is given
+// back and the request refused, each such check with a Retry-After that
+// brings its reserve and the request's cost back (from the limit's rate).
+// The proxy's routes (Middleware.DecideOutsideReserve) and the rate-limit
+// service (TakeAllOutsideReserve) both decide through it.
+func takeOutsideReserve(clock Clock, now int64, checks []Check, out []Decision, full *[MaxChecks]bool, charges *[MaxChecks]undo) bool {
 	var local [MaxChecks]undo
 	if charges == nil {
 		charges = &local
 	}
-	if !takeAll(now, p.checks[:n], p.out[:n], &p.full, charges) {
+	if !takeAll(now, checks, out, full, charges) {
 		return false
 	}
 	into := false
-	for i := range n {
-		if ru := p.applied[i]; ru.reserve > 0 && p.out[i].Remaining < ru.reserve {
+	for i := range checks {
+		if r := checks[i].Reserve; r > 0 && out[i].Remaining < r {
 			into = true
 		}
 	}
 	if !into {
 		return true
 	}
-	refundAll(m.clock, p.checks[:n], charges, p.out[:n])
-	for i := range n {
-		ru, d := p.applied[i], &p.out[i]
-		if ru.reserve == 0 || d.Remaining >= ru.reserve+ru.cost {
+	refundAll(clock, checks, charges, out)
+	for i := range checks {
+		r, cost, d := checks[i].Reserve, checks[i].N, &out[i]
+		if r == 0 || d.Remaining >= r+cost {
 			continue
 		}
 		d.Allowed = false
-		need := ru.reserve + ru.cost - max(d.Remaining, 0)
+		need := r + cost - max(d.Remaining, 0)
 		d.RetryAfter = time.Duration(float64(need) * float64(d.Window) / float64(max(d.Limit, 1)))
 	}
 	return false

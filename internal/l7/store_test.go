@@ -160,7 +160,7 @@ func TestTakeAllAllOrNothing(t *testing.T) {
 	}
 	// A rejected TakeAll reports the uncharged state of the passing limit.
 	var out [2]Decision
-	if takeAllTest(0, []Check{{perIP, 7, 1}, {perTenant, 9, 1}}, out[:]) {
+	if takeAllTest(0, []Check{{perIP, 7, 1, 0}, {perTenant, 9, 1, 0}}, out[:]) {
 		t.Fatal("tenant quota exceeded but passed")
 	}
 	if out[0].Remaining != 50 || out[1].Allowed {
@@ -173,10 +173,10 @@ func TestTakeAllAllOrNothing(t *testing.T) {
 func TestTakeAllSameKeyTwice(t *testing.T) {
 	s := newStore(t, mustAlg(NewFixedWindow(3, time.Hour)), StoreConfig{Capacity: 64})
 	var out [2]Decision
-	if !takeAllTest(0, []Check{{s, 1, 1}, {s, 1, 1}}, out[:]) || out[1].Remaining != 1 {
+	if !takeAllTest(0, []Check{{s, 1, 1, 0}, {s, 1, 1, 0}}, out[:]) || out[1].Remaining != 1 {
 		t.Fatalf("first: %+v", out)
 	}
-	if takeAllTest(0, []Check{{s, 1, 1}, {s, 1, 1}}, out[:]) {
+	if takeAllTest(0, []Check{{s, 1, 1, 0}, {s, 1, 1, 0}}, out[:]) {
 		t.Fatal("4 units passed a limit of 3")
 	}
 	if d := s.Peek(1, 0); d.Remaining != 1 {
@@ -188,7 +188,7 @@ func TestStoreTakeDoesNotAllocate(t *testing.T) {
 	s := newStore(t, mustAlg(NewGCRA(1000, time.Second, 0)), StoreConfig{Capacity: 1 << 10})
 	other := newStore(t, mustAlg(NewSlidingWindow(1000, time.Second)), StoreConfig{Capacity: 1 << 10})
 	var out [2]Decision
-	checks := []Check{{s, 5, 1}, {other, 6, 1}}
+	checks := []Check{{s, 5, 1, 0}, {other, 6, 1, 0}}
 	if a := testing.AllocsPerRun(100, func() {
 		s.Take(42, 0, 1)
 		takeAllTest(0, checks, out[:])
@@ -246,7 +246,7 @@ func TestTakeAllRollbackRestoresInsertAndEviction(t *testing.T) {
 	full := newStore(t, mustAlg(NewFixedWindow(1, time.Hour)), StoreConfig{Capacity: 8})
 	full.Take(1, 0, 1)
 	var out [2]Decision
-	if takeAllTest(0, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
+	if takeAllTest(0, []Check{{a, 100, 1, 0}, {full, 1, 1, 0}}, out[:]) {
 		t.Fatal("passed an exhausted limit")
 	}
 	if st := a.Stats(); st.Keys != 0 {
@@ -255,7 +255,7 @@ func TestTakeAllRollbackRestoresInsertAndEviction(t *testing.T) {
 	for k := uint64(1); k <= 8; k++ {
 		a.Take(k, 0, 1) // fill the one bucket; idle again at 1s
 	}
-	if takeAllTest(2000*ms, []Check{{a, 100, 1}, {full, 1, 1}}, out[:]) {
+	if takeAllTest(2000*ms, []Check{{a, 100, 1, 0}, {full, 1, 1, 0}}, out[:]) {
 		t.Fatal("passed an exhausted limit")
 	}
 	if st := a.Stats(); st.Keys != 8 || st.Evictions != 0 {

@@ -114,7 +114,11 @@ func TestRLSThroughDaemon(t *testing.T) {
 		t.Fatalf("codes %v, want %v", codes, want)
 	}
 	out, err := h.ctl("l7", "explain", "--domain", "edge", "--descriptor", "remote_address=198.18.77.1")
-	if err != nil || !strings.Contains(out, "rule per-ip") || !strings.Contains(out, "gen-a") || !strings.Contains(out, "OVER_LIMIT") {
+	// The class ranking works with an rls-only l7: section (the service
+	// installs the ranking in the class table): an address the data plane
+	// has no history for is new.
+	if err != nil || !strings.Contains(out, "rule per-ip") || !strings.Contains(out, "gen-a") || !strings.Contains(out, "OVER_LIMIT") ||
+		!strings.Contains(out, "client 198.18.77.1: next request charged as new") {
 		t.Fatalf("edgectl l7 explain: %v\n%s", err, out)
 	}
 
@@ -165,5 +169,23 @@ func TestRLSThroughDaemon(t *testing.T) {
 	}
 	if over < 4 {
 		t.Errorf("edgeguard_l7_rls_requests_total{code=over_limit} = %v after the reload, want at least 4", over)
+	}
+	// Per class, without addresses: the 7 requests since the reload were
+	// new clients' (refused at least 4 times).
+	byClass := map[string]float64{}
+	for _, m := range mf["edgeguard_l7_rls_class_requests_total"].GetMetric() {
+		var cl, res string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "class":
+				cl = l.GetValue()
+			case "result":
+				res = l.GetValue()
+			}
+		}
+		byClass[cl+"/"+res] = m.GetCounter().GetValue()
+	}
+	if byClass["new/admitted"]+byClass["new/refused"] != 7 || byClass["new/refused"] < 4 {
+		t.Errorf("edgeguard_l7_rls_class_requests_total after the reload: %v, want 7 new, at least 4 refused", byClass)
 	}
 }

@@ -424,7 +424,15 @@ func (t *Table) Done(tk Ticket, refused bool) {
 		return
 	}
 	t.refused[tk.Class].Add(1)
-	if tk.way < 0 {
+	t.Settle(tk, true)
+}
+
+// Settle is Done without the table's counts (Counts: the L7 stage's
+// requests), for a caller that counts its own: the rate-limit service
+// (internal/l7/rls) shares the table, so a client's history is one, but
+// reports its requests by class in its own metrics.
+func (t *Table) Settle(tk Ticket, refused bool) {
+	if !refused || int(tk.Class) >= NumClasses || tk.way < 0 {
 		return
 	}
 	s := &t.sets[tk.set]

@@ -202,3 +202,32 @@ l7:
 		}
 	}
 }
+
+// TestReserveOfABurst: a limit's reserve is a share of what it holds at
+// once: its burst when it has one. A route-wide limit of 100/min with a
+// burst of 8 keeps 4 for the first class (not 50, which no request could
+// ever see remaining: every new client was refused).
+func TestReserveOfABurst(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		want int64
+	}{
+		{"rate: 100/min, burst: 8", 4},
+		{"rate: 100/min, burst: 8, algorithm: token-bucket", 4},
+		{"rate: 100/min, burst: 8, algorithm: leaky_bucket", 4},
+		{"rate: 100/min", 50},
+		{"rate: 100/min, algorithm: sliding-window", 50},
+		{"rate: 10/min, burst: 100, reserve: 99%", 9}, // at most all but one of the rate's count
+		{"rate: 2/min, burst: 1", 0},
+	} {
+		cfg := decodeYAML(t, "l7:\n  listen: 127.0.0.1:0\n  upstream: http://127.0.0.1:1\n  routes:\n    - name: api\n      limits: [{name: all, key: global, "+tc.spec+"}]\n", "")
+		l := cfg.Routes[0].Limits[0]
+		alg, err := newAlgorithm(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := reserveUnits(l, alg); got != tc.want {
+			t.Errorf("%s: reserve %d units, want %d", tc.spec, got, tc.want)
+		}
+	}
+}

@@ -7,6 +7,8 @@
 package proxy
 
 import (
+	"github.com/edgeguard/edgeguard/internal/l7/class"
+
 	"net/netip"
 	"net/url"
 	"regexp"
@@ -168,6 +170,14 @@ type Classes struct {
 	DefaultUsualRate int64
 	// CacheTTL is how long a data plane standing read is used.
 	CacheTTL time.Duration
+}
+
+// Ranking is the class table's configuration for these settings and the
+// policy's standing.established_after: the one the L7 stage and the
+// rate-limit service install in the table they share.
+func (c Classes) Ranking(establishedAfter time.Duration) class.Config {
+	return class.Config{EstablishedAfter: establishedAfter, Window: c.Window, Headroom: c.Headroom,
+		DefaultUsualRate: c.DefaultUsualRate, CacheTTL: c.CacheTTL}
 }
 
 // Headers selects the RateLimit header fields of responses.

@@ -63,6 +63,9 @@ type decoder struct {
 	// keyless: limits take no key (the rate-limit service's, keyed by
 	// their descriptor: LimitDecoder).
 	keyless bool
+	// aggregate: the keyless limits being decoded count an aggregate of
+	// clients (their default reserve is DefaultAggregateReserve).
+	aggregate bool
 }
 
 // integer is yamlcheck's UintIn for the non-negative ranges used here.
@@ -834,7 +837,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 			}
 			l.Reserve = pct
 		}
-	case l.Backend == BackendLocal && l.Key.Aggregate():
+	case l.Backend == BackendLocal && (l.Key.Aggregate() || d.keyless && d.aggregate):
 		l.Reserve = DefaultAggregateReserve
 	}
 	if (l.Algorithm == AlgSlidingWindow || l.Algorithm == AlgFixedWindow || l.Algorithm == AlgSlidingLog) && l.Burst != 0 {

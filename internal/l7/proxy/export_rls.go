@@ -20,6 +20,9 @@ import (
 // NewAlgorithm builds a local limit's algorithm, as a route's.
 func NewAlgorithm(l Limit) (l7.Algorithm, error) { return newAlgorithm(l) }
 
+// ReserveUnits is l's reserve in units of alg's limit, as a route's.
+func ReserveUnits(l Limit, alg l7.Algorithm) int64 { return reserveUnits(l, alg) }
+
 // RedisRule builds a redis limit's rule, as a route's.
 func RedisRule(l Limit) (redislimit.Rule, error) { return redisRule(l) }
 
@@ -53,7 +56,13 @@ func NewLimitDecoder(file string, cfg *Config) *LimitDecoder {
 func (ld *LimitDecoder) Checker() *yamlcheck.Checker { return &ld.d.Checker }
 
 // Limits decodes a sequence of limits (where names it in problems).
-func (ld *LimitDecoder) Limits(n *yaml.Node, where string, rc *Redis) []Limit {
+// aggregate: they count an aggregate of clients, so a local limit's
+// reserve defaults to DefaultAggregateReserve, as a route limit keyed on
+// global, endpoint, prefix or asn; otherwise to 0, as one keyed on a
+// client.
+func (ld *LimitDecoder) Limits(n *yaml.Node, where string, rc *Redis, aggregate bool) []Limit {
+	ld.d.aggregate = aggregate
+	defer func() { ld.d.aggregate = false }()
 	return ld.d.limits(n, where, rc)
 }
 

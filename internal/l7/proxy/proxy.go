@@ -509,6 +509,24 @@ func (p *Proxy) newShed(c Concurrency, what string) (*shed.Limiter, func(onShed 
 	return l, mw, nil
 }
 
+// reserveUnits is l's Reserve (a percentage) in units of what the limit
+// holds at once, rounded down and at most all but one unit. What it holds
+// is its burst when it has one (gcra, token-bucket, leaky_bucket), else
+// the rate's count: a reserve taken from the count of a limit whose burst
+// is smaller would be above what a request can ever see remaining, and
+// refuse every request outside the first class. (At most all but one of
+// the rate's count, too: the middleware's bound.)
+func reserveUnits(l Limit, alg l7.Algorithm) int64 {
+	if l.Reserve <= 0 {
+		return 0
+	}
+	size := alg.Limit()
+	if l.Burst > 0 {
+		size = l.Burst
+	}
+	return min(size*int64(l.Reserve)/100, size-1, alg.Limit()-1)
+}
+
 func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 	alg, err := newAlgorithm(l)
 	if err != nil {
@@ -518,14 +536,10 @@ func (p *Proxy) rule(l Limit, route string) (l7.Rule, error) {
 	if capacity == 0 {
 		capacity = DefaultLocalCapacity
 	}
-	var reserve int64
-	if l.Reserve > 0 {
-		reserve = min(alg.Limit()*int64(l.Reserve)/100, alg.Limit()-1)
-	}
 	return l7.Rule{
 		Name:      l.Name,
 		Key:       p.km.hashFunc(l.Key, route),
-		Reserve:   reserve,
+		Reserve:   reserveUnits(l, alg),
 		Algorithm: alg,
 		Shadow:    l.Shadow,
 		Shape:     l.Shape,

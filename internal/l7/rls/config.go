@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -53,11 +54,20 @@ type Config struct {
 
 	// From the l7: section.
 	ClientPrefixV4, ClientPrefixV6 int
-	Redis                          *proxy.Redis
-	Escalation                     proxy.Escalation
-	Headers                        proxy.Headers
-	AccessLog                      string
-	TrustedProxies                 []netip.Prefix // for the subrequest endpoint's ?forwarded=1
+	// Classes is l7.classes: when enabled, a request that names its client
+	// (remote_address) is charged as the client's class in the class
+	// table the L7 stage uses (docs/l7-rls.md, "Client classes").
+	Classes        proxy.Classes
+	Redis          *proxy.Redis
+	Escalation     proxy.Escalation
+	Headers        proxy.Headers
+	AccessLog      string
+	TrustedProxies []netip.Prefix // for the subrequest endpoint's ?forwarded=1
+
+	// From the policy's standing: section (the daemon sets it):
+	// standing.established_after, the L7 history a client needs to rank
+	// as established.
+	EstablishedAfter time.Duration
 }
 
 // TLS is the gRPC listener's certificate, and the CA that client
@@ -74,6 +84,28 @@ type Rule struct {
 	Entries []EntryMatch
 	Limits  []proxy.Limit
 	Tiers   *Tiers
+}
+
+// aggregateKeys are the descriptor entries of Envoy's rate limit actions
+// whose values name no client: a fixed string (generic_key,
+// header_value_match's header_match), a cluster, or a prefix of
+// addresses (masked_remote_address).
+var aggregateKeys = map[string]bool{"generic_key": true, "header_match": true, "destination_cluster": true,
+	"source_cluster": true, "masked_remote_address": true}
+
+// Aggregate reports whether r counts an aggregate of clients: each of its
+// entries has a fixed value or is one of Envoy's aggregate actions
+// (aggregateKeys). A rule with remote_address, or with an entry whose
+// value could name a client (a request header, metadata), is personal.
+// An aggregate rule's local limits take the reserve of a route limit keyed
+// on global or prefix by default (DefaultAggregateReserve).
+func (r Rule) Aggregate() bool {
+	for _, e := range r.Entries {
+		if e.Value == "" && !aggregateKeys[e.Key] {
+			return false
+		}
+	}
+	return len(r.Entries) > 0
 }
 
 // EntryMatch is one entry of a rule's descriptor: a key, and a value it
@@ -105,7 +137,7 @@ func Decode(cfg *proxy.Config, file string) (*Config, []policy.Problem) {
 	}
 	ld := proxy.NewLimitDecoder(file, cfg)
 	c := ld.Checker()
-	out := &Config{ClientPrefixV4: cfg.ClientPrefixV4, ClientPrefixV6: cfg.ClientPrefixV6, Redis: cfg.Redis,
+	out := &Config{ClientPrefixV4: cfg.ClientPrefixV4, ClientPrefixV6: cfg.ClientPrefixV6, Classes: cfg.Classes, Redis: cfg.Redis,
 		Escalation: cfg.Escalation, Headers: cfg.Headers, AccessLog: cfg.AccessLog, TrustedProxies: cfg.TrustedProxies}
 	f := c.Fields(cfg.RLS, "l7 rls", "listen", "unix", "tls", "http_listen", "rules")
 	if f == nil {
@@ -264,7 +296,7 @@ func decodeRule(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) (Rule, bo
 		ok = false
 	}
 	if v, has := f["limits"]; has {
-		r.Limits = ld.Limits(v, where, rc)
+		r.Limits = ld.Limits(v, where, rc, r.Aggregate())
 	}
 	if v, has := f["tiers"]; has {
 		r.Tiers = decodeTiers(ld, v, where, rc, r.Entries)
@@ -303,6 +335,7 @@ func countLocal(ls []proxy.Limit) int {
 }
 
 func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.Redis, entries []EntryMatch) *Tiers {
+	aggregate := Rule{Entries: entries}.Aggregate()
 	c := ld.Checker()
 	f := c.Fields(n, where+" tiers", "entry", "default", "levels")
 	if f == nil {
@@ -333,7 +366,7 @@ func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.R
 		} else {
 			for i := 0; i+1 < len(v.Content); i += 2 {
 				name, ok := ld.Name(yamlcheck.Resolve(v.Content[i]), "tier name")
-				ls := ld.Limits(v.Content[i+1], fmt.Sprintf("%s tier %q", where, name), rc)
+				ls := ld.Limits(v.Content[i+1], fmt.Sprintf("%s tier %q", where, name), rc, aggregate)
 				for _, l := range ls {
 					if l.Shape {
 						c.Errorf(v.Content[i+1], "%s tier %q limit %q: shape: true is not supported by the rate-limit service", where, name, l.Name)

@@ -271,3 +271,47 @@ func TestExamplePolicy(t *testing.T) {
 	}
 	ch.Commit()
 }
+
+// TestDefaultReserve: a rule's local limits keep half for the first class
+// by default when the descriptor counts an aggregate of clients (fixed
+// values, generic_key, clusters, masked_remote_address), as a route limit
+// keyed on global or prefix; none when it may name a client
+// (remote_address, a request header); an explicit reserve wins; redis
+// limits have none.
+func TestDefaultReserve(t *testing.T) {
+	_, cfg := decodeL7(t, `
+l7:
+  redis: {addr: 127.0.0.1:1}
+  rls:
+    listen: 127.0.0.1:0
+    rules:
+      - {name: a, domain: d, descriptor: [generic_key=api], limits: [{name: a, rate: 10/s}]}
+      - {name: b, domain: d, descriptor: [generic_key], limits: [{name: b, rate: 10/s}]}
+      - {name: c, domain: d, descriptor: [masked_remote_address], limits: [{name: c, rate: 10/s}]}
+      - {name: e, domain: d, descriptor: [destination_cluster, header_match=x], limits: [{name: e, rate: 10/s}]}
+      - {name: f, domain: d, descriptor: [remote_address], limits: [{name: f, rate: 10/s}]}
+      - {name: g, domain: d, descriptor: [generic_key=api, remote_address], limits: [{name: g, rate: 10/s}]}
+      - {name: h, domain: d, descriptor: [user_id], limits: [{name: h, rate: 10/s}]}
+      - {name: i, domain: d, descriptor: [generic_key=x], limits: [{name: i, rate: 10/s, reserve: 20%}]}
+      - {name: j, domain: d2, descriptor: [remote_address], limits: [{name: j, rate: 10/s, reserve: 10%}]}
+      - {name: k, domain: d, descriptor: [generic_key=y], limits: [{name: k, rate: 10/s, backend: redis}]}
+      - name: l
+        domain: d
+        descriptor: [generic_key=z, plan]
+        tiers: {entry: plan, levels: {gold: [{name: l, rate: 10/s}]}}
+      - name: m
+        domain: d
+        descriptor: [destination_cluster, plan]
+        tiers: {entry: plan, levels: {gold: [{name: m, rate: 10/s}]}}
+`)
+	want := map[string]int{"a": 50, "b": 50, "c": 50, "e": 50, "f": 0, "g": 0, "h": 0, "i": 20, "j": 10, "k": 0, "l": 0, "m": 0}
+	for _, r := range cfg.Rules {
+		ls := r.Limits
+		if r.Tiers != nil {
+			ls = r.Tiers.Levels[0].Limits
+		}
+		if got := ls[0].Reserve; got != want[r.Name] {
+			t.Errorf("rule %s [%s]: reserve %d%%, want %d%%", r.Name, entriesString(r.Entries), got, want[r.Name])
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 )
 
 // logDecision writes one access-log line for a decision (nothing without
@@ -55,6 +56,9 @@ func (s *Service) logDecision(via string, req *Request, v *Verdict, err error, t
 			break
 		}
 	}
+	if v.Ranked {
+		e.Class = v.Class.String()
+	}
 	e.Request = &http.Request{Method: via, Host: req.Domain, URL: &url.URL{Path: b.String()}, RemoteAddr: peer}
 	s.alog.Log(e)
 }
@@ -74,6 +78,9 @@ var (
 		[]string{"rule", "limit", "decision"}, nil)
 	descEscalated = prometheus.NewDesc("edgeguard_l7_rls_escalations_total",
 		"Sources the rate-limit service queued for the XDP deny list.", nil, nil)
+	descClass = prometheus.NewDesc("edgeguard_l7_rls_class_requests_total",
+		"Rate-limit service requests by the client's class (unranked: no remote_address) and result: admitted, refused.",
+		[]string{"class", "result"}, nil)
 	descKeys = prometheus.NewDesc("edgeguard_l7_rls_store_keys",
 		"Keys held by a local limit's store (and its capacity).", []string{"rule", "limit", "what"}, nil)
 )
@@ -83,6 +90,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descLimit
 	ch <- descEscalated
 	ch <- descKeys
+	ch <- descClass
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -94,6 +102,16 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(svc.requests[i].Load()), code)
 	}
 	ch <- prometheus.MustNewConstMetric(descEscalated, prometheus.CounterValue, float64(svc.escalated.Load()))
+	if svc.classes != nil {
+		for i := range svc.byClass {
+			name := "unranked"
+			if i < class.NumClasses {
+				name = class.Class(i).String()
+			}
+			ch <- prometheus.MustNewConstMetric(descClass, prometheus.CounterValue, float64(svc.byClass[i][0].Load()), name, "admitted")
+			ch <- prometheus.MustNewConstMetric(descClass, prometheus.CounterValue, float64(svc.byClass[i][1].Load()), name, "refused")
+		}
+	}
 	for _, r := range svc.rules {
 		for _, l := range r.all {
 			for i, d := range []string{"allowed", "rejected", "shadow_rejected"} {

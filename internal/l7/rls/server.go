@@ -24,6 +24,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 )
 
@@ -45,6 +46,10 @@ type ServerOptions struct {
 	Logger    *slog.Logger
 	Clock     l7.Clock
 	Escalator proxy.Escalator
+	// Classes is the class table shared with the L7 stage (nil: requests
+	// are not ranked). A committed configuration with l7.classes enabled
+	// installs its ranking settings in it (the same the stage installs).
+	Classes *class.Table
 }
 
 // Server runs the rate-limit service's listeners and swaps the Service
@@ -165,7 +170,8 @@ func (s *Server) Prepare(cfg *Config) (*Change, error) {
 				return nil, err
 			}
 		}
-		if svc, err = New(cfg, Options{Logger: s.log, Clock: s.opts.Clock, Escalator: s.opts.Escalator, AccessLog: alog}); err != nil {
+		if svc, err = New(cfg, Options{Logger: s.log, Clock: s.opts.Clock, Escalator: s.opts.Escalator, AccessLog: alog,
+			Classes: s.opts.Classes}); err != nil {
 			if newLog {
 				alog.Close()
 			}
@@ -204,6 +210,9 @@ func (s *Server) Prepare(cfg *Config) (*Change, error) {
 		defer s.mu.Unlock()
 		if tc != nil {
 			s.cert.Store(tc)
+		}
+		if cfg != nil && cfg.Classes.Enabled && s.opts.Classes != nil {
+			s.opts.Classes.Configure(cfg.Classes.Ranking(cfg.EstablishedAfter))
 		}
 		old := s.cur.Swap(svc)
 		s.cfg = cfg

@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
+	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 	"github.com/edgeguard/edgeguard/internal/l7/redislimit"
 )
@@ -53,11 +54,14 @@ var ErrUnavailable = errors.New("rate-limit decision unavailable")
 
 // LimitStatus is one limit's decision on one descriptor.
 type LimitStatus struct {
-	Name     string
-	Count    int64
-	Per      time.Duration
-	Backend  string
-	Shadow   bool
+	Name    string
+	Count   int64
+	Per     time.Duration
+	Backend string
+	Shadow  bool
+	// Reserve is the units of the limit only the first class may use
+	// (the limit's reserve; 0 for none).
+	Reserve  int64
 	Decision l7.Decision
 }
 
@@ -89,6 +93,15 @@ type Verdict struct {
 	// Escalated: this refusal sent the descriptor's remote_address to the
 	// deny list.
 	Escalated bool
+	// Ranked: the request was charged as its client's Class (l7.classes
+	// on, a descriptor matched a rule and one names remote_address); a
+	// request that is not ranked may use the limits' reserves, as before
+	// the ranking. For Explain, Class is the class the client's next
+	// request would be charged as.
+	Ranked bool
+	Class  class.Class
+	// Client is the address the request was ranked by.
+	Client netip.Addr
 }
 
 // Options are a Service's collaborators.
@@ -100,6 +113,10 @@ type Options struct {
 	Escalator proxy.Escalator
 	// AccessLog, when set, receives one line per decision.
 	AccessLog *accesslog.Log
+	// Classes is the class table the L7 stage ranks its clients in
+	// (shared, so a client's history is one whichever way its requests
+	// come); used while Config.Classes is enabled.
+	Classes *class.Table
 }
 
 // Service decides rate-limit requests with one configuration. A reload
@@ -123,6 +140,10 @@ type Service struct {
 	scratch   sync.Pool       // *scratch
 	requests  [3]atomic.Int64 // ok, over_limit, error
 	escalated atomic.Int64
+	classes   *class.Table // nil: no ranking
+	// byClass counts decided requests by class (index class.NumClasses:
+	// not ranked) and answer (0 admitted, 1 refused).
+	byClass [class.NumClasses + 1][2]atomic.Int64
 }
 
 type rule struct {
@@ -144,9 +165,10 @@ type limitSet struct {
 
 type limit struct {
 	proxy.Limit
-	store  *l7.Store // local backend
-	policy string
-	counts [4]atomic.Int64 // allowed, rejected, shadow_rejected, full
+	store   *l7.Store // local backend
+	reserve int64     // the reserve in units (proxy.ReserveUnits)
+	policy  string
+	counts  [4]atomic.Int64 // allowed, rejected, shadow_rejected, full
 }
 
 const (
@@ -174,6 +196,9 @@ func New(cfg *Config, opts Options) (*Service, error) {
 	}
 	if s.clock == nil {
 		s.clock = l7.NewSystemClock()
+	}
+	if cfg.Classes.Enabled {
+		s.classes = opts.Classes
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	ok := false
@@ -263,6 +288,7 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 				if capacity == 0 {
 					capacity = proxy.DefaultLocalCapacity
 				}
+				lim.reserve = proxy.ReserveUnits(l, alg)
 				if lim.store, err = l7.NewStore(alg, l7.StoreConfig{Capacity: capacity}); err != nil {
 					return nil, fmt.Errorf("rls: rule %q limit %q: %w", ruleName, l.Name, err)
 				}
@@ -390,10 +416,9 @@ func (s *Service) match(domain string, d *Descriptor) *rule {
 // key is the counting key of d under r: the rule and every entry, with
 // remote_address grouped by the l7 client_prefix as the proxy's ip key.
 // ok is false for a remote_address that is not an address.
-func (s *Service) key(r *rule, d *Descriptor) (string, netip.Addr, bool) {
+func (s *Service) key(r *rule, d *Descriptor) (string, bool) {
 	var b strings.Builder
 	b.WriteString(r.Name)
-	var src netip.Addr
 	for _, e := range d.Entries {
 		b.WriteByte('|')
 		b.WriteString(e.Key)
@@ -401,9 +426,9 @@ func (s *Service) key(r *rule, d *Descriptor) (string, netip.Addr, bool) {
 		if e.Key == "remote_address" {
 			a, err := netip.ParseAddr(e.Value)
 			if err != nil {
-				return "", src, false
+				return "", false
 			}
-			src = a.Unmap()
+			src := a.Unmap()
 			bits := s.cfg.ClientPrefixV6
 			if src.Is4() {
 				bits = s.cfg.ClientPrefixV4
@@ -414,7 +439,7 @@ func (s *Service) key(r *rule, d *Descriptor) (string, netip.Addr, bool) {
 		}
 		b.WriteString(stableValue(e.Value))
 	}
-	return b.String(), src, true
+	return b.String(), true
 }
 
 // stableValue keeps keys short: long values are replaced by a hash (as
@@ -450,7 +475,6 @@ type prepared struct {
 	set   *limitSet
 	key   string
 	hkey  uint64
-	src   netip.Addr
 	n     int64
 	local []int // indexes into checks of its enforced local limits
 }
@@ -505,18 +529,19 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 	// First every descriptor is matched and checked, so a malformed
 	// request is refused before anything is charged.
 	nlocal := 0
+	matched := false
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		r := s.match(req.Domain, d)
 		if r == nil {
 			continue
 		}
-		key, src, ok := s.key(r, d)
+		key, ok := s.key(r, d)
 		if !ok {
 			return Verdict{}, fmt.Errorf("%w: descriptor %d: remote_address is not an IP address", ErrInvalid, i)
 		}
 		p := &ps[i]
-		p.r, p.key, p.src, p.n = r, key, src, base
+		p.r, p.key, p.n = r, key, base
 		if d.HasHits {
 			p.n = int64(d.Hits)
 		}
@@ -538,7 +563,25 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 			return Verdict{}, fmt.Errorf("%w: more than %d local limits apply to one request", ErrInvalid, l7.MaxChecks)
 		}
 		p.hkey = maphash.String(s.seed, key)
+		matched = true
 	}
+	// The request's class: the client is the first remote_address of its
+	// descriptors. The address is the calling proxy's claim: the ranking
+	// reads the data plane's standing for it and keeps its L7 history,
+	// and never promotes it.
+	var tk class.Ticket
+	if s.classes != nil && matched {
+		if a, ok := client(req); ok {
+			v.Ranked, v.Client = true, a
+			if peek {
+				v.Class = s.classes.Explain(a, true).Next
+			} else {
+				tk = s.classes.Classify(a, true)
+				v.Class = tk.Class
+			}
+		}
+	}
+	outside := v.Ranked && !v.Class.Priority() && !peek
 	now := s.clock.Now()
 	for i := range ps {
 		p := &ps[i]
@@ -553,10 +596,10 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 				if !d.Allowed && !peek {
 					l.counts[cShadowRejected].Add(1)
 				}
-				st.Limits = append(st.Limits, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendLocal, Shadow: true, Decision: d})
+				st.Limits = append(st.Limits, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendLocal, Shadow: true, Reserve: l.reserve, Decision: d})
 				continue
 			}
-			checks[nc] = l7.Check{Store: l.store, Key: p.hkey, N: p.n}
+			checks[nc] = l7.Check{Store: l.store, Key: p.hkey, N: p.n, Reserve: l.reserve}
 			owner[nc] = l
 			p.local = append(p.local, nc)
 			nc++
@@ -564,7 +607,15 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 	}
 	charges := &sc.charges
 	*charges = l7.Charges{}
-	localOK := l7.TakeAll(s.clock, checks[:nc], out[:nc], charges)
+	// A request outside the first class may not use the limits' reserves:
+	// the proxy's own decision (l7.TakeAllOutsideReserve is
+	// Middleware.DecideOutsideReserve's). Explain reads the state alone.
+	var localOK bool
+	if outside {
+		localOK = l7.TakeAllOutsideReserve(s.clock, checks[:nc], out[:nc], charges)
+	} else {
+		localOK = l7.TakeAll(s.clock, checks[:nc], out[:nc], charges)
+	}
 	if !localOK {
 		v.Allowed = false
 		for i := range nc {
@@ -654,7 +705,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		var enforced []LimitStatus
 		for _, ci := range p.local {
 			l := owner[ci]
-			enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendLocal, Decision: out[ci]})
+			enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendLocal, Reserve: l.reserve, Decision: out[ci]})
 		}
 		for _, rd := range redisRules(redisRes[i]) {
 			if rd.Source == redislimit.SourceSkipped {
@@ -702,18 +753,60 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 	}
 	if !v.Allowed {
 		v.Headers = append(v.Headers, [2]string{"Retry-After", strconv.FormatInt(l7.RetryAfterSeconds(retry), 10)})
+		// Escalation as the proxy's: every refused request counts once
+		// against its client (the first remote_address), whichever limit
+		// refused it (a descriptor without the address too: an aggregate's
+		// reserve), except an address of l7.trusted_proxies (denying it
+		// at the NIC would drop every client behind it).
 		if s.esc != nil && !peek {
-			for i := range ps {
-				if ps[i].r != nil && v.Statuses[i].Over && ps[i].src.IsValid() {
-					if s.esc.Note(ps[i].src) {
-						v.Escalated = true
-						s.escalated.Add(1)
-					}
-				}
+			if a, ok := client(req); ok && !s.trusted(a) && s.esc.Note(a) {
+				v.Escalated = true
+				s.escalated.Add(1)
 			}
 		}
 	}
+	if !peek {
+		refused := 0
+		if !v.Allowed {
+			refused = 1
+		}
+		if v.Ranked {
+			// A refusal restarts a new client's clean history, as a
+			// refusal by the proxy does; the table's own counts are the
+			// L7 stage's, the service counts its requests in byClass.
+			s.classes.Settle(tk, !v.Allowed)
+			s.byClass[v.Class][refused].Add(1)
+		} else {
+			s.byClass[class.NumClasses][refused].Add(1)
+		}
+	}
 	return v, nil
+}
+
+// trusted reports whether a is in l7.trusted_proxies.
+func (s *Service) trusted(a netip.Addr) bool {
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// client is the first remote_address of req's descriptors that is an
+// address.
+func client(req *Request) (netip.Addr, bool) {
+	for i := range req.Descriptors {
+		for _, e := range req.Descriptors[i].Entries {
+			if e.Key != "remote_address" {
+				continue
+			}
+			if a, err := netip.ParseAddr(e.Value); err == nil {
+				return a.Unmap(), true
+			}
+		}
+	}
+	return netip.Addr{}, false
 }
 
 func redisRules(rs []redislimit.Result) []redislimit.RuleDecision {

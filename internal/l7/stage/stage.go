@@ -217,9 +217,7 @@ type Standing struct {
 
 // classConfig is the ranking's configuration for cfg and std.
 func classConfig(cfg *proxy.Config, std Standing) class.Config {
-	c := cfg.Classes
-	return class.Config{EstablishedAfter: std.EstablishedAfter, Window: c.Window, Headroom: c.Headroom,
-		DefaultUsualRate: c.DefaultUsualRate, CacheTTL: c.CacheTTL}
+	return cfg.Classes.Ranking(std.EstablishedAfter)
 }
 
 // Prepare readies the stage to serve cfg (nil: no L7 stage) without
