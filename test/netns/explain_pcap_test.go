@@ -101,6 +101,8 @@ func TestExplainPcap(t *testing.T) {
 		t.Fatalf("%d deny-list frames in the capture, want at least 20", len(denied))
 	}
 	text := s.ctlText("explain", "--pcap", c.file)
+	lines := strings.Split(text, "\n")
+	t.Logf("explain --pcap (head and tail):\n%s\n...\n%s", strings.Join(lines[:min(len(lines), 6)], "\n"), strings.Join(lines[max(0, len(lines)-10):], "\n"))
 	for _, want := range []string{"private copy", "totals:", "drop  deny_list", "captured verdict get the same verdict"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("explain --pcap text lacks %q:\n%s", want, text[:min(len(text), 2000)])
