@@ -106,33 +106,15 @@ func (d *Daemon) ExplainFrames(ctx context.Context, req control.ExplainFramesReq
 		}
 		cand = &next
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	st, err := d.m.ReadState()
+	model, st, out, names, err := d.replayModel(cand)
 	if err != nil {
 		return control.FrameReplay{}, err
 	}
-	model, err := refmodel.FromState(st)
-	if err != nil {
-		return control.FrameReplay{}, fmt.Errorf("explain frames: %w", err)
-	}
-	out := control.FrameReplay{Generation: d.generation, Policy: "running",
-		Clock:  "the data plane's clock now, plus each frame's capture time after the first frame's",
-		Frames: make([]control.FrameVerdict, 0, len(frames))}
-	names := d.cur.names
-	if cand != nil {
-		lists, err := d.fittingLists(*cand)
-		if err != nil {
-			return control.FrameReplay{}, fmt.Errorf("%w: %w", errReplayInput, err)
-		}
-		if err := model.Apply(cand.compiled); err != nil {
-			return control.FrameReplay{}, fmt.Errorf("%w: candidate policy: %w", errReplayInput, err)
-		}
-		if err := model.SetLists(lists); err != nil {
-			return control.FrameReplay{}, fmt.Errorf("%w: candidate policy's lists: %w", errReplayInput, err)
-		}
-		out.Policy, names = cand.source, cand.names
-	}
+	out.Frames = make([]control.FrameVerdict, 0, len(frames))
+	// The frames are decided without the daemon's lock (a file of many
+	// frames takes a while): the model holds its copy, and the large
+	// tables it looks up as it goes are the kernel's maps, read as the
+	// program runs (an error reading one is the answer's, LiveErr).
 	totals := map[[2]string]int{}
 	var first, last time.Time
 	var offset time.Duration
@@ -204,4 +186,37 @@ func replayFrame(m *refmodel.Model, f capture.Frame, nowNS uint64, names map[uin
 		fv.Rule = names[v.RuleID]
 	}
 	return fv
+}
+
+// replayModel reads the live state into a model under the daemon's lock
+// and applies a candidate policy to it (nil: the running one); names are
+// the deciding policy's rule names.
+func (d *Daemon) replayModel(cand *running) (*refmodel.Model, *maps.State, control.FrameReplay, map[uint32]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := control.FrameReplay{Generation: d.generation, Policy: "running",
+		Clock: "the data plane's clock now, plus each frame's capture time after the first frame's"}
+	st, err := d.m.ReadState()
+	if err != nil {
+		return nil, nil, out, nil, err
+	}
+	model, err := refmodel.FromState(st)
+	if err != nil {
+		return nil, nil, out, nil, fmt.Errorf("explain frames: %w", err)
+	}
+	names := d.cur.names
+	if cand != nil {
+		lists, err := d.fittingLists(*cand)
+		if err != nil {
+			return nil, nil, out, nil, fmt.Errorf("%w: %w", errReplayInput, err)
+		}
+		if err := model.Apply(cand.compiled); err != nil {
+			return nil, nil, out, nil, fmt.Errorf("%w: candidate policy: %w", errReplayInput, err)
+		}
+		if err := model.SetLists(lists); err != nil {
+			return nil, nil, out, nil, fmt.Errorf("%w: candidate policy's lists: %w", errReplayInput, err)
+		}
+		out.Policy, names = cand.source, cand.names
+	}
+	return model, st, out, names, nil
 }
