@@ -3,8 +3,12 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -141,4 +145,54 @@ func TestExplainFramesRequestBounds(t *testing.T) {
 			t.Errorf("%d/%d bytes: %v, want %q", len(tc.req.Pcap), len(tc.req.Frame), err, tc.want)
 		}
 	}
+}
+
+// TestExplainFramesControlHostile: at the control socket, a body over the
+// bound is refused (413) whether it declares its length or streams, and a
+// file that is not an Ethernet capture is refused (422) saying why,
+// before any state is read (this daemon has no data plane).
+func TestExplainFramesControlHostile(t *testing.T) {
+	d := newDaemon(Options{})
+	mux := http.NewServeMux()
+	d.replayRoutes(mux)
+	sll := append([]byte{0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0}, make([]byte, 16)...)
+	sll[16], sll[20] = 128, 113 // snaplen 128, link type Linux SLL
+	body := func(req control.ExplainFramesRequest) io.Reader {
+		b, _ := json.Marshal(req)
+		return bytes.NewReader(b)
+	}
+	// A base64 string that does not end.
+	endless := io.MultiReader(strings.NewReader(`{"pcap":"`), io.LimitReader(letterA{}, 2*maxFramesBody))
+	for _, tc := range []struct {
+		name   string
+		body   io.Reader
+		length int64
+		status int
+		want   string
+	}{
+		{"declared too long", strings.NewReader("{}"), maxFramesBody + 1, http.StatusRequestEntityTooLarge, "at most"},
+		{"streamed too long", endless, -1, http.StatusRequestEntityTooLarge, "more than"},
+		{"not json", strings.NewReader("pcap"), 4, http.StatusBadRequest, "decode"},
+		{"linux sll", body(control.ExplainFramesRequest{Pcap: sll}), -2, http.StatusUnprocessableEntity, "only Ethernet"},
+		{"empty", body(control.ExplainFramesRequest{}), -2, http.StatusUnprocessableEntity, "no frames"},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/explain/frames", tc.body)
+		if tc.length != -2 {
+			r.ContentLength = tc.length
+		}
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, r)
+		if rec.Code != tc.status || !strings.Contains(rec.Body.String(), tc.want) {
+			t.Errorf("%s: %d %s, want %d with %q", tc.name, rec.Code, rec.Body.String(), tc.status, tc.want)
+		}
+	}
+}
+
+type letterA struct{}
+
+func (letterA) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'A'
+	}
+	return len(p), nil
 }
