@@ -34,3 +34,30 @@ func TestWriteBGP(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteInventoryBGP: edgectl show lists each announcement with its
+// route, action, state (and error), origin, expiry, reason and remover;
+// an empty speaker says none.
+func TestWriteInventoryBGP(t *testing.T) {
+	var b bytes.Buffer
+	if err := writeInventory(&b, control.Inventory{}); err != nil || !strings.Contains(b.String(), "bgp announcements, at the routers (0)") {
+		t.Errorf("no announcements: %q %v", b.String(), err)
+	}
+	b.Reset()
+	exp := time.Date(2026, 12, 4, 20, 0, 0, 0, time.UTC)
+	inv := control.Inventory{BGP: []control.InventoryBGP{
+		{BGPAnnouncement: control.BGPAnnouncement{ID: 3, Kind: "flowspec", Route: "dst 198.18.0.1/32; proto 17; dport 9000",
+			Action: "discard", Origin: "shield", Reason: "shield action 7", Expires: exp, State: "announced"}, Remove: "edgectl show remove bgp 3"},
+		{BGPAnnouncement: control.BGPAnnouncement{ID: 4, Kind: "blackhole", Route: "198.18.0.2/32", Action: "community 65535:666",
+			Origin: "cli", Reason: "operator", Expires: exp, State: "failed", Error: "no session"}, Remove: "edgectl show remove bgp 4"},
+	}}
+	if err := writeInventory(&b, inv); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"bgp announcements, at the routers (2)", "dst 198.18.0.1/32; proto 17; dport 9000", "discard",
+		"announced", "shield action 7", "2026-12-04T20:00:00Z", "edgectl show remove bgp 3", "failed: no session", "community 65535:666"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("show output has no %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -35,8 +35,18 @@ left of that budget, and the service's SYN counters. Nothing is charged or creat
 --proto, --sport and --dport describe the packet for the L4 rules and fingerprints (without
 --proto no L4 rule matches); --len the frame's size (byte limits; a fingerprint's len is the IP
 length, --len minus 14); --ttl and --flags (the TCP flags byte) the fields fingerprints may
-also match.`,
-		Args: cobra.ExactArgs(1),
+also match.
+
+--pcap FILE decides every frame of a pcap or pcapng file (from 'edgectl capture' or tcpdump;
+Ethernet only) and --frame HEX one frame, with the same model and the model's own frame parser:
+the frames are replayed in file order on one private copy of the live state, so each frame
+meets the buckets the frames before it filled, at the data plane's clock now plus its capture
+time after the first frame's. One line per frame (verdict, reason, rule, and the verdict its
+capture comment recorded), then totals by verdict and reason. A frame the capture cut short is
+decided at its full length if its headers were captured, else it is "undecided (snap_length)".
+--policy FILE decides them with a candidate policy instead of the running one (what-if).
+Nothing is charged in the data plane.`,
+		Args: cobra.MaximumNArgs(1),
 	}
 	asJSON := addJSONFlag(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
@@ -46,13 +56,41 @@ also match.`,
 	cmd.Flags().Uint32Var(&q.Len, "len", 64, "the frame's length in bytes")
 	cmd.Flags().Uint8Var(&q.TTL, "ttl", 64, "the packet's TTL or hop limit")
 	cmd.Flags().Uint8Var(&q.Flags, "flags", 0, "the TCP flags byte (e.g. 2 for a SYN)")
+	var pcapFile, frameHex, policyFile string
+	cmd.Flags().StringVar(&pcapFile, "pcap", "", "decide every frame of this pcap or pcapng file")
+	cmd.Flags().StringVar(&frameHex, "frame", "", "decide this one Ethernet frame, in hex")
+	cmd.Flags().StringVar(&policyFile, "policy", "", "with --pcap or --frame: decide with this candidate policy (what-if)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if output != "table" && output != "json" {
+			return usageError{fmt.Errorf("bad --output %q: use table or json", output)}
+		}
+		if pcapFile != "" || frameHex != "" {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("--pcap and --frame take no address")}
+			}
+			req, err := framesRequest(pcapFile, frameHex, policyFile)
+			if err != nil {
+				return err
+			}
+			r, err := newClient(cmd).ExplainFrames(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if *asJSON || output == "json" {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			printFrameReplay(cmd.OutOrStdout(), r)
+			return nil
+		}
+		if policyFile != "" {
+			return usageError{fmt.Errorf("--policy needs --pcap or --frame")}
+		}
+		if len(args) != 1 {
+			return usageError{fmt.Errorf("explain needs an address, --pcap FILE or --frame HEX")}
+		}
 		ip, err := netip.ParseAddr(args[0])
 		if err != nil {
 			return usageError{fmt.Errorf("bad address %q: %w", args[0], err)}
-		}
-		if output != "table" && output != "json" {
-			return usageError{fmt.Errorf("bad --output %q: use table or json", output)}
 		}
 		q.IP = ip.String()
 		e, err := newClient(cmd).Explain(cmd.Context(), q)

@@ -24,7 +24,10 @@ every aggregate override (the shield's tighten, fleet mode's share, or an operat
 origin, expiry and the aggregate's counters when it is watched) and every fingerprint rule with
 its mask slot and counters, and the mask slots in use. It shows what is in force, whoever wrote
 it and whether or not the daemon that wrote it is still running (an entry a crashed daemon left
-is listed until it expires). Each row names the command that removes it.`,
+is listed until it expires). It also lists what Edgeguard installed at the routers: the BGP
+speaker's announcements (blackholes and FlowSpec rules, with origin, reason, expiry and state:
+announced, dry-run or failed), read from the running speaker. Each row names the command that
+removes it.`,
 		Args: cobra.NoArgs,
 	}
 	addOutputFlag(cmd, &output)
@@ -48,14 +51,16 @@ is listed until it expires). Each row names the command that removes it.`,
 func newShowRemoveCommand() *cobra.Command {
 	var origin string
 	cmd := &cobra.Command{
-		Use:   "remove override AGGREGATE --origin ORIGIN | remove fingerprint ID",
-		Short: "Remove one override's parts of an origin, or one fingerprint, from the data plane",
+		Use:   "remove override AGGREGATE --origin ORIGIN | remove fingerprint ID | remove bgp ID",
+		Short: "Remove one override's parts of an origin, one fingerprint, or one BGP announcement",
 		Long: `Remove takes one entry 'edgectl show' lists out of the data plane: the parts of an
 aggregate's override one origin wrote (AGGREGATE as show prints it: "rule 3 asn 64500",
 "rule 2 prefix 198.18.4.0/24", "rule 2 whole", "global"), or a fingerprint by its id. What the
 shield holds as an action is released through the shield (as 'edgectl shield release' does),
 so it is not written again for this surge; fleet mode writes its share again at its next
-interval while the fleet runs. List entries are removed with 'edgectl deny|allow del'.`,
+interval while the fleet runs. 'remove bgp ID' withdraws one BGP announcement (as 'edgectl bgp
+withdraw ID' does; the automatic uplink blackhole is announced again while the offered rate stays
+above its threshold). List entries are removed with 'edgectl deny|allow del'.`,
 		Args: cobra.ExactArgs(2),
 	}
 	cmd.Flags().StringVar(&origin, "origin", "", "the override parts' writer: shield, fleet or cli")
@@ -73,8 +78,14 @@ interval while the fleet runs. List entries are removed with 'edgectl deny|allow
 				return usageError{fmt.Errorf("bad fingerprint id %q", args[1])}
 			}
 			req.ID = uint32(id)
+		case "bgp":
+			id, err := strconv.ParseUint(strings.TrimPrefix(args[1], "#"), 10, 64)
+			if err != nil || id == 0 {
+				return usageError{fmt.Errorf("bad announcement id %q: use the ID 'edgectl show' lists", args[1])}
+			}
+			req.Announcement = id
 		default:
-			return usageError{fmt.Errorf("remove %q: use override or fingerprint", args[0])}
+			return usageError{fmt.Errorf("remove %q: use override, fingerprint or bgp", args[0])}
 		}
 		res, err := newClient(cmd).Remove(cmd.Context(), req)
 		if err != nil {
@@ -138,6 +149,21 @@ func writeInventory(out io.Writer, inv control.Inventory) error {
 		fmt.Fprintln(w, "SLOT\tFIELDS\tSRC_LEN\tFINGERPRINTS")
 		for _, m := range inv.Masks {
 			fmt.Fprintf(w, "%d\t%s\t%d\t%d\n", m.Slot, m.Fields, m.SrcLen, m.Fingerprints)
+		}
+	}
+	fmt.Fprintf(w, "\nbgp announcements, at the routers (%d)\n", len(inv.BGP))
+	if len(inv.BGP) > 0 {
+		fmt.Fprintln(w, "ID\tKIND\tROUTE\tACTION\tSTATE\tORIGIN\tEXPIRES\tREASON\tREMOVE")
+		for _, a := range inv.BGP {
+			state := a.State
+			if a.Error != "" {
+				state += ": " + a.Error
+			}
+			exp := until(&a.Expires)
+			if a.Expires.IsZero() {
+				exp = until(nil)
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Kind, a.Route, a.Action, state, a.Origin, exp, a.Reason, a.Remove)
 		}
 	}
 	return w.Flush()

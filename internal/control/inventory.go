@@ -17,6 +17,14 @@ type Inventory struct {
 	Overrides    []InventoryOverride     `json:"overrides"`
 	Fingerprints []InventoryFingerprint  `json:"fingerprints"`
 	Masks        []InventoryFingerprintM `json:"fingerprint_masks"`
+	BGP          []InventoryBGP          `json:"bgp"`
+}
+
+// InventoryBGP is one announcement of the BGP speaker: a blackhole or a
+// FlowSpec rule Edgeguard asked the routers to install.
+type InventoryBGP struct {
+	BGPAnnouncement
+	Remove string `json:"remove"`
 }
 
 // InventoryList is one part (deny or allow) of a lists-trie entry.
@@ -73,13 +81,16 @@ type Counter struct {
 }
 
 // RemoveRequest removes one inventory entry: an override's parts of one
-// origin (Aggregate, Origin) or a fingerprint (ID).
+// origin (Aggregate, Origin), a fingerprint (ID) or a BGP announcement
+// (Announcement: withdrawn, as edgectl bgp withdraw does).
 type RemoveRequest struct {
-	Kind      string `json:"kind"` // override or fingerprint
+	Kind      string `json:"kind"` // override, fingerprint or bgp
 	Aggregate string `json:"aggregate,omitempty"`
 	Origin    string `json:"origin,omitempty"`
 	ID        uint32 `json:"id,omitempty"`
-	By        string `json:"by,omitempty"`
+	// Announcement is the BGP announcement's id (edgectl bgp list).
+	Announcement uint64 `json:"announcement,omitempty"`
+	By           string `json:"by,omitempty"`
 }
 
 // RemoveResult says what a removal did.

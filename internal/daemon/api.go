@@ -248,6 +248,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	d.explainRoutes(mux)
+	d.replayRoutes(mux)
 	d.rlsRoutes(mux)
 	d.fleetRoutes(mux)
 	d.shieldRoutes(mux)

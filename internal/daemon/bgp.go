@@ -467,8 +467,16 @@ func (d *Daemon) BGPReport(ctx context.Context) control.BGPReport {
 		}
 		out.Peers = append(out.Peers, cp)
 	}
+	out.Announcements = bgpAnnouncements(sp, p)
+	return out
+}
+
+// bgpAnnouncements are the speaker's announcements as edgectl bgp list
+// and edgectl show print them.
+func bgpAnnouncements(sp *bgp.Speaker, p *policy.BGP) []control.BGPAnnouncement {
+	out := []control.BGPAnnouncement{}
 	for _, a := range sp.List() {
-		out.Announcements = append(out.Announcements, control.BGPAnnouncement{ID: a.ID, Kind: string(a.Kind), Route: a.Route(),
+		out = append(out, control.BGPAnnouncement{ID: a.ID, Kind: string(a.Kind), Route: a.Route(),
 			Action: a.ActionString(p.Community), Origin: a.Origin, Reason: a.Reason, By: a.By, Since: a.Since,
 			Expires: a.Expires, State: a.State, Error: a.Error})
 	}

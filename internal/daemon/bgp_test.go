@@ -1,14 +1,20 @@
 package daemon
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/shield"
 )
 
@@ -80,5 +86,68 @@ func TestBGPDeployedQueries(t *testing.T) {
 		if !exported[n] {
 			t.Errorf("alerts.yml reads %s, which the BGP collector does not export (it exports %v)", n, exported)
 		}
+	}
+}
+
+// TestShowListsAndRemovesBGP: edgectl show's inventory lists the BGP
+// speaker's announcements (origin, reason, expiry, state), and `show
+// remove bgp ID` withdraws one through the bgp withdraw path (saved, gone
+// from show and bgp list); an unknown id is not installed. The speaker is
+// in dry run with a neighbor on loopback (nothing listens: no session).
+func TestShowListsAndRemovesBGP(t *testing.T) {
+	dir := t.TempDir()
+	pol := v4Policy(1, "198.18.0.0/16") + `bgp:
+  local_as: 64512
+  router_id: 198.18.250.1
+  destinations: [198.18.0.1/32]
+  neighbors: [{address: 127.0.0.1, as: 64513}]
+`
+	d := loadedDaemon(t, Options{StateDir: dir}, pol)
+	t.Cleanup(d.stopBGP)
+	ctx := context.Background()
+	d.bgpTick(ctx, time.Now())
+	if sp, _ := d.bgp.get(); sp == nil {
+		t.Fatalf("no speaker: %s", d.BGPReport(ctx).Error)
+	}
+	inv, err := d.Inventory()
+	if err != nil || len(inv.BGP) != 0 {
+		t.Fatalf("before any announcement: %+v, %v", inv.BGP, err)
+	}
+	for _, p := range []string{"198.18.0.1", "198.18.0.2/32"} {
+		if err := d.BGPDo("blackhole", control.BGPRequest{Prefix: p, TTL: control.Duration(time.Hour), Reason: "test " + p}, "tester"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inv, err = d.Inventory()
+	if err != nil || len(inv.BGP) != 2 {
+		t.Fatalf("show's bgp rows: %+v, %v", inv.BGP, err)
+	}
+	a := inv.BGP[0]
+	if a.Kind != "blackhole" || a.Route != "198.18.0.1/32" || a.State != "dry-run" || a.Origin != "cli" || a.Reason != "test 198.18.0.1" ||
+		time.Until(a.Expires) < 59*time.Minute || a.Action != "community 65535:666" || a.Remove != fmt.Sprintf("edgectl show remove bgp %d", a.ID) {
+		t.Errorf("show's bgp row: %+v", a)
+	}
+	res, err := d.RemoveInstalled(control.RemoveRequest{Kind: "bgp", Announcement: a.ID}, "tester")
+	if err != nil || !strings.Contains(res.Removed, "198.18.0.1/32") {
+		t.Fatalf("remove bgp %d: %+v, %v", a.ID, res, err)
+	}
+	inv, _ = d.Inventory()
+	if len(inv.BGP) != 1 || inv.BGP[0].Route != "198.18.0.2/32" {
+		t.Errorf("after remove: show %+v", inv.BGP)
+	}
+	if l := d.BGPReport(ctx).Announcements; len(l) != 1 || l[0].ID == a.ID {
+		t.Errorf("after remove: bgp list %+v", l)
+	}
+	saved, err := os.ReadFile(filepath.Join(dir, bgpStateFile))
+	if err != nil || strings.Contains(string(saved), "198.18.0.1/32") || !strings.Contains(string(saved), "198.18.0.2/32") {
+		t.Errorf("saved state after remove: %s, %v", saved, err)
+	}
+	for _, id := range []uint64{a.ID, 999} {
+		if _, err := d.RemoveInstalled(control.RemoveRequest{Kind: "bgp", Announcement: id}, "tester"); !errors.Is(err, errNotInstalled) {
+			t.Errorf("remove bgp %d again: %v, want not installed", id, err)
+		}
+	}
+	if _, err := d.RemoveInstalled(control.RemoveRequest{Kind: "bgp"}, "tester"); err == nil {
+		t.Error("remove bgp without an id accepted")
 	}
 }

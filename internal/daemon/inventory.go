@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/edgeguard/edgeguard/internal/bgp"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/shield"
@@ -54,7 +55,7 @@ var errNotInstalled = errors.New("not installed in the data plane")
 // from the data plane's maps.
 func (d *Daemon) Inventory() (control.Inventory, error) {
 	inv := control.Inventory{Read: time.Now(), Lists: []control.InventoryList{}, Overrides: []control.InventoryOverride{},
-		Fingerprints: []control.InventoryFingerprint{}, Masks: []control.InventoryFingerprintM{}}
+		Fingerprints: []control.InventoryFingerprint{}, Masks: []control.InventoryFingerprintM{}, BGP: []control.InventoryBGP{}}
 	mono, err := maps.MonoNow()
 	if err != nil {
 		return inv, err
@@ -138,6 +139,11 @@ func (d *Daemon) Inventory() (control.Inventory, error) {
 	for _, s := range slots {
 		inv.Masks = append(inv.Masks, control.InventoryFingerprintM{Slot: s.Slot, Fields: maps.MaskName(s.Mask), SrcLen: s.SrcLen,
 			Fingerprints: inSlot[s.Slot]})
+	}
+	if sp, p := d.bgp.get(); sp != nil {
+		for _, a := range bgpAnnouncements(sp, p) {
+			inv.BGP = append(inv.BGP, control.InventoryBGP{BGPAnnouncement: a, Remove: fmt.Sprintf("edgectl show remove bgp %d", a.ID)})
+		}
 	}
 	return inv, nil
 }
@@ -224,8 +230,10 @@ func (d *Daemon) RemoveInstalled(req control.RemoveRequest, by string) (control.
 			res.Note = "fleet mode writes this host's share again at its next interval while the fleet runs"
 		}
 		return res, nil
+	case "bgp":
+		return d.removeBGP(req.Announcement, by)
 	}
-	return control.RemoveResult{}, fmt.Errorf("remove %q: use override or fingerprint (list entries: edgectl deny|allow del)", req.Kind)
+	return control.RemoveResult{}, fmt.Errorf("remove %q: use override, fingerprint or bgp (list entries: edgectl deny|allow del)", req.Kind)
 }
 
 // shieldEngine is the shield's engine, nil when the shield is off.
@@ -234,4 +242,37 @@ func (d *Daemon) shieldEngine() *shield.Engine {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.eng
+}
+
+// removeBGP withdraws one BGP announcement through the operator's
+// withdraw path (BGPDo, as edgectl bgp withdraw ID), and saves the state.
+func (d *Daemon) removeBGP(id uint64, by string) (control.RemoveResult, error) {
+	if id == 0 {
+		return control.RemoveResult{}, errors.New("remove bgp: give the announcement's id")
+	}
+	sp, p := d.bgp.get()
+	if sp == nil {
+		return control.RemoveResult{}, fmt.Errorf("bgp announcement %d: %w (%w)", id, errNotInstalled, errBGPOff)
+	}
+	i := slices.IndexFunc(sp.List(), func(a bgp.Announcement) bool { return a.ID == id })
+	if i < 0 {
+		return control.RemoveResult{}, fmt.Errorf("bgp announcement %d: %w", id, errNotInstalled)
+	}
+	a := sp.List()[i]
+	what := fmt.Sprintf("bgp announcement %d (%s %s, %s, %s, %s)", id, a.Kind, a.Route(), a.ActionString(p.Community), a.Origin, a.State)
+	if err := d.BGPDo("withdraw", control.BGPRequest{ID: id}, by); err != nil {
+		if errors.Is(err, bgp.ErrNotFound) { // expired or withdrawn meanwhile
+			return control.RemoveResult{}, fmt.Errorf("bgp announcement %d: %w", id, errNotInstalled)
+		}
+		return control.RemoveResult{}, err
+	}
+	d.saveBGP(false)
+	res := control.RemoveResult{Removed: what}
+	switch a.Origin {
+	case "uplink":
+		res.Note = "announced again at the next second while the offered rate stays above the threshold"
+	case "shield":
+		res.Note = "not announced again for this shield action; its fingerprint stays in the data plane"
+	}
+	return res, nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -189,8 +190,9 @@ func bgpSection(dryRun bool, extra string) string {
 // change) announces it: BIRD has 198.18.0.1/32 with 65535:666; a guard
 // refuses an allow-listed prefix (BIRD never sees it); across a daemon
 // restart the session closes (BIRD drops the route) and the restarted
-// daemon announces it again from its state directory; withdraw --all
-// takes it back.
+// daemon announces it again from its state directory; edgectl show lists
+// both announcements and show remove bgp ID withdraws the blackhole alone
+// (BIRD drops it, keeps the FlowSpec rule); withdraw --all takes the rest.
 func TestBGPBlackhole(t *testing.T) {
 	s := newScenario(t, 1)
 	b := startBird(t, s)
@@ -307,6 +309,32 @@ func TestBGPBlackhole(t *testing.T) {
 	if _, ok := b.route("flowtab4", "dport 443"); !ok {
 		t.Errorf("after the restart BIRD has no FlowSpec rule: %q", b.routes("flowtab4"))
 	}
+	// edgectl show lists the announcements (what is at the routers) and
+	// show remove bgp ID withdraws one: BIRD drops that route alone.
+	var bh *control.InventoryBGP
+	inv := s.inventory()
+	for i, a := range inv.BGP {
+		if a.Kind == "blackhole" && a.Route == "198.18.0.1/32" {
+			bh = &inv.BGP[i]
+		}
+	}
+	if bh == nil || bh.State != "announced" || bh.Origin != "cli" || bh.Expires.IsZero() || len(inv.BGP) != 2 {
+		t.Fatalf("edgectl show's bgp rows after the restart: %+v, want the blackhole announced and the FlowSpec rule", inv.BGP)
+	}
+	if out, err := s.lab.Daemon.Ctl(s.ctx, "show", "remove", "bgp", strconv.FormatUint(bh.ID, 10)); err != nil ||
+		!strings.Contains(string(out), "198.18.0.1/32") {
+		t.Fatalf("show remove bgp %d: %v: %s", bh.ID, err, out)
+	}
+	waitFor(t, "BIRD drops the blackhole removed with show remove bgp", func() bool {
+		_, ok := b.route("master4", "198.18.0.1/32")
+		return !ok
+	})
+	if _, ok := b.route("flowtab4", "dport 443"); !ok {
+		t.Errorf("show remove bgp of the blackhole took the FlowSpec rule too: %q", b.routes("flowtab4"))
+	}
+	if inv := s.inventory(); len(inv.BGP) != 1 || inv.BGP[0].Kind != "flowspec" {
+		t.Errorf("edgectl show after the removal: %+v", inv.BGP)
+	}
 	if out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "withdraw", "--all"); err != nil {
 		t.Fatalf("bgp withdraw --all: %v: %s", err, out)
 	}
@@ -329,7 +357,7 @@ func TestBGPBlackhole(t *testing.T) {
 			t.Errorf("audit file has no %s record:\n%s", op, audit)
 		}
 	}
-	report(t, "dry run, announce, ttl (3s blackhole withdrawn after %v), guard, restart, withdraw in %v",
+	report(t, "dry run, announce, ttl (3s blackhole withdrawn after %v), guard, restart, show remove bgp, withdraw in %v",
 		ttlGone.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
