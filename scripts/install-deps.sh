@@ -51,7 +51,7 @@ fi
 # run the tests: CI (CI=true) and the throwaway Vagrant VM
 # (EDGEGUARD_THROWAWAY_VM=1, set by the Vagrantfile). On any other host
 # they are left as they are, and the script says so.
-services=(redis-server nginx prometheus)
+services=(redis-server nginx prometheus bird)
 if [[ ${CI:-} == true || ${EDGEGUARD_THROWAWAY_VM:-} == 1 ]]; then
   for svc in "${services[@]}"; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || true
