@@ -150,6 +150,7 @@ type Model struct {
 	gate  map[uint32]uint32
 	trace *Trace      // non-nil during Explain
 	live  *liveTables // FromState: the program's large tables, looked up as needed
+	syn   *synTables  // the SYN path's maps (LoadSyn, syn.go)
 }
 
 // New returns a model of a program loaded with room for maxRules rules
