@@ -50,8 +50,8 @@ type SynPath struct {
 	// TestClock: the programs read time from syn_test_clock.
 	TestClock bool
 	tcx       map[string]link.Link
-	pinDir  string // dp's PinDir/syn, or ""
-	log     *slog.Logger
+	pinDir    string // dp's PinDir/syn, or ""
+	log       *slog.Logger
 }
 
 // synPinnedMaps survive a restart: the secret (cookies in flight stay
