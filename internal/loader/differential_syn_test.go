@@ -169,6 +169,7 @@ func (h *synDiff) randSynStanding(r *rand.Rand, ns uint64) {
 // randSynLists deny- or allow-lists a few sources, some entries expired.
 func (h *synDiff) randSynLists(r *rand.Rand, ns uint64) {
 	var want []maps.ListEntry
+	given := map[netip.Prefix]bool{}
 	for range r.IntN(4) {
 		a := netip.MustParseAddr(pick(r, append(slices.Clone(synDiffSrc4), synDiffSrc6...)...))
 		bits := a.BitLen()
@@ -176,6 +177,10 @@ func (h *synDiff) randSynLists(r *rand.Rand, ns uint64) {
 			bits -= 8
 		}
 		p, _ := a.Prefix(bits)
+		if given[p] {
+			continue
+		}
+		given[p] = true
 		until := ns + pick(r, uint64(0), uint64(time.Minute))
 		e := maps.ListEntry{Prefix: p, Origin: maps.OriginCLI}
 		if r.IntN(4) == 0 {
@@ -208,6 +213,15 @@ func (h *synDiff) randSynFrame(r *rand.Rand, key loader.SyncookieEgSynSecret, ns
 		return seg.frame()
 	}
 	v6 := r.IntN(3) == 0
+	if r.IntN(10) == 0 {
+		// The segment explain asks about.
+		src, dst := pick(r, synDiffSrc4...), pick(r, synDiffDst4...)
+		if v6 {
+			src, dst = pick(r, synDiffSrc6...), pick(r, synDiffDst6...)
+		}
+		return refmodel.SynProbeFrame(netip.AddrPortFrom(netip.MustParseAddr(src), uint16(1024+r.IntN(60000))),
+			netip.AddrPortFrom(netip.MustParseAddr(dst), pick(r, synDiffPort...)), pick(r, uint8(0x02), 0x10, 0x04))
+	}
 	var src, dst netip.Addr
 	if v6 {
 		src, dst = netip.MustParseAddr(pick(r, synDiffSrc6...)), netip.MustParseAddr(pick(r, synDiffDst6...))
@@ -319,8 +333,11 @@ func (h *synDiff) step(r *rand.Rand, ns uint64, seen map[string]int) {
 	if err != nil {
 		h.t.Fatalf("test run: %v", err)
 	}
-	desc := fmt.Sprintf("t=%d conn=%d model=%s/%s limiter=%s frame=%s", ns, conn, refmodel.SynActionName(v.Action),
-		refmodel.SynCounterName(v.Reason), lim, hex.EncodeToString(frame))
+	desc := fmt.Sprintf("t=%d conn=%d model=%s/%s frame=%s", ns, conn, refmodel.SynActionName(v.Action),
+		refmodel.SynCounterName(v.Reason), hex.EncodeToString(frame))
+	if v.Action == refmodel.SynContinue {
+		desc += " limiter=" + lim.String()
+	}
 	if !v.Protected {
 		desc = fmt.Sprintf("t=%d conn=%d model=unprotected limiter=%s frame=%s", ns, conn, lim, hex.EncodeToString(frame))
 	}

@@ -762,3 +762,63 @@ func SynCounterName(c SynCounter) string {
 	}
 	return fmt.Sprintf("counter %d", c)
 }
+
+// SynProbeFrame is the segment explain asks the SYN path about: from src
+// to dst (one family), a 20-byte TCP header with flags and no options.
+func SynProbeFrame(src, dst netip.AddrPort, flags uint8) []byte {
+	f := []byte{2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1}
+	tcp := make([]byte, 20)
+	binary.BigEndian.PutUint16(tcp[0:], src.Port())
+	binary.BigEndian.PutUint16(tcp[2:], dst.Port())
+	binary.BigEndian.PutUint32(tcp[4:], 1)
+	tcp[12], tcp[13] = 5<<4, flags
+	binary.BigEndian.PutUint16(tcp[14:], 65535)
+	if s, d := src.Addr().Unmap(), dst.Addr().Unmap(); s.Is4() {
+		ip := make([]byte, 20)
+		ip[0], ip[8], ip[9] = 0x45, 64, protoTCP
+		binary.BigEndian.PutUint16(ip[2:], 40)
+		sa, da := s.As4(), d.As4()
+		copy(ip[12:], sa[:])
+		copy(ip[16:], da[:])
+		f = append(append(f, 0x08, 0x00), ip...)
+	} else {
+		ip := make([]byte, 40)
+		ip[0], ip[6], ip[7] = 0x60, protoTCP, 64
+		binary.BigEndian.PutUint16(ip[4:], 20)
+		sa, da := s.As16(), d.As16()
+		copy(ip[8:], sa[:])
+		copy(ip[24:], da[:])
+		f = append(append(f, 0x86, 0xdd), ip...)
+	}
+	return append(f, tcp...)
+}
+
+// AnswersLeft reads the answer budget the decision looked at (AnswerKey
+// set): how many SYN-ACKs its prefix could get before the segment, of its
+// burst, at now.
+func (tr SynTrace) AnswersLeft(now uint64) (avail, burst float64) {
+	t, tau := tr.Service.AnsT, tr.Service.AnsTau
+	if tr.AnswerKey == nil || t == 0 {
+		return 0, 0
+	}
+	burst = float64(tau/t + 1)
+	switch {
+	case !tr.AnswerExists || tr.AnswerTAT <= now:
+		return burst, burst
+	case tr.AnswerTAT-now <= tau:
+		return float64((tau-(tr.AnswerTAT-now))/t + 1), burst
+	}
+	return 0, burst
+}
+
+// AnswerPrefix is the source prefix of the answer budget looked at.
+func (tr SynTrace) AnswerPrefix() netip.Prefix {
+	if tr.AnswerKey == nil {
+		return netip.Prefix{}
+	}
+	a := netip.AddrFrom16(tr.AnswerKey.Addr)
+	if a.Is4In6() {
+		return netip.PrefixFrom(a.Unmap(), int(min(tr.Service.AnsLen4, 32)))
+	}
+	return netip.PrefixFrom(a, int(min(tr.Service.AnsLen6, 128)))
+}
