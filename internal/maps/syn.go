@@ -267,62 +267,6 @@ func SynModeName(m SynMode) string {
 	return fmt.Sprintf("mode %d", m)
 }
 
-// SynAnswerBudget is what is left of one source prefix's SYN-ACK budget at
-// one service.
-type SynAnswerBudget struct {
-	// Prefix is the source's answer prefix (answers.per).
-	Prefix netip.Prefix
-	// Limited is false when the service answers without a budget.
-	Limited bool
-	// Available is how many SYN-ACKs the prefix may get now, of Burst.
-	Available, Burst float64
-}
-
-// AnswerBudget reads addr's prefix budget at service id (the id of svc in
-// the slice given to ApplySyn), at the kernel's monotonic clock. Nothing
-// is charged. A prefix without an entry has its whole burst.
-func (s *Syn) AnswerBudget(addr netip.Addr, id int, svc SynService) (SynAnswerBudget, error) {
-	addr = addr.Unmap()
-	bits := int(svc.AnswerLen6)
-	if addr.Is4() {
-		bits = int(svc.AnswerLen4)
-	}
-	pfx, err := addr.Prefix(bits)
-	if err != nil {
-		return SynAnswerBudget{}, fmt.Errorf("syn: answer prefix of %v: %w", addr, err)
-	}
-	b := SynAnswerBudget{Prefix: pfx}
-	t, tau, err := gcraNs(svc.Answers)
-	if err != nil || t == 0 {
-		return b, err
-	}
-	b.Limited = true
-	b.Burst = float64(tau/t + 1)
-	k := loader.SyncookieEgSynPrefixKey{Addr: Addr16(pfx.Addr()), Service: uint32(id)}
-	var tat uint64
-	switch err := s.o.SynAnswers.Lookup(k, &tat); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-		b.Available = b.Burst
-		return b, nil
-	case err != nil:
-		return b, fmt.Errorf("syn: read answer budget of %v: %w", pfx, err)
-	}
-	now, err := MonoNow()
-	if err != nil {
-		return b, err
-	}
-	// The data plane answers while tat <= now + tau, and moves tat by t
-	// per answer.
-	b.Available = b.Burst
-	if tat > now {
-		b.Available = 0
-		if d := tat - now; d <= tau {
-			b.Available = float64((tau-d)/t + 1)
-		}
-	}
-	return b, nil
-}
-
 // SetSynTestClock sets the SYN path's clock when loaded with TestClock.
 func (s *Syn) SetSynTestClock(ns uint64) error {
 	return s.o.SynTestClock.Put(uint32(0), ns)
