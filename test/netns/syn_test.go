@@ -674,7 +674,8 @@ func TestSynDaemon(t *testing.T) {
 		t.Errorf("explain syn: %+v", x)
 	} else if sv := x.Services[0]; sv.Service != "api" || sv.Protection != "always" || !sv.Active || !sv.Probe ||
 		!strings.HasPrefix(sv.Next, "answered in XDP") || sv.AnswerPrefix != netip.PrefixFrom(c.Src4, 24).Masked() ||
-		sv.AnswersBurst != 2000 || sv.AnswersAvailable > sv.AnswersBurst || sv.Counters.CookiesValid < 30 {
+		sv.AnswersBurst != 2000 || sv.AnswersAvailable > sv.AnswersBurst || sv.Counters.CookiesValid < 30 ||
+		len(sv.Steps) < 3 || sv.Steps[len(sv.Steps)-1] != "answer (answered)" {
 		t.Errorf("explain syn service: %+v", sv)
 	}
 	if out, err := h.ctl("explain", c.Src4.String(), "--proto", "tcp", "--dport", strconv.Itoa(synPort)); err != nil ||
