@@ -94,7 +94,7 @@ func (h *synDiff) randSynServices(r *rand.Rand) {
 	for range n {
 		s := maps.SynService{
 			Mode: maps.SynMode(r.IntN(4)), MSS4: uint16(536 + r.IntN(1000)), MSS6: uint16(1220 + r.IntN(300)),
-			WScale: uint8(r.IntN(15)), OnRate: uint64(1 + r.IntN(20)), Hold: time.Duration(r.IntN(4)) << 30,
+			WScale: uint8(r.IntN(15)), OnRate: uint64(1 + r.IntN(pick(r, 4, 20))), Hold: time.Duration(r.IntN(4)) << 30,
 			AnswerLen4: pick(r, uint8(0), 16, 24, 32), AnswerLen6: pick(r, uint8(0), 48, 64, 128),
 			ValidatedFor: pick(r, time.Duration(0), 10*time.Second, time.Minute),
 		}
@@ -136,7 +136,7 @@ func (h *synDiff) randSynServices(r *rand.Rand) {
 func (h *synDiff) randSynState(r *rand.Rand, ns uint64) {
 	for id := range uint32(h.nsvc) {
 		st := loader.SyncookieEgSynState{Win: ns>>30 - uint64(r.IntN(2)), Syns: uint64(r.IntN(25)),
-			LastBusy: ns - uint64(r.IntN(4))<<30, Active: uint32(r.IntN(2))}
+			LastBusy: ns - uint64(r.IntN(4))<<30, Active: uint32(r.IntN(3) / 2)}
 		if r.IntN(2) == 0 {
 			st.OosTat = ns + uint64(r.IntN(3))*uint64(time.Second)
 		}
@@ -361,7 +361,7 @@ func (h *synDiff) step(r *rand.Rand, ns uint64, seen map[string]int) {
 		if err := h.sp.Objects.SynState.Lookup(v.Service, &sst); err != nil {
 			h.t.Fatal(err)
 		}
-		if m := model.SynServiceState(v.Service); sst != m {
+		if m := tr.StateAfter; sst != m {
 			h.fail("packet %d: service state %+v, the model's %+v", len(h.log), sst, m)
 		}
 		seen[refmodel.SynCounterName(v.Reason)]++

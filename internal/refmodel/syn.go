@@ -291,18 +291,6 @@ func loadSynState(t *synTables, s *maps.SynState) {
 
 func loadSynSecret(t *synTables, s *maps.SynState) { t.secret = s.Secret }
 
-// SynNowNS is the SYN path's clock as LoadSyn read it.
-func (m *Model) SynNowNS() uint64 {
-	if m.syn == nil {
-		return 0
-	}
-	return m.syn.now
-}
-
-// SynServiceState is a service's state as the model holds it (after the
-// segments it decided).
-func (m *Model) SynServiceState(id uint32) loader.SyncookieEgSynState { return m.syn.state[id] }
-
 // SynAnswerTAT is an answer budget as the model holds it.
 func (m *Model) SynAnswerTAT(k loader.SyncookieEgSynPrefixKey) (uint64, bool) {
 	m.faultSynAnswer(k)
@@ -363,8 +351,9 @@ type SynTrace struct {
 	// local address), nil: none.
 	Endpoint *loader.SyncookieEgSynEndpoint
 	Service  loader.SyncookieEgSynService
-	// State is the service's state before the segment.
-	State loader.SyncookieEgSynState
+	// State is the service's state before the segment, StateAfter
+	// after it.
+	State, StateAfter loader.SyncookieEgSynState
 	// Denied: the source's lists entry denies it now.
 	Denied bool
 	// BareSYN: SYN without ACK, RST or FIN. Active: protection on.
@@ -399,9 +388,7 @@ func synGCRA(tat *uint64, now, t, tau uint64) bool {
 // service). The state changes as the program's would (answer budgets,
 // auto state, out-of-state budget, standing of a validated source);
 // a Continue goes on to the limiter (Run). LoadSyn first.
-func (m *Model) DecideSYN(frame []byte, conn SynConn, nowNS uint64) (SynVerdict, SynTrace) {
-	var v SynVerdict
-	var tr SynTrace
+func (m *Model) DecideSYN(frame []byte, conn SynConn, nowNS uint64) (v SynVerdict, tr SynTrace) {
 	s, ok := ParseSyn(frame)
 	if !ok || m.syn == nil {
 		return v, tr
@@ -427,7 +414,7 @@ func (m *Model) DecideSYN(frame []byte, conn SynConn, nowNS uint64) (SynVerdict,
 	}
 	tr.Service, tr.State = svc, st
 	v.Service, v.Protected = id, true
-	defer func() { t.state[id] = st }()
+	defer func() { t.state[id], tr.StateAfter = st, st }()
 	now := nowNS
 
 	if e, ok := m.lists.lookup(s.Src); ok && e.DenyUntil > now {
