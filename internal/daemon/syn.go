@@ -342,6 +342,14 @@ func (d *Daemon) explainSYN(st *maps.State, ip netip.Addr, p Probe) (*control.Ex
 	sp.mu.Lock()
 	svcs, names := sp.svcs, sp.names
 	sp.mu.Unlock()
+	// One model for every service: a bare SYN changes only its own
+	// service's state and answer budget (and no standing), so one
+	// service's question does not change another's answer.
+	model, err := refmodel.FromState(st)
+	if err != nil {
+		return nil, fmt.Errorf("explain: %w", err)
+	}
+	model.LoadSyn(ss)
 	wall := time.Now()
 	sport := p.SPort
 	if p.Proto != 6 || sport == 0 {
@@ -364,11 +372,6 @@ func (d *Daemon) explainSYN(st *maps.State, ip netip.Addr, p Probe) (*control.Ex
 			out.Services = append(out.Services, x)
 			continue
 		}
-		model, err := refmodel.FromState(st)
-		if err != nil {
-			return nil, fmt.Errorf("explain: %w", err)
-		}
-		model.LoadSyn(ss)
 		v, tr := model.DecideSYN(refmodel.SynProbeFrame(netip.AddrPortFrom(ip, sport), dst, 0x02), refmodel.SynNoSocket, ss.NowNS)
 		if err := model.LiveErr(); err != nil {
 			return nil, fmt.Errorf("explain: read the data plane's tables: %w", err)
