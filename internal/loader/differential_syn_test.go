@@ -33,6 +33,7 @@ type synDiff struct {
 	sp    *loader.SynPath
 	syn   *maps.Syn
 	nsvc  int
+	eps   []netip.AddrPort // the services' endpoints
 	conns []netip.AddrPort // client ends of the established connections
 	// replies are SYN-ACKs the program sent, to complete handshakes.
 	replies [][]byte
@@ -124,6 +125,10 @@ func (h *synDiff) randSynServices(r *rand.Rand) {
 			s.Endpoints = append(s.Endpoints, ap)
 		}
 		svcs = append(svcs, s)
+	}
+	h.eps = nil
+	for _, sv := range svcs {
+		h.eps = append(h.eps, sv.Endpoints...)
 	}
 	if err := h.syn.ApplySyn(svcs); err != nil {
 		h.t.Fatalf("apply syn: %v", err)
@@ -230,6 +235,21 @@ func (h *synDiff) randSynFrame(r *rand.Rand, key loader.SyncookieEgSynSecret, ns
 	}
 	seg := tcpSeg{src: src, dst: dst, sport: uint16(1024 + r.IntN(64000)), dport: pick(r, append(synDiffPort, uint16(r.IntN(65536)))...),
 		seq: r.Uint32(), ack: r.Uint32()}
+	if len(h.eps) > 0 && r.IntN(2) == 0 {
+		// To an endpoint of a service (any address: one of the pool).
+		ep := h.eps[r.IntN(len(h.eps))]
+		seg.dport = ep.Port()
+		if a := ep.Addr(); !a.IsUnspecified() {
+			seg.dst = a
+			if a.Is4() != seg.src.Is4() {
+				seg.src = netip.MustParseAddr(pick(r, synDiffSrc4...))
+				if a.Is6() {
+					seg.src = netip.MustParseAddr(pick(r, synDiffSrc6...))
+				}
+			}
+		}
+	}
+	v6 = seg.src.Is6()
 	if r.IntN(6) == 0 && len(h.conns) > 0 {
 		c := h.conns[r.IntN(len(h.conns))]
 		seg.src, seg.dst, seg.sport, seg.dport = c.Addr(), c.Addr(), c.Port(), 8080
