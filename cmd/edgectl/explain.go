@@ -315,6 +315,9 @@ func printExplainSYN(w io.Writer, x *control.ExplainSYN) {
 		for i, st := range s.Steps {
 			fmt.Fprintf(w, "\t  %d. %s\n", i+1, st)
 		}
+		if s.ProbeSegment != "" {
+			fmt.Fprintf(w, "\tthe probe: %s\n", s.ProbeSegment)
+		}
 		budget := "no answer budget read (none, or the decision stopped before it)"
 		if s.AnswersBurst > 0 {
 			budget = fmt.Sprintf("answers for %s: %s of %s left", s.AnswerPrefix, human(s.AnswersAvailable), human(s.AnswersBurst))

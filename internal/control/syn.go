@@ -62,6 +62,10 @@ type ExplainSYNService struct {
 	// as the SYN path's model decides it; Steps are the model's steps.
 	Next  string   `json:"next"`
 	Steps []string `json:"steps,omitempty"`
+	// ProbeSegment is what the probe's own segment gets (when it is for
+	// this service and its --flags are not a bare SYN), asked as one of no
+	// connection: explain does not see the host's sockets.
+	ProbeSegment string `json:"probe_segment,omitempty"`
 	// AnswerPrefix is the source's answer prefix; AnswersAvailable of
 	// AnswersBurst SYN-ACKs are left in its budget (both 0: no budget).
 	AnswerPrefix     netip.Prefix `json:"answer_prefix"`

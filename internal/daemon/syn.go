@@ -390,6 +390,20 @@ func (d *Daemon) explainSYN(st *maps.State, ip netip.Addr, p Probe) (*control.Ex
 		}
 		x.Steps = synSteps(st, ss.NowNS, dst, v, tr, wall)
 		x.Next = synNext(v, tr, until, x.AnswerPrefix)
+		if x.Probe && p.Flags != 0 && p.Flags&0x17 != 0x02 {
+			// The probe's own segment, not a bare SYN, to a model of its
+			// own (the SYN above counted in this one's auto window).
+			pm, err := refmodel.FromState(st)
+			if err != nil {
+				return nil, fmt.Errorf("explain: %w", err)
+			}
+			pm.LoadSyn(ss)
+			pv, _ := pm.DecideSYN(refmodel.SynProbeFrame(netip.AddrPortFrom(ip, sport), dst, p.Flags), refmodel.SynNoSocket, ss.NowNS)
+			if err := pm.LiveErr(); err != nil {
+				return nil, fmt.Errorf("explain: read the data plane's tables: %w", err)
+			}
+			x.ProbeSegment = synSegmentNext(pv, p.Flags)
+		}
 		out.Services = append(out.Services, x)
 	}
 	return out, nil
@@ -478,6 +492,26 @@ func synSteps(st *maps.State, now uint64, dst netip.AddrPort, v refmodel.SynVerd
 		steps = append(steps, fmt.Sprintf("answer budget of %s: %.4g of %.4g left", tr.AnswerPrefix(), a, b))
 	}
 	return append(steps, fmt.Sprintf("%s (%s)", refmodel.SynActionName(v.Action), refmodel.SynCounterName(v.Reason)))
+}
+
+// synSegmentNext is the model's verdict on the probe's segment (flags
+// other than a bare SYN, asked as belonging to no connection).
+func synSegmentNext(v refmodel.SynVerdict, flags uint8) string {
+	s := fmt.Sprintf("a segment with flags %#02x that belongs to no connection here ", flags)
+	switch v.Reason {
+	case loader.SyncookieEgSynCounterEG_SYNC_DENY:
+		return s + "is dropped: the source is deny-listed (deny)"
+	case loader.SyncookieEgSynCounterEG_SYNC_OOS_BUDGET:
+		return s + "passes to the limiter within the service's out-of-state budget (out_of_state_pass)"
+	}
+	what := "is dropped"
+	if v.Action == refmodel.SynContinue {
+		what = "passes to the limiter and the kernel (protection not on, or monitor), counted"
+	}
+	if v.Reason == loader.SyncookieEgSynCounterEG_SYNC_COOKIE_INVALID {
+		return fmt.Sprintf("%s%s as an ACK without a valid cookie (cookie_invalid)", s, what)
+	}
+	return fmt.Sprintf("%s%s as out of state (%s)", s, what, refmodel.SynCounterName(v.Reason))
 }
 
 // synNext is the model's verdict in a sentence.
