@@ -292,6 +292,16 @@ func (h *synDiff) randSynFrame(r *rand.Rand, key loader.SyncookieEgSynSecret, ns
 			f[20] |= 0x40
 		}
 	}
+	switch r.IntN(25) {
+	case 0: // a VLAN tag: the SYN path does not read it (on to the limiter)
+		f = slices.Insert(f, 12, 0x81, 0x00, 0x00, 0x07)
+	case 1: // IPv6 with a hop-by-hop header: likewise
+		if v6 {
+			f = slices.Insert(f, 54, f[20], 0, 1, 4, 0, 0, 0, 0)
+			f[20] = 0
+			binary.BigEndian.PutUint16(f[18:], binary.BigEndian.Uint16(f[18:])+8)
+		}
+	}
 	if r.IntN(20) == 0 {
 		f = f[:max(14, len(f)-1-r.IntN(len(f)-14))]
 	}
