@@ -331,8 +331,9 @@ MaxMind .mmdb file instead, without a daemon.`,
 }
 
 // printExplainSYN adds the SYN path's lines: whether the source bypasses
-// it, and per protected service what a SYN from the address gets, its
-// answer budget and the service's counters.
+// it, and per protected service what a SYN from the address gets (the
+// SYN path's model, step by step), its answer budget and the service's
+// counters.
 func printExplainSYN(w io.Writer, x *control.ExplainSYN) {
 	if x == nil {
 		return
@@ -355,7 +356,13 @@ func printExplainSYN(w io.Writer, x *control.ExplainSYN) {
 			state += "; the probe's port"
 		}
 		fmt.Fprintf(w, "syn %s\t%s: a SYN from here %s\n", s.Service, state, s.Next)
-		budget := "no answer budget"
+		for i, st := range s.Steps {
+			fmt.Fprintf(w, "\t  %d. %s\n", i+1, st)
+		}
+		if s.ProbeSegment != "" {
+			fmt.Fprintf(w, "\tthe probe: %s\n", s.ProbeSegment)
+		}
+		budget := "no answer budget read (none, or the decision stopped before it)"
 		if s.AnswersBurst > 0 {
 			budget = fmt.Sprintf("answers for %s: %s of %s left", s.AnswerPrefix, human(s.AnswersAvailable), human(s.AnswersBurst))
 		}

@@ -62,8 +62,14 @@ type ExplainSYNService struct {
 	Active     bool   `json:"active"`     // SYNs answered by the data plane now
 	// Probe: the probe packet (--proto tcp --dport) is to this service.
 	Probe bool `json:"probe,omitempty"`
-	// Next is what a bare SYN from the address to the service gets now.
-	Next string `json:"next"`
+	// Next is what a bare SYN from the address to the service gets now,
+	// as the SYN path's model decides it; Steps are the model's steps.
+	Next  string   `json:"next"`
+	Steps []string `json:"steps,omitempty"`
+	// ProbeSegment is what the probe's own segment gets (when it is for
+	// this service and its --flags are not a bare SYN), asked as one of no
+	// connection: explain does not see the host's sockets.
+	ProbeSegment string `json:"probe_segment,omitempty"`
 	// AnswerPrefix is the source's answer prefix; AnswersAvailable of
 	// AnswersBurst SYN-ACKs are left in its budget (both 0: no budget).
 	AnswerPrefix     netip.Prefix `json:"answer_prefix"`

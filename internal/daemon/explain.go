@@ -183,7 +183,9 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 		}
 		e.Standing = xs
 	}
-	e.SYN = d.explainSYN(ip, p, v.Reason == maps.ReasonDeny, std)
+	if e.SYN, err = d.explainSYN(st, ip, p); err != nil {
+		return control.Explanation{}, err
+	}
 	slots, err := d.m.RuleSlots()
 	if err != nil {
 		return control.Explanation{}, err

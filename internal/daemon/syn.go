@@ -17,6 +17,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/refmodel"
 	"github.com/edgeguard/edgeguard/internal/sockdiag"
 )
 
@@ -422,64 +423,228 @@ func synStatsToMetrics(c *synCollector, st *control.SYNStats, ch chan<- promethe
 }
 
 // explainSYN is the SYN path's part of `edgectl explain`: for each
-// protected service, what a bare SYN from ip would get now, in the order
-// the data plane decides (deny list, mode, validated bypass, protection
-// on, answer budget), with the source's answer budget and the service's
-// counters. nil when the policy protects no service. Caller holds d.mu.
-func (d *Daemon) explainSYN(ip netip.Addr, p Probe, denied bool, std maps.StandingEntry) *control.ExplainSYN {
-	st := d.syn
-	if st == nil || d.cur.pol == nil || d.cur.pol.SYN == nil || len(d.cur.pol.SYN.Services) == 0 {
-		return nil
+// protected service, a bare SYN from ip to one of its endpoints (of ip's
+// family; the probe's port first) decided by the SYN path's model
+// (refmodel.DecideSYN) on the data plane's state read now (the limiter's
+// st, shared lists and standing, and the SYN path's maps), with the steps
+// the model took, the answer budget it read and the service's counters.
+// Nothing is charged. nil when the policy protects no service. Caller
+// holds d.mu.
+func (d *Daemon) explainSYN(st *maps.State, ip netip.Addr, p Probe) (*control.ExplainSYN, error) {
+	sp := d.syn
+	if sp == nil || d.cur.pol == nil || d.cur.pol.SYN == nil || len(d.cur.pol.SYN.Services) == 0 {
+		return nil, nil
 	}
-	stats := st.stats()
+	stats := sp.stats()
 	out := &control.ExplainSYN{Available: stats != nil && stats.Available}
 	if !out.Available {
 		if stats != nil {
 			out.Unavailable = stats.Unavailable
 		}
-		return out
+		return out, nil
 	}
-	st.mu.Lock()
-	svcs := st.svcs
-	st.mu.Unlock()
-	validatedFor := d.cur.pol.SYN.ValidatedFor
-	if std.Tracked && std.Standing == maps.StandingValidated && validatedFor > 0 {
-		if until := std.Since.Add(validatedFor); until.After(time.Now()) {
-			out.Bypass, out.BypassUntil = true, &until
-		}
+	ss, err := sp.m.ReadSynState()
+	if err != nil {
+		return nil, fmt.Errorf("explain: %w", err)
+	}
+	sp.mu.Lock()
+	svcs, names := sp.svcs, sp.names
+	sp.mu.Unlock()
+	// One model for every service: a bare SYN changes only its own
+	// service's state and answer budget (and no standing), so one
+	// service's question does not change another's answer.
+	model, err := refmodel.FromState(st)
+	if err != nil {
+		return nil, fmt.Errorf("explain: %w", err)
+	}
+	model.LoadSyn(ss)
+	wall := time.Now()
+	sport := p.SPort
+	if p.Proto != 6 || sport == 0 {
+		sport = 40000
 	}
 	for id, svc := range svcs {
-		x := control.ExplainSYNService{Protection: maps.SynModeName(svc.Mode)}
+		x := control.ExplainSYNService{Service: names[id], Protection: maps.SynModeName(svc.Mode)}
 		if id < len(stats.Services) {
 			x.Counters = stats.Services[id]
-			x.Service, x.Active = x.Counters.Service, x.Counters.Active
+			x.Active = x.Counters.Active
 		}
+		dst, ok := synProbeDst(ip, svc, p)
 		for _, ep := range svc.Endpoints {
 			if p.Proto == 6 && p.DPort == ep.Port() {
 				x.Probe = true
 			}
 		}
-		b, err := st.m.AnswerBudget(ip, id, svc)
-		if err != nil {
-			d.log.Warn("explain: read syn answer budget", "ip", ip, "service", x.Service, "err", err)
+		if !ok {
+			x.Next = "not asked: the service has no endpoint of the address's family"
+			out.Services = append(out.Services, x)
+			continue
 		}
-		x.AnswerPrefix, x.AnswersAvailable, x.AnswersBurst = b.Prefix, b.Available, b.Burst
-		switch {
-		case denied:
-			x.Next = "dropped: the source is deny-listed (deny)"
-		case svc.Mode == maps.SynOff:
-			x.Next = "passes to the limiter: protection off"
-		case out.Bypass:
-			x.Next = "passes to the limiter and the kernel: validated source, no cookie until " +
-				out.BypassUntil.UTC().Format(time.RFC3339) + " (validated_pass)"
-		case !x.Active:
-			x.Next = "passes to the limiter and the kernel: protection not on now (would_answer)"
-		case b.Limited && b.Available < 1:
-			x.Next = fmt.Sprintf("dropped: the answer budget of %s is spent (answer_limited)", b.Prefix)
-		default:
-			x.Next = "answered in XDP with a SYN-ACK carrying a cookie (answered)"
+		v, tr := model.DecideSYN(refmodel.SynProbeFrame(netip.AddrPortFrom(ip, sport), dst, 0x02), refmodel.SynNoSocket, ss.NowNS)
+		if err := model.LiveErr(); err != nil {
+			return nil, fmt.Errorf("explain: read the data plane's tables: %w", err)
+		}
+		if tr.BareSYN {
+			x.Active = tr.Active
+		}
+		if tr.AnswerKey != nil {
+			x.AnswerPrefix = tr.AnswerPrefix()
+			x.AnswersAvailable, x.AnswersBurst = tr.AnswersLeft(ss.NowNS)
+		}
+		var until *time.Time
+		if tr.Bypass {
+			until = st.WallTime(tr.Standing.Since+tr.Service.ValidatedNs, wall)
+			out.Bypass, out.BypassUntil = true, until
+		}
+		x.Steps = synSteps(st, ss.NowNS, dst, v, tr, wall)
+		x.Next = synNext(v, tr, until, x.AnswerPrefix)
+		if x.Probe && p.Flags != 0 && p.Flags&0x17 != 0x02 {
+			// The probe's own segment, not a bare SYN, to a model of its
+			// own (the SYN above counted in this one's auto window).
+			pm, err := refmodel.FromState(st)
+			if err != nil {
+				return nil, fmt.Errorf("explain: %w", err)
+			}
+			pm.LoadSyn(ss)
+			pv, _ := pm.DecideSYN(refmodel.SynProbeFrame(netip.AddrPortFrom(ip, sport), dst, p.Flags), refmodel.SynNoSocket, ss.NowNS)
+			if err := pm.LiveErr(); err != nil {
+				return nil, fmt.Errorf("explain: read the data plane's tables: %w", err)
+			}
+			x.ProbeSegment = synSegmentNext(pv, p.Flags)
 		}
 		out.Services = append(out.Services, x)
 	}
-	return out
+	return out, nil
+}
+
+// synProbeDst is the endpoint explain sends its SYN to: of ip's family
+// (an any-address endpoint stands for every local address), the probe's
+// destination port first.
+func synProbeDst(ip netip.Addr, svc maps.SynService, p Probe) (netip.AddrPort, bool) {
+	var best netip.AddrPort
+	found := false
+	for _, ep := range svc.Endpoints {
+		a := ep.Addr().Unmap()
+		switch {
+		case a.IsUnspecified():
+			a = netip.IPv4Unspecified()
+			if ip.Is6() {
+				a = netip.IPv6Unspecified()
+			}
+		case a.Is4() != ip.Is4():
+			continue
+		}
+		cand := netip.AddrPortFrom(a, ep.Port())
+		if p.Proto == 6 && p.DPort == ep.Port() {
+			return cand, true
+		}
+		if !found {
+			best, found = cand, true
+		}
+	}
+	return best, found
+}
+
+// synSteps are the model's steps as explain prints them.
+func synSteps(st *maps.State, now uint64, dst netip.AddrPort, v refmodel.SynVerdict, tr refmodel.SynTrace, wall time.Time) []string {
+	if tr.Endpoint == nil {
+		return []string{fmt.Sprintf("endpoint %v: not protected", dst)}
+	}
+	svc := tr.Service
+	ep := dst.String()
+	if tr.Endpoint.Addr == ([16]byte{}) {
+		ep = fmt.Sprintf("any address, port %d", dst.Port())
+	}
+	steps := []string{fmt.Sprintf("endpoint %s: service %d, %s", ep, v.Service, maps.SynModeName(maps.SynMode(svc.Mode)))}
+	if !v.Protected {
+		return append(steps, "protection off: to the limiter")
+	}
+	if tr.Denied {
+		return append(steps, "lists: the source is deny-listed: dropped (deny)")
+	}
+	switch maps.SynMode(svc.Mode) {
+	case maps.SynAuto:
+		onoff := "not on"
+		if tr.Active {
+			onoff = "on"
+		}
+		before := uint64(0) // a SYN in a new rate window starts its count
+		if tr.State.Win == now>>loader.SyncookieEgSynSizesEG_SYN_RATE_SHIFT {
+			before = tr.State.Syns
+		}
+		steps = append(steps, fmt.Sprintf("auto: %d SYNs in this rate window before this one (on at %d, off under %d for %v): %s",
+			before, svc.OnSyns, svc.OffSyns, time.Duration(svc.HoldNs), onoff))
+	case maps.SynMonitor:
+		steps = append(steps, "monitor: counted, never answered")
+	case maps.SynAlways:
+		steps = append(steps, "always: on")
+	}
+	switch {
+	case svc.ValidatedNs == 0:
+		steps = append(steps, "validated_for 0: no bypass")
+	case tr.Standing == nil:
+		steps = append(steps, "standing: no entry: no bypass")
+	default:
+		e := tr.Standing
+		s := fmt.Sprintf("standing: %s since %s", maps.StandingName(maps.Standing(e.Standing)),
+			st.WallTime(e.Since, wall).UTC().Format(time.RFC3339))
+		if tr.Bypass {
+			s += fmt.Sprintf(", within validated_for %v: bypass", time.Duration(svc.ValidatedNs))
+		} else {
+			s += ": no bypass"
+		}
+		steps = append(steps, s)
+	}
+	if tr.AnswerKey != nil {
+		a, b := tr.AnswersLeft(now)
+		steps = append(steps, fmt.Sprintf("answer budget of %s: %.4g of %.4g left", tr.AnswerPrefix(), a, b))
+	}
+	return append(steps, fmt.Sprintf("%s (%s)", refmodel.SynActionName(v.Action), refmodel.SynCounterName(v.Reason)))
+}
+
+// synSegmentNext is the model's verdict on the probe's segment (flags
+// other than a bare SYN, asked as belonging to no connection).
+func synSegmentNext(v refmodel.SynVerdict, flags uint8) string {
+	s := fmt.Sprintf("a segment with flags %#02x that belongs to no connection here ", flags)
+	switch v.Reason {
+	case loader.SyncookieEgSynCounterEG_SYNC_DENY:
+		return s + "is dropped: the source is deny-listed (deny)"
+	case loader.SyncookieEgSynCounterEG_SYNC_OOS_BUDGET:
+		return s + "passes to the limiter within the service's out-of-state budget (out_of_state_pass)"
+	}
+	what := "is dropped"
+	if v.Action == refmodel.SynContinue {
+		what = "passes to the limiter and the kernel (protection not on, or monitor), counted"
+	}
+	if v.Reason == loader.SyncookieEgSynCounterEG_SYNC_COOKIE_INVALID {
+		return fmt.Sprintf("%s%s as an ACK without a valid cookie (cookie_invalid)", s, what)
+	}
+	return fmt.Sprintf("%s%s as out of state (%s)", s, what, refmodel.SynCounterName(v.Reason))
+}
+
+// synNext is the model's verdict in a sentence.
+func synNext(v refmodel.SynVerdict, tr refmodel.SynTrace, until *time.Time, pfx netip.Prefix) string {
+	if !v.Protected {
+		return "passes to the limiter: protection off"
+	}
+	switch v.Reason {
+	case loader.SyncookieEgSynCounterEG_SYNC_DENY:
+		return "dropped: the source is deny-listed (deny)"
+	case loader.SyncookieEgSynCounterEG_SYNC_VALIDATED_PASS:
+		s := "passes to the limiter and the kernel: validated source, no cookie"
+		if until != nil {
+			s += " until " + until.UTC().Format(time.RFC3339)
+		}
+		return s + " (validated_pass)"
+	case loader.SyncookieEgSynCounterEG_SYNC_WOULD_ANSWER:
+		if maps.SynMode(tr.Service.Mode) == maps.SynMonitor {
+			return "passes to the limiter and the kernel: monitor mode (would_answer)"
+		}
+		return "passes to the limiter and the kernel: protection not on now (would_answer)"
+	case loader.SyncookieEgSynCounterEG_SYNC_ANSWER_LIMITED:
+		return fmt.Sprintf("dropped: the answer budget of %s is spent (answer_limited)", pfx)
+	case loader.SyncookieEgSynCounterEG_SYNC_ANSWERED:
+		return "answered in XDP with a SYN-ACK carrying a cookie (answered)"
+	}
+	return fmt.Sprintf("%s (%s)", refmodel.SynActionName(v.Action), refmodel.SynCounterName(v.Reason))
 }

@@ -47,9 +47,11 @@ type SynOptions struct {
 // attaches it, and it tail-calls the limiter.
 type SynPath struct {
 	Objects SyncookieObjects
-	tcx     map[string]link.Link
-	pinDir  string // dp's PinDir/syn, or ""
-	log     *slog.Logger
+	// TestClock: the programs read time from syn_test_clock.
+	TestClock bool
+	tcx       map[string]link.Link
+	pinDir    string // dp's PinDir/syn, or ""
+	log       *slog.Logger
 }
 
 // synPinnedMaps survive a restart: the secret (cookies in flight stay
@@ -90,7 +92,7 @@ func LoadSyn(dp *Datapath, opts SynOptions) (_ *SynPath, err error) {
 			return nil, fmt.Errorf("set eg_syn_test_clock: %w", err)
 		}
 	}
-	s := &SynPath{tcx: map[string]link.Link{}, log: log}
+	s := &SynPath{tcx: map[string]link.Link{}, log: log, TestClock: opts.TestClock}
 	collOpts := ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
 		SyncookieMapLists:         dp.Objects.Lists,
 		SyncookieMapStanding:      dp.Objects.Standing,

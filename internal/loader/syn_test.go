@@ -2,7 +2,6 @@ package loader_test
 
 import (
 	"encoding/binary"
-	"math/bits"
 	"net"
 	"net/netip"
 	"runtime"
@@ -16,6 +15,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/refmodel"
 )
 
 const xdpTX = 3
@@ -38,49 +38,10 @@ func inNewNetns(t *testing.T, f func()) {
 	<-done
 }
 
-// synModel is the Go reference of the cookie (bpf/syncookie.c cookie_mac).
+// synModel is the cookie's MAC as the SYN path's reference model computes
+// it (refmodel.SynCookieMAC).
 func synModel(k0, k1 uint64, src, dst netip.Addr, sport, dport uint16, isn uint32, window uint64) uint32 {
-	s, d := src.As16(), dst.As16()
-	if src.Is4() {
-		s = netip.AddrFrom16(netip.AddrFrom4(src.As4()).As16()).As16()
-		d = netip.AddrFrom16(netip.AddrFrom4(dst.As4()).As16()).As16()
-	}
-	be16 := func(p uint16) uint64 { return uint64(p>>8 | p<<8) }
-	w := []uint64{
-		binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:]),
-		binary.LittleEndian.Uint64(d[:8]), binary.LittleEndian.Uint64(d[8:]),
-		be16(sport)<<48 | be16(dport)<<32 | uint64(isn), window, 48 << 56,
-	}
-	v0, v1 := k0^0x736f6d6570736575, k1^0x646f72616e646f6d
-	v2, v3 := k0^0x6c7967656e657261, k1^0x7465646279746573
-	round := func() {
-		v0 += v1
-		v1 = bits.RotateLeft64(v1, 13)
-		v1 ^= v0
-		v0 = bits.RotateLeft64(v0, 32)
-		v2 += v3
-		v3 = bits.RotateLeft64(v3, 16)
-		v3 ^= v2
-		v0 += v3
-		v3 = bits.RotateLeft64(v3, 21)
-		v3 ^= v0
-		v2 += v1
-		v1 = bits.RotateLeft64(v1, 17)
-		v1 ^= v2
-		v2 = bits.RotateLeft64(v2, 32)
-	}
-	for _, m := range w {
-		v3 ^= m
-		round()
-		round()
-		v0 ^= m
-	}
-	v2 ^= 0xff
-	for range 4 {
-		round()
-	}
-	h := v0 ^ v1 ^ v2 ^ v3
-	return (uint32(h) ^ uint32(h>>32)) &^ 0xff
+	return refmodel.SynCookieMAC(loader.SyncookieEgSynSecret{K0: k0, K1: k1}, maps.Addr16(src), maps.Addr16(dst), sport, dport, isn, window)
 }
 
 type tcpSeg struct {

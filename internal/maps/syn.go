@@ -65,11 +65,12 @@ type SynCounters struct {
 
 // Syn writes and reads the SYN path's maps.
 type Syn struct {
-	o *loader.SyncookieObjects
+	o         *loader.SyncookieObjects
+	testClock bool
 }
 
 // NewSyn wraps a loaded SYN path.
-func NewSyn(p *loader.SynPath) *Syn { return &Syn{o: &p.Objects} }
+func NewSyn(p *loader.SynPath) *Syn { return &Syn{o: &p.Objects, testClock: p.TestClock} }
 
 func gcraNs(r Rate) (t, tau uint64, err error) {
 	if !r.Limited() {
@@ -266,63 +267,83 @@ func SynModeName(m SynMode) string {
 	return fmt.Sprintf("mode %d", m)
 }
 
-// SynAnswerBudget is what is left of one source prefix's SYN-ACK budget at
-// one service.
-type SynAnswerBudget struct {
-	// Prefix is the source's answer prefix (answers.per).
-	Prefix netip.Prefix
-	// Limited is false when the service answers without a budget.
-	Limited bool
-	// Available is how many SYN-ACKs the prefix may get now, of Burst.
-	Available, Burst float64
-}
-
-// AnswerBudget reads addr's prefix budget at service id (the id of svc in
-// the slice given to ApplySyn), at the kernel's monotonic clock. Nothing
-// is charged. A prefix without an entry has its whole burst.
-func (s *Syn) AnswerBudget(addr netip.Addr, id int, svc SynService) (SynAnswerBudget, error) {
-	addr = addr.Unmap()
-	bits := int(svc.AnswerLen6)
-	if addr.Is4() {
-		bits = int(svc.AnswerLen4)
-	}
-	pfx, err := addr.Prefix(bits)
-	if err != nil {
-		return SynAnswerBudget{}, fmt.Errorf("syn: answer prefix of %v: %w", addr, err)
-	}
-	b := SynAnswerBudget{Prefix: pfx}
-	t, tau, err := gcraNs(svc.Answers)
-	if err != nil || t == 0 {
-		return b, err
-	}
-	b.Limited = true
-	b.Burst = float64(tau/t + 1)
-	k := loader.SyncookieEgSynPrefixKey{Addr: Addr16(pfx.Addr()), Service: uint32(id)}
-	var tat uint64
-	switch err := s.o.SynAnswers.Lookup(k, &tat); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-		b.Available = b.Burst
-		return b, nil
-	case err != nil:
-		return b, fmt.Errorf("syn: read answer budget of %v: %w", pfx, err)
-	}
-	now, err := MonoNow()
-	if err != nil {
-		return b, err
-	}
-	// The data plane answers while tat <= now + tau, and moves tat by t
-	// per answer.
-	b.Available = b.Burst
-	if tat > now {
-		b.Available = 0
-		if d := tat - now; d <= tau {
-			b.Available = float64((tau-d)/t + 1)
-		}
-	}
-	return b, nil
-}
-
 // SetSynTestClock sets the SYN path's clock when loaded with TestClock.
 func (s *Syn) SetSynTestClock(ns uint64) error {
 	return s.o.SynTestClock.Put(uint32(0), ns)
+}
+
+// SynState is the SYN path's state as read at one moment, for the
+// reference model (refmodel.Model.LoadSyn): one field per map, read
+// whole, except the answer budgets, looked up entry by entry (Answer).
+// The limiter's maps the SYN path shares (lists, standing) are the
+// limiter's State's.
+type SynState struct {
+	// NowNS is the SYN path's clock when the read began: its test clock,
+	// or CLOCK_MONOTONIC as bpf_ktime_get_ns reads it.
+	NowNS     uint64
+	Endpoints map[loader.SyncookieEgSynEndpoint]uint32
+	// Services and State by service id: every slot of the arrays.
+	Services map[uint32]loader.SyncookieEgSynService
+	State    map[uint32]loader.SyncookieEgSynState
+	Secret   loader.SyncookieEgSynSecret
+	s        *Syn
+}
+
+// Answer looks one source prefix's answer budget (a GCRA TAT, ns) up.
+func (st *SynState) Answer(k loader.SyncookieEgSynPrefixKey) (uint64, bool, error) {
+	var tat uint64
+	err := st.s.o.SynAnswers.Lookup(k, &tat)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("syn: read answer budget: %w", err)
+	}
+	return tat, true, nil
+}
+
+// ReadSynState reads the SYN path's maps (endpoints, services, state,
+// the cookie key and the clock). The key stays in the process: it is
+// read so the model computes the cookies the program does.
+func (s *Syn) ReadSynState() (*SynState, error) {
+	st := &SynState{s: s, Endpoints: map[loader.SyncookieEgSynEndpoint]uint32{},
+		Services: map[uint32]loader.SyncookieEgSynService{}, State: map[uint32]loader.SyncookieEgSynState{}}
+	var err error
+	if s.testClock {
+		err = s.o.SynTestClock.Lookup(uint32(0), &st.NowNS)
+	} else {
+		st.NowNS, err = MonoNow()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("syn: read the clock: %w", err)
+	}
+	var ek loader.SyncookieEgSynEndpoint
+	var id uint32
+	it := s.o.SynEndpoints.Iterate()
+	for it.Next(&ek, &id) {
+		st.Endpoints[ek] = id
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("syn: read endpoints: %w", err)
+	}
+	var sv loader.SyncookieEgSynService
+	it = s.o.SynServices.Iterate()
+	for it.Next(&id, &sv) {
+		st.Services[id] = sv
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("syn: read services: %w", err)
+	}
+	var ss loader.SyncookieEgSynState
+	it = s.o.SynState.Iterate()
+	for it.Next(&id, &ss) {
+		st.State[id] = ss
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("syn: read service state: %w", err)
+	}
+	if err := s.o.SynSecret.Lookup(uint32(0), &st.Secret); err != nil {
+		return nil, fmt.Errorf("syn: read the cookie key: %w", err)
+	}
+	return st, nil
 }

@@ -5,7 +5,9 @@
 // verdict. State lives in Go maps and time is an explicit clock in ns, so
 // tests can run the same packet sequence through the model and through the
 // program (BPF_PROG_TEST_RUN) and require the same verdicts, counters and
-// bucket states.
+// bucket states. The SYN path in front of it (bpf/syncookie.c, XDP part)
+// has its model in syn.go (LoadSyn, DecideSYN), on the same lists and
+// standing table; a segment it continues goes on to Run.
 //
 // The model is written from the C, statement by statement, not from the
 // documentation: where the two disagree the model follows the program, and
@@ -157,6 +159,7 @@ type Model struct {
 	gate  map[uint32]uint32
 	trace *Trace      // non-nil during Explain
 	live  *liveTables // FromState: the program's large tables, looked up as needed
+	syn   *synTables  // the SYN path's maps (LoadSyn, syn.go)
 }
 
 // New returns a model of a program loaded with room for maxRules rules

@@ -679,8 +679,21 @@ func TestSynDaemon(t *testing.T) {
 		t.Errorf("explain syn: %+v", x)
 	} else if sv := x.Services[0]; sv.Service != "api" || sv.Protection != "always" || !sv.Active || !sv.Probe ||
 		!strings.HasPrefix(sv.Next, "answered in XDP") || sv.AnswerPrefix != netip.PrefixFrom(c.Src4, 24).Masked() ||
-		sv.AnswersBurst != 2000 || sv.AnswersAvailable > sv.AnswersBurst || sv.Counters.CookiesValid < 30 {
+		sv.AnswersBurst != 2000 || sv.AnswersAvailable > sv.AnswersBurst || sv.Counters.CookiesValid < 30 ||
+		len(sv.Steps) < 3 || sv.Steps[len(sv.Steps)-1] != "answer (answered)" {
 		t.Errorf("explain syn service: %+v", sv)
+	}
+	// The probe's own ACK (--flags 16), asked as one of no connection.
+	out, err = h.ctl("explain", c.Src4.String(), "--proto", "tcp", "--dport", strconv.Itoa(synPort), "--flags", "16", "-o", "json")
+	var exa control.Explanation
+	if err == nil {
+		err = json.Unmarshal([]byte(out), &exa)
+	}
+	if err != nil || exa.SYN == nil || len(exa.SYN.Services) != 1 ||
+		!(strings.HasSuffix(exa.SYN.Services[0].ProbeSegment, "(cookie_invalid)") || strings.HasSuffix(exa.SYN.Services[0].ProbeSegment, "(out_of_state_pass)")) {
+		t.Errorf("explain of an ACK: %v\n%s", err, out)
+	} else {
+		t.Logf("explain --flags 16: %s", exa.SYN.Services[0].ProbeSegment)
 	}
 	if out, err := h.ctl("explain", c.Src4.String(), "--proto", "tcp", "--dport", strconv.Itoa(synPort)); err != nil ||
 		!strings.Contains(out, "syn api") || !strings.Contains(out, "a SYN from here answered in XDP") {
