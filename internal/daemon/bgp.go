@@ -3,7 +3,6 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -405,25 +404,12 @@ func (d *Daemon) auditBGP(ev bgp.Event) {
 	if path == "" {
 		return
 	}
-	line, _ := json.Marshal(ev)
-	line = append(line, '\n')
-	b := &d.bgp
-	b.auditMu.Lock()
-	defer b.auditMu.Unlock()
-	if fi, err := os.Stat(path); err == nil && fi.Size()+int64(len(line)) > bgpAuditMax {
-		if err := os.Rename(path, path+".1"); err != nil {
-			d.log.Error("bgp: rotate the audit file", "err", err)
-		}
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err == nil {
-		_, err = f.Write(line)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
+	rotErr, err := appendAudit(&d.bgp.auditMu, path, bgpAuditMax, ev)
+	if rotErr != nil {
+		d.log.Error("bgp: rotate the audit file", "err", rotErr)
 	}
 	if err != nil {
-		b.audits.Add(1)
+		d.bgp.audits.Add(1)
 		d.log.Error("bgp: append to the audit file", "file", path, "err", err)
 	}
 }

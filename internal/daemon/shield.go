@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -397,22 +396,9 @@ func (d *Daemon) auditShield(c shield.Change, werr error) {
 	if werr != nil {
 		rec.Error = werr.Error()
 	}
-	line, _ := json.Marshal(rec)
-	line = append(line, '\n')
-	st := d.shield
-	st.auditMu.Lock()
-	defer st.auditMu.Unlock()
-	if fi, err := os.Stat(path); err == nil && fi.Size()+int64(len(line)) > shieldAuditMax {
-		if err := os.Rename(path, path+".1"); err != nil {
-			d.log.Error("shield: rotate the audit file", "err", err)
-		}
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err == nil {
-		_, err = f.Write(line)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
+	rotErr, err := appendAudit(&d.shield.auditMu, path, shieldAuditMax, rec)
+	if rotErr != nil {
+		d.log.Error("shield: rotate the audit file", "err", rotErr)
 	}
 	if err != nil {
 		d.log.Error("shield: append to the audit file", "file", path, "err", err)
