@@ -1420,10 +1420,11 @@ func (c *conn) finishForward() {
 // works on after its client left is still counted (as nginx does with
 // proxy_ignore_client_abort on). A request the upstream has not seen, or
 // whose body is unfinished (the upstream cannot have a whole request),
-// is cut at once. It reports whether the relay goes on.
+// is cut at once, and so is every exchange of an engine shutting down. It
+// reports whether the relay goes on.
 func (c *conn) clientGone() bool {
 	u := c.up
-	if c.state != stateForward || u == nil || !u.sent || !c.reqBody.done || c.respBody.done {
+	if c.state != stateForward || u == nil || !u.sent || !c.reqBody.done || c.respBody.done || c.l.draining {
 		c.close()
 		return false
 	}

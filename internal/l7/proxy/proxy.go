@@ -357,10 +357,11 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 //
 // The upstream exchange does not end with the client (upstreamExchange):
 // it runs in a context of its own, so the slot the caller holds stays
-// taken until the upstream has answered.
-func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) {
+// taken until the upstream has answered. It reports false for a request
+// not sent: its client left before.
+func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) bool {
 	if r.Context().Err() != nil {
-		return // the client left before the upstream saw its request
+		return false
 	}
 	if r.ContentLength != 0 {
 		// ErrNotSupported from a writer that is not net/http's server's
@@ -373,6 +374,7 @@ func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer up.end()
 	p.upstream.ServeHTTP(w, r.WithContext(up.ctx))
+	return true
 }
 
 // BadGateway answers a request the upstream did not answer (both engines:
