@@ -66,14 +66,12 @@ l7:
         - {name: per-asn, key: asn, rate: 70/s, burst: 70}
 `
 
-// upstreamMeter is the upstream: it serves each request in l7cService and
-// records the most requests it ever held at once and per second. A
-// request whose connection the proxy closes (its client gave up: the
-// proxy stops waiting for the answer and frees its slot) stops counting
-// then, and is counted in abandoned.
+// upstreamMeter is the upstream: it serves each request in l7cService,
+// whether or not the proxy is still waiting for the answer (as a busy
+// application server that never looks at its client's connection does),
+// and records the most requests it ever held at once and per second.
 type upstreamMeter struct {
 	inFlight, maxInFlight atomic.Int64
-	abandoned             atomic.Int64
 	mu                    sync.Mutex
 	perSecond             map[int64]int
 }
@@ -89,15 +87,7 @@ func (u *upstreamMeter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.perSecond[time.Now().Unix()]++
 	u.mu.Unlock()
-	t := time.NewTimer(l7cService)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-r.Context().Done():
-		u.inFlight.Add(-1)
-		u.abandoned.Add(1)
-		return
-	}
+	time.Sleep(l7cService)
 	u.inFlight.Add(-1)
 	io.WriteString(w, "ok")
 }
@@ -242,13 +232,70 @@ func addBots(t *testing.T, c *testbed.Client) []netip.Addr {
 // holds more than its capacity, bots get the leftover. Users who arrive
 // during the attack are new: they get what a bot gets (the leftover,
 // shared with the bots), and no more.
+//
+// A shared 2-core machine stalls now and then: a stall of most of a
+// second leaves users' requests unanswered within 1 s whatever the design.
+// The test measures its own scheduling stalls during the attack
+// (stallMeter); only when the shares are missed *and* such a stall was
+// measured does it run the attack once more (the brief's one rerun), and
+// it prints both runs. The upstream's capacity is never excused.
 func TestL7ClassesHTTPFlood(t *testing.T) {
 	for _, engine := range []string{"event-loop", "net-http"} {
-		t.Run(engine, func(t *testing.T) { testL7ClassesHTTPFlood(t, engine) })
+		t.Run(engine, func(t *testing.T) {
+			for attempt := 1; ; attempt++ {
+				var missed []string
+				var stall time.Duration
+				t.Run(fmt.Sprintf("attempt-%d", attempt), func(t *testing.T) {
+					missed, stall = testL7ClassesHTTPFlood(t, engine)
+				})
+				if len(missed) == 0 {
+					return
+				}
+				if attempt == 1 && stall >= l7cStall {
+					t.Logf("attempt 1 missed (%v) with a %v stall of the machine: once more", missed, stall)
+					continue
+				}
+				for _, m := range missed {
+					t.Error(m)
+				}
+				return
+			}
+		})
 	}
 }
 
-func testL7ClassesHTTPFlood(t *testing.T, engine string) {
+// l7cStall is a stall of the test's own process (a ticker's lateness) that
+// can make a request miss its 1 s on its own.
+const l7cStall = 300 * time.Millisecond
+
+// stallMeter measures the longest lateness of a 10 ms ticker until stop.
+func stallMeter() (stop func() time.Duration) {
+	done := make(chan struct{})
+	worst := make(chan time.Duration, 1)
+	go func() {
+		const tick = 10 * time.Millisecond
+		tk := time.NewTicker(tick)
+		defer tk.Stop()
+		last, m := time.Now(), time.Duration(0)
+		for {
+			select {
+			case <-done:
+				worst <- m
+				return
+			case now := <-tk.C:
+				m = max(m, now.Sub(last)-tick)
+				last = now
+			}
+		}
+	}()
+	return func() time.Duration { close(done); return <-worst }
+}
+
+// testL7ClassesHTTPFlood runs the scenario once. It fails t on what no
+// stall excuses (the upstream above its capacity, the offered load, the
+// class counts, explain) and returns the shares it missed (users, bots,
+// arrivals) and the longest stall measured during the attack.
+func testL7ClassesHTTPFlood(t *testing.T, engine string) (missed []string, stall time.Duration) {
 	s := newBotnetScenario(t, false, l7cArrivals)
 	up := &upstreamMeter{perSecond: map[int64]int{}}
 	upAddr := serveHTTP(t, s.lab.Star.Edge, netip.AddrPortFrom(s.lab.Legit[0].EdgeAddr4, 9200), up.ServeHTTP)
@@ -293,6 +340,7 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	time.Sleep(l7cWarm)
 
 	attacking.Store(true)
+	stopMeter := stallMeter()
 	floodCtx, stopFlood := context.WithTimeout(ctx, l7cAttack)
 	defer stopFlood()
 	var fwg sync.WaitGroup
@@ -308,20 +356,22 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	cancel()
 	fwg.Wait()
 	wg.Wait()
+	stall = stopMeter()
 
 	capacity := float64(l7cSlots) / l7cService.Seconds()
 	offered := float64(botTally.sent.Load()+during.sent.Load()+arrived.sent.Load()) / l7cAttack.Seconds()
 	st := s.stats()
 	report(t, "%s: users before the attack %v; during %v (margin %.2f%% over 99%%); arrivals %v; bots %v; "+
-		"offered %.0f/s = %.1f× the upstream's %.0f/s; upstream at most %d at once (capacity %d), %d in its busiest second, %d abandoned by the proxy; classes %+v",
+		"offered %.0f/s = %.1f× the upstream's %.0f/s; upstream (it serves every request it receives) at most %d at once (capacity %d, margin %d), "+
+		"%d in its busiest second; longest stall of the test's process %v; classes %+v",
 		engine, &before, &during, 100*(during.rate()-0.99), &arrived, &botTally, offered, offered/capacity, capacity,
-		up.maxInFlight.Load(), l7cSlots, up.maxPerSecond(), up.abandoned.Load(), st.L7Classes)
+		up.maxInFlight.Load(), l7cSlots, l7cSlots-up.maxInFlight.Load(), up.maxPerSecond(), stall.Round(time.Millisecond), st.L7Classes)
 
 	if offered < 5*capacity {
 		t.Errorf("offered %.0f/s, under 5× the upstream's %.0f/s: the test is not testing", offered, capacity)
 	}
 	if r := during.rate(); r < 0.99 {
-		t.Errorf("users during the attack: %v, want ≥ 99%%", &during)
+		missed = append(missed, fmt.Sprintf("users during the attack: %v, want ≥ 99%%", &during))
 	}
 	if m, limit := up.maxPerSecond(), 70+70+10; m > limit {
 		t.Errorf("the upstream served %d requests in one second; the ASN's budget allows %d (burst and rate, 10 for the edges)", m, limit)
@@ -332,13 +382,13 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	// The bots get the leftover: what the upstream served beyond the
 	// users, not nothing, and far from all.
 	if b := botTally.rate(); b <= 0 || b > 0.5 {
-		t.Errorf("bots: %v, want the leftover (some, under half)", &botTally)
+		missed = append(missed, fmt.Sprintf("bots: %v, want the leftover (some, under half)", &botTally))
 	}
 	// Arrivals are new: the bots' share, not the users'. With ~30
 	// answered of theirs the bound is loose: under half, and within 3× (or
 	// 5 points) of the bots'.
 	if a, b := arrived.rate(), botTally.rate(); a > 0.5 || a > 3*b+0.05 || a < b/3-0.05 {
-		t.Errorf("arrivals %v against bots %v: want the bots' share", &arrived, &botTally)
+		missed = append(missed, fmt.Sprintf("arrivals %v against bots %v: want the bots' share", &arrived, &botTally))
 	}
 	// edgectl explain: what a user's and a bot's next request would be.
 	if x := s.explain(s.lab.Legit[0].Src4.String()).L7; x == nil || x.Next != "established" {
@@ -354,4 +404,5 @@ func testL7ClassesHTTPFlood(t *testing.T, engine string) {
 	if classes["established"][0] == 0 || classes["new"][1] == 0 {
 		t.Errorf("class counts %v: want established admitted and new refused", st.L7Classes)
 	}
+	return missed, stall
 }

@@ -232,10 +232,13 @@ type conn struct {
 	out outBuf
 	readiness
 	state      connState
-	closeAfter bool  // close once the current response is out
-	headSeen   int   // input bytes known not to end a request head
-	holdOut    bool  // output waits for a handler on its goroutine to return
-	deadline   int64 // loop time; 0: none
+	closeAfter bool // close once the current response is out
+	headSeen   int  // input bytes known not to end a request head
+	holdOut    bool // output waits for a handler on its goroutine to return
+	// abandoned: the client left while the upstream had its request;
+	// the relay reads the response to its end and drops it (clientGone).
+	abandoned bool
+	deadline  int64 // loop time; 0: none
 	// The transfer periods (Config.BodyReadTimeout, ResponseTimeout,
 	// MinRate): rx and tx count the bytes read from and written to the
 	// client; a period starts at bodyFrom / respFrom (loop time, 0: none
@@ -326,9 +329,12 @@ func (c *conn) flush() bool {
 		return false
 	}
 	before := c.out.pending()
+	if c.abandoned {
+		return false
+	}
 	wrote, full, err := c.out.flushTo(c.l, c.fd)
 	if err != nil {
-		c.close()
+		c.clientGone()
 		return false
 	}
 	c.tx += int64(before - c.out.pending())
@@ -835,6 +841,7 @@ func (c *conn) startForward() {
 	}
 	c.up = u
 	u.client = c
+	u.sent = false
 	c.queueUpstreamHead()
 	c.bodyFrom, c.bodyAt, c.respFrom = c.l.now, c.rx, 0
 }
@@ -1141,9 +1148,11 @@ func trimOWS(b []byte) []byte {
 func (c *conn) stepForward() bool {
 	u := c.up
 	progress := false
-	if c.peerClosed && c.reqBody.done && c.buffered() == 0 {
-		c.close() // nobody is waiting for the response
-		return false
+	if c.peerClosed && c.reqBody.done && c.buffered() == 0 && !c.abandoned {
+		// Nobody is waiting for the response.
+		if !c.clientGone() {
+			return false
+		}
 	}
 	// The request body, client to upstream.
 	// (Not while connecting: a connect that fails leaves the body here,
@@ -1192,7 +1201,9 @@ func (c *conn) stepForward() bool {
 			c.close()
 			return false
 		}
-		c.out.b = append(c.out.grow(c.l), data[:n]...)
+		if !c.abandoned {
+			c.out.b = append(c.out.grow(c.l), data[:n]...)
+		}
 		u.in.consume(c.l, n)
 		if c.respBody.done {
 			c.finishForward()
@@ -1252,6 +1263,10 @@ func (c *conn) responseHead(data []byte) bool {
 	status := c.resp.status
 	switch {
 	case status == http.StatusSwitchingProtocols:
+		if c.abandoned {
+			c.close() // a tunnel to nobody
+			return false
+		}
 		if !c.head.upgrade {
 			u.in.consume(c.l, n)
 			c.upstreamFailed(errors.New("101 to a request without an upgrade"))
@@ -1316,6 +1331,9 @@ func (c *conn) responseHead(data []byte) bool {
 // queueResponseHead writes the upstream's response head for the client:
 // hop-by-hop fields dropped, the handler's fields added.
 func (c *conn) queueResponseHead(upgrade bool) {
+	if c.abandoned {
+		return
+	}
 	r := &c.resp
 	b := c.out.grow(c.l)
 	b = append(b, "HTTP/1.1 "...)
@@ -1382,10 +1400,40 @@ func (c *conn) finishForward() {
 	} else {
 		u.closeFD()
 	}
+	if c.abandoned {
+		c.close() // the upstream exchange is over: the slot may go
+		return
+	}
 	if !c.reqBody.done {
 		c.closeAfter = true // the next request's start is unknown
 	}
 	c.afterRelay()
+}
+
+// clientGone handles a client that left (closed or reset its connection)
+// during a relay. A request the upstream has (all of it, some bytes of it
+// sent) is abandoned, not cut: the relay goes on reading the upstream's
+// response and drops it, and the connection closes once the response has
+// ended, or after Config.ResponseTimeout (the sweep cuts it then, upstream
+// connection included). Until then the handler's Relay.Forward has not
+// returned, so the concurrency slot it holds stays taken: an upstream that
+// works on after its client left is still counted (as nginx does with
+// proxy_ignore_client_abort on). A request the upstream has not seen, or
+// whose body is unfinished (the upstream cannot have a whole request),
+// is cut at once, and so is every exchange of an engine shutting down. It
+// reports whether the relay goes on.
+func (c *conn) clientGone() bool {
+	u := c.up
+	if c.state != stateForward || u == nil || !u.sent || !c.reqBody.done || c.respBody.done || c.l.draining {
+		c.close()
+		return false
+	}
+	c.abandoned = true
+	c.deadline = c.l.now + int64(c.l.s.cfg.ResponseTimeout)
+	if c.cancel != nil {
+		c.cancel()
+	}
+	return true
 }
 
 // afterRelay hands a finished relay back to the handler's goroutine, or
@@ -1413,6 +1461,10 @@ func (c *conn) upstreamFailed(err error) {
 		u.closeFD()
 	}
 	if c.state == stateClosed {
+		return
+	}
+	if c.abandoned {
+		c.close() // nobody to answer, nothing more the upstream does for it
 		return
 	}
 	if c.respStarted {

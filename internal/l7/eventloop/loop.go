@@ -343,7 +343,9 @@ func (l *loop) drain() {
 	}
 	for c := range l.conns {
 		c.closeAfter = true
-		if c.state == stateHead && c.buffered() == 0 && c.out.pending() == 0 {
+		if (c.state == stateHead && c.buffered() == 0 && c.out.pending() == 0) || c.abandoned {
+			// (An abandoned exchange is waited for only to hold its
+			// concurrency slot, which a stopping engine gives up.)
 			c.close()
 		}
 	}

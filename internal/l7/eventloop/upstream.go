@@ -21,6 +21,7 @@ type upConn struct {
 	client     *conn // nil while idle
 	reused     bool  // taken from the pool (may have been closed under us)
 	gotBytes   bool  // a response head came on it for the current request
+	sent       bool  // bytes of the current request went out on it
 	closed     bool
 	idleSince  int64
 	// addr is the index of the address dialled; connectFailed: the
@@ -67,6 +68,7 @@ func (u *upConn) flush() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("write to the upstream: %w", err)
 	}
+	u.sent = u.sent || wrote
 	if full {
 		u.writable = false
 	}

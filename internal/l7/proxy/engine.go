@@ -124,7 +124,9 @@ func (p *Proxy) forwardFrom(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := time.Now()
-	p.forwardNetHTTP(w, r)
+	if !p.forwardNetHTTP(w, r) {
+		return
+	}
 	if ex != nil {
 		ex.forwarded, ex.upstream = true, time.Since(t)
 	}

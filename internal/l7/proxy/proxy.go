@@ -336,6 +336,10 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 			}
 			if res.StatusCode == http.StatusSwitchingProtocols {
 				tunnelIdle(res, p.cfg.Timeouts.TunnelIdle)
+				return nil
+			}
+			if up := upstreamExchangeOf(res.Request); up != nil {
+				res.Body = &finishBody{ReadCloser: res.Body, up: up}
 			}
 			return nil
 		},
@@ -353,13 +357,27 @@ func (p *Proxy) newReverseProxy(tr http.RoundTripper) *httputil.ReverseProxy {
 // copied: the client got a truncated response (the 2 MiB POST of
 // TestEnginesAgree, under load). In full-duplex mode the server leaves the
 // body to the handler, which closes it when the relay is over.
-func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) {
+//
+// The upstream exchange does not end with the client (upstreamExchange):
+// it runs in a context of its own, so the slot the caller holds stays
+// taken until the upstream has answered. It reports false for a request
+// not sent: its client left before.
+func (p *Proxy) forwardNetHTTP(w http.ResponseWriter, r *http.Request) bool {
+	if r.Context().Err() != nil {
+		return false
+	}
 	if r.ContentLength != 0 {
 		// ErrNotSupported from a writer that is not net/http's server's
 		// (a recorder in a test): nothing to protect against there.
 		_ = http.NewResponseController(w).EnableFullDuplex()
 	}
-	p.upstream.ServeHTTP(w, r)
+	up := newUpstreamExchange(r, p.cfg.Timeouts.Response)
+	if ex := exchangeOf(r); ex != nil && ex.rwInUse {
+		up.rw = &ex.rw
+	}
+	defer up.end()
+	p.upstream.ServeHTTP(w, r.WithContext(up.ctx))
+	return true
 }
 
 // BadGateway answers a request the upstream did not answer (both engines:

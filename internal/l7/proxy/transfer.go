@@ -95,6 +95,10 @@ type rateWriter struct {
 	least   int64
 	blocked time.Duration
 	got     int64
+	// slow: the writer cut the client for its slowness (a period below
+	// the rate, or a write past its deadline): the upstream exchange is
+	// cut with it (abandon.go).
+	slow bool
 }
 
 func (w *rateWriter) Write(p []byte) (int, error) {
@@ -115,9 +119,13 @@ func (w *rateWriter) account(start time.Time, n int, err error) error {
 	w.blocked += time.Since(start)
 	w.got += int64(n)
 	if err != nil || w.blocked < w.period {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.slow = true
+		}
 		return err
 	}
 	if w.got < w.least {
+		w.slow = true
 		return fmt.Errorf("%w: %d bytes in %v", errSlowClient, w.got, w.period)
 	}
 	w.blocked, w.got = 0, 0
