@@ -96,7 +96,7 @@ type StandingEntry struct {
 	MeanRate float64
 	// Raw is the entry as the data plane holds it (zero when untracked):
 	// internal/refmodel computes the personal budget, its use and the
-	// class of the next packet from it (refmodel.Personal, NextClass).
+	// class of the next packet from it (refmodel.Personal, Model.NextCharge).
 	Raw loader.LimiterEgStandingVal
 }
 

@@ -160,19 +160,6 @@ func standingClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint6
 	return cls, vouched
 }
 
-// NextClass is the class the source's next packet would be charged as at
-// time now (ticks) if it met an aggregate's reserve band, from its entry
-// (ok: it has one) and whether it is in known_good, without charging
-// anything. It does not apply a penalty that is over (cls new), as the
-// data plane does.
-func NextClass(cfg StandingCfg, e StandingVal, ok, knownGood bool, now uint64) maps.Class {
-	cls, vouched := standingClass(cfg, e, ok, knownGood, now)
-	if privileged(cls) && ok && !personalTake(cfg, &e, now, vouched) {
-		cls = maps.ClassOverBudget
-	}
-	return cls
-}
-
 // NextCharge is what explain shows of a source's standing: the class its
 // next packet would be charged as at now (ticks) if it met an aggregate's
 // reserve band, its personal budget (metered: it has one that applies)
