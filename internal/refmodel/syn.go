@@ -558,8 +558,11 @@ func synAnswerKey(src [16]byte, v4 bool, svc loader.SyncookieEgSynService, id ui
 	return loader.SyncookieEgSynPrefixKey{Addr: maskAddr(src, b), Service: id}
 }
 
-// synValidate is validate(): the source becomes validated (why: TCP)
-// unless it is penalised.
+// synValidate is validate(): a new source becomes validated (why: TCP)
+// from now, its clean history going on; a handshake-validated one is
+// renewed; an established source, one validated otherwise and a
+// penalised one keep their standing (a handshake proves an address, not
+// good intent).
 func (m *Model) synValidate(k StandingKey, now uint64) {
 	e, ok := m.StandingEntry(k)
 	if !ok {
@@ -569,12 +572,12 @@ func (m *Model) synValidate(k StandingKey, now uint64) {
 		m.events.Validated++
 		return
 	}
-	if maps.Standing(e.Standing) != maps.StandingPenalised {
+	if maps.Standing(e.Standing) == maps.StandingNew || handshakeOnly(e) {
 		if maps.Standing(e.Standing) != maps.StandingValidated {
 			m.events.Validated++
 		}
 		e.Standing, e.Why = uint8(maps.StandingValidated), uint8(maps.WhyTCP)
-		e.Since, e.CleanSince = now, now
+		e.Since = now
 	}
 	e.LastSeen = now
 	m.standing[k] = e
