@@ -139,6 +139,13 @@ type entry struct {
 	key        [16]byte
 	used       bool
 	hasHistory bool // sent EstablishedAfter without refusal, at L7
+	// refusedNew: the stage refused it while it ranked new. From then on
+	// the data plane's established alone does not rank it until it earns
+	// history here: the data plane counts a source's packets as clean
+	// history while its requests are being shed (an HTTP flood at a
+	// user's rate congests no XDP aggregate), so a bot of the flood would
+	// otherwise become established there after established_after.
+	refusedNew bool
 	learned    bool // usual is measured
 	standing   Standing
 	haveRead   bool // standing holds a read, made at standingAt
@@ -322,7 +329,7 @@ func (e *entry) classify(st Standing, cfg *Config) Class {
 	switch {
 	case st == StandingPenalised:
 		return Penalised
-	case st != StandingEstablished && st != StandingAuthenticated && !e.hasHistory:
+	case st != StandingAuthenticated && !e.hasHistory && (st != StandingEstablished || e.refusedNew):
 		return New
 	}
 	budget := cfg.DefaultUsualRate * int64(cfg.Window) / int64(time.Second)
@@ -414,7 +421,9 @@ func (s *set) alloc(now, establishedAfter int64) int {
 // Done records how a classified request ended: refused (429, 503) or not.
 // A refusal restarts the clean history of a client without history (as
 // congestion does at the data plane: a new client does not become
-// established while it is being refused).
+// established while it is being refused), and a client refused while it
+// ranked new needs history of its own here before the data plane's
+// established ranks it (entry.refusedNew).
 func (t *Table) Done(tk Ticket, refused bool) {
 	if int(tk.Class) >= NumClasses {
 		return
@@ -440,6 +449,7 @@ func (t *Table) Settle(tk Ticket, refused bool) {
 	s.mu.Lock()
 	if e := &s.e[tk.way]; e.used && e.key == tk.key && !e.hasHistory {
 		e.cleanSince = now
+		e.refusedNew = e.refusedNew || tk.Class == New
 	}
 	s.mu.Unlock()
 }

@@ -126,6 +126,38 @@ func TestDataPlaneStandingThroughCache(t *testing.T) {
 	}
 }
 
+// TestRefusedNewNeedsOwnHistory: a client the stage refused while it
+// ranked new is not ranked established by the data plane's standing alone
+// (which its packets can earn while its requests are shed) until it has
+// history at L7; a client with the data plane's standing that was never
+// refused as new keeps it.
+func TestRefusedNewNeedsOwnHistory(t *testing.T) {
+	clk := &fakeClock{}
+	src := &fakeStandings{m: map[netip.Addr]Standing{addr(2): StandingEstablished}}
+	tb := NewTable(64, src, clk, testCfg)
+	bot, user := addr(1), addr(2)
+	tb.Done(tb.Classify(bot, true), true) // shed while new
+	src.m[bot] = StandingEstablished      // its packets earned the data plane's history
+	clk.advance(time.Second + time.Millisecond)
+	if c := tb.Classify(bot, true).Class; c != New {
+		t.Fatalf("bot refused as new, then established at the data plane: %s, want new", c)
+	}
+	if c := tb.Classify(user, true).Class; c != Established {
+		t.Fatalf("user established at the data plane, never refused: %s, want established", c)
+	}
+	// An established client's refusal (over its capacity share) does not
+	// take the data plane's standing away.
+	tb.Done(tb.Classify(user, true), true)
+	if c := tb.Classify(user, true).Class; c != Established {
+		t.Fatalf("user after a refusal as established: %s, want established", c)
+	}
+	// The bot earns history of its own: established_after without refusal.
+	clk.advance(testCfg.EstablishedAfter)
+	if c := tb.Classify(bot, true).Class; c != Established {
+		t.Fatalf("bot after established_after without refusal: %s, want established", c)
+	}
+}
+
 // TestUsualRate: a client with history keeps its class up to Headroom ×
 // its usual requests per window, bursts included; beyond that its
 // requests are over usual; the usual follows a slow ramp.
