@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,8 +131,18 @@ func startNginx(t *testing.T, conf string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		// SIGTERM: the master stops its workers and exits (a SIGKILL
+		// would leave the worker behind, orphaned); SIGKILL only if it
+		// does not within 5 s.
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
 		if t.Failed() {
 			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 			t.Logf("nginx error.log:\n%s", log)
