@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testbed"
 )
@@ -175,7 +176,7 @@ func (g *edgeguard) setup(e *edge, extraRules int) error {
 		return err
 	}
 	g.dp, g.m = dp, maps.New(dp)
-	if err := stageCommit(g.m, benchPolicy(extraRules, g.clock)); err != nil {
+	if err := mapstest.StageCommit(g.m, benchPolicy(extraRules, g.clock)); err != nil {
 		return fmt.Errorf("apply bench policy: %w", err)
 	}
 	if g.mode == loader.ModeGeneric {
@@ -306,12 +307,3 @@ func (hashlimit) dropped(e *edge) (uint64, error) {
 	return 0, fmt.Errorf("no hashlimit rule in:\n%s", out)
 }
 func (hashlimit) close() {}
-
-// stageCommit makes c the live generation: Stage, then Commit.
-func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
-	if err != nil {
-		return err
-	}
-	return m.Commit(s)
-}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/packet"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testbed"
@@ -189,7 +190,7 @@ func (g *edgeguardSyn) setup(e *edge) error {
 		Malformed: policy.VerdictPass,
 		Rules:     []policy.CompiledRule{{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}},
 	}
-	if err := stageCommit(maps.New(g.dp), &gen); err != nil {
+	if err := mapstest.StageCommit(maps.New(g.dp), &gen); err != nil {
 		return err
 	}
 	if g.sp, err = loader.LoadSyn(g.dp, loader.SynOptions{}); err != nil {

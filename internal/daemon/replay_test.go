@@ -17,7 +17,6 @@ import (
 	"github.com/edgeguard/edgeguard/internal/capture"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/packet"
-	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 const replayPolicy = `apiVersion: edgeguard/v1
@@ -205,19 +204,7 @@ func (letterA) Read(p []byte) (int, error) {
 // probe: a read of the state and one decision) in the same run:
 // replay per frame / explain per probe is the ratio to report.
 func BenchmarkExplainFrames(b *testing.B) {
-	testenv.RequireRoot(b)
-	d := newDaemon(Options{StateDir: b.TempDir()})
-	next, err := d.prepare(context.Background(), []byte(replayPolicy), "p.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := d.loadDatapath(next); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.dp.Close() })
-	if err := d.commitData(next); err != nil {
-		b.Fatal(err)
-	}
+	d := loadedDaemon(b, Options{StateDir: b.TempDir()}, replayPolicy)
 	var frames []control.CaptureFrame
 	for i := range 10_000 {
 		src := netip.AddrFrom4([4]byte{198, 18, byte(10 + i%1000/250), byte(i % 250)})

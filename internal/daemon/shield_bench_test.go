@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,28 +14,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/packet"
 	"github.com/edgeguard/edgeguard/internal/testbed"
-	"github.com/edgeguard/edgeguard/internal/testenv"
 )
-
-// benchDaemon is loadedDaemon for a benchmark: the policy's generation is
-// live, no interface, no L7 stage.
-func benchDaemon(b *testing.B, o Options, pol string) *Daemon {
-	b.Helper()
-	testenv.RequireRoot(b)
-	d := newDaemon(o)
-	next, err := d.prepare(context.Background(), []byte(pol), "p.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := d.loadDatapath(next); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.dp.Close() })
-	if err := d.commitData(next); err != nil {
-		b.Fatal(err)
-	}
-	return d
-}
 
 // samplePathFrames are the frames the benchmark's packets are: normal
 // traffic from 2,048 sources of AS64501 (198.18/16) and AS64511 (198.20/16)
@@ -130,7 +108,7 @@ func BenchmarkShieldSamplePath(b *testing.B) {
 	if err := os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	d := benchDaemon(b, Options{StateDir: dir}, shieldTestPolicy(asnPath))
+	d := loadedDaemon(b, Options{StateDir: dir}, shieldTestPolicy(asnPath))
 	r, err := d.m.NewRateSampleReader()
 	if err != nil {
 		b.Fatal(err)

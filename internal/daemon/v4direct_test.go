@@ -14,7 +14,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
-	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 	"github.com/edgeguard/edgeguard/internal/version"
@@ -48,21 +48,22 @@ metrics: {listen: ""}
 }
 
 // loadedDaemon is a daemon whose data plane is loaded for real (no pins)
-// with policy applied, attached nowhere.
-func loadedDaemon(t *testing.T, o Options, policy string) *Daemon {
-	t.Helper()
-	testenv.RequireRoot(t)
+// with policy applied, attached nowhere: the policy's generation is live,
+// no L7 stage. Tests and benchmarks share it.
+func loadedDaemon(tb testing.TB, o Options, policy string) *Daemon {
+	tb.Helper()
+	testenv.RequireRoot(tb)
 	d := newDaemon(o)
 	next, err := d.prepare(context.Background(), []byte(policy), "p.yaml")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if err := d.loadDatapath(next); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { d.dp.Close() })
+	tb.Cleanup(func() { d.dp.Close() })
 	if err := d.commitData(next); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return d
 }
@@ -72,7 +73,7 @@ func loadedDaemon(t *testing.T, o Options, policy string) *Daemon {
 func (d *Daemon) commitData(next running) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := stageCommit(d.m, next.compiled); err != nil {
+	if err := mapstest.StageCommit(d.m, next.compiled); err != nil {
 		return err
 	}
 	d.cur = next
@@ -255,13 +256,4 @@ func TestControlFamiliesExported(t *testing.T) {
 	if !strings.Contains(string(b), "edgeguard_interfaces_unprotected > 0") {
 		t.Error("alerts.yml has no alert on edgeguard_interfaces_unprotected")
 	}
-}
-
-// stageCommit makes c the live generation: Stage, then Commit.
-func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
-	if err != nil {
-		return err
-	}
-	return m.Commit(s)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/packet"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
@@ -587,7 +588,7 @@ func loadBench(tb testing.TB, sizes loader.Sizes) *benchDatapath {
 
 func (bd *benchDatapath) apply(g policy.Compiled) {
 	bd.tb.Helper()
-	if err := stageCommit(bd.m, &g); err != nil {
+	if err := mapstest.StageCommit(bd.m, &g); err != nil {
 		bd.tb.Fatalf("apply: %v", err)
 	}
 }

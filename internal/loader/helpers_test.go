@@ -8,6 +8,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
@@ -50,7 +51,7 @@ func openPinnedTestDatapath(tb testing.TB, sizes loader.Sizes, pinDir string) *t
 
 func (td *testDatapath) apply(g policy.Compiled) {
 	td.tb.Helper()
-	if err := stageCommit(td.m, &g); err != nil {
+	if err := mapstest.StageCommit(td.m, &g); err != nil {
 		td.tb.Fatalf("apply: %v", err)
 	}
 }
@@ -97,13 +98,4 @@ func defaultGen(r policy.CompiledRule) policy.Compiled {
 		Malformed: policy.VerdictPass,
 		Rules:     []policy.CompiledRule{r},
 	}
-}
-
-// stageCommit makes c the live generation: Stage, then Commit.
-func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
-	if err != nil {
-		return err
-	}
-	return m.Commit(s)
 }

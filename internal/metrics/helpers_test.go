@@ -20,6 +20,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/metrics"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
@@ -91,7 +92,7 @@ func (s *mapsSource) PolicyStatus() metrics.PolicyStatus { return s.status }
 // apply applies g for real and records the result as a reload would.
 func (s *mapsSource) apply(tb testing.TB, g policy.Compiled, at time.Time) error {
 	tb.Helper()
-	err := stageCommit(s.m, &g)
+	err := mapstest.StageCommit(s.m, &g)
 	s.status.LastReloadTime = at
 	s.status.LastReloadSuccess = err == nil
 	if err != nil {
@@ -262,13 +263,4 @@ func promtoolCheckMetrics(tb testing.TB, text string) {
 	if err := cmd.Run(); err != nil {
 		tb.Fatalf("promtool check metrics: %v\n%s", err, out.String())
 	}
-}
-
-// stageCommit makes c the live generation: Stage, then Commit.
-func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
-	if err != nil {
-		return err
-	}
-	return m.Commit(s)
 }

@@ -1,6 +1,8 @@
 // Package testenv holds what tests across Edgeguard share to reach real
-// parts of the machine: the root check of privileged tests and a real
-// redis-server on a loopback port. It is imported by tests only.
+// parts of the machine and to wait for them: the root check of privileged
+// tests, a real redis-server on a loopback port, WaitFor. It is imported by
+// tests only and imports no Edgeguard package, so the tests of any package,
+// internal or external, can import it without a cycle.
 package testenv
 
 import (

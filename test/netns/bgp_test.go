@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/testbed"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 	"github.com/edgeguard/edgeguard/internal/trafficgen"
 )
 
@@ -106,7 +107,7 @@ protocol bgp edge {
 			t.Logf("bird log:\n%s", b.logs.String())
 		}
 	})
-	waitFor(t, "birdc answers", func() bool { _, err := b.ctl("show", "status"); return err == nil })
+	testenv.WaitFor(t, "birdc answers", func() bool { _, err := b.ctl("show", "status"); return err == nil })
 	return b
 }
 
@@ -167,7 +168,7 @@ func (s *scenario) bgpList() control.BGPReport {
 
 func (s *scenario) waitEstablished() {
 	s.t.Helper()
-	waitFor(s.t, "bgp session established", func() bool {
+	testenv.WaitFor(s.t, "bgp session established", func() bool {
 		r := s.bgpList()
 		return len(r.Peers) == 1 && r.Peers[0].State == "established"
 	})
@@ -214,7 +215,7 @@ func TestBGPBlackhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitEstablished()
-	waitFor(t, "the speaker counts BIRD's 2 routes", func() bool { return s.bgpList().Peers[0].Received == 2 })
+	testenv.WaitFor(t, "the speaker counts BIRD's 2 routes", func() bool { return s.bgpList().Peers[0].Received == 2 })
 	if p := s.bgpList().Peers[0]; p.Accepted != 0 {
 		t.Errorf("the speaker kept %d of the routes BIRD sent: want none", p.Accepted)
 	}
@@ -235,7 +236,7 @@ func TestBGPBlackhole(t *testing.T) {
 
 	s.policy(lists + bgpSection(false, ""))
 	var route string
-	waitFor(t, "BIRD has the blackhole after leaving dry run", func() bool {
+	testenv.WaitFor(t, "BIRD has the blackhole after leaving dry run", func() bool {
 		var ok bool
 		route, ok = b.route("master4", "198.18.0.1/32")
 		return ok
@@ -249,8 +250,8 @@ func TestBGPBlackhole(t *testing.T) {
 		t.Fatalf("bgp blackhole --ttl 3s: %v: %s", err, out)
 	}
 	announced := time.Now()
-	waitFor(t, "BIRD has the 3s blackhole", func() bool { _, ok := b.route("master4", "198.18.0.2/32"); return ok })
-	waitFor(t, "BIRD drops the 3s blackhole at its TTL", func() bool { _, ok := b.route("master4", "198.18.0.2/32"); return !ok })
+	testenv.WaitFor(t, "BIRD has the 3s blackhole", func() bool { _, ok := b.route("master4", "198.18.0.2/32"); return ok })
+	testenv.WaitFor(t, "BIRD drops the 3s blackhole at its TTL", func() bool { _, ok := b.route("master4", "198.18.0.2/32"); return !ok })
 	if d := time.Since(announced); d < 3*time.Second || d > 6*time.Second {
 		t.Errorf("the 3s blackhole was withdrawn %v after its announcement: want 3s to 6s (the speaker looks once a second)", d)
 	}
@@ -271,7 +272,7 @@ func TestBGPBlackhole(t *testing.T) {
 		t.Fatalf("bgp flowspec: %v: %s", err, out)
 	}
 	var fs string
-	waitFor(t, "BIRD has the operator's FlowSpec rule", func() bool {
+	testenv.WaitFor(t, "BIRD has the operator's FlowSpec rule", func() bool {
 		var ok bool
 		fs, ok = b.route("flowtab4", "dport 443")
 		return ok
@@ -292,14 +293,14 @@ func TestBGPBlackhole(t *testing.T) {
 	if err := s.lab.Daemon.Stop(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "BIRD drops the route when the daemon stops", func() bool {
+	testenv.WaitFor(t, "BIRD drops the route when the daemon stops", func() bool {
 		_, ok := b.route("master4", "198.18.0.1/32")
 		return !ok
 	})
 	if err := s.lab.Daemon.Start(s.ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "BIRD has the blackhole again after the restart", func() bool {
+	testenv.WaitFor(t, "BIRD has the blackhole again after the restart", func() bool {
 		_, ok := b.route("master4", "198.18.0.1/32")
 		return ok
 	})
@@ -325,7 +326,7 @@ func TestBGPBlackhole(t *testing.T) {
 		!strings.Contains(string(out), "198.18.0.1/32") {
 		t.Fatalf("show remove bgp %d: %v: %s", bh.ID, err, out)
 	}
-	waitFor(t, "BIRD drops the blackhole removed with show remove bgp", func() bool {
+	testenv.WaitFor(t, "BIRD drops the blackhole removed with show remove bgp", func() bool {
 		_, ok := b.route("master4", "198.18.0.1/32")
 		return !ok
 	})
@@ -338,13 +339,13 @@ func TestBGPBlackhole(t *testing.T) {
 	if out, err := s.lab.Daemon.Ctl(s.ctx, "bgp", "withdraw", "--all"); err != nil {
 		t.Fatalf("bgp withdraw --all: %v: %s", err, out)
 	}
-	waitFor(t, "BIRD drops the withdrawn routes", func() bool { return len(b.routes("master4"))+len(b.routes("flowtab4")) == 0 })
+	testenv.WaitFor(t, "BIRD drops the withdrawn routes", func() bool { return len(b.routes("master4"))+len(b.routes("flowtab4")) == 0 })
 	// A policy without a bgp: section closes the session.
 	if out, err := b.ctl("show", "protocols", "edge"); !strings.Contains(out, "Established") {
 		t.Fatalf("BIRD's session before the section goes: %v\n%s", err, out)
 	}
 	s.policy(lists)
-	waitFor(t, "BIRD's session closes when the policy loses its bgp: section", func() bool {
+	testenv.WaitFor(t, "BIRD's session closes when the policy loses its bgp: section", func() bool {
 		out, _ := b.ctl("show", "protocols", "edge")
 		return !strings.Contains(out, "Established")
 	})
@@ -400,14 +401,14 @@ func TestBGPFlowSpecFromShield(t *testing.T) {
 	wg.Go(func() { _, fe = s.lab.Flood(s.ctx, s.lab.Attackers[0], spec) })
 	start := time.Now()
 	var r4 string
-	waitFor(t, "BIRD has a FlowSpec rule for the flood", func() bool {
+	testenv.WaitFor(t, "BIRD has a FlowSpec rule for the flood", func() bool {
 		var ok bool
 		r4, ok = b.route("flowtab4", fmt.Sprintf("dport %d", port))
 		return ok
 	})
 	got := time.Since(start)
 	r6, ok6 := b.route("flowtab6", fmt.Sprintf("dport %d", port))
-	waitFor(t, "BIRD has the uplink blackhole", func() bool {
+	testenv.WaitFor(t, "BIRD has the uplink blackhole", func() bool {
 		_, ok := b.route("master4", "198.18.0.1/32", "(65535,666)")
 		return ok
 	})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/testbed"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -444,7 +445,7 @@ func TestInterfaceRecreatedIsReattached(t *testing.T) {
 	if err := nl.LinkDel(l); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "readyz to report egdum0 gone", func() bool {
+	testenv.WaitFor(t, "readyz to report egdum0 gone", func() bool {
 		code, body := h.get("/readyz")
 		return code == 503 && strings.Contains(body, "egdum0")
 	})
@@ -453,7 +454,7 @@ func TestInterfaceRecreatedIsReattached(t *testing.T) {
 	if second == first {
 		t.Fatalf("re-created egdum0 got the same ifindex %d", first)
 	}
-	waitFor(t, "egdum0 re-attached", func() bool {
+	testenv.WaitFor(t, "egdum0 re-attached", func() bool {
 		for _, i := range h.status().Interfaces {
 			if i.Name == "egdum0" && i.Ifindex == second {
 				return true
@@ -468,17 +469,6 @@ func TestInterfaceRecreatedIsReattached(t *testing.T) {
 		t.Errorf("readyz after re-attach: %d %s", code, body)
 	}
 	h.stop(syscall.SIGTERM)
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 20s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // get fetches a path of the metrics listener from inside the namespace.
@@ -565,7 +555,7 @@ func TestStatusAnswersDuringASNLoad(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, err := h.ctl("policy", "apply", next, "--yes"); done <- err }()
 	// Wait until the daemon has the FIFO open (the load is under way).
-	waitFor(t, "the daemon to open the asn data", func() bool {
+	testenv.WaitFor(t, "the daemon to open the asn data", func() bool {
 		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return false // ENXIO: no reader yet

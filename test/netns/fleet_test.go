@@ -20,6 +20,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/testbed"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 	"github.com/edgeguard/edgeguard/internal/trafficgen"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
@@ -191,7 +192,7 @@ func (fl *fleetLab) start(interval time.Duration, body string, extra ...string) 
 			fl.t.Fatalf("host %s: %v", h.name, err)
 		}
 	}
-	fl.waitFor(20*time.Second, "all three hosts see three members with synced lists", func() bool {
+	testenv.WaitWithin(fl.t, 20*time.Second, "all three hosts see three members with synced lists", func() bool {
 		for _, h := range fl.hosts {
 			st, err := h.ctl.FleetStatus(fl.ctx)
 			if err != nil || len(st.Members) != 3 || !st.RedisUp || !st.Lists.Synced {
@@ -205,18 +206,6 @@ func (fl *fleetLab) start(interval time.Duration, body string, extra ...string) 
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
-}
-
-func (fl *fleetLab) waitFor(d time.Duration, what string, cond func() bool) time.Duration {
-	fl.t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			fl.t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 func (h *fleetHost) listed(ctx context.Context, kind control.ListKind, p netip.Prefix) (control.ListEntry, bool) {
@@ -262,7 +251,7 @@ func TestFleetSharedLists(t *testing.T) {
 	}
 	added := time.Since(start)
 	for _, h := range []*fleetHost{b, c} {
-		took := fl.waitFor(5*time.Second, "deny on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, user); return ok })
+		took := testenv.WaitWithin(fl.t, 5*time.Second, "deny on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, user); return ok })
 		e, _ := h.listed(fl.ctx, control.Deny, user)
 		t.Logf("deny from a on %s after %v (the CLI call took %v): %+v", h.name, took, added, e)
 		if took > time.Second {
@@ -281,7 +270,7 @@ func TestFleetSharedLists(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, h := range []*fleetHost{b, c} {
-		if took := fl.waitFor(5*time.Second, "escalation on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, esc); return ok }); took > time.Second {
+		if took := testenv.WaitWithin(fl.t, 5*time.Second, "escalation on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, esc); return ok }); took > time.Second {
 			t.Errorf("a's escalation reached %s after %v, want within 1s", h.name, took)
 		}
 		if e, _ := h.listed(fl.ctx, control.Deny, esc); !strings.HasPrefix(e.Reason, "l7: ") {
@@ -302,7 +291,7 @@ func TestFleetSharedLists(t *testing.T) {
 	if out, err := fl.redisCLI("XADD", "eg:fleet:{egfl}:lists", "*", "e", goodEntry); err != nil {
 		t.Fatalf("xadd: %v %s", err, out)
 	}
-	fl.waitFor(5*time.Second, "the good entry on b", func() bool { _, ok := b.listed(fl.ctx, control.Deny, good); return ok })
+	testenv.WaitWithin(fl.t, 5*time.Second, "the good entry on b", func() bool { _, ok := b.listed(fl.ctx, control.Deny, good); return ok })
 	for _, h := range []*fleetHost{b, c} {
 		es, _ := h.ctl.List(fl.ctx, control.Deny)
 		for _, e := range es {
@@ -329,7 +318,7 @@ func TestFleetSharedLists(t *testing.T) {
 	if err := c.lab.Daemon.Start(fl.ctx); err != nil {
 		t.Fatal(err)
 	}
-	fl.waitFor(10*time.Second, "c reloads a's deny from the snapshot", func() bool { _, ok := c.listed(fl.ctx, control.Deny, user); return ok })
+	testenv.WaitWithin(fl.t, 10*time.Second, "c reloads a's deny from the snapshot", func() bool { _, ok := c.listed(fl.ctx, control.Deny, user); return ok })
 	if _, ok := c.listed(fl.ctx, control.Deny, good); ok {
 		t.Error("c kept an entry the snapshot no longer has")
 	}
@@ -338,7 +327,7 @@ func TestFleetSharedLists(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, h := range []*fleetHost{a, c} {
-		fl.waitFor(5*time.Second, "removal on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, user); return !ok })
+		testenv.WaitWithin(fl.t, 5*time.Second, "removal on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, user); return !ok })
 	}
 	if lr, err := c.lab.LegitUDP(fl.ctx, 20, time.Second, false); err != nil || lr.Success() < 0.99 {
 		t.Errorf("after the removal c's users get %v (%v)", lr, err)
@@ -350,24 +339,13 @@ func TestFleetSharedLists(t *testing.T) {
 	// The real L7 stage on a: a client that keeps getting 429s is
 	// escalated to a's deny list, and from there to b's and c's.
 	client := &http.Client{Transport: nsTransport(a0.NS, a0.Src4, 2*time.Second), Timeout: 3 * time.Second}
-	codes := map[int]int{}
-	for range 6 {
-		resp, err := client.Get("http://" + proxyAddr.String() + "/v1/thing")
-		if err != nil {
-			codes[-1]++ // escalated: the SYN is dropped at the NIC
-			continue
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		codes[resp.StatusCode]++
-	}
-	if codes[200] != 2 || codes[429] < 3 {
+	if codes := statusCounts(client, "http://"+proxyAddr.String()+"/v1/thing", 6); codes[200] != 2 || codes[429] < 3 {
 		t.Fatalf("a's L7 stage answered %v; want 2×200 then 429s", codes)
 	}
 	escalated := netip.PrefixFrom(a0.Src4, 32)
-	fl.waitFor(10*time.Second, "the escalation on a", func() bool { e, ok := a.listed(fl.ctx, control.Deny, escalated); return ok && e.Origin == "l7" })
+	testenv.WaitWithin(fl.t, 10*time.Second, "the escalation on a", func() bool { e, ok := a.listed(fl.ctx, control.Deny, escalated); return ok && e.Origin == "l7" })
 	for _, h := range []*fleetHost{b, c} {
-		took := fl.waitFor(5*time.Second, "a's L7 escalation on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, escalated); return ok })
+		took := testenv.WaitWithin(fl.t, 5*time.Second, "a's L7 escalation on "+h.name, func() bool { _, ok := h.listed(fl.ctx, control.Deny, escalated); return ok })
 		e, _ := h.listed(fl.ctx, control.Deny, escalated)
 		t.Logf("a's L7 escalation on %s after %v: %+v", h.name, took, e)
 		if took > time.Second {
@@ -713,7 +691,7 @@ func TestFleetShares(t *testing.T) {
 	changed := func(r syncRec) bool { return r.share.Demand > 150 }
 	followed := func(r syncRec) bool { return r.share.Fraction > 0.7 }
 	var conv convergence
-	fl.waitFor(15*time.Second, "c's share follows", func() bool {
+	testenv.WaitWithin(fl.t, 15*time.Second, "c's share follows", func() bool {
 		conv = rec.converged(skip, interval, changed, followed)
 		return conv.ok
 	})
@@ -866,7 +844,7 @@ func TestFleetRedisKilled(t *testing.T) {
 		skip = st.Syncs
 	}
 	var conv convergence
-	fl.waitFor(20*time.Second, "shares converge after the restart", func() bool {
+	testenv.WaitWithin(fl.t, 20*time.Second, "shares converge after the restart", func() bool {
 		conv = rec.converged(skip, interval, func(syncRec) bool { return true }, func(r syncRec) bool {
 			return r.redisUp && !r.share.Static && r.share.Fraction > 0.7 && r.share.Hosts == 3
 		})

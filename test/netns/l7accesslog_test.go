@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,21 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeguard/edgeguard/test/netns"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
-const l7AccessLogPolicy = `apiVersion: edgeguard/v1
-interfaces:
-  - {name: eg-c0, xdp_mode: native}
-defaults:
-  per_source:
-    key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 100000}
-  per_prefix: {}
-  per_asn: {}
-metrics:
-  listen: 127.0.0.1:19469
-l7:
+// l7AccessLogL7 is the L7 stage writing its access log to a file;
+// /limited admits one request an hour per client.
+const l7AccessLogL7 = `l7:
   listen: %s
   upstream: http://%s
   access_log: %s
@@ -45,23 +35,15 @@ l7:
 // lines go to a new file at the configured path and none are lost. The
 // per-route status classes reach /metrics.
 func TestL7AccessLogReopen(t *testing.T) {
-	s := netns.New(t).Star(1)
-	c := s.Clients[0]
-	h := newDaemonHarness(t, s.Edge)
-
-	upAddr := serveHTTP(t, s.Edge, netip.AddrPortFrom(c.EdgeAddr4, 9202), func(w http.ResponseWriter, r *http.Request) {
+	h := newL7Daemon(t, 9202, 8083, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/missing" {
 			w.WriteHeader(http.StatusNotFound)
 		}
 		io.WriteString(w, "ok")
 	})
-
-	proxyAddr := netip.AddrPortFrom(c.EdgeAddr4, 8083)
+	proxyAddr := h.proxy
 	logPath := filepath.Join(t.TempDir(), "access.log")
-	if err := os.WriteFile(h.Config, []byte(fmt.Sprintf(l7AccessLogPolicy, proxyAddr, upAddr, logPath)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: nsTransport(c.NS, c.Src4, 3*time.Second)}
+	client := h.httpClient(3*time.Second, 10*time.Second)
 	get := func(path string) int {
 		t.Helper()
 		resp, err := client.Get("http://" + proxyAddr.String() + path)
@@ -72,8 +54,7 @@ func TestL7AccessLogReopen(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	h.start()
-	defer h.stop(syscall.SIGTERM)
+	h.run(fmt.Sprintf(l7AccessLogL7, proxyAddr, h.upstream, logPath))
 
 	for _, want := range []struct {
 		path string
@@ -150,7 +131,7 @@ func TestL7AccessLogReopen(t *testing.T) {
 	}
 	writable := readOnly(t, filepath.Dir(logPath))
 	syscall.Kill(pid, syscall.SIGUSR1)
-	waitFor(t, "status to report the failed reopen", func() bool {
+	testenv.WaitFor(t, "status to report the failed reopen", func() bool {
 		st := h.status()
 		return st.L7 != nil && st.L7.AccessLogReopenFailed != ""
 	})
@@ -159,7 +140,7 @@ func TestL7AccessLogReopen(t *testing.T) {
 	}
 	writable()
 	syscall.Kill(pid, syscall.SIGUSR1)
-	waitFor(t, "status to clear the failed reopen", func() bool {
+	testenv.WaitFor(t, "status to clear the failed reopen", func() bool {
 		st := h.status()
 		return st.L7 != nil && st.L7.AccessLogReopenFailed == ""
 	})

@@ -7,27 +7,16 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/edgeguard/edgeguard/test/netns"
 )
 
-const l7HardenPolicy = `apiVersion: edgeguard/v1
-interfaces:
-  - {name: eg-c0, xdp_mode: native}
-defaults:
-  per_source:
-    key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 100000}
-  per_prefix: {}
-  per_asn: {}
-l7:
+// l7HardenL7 is the L7 stage with short timeouts on an engine; /limited
+// admits one request an hour in all.
+const l7HardenL7 = `l7:
   listen: %s
   upstream: http://%s
   engine: %s
@@ -50,15 +39,10 @@ l7:
 // daemon's RSS growing by more than 64 MB, and every line the daemon
 // logged is JSON. About 15s.
 func TestL7Issue29ThroughDaemon(t *testing.T) {
-	s := netns.New(t).Star(1)
-	c := s.Clients[0]
-	h := newDaemonHarness(t, s.Edge)
-	h.Args = append(h.Args, "--log-format", "json")
-
 	bigEnded := make(chan error, 2)
 	var mu sync.Mutex
 	var seen []*http.Request
-	upAddr := serveHTTP(t, s.Edge, netip.AddrPortFrom(c.EdgeAddr4, 9203), func(w http.ResponseWriter, r *http.Request) {
+	h := newL7Daemon(t, 9203, 8083, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		mu.Lock()
 		seen = append(seen, r)
@@ -83,6 +67,8 @@ func TestL7Issue29ThroughDaemon(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "ok")
 	})
+	h.Args = append(h.Args, "--log-format", "json")
+	c, proxyAddr := h.client, h.proxy
 	upstreamSaw := func() []*http.Request {
 		mu.Lock()
 		defer mu.Unlock()
@@ -90,20 +76,12 @@ func TestL7Issue29ThroughDaemon(t *testing.T) {
 		seen = nil
 		return out
 	}
-	proxyAddr := netip.AddrPortFrom(c.EdgeAddr4, 8083)
 	// send writes raw bytes from the client namespace and returns the
 	// status line's code (0: closed without an answer) and how long it
 	// took; trickle, when set, is written a byte at a time every 200ms.
 	send := func(raw string, trickle bool) (int, time.Duration) {
 		t.Helper()
-		var conn net.Conn
-		if err := c.NS.Do(func() (err error) {
-			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Src4, 0))}
-			conn, err = d.Dial("tcp", proxyAddr.String())
-			return err
-		}); err != nil {
-			t.Fatalf("dial the l7 stage: %v\n%s", err, h.Logs())
-		}
+		conn := h.dial()
 		defer conn.Close()
 		conn.SetDeadline(time.Now().Add(20 * time.Second))
 		start := time.Now()
@@ -129,24 +107,12 @@ func TestL7Issue29ThroughDaemon(t *testing.T) {
 		code, _ := send("GET "+target+" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"+strings.Join(fields, "")+"\r\n", false)
 		return code
 	}
-	write := func(engine string) {
-		data := fmt.Sprintf(l7HardenPolicy, proxyAddr, upAddr, engine)
-		if err := os.WriteFile(h.Config+".new", []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(h.Config+".new", h.Config); err != nil {
-			t.Fatal(err)
-		}
-	}
+	section := func(engine string) string { return fmt.Sprintf(l7HardenL7, h.proxy, h.upstream, engine) }
 
-	write("event-loop")
-	h.start()
-	defer h.stop(syscall.SIGTERM)
+	h.run(section("event-loop"))
 	for i, engine := range []string{"event-loop", "net-http"} {
 		if i > 0 {
-			gen := h.status().Generation
-			write(engine)
-			waitGeneration(t, h, gen+1) // a new proxy: the limit starts over
+			h.reload(section(engine)) // a new proxy: the limit starts over
 		}
 		if code := get("/limited/a"); code != 200 {
 			t.Fatalf("%s: first /limited/a: %d\n%s", engine, code, h.Logs())

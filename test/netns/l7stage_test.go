@@ -8,28 +8,16 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/control"
-	"github.com/edgeguard/edgeguard/test/netns"
 )
 
-const l7StagePolicy = `apiVersion: edgeguard/v1
-interfaces:
-  - {name: eg-c0, xdp_mode: native}
-defaults:
-  per_source:
-    key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 100000}
-  per_prefix: {}
-  per_asn: {}
-metrics:
-  listen: 127.0.0.1:19469
-l7:
+// l7StageL7 is the L7 stage on a listen address and engine; /limited
+// admits one request an hour per client.
+const l7StageL7 = `l7:
   listen: %s
   upstream: http://%s
   engine: %s
@@ -47,38 +35,19 @@ l7:
 // engine keeps the address and switches; a reload whose l7.listen port is
 // taken is refused before anything changes (generation, engine, address).
 func TestL7StageEngineThroughDaemon(t *testing.T) {
-	s := netns.New(t).Star(1)
-	c := s.Clients[0]
-	h := newDaemonHarness(t, s.Edge)
-
-	upAddr := serveHTTP(t, s.Edge, netip.AddrPortFrom(c.EdgeAddr4, 9201), func(w http.ResponseWriter, r *http.Request) {
+	h := newL7Daemon(t, 9201, 8081, func(w http.ResponseWriter, r *http.Request) {
 		w.Header()["x-raw-case"] = []string{"1"}
 		io.WriteString(w, "ok")
 	})
-
-	proxyAddr := netip.AddrPortFrom(c.EdgeAddr4, 8081)
-	write := func(listen netip.AddrPort, engine string) {
-		t.Helper()
-		data := fmt.Sprintf(l7StagePolicy, listen, upAddr, engine)
-		if err := os.WriteFile(h.Config+".new", []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(h.Config+".new", h.Config); err != nil {
-			t.Fatal(err)
-		}
+	s, c, proxyAddr := h.star, h.client, h.proxy
+	section := func(listen netip.AddrPort, engine string) string {
+		return fmt.Sprintf(l7StageL7, listen, h.upstream, engine)
 	}
 	// get sends a request from the client namespace on a new connection
 	// and returns the response head as received.
 	get := func(path string) (string, int) {
 		t.Helper()
-		var conn net.Conn
-		if err := c.NS.Do(func() (err error) {
-			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Src4, 0))}
-			conn, err = d.Dial("tcp", proxyAddr.String())
-			return err
-		}); err != nil {
-			t.Fatalf("dial the l7 stage: %v\n%s", err, h.Logs())
-		}
+		conn := h.dial()
 		defer conn.Close()
 		conn.SetDeadline(time.Now().Add(10 * time.Second))
 		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n", path)
@@ -118,9 +87,7 @@ func TestL7StageEngineThroughDaemon(t *testing.T) {
 		return out
 	}
 
-	write(proxyAddr, "event-loop")
-	h.start()
-	defer h.stop(syscall.SIGTERM)
+	h.run(section(proxyAddr, "event-loop"))
 
 	head, code := get("/x")
 	if code != 200 || !strings.Contains(head, "\r\nx-raw-case: 1\r\n") {
@@ -151,9 +118,7 @@ func TestL7StageEngineThroughDaemon(t *testing.T) {
 		t.Fatalf("stats l7: %+v, want api with 1 allowed and 1 limited", stats.L7)
 	}
 
-	gen := h.status().Generation
-	write(proxyAddr, "net-http")
-	waitGeneration(t, h, gen+1)
+	h.reload(section(proxyAddr, "net-http"))
 	head, code = get("/x")
 	if code != 200 || !strings.Contains(head, "\r\nX-Raw-Case: 1\r\n") {
 		t.Fatalf("net-http after the reload: status %d, head:\n%s", code, head)
@@ -173,8 +138,8 @@ func TestL7StageEngineThroughDaemon(t *testing.T) {
 	}
 	defer takenLn.Close()
 	before := h.status()
-	gen = before.Generation
-	write(taken, "event-loop")
+	gen := before.Generation
+	h.write(section(taken, "event-loop"))
 	deadline := time.Now().Add(15 * time.Second)
 	for st := h.status(); st.LastReload.OK || !st.LastReload.Time.After(before.LastReload.Time); st = h.status() {
 		if time.Now().After(deadline) {

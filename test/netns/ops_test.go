@@ -23,6 +23,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/testbed"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -169,7 +170,7 @@ func TestDenyUnsavedIsLoud(t *testing.T) {
 	}
 	// Writable again: the daemon's retry saves what runs.
 	writable()
-	waitFor(t, "the retried save", func() bool { return h.status().StateNotSaved == "" })
+	testenv.WaitFor(t, "the retried save", func() bool { return h.status().StateNotSaved == "" })
 	if v, _ := metricSum(h.scrape(), "edgeguard_state_unsaved", nil); v != 0 {
 		t.Errorf("edgeguard_state_unsaved after the save = %v, want 0", v)
 	}
@@ -283,12 +284,12 @@ func TestWatcherSeesContentNotStat(t *testing.T) {
 	flip(a)
 	h.start()
 	flip(b)
-	waitFor(t, "the flipped symlink reloaded", func() bool { return h.status().Generation == 2 })
+	testenv.WaitFor(t, "the flipped symlink reloaded", func() bool { return h.status().Generation == 2 })
 	if out, err := h.ctl("policy", "diff", b); err != nil {
 		t.Errorf("policy diff against the flipped file: %v\n%s", err, out)
 	}
 	flip(filepath.Join(dir, "gone.yaml"))
-	waitFor(t, "the dangling symlink reported", func() bool {
+	testenv.WaitFor(t, "the dangling symlink reported", func() bool {
 		r := h.status().LastReload
 		return !r.OK && strings.Contains(r.Error, "gone.yaml")
 	})
@@ -296,7 +297,7 @@ func TestWatcherSeesContentNotStat(t *testing.T) {
 		t.Errorf("a dangling symlink changed the generation: %d", st.Generation)
 	}
 	flip(b) // back to what runs: in sync again
-	waitFor(t, "status ok again", func() bool { return h.status().LastReload.OK })
+	testenv.WaitFor(t, "status ok again", func() bool { return h.status().LastReload.OK })
 	h.stop(syscall.SIGTERM)
 }
 
@@ -417,7 +418,7 @@ func TestStopMidApplyAnswers(t *testing.T) {
 		done <- result{resp.StatusCode, ch, err}
 	}()
 	var f *os.File
-	waitFor(t, "the apply to read the list file", func() bool {
+	testenv.WaitFor(t, "the apply to read the list file", func() bool {
 		var err error
 		f, err = os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0)
 		return err == nil // ENXIO: no reader yet
@@ -517,7 +518,7 @@ func TestStatusSaysWhatEnforces(t *testing.T) {
 	if err := nl.LinkSetName(l, "egren0"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "status to mark egdum0 not protected", func() bool {
+	testenv.WaitFor(t, "status to mark egdum0 not protected", func() bool {
 		for _, i := range h.status().Interfaces {
 			if i.Name == "egdum0" && i.Problem != "" {
 				return true
@@ -627,7 +628,7 @@ func TestSynMPTCPListenerPassed(t *testing.T) {
 	}
 	t.Cleanup(func() { plain.Close() })
 	go serve(plain)
-	waitFor(t, "protection on for the plain TCP listener", func() bool { s := svc(); return !s.MPTCPListener && s.Active })
+	testenv.WaitFor(t, "protection on for the plain TCP listener", func() bool { s := svc(); return !s.MPTCPListener && s.Active })
 	if err := connect(9); err != nil {
 		t.Errorf("a client through the cookies of the plain TCP listener: %v", err)
 	}

@@ -2,14 +2,11 @@ package netns_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,23 +14,12 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/edgeguard/edgeguard/internal/control"
-	"github.com/edgeguard/edgeguard/test/netns"
 )
 
-const rlsDaemonPolicy = `apiVersion: edgeguard/v1
-interfaces:
-  - {name: eg-c0, xdp_mode: native}
-defaults:
-  per_source:
-    key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 100000}
-  per_prefix: {}
-  per_asn: {}
-metrics:
-  listen: 127.0.0.1:19469
-l7:
+// rlsDaemonL7 is an l7: section with only the rate-limit service, on TCP
+// and a Unix socket: 2 requests an hour per remote_address under a limit
+// named by the test, escalation after 3 refusals.
+const rlsDaemonL7 = `l7:
   escalation: {enabled: true, rejections: 3, window: 1m, ttl: 10m}
   rls:
     listen: %s
@@ -53,24 +39,11 @@ l7:
 // listeners; a source the service keeps refusing is put on the XDP deny
 // list (origin l7).
 func TestRLSThroughDaemon(t *testing.T) {
-	s := netns.New(t).Star(1)
-	c := s.Clients[0]
-	h := newDaemonHarness(t, s.Edge)
-	addr := netip.AddrPortFrom(c.EdgeAddr4, 8091)
+	h := newL7Daemon(t, 0, 8091, nil)
+	c, addr := h.client, h.proxy
 	sock := filepath.Join(t.TempDir(), "rls.sock")
-	write := func(limit string) {
-		t.Helper()
-		data := fmt.Sprintf(rlsDaemonPolicy, addr, sock, limit)
-		if err := os.WriteFile(h.Config+".new", []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(h.Config+".new", h.Config); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("gen-a")
-	h.start()
-	defer h.stop(syscall.SIGTERM)
+	section := func(limit string) string { return fmt.Sprintf(rlsDaemonL7, addr, sock, limit) }
+	h.run(section("gen-a"))
 
 	tcp, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
@@ -123,9 +96,7 @@ func TestRLSThroughDaemon(t *testing.T) {
 	}
 
 	// A reload: new limits on the same listeners, the connections kept.
-	gen := h.status().Generation
-	write("gen-b")
-	waitGeneration(t, h, gen+1)
+	h.reload(section("gen-b"))
 	if res := ask(tcp, "198.18.77.1"); res.GetStatuses()[0].GetCurrentLimit().GetName() != "gen-b" ||
 		res.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("after the reload: %v, want OK under gen-b", res)
@@ -137,29 +108,7 @@ func TestRLSThroughDaemon(t *testing.T) {
 	for range 6 {
 		ask(unix, src)
 	}
-	wantP := netip.PrefixFrom(c.Src4, 32)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, err := h.ctl("deny", "list", "--json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var entries []control.ListEntry
-		if err := json.Unmarshal([]byte(out), &entries); err != nil {
-			t.Fatal(err)
-		}
-		found := false
-		for _, e := range entries {
-			found = found || e.Prefix == wantP && e.Origin == "l7"
-		}
-		if found {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not on the deny list with origin l7 after 10s: %+v\n%s", wantP, entries, h.Logs())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	h.waitDenied(netip.PrefixFrom(c.Src4, 32), "l7")
 	mf := h.scrape()
 	var over float64
 	for _, m := range mf["edgeguard_l7_rls_requests_total"].GetMetric() {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
@@ -39,7 +40,7 @@ func TestSeveredPinnedLinkIsReplaced(t *testing.T) {
 	if err := m1.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := stageCommit(m1, xdpPolicy(c)); err != nil {
+	if err := mapstest.StageCommit(m1, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a1 := mustAttach(t, s.Edge, d1, c.EdgeIf)

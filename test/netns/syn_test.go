@@ -27,6 +27,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/trafficgen"
 	"github.com/edgeguard/edgeguard/test/netns"
@@ -170,7 +171,7 @@ func (l *synLab) load(svc maps.SynService, pinDir string) {
 		Malformed: policy.VerdictPass,
 		Rules:     []policy.CompiledRule{{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 128}}},
 	}
-	if err := stageCommit(m, &gen); err != nil {
+	if err := mapstest.StageCommit(m, &gen); err != nil {
 		t.Fatal(err)
 	}
 	sp, err := loader.LoadSyn(dp, loader.SynOptions{})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
@@ -225,7 +226,7 @@ func TestNativeBurstFrozenClock(t *testing.T) {
 	if err := m.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := stageCommit(m, xdpPolicy(c)); err != nil {
+	if err := mapstest.StageCommit(m, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a := mustAttach(t, s.Edge, d, c.EdgeIf)
@@ -251,7 +252,7 @@ func TestNativeBurstRealClock(t *testing.T) {
 	s := netns.New(t).Star(1)
 	c := s.Clients[0]
 	d, m := load(t, loader.Options{Sizes: sizes})
-	if err := stageCommit(m, xdpPolicy(c)); err != nil {
+	if err := mapstest.StageCommit(m, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a := mustAttach(t, s.Edge, d, c.EdgeIf)
@@ -354,7 +355,7 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 	if err := m1.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := stageCommit(m1, xdpPolicy(c)); err != nil {
+	if err := mapstest.StageCommit(m1, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
 	a1 := mustAttach(t, s.Edge, d1, c.EdgeIf)
@@ -413,13 +414,4 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 		t.Fatalf("second daemon: received %d of 50, want exactly %d (bucket state continued)", got, ratePerSec)
 	}
 	checkCounters(t, m2, burstCount+50+50, burstSize+ratePerSec)
-}
-
-// stageCommit makes c the live generation: Stage, then Commit.
-func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
-	if err != nil {
-		return err
-	}
-	return m.Commit(s)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeguard/edgeguard/internal/l7/shed"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // seenRequest is what the recording upstream got: the request as its
@@ -659,7 +660,7 @@ l7:
 			}
 			go send(queued, rawRequest("GET /slot/queued/aaaaaaaaaaaaaaaa HTTP/1.1",
 				[]string{"Host: queued.example", "X-Api-Key: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}, ""))
-			waitFor(t, "the second request in the queue", func() bool {
+			testenv.WaitFor(t, "the second request in the queue", func() bool {
 				return gather(t, reg)[`edgeguard_l7_shed_queue_depth{limiter="route:slot"}`] == 1
 			})
 			// Other clients, each on its own connection, proxied on the
@@ -681,18 +682,6 @@ l7:
 				t.Errorf("queued request: status %d, err %v, the upstream saw %q; want 200 and %q", o.status, o.err, o.seen, want)
 			}
 		})
-	}
-}
-
-// waitFor polls cond until it holds (10s at most).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -753,7 +742,7 @@ l7:
 	// The slot is given back when the handler's goroutine returns from
 	// Forward, just after the relay ended: the client may read its
 	// response first.
-	waitFor(t, "the slot to be free", func() bool {
+	testenv.WaitFor(t, "the slot to be free", func() bool {
 		return gather(t, reg)[`edgeguard_l7_shed_in_flight{limiter="route:api"}`] == 0
 	})
 	if s := status(t, "GET", base+"/third"); s != 200 {

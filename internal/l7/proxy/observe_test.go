@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
 	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 const observeConfig = `
@@ -106,7 +107,7 @@ func TestObservations(t *testing.T) {
 			}
 			// The end of a request is recorded after its response is
 			// sent: wait for the last one.
-			waitFor(t, "held's in-flight back to 0", func() bool {
+			testenv.WaitFor(t, "held's in-flight back to 0", func() bool {
 				return gauge(t, reg, "edgeguard_l7_in_flight", "held") == 0 &&
 					counter(t, reg, "edgeguard_l7_responses_total", "held", "2xx") == 1
 			})

@@ -25,7 +25,7 @@ func TestClusterHashTags(t *testing.T) {
 	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
 		t.Fatalf("assign slots: %v", err)
 	}
-	waitFor(t, "cluster_state:ok", func() bool {
+	testenv.WaitFor(t, "cluster_state:ok", func() bool {
 		info, _ := node.ClusterInfo(ctx).Result()
 		return strings.Contains(info, "cluster_state:ok")
 	})

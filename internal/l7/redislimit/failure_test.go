@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // syncBuffer is a log destination safe for the probe goroutine.
@@ -64,19 +65,6 @@ func labelIs(m *dto.Metric, name, value string) bool {
 		}
 	}
 	return false
-}
-
-// waitFor polls cond for up to 10s of real time (the probe is a real
-// network round trip); it asserts an outcome, not a speed.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestRedisKilledAndRestarted(t *testing.T) {
@@ -135,7 +123,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 	// First probe at the end of the open period fails: open twice as long.
 	f.advance(500 * time.Millisecond)
 	allow(t, a, "client-1")
-	waitFor(t, "the failed probe to reopen the breaker", func() bool { return a.BreakerState() == BreakerOpen })
+	testenv.WaitFor(t, "the failed probe to reopen the breaker", func() bool { return a.BreakerState() == BreakerOpen })
 	if d := a.breaker.retryIn(); d != time.Second {
 		t.Fatalf("after a failed probe the breaker reopens for %s, want 1s", d)
 	}
@@ -146,7 +134,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 	if res.Rules[0].Source == SourceRedis {
 		t.Fatal("decided by Redis before the probe closed the breaker")
 	}
-	waitFor(t, "the probe to close the breaker", func() bool { return a.BreakerState() == BreakerClosed })
+	testenv.WaitFor(t, "the probe to close the breaker", func() bool { return a.BreakerState() == BreakerClosed })
 	res = allow(t, a, "client-1")
 	if res.Rules[0].Source != SourceRedis || res.Rules[1].Source != SourceRedis || !res.Decision.Allowed {
 		t.Fatalf("after recovery: %+v, want Redis deciding again (scripts reloaded after restart)", res)
@@ -237,7 +225,7 @@ func TestRedisHung(t *testing.T) {
 	resumed = true
 	f.advance(500 * time.Millisecond)
 	allow(t, l, "k")
-	waitFor(t, "the probe to close the breaker", func() bool { return l.BreakerState() == BreakerClosed })
+	testenv.WaitFor(t, "the probe to close the breaker", func() bool { return l.BreakerState() == BreakerClosed })
 	if res := allow(t, l, "k"); res.Rules[0].Source != SourceRedis {
 		t.Fatalf("after SIGCONT: %+v", res)
 	}

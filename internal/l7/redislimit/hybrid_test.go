@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // redisCount reads the current window's count from a sliding-window state.
@@ -162,7 +164,7 @@ func TestHybridRedisDown(t *testing.T) {
 	f.srv.Restart()
 	f.advance(time.Second)
 	allow(t, l, "k") // starts the probe
-	waitFor(t, "the probe to close the breaker", func() bool { return l.BreakerState() == BreakerClosed })
+	testenv.WaitFor(t, "the probe to close the breaker", func() bool { return l.BreakerState() == BreakerClosed })
 	res := allow(t, l, "k")
 	if !res.Decision.Allowed || res.Rules[0].Source != SourceLease {
 		t.Fatalf("after recovery: %+v", res)

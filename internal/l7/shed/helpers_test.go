@@ -2,10 +2,10 @@ package shed
 
 import (
 	"github.com/edgeguard/edgeguard/internal/l7/l7test"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 
 	"context"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -122,21 +122,8 @@ func acquireQueued(t *testing.T, ctx context.Context, l *Limiter, p Priority, de
 		pm, err := l.Acquire(ctx, p)
 		ch <- acquireResult{pm, err}
 	}()
-	waitFor(t, func() bool { return l.QueueDepth() == depth || len(ch) > 0 })
+	testenv.WaitFor(t, "the acquire to queue", func() bool { return l.QueueDepth() == depth || len(ch) > 0 })
 	return ch
-}
-
-// waitFor spins until cond holds. The deadline only guards against a hang;
-// nothing here measures speed.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached after 30s")
-		}
-		runtime.Gosched()
-	}
 }
 
 // result waits for an Acquire started by acquireQueued.

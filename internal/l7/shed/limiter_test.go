@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 func TestFastPathAdmitsUpToLimitThenSheds(t *testing.T) {
@@ -293,7 +295,7 @@ func TestCriticalKeepsReserveWhenSheddableFloods(t *testing.T) {
 			p, err := l.Acquire(ctx, PrioritySheddable)
 			ch <- acquireResult{p, err}
 		}()
-		waitFor(t, func() bool { return l.QueueDepth() == before+1 || len(ch) > 0 })
+		testenv.WaitFor(t, "the acquire to queue", func() bool { return l.QueueDepth() == before+1 || len(ch) > 0 })
 		if l.QueueDepth() == before+1 {
 			queued = append(queued, ch)
 			continue
@@ -324,7 +326,7 @@ func TestCriticalKeepsReserveWhenSheddableFloods(t *testing.T) {
 			ch <- acquireResult{p, err}
 		}()
 		// The queue is full: the critical arrival pushes a sheddable out.
-		waitFor(t, func() bool { return l.Stats().Shed[ReasonEvicted][PrioritySheddable] == 1 || len(ch) > 0 })
+		testenv.WaitFor(t, "the queued acquire to be evicted", func() bool { return l.Stats().Shed[ReasonEvicted][PrioritySheddable] == 1 || len(ch) > 0 })
 		c3 = ch
 	}
 	sheddable[0].Release()

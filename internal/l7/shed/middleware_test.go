@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // blockingHandler holds every request until released, and reports entries.
@@ -223,7 +225,7 @@ func TestMiddlewareCriticalGetsThroughSheddableFlood(t *testing.T) {
 		})
 	}
 	// Wait until every flood request is running, queued or answered.
-	waitFor(t, func() bool { return int(l.InFlight()+l.QueueDepth())+len(codes) == flood })
+	testenv.WaitFor(t, "every request of the flood admitted, queued or answered", func() bool { return int(l.InFlight()+l.QueueDepth())+len(codes) == flood })
 	if got := l.InFlight(); got != 8 {
 		t.Fatalf("sheddable in flight = %d, want 8 (2 of 10 reserved)", got)
 	}
