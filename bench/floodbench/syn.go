@@ -10,14 +10,12 @@ package main
 // ratio to the kernel printed. docs/tcp.md and docs/benchmarks.md.
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +33,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/packet"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/testbed"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 const synBenchPort = 80
@@ -51,31 +50,9 @@ type synFilter interface {
 // netstatIn reads a TcpExt counter of ns.
 func netstatIn(ns *testbed.Namespace, name string) (uint64, error) {
 	var v uint64
-	err := ns.Do(func() error {
-		f, err := os.Open("/proc/thread-self/net/netstat")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		var keys []string
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) == 0 || fields[0] != "TcpExt:" {
-				continue
-			}
-			if keys == nil {
-				keys = fields
-				continue
-			}
-			i := slices.Index(keys, name)
-			if i < 0 {
-				return fmt.Errorf("no %s in netstat", name)
-			}
-			v, err = strconv.ParseUint(fields[i], 10, 64)
-			return err
-		}
-		return errors.New("no TcpExt values in netstat")
+	err := ns.Do(func() (err error) {
+		v, err = testenv.TCPExt(name)
+		return err
 	})
 	return v, err
 }

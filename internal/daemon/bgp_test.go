@@ -12,10 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/shield"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // TestFlowSpecMatches: a fingerprint's fields become the rule's
@@ -64,16 +63,7 @@ func TestFlowSpecMatches(t *testing.T) {
 // one the BGP collector exports (without a bgp: section too).
 func TestBGPDeployedQueries(t *testing.T) {
 	d := newDaemon(Options{})
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(newBGPCollector(d))
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exported := map[string]bool{}
-	for _, f := range fams {
-		exported[f.GetName()] = true
-	}
+	exported := testenv.ExportedNames(t, newBGPCollector(d))
 	b, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
 	if err != nil {
 		t.Fatal(err)

@@ -23,17 +23,12 @@ type testDatapath struct {
 	m  *maps.Maps
 }
 
-var smallSizes = loader.Sizes{MaxRules: 64, SrcEntries: 4096, AggEntries: 4096, PrefixEntries: 4096, ListEntries: 1024, L4Entries: 64}
+var smallSizes = mapstest.SmallSizes
 
 func newTestDatapath(tb testing.TB, sizes loader.Sizes) *testDatapath {
 	tb.Helper()
-	requireRoot(tb)
-	d, err := loader.Load(loader.Options{Sizes: sizes, TestClock: true})
-	if err != nil {
-		tb.Fatalf("load: %v", err)
-	}
-	tb.Cleanup(func() { d.Close() })
-	return &testDatapath{tb: tb, d: d, m: maps.New(d)}
+	d, m := mapstest.Load(tb, loader.Options{Sizes: sizes, TestClock: true})
+	return &testDatapath{tb: tb, d: d, m: m}
 }
 
 // openPinnedTestDatapath is newTestDatapath with maps pinned under pinDir:
@@ -41,12 +36,8 @@ func newTestDatapath(tb testing.TB, sizes loader.Sizes) *testDatapath {
 // unpins pinDir.
 func openPinnedTestDatapath(tb testing.TB, sizes loader.Sizes, pinDir string) *testDatapath {
 	tb.Helper()
-	d, err := loader.Load(loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
-	if err != nil {
-		tb.Fatalf("load: %v", err)
-	}
-	tb.Cleanup(func() { d.Close() })
-	return &testDatapath{tb: tb, d: d, m: maps.New(d)}
+	d, m := mapstest.Load(tb, loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
+	return &testDatapath{tb: tb, d: d, m: m}
 }
 
 func (td *testDatapath) apply(g policy.Compiled) {

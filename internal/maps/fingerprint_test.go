@@ -6,7 +6,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
-	"github.com/edgeguard/edgeguard/internal/testenv"
+	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 )
 
 // mapsLab is a loaded limiter whose maps a test writes and reads.
@@ -17,14 +17,8 @@ type mapsLab struct {
 
 func newMapsLab(t *testing.T) *mapsLab {
 	t.Helper()
-	testenv.RequireRoot(t)
-	d, err := loader.Load(loader.Options{Sizes: loader.Sizes{MaxRules: 64, SrcEntries: 4096, AggEntries: 4096,
-		PrefixEntries: 4096, ListEntries: 1024, L4Entries: 64}})
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return &mapsLab{d: d, m: maps.New(d)}
+	d, m := mapstest.Load(t, loader.Options{Sizes: mapstest.SmallSizes})
+	return &mapsLab{d: d, m: m}
 }
 
 // TestMaxFingerprintID: the largest id among the fingerprints in the real

@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/fleet"
 	"github.com/edgeguard/edgeguard/internal/metrics"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // repoFile returns the path of a file relative to the repository root.
@@ -297,16 +297,7 @@ func TestDeployedQueriesUseExportedMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(mw, metrics.NewXDPCollector(sc.src, nil), fl.Collector())
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exported := map[string]bool{}
-	for _, f := range fams {
-		exported[f.GetName()] = true
-	}
+	exported := testenv.ExportedNames(t, mw, metrics.NewXDPCollector(sc.src, nil), fl.Collector())
 
 	dashExprs := dashboardExprs(t, readDashboard(t))
 	used := map[string]bool{}

@@ -43,7 +43,7 @@ func requirePromtool(tb testing.TB) string {
 	return ""
 }
 
-var smallSizes = loader.Sizes{MaxRules: 64, SrcEntries: 4096, AggEntries: 4096, PrefixEntries: 4096, ListEntries: 1024, L4Entries: 64}
+var smallSizes = mapstest.SmallSizes
 
 // mapsSource is the XDPSource the daemon will have, over a real loaded
 // datapath: interface slots named as Attach assigned them, rules named by
@@ -113,13 +113,8 @@ func loadSource(tb testing.TB) *mapsSource {
 
 func loadSizedSource(tb testing.TB, sizes loader.Sizes) *mapsSource {
 	tb.Helper()
-	requireRoot(tb)
-	d, err := loader.Load(loader.Options{Sizes: sizes, TestClock: true})
-	if err != nil {
-		tb.Fatalf("load: %v", err)
-	}
-	tb.Cleanup(func() { d.Close() })
-	return &mapsSource{d: d, m: maps.New(d), slots: map[uint32]string{}, rules: map[string]uint32{}}
+	d, m := mapstest.Load(tb, loader.Options{Sizes: sizes, TestClock: true})
+	return &mapsSource{d: d, m: m, slots: map[uint32]string{}, rules: map[string]uint32{}}
 }
 
 // run sends one frame through the program and returns the XDP action.

@@ -116,6 +116,20 @@ func (h *daemonHarness) status() control.Status {
 	return st
 }
 
+// stats is what the real CLI's 'edgectl stats --json' says.
+func (h *daemonHarness) stats() control.Stats {
+	h.t.Helper()
+	out, err := h.ctl("stats", "--json")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var st control.Stats
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		h.t.Fatal(err)
+	}
+	return st
+}
+
 // scrape fetches /metrics from inside the edge namespace.
 func (h *daemonHarness) scrape() map[string]*dto.MetricFamily {
 	h.t.Helper()
@@ -323,14 +337,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	if got := legit.burst(t, 200); got != 200 {
 		t.Errorf("daemon restarted: legit client got %d of 200 through", got)
 	}
-	stats, err := h.ctl("stats", "--json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cs control.Stats
-	if err := json.Unmarshal([]byte(stats), &cs); err != nil {
-		t.Fatal(err)
-	}
+	cs := h.stats()
 	var denied uint64
 	for _, c := range cs.Totals {
 		if c.Action == "drop" && c.Reason == "deny_list" {

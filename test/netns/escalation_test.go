@@ -10,7 +10,9 @@ import (
 	"time"
 )
 
-// escalationL7 sends a client to the deny list after 3 rejections.
+// escalationL7 is an L7 stage that allows 2 requests a minute per client
+// and sends a client to the deny list after 3 rejections (the fleet's
+// lists test runs it on host a too).
 const escalationL7 = `l7:
   listen: %s
   upstream: http://%s

@@ -234,12 +234,14 @@ const fleetListsPolicy = `lists:
 func TestFleetSharedLists(t *testing.T) {
 	fl := newFleetLab(t)
 	// Host a runs an L7 stage in front of an upstream in its edge
-	// namespace; its escalations must reach b and c like any deny.
+	// namespace (escalationL7: 2 requests a minute per client, escalation
+	// after 3 rejections); its escalations must reach b and c like any
+	// deny.
 	a0 := fl.hosts[0].lab.Legit[0]
 	upAddr := serveHTTP(t, fl.hosts[0].lab.Star.Edge, netip.AddrPortFrom(a0.EdgeAddr4, 9200),
 		func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	proxyAddr := netip.AddrPortFrom(a0.EdgeAddr4, 8080)
-	fl.start(time.Second, fleetListsPolicy, fmt.Sprintf(fleetL7Section, proxyAddr, upAddr))
+	fl.start(time.Second, fleetListsPolicy, fmt.Sprintf(escalationL7, proxyAddr, upAddr))
 	a, b, c := fl.hosts[0], fl.hosts[1], fl.hosts[2]
 	user := netip.PrefixFrom(b.lab.Legit[0].Src4, 29).Masked() // the same /29 in every lab
 	if lr, err := b.lab.LegitUDP(fl.ctx, 20, time.Second, false); err != nil || lr.Success() < 0.99 {
@@ -356,19 +358,6 @@ func TestFleetSharedLists(t *testing.T) {
 		}
 	}
 }
-
-// fleetL7Section is host a's L7 stage: 2 requests a minute per client,
-// escalation after 3 rejections.
-const fleetL7Section = `l7:
-  listen: %s
-  upstream: http://%s
-  escalation: {enabled: true, rejections: 3, window: 1m, ttl: 10m}
-  routes:
-    - name: api
-      match: {path_prefix: /}
-      limits:
-        - {name: per-ip, key: ip, rate: 2/min, burst: 2}
-`
 
 // fleetASNRate is the scope: fleet per-ASN budget of the share tests.
 const fleetASNRate = 1000

@@ -16,19 +16,6 @@ import (
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
-// l7AccessLogL7 is the L7 stage writing its access log to a file;
-// /limited admits one request an hour per client.
-const l7AccessLogL7 = `l7:
-  listen: %s
-  upstream: http://%s
-  access_log: %s
-  routes:
-    - name: api
-      match: {path_prefix: /limited}
-      limits:
-        - {name: per-ip, key: ip, rate: 1/h, burst: 1}
-`
-
 // TestL7AccessLogReopen: `edgectl run` with l7.access_log writes one JSON
 // line per request (route, decision, limit, status, duration); after the
 // file is renamed (as logrotate does) and the daemon gets SIGUSR1, the next
@@ -54,7 +41,7 @@ func TestL7AccessLogReopen(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	h.run(fmt.Sprintf(l7AccessLogL7, proxyAddr, h.upstream, logPath))
+	h.run(l7Limited(proxyAddr, h.upstream, "access_log: "+logPath))
 
 	for _, want := range []struct {
 		path string

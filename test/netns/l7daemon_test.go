@@ -2,6 +2,7 @@ package netns_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -31,6 +32,22 @@ defaults:
 metrics:
   listen: 127.0.0.1:19469
 `
+
+// l7Limited is an l7: section on listen in front of upstream whose route
+// api (/limited) admits one request an hour per client; key is one more
+// l7 setting ("engine: net-http", "access_log: /path").
+func l7Limited(listen netip.AddrPort, upstream net.Addr, key string) string {
+	return fmt.Sprintf(`l7:
+  listen: %s
+  upstream: http://%s
+  %s
+  routes:
+    - name: api
+      match: {path_prefix: /limited}
+      limits:
+        - {name: per-ip, key: ip, rate: 1/h, burst: 1}
+`, listen, upstream, key)
+}
 
 // l7Daemon is the set-up the L7 tests through the real daemon share: a
 // star with one client, an upstream HTTP server in the edge namespace on

@@ -2,7 +2,6 @@ package netns_test
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -11,22 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/edgeguard/edgeguard/internal/control"
 )
-
-// l7StageL7 is the L7 stage on a listen address and engine; /limited
-// admits one request an hour per client.
-const l7StageL7 = `l7:
-  listen: %s
-  upstream: http://%s
-  engine: %s
-  routes:
-    - name: api
-      match: {path_prefix: /limited}
-      limits:
-        - {name: per-ip, key: ip, rate: 1/h, burst: 1}
-`
 
 // TestL7StageEngineThroughDaemon: `edgectl run` serves the L7 stage with
 // the engine its policy names, says which in /metrics, and the wire shows
@@ -41,7 +25,7 @@ func TestL7StageEngineThroughDaemon(t *testing.T) {
 	})
 	s, c, proxyAddr := h.star, h.client, h.proxy
 	section := func(listen netip.AddrPort, engine string) string {
-		return fmt.Sprintf(l7StageL7, listen, h.upstream, engine)
+		return l7Limited(listen, h.upstream, "engine: "+engine)
 	}
 	// get sends a request from the client namespace on a new connection
 	// and returns the response head as received.
@@ -106,14 +90,7 @@ func TestL7StageEngineThroughDaemon(t *testing.T) {
 		t.Fatalf("second /limited: %d, want 429", code)
 	}
 	// edgectl stats carries the L7 requests by route and decision.
-	out, err := h.ctl("stats", "--json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stats control.Stats
-	if err := json.Unmarshal([]byte(out), &stats); err != nil {
-		t.Fatal(err)
-	}
+	stats := h.stats()
 	if len(stats.L7) == 0 || stats.L7[0].Route != "api" || stats.L7[0].Allowed != 1 || stats.L7[0].Limited != 1 {
 		t.Fatalf("stats l7: %+v, want api with 1 allowed and 1 limited", stats.L7)
 	}

@@ -37,13 +37,7 @@ func TestSeveredPinnedLinkIsReplaced(t *testing.T) {
 		t.Fatalf("load with pins: %v", err)
 	}
 	m1 := maps.New(d1)
-	if err := m1.SetTestClock(uint64(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	if err := mapstest.StageCommit(m1, xdpPolicy(c)); err != nil {
-		t.Fatal(err)
-	}
-	a1 := mustAttach(t, s.Edge, d1, c.EdgeIf)
+	a1 := startFrozen(t, s.Edge, c, d1, m1)
 	v4 := openFlows(t, s)[0]
 	if got := burst(t, v4, burstCount); got != burstSize {
 		t.Fatalf("first daemon: received %d, want %d", got, burstSize)
@@ -84,7 +78,7 @@ func TestSeveredPinnedLinkIsReplaced(t *testing.T) {
 	t.Cleanup(func() { sentinel.Close() })
 	v4again := flows{name: "ipv4", from: from, sentinel: sentinel, to: v4.to}
 
-	d2, m2 := load(t, loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
+	d2, m2 := mapstest.Load(t, loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
 	if err := m2.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}

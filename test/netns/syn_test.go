@@ -1,7 +1,6 @@
 package netns_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -29,6 +28,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/maps/mapstest"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 	"github.com/edgeguard/edgeguard/internal/trafficgen"
 	"github.com/edgeguard/edgeguard/test/netns"
 )
@@ -88,24 +88,56 @@ func napiPeer(t *testing.T, ns *netns.Namespace, iface string) {
 
 func newSynLab(t *testing.T, svc maps.SynService, pinDir string) *synLab {
 	t.Helper()
+	l := newSynStar(t)
+	l.load(svc, pinDir)
+	return l
+}
+
+// newSynStar is a synLab before anything is loaded: a star of two
+// clients (their peers with NAPI) and the echo server on synPort in the
+// edge namespace.
+func newSynStar(t *testing.T) *synLab {
+	t.Helper()
 	netns.RequireRoot(t)
 	requireSyn(t)
-	tb := netns.New(t)
-	l := &synLab{t: t, star: tb.Star(2)}
+	l := &synLab{t: t, star: netns.New(t).Star(2)}
 	for _, c := range l.star.Clients {
 		napiPeer(t, c.NS, "eg-up")
 	}
-	edge := l.star.Edge
 	var err error
 	// One dual-stack listener: IPv4 clients arrive as ::ffff:a.b.c.d.
-	l.ln, err = listenTCP(edge, fmt.Sprintf("[::]:%d", synPort))
+	l.ln, err = listenTCP(l.star.Edge, fmt.Sprintf("[::]:%d", synPort))
 	if err != nil {
 		t.Fatal(err)
 	}
 	go l.serve(l.ln)
 	t.Cleanup(func() { l.ln.Close() })
-	l.load(svc, pinDir)
 	return l
+}
+
+// established opens a connection from the first client to the echo
+// server (closed when the test ends) and returns a check that it still
+// echoes, failing the test with when.
+func (l *synLab) established() (echo func(when string)) {
+	t := l.t
+	t.Helper()
+	c := l.star.Clients[0]
+	conn, err := c.NS.DialTCP(netip.AddrPortFrom(c.Src4, 0), netip.AddrPortFrom(c.EdgeAddr4, synPort), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return func(when string) {
+		t.Helper()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Write([]byte("hello")); err != nil {
+			t.Fatalf("%s: write: %v", when, err)
+		}
+		buf := make([]byte, 5)
+		if _, err := conn.Read(buf); err != nil || string(buf) != "hello" {
+			t.Fatalf("%s: read %q, %v", when, buf, err)
+		}
+	}
 }
 
 // listenTCP listens in ns without MPTCP: Go listens with MPTCP by default
@@ -216,31 +248,9 @@ func (l *synLab) counters() maps.SynCounters {
 func (l *synLab) netstat(name string) uint64 {
 	l.t.Helper()
 	var v uint64
-	err := l.star.Edge.Do(func() error {
-		f, err := os.Open("/proc/thread-self/net/netstat")
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		var keys []string
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) == 0 || fields[0] != "TcpExt:" {
-				continue
-			}
-			if keys == nil {
-				keys = fields
-				continue
-			}
-			i := slices.Index(keys, name)
-			if i < 0 {
-				return fmt.Errorf("no %s in netstat", name)
-			}
-			v, err = strconv.ParseUint(fields[i], 10, 64)
-			return err
-		}
-		return fmt.Errorf("no TcpExt values in netstat")
+	err := l.star.Edge.Do(func() (err error) {
+		v, err = testenv.TCPExt(name)
+		return err
 	})
 	if err != nil {
 		l.t.Fatal(err)
@@ -490,35 +500,8 @@ func TestSynEstablishedSurvive(t *testing.T) {
 	requireSyn(t)
 	pinDir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("eg-syn-test-%d-%d", os.Getpid(), pinSeq.Add(1)))
 	t.Cleanup(func() { loader.Unpin(pinDir) })
-	tb := netns.New(t)
-	l := &synLab{t: t, star: tb.Star(2)}
-	for _, c := range l.star.Clients {
-		napiPeer(t, c.NS, "eg-up")
-	}
-	var err error
-	l.ln, err = listenTCP(l.star.Edge, fmt.Sprintf("[::]:%d", synPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.ln.Close() })
-	go l.serve(l.ln)
-	c := l.star.Clients[0]
-	conn, err := c.NS.DialTCP(netip.AddrPortFrom(c.Src4, 0), netip.AddrPortFrom(c.EdgeAddr4, synPort), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	echo := func(when string) {
-		t.Helper()
-		conn.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := conn.Write([]byte("hello")); err != nil {
-			t.Fatalf("%s: write: %v", when, err)
-		}
-		buf := make([]byte, 5)
-		if _, err := conn.Read(buf); err != nil || string(buf) != "hello" {
-			t.Fatalf("%s: read %q, %v", when, buf, err)
-		}
-	}
+	l := newSynStar(t)
+	echo := l.established()
 	echo("before protection")
 	l.load(synService(maps.SynAlways), pinDir)
 	echo("protection on")
@@ -576,38 +559,9 @@ const synDaemonSection = `syn:
 // on, a reload and a restart (kill, then take-over from the pins); new
 // clients connect through cookies; stats and metrics count them.
 func TestSynDaemon(t *testing.T) {
-	netns.RequireRoot(t)
-	requireSyn(t)
-	tb := netns.New(t)
-	star := tb.Star(2)
-	for _, c := range star.Clients {
-		napiPeer(t, c.NS, "eg-up")
-	}
-	l := &synLab{t: t, star: star}
-	var err error
-	l.ln, err = listenTCP(star.Edge, fmt.Sprintf("[::]:%d", synPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.ln.Close() })
-	go l.serve(l.ln)
-	c := star.Clients[0]
-	conn, err := c.NS.DialTCP(netip.AddrPortFrom(c.Src4, 0), netip.AddrPortFrom(c.EdgeAddr4, synPort), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	echo := func(when string) {
-		t.Helper()
-		conn.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := conn.Write([]byte("hello")); err != nil {
-			t.Fatalf("%s: write: %v", when, err)
-		}
-		buf := make([]byte, 5)
-		if _, err := conn.Read(buf); err != nil || string(buf) != "hello" {
-			t.Fatalf("%s: read %q, %v", when, buf, err)
-		}
-	}
+	l := newSynStar(t)
+	star, c := l.star, l.star.Clients[0]
+	echo := l.established()
 	echo("before the daemon")
 
 	h := newDaemonHarness(t, star.Edge)

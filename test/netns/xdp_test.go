@@ -58,14 +58,17 @@ func xdpPolicy(c *netns.Client) *policy.Compiled {
 	}
 }
 
-func load(t *testing.T, opts loader.Options) (*loader.Datapath, *maps.Maps) {
+// startFrozen makes xdpPolicy(c) m's live generation with the test clock
+// frozen at one hour and attaches d to c's edge link in native mode.
+func startFrozen(t *testing.T, ns *netns.Namespace, c *netns.Client, d *loader.Datapath, m *maps.Maps) *loader.Attachment {
 	t.Helper()
-	d, err := loader.Load(opts)
-	if err != nil {
-		t.Fatalf("load: %v", err)
+	if err := m.SetTestClock(uint64(time.Hour)); err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.Close() })
-	return d, maps.New(d)
+	if err := mapstest.StageCommit(m, xdpPolicy(c)); err != nil {
+		t.Fatal(err)
+	}
+	return mustAttach(t, ns, d, c.EdgeIf)
 }
 
 // attach attaches d to iface from inside ns: interface names and indexes
@@ -222,14 +225,8 @@ func checkCounters(t *testing.T, m *maps.Maps, sent, received int) {
 func TestNativeBurstFrozenClock(t *testing.T) {
 	s := netns.New(t).Star(1)
 	c := s.Clients[0]
-	d, m := load(t, loader.Options{Sizes: sizes, TestClock: true})
-	if err := m.SetTestClock(uint64(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	if err := mapstest.StageCommit(m, xdpPolicy(c)); err != nil {
-		t.Fatal(err)
-	}
-	a := mustAttach(t, s.Edge, d, c.EdgeIf)
+	d, m := mapstest.Load(t, loader.Options{Sizes: sizes, TestClock: true})
+	a := startFrozen(t, s.Edge, c, d, m)
 	t.Cleanup(func() { a.Detach() })
 
 	sent, received := 0, 0
@@ -251,7 +248,7 @@ func TestNativeBurstFrozenClock(t *testing.T) {
 func TestNativeBurstRealClock(t *testing.T) {
 	s := netns.New(t).Star(1)
 	c := s.Clients[0]
-	d, m := load(t, loader.Options{Sizes: sizes})
+	d, m := mapstest.Load(t, loader.Options{Sizes: sizes})
 	if err := mapstest.StageCommit(m, xdpPolicy(c)); err != nil {
 		t.Fatal(err)
 	}
@@ -283,11 +280,11 @@ func TestAttachRefusesOtherProgram(t *testing.T) {
 	s := netns.New(t).Star(2)
 	ours, foreignIf := s.Clients[0].EdgeIf, s.Clients[1].EdgeIf
 
-	d1, _ := load(t, loader.Options{Sizes: sizes, TestClock: true})
+	d1, _ := mapstest.Load(t, loader.Options{Sizes: sizes, TestClock: true})
 	a := mustAttach(t, s.Edge, d1, ours)
 	t.Cleanup(func() { a.Detach() })
 
-	d2, _ := load(t, loader.Options{Sizes: sizes, TestClock: true})
+	d2, _ := mapstest.Load(t, loader.Options{Sizes: sizes, TestClock: true})
 	if _, err := attach(t, s.Edge, d2, ours); !errors.Is(err, loader.ErrOtherProgram) {
 		t.Fatalf("second datapath attached to %s: err = %v, want ErrOtherProgram", ours, err)
 	} else if !strings.Contains(err.Error(), ours) || !strings.Contains(err.Error(), "detach it first") {
@@ -352,13 +349,7 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 		t.Fatalf("load with pins: %v", err)
 	}
 	m1 := maps.New(d1)
-	if err := m1.SetTestClock(uint64(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	if err := mapstest.StageCommit(m1, xdpPolicy(c)); err != nil {
-		t.Fatal(err)
-	}
-	a1 := mustAttach(t, s.Edge, d1, c.EdgeIf)
+	a1 := startFrozen(t, s.Edge, c, d1, m1)
 	info, err := a1.Link.Info()
 	if err != nil {
 		t.Fatal(err)
@@ -381,7 +372,7 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 	}
 
 	// Second daemon: same pins. Maps, policy and counters are the old ones.
-	d2, m2 := load(t, loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
+	d2, m2 := mapstest.Load(t, loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
 	rc := ruleCounters(t, m2)
 	if rc[maps.ActPass].Packets != burstSize || rc[maps.ActDrop].Packets != burstCount-burstSize+50 {
 		t.Fatalf("re-opened counters: pass %d drop %d, want %d and %d (kept from the first daemon)",

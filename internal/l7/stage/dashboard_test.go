@@ -6,7 +6,7 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // TestDashboardL7Panels: every L7 stage series the Grafana dashboard reads
@@ -28,16 +28,7 @@ func TestDashboardL7Panels(t *testing.T) {
 	if _, code := rawGet(t, addr, "/x"); code != 200 {
 		t.Fatalf("status %d", code)
 	}
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(s.Collector())
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exported := map[string]bool{}
-	for _, f := range fams {
-		exported[f.GetName()] = true
-	}
+	exported := testenv.ExportedNames(t, s.Collector())
 	for n := range read {
 		if !exported[n] {
 			t.Errorf("the dashboard reads %s, which the stage does not export", n)
