@@ -169,9 +169,7 @@ func TestFailedStartRemovesOnlyWhatItMade(t *testing.T) {
 // running policy, the data plane's live generation, the interfaces nor
 // the limits packets meet; status says the change failed.
 func TestApplyIsAllOrNothing(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	s, h := newStarDaemon(t, 2)
 	h.start()
 	before := h.status()
 	att := openDaemonFlow(t, s, 0)
@@ -309,9 +307,7 @@ func TestControlRequestBounds(t *testing.T) {
 // reported, moved aside, and the daemon starts with the applied policy the
 // state directory also keeps.
 func TestCorruptStateFileIsSetAside(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	_, h := newStarDaemon(t, 2)
 	h.start()
 	next := filepath.Join(t.TempDir(), "next.yaml")
 	os.WriteFile(next, []byte(fmt.Sprintf(daemonPolicy, 90000, 90000)), 0o644)

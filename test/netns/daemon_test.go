@@ -75,6 +75,17 @@ func newDaemonHarness(t *testing.T, edge *netns.Namespace) *daemonHarness {
 	return h
 }
 
+// newStarDaemon is the daemon tests' usual set-up: a star of n clients
+// and a daemonHarness on its edge with daemonPolicy at limits far above
+// what the tests send; the test starts it.
+func newStarDaemon(t *testing.T, n int) (*netns.Star, *daemonHarness) {
+	t.Helper()
+	s := netns.New(t).Star(n)
+	h := newDaemonHarness(t, s.Edge)
+	h.writePolicy(100000, 100000)
+	return s, h
+}
+
 func (h *daemonHarness) writePolicy(rate, burst int) {
 	h.t.Helper()
 	data := fmt.Sprintf(daemonPolicy, rate, burst)
@@ -199,9 +210,7 @@ func (f dflow) burst(t *testing.T, n int) int {
 // through; a killed daemon leaves enforcement running from the pins and a
 // restarted one takes over with its state; /metrics parses and counts.
 func TestDaemonLifecycle(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	s, h := newStarDaemon(t, 2)
 	h.start()
 	attacker, legit := openDaemonFlow(t, s, 0), openDaemonFlow(t, s, 1)
 

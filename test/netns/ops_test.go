@@ -44,9 +44,7 @@ func (h *daemonHarness) stateDir() string {
 // corrupt lists file is not moved aside. A start under another --config
 // says so, not that the file changed.
 func TestFailedStartTouchesNothing(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	_, h := newStarDaemon(t, 2)
 	good, _ := os.ReadFile(h.Config)
 	h.start()
 	hotfix := filepath.Join(t.TempDir(), "hotfix.yaml")
@@ -133,9 +131,7 @@ func readOnly(t *testing.T, dir string) (undo func()) {
 // saved; status and edgeguard_state_unsaved say so until a later save
 // succeeds, which the daemon retries by itself.
 func TestDenyUnsavedIsLoud(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	s, h := newStarDaemon(t, 2)
 	h.start()
 	att := openDaemonFlow(t, s, 0)
 	if got := att.burst(t, 20); got != 20 {
@@ -187,9 +183,7 @@ func TestDenyUnsavedIsLoud(t *testing.T) {
 // once its policy is live: a client sending all through the start sees no
 // packet counted pass/no_policy.
 func TestColdStartAttachesLast(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	s, h := newStarDaemon(t, 2)
 	f := openDaemonFlow(t, s, 0)
 	stop := make(chan struct{})
 	sent := make(chan int)
@@ -306,9 +300,7 @@ func TestWatcherSeesContentNotStat(t *testing.T) {
 // pinned data plane still enforces are recovered, not removed; a file with
 // one bad entry loads the others and names the bad one.
 func TestCorruptListsKeepPinnedEntries(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	s, h := newStarDaemon(t, 2)
 	h.Args = []string{"--keep"}
 	h.start()
 	att := openDaemonFlow(t, s, 0)
@@ -383,9 +375,7 @@ func TestCorruptListsKeepPinnedEntries(t *testing.T) {
 // is sent as 'edgectl policy apply' sends it, without the CLI's diff step,
 // which would read the FIFO first.)
 func TestStopMidApplyAnswers(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	_, h := newStarDaemon(t, 2)
 	h.start()
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "deny.txt")
@@ -456,9 +446,7 @@ func TestStopMidApplyAnswers(t *testing.T) {
 // the loaded maps still gets its whole diff, with the reason an apply is
 // refused.
 func TestDiffSaysWhatApplyDoes(t *testing.T) {
-	s := netns.New(t).Star(2)
-	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	_, h := newStarDaemon(t, 2)
 	h.Args = []string{"--iface", "eg-c0", "--xdp-mode", "native"}
 	h.start()
 	dir := t.TempDir()

@@ -43,33 +43,11 @@ func TestL7Promotion(t *testing.T) {
 		func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 
 	s.start(fmt.Sprintf(promotePolicy, "{enabled: false}", upAddr))
-	get := func(c *testbed.Client, src netip.Addr) int {
-		t.Helper()
-		tr := nsTransport(c.NS, src, 2*time.Second)
-		defer tr.CloseIdleConnections()
-		req, _ := http.NewRequest("GET", "http://"+netip.AddrPortFrom(c.EdgeAddr4, 8080).String()+"/", nil)
-		req.Header.Set("X-API-Key", "key-"+src.String())
-		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Do(req)
-		if err != nil {
-			t.Fatalf("GET from %s: %v", src, err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	standing := func(a netip.Addr) (string, string) {
-		t.Helper()
-		e := s.explain(a.String())
-		if e.Standing == nil {
-			t.Fatalf("explain %s: no standing", a)
-		}
-		return e.Standing.Standing, e.Standing.Why
-	}
 	waitStanding := func(a netip.Addr, want string) string {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			st, why := standing(a)
+			st, why := s.standing(a)
 			if st == want || time.Now().After(deadline) {
 				if st != want {
 					t.Errorf("%s: standing %s (%s), want %s\n%s", a, st, why, want, s.lab.Daemon.Logs())
@@ -82,18 +60,18 @@ func TestL7Promotion(t *testing.T) {
 
 	// Off: a passing request changes nothing.
 	c0, c1 := s.lab.Legit[0], s.lab.Legit[1]
-	if code := get(c0, c0.Src4); code != 200 {
+	if code := keyedGet(t, c0, c0.Src4, "/", "key-"+c0.Src4.String()); code != 200 {
 		t.Fatalf("first request: %d", code)
 	}
 	time.Sleep(500 * time.Millisecond) // a promotion, were one sent, takes a few ms
-	if st, _ := standing(c0.Src4); st != "new" {
+	if st, _ := s.standing(c0.Src4); st != "new" {
 		t.Errorf("promotion off: %s is %s after a request, want new", c0.Src4, st)
 	}
 
 	// On, by a reload: the next passing request validates its source.
 	s.policy(fmt.Sprintf(promotePolicy, "{enabled: true, rate: 100/s}", upAddr))
 	s.waitGeneration(2)
-	if code := get(c1, c1.Src4); code != 200 {
+	if code := keyedGet(t, c1, c1.Src4, "/", "key-"+c1.Src4.String()); code != 200 {
 		t.Fatalf("request after the reload: %d", code)
 	}
 	if why := waitStanding(c1.Src4, "validated"); why != "l7_promotion" {
@@ -101,15 +79,15 @@ func TestL7Promotion(t *testing.T) {
 	}
 	// A request the route refuses (429: c1's request used the minute's
 	// one) promotes nothing.
-	if code := get(c0, c0.Src4); code != 429 {
+	if code := keyedGet(t, c0, c0.Src4, "/", "key-"+c0.Src4.String()); code != 429 {
 		t.Fatalf("second request from %s: %d, want 429", c0.Src4, code)
 	}
 	time.Sleep(500 * time.Millisecond)
-	if st, _ := standing(c0.Src4); st != "new" {
+	if st, _ := s.standing(c0.Src4); st != "new" {
 		t.Errorf("a 429 promoted %s to %s", c0.Src4, st)
 	}
 	// An address that made no request stays new.
-	if st, _ := standing(c1.Alt4); st != "new" {
+	if st, _ := s.standing(c1.Alt4); st != "new" {
 		t.Errorf("%s made no request and is %s", c1.Alt4, st)
 	}
 	report(t, "l7 promotion: %s validated after one request; a 429 and promotion off left sources new", c1.Src4)
@@ -150,33 +128,6 @@ func TestL7PromotionAuthenticated(t *testing.T) {
 	})
 	s.start(fmt.Sprintf(authPromotePolicy, upAddr))
 
-	get := func(c *testbed.Client, src netip.Addr, path, key string) int {
-		t.Helper()
-		tr := nsTransport(c.NS, src, 2*time.Second)
-		defer tr.CloseIdleConnections()
-		req, err := http.NewRequest("GET", "http://"+netip.AddrPortFrom(c.EdgeAddr4, 8080).String()+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if key != "" {
-			req.Header.Set("X-API-Key", key)
-		}
-		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Do(req)
-		if err != nil {
-			t.Fatalf("GET %s from %s: %v", path, src, err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	standing := func(a netip.Addr) (string, string) {
-		t.Helper()
-		e := s.explain(a.String())
-		if e.Standing == nil {
-			t.Fatalf("explain %s: no standing", a)
-		}
-		return e.Standing.Standing, e.Standing.Why
-	}
 	c0, c1 := s.lab.Legit[0], s.lab.Legit[1]
 	for _, c := range []struct {
 		name string
@@ -191,7 +142,7 @@ func TestL7PromotionAuthenticated(t *testing.T) {
 		{"upstream error", c1, c1.Alt4, "/fail", "good", 500},
 		{"accepted key", c1, c1.Src4, "/", "good", 200},
 	} {
-		if code := get(c.c, c.src, c.path, c.key); code != c.code {
+		if code := keyedGet(t, c.c, c.src, c.path, c.key); code != c.code {
 			t.Fatalf("%s from %s: %d, want %d", c.name, c.src, code, c.code)
 		}
 	}
@@ -199,7 +150,7 @@ func TestL7PromotionAuthenticated(t *testing.T) {
 	// then the others, earlier, would have been too.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		st, why := standing(c1.Src4)
+		st, why := s.standing(c1.Src4)
 		if st == "validated" {
 			if why != "l7_promotion" {
 				t.Errorf("%s validated for %q, want l7_promotion", c1.Src4, why)
@@ -212,9 +163,42 @@ func TestL7PromotionAuthenticated(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	for _, a := range []netip.Addr{c0.Src4, c0.Alt4, c1.Alt4} {
-		if st, why := standing(a); st != "new" {
+		if st, why := s.standing(a); st != "new" {
 			t.Errorf("%s is %s (%s): a wrong key, no key or an upstream error must not promote", a, st, why)
 		}
 	}
 	report(t, "authenticated l7 promotion: %s validated by an accepted key; wrong key (401), no key, upstream 500 left sources new", c1.Src4)
+}
+
+// keyedGet sends GET path from src in c's namespace to the L7 stage on
+// c's edge address (port 8080), with key as X-API-Key (none when empty),
+// and returns the status.
+func keyedGet(t *testing.T, c *testbed.Client, src netip.Addr, path, key string) int {
+	t.Helper()
+	tr := nsTransport(c.NS, src, 2*time.Second)
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest("GET", "http://"+netip.AddrPortFrom(c.EdgeAddr4, 8080).String()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("GET %s from %s: %v", path, src, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// standing is what edgectl explain says of a's standing and why.
+func (s *scenario) standing(a netip.Addr) (string, string) {
+	s.t.Helper()
+	e := s.explain(a.String())
+	if e.Standing == nil {
+		s.t.Fatalf("explain %s: no standing", a)
+	}
+	return e.Standing.Standing, e.Standing.Why
 }
