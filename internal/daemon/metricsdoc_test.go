@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // TestEveryFamilyDocumented: every metric family the daemon's collectors
@@ -19,19 +19,9 @@ func TestEveryFamilyDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := newDaemon(Options{})
-	descs := make(chan *prometheus.Desc, 4096)
-	for _, c := range append(d.edgeguardCollectors(), d.l7.Collector()) {
-		c.Describe(descs)
-	}
-	close(descs)
-	name := regexp.MustCompile(`fqName: "([^"]+)"`)
 	var missing, names []string
-	for desc := range descs {
-		m := name.FindStringSubmatch(desc.String())
-		if m == nil {
-			t.Fatalf("no name in %s", desc)
-		}
-		names = append(names, m[1])
+	for n := range testenv.DescribedNames(t, append(d.edgeguardCollectors(), d.l7.Collector())...) {
+		names = append(names, n)
 	}
 	// Families of collectors that describe nothing up front (the L7
 	// stage's vectors, the XDP collector's) show up when gathered; a

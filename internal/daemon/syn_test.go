@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/edgeguard/edgeguard/internal/control"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // TestSynSysctls: the shipped sysctl.d file sets exactly what the daemon
@@ -78,18 +79,8 @@ func TestDashboardSynPanels(t *testing.T) {
 	for _, m := range regexp.MustCompile(`edgeguard_syn_[a-z_]+`).FindAllString(string(raw), -1) {
 		read[m] = true
 	}
-	descs := make(chan *prometheus.Desc, 8)
 	c := newSynCollector(nil)
-	c.Describe(descs)
-	close(descs)
-	exported := map[string]bool{}
-	for d := range descs {
-		m := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String())
-		if m == nil {
-			t.Fatalf("no name in %s", d)
-		}
-		exported[m[1]] = true
-	}
+	exported := testenv.DescribedNames(t, c)
 	for n := range read {
 		if !exported[n] {
 			t.Errorf("the dashboard reads %s, which the SYN collector does not export", n)

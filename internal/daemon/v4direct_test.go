@@ -206,18 +206,7 @@ func TestAlertsReadExportedDaemonMetrics(t *testing.T) {
 	if len(read) == 0 {
 		t.Fatal("no alert reads an edgeguard_ipv4_direct_table_* series")
 	}
-	descs := make(chan *prometheus.Desc, 16)
-	newV4DirectCollector(nil).Describe(descs)
-	close(descs)
-	exported := map[string]bool{}
-	for d := range descs {
-		// Desc has no name accessor; its String() holds fqName: "NAME".
-		m := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String())
-		if m == nil {
-			t.Fatalf("no name in %s", d)
-		}
-		exported[m[1]] = true
-	}
+	exported := testenv.DescribedNames(t, newV4DirectCollector(nil))
 	for _, n := range read {
 		if !exported[n] {
 			t.Errorf("alerts.yml reads %s, which the daemon does not export (it exports %v)", n, exported)

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"regexp"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,4 +24,35 @@ func ExportedNames(tb testing.TB, cs ...prometheus.Collector) map[string]bool {
 		exported[f.GetName()] = true
 	}
 	return exported
+}
+
+// fqName is where a Desc's String() holds its name (Desc has no name
+// accessor).
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// DescribedNames returns the names of the families cs describe up front
+// (a collector without a source describes what it would export).
+func DescribedNames(tb testing.TB, cs ...prometheus.Collector) map[string]bool {
+	tb.Helper()
+	descs := make(chan *prometheus.Desc)
+	go func() {
+		for _, c := range cs {
+			c.Describe(descs)
+		}
+		close(descs)
+	}()
+	names := map[string]bool{}
+	var nameless []string
+	for d := range descs {
+		m := fqName.FindStringSubmatch(d.String())
+		if m == nil {
+			nameless = append(nameless, d.String())
+			continue
+		}
+		names[m[1]] = true
+	}
+	if len(nameless) > 0 {
+		tb.Fatalf("no name in %v", nameless)
+	}
+	return names
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 )
 
 // TestUpgradeOnlyAsAsked: a 101 switching to another protocol than the one
@@ -108,20 +110,7 @@ func TestBodyMinRate(t *testing.T) {
 
 	c, br := dial(t, addr)
 	write(t, c, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n")
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(200 * time.Millisecond):
-				if _, err := c.Write([]byte("x")); err != nil {
-					return
-				}
-			}
-		}
-	}()
+	defer l7test.Trickle(c, 200*time.Millisecond)()
 	start := time.Now()
 	expectAnswerThenClose(t, c, br, http.StatusRequestTimeout)
 	if d := time.Since(start); d < time.Second {

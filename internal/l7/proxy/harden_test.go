@@ -303,23 +303,11 @@ func TestTransferRules(t *testing.T) {
 			}
 			defer c.Close()
 			_, _ = io.WriteString(c, "POST /open HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n")
-			stop := make(chan struct{})
-			go func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(200 * time.Millisecond):
-						if _, err := c.Write([]byte("x")); err != nil {
-							return
-						}
-					}
-				}
-			}()
+			stop := l7test.Trickle(c, 200*time.Millisecond)
 			start := time.Now()
 			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
 			got, err := io.ReadAll(c)
-			close(stop)
+			stop()
 			if !strings.HasPrefix(string(got), "HTTP/1.1 408 ") || err != nil && !strings.Contains(err.Error(), "reset") {
 				t.Errorf("trickled body: %q, %v", got, err)
 			}
