@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -166,14 +164,7 @@ func runDiffExplain(h *diffHarness, seed uint64, n int) map[string]int {
 // ones included). EDGEGUARD_DIFF_SEED=N reruns seed N.
 func TestDifferentialExplain(t *testing.T) {
 	h := &diffHarness{tb: t, td: newTestDatapath(t, explainSizes), programOnly: true}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("EDGEGUARD_DIFF_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("EDGEGUARD_DIFF_SEED: %v", err)
-		}
-		seed = n
-	}
+	seed := diffSeeds(t, uint64(time.Now().UnixNano()))[0]
 	t.Logf("seed %d (EDGEGUARD_DIFF_SEED=%d to rerun)", seed, seed)
 	seen := map[string]int{}
 	for run := range uint64(10) {

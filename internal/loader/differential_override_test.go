@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -209,14 +207,7 @@ func TestDifferentialOverrides(t *testing.T) {
 	}
 	defer drops.Close()
 	h.drops = drops
-	seeds := []uint64{101, 102, 103, 104, 105, 106}
-	if s := os.Getenv("EDGEGUARD_DIFF_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("EDGEGUARD_DIFF_SEED: %v", err)
-		}
-		seeds = []uint64{n}
-	}
+	seeds := diffSeeds(t, 101, 102, 103, 104, 105, 106)
 	seen := map[string]int{}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -490,25 +489,11 @@ func (h *synDiff) run(seed uint64, n int) map[string]int {
 // answers, and ACKs with cookies of this, the last and older windows.
 // EDGEGUARD_DIFF_SEED=N reruns seed N.
 func TestDifferentialSYN(t *testing.T) {
-	if err := loader.ProbeSyn(); err != nil {
-		t.Skipf("SYN path not testable on this kernel: %v", err)
-	}
 	td := newTestDatapath(t, explainSizes)
-	sp, err := loader.LoadSyn(td.d, loader.SynOptions{TestClock: true})
-	if err != nil {
-		t.Fatalf("load syn path: %v", err)
-	}
-	t.Cleanup(func() { sp.Close() })
+	sp := loadSynPath(t, td)
 	td.apply(defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}))
 	h := &synDiff{t: t, td: td, sp: sp, syn: maps.NewSyn(sp)}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("EDGEGUARD_DIFF_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("EDGEGUARD_DIFF_SEED: %v", err)
-		}
-		seed = n
-	}
+	seed := diffSeeds(t, uint64(time.Now().UnixNano()))[0]
 	t.Logf("seed %d (EDGEGUARD_DIFF_SEED=%d to rerun)", seed, seed)
 	seen := map[string]int{}
 	inNewNetns(t, func() {

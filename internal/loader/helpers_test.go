@@ -1,6 +1,8 @@
 package loader_test
 
 import (
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -38,6 +40,38 @@ func openPinnedTestDatapath(tb testing.TB, sizes loader.Sizes, pinDir string) *t
 	tb.Helper()
 	d, m := mapstest.Load(tb, loader.Options{Sizes: sizes, TestClock: true, PinDir: pinDir})
 	return &testDatapath{tb: tb, d: d, m: m}
+}
+
+// loadSynPath loads the SYN path in front of td with the test clock,
+// closed when t ends. The SYN path is its own object, loaded only where
+// the kernel has what it needs (Linux >= 6.9); the kernel matrix runs the
+// tests on 6.1 too, where they have nothing to test: they skip.
+func loadSynPath(t *testing.T, td *testDatapath) *loader.SynPath {
+	t.Helper()
+	if err := loader.ProbeSyn(); err != nil {
+		t.Skipf("SYN path not testable on this kernel: %v", err)
+	}
+	sp, err := loader.LoadSyn(td.d, loader.SynOptions{TestClock: true})
+	if err != nil {
+		t.Fatalf("load syn path: %v", err)
+	}
+	t.Cleanup(func() { sp.Close() })
+	return sp
+}
+
+// diffSeeds is the seeds a differential test runs: EDGEGUARD_DIFF_SEED
+// when it is set (to rerun a failure), else def.
+func diffSeeds(t *testing.T, def ...uint64) []uint64 {
+	t.Helper()
+	s := os.Getenv("EDGEGUARD_DIFF_SEED")
+	if s == "" {
+		return def
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		t.Fatalf("EDGEGUARD_DIFF_SEED: %v", err)
+	}
+	return []uint64{n}
 }
 
 func (td *testDatapath) apply(g policy.Compiled) {

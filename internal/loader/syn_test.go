@@ -142,18 +142,8 @@ func newSynTestPath(t *testing.T, svc maps.SynService) *synTestPath {
 }
 
 func newSynTestPathSizes(t *testing.T, svc maps.SynService, sizes loader.Sizes) *synTestPath {
-	// The SYN path is its own object, loaded only where the kernel has
-	// what it needs (Linux >= 6.9); the kernel matrix runs these tests on
-	// 6.1 too, where they have nothing to test.
-	if err := loader.ProbeSyn(); err != nil {
-		t.Skipf("SYN path not testable on this kernel: %v", err)
-	}
 	td := newTestDatapath(t, sizes)
-	sp, err := loader.LoadSyn(td.d, loader.SynOptions{TestClock: true})
-	if err != nil {
-		t.Fatalf("load syn path: %v", err)
-	}
-	t.Cleanup(func() { sp.Close() })
+	sp := loadSynPath(t, td)
 	td.apply(defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}))
 	s := maps.NewSyn(sp)
 	if err := s.ApplySyn([]maps.SynService{svc}); err != nil {
