@@ -61,10 +61,7 @@ func pinsPresent(t *testing.T, dir string) []string {
 // and state directory but the pin directory of a running one refuses to
 // start, and the first keeps its links, pins and enforcement.
 func TestSecondDaemonOnSamePinsTouchesNothing(t *testing.T) {
-	s := netns.New(t).Star(1)
-	h := newDaemonHarness(t, s.Edge)
-	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
-		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	s, h := newStarDaemon(t, 1)
 	h.start()
 	st := h.status()
 	prog := attachedProgID(t, s.Edge, "eg-c0")
@@ -241,10 +238,7 @@ func TestPinDirMustBeBPFFS(t *testing.T) {
 // TestControlRequestBounds: an oversized body is refused at once with 413,
 // and the daemon keeps answering.
 func TestControlRequestBounds(t *testing.T) {
-	s := netns.New(t).Star(1)
-	h := newDaemonHarness(t, s.Edge)
-	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
-		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	_, h := newStarDaemon(t, 1)
 	h.start()
 	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -348,10 +342,7 @@ func TestCorruptStateFileIsSetAside(t *testing.T) {
 // TestClosedStdoutDoesNotKillTheDaemon: 'edgectl run | head -1' closes the
 // daemon's stdout; the next counter line must not kill it (SIGPIPE).
 func TestClosedStdoutDoesNotKillTheDaemon(t *testing.T) {
-	s := netns.New(t).Star(1)
-	h := newDaemonHarness(t, s.Edge)
-	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
-		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	_, h := newStarDaemon(t, 1)
 	cmd := exec.Command("nsenter", "--net="+h.NS.Path(), h.Bin, "run", "--config", h.Config, "--pin-dir", h.PinDir,
 		"--socket", h.Socket, "--state-dir", filepath.Join(filepath.Dir(h.Socket), "state"), "--interval", "1s")
 	stdout, err := cmd.StdoutPipe()
@@ -486,10 +477,7 @@ func (h *daemonHarness) get(path string) (int, string) {
 // refuses the next start, naming the map, instead of recreating it empty;
 // a deleted counters map is recreated with a warning.
 func TestDeletedPinsAreLoud(t *testing.T) {
-	s := netns.New(t).Star(1)
-	h := newDaemonHarness(t, s.Edge)
-	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
-		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	s, h := newStarDaemon(t, 1)
 	h.Args = []string{"--keep"}
 	h.start()
 	prog := attachedProgID(t, s.Edge, "eg-c0")
@@ -536,10 +524,8 @@ func TestDeletedPinsAreLoud(t *testing.T) {
 // test wants), status, scrapes and deny add still answer: the daemon's
 // state lock is not held while a policy is prepared.
 func TestStatusAnswersDuringASNLoad(t *testing.T) {
-	s := netns.New(t).Star(1)
-	h := newDaemonHarness(t, s.Edge)
-	base := strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000), "  - {name: eg-c1, xdp_mode: native}\n", "", 1)
-	os.WriteFile(h.Config, []byte(base), 0o644)
+	_, h := newStarDaemon(t, 1)
+	base := oneLinkPolicy()
 	h.start()
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "asn.tsv")

@@ -76,19 +76,38 @@ func newDaemonHarness(t *testing.T, edge *netns.Namespace) *daemonHarness {
 }
 
 // newStarDaemon is the daemon tests' usual set-up: a star of n clients
-// and a daemonHarness on its edge with daemonPolicy at limits far above
-// what the tests send; the test starts it.
+// (1 or 2) and a daemonHarness on its edge with daemonPolicy at limits far
+// above what the tests send, naming the star's links (eg-c0, and eg-c1
+// for two clients); the test starts it.
 func newStarDaemon(t *testing.T, n int) (*netns.Star, *daemonHarness) {
 	t.Helper()
 	s := netns.New(t).Star(n)
 	h := newDaemonHarness(t, s.Edge)
-	h.writePolicy(100000, 100000)
+	switch n {
+	case 1:
+		h.writeConfig(oneLinkPolicy())
+	case 2:
+		h.writePolicy(100000, 100000)
+	default:
+		t.Fatalf("newStarDaemon: daemonPolicy names 1 or 2 links, not %d", n)
+	}
 	return s, h
+}
+
+// oneLinkPolicy is daemonPolicy at 100000/s without eg-c1.
+func oneLinkPolicy() string {
+	return strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000), "  - {name: eg-c1, xdp_mode: native}\n", "", 1)
 }
 
 func (h *daemonHarness) writePolicy(rate, burst int) {
 	h.t.Helper()
-	data := fmt.Sprintf(daemonPolicy, rate, burst)
+	h.writeConfig(fmt.Sprintf(daemonPolicy, rate, burst))
+}
+
+// writeConfig replaces the policy file by a rename: a running daemon
+// reloads it and never reads half a file.
+func (h *daemonHarness) writeConfig(data string) {
+	h.t.Helper()
 	tmp := h.Config + ".new"
 	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
 		h.t.Fatal(err)

@@ -227,10 +227,7 @@ func TestColdStartAttachesLast(t *testing.T) {
 // the pins would vanish with the process: --keep is refused with the
 // reason, and nothing stays attached.
 func TestKeepOnPrivateBPFFSIsRefused(t *testing.T) {
-	s := netns.New(t).Star(1)
-	h := newDaemonHarness(t, s.Edge)
-	os.WriteFile(h.Config, []byte(strings.Replace(fmt.Sprintf(daemonPolicy, 100000, 100000),
-		"  - {name: eg-c1, xdp_mode: native}\n", "", 1)), 0o644)
+	s, h := newStarDaemon(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	script := `mount -t bpf bpf /sys/fs/bpf && exec "$@"`
