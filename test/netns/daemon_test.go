@@ -48,6 +48,23 @@ metrics:
   listen: 127.0.0.1:19469
 `
 
+// xdpHead is the XDP half of a daemon test's policy: the interfaces (YAML
+// list items), packet limits far above anything the tests send (so every
+// verdict they assert is another part's), /metrics on the edge's
+// loopback. The test's sections follow it.
+func xdpHead(ifaces ...string) string {
+	return "apiVersion: edgeguard/v1\ninterfaces:\n" + strings.Join(ifaces, "\n") + `
+defaults:
+  per_source:
+    key: {ipv4: 32, ipv6: 64}
+    packets: {rate: 100000/s, burst: 100000}
+  per_prefix: {}
+  per_asn: {}
+metrics:
+  listen: 127.0.0.1:19469
+`
+}
+
 // daemonHarness runs the real daemon for one test (testbed.Daemon) and
 // fails the test on any error.
 type daemonHarness struct {

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -16,22 +15,9 @@ import (
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
-// l7PolicyHead is the XDP half of the L7 daemon tests' policies: the
-// client's link, packet limits far above anything the tests send (so
-// every verdict they assert is the L7 stage's), /metrics on the edge's
-// loopback. The test's l7: section follows it.
-const l7PolicyHead = `apiVersion: edgeguard/v1
-interfaces:
-  - {name: eg-c0, xdp_mode: native}
-defaults:
-  per_source:
-    key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 100000}
-  per_prefix: {}
-  per_asn: {}
-metrics:
-  listen: 127.0.0.1:19469
-`
+// l7PolicyHead is the XDP half of the L7 daemon tests' policies (the
+// client's link); the test's l7: section follows it.
+var l7PolicyHead = xdpHead("  - {name: eg-c0, xdp_mode: native}")
 
 // l7Limited is an l7: section on listen in front of upstream whose route
 // api (/limited) admits one request an hour per client; key is one more
@@ -82,17 +68,11 @@ func newL7Daemon(t *testing.T, upstreamPort, proxyPort uint16, handler http.Hand
 	return d
 }
 
-// write replaces the policy file with l7PolicyHead and section, by a
-// rename: a running daemon reloads it and never reads half a file.
+// write replaces the policy file with l7PolicyHead and section
+// (writeConfig).
 func (d *l7Daemon) write(section string) {
 	d.t.Helper()
-	tmp := d.Config + ".new"
-	if err := os.WriteFile(tmp, []byte(l7PolicyHead+section), 0o644); err != nil {
-		d.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, d.Config); err != nil {
-		d.t.Fatal(err)
-	}
+	d.writeConfig(l7PolicyHead + section)
 }
 
 // run writes the policy and starts the daemon (Start returns once it

@@ -19,19 +19,6 @@ import (
 	"github.com/edgeguard/edgeguard/test/netns"
 )
 
-const renamePolicy = `apiVersion: edgeguard/v1
-interfaces:
-%s
-defaults:
-  per_source:
-    key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 100000}
-  per_prefix: {}
-  per_asn: {}
-metrics:
-  listen: 127.0.0.1:19469
-%s`
-
 // renameSyn protects a port, so the SYN path (and its tcx links) runs too
 // where the kernel has it.
 const renameSyn = `syn:
@@ -85,7 +72,7 @@ func TestRenamedInterfaceRestart(t *testing.T) {
 		for _, i := range ifaces {
 			lines = append(lines, fmt.Sprintf("  - {name: %s, xdp_mode: generic}", i))
 		}
-		if err := os.WriteFile(h.Config, []byte(fmt.Sprintf(renamePolicy, strings.Join(lines, "\n"), synSection)), 0o644); err != nil {
+		if err := os.WriteFile(h.Config, []byte(xdpHead(lines...)+synSection), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
