@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 type ifStats struct{ rxPackets, rxDropped uint64 }
@@ -32,34 +33,11 @@ func linkStats(e *edge) (ifStats, error) {
 func udpDelivered(e *edge) (uint64, error) {
 	var n uint64
 	err := e.ns.Do(func() error {
-		f, err := os.Open("/proc/thread-self/net/snmp")
-		if err != nil {
-			return err
+		vs, err := testenv.NetCounters("snmp", "Udp", "InDatagrams", "InErrors")
+		if err == nil {
+			n = vs[0] + vs[1]
 		}
-		defer f.Close()
-		var head []string
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) == 0 || fs[0] != "Udp:" {
-				continue
-			}
-			if head == nil {
-				head = fs
-				continue
-			}
-			for i, h := range head {
-				if h == "InDatagrams" || h == "InErrors" {
-					v, err := strconv.ParseUint(fs[i], 10, 64)
-					if err != nil {
-						return err
-					}
-					n += v
-				}
-			}
-			return nil
-		}
-		return fmt.Errorf("no Udp lines in snmp")
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("read udp mib in %s: %w", e.ns.Name, err)

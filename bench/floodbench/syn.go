@@ -49,12 +49,15 @@ type synFilter interface {
 
 // netstatIn reads a TcpExt counter of ns.
 func netstatIn(ns *testbed.Namespace, name string) (uint64, error) {
-	var v uint64
+	var v []uint64
 	err := ns.Do(func() (err error) {
-		v, err = testenv.TCPExt(name)
+		v, err = testenv.NetCounters("netstat", "TcpExt", name)
 		return err
 	})
-	return v, err
+	if err != nil {
+		return 0, err
+	}
+	return v[0], nil
 }
 
 // passNAPI gives an interface NAPI with an XDP_PASS program: frames sent to

@@ -1,9 +1,10 @@
 // Package testenv holds what tests across Edgeguard share to reach real
 // parts of the machine and to wait for them: the root check of privileged
 // tests, a real redis-server on a loopback port, WaitFor, the kernel's
-// TcpExt counters. It is imported by tests and bench/ only (never by
-// cmd/edgectl) and imports no Edgeguard package, so the tests of any
-// package, internal or external, can import it without a cycle.
+// counters in /proc/net, the names collectors export. It is imported by
+// tests and bench/ only (never by cmd/edgectl) and imports no Edgeguard
+// package, so the tests of any package, internal or external, can import
+// it without a cycle.
 package testenv
 
 import (

@@ -49,20 +49,20 @@ metrics:
 `
 
 // xdpHead is the XDP half of a daemon test's policy: the interfaces (YAML
-// list items), packet limits far above anything the tests send (so every
-// verdict they assert is another part's), /metrics on the edge's
-// loopback. The test's sections follow it.
-func xdpHead(ifaces ...string) string {
-	return "apiVersion: edgeguard/v1\ninterfaces:\n" + strings.Join(ifaces, "\n") + `
+// list items), per-source packet limits far above anything the tests send
+// (100000/s and burst; every verdict they assert is another part's),
+// /metrics on the edge's loopback. The test's sections follow it.
+func xdpHead(burst int, ifaces ...string) string {
+	return "apiVersion: edgeguard/v1\ninterfaces:\n" + strings.Join(ifaces, "\n") + fmt.Sprintf(`
 defaults:
   per_source:
     key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 100000}
+    packets: {rate: 100000/s, burst: %d}
   per_prefix: {}
   per_asn: {}
 metrics:
   listen: 127.0.0.1:19469
-`
+`, burst)
 }
 
 // daemonHarness runs the real daemon for one test (testbed.Daemon) and

@@ -17,7 +17,7 @@ import (
 
 // l7PolicyHead is the XDP half of the L7 daemon tests' policies (the
 // client's link); the test's l7: section follows it.
-var l7PolicyHead = xdpHead("  - {name: eg-c0, xdp_mode: native}")
+var l7PolicyHead = xdpHead(100000, "  - {name: eg-c0, xdp_mode: native}")
 
 // l7Limited is an l7: section on listen in front of upstream whose route
 // api (/limited) admits one request an hour per client; key is one more

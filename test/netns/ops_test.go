@@ -563,7 +563,7 @@ func TestSynMPTCPListenerPassed(t *testing.T) {
 	t.Cleanup(func() { ln.Close() })
 	go serve(ln)
 	h := newDaemonHarness(t, star.Edge)
-	os.WriteFile(h.Config, []byte(fmt.Sprintf(synDaemonPolicy, fmt.Sprintf(synDaemonSection, synPort, synPort, "always"))), 0o644)
+	os.WriteFile(h.Config, []byte(synDaemonHead+fmt.Sprintf(synDaemonSection, synPort, synPort, "always")), 0o644)
 	h.start()
 	svc := func() control.SYNServiceStat {
 		t.Helper()

@@ -72,7 +72,7 @@ func TestRenamedInterfaceRestart(t *testing.T) {
 		for _, i := range ifaces {
 			lines = append(lines, fmt.Sprintf("  - {name: %s, xdp_mode: generic}", i))
 		}
-		if err := os.WriteFile(h.Config, []byte(xdpHead(lines...)+synSection), 0o644); err != nil {
+		if err := os.WriteFile(h.Config, []byte(xdpHead(100000, lines...)+synSection), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -248,8 +248,11 @@ func (l *synLab) counters() maps.SynCounters {
 func (l *synLab) netstat(name string) uint64 {
 	l.t.Helper()
 	var v uint64
-	err := l.star.Edge.Do(func() (err error) {
-		v, err = testenv.TCPExt(name)
+	err := l.star.Edge.Do(func() error {
+		vs, err := testenv.NetCounters("netstat", "TcpExt", name)
+		if err == nil {
+			v = vs[0]
+		}
 		return err
 	})
 	if err != nil {
@@ -532,19 +535,9 @@ func TestSynEstablishedSurvive(t *testing.T) {
 	}
 }
 
-const synDaemonPolicy = `apiVersion: edgeguard/v1
-interfaces:
-  - {name: eg-c0, xdp_mode: native}
-  - {name: eg-c1, xdp_mode: native}
-defaults:
-  per_source:
-    key: {ipv4: 32, ipv6: 64}
-    packets: {rate: 100000/s, burst: 200000}
-  per_prefix: {}
-  per_asn: {}
-metrics:
-  listen: 127.0.0.1:19469
-%s`
+// synDaemonHead is the XDP half of the SYN daemon tests' policies; a syn:
+// section follows it.
+var synDaemonHead = xdpHead(200000, "  - {name: eg-c0, xdp_mode: native}", "  - {name: eg-c1, xdp_mode: native}")
 
 const synDaemonSection = `syn:
   validated_for: 0s
@@ -572,7 +565,7 @@ func TestSynDaemon(t *testing.T) {
 			section = fmt.Sprintf(synDaemonSection, synPort, synPort, mode)
 		}
 		tmp := h.Config + ".new"
-		if err := os.WriteFile(tmp, []byte(fmt.Sprintf(synDaemonPolicy, section)), 0o644); err != nil {
+		if err := os.WriteFile(tmp, []byte(synDaemonHead+section), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Rename(tmp, h.Config); err != nil {
