@@ -31,6 +31,21 @@ func (r *recordingPromoter) Promote(_ context.Context, src netip.Addr, reason st
 	return nil
 }
 
+// expect receives the next promotion and fails t unless it is of want,
+// authenticated: one FIFO worker, so receiving a sentinel's promotion
+// proves nothing else was promoted before it.
+func (r *recordingPromoter) expect(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case c := <-r.calls:
+		if c.src.String() != want || c.reason != PromotionReasonAuthenticated {
+			t.Fatalf("promoted %v (%q), want %s (%q)", c.src, c.reason, want, PromotionReasonAuthenticated)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no promotion of %s", want)
+	}
+}
+
 // TestPromotion drives the proxy's handler with authenticated requests
 // from distinct peers: sources whose requests pass their route's limits
 // with a credential, and that the upstream accepts, are promoted, at
@@ -70,25 +85,12 @@ l7:
 			t.Fatalf("request from %s: %d, want %d", ip, w.code, want)
 		}
 	}
-	// expect receives the next promotion: one FIFO worker, so receiving a
-	// sentinel's promotion proves nothing else was promoted before it.
-	expect := func(want string) {
-		t.Helper()
-		select {
-		case c := <-rec.calls:
-			if c.src.String() != want || c.reason != PromotionReasonAuthenticated {
-				t.Fatalf("promoted %v (%q), want %s (%q)", c.src, c.reason, want, PromotionReasonAuthenticated)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no promotion of %s", want)
-		}
-	}
 	// Ten new sources in one instant: the rate lets three through.
 	for i := 1; i <= 10; i++ {
 		from("10.0.0."+strconv.Itoa(i), 200)
 	}
 	for i := 1; i <= 3; i++ {
-		expect("10.0.0." + strconv.Itoa(i))
+		rec.expect(t, "10.0.0." + strconv.Itoa(i))
 	}
 	if n := p.promo.limited.Load(); n != 7 {
 		t.Errorf("%d promotions refused by the rate, want 7", n)
@@ -102,12 +104,12 @@ l7:
 	from("10.0.0.4", 200)
 	from("10.9.0.1", 200) // a trusted proxy's own request
 	from("10.0.0.50", 200)
-	expect("10.0.0.4")
-	expect("10.0.0.50")
+	rec.expect(t, "10.0.0.4")
+	rec.expect(t, "10.0.0.50")
 	// After Refresh a promoted source is promoted again.
 	clock.Advance(time.Minute)
 	from("10.0.0.1", 200)
-	expect("10.0.0.1")
+	rec.expect(t, "10.0.0.1")
 	select {
 	case c := <-rec.calls:
 		t.Errorf("unexpected promotion of %v", c.src)
@@ -241,17 +243,6 @@ func TestAuthenticatedPromotion(t *testing.T) {
 			key := "X-API-Key: k-123\r\n"
 			long := "X-API-Key: " + strings.Repeat("k", maxCredential+1) + "\r\n"
 			atMax := "X-API-Key: " + strings.Repeat("k", maxCredential) + "\r\n"
-			expect := func(want string) {
-				t.Helper()
-				select {
-				case c := <-rec.calls:
-					if c.src.String() != want || c.reason != PromotionReasonAuthenticated {
-						t.Fatalf("promoted %v (%q), want %s (%q)", c.src, c.reason, want, PromotionReasonAuthenticated)
-					}
-				case <-time.After(10 * time.Second):
-					t.Fatalf("no promotion of %s", want)
-				}
-			}
 			for i, c := range []struct {
 				name, raw string
 				status    int
@@ -281,21 +272,21 @@ func TestAuthenticatedPromotion(t *testing.T) {
 				}
 				waitIdle(t, p)
 				if c.promoted {
-					expect(src)
+					rec.expect(t, src)
 				}
 			}
 			// One FIFO worker: the sentinel's promotion coming next proves
 			// none of the refused cases was queued.
 			rawFrom(t, addr, "127.0.0.200", req("/api/s/200", key))
 			waitIdle(t, p)
-			expect("127.0.0.200")
+			rec.expect(t, "127.0.0.200")
 			// The rate still applies: 100 per second, burst 100; 7 used.
 			for i := 0; i < 100; i++ {
 				rawFrom(t, addr, "127.0.1."+strconv.Itoa(1+i), req("/api/s/200", key))
 			}
 			waitIdle(t, p)
 			for i := 0; i < 93; i++ {
-				expect("127.0.1." + strconv.Itoa(1+i))
+				rec.expect(t, "127.0.1." + strconv.Itoa(1+i))
 			}
 			if n := p.promo.limited.Load(); n != 7 {
 				t.Errorf("%d promotions refused by the rate, want 7", n)
