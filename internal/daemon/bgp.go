@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,7 +38,15 @@ const (
 
 // bgpRun is the daemon's side of the speaker.
 type bgpRun struct {
-	mu      sync.Mutex // guards what follows
+	// turn serializes the speaker's configuration: by a committed
+	// generation (followBGP, the apply path) and by a password file's
+	// change (bgpTick, the speaker's loop). Taken before mu.
+	turn sync.Mutex
+
+	mu      sync.Mutex  // guards what follows
+	want    *policy.BGP // the section the last committed generation asks for (nil: none)
+	wantG   []policy.BGPGuard
+	behind  bool // want is not in force: a password file did not read (bgpTick retries)
 	sp      *bgp.Speaker
 	pol     *policy.BGP // the section the speaker runs
 	guards  []policy.BGPGuard
@@ -65,9 +74,10 @@ func (b *bgpRun) get() (*bgp.Speaker, *policy.BGP) {
 	return b.sp, b.pol
 }
 
-// runBGP keeps the speaker the running policy asks for, once a second:
-// (re)configured when the section changes, closed when it goes; expires
-// announcements and decides the automatic blackhole.
+// runBGP runs the speaker's loop once a second: expiry, the automatic
+// blackhole, saving, and the neighbors' password files (a changed one is
+// picked up live, docs/bgp.md). Which section the speaker runs is the
+// subscriber's (followBGP). It closes the speaker when the daemon stops.
 func (d *Daemon) runBGP(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -83,47 +93,101 @@ func (d *Daemon) runBGP(ctx context.Context) error {
 }
 
 func (d *Daemon) bgpTick(ctx context.Context, now time.Time) {
-	b := &d.bgp
-	d.mu.Lock()
-	var want *policy.BGP
-	var guards []policy.BGPGuard
-	if d.cur.pol != nil && d.cur.pol.BGP != nil {
-		want = d.cur.pol.BGP
-		guards = d.cur.pol.BGPGuarded()
-	}
-	d.mu.Unlock()
-	if want == nil {
-		d.stopBGP()
-		return
-	}
-	pwds, perr := readBGPPasswords(want)
-	b.mu.Lock()
-	same := reflect.DeepEqual(b.pol, want) && reflect.DeepEqual(b.guards, guards) && reflect.DeepEqual(b.pwds, pwds)
-	sp := b.sp
-	b.mu.Unlock()
-	if !same {
-		if perr != nil {
-			b.mu.Lock()
-			if b.err != perr.Error() {
-				d.log.Error("bgp: not (re)configured", "err", perr)
-			}
-			b.err = perr.Error()
-			b.mu.Unlock()
-		} else {
-			sp = d.configureBGP(ctx, sp, want, guards, pwds, now)
-		}
-	}
+	d.bgpPasswords(ctx, now)
+	sp, p := d.bgp.get()
 	if sp == nil {
 		return
 	}
 	sp.Expire(now)
-	d.bgpUplink(sp, want, now)
+	d.bgpUplink(sp, p, now)
 	d.saveBGP(false)
+}
+
+// followBGP is the BGP speaker's subscriber (subscribers.go): it starts,
+// reconfigures or closes the speaker for a committed generation's bgp:
+// section. A password file that does not read leaves the speaker as it
+// was (its sessions and section) and says why; bgpTick retries it each
+// second.
+func (d *Daemon) followBGP(ctx context.Context, c committed) error {
+	b := &d.bgp
+	b.turn.Lock()
+	defer b.turn.Unlock()
+	var want *policy.BGP
+	var guards []policy.BGPGuard
+	if c.run.pol.BGP != nil {
+		want, guards = c.run.pol.BGP, c.run.pol.BGPGuarded()
+	}
+	b.mu.Lock()
+	b.want, b.wantG = want, guards
+	b.mu.Unlock()
+	return d.syncBGP(ctx, c.at, false)
+}
+
+// bgpPasswords re-reads the running section's password files and
+// reconfigures the speaker when one changed, or when the last committed
+// section is not in force yet (its password file did not read).
+func (d *Daemon) bgpPasswords(ctx context.Context, now time.Time) {
+	b := &d.bgp
+	b.turn.Lock()
+	defer b.turn.Unlock()
+	b.mu.Lock()
+	want, behind, have := b.want, b.behind, b.pwds
+	b.mu.Unlock()
+	if want == nil {
+		return
+	}
+	if !behind {
+		pwds, err := readBGPPasswords(want)
+		if err == nil && slices.Equal(pwds, have) {
+			return
+		}
+	}
+	d.syncBGP(ctx, now, true)
+}
+
+// syncBGP brings the speaker to b.want: closed without a section,
+// configured when the section, its guards or its passwords differ from
+// what runs (or always with force). Caller holds b.turn.
+func (d *Daemon) syncBGP(ctx context.Context, now time.Time, force bool) error {
+	b := &d.bgp
+	b.mu.Lock()
+	want, guards, sp := b.want, b.wantG, b.sp
+	same := reflect.DeepEqual(b.pol, want) && reflect.DeepEqual(b.guards, guards)
+	have := b.pwds
+	b.mu.Unlock()
+	if want == nil {
+		d.stopBGP()
+		b.mu.Lock()
+		b.err, b.behind = "", false
+		b.mu.Unlock()
+		return nil
+	}
+	pwds, err := readBGPPasswords(want)
+	if err != nil {
+		b.mu.Lock()
+		logIt := b.err != err.Error()
+		b.err, b.behind = err.Error(), true
+		b.mu.Unlock()
+		if logIt {
+			d.log.Error("bgp: not (re)configured", "err", err)
+		}
+		if sp != nil {
+			return fmt.Errorf("not reconfigured, the speaker runs its earlier section: %w", err)
+		}
+		return fmt.Errorf("not started, nothing is announced: %w", err)
+	}
+	if !force && sp != nil && same && slices.Equal(pwds, have) {
+		b.mu.Lock()
+		b.pol, b.guards = want, guards // the same section, of the new generation
+		b.mu.Unlock()
+		return nil
+	}
+	return d.configureBGP(ctx, sp, want, guards, pwds, now)
 }
 
 // configureBGP starts the speaker or applies a changed section.
 func (d *Daemon) configureBGP(ctx context.Context, sp *bgp.Speaker, want *policy.BGP, guards []policy.BGPGuard, pwds []string,
-	now time.Time) *bgp.Speaker {
+	now time.Time) error {
 	b := &d.bgp
 	fresh := sp == nil
 	if fresh {
@@ -155,17 +219,18 @@ func (d *Daemon) configureBGP(ctx context.Context, sp *bgp.Speaker, want *policy
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.sp, b.pol, b.guards, b.pwds = sp, want, guards, pwds
-	b.err = ""
+	b.err, b.behind = "", false
 	if err != nil {
 		b.err = err.Error()
 		d.log.Error("bgp: sessions not started: nothing is announced", "err", err)
+		err = fmt.Errorf("sessions not started, nothing is announced: %w", err)
 	}
 	if fresh {
 		// The shield's fingerprints in force before the speaker ran
 		// (a bgp: section added to a running policy) are announced too.
 		defer d.bgpAdoptShield(now)
 	}
-	return sp
+	return err
 }
 
 // bgpAdoptShield announces the shield's enforced fingerprint actions as
@@ -217,7 +282,7 @@ func (d *Daemon) stopBGP() {
 	d.saveBGP(true)
 	sp.Close()
 	b.mu.Lock()
-	b.sp, b.pol, b.guards, b.pwds, b.asked = nil, nil, nil, nil, nil
+	b.sp, b.pol, b.guards, b.pwds, b.asked, b.behind = nil, nil, nil, nil, nil, false
 	b.mu.Unlock()
 	d.log.Info("bgp: sessions closed; the peers withdraw our routes")
 }

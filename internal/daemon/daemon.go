@@ -163,11 +163,12 @@ type Daemon struct {
 	l7          *stage.Stage
 	rls         *rls.Server
 	escalations chan control.ListChange
-	standing    *standingWatch // congestion state (standing.go)
-	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
-	fleet       fleetLink      // fleet mode (fleet.go)
-	shield      *shieldRun     // the adaptive shield (shield.go)
-	bgp         bgpRun         // the BGP speaker (bgp.go)
+	standing    *standingWatch         // congestion state (standing.go)
+	syn         *synStage              // the SYN path (syn.go); nil before the datapath loads
+	fleet       fleetLink              // fleet mode (fleet.go)
+	shield      *shieldRun             // the adaptive shield (shield.go)
+	bgp         bgpRun                 // the BGP speaker (bgp.go)
+	subFailures *prometheus.CounterVec // generations a subscriber did not follow (subscribers.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -329,6 +330,7 @@ func newDaemon(o Options) *Daemon {
 		escalations: make(chan control.ListChange, 256),
 		standing:    &standingWatch{},
 		shield:      newShieldRun(),
+		subFailures: newSubscriberFailures(),
 	}
 	d.reg = d.newRegistry()
 	// One class table for the L7 stage and the rate-limit service: a

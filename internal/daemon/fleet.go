@@ -45,77 +45,95 @@ func (l *fleetLink) get() *fleet.Fleet {
 	return l.f
 }
 
-// runFleet keeps the fleet the running policy asks for: started when a
-// policy gains a fleet: section, restarted when the section changes,
-// stopped when it goes. It looks once a second (a policy change is
-// picked up within one second).
+// runFleet owns the running fleet's lifetime: it stops it when the daemon
+// stops. Which fleet runs is the subscriber's (followFleet): a committed
+// generation starts, restarts or stops it.
 func (d *Daemon) runFleet(ctx context.Context) error {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	defer d.stopFleet()
-	for {
-		d.mu.Lock()
-		var want *policy.Fleet
-		if d.cur.pol != nil && d.cur.pol.Fleet != nil {
-			c := *d.cur.pol.Fleet
-			want = &c
-		}
-		d.mu.Unlock()
-		if want != nil && want.HostID == "" {
-			h, err := os.Hostname()
-			if err != nil || !policy.ValidHostID(h) {
-				d.fleet.mu.Lock()
-				d.fleet.err = fmt.Sprintf("hostname %q is no valid fleet host id (%v): set fleet.host_id", h, err)
-				d.fleet.mu.Unlock()
-				want = nil
-			}
-			if want != nil {
-				want.HostID = h
-			}
-		}
-		d.fleet.mu.Lock()
-		same := reflect.DeepEqual(d.fleet.cfg, want)
-		d.fleet.mu.Unlock()
-		if !same {
-			d.stopFleet()
-			if want != nil {
-				d.startFleet(ctx, want)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	<-ctx.Done()
+	d.stopFleet()
+	return nil
 }
 
-func (d *Daemon) startFleet(ctx context.Context, cfg *policy.Fleet) {
+// followFleet is fleet mode's subscriber (subscribers.go): a generation
+// that gains a fleet: section starts it, one whose section differs from
+// the running one's restarts it, one without stops it. The new fleet is
+// built (client, options) before the running one stops: one that cannot
+// be built leaves the running fleet as it was and says why (the policy's
+// Redis credentials and TLS files are checked before the commit,
+// checkFleet). A hostname that is no valid host id stops the fleet: this
+// host enforces its own budgets and lists.
+func (d *Daemon) followFleet(_ context.Context, c committed) error {
 	l := &d.fleet
-	c, err := fleet.NewClient(cfg.Redis)
-	var f *fleet.Fleet
-	if err == nil {
-		o := fleet.Options{Name: cfg.Name, Host: cfg.HostID, Interval: cfg.Interval, Floor: float64(cfg.Floor) / 1e6,
-			Client: c, Logger: d.log.With("fleet", cfg.Name, "host", cfg.HostID)}
-		if cfg.Lists {
-			o.Lists = fleetLists{d}
+	var want *policy.Fleet
+	if c.run.pol.Fleet != nil {
+		cp := *c.run.pol.Fleet
+		want = &cp
+	}
+	if want != nil && want.HostID == "" {
+		h, err := os.Hostname()
+		if err != nil || !policy.ValidHostID(h) {
+			d.stopFleet()
+			why := fmt.Errorf("hostname %q is no valid fleet host id (%v): set fleet.host_id; this host enforces its own budgets and lists", h, err)
+			l.mu.Lock()
+			l.err = why.Error()
+			l.mu.Unlock()
+			return why
 		}
-		d.fleetAggregates(&o)
-		f, err = fleet.New(o)
-		if err != nil {
-			c.Close()
-		}
+		want.HostID = h
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.cfg = cfg
-	if err != nil {
-		l.err = err.Error()
-		d.log.Error("fleet not started: this host enforces its own budgets and lists", "err", err)
-		return
+	same := reflect.DeepEqual(l.cfg, want)
+	l.mu.Unlock()
+	if same {
+		return nil
 	}
-	fctx, cancel := context.WithCancel(ctx)
-	l.f, l.cancel, l.done, l.err = f, cancel, make(chan struct{}), ""
+	if want == nil {
+		d.stopFleet()
+		return nil
+	}
+	f, err := d.newFleet(want)
+	if err != nil {
+		l.mu.Lock()
+		running := l.f != nil
+		l.err = err.Error()
+		l.mu.Unlock()
+		if running {
+			return fmt.Errorf("fleet not restarted, the running fleet keeps its earlier section: %w", err)
+		}
+		return fmt.Errorf("fleet not started: this host enforces its own budgets and lists: %w", err)
+	}
+	d.stopFleet()
+	d.startFleet(want, f)
+	return nil
+}
+
+// newFleet builds (does not run) the fleet of a fleet: section.
+func (d *Daemon) newFleet(cfg *policy.Fleet) (*fleet.Fleet, error) {
+	c, err := fleet.NewClient(cfg.Redis)
+	if err != nil {
+		return nil, err
+	}
+	o := fleet.Options{Name: cfg.Name, Host: cfg.HostID, Interval: cfg.Interval, Floor: float64(cfg.Floor) / 1e6,
+		Client: c, Logger: d.log.With("fleet", cfg.Name, "host", cfg.HostID)}
+	if cfg.Lists {
+		o.Lists = fleetLists{d}
+	}
+	d.fleetAggregates(&o)
+	f, err := fleet.New(o)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// startFleet runs a built fleet until stopFleet.
+func (d *Daemon) startFleet(cfg *policy.Fleet, f *fleet.Fleet) {
+	l := &d.fleet
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fctx, cancel := context.WithCancel(context.Background())
+	l.cfg, l.f, l.cancel, l.done, l.err = cfg, f, cancel, make(chan struct{}), ""
 	go func(done chan struct{}) {
 		defer close(done)
 		f.Run(fctx)
@@ -186,6 +204,9 @@ func (d *Daemon) FleetStatus() control.FleetStatus {
 		return st
 	}
 	st := f.Status()
+	if st.LastError == "" && why != "" {
+		st.LastError = why // a changed section the running fleet could not follow
+	}
 	names := d.ruleNames()
 	for i, sh := range st.Shares {
 		st.Shares[i].Key = sh.Aggregate

@@ -39,6 +39,12 @@ const (
 type shieldRun struct {
 	in chan shield.Sample // from readSamples; full: the sample is dropped and counted
 
+	// turn serializes the engine's two writers of the data plane: the
+	// interval's close (shieldTick, the shield's loop) and a generation's
+	// configuration (followShield, the apply path), so a reconfiguration's
+	// changes and an interval's are never interleaved. Taken before mu.
+	turn sync.Mutex
+
 	mu        sync.Mutex // guards what follows
 	eng       *shield.Engine
 	cfg       shield.Config
@@ -139,23 +145,37 @@ func (d *Daemon) runShield(ctx context.Context) error {
 	}
 }
 
-// shieldTick follows policy changes, closes the engine's interval and
-// writes its changes. It returns the configured interval.
+// followShield is the shield's subscriber (subscribers.go): it configures
+// the engine for a committed generation and writes what that changes. A
+// rule slot table that does not read leaves samples unattributed until
+// the next generation (said in the error); the engine follows anyway.
+func (d *Daemon) followShield(_ context.Context, c committed) error {
+	st := d.shield
+	st.turn.Lock()
+	defer st.turn.Unlock()
+	changes, err := d.configureShield(c.seq, c.run.pol, c.run.compiled, c.run.asn, c.at)
+	st.mu.Lock()
+	eng := st.eng
+	st.mu.Unlock()
+	for _, ch := range changes {
+		d.shieldChange(eng, ch)
+	}
+	return err
+}
+
+// shieldTick closes the engine's interval and writes its changes. It
+// returns the configured interval (0 before the first generation).
 func (d *Daemon) shieldTick(now time.Time) time.Duration {
 	st := d.shield
-	d.mu.Lock()
-	gen, pol, comp, table := d.generation, d.cur.pol, d.cur.compiled, d.cur.asn
-	d.mu.Unlock()
-	if pol == nil {
+	st.turn.Lock()
+	defer st.turn.Unlock()
+	st.mu.Lock()
+	eng, iv, gen := st.eng, st.cfg.Interval, st.gen
+	st.mu.Unlock()
+	if gen == 0 {
 		return 0
 	}
 	var changes []shield.Change
-	if gen != st.gen {
-		changes = append(changes, d.configureShield(gen, pol, comp, table, now)...)
-	}
-	st.mu.Lock()
-	eng, iv := st.eng, st.cfg.Interval
-	st.mu.Unlock()
 	if eng != nil {
 		// Samples that arrived before the interval's end belong to it.
 	drain:
@@ -195,17 +215,18 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 	return iv
 }
 
-// configureShield applies a policy generation's shield: section.
-func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Compiled, table *asn.Table, now time.Time) []shield.Change {
+// configureShield applies a policy generation's shield: section. Caller
+// holds st.turn.
+func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Compiled, table *asn.Table, now time.Time) ([]shield.Change, error) {
 	st := d.shield
 	cfg := shieldConfig(pol.Shield)
 	slots := map[uint32]uint32{}
-	if byID, err := d.m.RuleSlots(); err == nil {
-		for id, slot := range byID {
-			slots[slot] = id
-		}
-	} else {
-		d.log.Error("shield: read rule slots; samples are not attributed to rules until the next policy", "err", err)
+	byID, slotErr := d.m.RuleSlots()
+	if slotErr != nil {
+		slotErr = fmt.Errorf("read rule slots: samples are not attributed to rules until the next policy: %w", slotErr)
+	}
+	for id, slot := range byID {
+		slots[slot] = id
 	}
 	var shapes map[uint32]shield.RuleShape
 	var global shield.GlobalShape
@@ -265,7 +286,7 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	if prev != cfg.Mode || gen == 1 {
 		d.log.Info("shield", "mode", cfg.Mode, "interval", cfg.Interval, "learn_for", cfg.LearnFor, "factor", cfg.Detect.Factor)
 	}
-	return out
+	return out, slotErr
 }
 
 // quarantineState moves a state file that does not load aside as
@@ -622,8 +643,7 @@ func (c *shieldCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // shieldOnPath are the shield's actions on a probe's path, for explain.
-// Caller holds d.mu.
-func (d *Daemon) shieldOnPath(p Probe, tr refmodel.Trace, rule *policy.CompiledRule) []control.ShieldAction {
+func (d *Daemon) shieldOnPath(v *explainView, p Probe, tr refmodel.Trace, rule *policy.CompiledRule) []control.ShieldAction {
 	st := d.shield
 	st.mu.Lock()
 	eng := st.eng
@@ -641,14 +661,14 @@ func (d *Daemon) shieldOnPath(p Probe, tr refmodel.Trace, rule *policy.CompiledR
 	if tr.Fact != nil {
 		s.ASN = tr.Fact.ASN
 	}
-	if t := d.cur.asn; t != nil {
+	if t := v.cur.asn; t != nil {
 		if en, ok := t.Lookup(s.Src); ok {
 			s.Country = en.Country
 		}
 	}
 	var out []control.ShieldAction
 	for _, a := range eng.ActionsFor(s, shield.FTTL|shield.FTCPFlags) {
-		out = append(out, shieldAction(a, d.cur.names))
+		out = append(out, shieldAction(a, v.cur.names))
 	}
 	return out
 }

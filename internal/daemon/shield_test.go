@@ -401,14 +401,15 @@ func TestShieldIDsAboveLeftovers(t *testing.T) {
 	dir := t.TempDir()
 	asnPath := filepath.Join(dir, "ip2asn.tsv")
 	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
-	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
-	for _, id := range []uint32{1, 41} {
-		f := maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 6, DPort: uint16(7000 + id),
-			Expires: time.Now().Add(time.Hour), Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Origin: maps.OriginShield}
-		if err := d.m.SetFingerprint(f); err != nil {
-			t.Fatalf("leftover %d: %v", id, err)
+	d := loadedDaemonWith(t, Options{StateDir: dir}, shieldTestPolicy(asnPath), func(d *Daemon) {
+		for _, id := range []uint32{1, 41} {
+			f := maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 6, DPort: uint16(7000 + id),
+				Expires: time.Now().Add(time.Hour), Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Origin: maps.OriginShield}
+			if err := d.m.SetFingerprint(f); err != nil {
+				t.Fatalf("leftover %d: %v", id, err)
+			}
 		}
-	}
+	})
 	fingerprintFlood(t, d)
 	fps, err := d.m.Fingerprints()
 	if err != nil {
