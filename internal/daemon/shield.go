@@ -47,7 +47,7 @@ type shieldRun struct {
 
 	mu        sync.Mutex // guards what follows
 	eng       *shield.Engine
-	cfg       shield.Config
+	cfg       policy.Shield
 	gen       uint64            // policy generation configured from
 	slotToID  map[uint32]uint32 // rule table slot -> rule id
 	asn       *asn.Table
@@ -72,28 +72,20 @@ func newShieldRun() *shieldRun {
 	}
 }
 
-// shieldConfig converts the policy's shield: section; nil is off.
-func shieldConfig(s *policy.Shield) shield.Config {
+// shieldConfig is the policy's shield: section as the engine takes it;
+// a policy without one runs the shield off (the section's defaults,
+// mode off).
+func shieldConfig(s *policy.Shield) policy.Shield {
 	if s == nil {
-		c := shield.DefaultConfig()
-		c.Mode = shield.ModeOff
-		c.MaxMasks = maps.MaxFingerprintMasks
+		c := policy.DefaultShield()
+		c.Mode = policy.ShieldOff
 		return c
 	}
-	c := shield.Config{
-		Mode: shield.Mode(s.Mode), Interval: s.Interval,
-		HalfLife: s.HalfLife, Percentile: s.Percentile, LearnFor: s.LearnFor, Current: s.Current, MaxAggregates: s.MaxAggregates,
-		Detect: shield.DetectConfig{Factor: s.Factor, MinRate: s.MinRate.PerSecond(), Sustain: s.Sustain,
-			EndFactor: s.EndFactor, Cooldown: s.Cooldown},
-		TTL: s.TTL, MaxActive: s.MaxActive, TightenTo: s.TightenTo, Fingerprints: s.Fingerprints,
-		FingerprintMin: s.FingerprintMin.PerSecond(), MinCoverage: s.MinCoverage, MaxCollateral: s.MaxCollateral,
-		MaxMasks: maps.MaxFingerprintMasks,
-	}
-	for _, f := range s.Forbid {
-		c.Forbid = append(c.Forbid, shield.Forbid{Prefix: f.Prefix, ASN: f.ASN, By: "policy"})
-	}
-	return c
+	return *s
 }
+
+// shieldOptions are what the shield needs to know of the data plane.
+func shieldOptions() shield.Options { return shield.Options{MaxMasks: maps.MaxFingerprintMasks} }
 
 // ruleShapes say per rule what an override can tighten.
 func ruleShapes(c *policy.Compiled) map[uint32]shield.RuleShape {
@@ -257,7 +249,7 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	var out []shield.Change
 	switch {
 	case st.eng == nil && cfg.Mode != shield.ModeOff:
-		st.eng = shield.New(cfg)
+		st.eng = shield.New(cfg, shieldOptions())
 		if topID > 0 {
 			st.eng.SeedIDs(topID)
 			d.log.Info("shield: fingerprint ids continue above the data plane's", "max_id", topID)
@@ -284,7 +276,7 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		d.leftoverShield(now)
 	}
 	if prev != cfg.Mode || gen == 1 {
-		d.log.Info("shield", "mode", cfg.Mode, "interval", cfg.Interval, "learn_for", cfg.LearnFor, "factor", cfg.Detect.Factor)
+		d.log.Info("shield", "mode", cfg.Mode, "interval", cfg.Interval, "learn_for", cfg.LearnFor, "factor", cfg.Factor)
 	}
 	return out, slotErr
 }

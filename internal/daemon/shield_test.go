@@ -217,7 +217,7 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := shield.New(shieldConfig(d.cur.pol.Shield)).Load(b, now); err != nil || n == 0 {
+	if n, err := shield.New(shieldConfig(d.cur.pol.Shield), shieldOptions()).Load(b, now); err != nil || n == 0 {
 		t.Fatalf("saved baselines: %d, %v", n, err)
 	}
 	// A restart (a new daemon on the same state directory) judges at once.
