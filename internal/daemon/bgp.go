@@ -203,18 +203,7 @@ func (d *Daemon) configureBGP(ctx context.Context, sp *bgp.Speaker, want *policy
 			d.log.Error("bgp: saved announcements not read; starting without them", "err", err)
 		}
 	}
-	cfg := bgp.Config{LocalAS: want.LocalAS, RouterID: want.RouterID, Community: want.Community,
-		MaxAnnouncements: want.MaxAnnouncements, DryRun: want.DryRun, Width4: want.Width4, Width6: want.Width6}
-	for i, n := range want.Neighbors {
-		nb := bgp.Neighbor{Address: n.Address, AS: n.AS, Password: pwds[i], Multihop: n.Multihop, LocalAddress: n.LocalAddress}
-		for _, f := range n.Families {
-			nb.Families = append(nb.Families, bgp.Family(f))
-		}
-		cfg.Neighbors = append(cfg.Neighbors, nb)
-	}
-	for _, g := range guards {
-		cfg.Forbid = append(cfg.Forbid, bgp.Guarded{Prefix: g.Prefix, Why: g.Why})
-	}
+	cfg := bgp.Config{BGP: *want, Passwords: pwds, Guards: guards}
 	err := sp.Configure(ctx, cfg)
 	b.mu.Lock()
 	defer b.mu.Unlock()
