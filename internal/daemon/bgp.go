@@ -206,18 +206,24 @@ func (d *Daemon) configureBGP(ctx context.Context, sp *bgp.Speaker, want *policy
 	cfg := bgp.Config{BGP: *want, Passwords: pwds, Guards: guards}
 	err := sp.Configure(ctx, cfg)
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.sp, b.pol, b.guards, b.pwds = sp, want, guards, pwds
 	b.err, b.behind = "", false
 	if err != nil {
 		b.err = err.Error()
+	}
+	b.mu.Unlock()
+	if err != nil {
 		d.log.Error("bgp: sessions not started: nothing is announced", "err", err)
 		err = fmt.Errorf("sessions not started, nothing is announced: %w", err)
 	}
 	if fresh {
 		// The shield's fingerprints in force before the speaker ran
-		// (a bgp: section added to a running policy) are announced too.
-		defer d.bgpAdoptShield(now)
+		// (a bgp: section added to a running policy, or a start that
+		// adopted a crashed daemon's fingerprints) are announced too;
+		// without b.mu, which bgpShieldChange takes (it ran deferred
+		// under b.mu before, and a fresh speaker beside an enforced
+		// fingerprint waited on itself).
+		d.bgpAdoptShield(now)
 	}
 	return err
 }
