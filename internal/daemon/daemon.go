@@ -167,7 +167,7 @@ type Daemon struct {
 	syn         *synStage              // the SYN path (syn.go); nil before the datapath loads
 	fleet       fleetLink              // fleet mode (fleet.go)
 	shield      *shieldRun             // the adaptive shield (shield.go)
-	bgp         bgpRun                 // the BGP speaker (bgp.go)
+	bgp         *bgpRun                // the BGP speaker (bgp.go)
 	subFailures *prometheus.CounterVec // generations a subscriber did not follow (subscribers.go)
 }
 
@@ -332,6 +332,7 @@ func newDaemon(o Options) *Daemon {
 		shield:      newShieldRun(),
 		subFailures: newSubscriberFailures(),
 	}
+	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shieldActions)
 	d.reg = d.newRegistry()
 	// One class table for the L7 stage and the rate-limit service: a
 	// client's history is one whichever way its requests come.
@@ -645,7 +646,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("fleet", d.runFleet)
 	run("shield", d.runShield)
 	run("shield samples", d.readRateSamples)
-	run("bgp", d.runBGP)
+	run("bgp", d.bgp.run)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()

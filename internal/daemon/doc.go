@@ -37,7 +37,7 @@
 //   - fleet (runFleet): owns the running fleet's lifetime (stops it at the
 //     end); the fleet itself runs in its own goroutine (fleet.Run), started
 //     and stopped by followFleet.
-//   - bgp (runBGP): expiry, the automatic blackhole, saving, the password
+//   - bgp (bgpRun.run): expiry, the automatic blackhole, saving, the password
 //     files (under bgpRun.turn); closes the speaker at the end.
 //
 // The L7 stage and the rate-limit service run their own goroutines
@@ -49,7 +49,7 @@
 //     stopping, the ASN cache. Held across prepare, stage, commit and
 //     publish; never taken by a goroutine that holds another lock.
 //   - shieldRun.turn, bgpRun.turn: the subsystem's configuration against
-//     its own loop (followShield vs shieldTick; followBGP vs the password
+//     its own loop (followShield vs shieldTick; bgpRun.follow vs the password
 //     check), so a reconfiguration and a loop's writes never interleave.
 //   - mu: the running policy (cur, generation, origin, lastReload,
 //     counts), the run-time list entries (dyn), the attachments (atts) and

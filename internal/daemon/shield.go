@@ -293,6 +293,18 @@ func (d *Daemon) quarantineState(name string, err error) {
 	d.log.Error("state file does not load: moved aside, starting without it", "file", path, "moved_to", aside, "err", err)
 }
 
+// shieldActions are the shield's actions in force (nil: it is off).
+func (d *Daemon) shieldActions() []shield.Action {
+	st := d.shield
+	st.mu.Lock()
+	eng := st.eng
+	st.mu.Unlock()
+	if eng == nil {
+		return nil
+	}
+	return eng.Report(1).Actions
+}
+
 // saveShield writes the learned baselines (atomically).
 func (d *Daemon) saveShield() {
 	st := d.shield
@@ -369,7 +381,7 @@ func (d *Daemon) shieldChange(eng *shield.Engine, c shield.Change) {
 		d.auditShield(c, err)
 	}
 	if err == nil {
-		d.bgpShieldChange(c)
+		d.bgp.shieldChange(c)
 	}
 }
 

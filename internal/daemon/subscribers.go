@@ -57,7 +57,7 @@ func (d *Daemon) subscribers() []subscriber {
 		{"l7", followL7},
 		{"shield", d.followShield},
 		{"fleet", d.followFleet},
-		{"bgp", d.followBGP},
+		{"bgp", d.bgp.follow},
 	}
 }
 

@@ -68,7 +68,7 @@ func TestSubscriberFailureIsSaid(t *testing.T) {
 	if err := os.WriteFile(pass, []byte("secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d.bgpTick(context.Background(), time.Now())
+	d.bgp.tick(context.Background(), time.Now())
 	if sp, _ := d.bgp.get(); sp == nil {
 		t.Fatalf("the password file reads now and the speaker did not start: %s", d.BGPReport(context.Background()).Error)
 	}

@@ -71,7 +71,7 @@ func loadedDaemonWith(t *testing.T, o Options, policy string, before func(*Daemo
 	}
 	t.Cleanup(func() {
 		d.stopFleet()
-		d.stopBGP()
+		d.bgp.stop()
 		d.dp.Close()
 	})
 	if before != nil {
