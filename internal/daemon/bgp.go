@@ -52,14 +52,14 @@ type bgpRun struct {
 	shieldActions func() []shield.Action
 
 	// turn serializes the speaker's configuration: by a committed
-	// generation (followBGP, the apply path) and by a password file's
-	// change (bgpTick, the speaker's loop). Taken before mu.
+	// generation (follow, the apply path) and by a password file's
+	// change (tick, the speaker's loop). Taken before mu.
 	turn sync.Mutex
 
 	mu          sync.Mutex  // guards what follows
 	want        *policy.BGP // the section the last committed generation asks for (nil: none)
 	wantG       []policy.BGPGuard
-	behind      bool // want is not in force: a password file did not read (bgpTick retries)
+	behind      bool // want is not in force: a password file did not read (tick retries)
 	sp          *bgp.Speaker
 	pol         *policy.BGP // the section the speaker runs
 	guards      []policy.BGPGuard
@@ -68,7 +68,7 @@ type bgpRun struct {
 	lastOffered float64 // bytes per second, last reading
 	// uplinkRefused are destinations a guard refused while the offered
 	// rate is above the threshold: asked once per episode, not each
-	// second (one refusal in the log and the audit file). runBGP's alone.
+	// second (one refusal in the log and the audit file). the loop's alone.
 	uplinkRefused map[netip.Prefix]bool
 	// asked are the shield actions already turned into announcements
 	// (or refused): a renewal of one not asked yet is announced (the
@@ -92,10 +92,10 @@ func (b *bgpRun) get() (*bgp.Speaker, *policy.BGP) {
 	return b.sp, b.pol
 }
 
-// runBGP runs the speaker's loop once a second: expiry, the automatic
+// run runs the speaker's loop once a second: expiry, the automatic
 // blackhole, saving, and the neighbors' password files (a changed one is
 // picked up live, docs/bgp.md). Which section the speaker runs is the
-// subscriber's (followBGP). It closes the speaker when the daemon stops.
+// subscriber's (follow). It closes the speaker when the daemon stops.
 func (b *bgpRun) run(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -121,10 +121,10 @@ func (b *bgpRun) tick(ctx context.Context, now time.Time) {
 	b.save(false)
 }
 
-// followBGP is the BGP speaker's subscriber (subscribers.go): it starts,
+// follow is the BGP speaker's subscriber (subscribers.go): it starts,
 // reconfigures or closes the speaker for a committed generation's bgp:
 // section. A password file that does not read leaves the speaker as it
-// was (its sessions and section) and says why; bgpTick retries it each
+// was (its sessions and section) and says why; tick retries it each
 // second.
 func (b *bgpRun) follow(ctx context.Context, c committed) error {
 	b.turn.Lock()
@@ -140,7 +140,7 @@ func (b *bgpRun) follow(ctx context.Context, c committed) error {
 	return b.sync(ctx, c.at, false)
 }
 
-// bgpPasswords re-reads the running section's password files and
+// passwords re-reads the running section's password files and
 // reconfigures the speaker when one changed, or when the last committed
 // section is not in force yet (its password file did not read).
 func (b *bgpRun) passwords(ctx context.Context, now time.Time) {
@@ -161,7 +161,7 @@ func (b *bgpRun) passwords(ctx context.Context, now time.Time) {
 	b.sync(ctx, now, true)
 }
 
-// syncBGP brings the speaker to b.want: closed without a section,
+// sync brings the speaker to b.want: closed without a section,
 // configured when the section, its guards or its passwords differ from
 // what runs (or always with force). Caller holds b.turn.
 func (b *bgpRun) sync(ctx context.Context, now time.Time, force bool) error {
@@ -200,7 +200,7 @@ func (b *bgpRun) sync(ctx context.Context, now time.Time, force bool) error {
 	return b.configure(ctx, sp, want, guards, pwds, now)
 }
 
-// configureBGP starts the speaker or applies a changed section.
+// configure starts the speaker or applies a changed section.
 func (b *bgpRun) configure(ctx context.Context, sp *bgp.Speaker, want *policy.BGP, guards []policy.BGPGuard, pwds []string,
 	now time.Time) error {
 	fresh := sp == nil
@@ -234,7 +234,7 @@ func (b *bgpRun) configure(ctx context.Context, sp *bgp.Speaker, want *policy.BG
 		// The shield's fingerprints in force before the speaker ran
 		// (a bgp: section added to a running policy, or a start that
 		// adopted a crashed daemon's fingerprints) are announced too;
-		// without b.mu, which bgpShieldChange takes (it ran deferred
+		// without b.mu, which shieldChange takes (it ran deferred
 		// under b.mu before, and a fresh speaker beside an enforced
 		// fingerprint waited on itself).
 		b.adoptShield(now)
@@ -242,7 +242,7 @@ func (b *bgpRun) configure(ctx context.Context, sp *bgp.Speaker, want *policy.BG
 	return err
 }
 
-// bgpAdoptShield announces the shield's enforced fingerprint actions as
+// adoptShield announces the shield's enforced fingerprint actions as
 // if they were just installed (the same routes renew, not duplicate).
 func (b *bgpRun) adoptShield(now time.Time) {
 	for _, a := range b.shieldActions() {
@@ -272,7 +272,7 @@ func readBGPPasswords(p *policy.BGP) ([]string, error) {
 	return out, nil
 }
 
-// stopBGP closes the sessions (the peers withdraw our routes) and saves
+// stop closes the sessions (the peers withdraw our routes) and saves
 // the announcements for the next start.
 func (b *bgpRun) stop() {
 	b.mu.Lock()
@@ -289,7 +289,7 @@ func (b *bgpRun) stop() {
 	b.log.Info("bgp: sessions closed; the peers withdraw our routes")
 }
 
-// saveBGP writes the announcements when they changed (atomically).
+// save writes the announcements when they changed (atomically).
 func (b *bgpRun) save(force bool) {
 	sp, _ := b.get()
 	path := b.statePath(bgpStateFile)
@@ -333,7 +333,7 @@ func (d *Daemon) offeredRate() (float64, bool) {
 	return float64(sum) / dt, true
 }
 
-// bgpUplink announces (or renews) a blackhole of each destination while
+// uplink announces (or renews) a blackhole of each destination while
 // the offered rate is above uplink x fraction: the link is full before
 // the NIC, and only the upstream can drop it.
 func (b *bgpRun) uplink(sp *bgp.Speaker, p *policy.BGP, now time.Time) {
@@ -365,7 +365,7 @@ func (b *bgpRun) uplink(sp *bgp.Speaker, p *policy.BGP, now time.Time) {
 	}
 }
 
-// bgpShieldChange follows the shield's enforced fingerprint actions with
+// shieldChange follows the shield's enforced fingerprint actions with
 // FlowSpec rules for the host's destinations: announced at install,
 // renewed with them, withdrawn at their removal (or their expiry, the
 // same TTL).
@@ -461,7 +461,7 @@ func flowSpecMatches(fp shield.Fingerprint, dsts []netip.Prefix) ([]bgp.Match, s
 	return out, note, nil
 }
 
-// auditBGP appends an event to STATE_DIR/bgp-audit.jsonl (rotated to
+// audit appends an event to STATE_DIR/bgp-audit.jsonl (rotated to
 // .1 at 16 MiB).
 func (b *bgpRun) audit(ev bgp.Event) {
 	path := b.statePath(bgpAuditFile)
