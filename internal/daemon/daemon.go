@@ -165,7 +165,7 @@ type Daemon struct {
 	escalations chan control.ListChange
 	standing    *standingWatch         // congestion state (standing.go)
 	syn         *synStage              // the SYN path (syn.go); nil before the datapath loads
-	fleet       fleetLink              // fleet mode (fleet.go)
+	fleet       *fleetLink             // fleet mode (fleet.go)
 	shield      *shieldRun             // the adaptive shield (shield.go)
 	bgp         *bgpRun                // the BGP speaker (bgp.go)
 	subFailures *prometheus.CounterVec // generations a subscriber did not follow (subscribers.go)
@@ -332,6 +332,11 @@ func newDaemon(o Options) *Daemon {
 		shield:      newShieldRun(),
 		subFailures: newSubscriberFailures(),
 	}
+	d.fleet = newFleetLink(log, d.newFleet, func() {
+		if err := d.unwatchFleet(nil); err != nil {
+			log.Warn("fleet stopped: let go of its aggregate watches", "err", err)
+		}
+	})
 	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shieldActions)
 	d.reg = d.newRegistry()
 	// One class table for the L7 stage and the rate-limit service: a
@@ -643,7 +648,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("standing", d.watchStanding)
 	run("mptcp watch", d.watchMPTCP)
 	run("link watch", d.watchLinks)
-	run("fleet", d.runFleet)
+	run("fleet", d.fleet.run)
 	run("shield", d.runShield)
 	run("shield samples", d.readRateSamples)
 	run("bgp", d.bgp.run)

@@ -34,9 +34,9 @@
 //     the standing table's sweep.
 //   - shield (runShield): owns the engine's interval: Observe, Tick and
 //     the writes of its changes (under shieldRun.turn), baselines saved.
-//   - fleet (runFleet): owns the running fleet's lifetime (stops it at the
+//   - fleet (fleetLink.run): owns the running fleet's lifetime (stops it at the
 //     end); the fleet itself runs in its own goroutine (fleet.Run), started
-//     and stopped by followFleet.
+//     and stopped by fleetLink.follow.
 //   - bgp (bgpRun.run): expiry, the automatic blackhole, saving, the password
 //     files (under bgpRun.turn); closes the speaker at the end.
 //

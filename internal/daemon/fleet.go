@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/netip"
@@ -27,10 +28,18 @@ import (
 // added (docs/fleet.md).
 const originFleet = "fleet"
 
-// fleetLink is the daemon's running fleet, if any. Its lock is taken
-// after d.mu when both are held (publishing from AddToList), never the
-// other way round.
+// fleetLink is the daemon's running fleet, if any: it follows each
+// committed generation (follow), runs the fleet in a goroutine of its own
+// and stops it with the daemon (run). Its lock is taken after d.mu when
+// both are held (publishing from AddToList), never the other way round.
 type fleetLink struct {
+	log *slog.Logger
+	// build makes (does not run) the fleet of a section (Daemon.newFleet:
+	// the client, and the daemon's lists and aggregates as its sinks).
+	build func(cfg *policy.Fleet) (*fleet.Fleet, error)
+	// release lets go of the data plane watches a stopped fleet held.
+	release func()
+
 	mu     sync.Mutex
 	cfg    *policy.Fleet // resolved (host id filled); nil: none running
 	f      *fleet.Fleet
@@ -39,22 +48,26 @@ type fleetLink struct {
 	err    string // why the configured fleet is not running
 }
 
+func newFleetLink(log *slog.Logger, build func(*policy.Fleet) (*fleet.Fleet, error), release func()) *fleetLink {
+	return &fleetLink{log: log, build: build, release: release}
+}
+
 func (l *fleetLink) get() *fleet.Fleet {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f
 }
 
-// runFleet owns the running fleet's lifetime: it stops it when the daemon
-// stops. Which fleet runs is the subscriber's (followFleet): a committed
+// run owns the running fleet's lifetime: it stops it when the daemon
+// stops. Which fleet runs is the subscriber's (follow): a committed
 // generation starts, restarts or stops it.
-func (d *Daemon) runFleet(ctx context.Context) error {
+func (l *fleetLink) run(ctx context.Context) error {
 	<-ctx.Done()
-	d.stopFleet()
+	l.stop()
 	return nil
 }
 
-// followFleet is fleet mode's subscriber (subscribers.go): a generation
+// follow is fleet mode's subscriber (subscribers.go): a generation
 // that gains a fleet: section starts it, one whose section differs from
 // the running one's restarts it, one without stops it. The new fleet is
 // built (client, options) before the running one stops: one that cannot
@@ -62,8 +75,7 @@ func (d *Daemon) runFleet(ctx context.Context) error {
 // Redis credentials and TLS files are checked before the commit,
 // checkFleet). A hostname that is no valid host id stops the fleet: this
 // host enforces its own budgets and lists.
-func (d *Daemon) followFleet(_ context.Context, c committed) error {
-	l := &d.fleet
+func (l *fleetLink) follow(_ context.Context, c committed) error {
 	var want *policy.Fleet
 	if c.run.pol.Fleet != nil {
 		cp := *c.run.pol.Fleet
@@ -72,7 +84,7 @@ func (d *Daemon) followFleet(_ context.Context, c committed) error {
 	if want != nil && want.HostID == "" {
 		h, err := os.Hostname()
 		if err != nil || !policy.ValidHostID(h) {
-			d.stopFleet()
+			l.stop()
 			why := fmt.Errorf("hostname %q is no valid fleet host id (%v): set fleet.host_id; this host enforces its own budgets and lists", h, err)
 			l.mu.Lock()
 			l.err = why.Error()
@@ -88,10 +100,10 @@ func (d *Daemon) followFleet(_ context.Context, c committed) error {
 		return nil
 	}
 	if want == nil {
-		d.stopFleet()
+		l.stop()
 		return nil
 	}
-	f, err := d.newFleet(want)
+	f, err := l.build(want)
 	if err != nil {
 		l.mu.Lock()
 		running := l.f != nil
@@ -102,8 +114,8 @@ func (d *Daemon) followFleet(_ context.Context, c committed) error {
 		}
 		return fmt.Errorf("fleet not started: this host enforces its own budgets and lists: %w", err)
 	}
-	d.stopFleet()
-	d.startFleet(want, f)
+	l.stop()
+	l.start(want, f)
 	return nil
 }
 
@@ -127,9 +139,8 @@ func (d *Daemon) newFleet(cfg *policy.Fleet) (*fleet.Fleet, error) {
 	return f, nil
 }
 
-// startFleet runs a built fleet until stopFleet.
-func (d *Daemon) startFleet(cfg *policy.Fleet, f *fleet.Fleet) {
-	l := &d.fleet
+// start runs a built fleet until stop.
+func (l *fleetLink) start(cfg *policy.Fleet, f *fleet.Fleet) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	fctx, cancel := context.WithCancel(context.Background())
@@ -138,12 +149,13 @@ func (d *Daemon) startFleet(cfg *policy.Fleet, f *fleet.Fleet) {
 		defer close(done)
 		f.Run(fctx)
 	}(l.done)
-	d.log.Info("fleet started", "fleet", cfg.Name, "host", cfg.HostID, "interval", cfg.Interval, "redis", cfg.Redis.Addrs,
+	l.log.Info("fleet started", "fleet", cfg.Name, "host", cfg.HostID, "interval", cfg.Interval, "redis", cfg.Redis.Addrs,
 		"cluster", cfg.Redis.Cluster, "lists", cfg.Lists)
 }
 
-func (d *Daemon) stopFleet() {
-	l := &d.fleet
+// stop stops the running fleet (waiting for its goroutine) and lets go
+// of its watches.
+func (l *fleetLink) stop() {
 	l.mu.Lock()
 	cancel, done, was := l.cancel, l.done, l.cfg
 	l.f, l.cancel, l.done, l.cfg, l.err = nil, nil, nil, nil, ""
@@ -153,9 +165,9 @@ func (d *Daemon) stopFleet() {
 		<-done
 	}
 	if was != nil {
-		d.log.Info("fleet stopped", "fleet", was.Name)
+		l.log.Info("fleet stopped", "fleet", was.Name)
 	}
-	d.unwatchFleet(nil)
+	l.release()
 }
 
 // unwatchFleet lets go of fleet mode's watches not in want (the shield
@@ -192,7 +204,7 @@ func checkFleet(p *policy.Policy) error {
 
 // FleetStatus is `edgectl fleet status`.
 func (d *Daemon) FleetStatus() control.FleetStatus {
-	l := &d.fleet
+	l := d.fleet
 	l.mu.Lock()
 	f, cfg, why := l.f, l.cfg, l.err
 	l.mu.Unlock()

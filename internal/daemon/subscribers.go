@@ -56,7 +56,7 @@ func (d *Daemon) subscribers() []subscriber {
 		{"syn", d.followSyn},
 		{"l7", followL7},
 		{"shield", d.followShield},
-		{"fleet", d.followFleet},
+		{"fleet", d.fleet.follow},
 		{"bgp", d.bgp.follow},
 	}
 }

@@ -70,7 +70,7 @@ func loadedDaemonWith(t *testing.T, o Options, policy string, before func(*Daemo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		d.stopFleet()
+		d.fleet.stop()
 		d.bgp.stop()
 		d.dp.Close()
 	})
