@@ -33,6 +33,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/shield"
 	"github.com/edgeguard/edgeguard/internal/version"
 )
 
@@ -303,6 +304,7 @@ func (d *Daemon) loadDatapath(next running) error {
 		return err
 	}
 	d.dp, d.m = dp, maps.New(dp)
+	d.shield.m = d.m
 	d.startSyn()
 	return nil
 }
@@ -329,15 +331,15 @@ func newDaemon(o Options) *Daemon {
 		capture:     newCaptureHub(),
 		escalations: make(chan control.ListChange, 256),
 		standing:    &standingWatch{},
-		shield:      newShieldRun(),
 		subFailures: newSubscriberFailures(),
 	}
+	d.shield = newShieldRun(log, d.statePath, d.readStateFile, func(c shield.Change) { d.bgp.shieldChange(c) })
 	d.fleet = newFleetLink(log, d.newFleet, func() {
 		if err := d.unwatchFleet(nil); err != nil {
 			log.Warn("fleet stopped: let go of its aggregate watches", "err", err)
 		}
 	})
-	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shieldActions)
+	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shield.actions)
 	d.reg = d.newRegistry()
 	// One class table for the L7 stage and the rate-limit service: a
 	// client's history is one whichever way its requests come.
@@ -649,7 +651,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("mptcp watch", d.watchMPTCP)
 	run("link watch", d.watchLinks)
 	run("fleet", d.fleet.run)
-	run("shield", d.runShield)
+	run("shield", d.shield.run)
 	run("shield samples", d.readRateSamples)
 	run("bgp", d.bgp.run)
 	<-ctx.Done()

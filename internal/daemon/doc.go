@@ -32,7 +32,7 @@
 //     link watch (watchLinks: re-attaches re-created interfaces, under mu).
 //   - standing (watchStanding): the congestion state (standingWatch) and
 //     the standing table's sweep.
-//   - shield (runShield): owns the engine's interval: Observe, Tick and
+//   - shield (shieldRun.run): owns the engine's interval: Observe, Tick and
 //     the writes of its changes (under shieldRun.turn), baselines saved.
 //   - fleet (fleetLink.run): owns the running fleet's lifetime (stops it at the
 //     end); the fleet itself runs in its own goroutine (fleet.Run), started
@@ -49,7 +49,7 @@
 //     stopping, the ASN cache. Held across prepare, stage, commit and
 //     publish; never taken by a goroutine that holds another lock.
 //   - shieldRun.turn, bgpRun.turn: the subsystem's configuration against
-//     its own loop (followShield vs shieldTick; bgpRun.follow vs the password
+//     its own loop (shieldRun.follow vs shieldRun.tick; bgpRun.follow vs the password
 //     check), so a reconfiguration and a loop's writes never interleave.
 //   - mu: the running policy (cur, generation, origin, lastReload,
 //     counts), the run-time list entries (dyn), the attachments (atts) and

@@ -69,7 +69,7 @@ func TestShieldAndFleetWatchOwners(t *testing.T) {
 			}
 		}
 		now = now.Add(time.Second)
-		d.shieldTick(now)
+		d.shield.tick(now)
 		if _, err := fa.FleetCounters(); err != nil {
 			t.Fatal(err)
 		}

@@ -55,7 +55,7 @@ func (d *Daemon) subscribers() []subscriber {
 	return []subscriber{
 		{"syn", d.followSyn},
 		{"l7", followL7},
-		{"shield", d.followShield},
+		{"shield", d.shield.follow},
 		{"fleet", d.fleet.follow},
 		{"bgp", d.bgp.follow},
 	}
