@@ -112,3 +112,22 @@ func TestStatusCongestedGolden(t *testing.T) {
 	golden(t, "status_congested.golden", text.Bytes())
 	golden(t, "status_congested.golden.json", js.Bytes())
 }
+
+// TestStatusNotFollowedGolden pins how status shows the parts that did
+// not follow the last applied policy (it applied; each kept what it ran).
+func TestStatusNotFollowedGolden(t *testing.T) {
+	st := statusFixture(control.IPv4Direct{IPv4Facts: 3, CapacityChunks: 262144})
+	st.LastReload.Problems = []string{
+		"fleet: fleet not restarted, the running fleet keeps its earlier section: redis: no address",
+		"bgp: not reconfigured, the speaker runs its earlier section: bgp neighbor 198.18.0.2 password_file: open /etc/edgeguard/bgp.pass: no such file or directory",
+	}
+	var text, js bytes.Buffer
+	if err := writeStatus(&text, st); err != nil {
+		t.Fatal(err)
+	}
+	if err := printJSON(&js, st); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "status_not_followed.golden", text.Bytes())
+	golden(t, "status_not_followed.golden.json", js.Bytes())
+}
