@@ -666,6 +666,11 @@ func (d *Daemon) serve(ctx context.Context) error {
 }
 
 func (d *Daemon) stop() {
+	// Their loops stopped them already; a policy change that finished
+	// after (the control socket waits for one in progress) may have
+	// started them again.
+	d.fleet.stop()
+	d.bgp.stop()
 	// The L7 stage drains its requests without the daemon's locks held:
 	// status and scrapes answer meanwhile.
 	d.l7.Close()
