@@ -101,6 +101,9 @@ func writeStatus(out io.Writer, st control.Status) error {
 		result = "FAILED: " + r.Error
 	}
 	fmt.Fprintf(w, "last reload\t%s by %s: %s\n", r.Time.Format(time.RFC3339), r.Trigger, result)
+	for _, p := range r.Problems {
+		fmt.Fprintf(w, "last reload\tNOT FOLLOWED by %s\n", p)
+	}
 	if st.StateNotSaved != "" {
 		fmt.Fprintf(w, "state\tNOT SAVED: %s\n", st.StateNotSaved)
 	}

@@ -49,18 +49,7 @@ func TestStatusGolden(t *testing.T) {
 		{"few_facts", control.IPv4Direct{IPv4Facts: 3, CapacityChunks: 262144,
 			Reason: "3 IPv4 prefix facts, fewer than 1024: the trie is small"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			st := statusFixture(tc.v4)
-			var text, js bytes.Buffer
-			if err := writeStatus(&text, st); err != nil {
-				t.Fatal(err)
-			}
-			if err := printJSON(&js, st); err != nil {
-				t.Fatal(err)
-			}
-			golden(t, "status_"+tc.name+".golden", text.Bytes())
-			golden(t, "status_"+tc.name+".golden.json", js.Bytes())
-		})
+		t.Run(tc.name, func(t *testing.T) { goldenStatus(t, tc.name, statusFixture(tc.v4)) })
 	}
 }
 
@@ -102,6 +91,24 @@ func TestStatusCongestedGolden(t *testing.T) {
 			LastRefused: since.Add(time.Minute), RefusedReserve: 30, RefusedByClass: map[string]uint64{"new": 30},
 			RefusedByReason: map[string]uint64{"prefix_limit": 30}, Share: 0.75, Overcount: 3},
 	}
+	goldenStatus(t, "congested", st)
+}
+
+// TestStatusNotFollowedGolden pins how status shows the parts that did
+// not follow the last applied policy (it applied; each kept what it ran).
+func TestStatusNotFollowedGolden(t *testing.T) {
+	st := statusFixture(control.IPv4Direct{IPv4Facts: 3, CapacityChunks: 262144})
+	st.LastReload.Problems = []string{
+		"fleet: fleet not restarted, the running fleet keeps its earlier section: redis: no address",
+		"bgp: not reconfigured, the speaker runs its earlier section: bgp neighbor 198.18.0.2 password_file: open /etc/edgeguard/bgp.pass: no such file or directory",
+	}
+	goldenStatus(t, "not_followed", st)
+}
+
+// goldenStatus pins st as `edgectl status` prints it, text and JSON, in
+// testdata/status_NAME.golden{,.json}.
+func goldenStatus(t *testing.T, name string, st control.Status) {
+	t.Helper()
 	var text, js bytes.Buffer
 	if err := writeStatus(&text, st); err != nil {
 		t.Fatal(err)
@@ -109,6 +116,6 @@ func TestStatusCongestedGolden(t *testing.T) {
 	if err := printJSON(&js, st); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "status_congested.golden", text.Bytes())
-	golden(t, "status_congested.golden.json", js.Bytes())
+	golden(t, "status_"+name+".golden", text.Bytes())
+	golden(t, "status_"+name+".golden.json", js.Bytes())
 }

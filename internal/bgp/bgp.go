@@ -11,9 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Family is an address family a session carries.
@@ -33,50 +36,27 @@ var Families = []Family{IPv4Unicast, IPv6Unicast, IPv4FlowSpec, IPv6FlowSpec}
 // BlackholeCommunity is RFC 7999's BLACKHOLE community, 65535:666.
 const BlackholeCommunity uint32 = 65535<<16 | 666
 
-// Neighbor is one BGP peer. The session is always opened by us: the
-// speaker listens on no port.
-type Neighbor struct {
-	Address netip.Addr `json:"address"`
-	AS      uint32     `json:"as"`
-	// Password is the TCP MD5 (RFC 2385) secret; empty: none.
-	Password string `json:"-"`
-	// Multihop is the eBGP TTL: 0 or 1 is directly connected.
-	Multihop uint8 `json:"multihop,omitempty"`
-	// LocalAddress is the source address of the session (zero: the
-	// kernel's choice).
-	LocalAddress netip.Addr `json:"local_address,omitzero"`
-	Families     []Family   `json:"families"`
-}
-
-// Config is the speaker's configuration (the policy's bgp: section, with
-// the password files read).
+// Config is the speaker's configuration: the policy's bgp: section as
+// it is (its neighbors' sessions are always opened by us: the speaker
+// listens on no port), with what the daemon adds to it: the neighbors'
+// secrets, read from their password files, and the guards.
 type Config struct {
-	LocalAS   uint32
-	RouterID  netip.Addr
-	Neighbors []Neighbor
-	// Community is added to blackhole routes (RFC 7999's 65535:666 by
-	// default).
-	Community uint32
-	// MaxAnnouncements is how many announcements exist at once (dry-run
-	// ones included); more are refused.
-	MaxAnnouncements int
-	// DryRun logs and lists what would be announced and announces
-	// nothing. Sessions are still established.
-	DryRun bool
-	// Width4 and Width6 are the widest prefix lengths a blackhole or a
-	// FlowSpec destination may have (32 and 128: single addresses).
-	Width4, Width6 int
-	// Forbid are prefixes never announced, nor matched by a FlowSpec
+	policy.BGP
+	// Passwords are the neighbors' TCP MD5 (RFC 2385) secrets, by index
+	// in Neighbors; "" (or none): no secret.
+	Passwords []string
+	// Guards are prefixes never announced, nor matched by a FlowSpec
 	// rule's source or destination: the operator's forbidden, allowed
-	// and protected prefixes.
-	Forbid []Guarded
+	// and protected prefixes (policy.BGPGuarded).
+	Guards []policy.BGPGuard
 }
 
-// Guarded is a prefix the guard refuses, and why ("bgp.forbid",
-// "lists.allow", ...).
-type Guarded struct {
-	Prefix netip.Prefix
-	Why    string
+// password is neighbor i's secret ("" none).
+func (c Config) password(i int) string {
+	if i < len(c.Passwords) {
+		return c.Passwords[i]
+	}
+	return ""
 }
 
 // SessionEqual reports whether two configurations open the same
@@ -87,8 +67,8 @@ func (c Config) SessionEqual(o Config) bool {
 	}
 	for i, n := range c.Neighbors {
 		m := o.Neighbors[i]
-		if n.Address != m.Address || n.AS != m.AS || n.Password != m.Password || n.Multihop != m.Multihop ||
-			n.LocalAddress != m.LocalAddress || fmt.Sprint(n.Families) != fmt.Sprint(m.Families) {
+		if n.Address != m.Address || n.AS != m.AS || c.password(i) != o.password(i) || n.Multihop != m.Multihop ||
+			n.LocalAddress != m.LocalAddress || !slices.Equal(n.Families, m.Families) {
 			return false
 		}
 	}

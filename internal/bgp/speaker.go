@@ -15,6 +15,8 @@ import (
 	api "github.com/osrg/gobgp/v3/api"
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/server"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Op is what happened to an announcement (an audit record).
@@ -143,9 +145,9 @@ func (s *Speaker) startLocked(ctx context.Context) error {
 		DefaultAction: api.RouteAction_ACCEPT}}); err != nil {
 		return fmt.Errorf("bgp: reject what peers send: %w", err)
 	}
-	for _, n := range c.Neighbors {
+	for i, n := range c.Neighbors {
 		p := &api.Peer{
-			Conf: &api.PeerConf{NeighborAddress: n.Address.String(), PeerAsn: n.AS, AuthPassword: n.Password,
+			Conf: &api.PeerConf{NeighborAddress: n.Address.String(), PeerAsn: n.AS, AuthPassword: c.password(i),
 				Description: "edgeguard"},
 			Transport: &api.Transport{RemotePort: 179},
 			Timers:    &api.Timers{Config: &api.TimersConfig{ConnectRetry: 5, HoldTime: 90, KeepaliveInterval: 30}},
@@ -156,7 +158,8 @@ func (s *Speaker) startLocked(ctx context.Context) error {
 		if n.Multihop > 1 {
 			p.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(n.Multihop)}
 		}
-		for _, f := range n.Families {
+		for _, name := range n.Families {
+			f := Family(name)
 			p.AfiSafis = append(p.AfiSafis, &api.AfiSafi{Config: &api.AfiSafiConfig{Family: apiFamily(f), Enabled: true},
 				PrefixLimits: &api.PrefixLimit{Family: apiFamily(f), MaxPrefixes: maxReceived}})
 		}
@@ -235,11 +238,11 @@ func (s *Speaker) guardLocked(a Announcement, self uint64) string {
 		return fmt.Sprintf("%s is wider than the allowed /%d (IPv4) and /%d (IPv6): bgp.widths", p, c.Width4, c.Width6)
 	}
 	fam := a.family()
-	if !slices.ContainsFunc(c.Neighbors, func(n Neighbor) bool { return slices.Contains(n.Families, fam) }) {
+	if !slices.ContainsFunc(c.Neighbors, func(n policy.BGPNeighbor) bool { return slices.Contains(n.Families, string(fam)) }) {
 		return fmt.Sprintf("no neighbor carries %s", fam)
 	}
 	for _, q := range check {
-		for _, g := range c.Forbid {
+		for _, g := range c.Guards {
 			if q.Overlaps(g.Prefix) {
 				return fmt.Sprintf("%s overlaps %s (%s)", q, g.Prefix, g.Why)
 			}
@@ -493,7 +496,10 @@ func (s *Speaker) Peers(ctx context.Context) []Peer {
 		srv.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) { state[p.GetConf().GetNeighborAddress()] = p })
 	}
 	for _, n := range cfg.Neighbors {
-		p := Peer{Address: n.Address.String(), AS: n.AS, State: "down", Families: n.Families}
+		p := Peer{Address: n.Address.String(), AS: n.AS, State: "down"}
+		for _, f := range n.Families {
+			p.Families = append(p.Families, Family(f))
+		}
 		if ap, ok := state[p.Address]; ok {
 			p.State = sessionState(ap.GetState().GetSessionState())
 			for _, af := range ap.GetAfiSafis() {

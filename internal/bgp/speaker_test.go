@@ -7,17 +7,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // testConfig peers with loopback only (nothing answers there: the
 // session stays down, which these tests do not need). The real session
 // is tested against BIRD in test/netns.
 func testConfig() Config {
-	return Config{LocalAS: 64512, RouterID: netip.MustParseAddr("198.18.250.1"), Community: BlackholeCommunity,
+	return Config{BGP: policy.BGP{LocalAS: 64512, RouterID: netip.MustParseAddr("198.18.250.1"), Community: BlackholeCommunity,
 		MaxAnnouncements: 3, DryRun: true, Width4: 32, Width6: 128,
-		Neighbors: []Neighbor{{Address: netip.MustParseAddr("127.0.0.1"), AS: 64513,
-			Families: []Family{IPv4Unicast, IPv4FlowSpec, IPv6FlowSpec}}},
-		Forbid: []Guarded{{Prefix: netip.MustParsePrefix("198.18.77.0/24"), Why: "lists.allow"}}}
+		Neighbors: []policy.BGPNeighbor{{Address: netip.MustParseAddr("127.0.0.1"), AS: 64513,
+			Families: []string{string(IPv4Unicast), string(IPv4FlowSpec), string(IPv6FlowSpec)}}}},
+		Guards: []policy.BGPGuard{{Prefix: netip.MustParsePrefix("198.18.77.0/24"), Why: "lists.allow"}}}
 }
 
 func newTestSpeaker(t *testing.T, cfg Config) (*Speaker, *[]Event) {
@@ -124,7 +126,7 @@ func TestDryRunExpireSave(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig()
-	cfg.Forbid = append(cfg.Forbid, Guarded{Prefix: netip.MustParsePrefix("198.18.0.3/32"), Why: "bgp.forbid"})
+	cfg.Guards = append(cfg.Guards, policy.BGPGuard{Prefix: netip.MustParsePrefix("198.18.0.3/32"), Why: "bgp.forbid"})
 	if err := s.Configure(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}

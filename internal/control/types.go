@@ -72,6 +72,10 @@ type ReloadInfo struct {
 	OK      bool      `json:"ok"`
 	Error   string    `json:"error,omitempty"`
 	Trigger string    `json:"trigger"` // start, sighup, file-change, api
+	// Problems are the parts (syn, l7, shield, fleet, bgp) that did not
+	// follow an applied policy, each with why; the policy applied and
+	// each of them kept what it ran.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // Interface is one attachment.

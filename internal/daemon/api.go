@@ -380,11 +380,14 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 		origin += "; no --state-dir, a restart runs the config file"
 		warnings = append(warnings, "applied, but the daemon has no --state-dir: a restart runs the config file")
 	}
-	change.Warning = strings.Join(warnings, "; ")
 	d.mu.Lock()
 	d.origin = origin
 	change.Applied, change.Generation = true, d.generation
+	for _, p := range d.lastReload.Problems {
+		warnings = append(warnings, "applied, but not followed by "+p)
+	}
 	d.mu.Unlock()
+	change.Warning = strings.Join(warnings, "; ")
 	writeJSON(w, change)
 }
 

@@ -27,7 +27,9 @@ import (
 // only then do status, the generation and GET /v1/policy change. A step
 // that fails undoes the ones before it: the data plane, status, metrics
 // and the running policy stay exactly as they were. Interfaces the policy
-// dropped are detached last. Caller holds changeMu, not mu: d.mu is held
+// dropped are detached last. Once committed, the generation is handed to
+// its subscribers in their stated order (publish, subscribers.go); what
+// they could not follow is in lastReload.Problems. Caller holds changeMu, not mu: d.mu is held
 // only to read state and to commit (the flip, the lists, status), never
 // while the new generation is written.
 func (d *Daemon) apply(ctx context.Context, next running, trigger string) error {
@@ -164,18 +166,14 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	d.lastReload = control.ReloadInfo{Time: time.Now(), OK: true, Trigger: trigger}
 	d.reloads++
 	gen, _ := d.m.ActiveGen()
-	// The SYN path is protection on top of the limiter: when it cannot be
-	// loaded or written, the limiter runs alone, the log and 'edgectl
-	// stats' say why, and the policy still applies.
-	if err := d.applySyn(next.pol); err != nil {
-		d.log.Error("syn protection: the policy's syn: section is not in force", "err", err)
-	}
-	if err := d.syncSynTC(); err != nil {
-		d.log.Error("syn protection: tcx hand-off", "err", err)
-	}
+	c := committed{seq: d.generation, run: next, at: time.Now(), l7commit: l7commit}
 	d.mu.Unlock()
 
-	l7commit()
+	// The subscribers follow the committed generation (subscribers.go):
+	// the SYN path, the L7 stage, the shield, fleet mode, BGP. One that
+	// fails does not undo the commit; it says so (status, metrics, log,
+	// the apply's answer).
+	problems := d.publish(ctx, c)
 	for _, name := range drop {
 		d.mu.Lock()
 		a := d.atts[name]
@@ -194,8 +192,9 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 		}
 		d.mu.Unlock()
 	}
-	d.log.Info("policy applied", "policy", next.source, "generation", d.generation, "dataplane_generation", gen,
-		"rules", len(next.compiled.Rules), "prefixes", len(next.compiled.Prefixes), "trigger", trigger)
+	d.log.Info("policy applied", "policy", next.source, "generation", c.seq, "dataplane_generation", gen,
+		"rules", len(next.compiled.Rules), "prefixes", len(next.compiled.Prefixes), "trigger", trigger,
+		"problems", len(problems))
 	for _, w := range next.compiled.Warnings {
 		d.log.Warn("policy warning", "policy", next.source, "warning", w)
 	}

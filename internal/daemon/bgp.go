@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,18 +37,38 @@ const (
 	bgpAuditMax  = 16 << 20
 )
 
-// bgpRun is the daemon's side of the speaker.
+// bgpRun is the daemon's side of the speaker: it owns the speaker, its
+// loop (run) and its state files, follows each committed generation
+// (follow) and the shield's fingerprint actions (shieldChange).
 type bgpRun struct {
-	mu      sync.Mutex // guards what follows
-	sp      *bgp.Speaker
-	pol     *policy.BGP // the section the speaker runs
-	guards  []policy.BGPGuard
-	pwds    []string
-	err     string  // why the configured speaker does not run
-	offered float64 // bytes per second, last reading
+	log       *slog.Logger
+	statePath func(name string) string                                   // "" without a state directory
+	readState func(name string, decode func([]byte) error) (bool, error) // Daemon.readStateFile
+	// offered is the host's offered rate, bytes per second (the
+	// counters' history), for the automatic blackhole.
+	offered func() (float64, bool)
+	// shieldActions are the shield's actions in force (nil: it is off),
+	// which a fresh speaker announces.
+	shieldActions func() []shield.Action
+
+	// turn serializes the speaker's configuration: by a committed
+	// generation (follow, the apply path) and by a password file's
+	// change (tick, the speaker's loop). Taken before mu.
+	turn sync.Mutex
+
+	mu          sync.Mutex  // guards what follows
+	want        *policy.BGP // the section the last committed generation asks for (nil: none)
+	wantG       []policy.BGPGuard
+	behind      bool // want is not in force: a password file did not read (tick retries)
+	sp          *bgp.Speaker
+	pol         *policy.BGP // the section the speaker runs
+	guards      []policy.BGPGuard
+	pwds        []string
+	err         string  // why the configured speaker does not run
+	lastOffered float64 // bytes per second, last reading
 	// uplinkRefused are destinations a guard refused while the offered
 	// rate is above the threshold: asked once per episode, not each
-	// second (one refusal in the log and the audit file). runBGP's alone.
+	// second (one refusal in the log and the audit file). the loop's alone.
 	uplinkRefused map[netip.Prefix]bool
 	// asked are the shield actions already turned into announcements
 	// (or refused): a renewal of one not asked yet is announced (the
@@ -59,21 +81,27 @@ type bgpRun struct {
 	audits  atomic.Uint64 // audit records that could not be written
 }
 
+func newBGPRun(log *slog.Logger, statePath func(string) string, readState func(string, func([]byte) error) (bool, error),
+	offered func() (float64, bool), shieldActions func() []shield.Action) *bgpRun {
+	return &bgpRun{log: log, statePath: statePath, readState: readState, offered: offered, shieldActions: shieldActions}
+}
+
 func (b *bgpRun) get() (*bgp.Speaker, *policy.BGP) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.sp, b.pol
 }
 
-// runBGP keeps the speaker the running policy asks for, once a second:
-// (re)configured when the section changes, closed when it goes; expires
-// announcements and decides the automatic blackhole.
-func (d *Daemon) runBGP(ctx context.Context) error {
+// run runs the speaker's loop once a second: expiry, the automatic
+// blackhole, saving, and the neighbors' password files (a changed one is
+// picked up live, docs/bgp.md). Which section the speaker runs is the
+// subscriber's (follow). It closes the speaker when the daemon stops.
+func (b *bgpRun) run(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	defer d.stopBGP()
+	defer b.stop()
 	for {
-		d.bgpTick(ctx, time.Now())
+		b.tick(ctx, time.Now())
 		select {
 		case <-ctx.Done():
 			return nil
@@ -82,104 +110,144 @@ func (d *Daemon) runBGP(ctx context.Context) error {
 	}
 }
 
-func (d *Daemon) bgpTick(ctx context.Context, now time.Time) {
-	b := &d.bgp
-	d.mu.Lock()
-	var want *policy.BGP
-	var guards []policy.BGPGuard
-	if d.cur.pol != nil && d.cur.pol.BGP != nil {
-		want = d.cur.pol.BGP
-		guards = d.cur.pol.BGPGuarded()
-	}
-	d.mu.Unlock()
-	if want == nil {
-		d.stopBGP()
-		return
-	}
-	pwds, perr := readBGPPasswords(want)
-	b.mu.Lock()
-	same := reflect.DeepEqual(b.pol, want) && reflect.DeepEqual(b.guards, guards) && reflect.DeepEqual(b.pwds, pwds)
-	sp := b.sp
-	b.mu.Unlock()
-	if !same {
-		if perr != nil {
-			b.mu.Lock()
-			if b.err != perr.Error() {
-				d.log.Error("bgp: not (re)configured", "err", perr)
-			}
-			b.err = perr.Error()
-			b.mu.Unlock()
-		} else {
-			sp = d.configureBGP(ctx, sp, want, guards, pwds, now)
-		}
-	}
+func (b *bgpRun) tick(ctx context.Context, now time.Time) {
+	b.passwords(ctx, now)
+	sp, p := b.get()
 	if sp == nil {
 		return
 	}
 	sp.Expire(now)
-	d.bgpUplink(sp, want, now)
-	d.saveBGP(false)
+	b.uplink(sp, p, now)
+	b.save(false)
 }
 
-// configureBGP starts the speaker or applies a changed section.
-func (d *Daemon) configureBGP(ctx context.Context, sp *bgp.Speaker, want *policy.BGP, guards []policy.BGPGuard, pwds []string,
-	now time.Time) *bgp.Speaker {
-	b := &d.bgp
+// follow is the BGP speaker's subscriber (subscribers.go): it starts,
+// reconfigures or closes the speaker for a committed generation's bgp:
+// section. A password file that does not read leaves the speaker as it
+// was (its sessions and section) and says why; tick retries it each
+// second.
+func (b *bgpRun) follow(ctx context.Context, c committed) error {
+	b.turn.Lock()
+	defer b.turn.Unlock()
+	var want *policy.BGP
+	var guards []policy.BGPGuard
+	if c.run.pol.BGP != nil {
+		want, guards = c.run.pol.BGP, c.run.pol.BGPGuarded()
+	}
+	b.mu.Lock()
+	b.want, b.wantG = want, guards
+	b.mu.Unlock()
+	return b.sync(ctx, c.at, false)
+}
+
+// passwords re-reads the running section's password files and
+// reconfigures the speaker when one changed, or when the last committed
+// section is not in force yet (its password file did not read).
+func (b *bgpRun) passwords(ctx context.Context, now time.Time) {
+	b.turn.Lock()
+	defer b.turn.Unlock()
+	b.mu.Lock()
+	want, behind, have := b.want, b.behind, b.pwds
+	b.mu.Unlock()
+	if want == nil {
+		return
+	}
+	if !behind {
+		pwds, err := readBGPPasswords(want)
+		if err == nil && slices.Equal(pwds, have) {
+			return
+		}
+	}
+	b.sync(ctx, now, true)
+}
+
+// sync brings the speaker to b.want: closed without a section,
+// configured when the section, its guards or its passwords differ from
+// what runs (or always with force). Caller holds b.turn.
+func (b *bgpRun) sync(ctx context.Context, now time.Time, force bool) error {
+	b.mu.Lock()
+	want, guards, sp := b.want, b.wantG, b.sp
+	same := reflect.DeepEqual(b.pol, want) && reflect.DeepEqual(b.guards, guards)
+	have := b.pwds
+	b.mu.Unlock()
+	if want == nil {
+		b.stop()
+		b.mu.Lock()
+		b.err, b.behind = "", false
+		b.mu.Unlock()
+		return nil
+	}
+	pwds, err := readBGPPasswords(want)
+	if err != nil {
+		b.mu.Lock()
+		logIt := b.err != err.Error()
+		b.err, b.behind = err.Error(), true
+		b.mu.Unlock()
+		if logIt {
+			b.log.Error("bgp: not (re)configured", "err", err)
+		}
+		if sp != nil {
+			return fmt.Errorf("not reconfigured, the speaker runs its earlier section: %w", err)
+		}
+		return fmt.Errorf("not started, nothing is announced: %w", err)
+	}
+	if !force && sp != nil && same && slices.Equal(pwds, have) {
+		b.mu.Lock()
+		b.pol, b.guards = want, guards // the same section, of the new generation
+		b.mu.Unlock()
+		return nil
+	}
+	return b.configure(ctx, sp, want, guards, pwds, now)
+}
+
+// configure starts the speaker or applies a changed section.
+func (b *bgpRun) configure(ctx context.Context, sp *bgp.Speaker, want *policy.BGP, guards []policy.BGPGuard, pwds []string,
+	now time.Time) error {
 	fresh := sp == nil
 	if fresh {
-		sp = bgp.New(bgp.Options{Logger: d.log.With("component", "bgp"), Audit: d.auditBGP})
-		if _, err := d.readStateFile(bgpStateFile, func(data []byte) error {
+		sp = bgp.New(bgp.Options{Logger: b.log.With("component", "bgp"), Audit: b.audit})
+		if _, err := b.readState(bgpStateFile, func(data []byte) error {
 			n, err := sp.Load(data, now)
 			if n > 0 {
-				d.log.Info("bgp: announcements from before the restart, announced again until they expire", "count", n,
-					"file", d.statePath(bgpStateFile))
+				b.log.Info("bgp: announcements from before the restart, announced again until they expire", "count", n,
+					"file", b.statePath(bgpStateFile))
 			}
 			return err
 		}); err != nil {
-			d.log.Error("bgp: saved announcements not read; starting without them", "err", err)
+			b.log.Error("bgp: saved announcements not read; starting without them", "err", err)
 		}
 	}
-	cfg := bgp.Config{LocalAS: want.LocalAS, RouterID: want.RouterID, Community: want.Community,
-		MaxAnnouncements: want.MaxAnnouncements, DryRun: want.DryRun, Width4: want.Width4, Width6: want.Width6}
-	for i, n := range want.Neighbors {
-		nb := bgp.Neighbor{Address: n.Address, AS: n.AS, Password: pwds[i], Multihop: n.Multihop, LocalAddress: n.LocalAddress}
-		for _, f := range n.Families {
-			nb.Families = append(nb.Families, bgp.Family(f))
-		}
-		cfg.Neighbors = append(cfg.Neighbors, nb)
-	}
-	for _, g := range guards {
-		cfg.Forbid = append(cfg.Forbid, bgp.Guarded{Prefix: g.Prefix, Why: g.Why})
-	}
+	cfg := bgp.Config{BGP: *want, Passwords: pwds, Guards: guards}
 	err := sp.Configure(ctx, cfg)
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.sp, b.pol, b.guards, b.pwds = sp, want, guards, pwds
-	b.err = ""
+	b.err, b.behind = "", false
 	if err != nil {
 		b.err = err.Error()
-		d.log.Error("bgp: sessions not started: nothing is announced", "err", err)
+	}
+	b.mu.Unlock()
+	if err != nil {
+		b.log.Error("bgp: sessions not started: nothing is announced", "err", err)
+		err = fmt.Errorf("sessions not started, nothing is announced: %w", err)
 	}
 	if fresh {
 		// The shield's fingerprints in force before the speaker ran
-		// (a bgp: section added to a running policy) are announced too.
-		defer d.bgpAdoptShield(now)
+		// (a bgp: section added to a running policy, or a start that
+		// adopted a crashed daemon's fingerprints) are announced too;
+		// without b.mu, which shieldChange takes (it ran deferred
+		// under b.mu before, and a fresh speaker beside an enforced
+		// fingerprint waited on itself).
+		b.adoptShield(now)
 	}
-	return sp
+	return err
 }
 
-// bgpAdoptShield announces the shield's enforced fingerprint actions as
+// adoptShield announces the shield's enforced fingerprint actions as
 // if they were just installed (the same routes renew, not duplicate).
-func (d *Daemon) bgpAdoptShield(now time.Time) {
-	d.shield.mu.Lock()
-	eng := d.shield.eng
-	d.shield.mu.Unlock()
-	if eng == nil {
-		return
-	}
-	for _, a := range eng.Report(1).Actions {
+func (b *bgpRun) adoptShield(now time.Time) {
+	for _, a := range b.shieldActions() {
 		if a.Expires.After(now) {
-			d.bgpShieldChange(shield.Change{Op: shield.OpInstall, Action: a, Why: "in force when the BGP speaker started", By: "shield", At: now})
+			b.shieldChange(shield.Change{Op: shield.OpInstall, Action: a, Why: "in force when the BGP speaker started", By: "shield", At: now})
 		}
 	}
 }
@@ -204,35 +272,33 @@ func readBGPPasswords(p *policy.BGP) ([]string, error) {
 	return out, nil
 }
 
-// stopBGP closes the sessions (the peers withdraw our routes) and saves
+// stop closes the sessions (the peers withdraw our routes) and saves
 // the announcements for the next start.
-func (d *Daemon) stopBGP() {
-	b := &d.bgp
+func (b *bgpRun) stop() {
 	b.mu.Lock()
 	sp := b.sp
 	b.mu.Unlock()
 	if sp == nil {
 		return
 	}
-	d.saveBGP(true)
+	b.save(true)
 	sp.Close()
 	b.mu.Lock()
-	b.sp, b.pol, b.guards, b.pwds, b.asked = nil, nil, nil, nil, nil
+	b.sp, b.pol, b.guards, b.pwds, b.asked, b.behind = nil, nil, nil, nil, nil, false
 	b.mu.Unlock()
-	d.log.Info("bgp: sessions closed; the peers withdraw our routes")
+	b.log.Info("bgp: sessions closed; the peers withdraw our routes")
 }
 
-// saveBGP writes the announcements when they changed (atomically).
-func (d *Daemon) saveBGP(force bool) {
-	b := &d.bgp
+// save writes the announcements when they changed (atomically).
+func (b *bgpRun) save(force bool) {
 	sp, _ := b.get()
-	path := d.statePath(bgpStateFile)
+	path := b.statePath(bgpStateFile)
 	if sp == nil || path == "" {
 		return
 	}
 	data, err := sp.Save()
 	if err != nil {
-		d.log.Error("bgp: save announcements", "err", err)
+		b.log.Error("bgp: save announcements", "err", err)
 		return
 	}
 	b.mu.Lock()
@@ -242,7 +308,7 @@ func (d *Daemon) saveBGP(force bool) {
 		return
 	}
 	if err := writeFileAtomic(path, data, 0o600); err != nil {
-		d.log.Error("bgp: save announcements", "file", path, "err", err)
+		b.log.Error("bgp: save announcements", "file", path, "err", err)
 		return
 	}
 	b.mu.Lock()
@@ -267,19 +333,18 @@ func (d *Daemon) offeredRate() (float64, bool) {
 	return float64(sum) / dt, true
 }
 
-// bgpUplink announces (or renews) a blackhole of each destination while
+// uplink announces (or renews) a blackhole of each destination while
 // the offered rate is above uplink x fraction: the link is full before
 // the NIC, and only the upstream can drop it.
-func (d *Daemon) bgpUplink(sp *bgp.Speaker, p *policy.BGP, now time.Time) {
-	rate, ok := d.offeredRate()
-	d.bgp.mu.Lock()
-	d.bgp.offered = rate
-	d.bgp.mu.Unlock()
+func (b *bgpRun) uplink(sp *bgp.Speaker, p *policy.BGP, now time.Time) {
+	rate, ok := b.offered()
+	b.mu.Lock()
+	b.lastOffered = rate
+	b.mu.Unlock()
 	if !ok || p.Uplink.IsZero() {
 		return
 	}
 	limit := p.Uplink.PerSecond() * p.Fraction
-	b := &d.bgp
 	if rate <= limit {
 		b.uplinkRefused = nil
 		return
@@ -300,21 +365,20 @@ func (d *Daemon) bgpUplink(sp *bgp.Speaker, p *policy.BGP, now time.Time) {
 	}
 }
 
-// bgpShieldChange follows the shield's enforced fingerprint actions with
+// shieldChange follows the shield's enforced fingerprint actions with
 // FlowSpec rules for the host's destinations: announced at install,
 // renewed with them, withdrawn at their removal (or their expiry, the
 // same TTL).
-func (d *Daemon) bgpShieldChange(c shield.Change) {
+func (b *bgpRun) shieldChange(c shield.Change) {
 	a := c.Action
 	if a.Kind != shield.FingerprintRule || a.Fingerprint == nil || !a.Enforced {
 		return
 	}
-	sp, p := d.bgp.get()
+	sp, p := b.get()
 	if sp == nil || !p.FlowSpec {
 		return
 	}
 	ref := fmt.Sprintf("shield action %d", a.ID)
-	b := &d.bgp
 	b.mu.Lock()
 	asked := b.asked[ref]
 	switch {
@@ -337,7 +401,7 @@ func (d *Daemon) bgpShieldChange(c shield.Change) {
 	}
 	ms, note, err := flowSpecMatches(*a.Fingerprint, p.Destinations)
 	if err != nil {
-		d.log.Warn("bgp: fingerprint not announced", "shield_action", a.ID, "fingerprint", a.Fingerprint.String(), "err", err)
+		b.log.Warn("bgp: fingerprint not announced", "shield_action", a.ID, "fingerprint", a.Fingerprint.String(), "err", err)
 		return
 	}
 	for _, m := range ms {
@@ -397,40 +461,39 @@ func flowSpecMatches(fp shield.Fingerprint, dsts []netip.Prefix) ([]bgp.Match, s
 	return out, note, nil
 }
 
-// auditBGP appends an event to STATE_DIR/bgp-audit.jsonl (rotated to
+// audit appends an event to STATE_DIR/bgp-audit.jsonl (rotated to
 // .1 at 16 MiB).
-func (d *Daemon) auditBGP(ev bgp.Event) {
-	path := d.statePath(bgpAuditFile)
+func (b *bgpRun) audit(ev bgp.Event) {
+	path := b.statePath(bgpAuditFile)
 	if path == "" {
 		return
 	}
-	rotErr, err := appendAudit(&d.bgp.auditMu, path, bgpAuditMax, ev)
+	rotErr, err := appendAudit(&b.auditMu, path, bgpAuditMax, ev)
 	if rotErr != nil {
-		d.log.Error("bgp: rotate the audit file", "err", rotErr)
+		b.log.Error("bgp: rotate the audit file", "err", rotErr)
 	}
 	if err != nil {
-		d.bgp.audits.Add(1)
-		d.log.Error("bgp: append to the audit file", "file", path, "err", err)
+		b.audits.Add(1)
+		b.log.Error("bgp: append to the audit file", "file", path, "err", err)
 	}
 }
 
 var errBGPOff = errors.New("the BGP speaker is off: the policy has no bgp: section")
 
 // BGPReport is the answer of edgectl bgp list.
-func (d *Daemon) BGPReport(ctx context.Context) control.BGPReport {
-	b := &d.bgp
+func (d *Daemon) BGPReport(ctx context.Context) control.BGPReport { return d.bgp.report(ctx) }
+
+// report is edgectl bgp list's answer: the running section's, else the
+// committed generation's.
+func (b *bgpRun) report(ctx context.Context) control.BGPReport {
 	b.mu.Lock()
-	sp, p, errs, offered := b.sp, b.pol, b.err, b.offered
+	sp, p, errs, offered := b.sp, b.pol, b.err, b.lastOffered
+	if p == nil {
+		p = b.want
+	}
 	b.mu.Unlock()
 	out := control.BGPReport{Peers: []control.BGPPeer{}, Announcements: []control.BGPAnnouncement{}, Destinations: []string{},
 		Error: errs, OfferedBps: offered * 8}
-	if p == nil {
-		d.mu.Lock()
-		if d.cur.pol != nil {
-			p = d.cur.pol.BGP
-		}
-		d.mu.Unlock()
-	}
 	if p == nil {
 		return out
 	}
@@ -639,7 +702,7 @@ func (d *Daemon) bgpRoutes(mux *http.ServeMux) {
 				writeError(w, status, err)
 				return
 			}
-			d.saveBGP(false)
+			d.bgp.save(false)
 			writeJSON(w, d.BGPReport(r.Context()))
 		})))
 	}
@@ -681,7 +744,7 @@ func (c *bgpCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *bgpCollector) Collect(ch chan<- prometheus.Metric) {
-	b := &c.d.bgp
+	b := c.d.bgp
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	r := c.d.BGPReport(ctx)

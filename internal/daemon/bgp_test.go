@@ -93,9 +93,9 @@ func TestShowListsAndRemovesBGP(t *testing.T) {
   neighbors: [{address: 127.0.0.1, as: 64513}]
 `
 	d := loadedDaemon(t, Options{StateDir: dir}, pol)
-	t.Cleanup(d.stopBGP)
+	t.Cleanup(d.bgp.stop)
 	ctx := context.Background()
-	d.bgpTick(ctx, time.Now())
+	d.bgp.tick(ctx, time.Now())
 	if sp, _ := d.bgp.get(); sp == nil {
 		t.Fatalf("no speaker: %s", d.BGPReport(ctx).Error)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
+	"github.com/edgeguard/edgeguard/internal/shield"
 	"github.com/edgeguard/edgeguard/internal/version"
 )
 
@@ -163,11 +164,12 @@ type Daemon struct {
 	l7          *stage.Stage
 	rls         *rls.Server
 	escalations chan control.ListChange
-	standing    *standingWatch // congestion state (standing.go)
-	syn         *synStage      // the SYN path (syn.go); nil before the datapath loads
-	fleet       fleetLink      // fleet mode (fleet.go)
-	shield      *shieldRun     // the adaptive shield (shield.go)
-	bgp         bgpRun         // the BGP speaker (bgp.go)
+	standing    *standingWatch         // congestion state (standing.go)
+	syn         *synStage              // the SYN path (syn.go); nil before the datapath loads
+	fleet       *fleetLink             // fleet mode (fleet.go)
+	shield      *shieldRun             // the adaptive shield (shield.go)
+	bgp         *bgpRun                // the BGP speaker (bgp.go)
+	subFailures *prometheus.CounterVec // generations a subscriber did not follow (subscribers.go)
 }
 
 // Run starts a daemon and blocks until ctx ends. A policy that does not
@@ -302,6 +304,7 @@ func (d *Daemon) loadDatapath(next running) error {
 		return err
 	}
 	d.dp, d.m = dp, maps.New(dp)
+	d.shield.m = d.m
 	d.startSyn()
 	return nil
 }
@@ -328,8 +331,15 @@ func newDaemon(o Options) *Daemon {
 		capture:     newCaptureHub(),
 		escalations: make(chan control.ListChange, 256),
 		standing:    &standingWatch{},
-		shield:      newShieldRun(),
+		subFailures: newSubscriberFailures(),
 	}
+	d.shield = newShieldRun(log, d.statePath, d.readStateFile, func(c shield.Change) { d.bgp.shieldChange(c) })
+	d.fleet = newFleetLink(log, d.newFleet, func() {
+		if err := d.unwatchFleet(nil); err != nil {
+			log.Warn("fleet stopped: let go of its aggregate watches", "err", err)
+		}
+	})
+	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shield.actions)
 	d.reg = d.newRegistry()
 	// One class table for the L7 stage and the rate-limit service: a
 	// client's history is one whichever way its requests come.
@@ -640,10 +650,10 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("standing", d.watchStanding)
 	run("mptcp watch", d.watchMPTCP)
 	run("link watch", d.watchLinks)
-	run("fleet", d.runFleet)
-	run("shield", d.runShield)
+	run("fleet", d.fleet.run)
+	run("shield", d.shield.run)
 	run("shield samples", d.readRateSamples)
-	run("bgp", d.runBGP)
+	run("bgp", d.bgp.run)
 	<-ctx.Done()
 	wg.Wait()
 	d.stop()
@@ -656,6 +666,11 @@ func (d *Daemon) serve(ctx context.Context) error {
 }
 
 func (d *Daemon) stop() {
+	// Their loops stopped them already; a policy change that finished
+	// after (the control socket waits for one in progress) may have
+	// started them again.
+	d.fleet.stop()
+	d.bgp.stop()
 	// The L7 stage drains its requests without the daemon's locks held:
 	// status and scrapes answer meanwhile.
 	d.l7.Close()

@@ -108,9 +108,54 @@ func parseProbe(r *http.Request) (Probe, error) {
 // (refmodel.FromState) and the packet is decided there, step by step.
 // Nothing in the data plane is charged or created. The names, origins of
 // list entries, ASN data and samples are the daemon's.
+//
+// d.mu is held only to copy what Explain needs of the daemon's state
+// (explainView), never across the map reads; an explanation whose
+// generation was replaced while the maps were read is made again (at most
+// twice more), so the names and the maps it shows are of one generation.
 func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
+	for attempt := 0; ; attempt++ {
+		v := d.explainView()
+		e, err := d.explain(p, &v)
+		if err != nil {
+			return e, err
+		}
+		d.mu.Lock()
+		same := d.generation == v.gen
+		d.mu.Unlock()
+		if same || attempt == 2 {
+			return e, nil
+		}
+	}
+}
+
+// explainView is what Explain reads of the daemon's own state, copied
+// under d.mu: the running policy (never changed once committed: a change
+// replaces it), its generation, the run-time list entries and the SYN
+// stage.
+type explainView struct {
+	cur running
+	gen uint64
+	dyn map[control.ListKind]map[netip.Prefix]dynEntry
+	syn *synStage
+}
+
+func (d *Daemon) explainView() explainView {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	v := explainView{cur: d.cur, gen: d.generation, dyn: map[control.ListKind]map[netip.Prefix]dynEntry{}, syn: d.syn}
+	for kind, entries := range d.dyn {
+		m := make(map[netip.Prefix]dynEntry, len(entries))
+		for pfx, e := range entries {
+			m[pfx] = e
+		}
+		v.dyn[kind] = m
+	}
+	return v
+}
+
+// explain is Explain on one view; it reads the maps without d.mu.
+func (d *Daemon) explain(p Probe, vw *explainView) (control.Explanation, error) {
 	st, err := d.m.ReadState()
 	if err != nil {
 		return control.Explanation{}, err
@@ -129,7 +174,7 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 		return control.Explanation{}, fmt.Errorf("explain: read the data plane's tables: %w", err)
 	}
 	e := control.Explanation{
-		IP: ip, Generation: d.generation,
+		IP: ip, Generation: vw.gen,
 		Packet:  control.ExplainPacket{SPort: p.SPort, DPort: p.DPort, Len: p.Len},
 		Verdict: maps.ActionName(v.Action), Reason: maps.ReasonName(v.Reason),
 		Samples: []control.ExplainSample{},
@@ -138,25 +183,25 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 	if p.Proto != 0 {
 		e.Packet.Proto = protoName(p.Proto)
 	}
-	e.ASN = d.explainASN(ip, tr)
+	e.ASN = explainASN(vw, ip, tr)
 	if tr.List != nil {
 		switch v.Reason {
 		case maps.ReasonDeny:
-			e.List = d.listEntryFor(control.Deny, ip)
+			e.List = listEntryFor(vw, control.Deny, ip)
 		case maps.ReasonAllow:
-			e.List = d.listEntryFor(control.Allow, ip)
+			e.List = listEntryFor(vw, control.Allow, ip)
 		}
 	}
 	var rule *policy.CompiledRule
 	if tr.Rule != nil {
-		rule = d.compiledRule(tr.Rule.ID)
-		e.Rule = d.explainRule(tr, rule)
+		rule = compiledRule(vw, tr.Rule.ID)
+		e.Rule = explainRule(vw, tr, rule)
 	}
 	if f := tr.Fingerprint; f != nil {
 		e.Fingerprint = explainFingerprint(st, f, wall)
 	}
 	for _, b := range tr.Buckets {
-		e.Buckets = append(e.Buckets, explainBucket(st, b, rule, d.cur.compiled.Global, ip, wall))
+		e.Buckets = append(e.Buckets, explainBucket(st, b, rule, vw.cur.compiled.Global, ip, wall))
 	}
 	if tr.Class != nil {
 		e.Class = maps.ClassName(*tr.Class)
@@ -183,7 +228,7 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 		}
 		e.Standing = xs
 	}
-	if e.SYN, err = d.explainSYN(st, ip, p); err != nil {
+	if e.SYN, err = explainSYN(vw, st, ip, p); err != nil {
 		return control.Explanation{}, err
 	}
 	slots, err := d.m.RuleSlots()
@@ -192,18 +237,18 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 	}
 	names := map[uint32]string{}
 	for id, slot := range slots {
-		names[slot] = d.cur.names[id]
+		names[slot] = vw.cur.names[id]
 	}
 	e.Samples = d.recent.of(ip, 10, names)
-	e.Shield = d.shieldOnPath(p, tr, rule)
+	e.Shield = d.shieldOnPath(vw, p, tr, rule)
 	e.L7 = d.explainL7(ip)
 	e.Why = explainWhy(e, v)
 	return e, nil
 }
 
-func (d *Daemon) explainASN(ip netip.Addr, tr refmodel.Trace) control.ExplainASN {
+func explainASN(v *explainView, ip netip.Addr, tr refmodel.Trace) control.ExplainASN {
 	var a control.ExplainASN
-	if t := d.cur.asn; t != nil {
+	if t := v.cur.asn; t != nil {
 		a.Data, a.Entries = true, t.Len()
 		if en, ok := t.Lookup(ip); ok {
 			a.Found, a.Prefix, a.ASN, a.Country = true, en.Prefix, en.ASN, asn.CountryString(en.Country)
@@ -217,7 +262,7 @@ func (d *Daemon) explainASN(ip netip.Addr, tr refmodel.Trace) control.ExplainASN
 
 // listEntryFor is the operator's entry of a list that covers ip: the most
 // specific of the policy's and the run-time ones still in force.
-func (d *Daemon) listEntryFor(kind control.ListKind, ip netip.Addr) *control.ExplainList {
+func listEntryFor(v *explainView, kind control.ListKind, ip netip.Addr) *control.ExplainList {
 	var best *control.ExplainList
 	now := time.Now()
 	consider := func(l control.ExplainList) {
@@ -225,9 +270,9 @@ func (d *Daemon) listEntryFor(kind control.ListKind, ip netip.Addr) *control.Exp
 			best = &l
 		}
 	}
-	src := d.cur.pol.Deny
+	src := v.cur.pol.Deny
 	if kind == control.Allow {
-		src = d.cur.pol.Allow
+		src = v.cur.pol.Allow
 	}
 	for _, le := range src {
 		if !le.Expires.IsZero() && !le.Expires.After(now) {
@@ -240,7 +285,7 @@ func (d *Daemon) listEntryFor(kind control.ListKind, ip netip.Addr) *control.Exp
 		}
 		consider(l)
 	}
-	for pfx, de := range d.dyn[kind] {
+	for pfx, de := range v.dyn[kind] {
 		if !de.expires.IsZero() && !de.expires.After(now) {
 			continue
 		}
@@ -259,18 +304,18 @@ func (d *Daemon) listEntryFor(kind control.ListKind, ip netip.Addr) *control.Exp
 	return best
 }
 
-func (d *Daemon) compiledRule(id uint32) *policy.CompiledRule {
-	for i := range d.cur.compiled.Rules {
-		if d.cur.compiled.Rules[i].ID == id {
-			return &d.cur.compiled.Rules[i]
+func compiledRule(v *explainView, id uint32) *policy.CompiledRule {
+	for i := range v.cur.compiled.Rules {
+		if v.cur.compiled.Rules[i].ID == id {
+			return &v.cur.compiled.Rules[i]
 		}
 	}
 	return nil
 }
 
-func (d *Daemon) explainRule(tr refmodel.Trace, rule *policy.CompiledRule) *control.ExplainRule {
+func explainRule(v *explainView, tr refmodel.Trace, rule *policy.CompiledRule) *control.ExplainRule {
 	tru := tr.Rule
-	r := &control.ExplainRule{ID: tru.ID, Name: d.cur.names[tru.ID], Action: "limit"}
+	r := &control.ExplainRule{ID: tru.ID, Name: v.cur.names[tru.ID], Action: "limit"}
 	switch tru.Action {
 	case maps.RuleDrop:
 		r.Action = "drop"
@@ -304,7 +349,7 @@ func (d *Daemon) explainRule(tr refmodel.Trace, rule *policy.CompiledRule) *cont
 			r.From, r.Match = "asn", "AS"+strconv.FormatUint(uint64(tr.Fact.ASN), 10)
 		case policy.MatchCountry:
 			r.From = "country"
-			for _, f := range d.cur.compiled.Prefixes {
+			for _, f := range v.cur.compiled.Prefixes {
 				if f.Prefix.Masked() == tr.Fact.Prefix {
 					r.Match = strings.TrimSpace(string(f.Country[:]))
 				}

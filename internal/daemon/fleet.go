@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/netip"
@@ -27,10 +28,18 @@ import (
 // added (docs/fleet.md).
 const originFleet = "fleet"
 
-// fleetLink is the daemon's running fleet, if any. Its lock is taken
-// after d.mu when both are held (publishing from AddToList), never the
-// other way round.
+// fleetLink is the daemon's running fleet, if any: it follows each
+// committed generation (follow), runs the fleet in a goroutine of its own
+// and stops it with the daemon (run). Its lock is taken after d.mu when
+// both are held (publishing from AddToList), never the other way round.
 type fleetLink struct {
+	log *slog.Logger
+	// build makes (does not run) the fleet of a section (Daemon.newFleet:
+	// the client, and the daemon's lists and aggregates as its sinks).
+	build func(cfg *policy.Fleet) (*fleet.Fleet, error)
+	// release lets go of the data plane watches a stopped fleet held.
+	release func()
+
 	mu     sync.Mutex
 	cfg    *policy.Fleet // resolved (host id filled); nil: none running
 	f      *fleet.Fleet
@@ -39,93 +48,114 @@ type fleetLink struct {
 	err    string // why the configured fleet is not running
 }
 
+func newFleetLink(log *slog.Logger, build func(*policy.Fleet) (*fleet.Fleet, error), release func()) *fleetLink {
+	return &fleetLink{log: log, build: build, release: release}
+}
+
 func (l *fleetLink) get() *fleet.Fleet {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.f
 }
 
-// runFleet keeps the fleet the running policy asks for: started when a
-// policy gains a fleet: section, restarted when the section changes,
-// stopped when it goes. It looks once a second (a policy change is
-// picked up within one second).
-func (d *Daemon) runFleet(ctx context.Context) error {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	defer d.stopFleet()
-	for {
-		d.mu.Lock()
-		var want *policy.Fleet
-		if d.cur.pol != nil && d.cur.pol.Fleet != nil {
-			c := *d.cur.pol.Fleet
-			want = &c
-		}
-		d.mu.Unlock()
-		if want != nil && want.HostID == "" {
-			h, err := os.Hostname()
-			if err != nil || !policy.ValidHostID(h) {
-				d.fleet.mu.Lock()
-				d.fleet.err = fmt.Sprintf("hostname %q is no valid fleet host id (%v): set fleet.host_id", h, err)
-				d.fleet.mu.Unlock()
-				want = nil
-			}
-			if want != nil {
-				want.HostID = h
-			}
-		}
-		d.fleet.mu.Lock()
-		same := reflect.DeepEqual(d.fleet.cfg, want)
-		d.fleet.mu.Unlock()
-		if !same {
-			d.stopFleet()
-			if want != nil {
-				d.startFleet(ctx, want)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+// run owns the running fleet's lifetime: it stops it when the daemon
+// stops. Which fleet runs is the subscriber's (follow): a committed
+// generation starts, restarts or stops it.
+func (l *fleetLink) run(ctx context.Context) error {
+	<-ctx.Done()
+	l.stop()
+	return nil
 }
 
-func (d *Daemon) startFleet(ctx context.Context, cfg *policy.Fleet) {
-	l := &d.fleet
-	c, err := fleet.NewClient(cfg.Redis)
-	var f *fleet.Fleet
-	if err == nil {
-		o := fleet.Options{Name: cfg.Name, Host: cfg.HostID, Interval: cfg.Interval, Floor: float64(cfg.Floor) / 1e6,
-			Client: c, Logger: d.log.With("fleet", cfg.Name, "host", cfg.HostID)}
-		if cfg.Lists {
-			o.Lists = fleetLists{d}
+// follow is fleet mode's subscriber (subscribers.go): a generation
+// that gains a fleet: section starts it, one whose section differs from
+// the running one's restarts it, one without stops it. The new fleet is
+// built (client, options) before the running one stops: one that cannot
+// be built leaves the running fleet as it was and says why (the policy's
+// Redis credentials and TLS files are checked before the commit,
+// checkFleet). A hostname that is no valid host id stops the fleet: this
+// host enforces its own budgets and lists.
+func (l *fleetLink) follow(_ context.Context, c committed) error {
+	var want *policy.Fleet
+	if c.run.pol.Fleet != nil {
+		cp := *c.run.pol.Fleet
+		want = &cp
+	}
+	if want != nil && want.HostID == "" {
+		h, err := os.Hostname()
+		if err != nil || !policy.ValidHostID(h) {
+			l.stop()
+			why := fmt.Errorf("hostname %q is no valid fleet host id (%v): set fleet.host_id; this host enforces its own budgets and lists", h, err)
+			l.mu.Lock()
+			l.err = why.Error()
+			l.mu.Unlock()
+			return why
 		}
-		d.fleetAggregates(&o)
-		f, err = fleet.New(o)
-		if err != nil {
-			c.Close()
-		}
+		want.HostID = h
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.cfg = cfg
-	if err != nil {
-		l.err = err.Error()
-		d.log.Error("fleet not started: this host enforces its own budgets and lists", "err", err)
-		return
+	same := reflect.DeepEqual(l.cfg, want)
+	l.mu.Unlock()
+	if same {
+		return nil
 	}
-	fctx, cancel := context.WithCancel(ctx)
-	l.f, l.cancel, l.done, l.err = f, cancel, make(chan struct{}), ""
+	if want == nil {
+		l.stop()
+		return nil
+	}
+	f, err := l.build(want)
+	if err != nil {
+		l.mu.Lock()
+		running := l.f != nil
+		l.err = err.Error()
+		l.mu.Unlock()
+		if running {
+			return fmt.Errorf("fleet not restarted, the running fleet keeps its earlier section: %w", err)
+		}
+		return fmt.Errorf("fleet not started: this host enforces its own budgets and lists: %w", err)
+	}
+	l.stop()
+	l.start(want, f)
+	return nil
+}
+
+// newFleet builds (does not run) the fleet of a fleet: section.
+func (d *Daemon) newFleet(cfg *policy.Fleet) (*fleet.Fleet, error) {
+	c, err := fleet.NewClient(cfg.Redis)
+	if err != nil {
+		return nil, err
+	}
+	o := fleet.Options{Name: cfg.Name, Host: cfg.HostID, Interval: cfg.Interval, Floor: float64(cfg.Floor) / 1e6,
+		Client: c, Logger: d.log.With("fleet", cfg.Name, "host", cfg.HostID)}
+	if cfg.Lists {
+		o.Lists = fleetLists{d}
+	}
+	d.fleetAggregates(&o)
+	f, err := fleet.New(o)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// start runs a built fleet until stop.
+func (l *fleetLink) start(cfg *policy.Fleet, f *fleet.Fleet) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fctx, cancel := context.WithCancel(context.Background())
+	l.cfg, l.f, l.cancel, l.done, l.err = cfg, f, cancel, make(chan struct{}), ""
 	go func(done chan struct{}) {
 		defer close(done)
 		f.Run(fctx)
 	}(l.done)
-	d.log.Info("fleet started", "fleet", cfg.Name, "host", cfg.HostID, "interval", cfg.Interval, "redis", cfg.Redis.Addrs,
+	l.log.Info("fleet started", "fleet", cfg.Name, "host", cfg.HostID, "interval", cfg.Interval, "redis", cfg.Redis.Addrs,
 		"cluster", cfg.Redis.Cluster, "lists", cfg.Lists)
 }
 
-func (d *Daemon) stopFleet() {
-	l := &d.fleet
+// stop stops the running fleet (waiting for its goroutine) and lets go
+// of its watches.
+func (l *fleetLink) stop() {
 	l.mu.Lock()
 	cancel, done, was := l.cancel, l.done, l.cfg
 	l.f, l.cancel, l.done, l.cfg, l.err = nil, nil, nil, nil, ""
@@ -135,9 +165,9 @@ func (d *Daemon) stopFleet() {
 		<-done
 	}
 	if was != nil {
-		d.log.Info("fleet stopped", "fleet", was.Name)
+		l.log.Info("fleet stopped", "fleet", was.Name)
 	}
-	d.unwatchFleet(nil)
+	l.release()
 }
 
 // unwatchFleet lets go of fleet mode's watches not in want (the shield
@@ -174,7 +204,7 @@ func checkFleet(p *policy.Policy) error {
 
 // FleetStatus is `edgectl fleet status`.
 func (d *Daemon) FleetStatus() control.FleetStatus {
-	l := &d.fleet
+	l := d.fleet
 	l.mu.Lock()
 	f, cfg, why := l.f, l.cfg, l.err
 	l.mu.Unlock()
@@ -186,6 +216,9 @@ func (d *Daemon) FleetStatus() control.FleetStatus {
 		return st
 	}
 	st := f.Status()
+	if st.LastError == "" && why != "" {
+		st.LastError = why // a changed section the running fleet could not follow
+	}
 	names := d.ruleNames()
 	for i, sh := range st.Shares {
 		st.Shares[i].Key = sh.Aggregate

@@ -266,7 +266,7 @@ func (d *Daemon) removeBGP(id uint64, by string) (control.RemoveResult, error) {
 		}
 		return control.RemoveResult{}, err
 	}
-	d.saveBGP(false)
+	d.bgp.save(false)
 	res := control.RemoveResult{Removed: what}
 	switch a.Origin {
 	case "uplink":

@@ -35,7 +35,7 @@ func (d *Daemon) newRegistry() *prometheus.Registry {
 // edgeguardCollectors are the daemon's own collectors (the L7 stage
 // registers its own on top).
 func (d *Daemon) edgeguardCollectors() []prometheus.Collector {
-	out := []prometheus.Collector{d.xdpCollector(), newV4DirectCollector(d)}
+	out := []prometheus.Collector{d.xdpCollector(), newV4DirectCollector(d), d.subFailures}
 	out = append(out, d.controlCollectors()...)
 	out = append(out, newSynCollector(d), fleetCollector{d})
 	out = append(out, newShieldCollector(d)...)

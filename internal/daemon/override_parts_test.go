@@ -14,7 +14,7 @@ import (
 )
 
 // TestShieldAndFleetShareOneOverride: on a scope: fleet aggregate, the
-// shield's tighten (writeShieldChange) and fleet mode's share
+// shield's tighten (shieldRun.write) and fleet mode's share
 // (ApplyShares) are two parts of one override: each write keeps the
 // other's part, and the shield's removal keeps the share.
 func TestShieldAndFleetShareOneOverride(t *testing.T) {
@@ -60,24 +60,24 @@ rules:
 			}
 		}
 	}
-	if err := d.writeShieldChange(tighten); err != nil {
+	if err := d.shield.write(tighten); err != nil {
 		t.Fatal(err)
 	}
 	if err := fa.ApplyShares(share, time.Now().Add(30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	check("shield, then fleet", 250, 40, maps.OriginFleet, maps.OriginShield)
-	if err := d.writeShieldChange(tighten); err != nil { // the shield renews
+	if err := d.shield.write(tighten); err != nil { // the shield renews
 		t.Fatal(err)
 	}
 	check("the shield renews", 250, 40, maps.OriginFleet, maps.OriginShield)
 	remove := tighten
 	remove.Op = shield.OpRemove
-	if err := d.writeShieldChange(remove); err != nil {
+	if err := d.shield.write(remove); err != nil {
 		t.Fatal(err)
 	}
 	check("the shield removes its action", 250, 0, maps.OriginFleet)
-	if err := d.writeShieldChange(tighten); err != nil {
+	if err := d.shield.write(tighten); err != nil {
 		t.Fatal(err)
 	}
 	if err := fa.ApplyShares(share, time.Now().Add(30*time.Second)); err != nil {

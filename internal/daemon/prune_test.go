@@ -58,7 +58,7 @@ func TestShieldTickPrunesExpiredFingerprints(t *testing.T) {
 		t.Fatalf("expired, not yet pruned: %d masks in use, want %d (still held)", n, len(masks))
 	}
 	// The shield's loop, its first tick: the prune block runs.
-	d.shieldTick(time.Now())
+	d.shield.tick(time.Now())
 	if n := usedMasks(); n != 0 {
 		t.Fatalf("after the shield's prune: %d masks in use, want 0", n)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -35,13 +36,29 @@ const (
 	shieldSaveEvery = time.Minute
 )
 
-// shieldRun is the daemon's side of the shield.
+// shieldRun is the daemon's side of the shield: it owns the engine, its
+// loop (run), its data plane writes, audit and state files, and follows
+// each committed generation (follow).
 type shieldRun struct {
+	log       *slog.Logger
+	m         *maps.Maps                                                 // set when the data plane is loaded
+	statePath func(name string) string                                   // "" without a state directory
+	readState func(name string, decode func([]byte) error) (bool, error) // Daemon.readStateFile
+	// onChange is told of each change written to the data plane (the
+	// BGP speaker announces fingerprints as FlowSpec rules).
+	onChange func(shield.Change)
+
 	in chan shield.Sample // from readSamples; full: the sample is dropped and counted
+
+	// turn serializes the engine's two writers of the data plane: the
+	// interval's close (tick, the shield's loop) and a generation's
+	// configuration (follow, the apply path), so a reconfiguration's
+	// changes and an interval's are never interleaved. Taken before mu.
+	turn sync.Mutex
 
 	mu        sync.Mutex // guards what follows
 	eng       *shield.Engine
-	cfg       shield.Config
+	cfg       policy.Shield
 	gen       uint64            // policy generation configured from
 	slotToID  map[uint32]uint32 // rule table slot -> rule id
 	asn       *asn.Table
@@ -55,8 +72,10 @@ type shieldRun struct {
 	mitigate        prometheus.Histogram
 }
 
-func newShieldRun() *shieldRun {
+func newShieldRun(log *slog.Logger, statePath func(string) string, readState func(string, func([]byte) error) (bool, error),
+	onChange func(shield.Change)) *shieldRun {
 	return &shieldRun{
+		log: log, statePath: statePath, readState: readState, onChange: onChange,
 		in: make(chan shield.Sample, 8192),
 		mitigate: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "edgeguard_shield_time_to_mitigate_seconds",
@@ -66,28 +85,20 @@ func newShieldRun() *shieldRun {
 	}
 }
 
-// shieldConfig converts the policy's shield: section; nil is off.
-func shieldConfig(s *policy.Shield) shield.Config {
+// shieldConfig is the policy's shield: section as the engine takes it;
+// a policy without one runs the shield off (the section's defaults,
+// mode off).
+func shieldConfig(s *policy.Shield) policy.Shield {
 	if s == nil {
-		c := shield.DefaultConfig()
-		c.Mode = shield.ModeOff
-		c.MaxMasks = maps.MaxFingerprintMasks
+		c := policy.DefaultShield()
+		c.Mode = policy.ShieldOff
 		return c
 	}
-	c := shield.Config{
-		Mode: shield.Mode(s.Mode), Interval: s.Interval,
-		HalfLife: s.HalfLife, Percentile: s.Percentile, LearnFor: s.LearnFor, Current: s.Current, MaxAggregates: s.MaxAggregates,
-		Detect: shield.DetectConfig{Factor: s.Factor, MinRate: s.MinRate.PerSecond(), Sustain: s.Sustain,
-			EndFactor: s.EndFactor, Cooldown: s.Cooldown},
-		TTL: s.TTL, MaxActive: s.MaxActive, TightenTo: s.TightenTo, Fingerprints: s.Fingerprints,
-		FingerprintMin: s.FingerprintMin.PerSecond(), MinCoverage: s.MinCoverage, MaxCollateral: s.MaxCollateral,
-		MaxMasks: maps.MaxFingerprintMasks,
-	}
-	for _, f := range s.Forbid {
-		c.Forbid = append(c.Forbid, shield.Forbid{Prefix: f.Prefix, ASN: f.ASN, By: "policy"})
-	}
-	return c
+	return *s
 }
+
+// shieldOptions are what the shield needs to know of the data plane.
+func shieldOptions() shield.Options { return shield.Options{MaxMasks: maps.MaxFingerprintMasks} }
 
 // ruleShapes say per rule what an override can tighten.
 func ruleShapes(c *policy.Compiled) map[uint32]shield.RuleShape {
@@ -107,14 +118,13 @@ func ruleShapes(c *policy.Compiled) map[uint32]shield.RuleShape {
 	return out
 }
 
-// runShield is the shield's loop.
-func (d *Daemon) runShield(ctx context.Context) error {
-	st := d.shield
+// run is the shield's loop.
+func (st *shieldRun) run(ctx context.Context) error {
 	interval := time.Second
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	lastSave := time.Now()
-	defer d.saveShield()
+	defer st.save()
 	for {
 		select {
 		case <-ctx.Done():
@@ -127,35 +137,47 @@ func (d *Daemon) runShield(ctx context.Context) error {
 				eng.Observe(s)
 			}
 		case now := <-t.C:
-			if iv := d.shieldTick(now); iv > 0 && iv != interval {
+			if iv := st.tick(now); iv > 0 && iv != interval {
 				interval = iv
 				t.Reset(iv)
 			}
 			if time.Since(lastSave) >= shieldSaveEvery {
-				d.saveShield()
+				st.save()
 				lastSave = time.Now()
 			}
 		}
 	}
 }
 
-// shieldTick follows policy changes, closes the engine's interval and
-// writes its changes. It returns the configured interval.
-func (d *Daemon) shieldTick(now time.Time) time.Duration {
-	st := d.shield
-	d.mu.Lock()
-	gen, pol, comp, table := d.generation, d.cur.pol, d.cur.compiled, d.cur.asn
-	d.mu.Unlock()
-	if pol == nil {
+// follow is the shield's subscriber (subscribers.go): it configures
+// the engine for a committed generation and writes what that changes. A
+// rule slot table that does not read leaves samples unattributed until
+// the next generation (said in the error); the engine follows anyway.
+func (st *shieldRun) follow(_ context.Context, c committed) error {
+	st.turn.Lock()
+	defer st.turn.Unlock()
+	changes, err := st.configure(c.seq, c.run.pol, c.run.compiled, c.run.asn, c.at)
+	st.mu.Lock()
+	eng := st.eng
+	st.mu.Unlock()
+	for _, ch := range changes {
+		st.change(eng, ch)
+	}
+	return err
+}
+
+// tick closes the engine's interval and writes its changes. It
+// returns the configured interval (0 before the first generation).
+func (st *shieldRun) tick(now time.Time) time.Duration {
+	st.turn.Lock()
+	defer st.turn.Unlock()
+	st.mu.Lock()
+	eng, iv, gen := st.eng, st.cfg.Interval, st.gen
+	st.mu.Unlock()
+	if gen == 0 {
 		return 0
 	}
 	var changes []shield.Change
-	if gen != st.gen {
-		changes = append(changes, d.configureShield(gen, pol, comp, table, now)...)
-	}
-	st.mu.Lock()
-	eng, iv := st.eng, st.cfg.Interval
-	st.mu.Unlock()
 	if eng != nil {
 		// Samples that arrived before the interval's end belong to it.
 	drain:
@@ -167,65 +189,65 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 				break drain
 			}
 		}
-		d.countShield(eng)
+		st.count(eng)
 		changes = append(changes, eng.Tick(now)...)
 		for _, n := range eng.TakeNoSlots() {
 			st.noSlot.Add(1)
-			d.log.Warn("shield: fingerprint not installed: every mask slot of the data plane is taken by the shield's other fingerprints",
+			st.log.Warn("shield: fingerprint not installed: every mask slot of the data plane is taken by the shield's other fingerprints",
 				"aggregate", n.Key.String(), "fingerprint", n.Fingerprint.String(), "masks", n.Masks,
 				"max_masks", maps.MaxFingerprintMasks)
 		}
 	}
 	if now.Sub(st.lastPrune) >= 10*time.Second {
 		st.lastPrune = now
-		if n, err := d.m.PruneOverrides(); err != nil {
-			d.log.Warn("shield: prune expired overrides", "err", err)
+		if n, err := st.m.PruneOverrides(); err != nil {
+			st.log.Warn("shield: prune expired overrides", "err", err)
 		} else if n > 0 {
-			d.log.Info("shield: expired overrides pruned", "count", n)
+			st.log.Info("shield: expired overrides pruned", "count", n)
 		}
-		if n, err := d.m.PruneFingerprints(); err != nil {
-			d.log.Warn("shield: prune expired fingerprints", "err", err)
+		if n, err := st.m.PruneFingerprints(); err != nil {
+			st.log.Warn("shield: prune expired fingerprints", "err", err)
 		} else if n > 0 {
-			d.log.Info("shield: expired fingerprints pruned", "count", n)
+			st.log.Info("shield: expired fingerprints pruned", "count", n)
 		}
 	}
 	for _, c := range changes {
-		d.shieldChange(eng, c)
+		st.change(eng, c)
 	}
 	return iv
 }
 
-// configureShield applies a policy generation's shield: section.
-func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Compiled, table *asn.Table, now time.Time) []shield.Change {
-	st := d.shield
+// configure applies a policy generation's shield: section. Caller
+// holds st.turn.
+func (st *shieldRun) configure(gen uint64, pol *policy.Policy, comp *policy.Compiled, table *asn.Table, now time.Time) ([]shield.Change, error) {
 	cfg := shieldConfig(pol.Shield)
 	slots := map[uint32]uint32{}
-	if byID, err := d.m.RuleSlots(); err == nil {
-		for id, slot := range byID {
-			slots[slot] = id
-		}
-	} else {
-		d.log.Error("shield: read rule slots; samples are not attributed to rules until the next policy", "err", err)
+	byID, slotErr := st.m.RuleSlots()
+	if slotErr != nil {
+		slotErr = fmt.Errorf("read rule slots: samples are not attributed to rules until the next policy: %w", slotErr)
+	}
+	for id, slot := range byID {
+		slots[slot] = id
 	}
 	var shapes map[uint32]shield.RuleShape
 	var global shield.GlobalShape
 	if cfg.Mode != shield.ModeOff {
-		shapes, global = d.watchShield(comp)
+		shapes, global = st.watch(comp)
 	} else {
-		d.watchShield(nil)
+		st.watch(nil)
 	}
 	var load []byte
 	var topID uint32
 	if st.eng == nil && cfg.Mode != shield.ModeOff {
-		if _, err := d.readStateFile(shieldStateFile, func(b []byte) error { load = b; return nil }); err != nil {
-			d.log.Error("shield: read saved baselines; learning from scratch", "err", err)
+		if _, err := st.readState(shieldStateFile, func(b []byte) error { load = b; return nil }); err != nil {
+			st.log.Error("shield: read saved baselines; learning from scratch", "err", err)
 		}
 		// Fingerprints in the pinned maps (a crashed daemon's, until
 		// they expire) keep their ids and counters: new ones are
 		// numbered above them.
 		var err error
-		if topID, err = d.m.MaxFingerprintID(); err != nil {
-			d.log.Error("shield: read the data plane's fingerprint ids; a new one may replace an older one", "err", err)
+		if topID, err = st.m.MaxFingerprintID(); err != nil {
+			st.log.Error("shield: read the data plane's fingerprint ids; a new one may replace an older one", "err", err)
 		}
 	}
 	st.mu.Lock()
@@ -236,19 +258,19 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	var out []shield.Change
 	switch {
 	case st.eng == nil && cfg.Mode != shield.ModeOff:
-		st.eng = shield.New(cfg)
+		st.eng = shield.New(cfg, shieldOptions())
 		if topID > 0 {
 			st.eng.SeedIDs(topID)
-			d.log.Info("shield: fingerprint ids continue above the data plane's", "max_id", topID)
+			st.log.Info("shield: fingerprint ids continue above the data plane's", "max_id", topID)
 		}
 		st.eng.SetRules(shapes, global)
 		st.eng.SetASNOf(asnOfPrefix(table))
-		d.adoptShield(st.eng, now)
+		st.adopt(st.eng, now)
 		if load != nil {
 			if n, err := st.eng.Load(load, now); err != nil {
-				d.quarantineState(shieldStateFile, err)
+				st.quarantine(shieldStateFile, err)
 			} else if n > 0 {
-				d.log.Info("shield: restored learned baselines", "aggregates", n, "file", d.statePath(shieldStateFile))
+				st.log.Info("shield: restored learned baselines", "aggregates", n, "file", st.statePath(shieldStateFile))
 			}
 		}
 		st.eng.Tick(now)
@@ -260,33 +282,43 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		out = st.eng.Reconfigure(cfg, now)
 	}
 	if cfg.Mode == shield.ModeOff && st.eng == nil && gen == 1 {
-		d.leftoverShield(now)
+		st.leftovers(now)
 	}
 	if prev != cfg.Mode || gen == 1 {
-		d.log.Info("shield", "mode", cfg.Mode, "interval", cfg.Interval, "learn_for", cfg.LearnFor, "factor", cfg.Detect.Factor)
+		st.log.Info("shield", "mode", cfg.Mode, "interval", cfg.Interval, "learn_for", cfg.LearnFor, "factor", cfg.Factor)
 	}
-	return out
+	return out, slotErr
 }
 
-// quarantineState moves a state file that does not load aside as
+// quarantine moves a state file that does not load aside as
 // FILE.corrupt, as readStateFile does for one that does not parse.
-func (d *Daemon) quarantineState(name string, err error) {
-	path := d.statePath(name)
+func (st *shieldRun) quarantine(name string, err error) {
+	path := st.statePath(name)
 	aside := path + ".corrupt"
 	if rerr := os.Rename(path, aside); rerr != nil {
-		d.log.Error("state file does not load and could not be moved aside", "file", path, "err", err, "rename_err", rerr)
+		st.log.Error("state file does not load and could not be moved aside", "file", path, "err", err, "rename_err", rerr)
 		return
 	}
-	d.log.Error("state file does not load: moved aside, starting without it", "file", path, "moved_to", aside, "err", err)
+	st.log.Error("state file does not load: moved aside, starting without it", "file", path, "moved_to", aside, "err", err)
 }
 
-// saveShield writes the learned baselines (atomically).
-func (d *Daemon) saveShield() {
-	st := d.shield
+// actions are the shield's actions in force (nil: it is off).
+func (st *shieldRun) actions() []shield.Action {
 	st.mu.Lock()
 	eng := st.eng
 	st.mu.Unlock()
-	path := d.statePath(shieldStateFile)
+	if eng == nil {
+		return nil
+	}
+	return eng.Report(1).Actions
+}
+
+// save writes the learned baselines (atomically).
+func (st *shieldRun) save() {
+	st.mu.Lock()
+	eng := st.eng
+	st.mu.Unlock()
+	path := st.statePath(shieldStateFile)
 	if eng == nil || path == "" {
 		return
 	}
@@ -295,14 +327,13 @@ func (d *Daemon) saveShield() {
 		err = writeFileAtomic(path, data, 0o600)
 	}
 	if err != nil {
-		d.log.Error("shield: save baselines", "err", err)
+		st.log.Error("shield: save baselines", "err", err)
 	}
 }
 
-// shieldSample hands a ring-buffer sample to the shield; it never blocks
+// sample hands a ring-buffer sample to the shield; it never blocks
 // the reader.
-func (d *Daemon) shieldSample(s maps.Sample) {
-	st := d.shield
+func (st *shieldRun) sample(s maps.Sample) {
 	st.mu.Lock()
 	on := st.eng != nil && st.cfg.Mode != shield.ModeOff
 	var smp shield.Sample
@@ -321,20 +352,20 @@ func (d *Daemon) shieldSample(s maps.Sample) {
 	}
 }
 
-// shieldChange writes one change to the data plane (enforced actions
+// change writes one change to the data plane (enforced actions
 // only), logs it and appends it to the audit file.
-func (d *Daemon) shieldChange(eng *shield.Engine, c shield.Change) {
+func (st *shieldRun) change(eng *shield.Engine, c shield.Change) {
 	a := c.Action
 	var err error
 	if a.Enforced {
-		err = d.writeShieldChange(c)
+		err = st.write(c)
 		if err != nil {
-			d.shield.failed.Add(1)
+			st.failed.Add(1)
 			if eng != nil && c.Op != shield.OpRemove {
 				eng.Failed(a.ID)
 			}
 		} else if c.Op == shield.OpInstall && c.Mitigate > 0 {
-			d.shield.mitigate.Observe(c.Mitigate.Seconds())
+			st.mitigate.Observe(c.Mitigate.Seconds())
 		}
 	}
 	attrs := []any{"op", c.Op, "id", a.ID, "kind", a.Kind, "aggregate", a.Key.String(), "enforced", a.Enforced,
@@ -344,19 +375,19 @@ func (d *Daemon) shieldChange(eng *shield.Engine, c shield.Change) {
 	}
 	switch {
 	case err != nil:
-		d.log.Error("shield action not written to the data plane", append(attrs, "err", err)...)
+		st.log.Error("shield action not written to the data plane", append(attrs, "err", err)...)
 	case c.Op == shield.OpRenew:
-		d.log.Debug("shield action", attrs...)
+		st.log.Debug("shield action", attrs...)
 	case a.Enforced:
-		d.log.Info("shield action", attrs...)
+		st.log.Info("shield action", attrs...)
 	default:
-		d.log.Info("shield action (monitor: not enforced)", attrs...)
+		st.log.Info("shield action (monitor: not enforced)", attrs...)
 	}
 	if c.Op != shield.OpRenew {
-		d.auditShield(c, err)
+		st.audit(c, err)
 	}
 	if err == nil {
-		d.bgpShieldChange(c)
+		st.onChange(c)
 	}
 }
 
@@ -378,9 +409,9 @@ type auditRecord struct {
 	Error       string    `json:"error,omitempty"`
 }
 
-// auditShield appends a change to STATE_DIR/shield-audit.jsonl.
-func (d *Daemon) auditShield(c shield.Change, werr error) {
-	path := d.statePath(shieldAuditFile)
+// audit appends a change to STATE_DIR/shield-audit.jsonl.
+func (st *shieldRun) audit(c shield.Change, werr error) {
+	path := st.statePath(shieldAuditFile)
 	if path == "" {
 		return
 	}
@@ -396,12 +427,12 @@ func (d *Daemon) auditShield(c shield.Change, werr error) {
 	if werr != nil {
 		rec.Error = werr.Error()
 	}
-	rotErr, err := appendAudit(&d.shield.auditMu, path, shieldAuditMax, rec)
+	rotErr, err := appendAudit(&st.auditMu, path, shieldAuditMax, rec)
 	if rotErr != nil {
-		d.log.Error("shield: rotate the audit file", "err", rotErr)
+		st.log.Error("shield: rotate the audit file", "err", rotErr)
 	}
 	if err != nil {
-		d.log.Error("shield: append to the audit file", "file", path, "err", err)
+		st.log.Error("shield: append to the audit file", "file", path, "err", err)
 	}
 }
 
@@ -461,14 +492,14 @@ func (d *Daemon) ShieldDo(verb string, req control.ShieldRequest, by string) err
 		if err != nil {
 			return err
 		}
-		d.shieldChange(eng, c)
+		d.shield.change(eng, c)
 	case "pin":
 		a, err := eng.Pin(req.ID, by)
 		if err != nil {
 			return err
 		}
 		d.log.Info("shield action pinned", "id", a.ID, "aggregate", a.Key.String(), "by", by)
-		d.auditShield(shield.Change{Op: "pin", Action: a, Why: "pinned by " + by, By: by, At: now}, nil)
+		d.shield.audit(shield.Change{Op: "pin", Action: a, Why: "pinned by " + by, By: by, At: now}, nil)
 	case "forbid":
 		f, err := shield.ParseForbid(req.Aggregate)
 		if err != nil {
@@ -482,11 +513,11 @@ func (d *Daemon) ShieldDo(verb string, req control.ShieldRequest, by string) err
 			d.log.Info("shield forbid lifted", "aggregate", f.String(), "by", by)
 		} else {
 			for _, c := range eng.AddForbid(f, now) {
-				d.shieldChange(eng, c)
+				d.shield.change(eng, c)
 			}
 			d.log.Info("shield forbid", "aggregate", f.String(), "by", by)
 		}
-		d.saveShield()
+		d.shield.save()
 	default:
 		return fmt.Errorf("unknown shield request %q", verb)
 	}
@@ -622,8 +653,7 @@ func (c *shieldCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // shieldOnPath are the shield's actions on a probe's path, for explain.
-// Caller holds d.mu.
-func (d *Daemon) shieldOnPath(p Probe, tr refmodel.Trace, rule *policy.CompiledRule) []control.ShieldAction {
+func (d *Daemon) shieldOnPath(v *explainView, p Probe, tr refmodel.Trace, rule *policy.CompiledRule) []control.ShieldAction {
 	st := d.shield
 	st.mu.Lock()
 	eng := st.eng
@@ -641,14 +671,14 @@ func (d *Daemon) shieldOnPath(p Probe, tr refmodel.Trace, rule *policy.CompiledR
 	if tr.Fact != nil {
 		s.ASN = tr.Fact.ASN
 	}
-	if t := d.cur.asn; t != nil {
+	if t := v.cur.asn; t != nil {
 		if en, ok := t.Lookup(s.Src); ok {
 			s.Country = en.Country
 		}
 	}
 	var out []control.ShieldAction
 	for _, a := range eng.ActionsFor(s, shield.FTTL|shield.FTCPFlags) {
-		out = append(out, shieldAction(a, d.cur.names))
+		out = append(out, shieldAction(a, v.cur.names))
 	}
 	return out
 }

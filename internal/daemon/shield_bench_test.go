@@ -96,7 +96,7 @@ const samplesPerInterval = 20000
 // takes the record (maps.SampleReader: ring buffer read and decode), hands
 // it to the shield (attribution, the queue) and the shield's loop observes
 // it (keys, baselines, heavy hitters, fingerprint summaries when hot), with
-// one interval's work (shieldTick: aggregate counters, detection, actions)
+// one interval's work (shieldRun.tick: aggregate counters, detection, actions)
 // per 20,000 samples. Filling the ring buffer is not timed. The peer,
 // ring-read, reads and decodes the same records and does nothing else; the
 // full path reports its ns/sample as a ratio to it (x-ring-read), and the
@@ -117,14 +117,14 @@ func BenchmarkShieldSamplePath(b *testing.B) {
 	st := d.shield
 	p := &samplePath{d: d, r: r, now: time.Now()}
 	// observe is the daemon's path for one record: read (readRing),
-	// shieldSample, and the loop's Observe (runShield).
+	// shieldRun.sample, and the loop's Observe (shieldRun.run).
 	observe := func() bool {
 		s, err := r.Read()
 		if err != nil {
 			b.Fatal(err)
 		}
 		st.read.Add(1)
-		d.shieldSample(s)
+		d.shield.sample(s)
 		select {
 		case smp := <-st.in:
 			st.mu.Lock()
@@ -138,7 +138,7 @@ func BenchmarkShieldSamplePath(b *testing.B) {
 	}
 	tick := func() {
 		p.now = p.now.Add(time.Second)
-		d.shieldTick(p.now)
+		d.shield.tick(p.now)
 	}
 	// Learn the normal mix for 30 intervals (one fill each), so the flood
 	// is judged.

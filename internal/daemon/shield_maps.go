@@ -16,14 +16,14 @@ import (
 // for it, the counters it reads every interval, and the overrides it
 // writes.
 
-// watchShield asks the data plane to count every instance of the
+// watch asks the data plane to count every instance of the
 // aggregates the shield can tighten (prefix, ASN, whole, global) and
 // returns the rule shapes with Counted set where it does. The shield's
 // watches it no longer needs go (UnwatchAggregates: unless fleet mode
 // holds them too). c nil: the shield is off and needs none.
-func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, shield.GlobalShape) {
+func (st *shieldRun) watch(c *policy.Compiled) (map[uint32]shield.RuleShape, shield.GlobalShape) {
 	want := map[maps.Watch]bool{}
-	defer d.unwatchShield(want)
+	defer st.unwatch(want)
 	if c == nil {
 		return nil, shield.GlobalShape{}
 	}
@@ -32,9 +32,9 @@ func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, s
 		ok := true
 		watch := func(kind maps.AggKind) {
 			want[maps.Watch{RuleID: id, Kind: kind}] = true
-			if err := d.m.WatchAggregates(id, kind, maps.OriginShield); err != nil {
+			if err := st.m.WatchAggregates(id, kind, maps.OriginShield); err != nil {
 				ok = false
-				d.log.Warn("shield: the data plane does not count this rule's aggregates; the shield learns them from samples",
+				st.log.Warn("shield: the data plane does not count this rule's aggregates; the shield learns them from samples",
 					"rule", id, "kind", kind, "err", err)
 			}
 		}
@@ -53,8 +53,8 @@ func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, s
 	g := shield.GlobalShape{Limited: c.Global.IsSet()}
 	if g.Limited {
 		want[maps.Watch{Kind: maps.AggKindGlobal}] = true
-		if err := d.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginShield); err != nil {
-			d.log.Warn("shield: the data plane does not count the global bucket", "err", err)
+		if err := st.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginShield); err != nil {
+			st.log.Warn("shield: the data plane does not count the global bucket", "err", err)
 		} else {
 			g.Counted = true
 		}
@@ -62,14 +62,14 @@ func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, s
 	return shapes, g
 }
 
-// unwatchShield lets go of the shield's watches not in want.
-func (d *Daemon) unwatchShield(want map[maps.Watch]bool) {
-	for w := range d.m.WatchedBy(maps.OriginShield) {
+// unwatch lets go of the shield's watches not in want.
+func (st *shieldRun) unwatch(want map[maps.Watch]bool) {
+	for w := range st.m.WatchedBy(maps.OriginShield) {
 		if want[w] {
 			continue
 		}
-		if err := d.m.UnwatchAggregates(w.RuleID, w.Kind, maps.OriginShield); err != nil {
-			d.log.Warn("shield: stop counting aggregates it no longer needs", "rule", w.RuleID, "kind", w.Kind, "err", err)
+		if err := st.m.UnwatchAggregates(w.RuleID, w.Kind, maps.OriginShield); err != nil {
+			st.log.Warn("shield: stop counting aggregates it no longer needs", "rule", w.RuleID, "kind", w.Kind, "err", err)
 		}
 	}
 }
@@ -108,14 +108,13 @@ func mapsAggregate(k shield.Key) (maps.Aggregate, error) {
 // deltas.
 type aggCounts map[maps.Aggregate]maps.Counter
 
-// countShield feeds the counters' deltas since the last interval to the
+// count feeds the counters' deltas since the last interval to the
 // engine. A counter that went down was evicted and restarted: its delta
 // is what it holds now.
-func (d *Daemon) countShield(eng *shield.Engine) {
-	st := d.shield
-	cs, err := d.m.AggregateCounters()
+func (st *shieldRun) count(eng *shield.Engine) {
+	cs, err := st.m.AggregateCounters()
 	if err != nil {
-		d.log.Warn("shield: read aggregate counters", "err", err)
+		st.log.Warn("shield: read aggregate counters", "err", err)
 		return
 	}
 	next := make(aggCounts, len(cs))
@@ -161,8 +160,8 @@ func toShieldSample(s maps.Sample, slotToID map[uint32]uint32, table *asn.Table)
 	return out, true
 }
 
-// writeShieldChange writes an enforced change to the data plane.
-func (d *Daemon) writeShieldChange(c shield.Change) error {
+// write writes an enforced change to the data plane.
+func (st *shieldRun) write(c shield.Change) error {
 	a := c.Action
 	switch a.Kind {
 	case shield.Tighten:
@@ -171,13 +170,13 @@ func (d *Daemon) writeShieldChange(c shield.Change) error {
 			return err
 		}
 		if c.Op == shield.OpRemove {
-			return d.m.DeleteOverride(agg, maps.OriginShield)
+			return st.m.DeleteOverride(agg, maps.OriginShield)
 		}
 		n := uint64(math.Ceil(a.Budget))
-		return d.m.SetOverride(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},
+		return st.m.SetOverride(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},
 			Expires: a.Expires, Origin: maps.OriginShield})
 	case shield.FingerprintRule:
-		return d.writeFingerprint(c)
+		return st.writeFingerprint(c)
 	}
 	return fmt.Errorf("shield action kind %q unknown", a.Kind)
 }
@@ -195,15 +194,15 @@ func asnOfPrefix(t *asn.Table) func(netip.Prefix) uint32 {
 	}
 }
 
-// adoptShield takes the shield's actions found in the data plane at start
+// adopt takes the shield's actions found in the data plane at start
 // (pinned overrides' new-source parts and fingerprints written by the
 // shield: an earlier run's, which a crash left in force) into a new
 // engine, so that `edgectl shield list`, release and the metrics see
 // them; each stays until its expiry, not renewed. Each is logged.
-func (d *Daemon) adoptShield(eng *shield.Engine, now time.Time) {
-	fps, err := d.m.Fingerprints()
+func (st *shieldRun) adopt(eng *shield.Engine, now time.Time) {
+	fps, err := st.m.Fingerprints()
 	if err != nil {
-		d.log.Error("shield: read the data plane's fingerprints; those of an earlier run are not listed (they expire)", "err", err)
+		st.log.Error("shield: read the data plane's fingerprints; those of an earlier run are not listed (they expire)", "err", err)
 	}
 	for _, f := range fps {
 		if f.Origin != maps.OriginShield || !f.Expires.After(now) {
@@ -218,13 +217,13 @@ func (d *Daemon) adoptShield(eng *shield.Engine, now time.Time) {
 		a, ok := eng.Adopt(shield.Action{ID: f.ID, Kind: shield.FingerprintRule, Fingerprint: &sf, Budget: ratePPS(f.Budget),
 			Expires: f.Expires}, now)
 		if ok {
-			d.log.Info("shield: adopted an action found in the data plane", "id", a.ID, "kind", a.Kind, "fingerprint", sf.String(),
+			st.log.Info("shield: adopted an action found in the data plane", "id", a.ID, "kind", a.Kind, "fingerprint", sf.String(),
 				"budget_pps", a.Budget, "expires", a.Expires)
 		}
 	}
-	ovrs, err := d.m.Overrides()
+	ovrs, err := st.m.Overrides()
 	if err != nil {
-		d.log.Error("shield: read the data plane's overrides; those of an earlier run are not listed (they expire)", "err", err)
+		st.log.Error("shield: read the data plane's overrides; those of an earlier run are not listed (they expire)", "err", err)
 	}
 	for _, o := range ovrs {
 		for _, p := range o.Parts {
@@ -237,7 +236,7 @@ func (d *Daemon) adoptShield(eng *shield.Engine, now time.Time) {
 			}
 			a, ok := eng.Adopt(shield.Action{Kind: shield.Tighten, Key: k, Budget: ratePPS(o.NewBudget), Expires: p.Expires}, now)
 			if ok {
-				d.log.Info("shield: adopted an action found in the data plane", "id", a.ID, "kind", a.Kind, "aggregate", k.String(),
+				st.log.Info("shield: adopted an action found in the data plane", "id", a.ID, "kind", a.Kind, "aggregate", k.String(),
 					"budget_pps", a.Budget, "expires", a.Expires)
 			}
 		}
@@ -252,28 +251,28 @@ func ratePPS(r maps.Rate) float64 {
 	return float64(r.Count) / r.Per.Seconds()
 }
 
-// leftoverShield says, with the shield off at start, which of an earlier
+// leftovers says, with the shield off at start, which of an earlier
 // run's shield actions the data plane still holds: nothing adopts them;
 // they stay until they expire, or `edgectl show remove` removes them.
-func (d *Daemon) leftoverShield(now time.Time) {
-	fps, err := d.m.Fingerprints()
+func (st *shieldRun) leftovers(now time.Time) {
+	fps, err := st.m.Fingerprints()
 	if err != nil {
-		d.log.Warn("shield: read the data plane's fingerprints", "err", err)
+		st.log.Warn("shield: read the data plane's fingerprints", "err", err)
 	}
 	for _, f := range fps {
 		if f.Origin == maps.OriginShield {
-			d.log.Warn("shield off: an earlier run's fingerprint stays in force until it expires (edgectl show remove fingerprint ID)",
+			st.log.Warn("shield off: an earlier run's fingerprint stays in force until it expires (edgectl show remove fingerprint ID)",
 				"id", f.ID, "fingerprint", f.Match(), "expires", f.Expires)
 		}
 	}
-	ovrs, err := d.m.Overrides()
+	ovrs, err := st.m.Overrides()
 	if err != nil {
-		d.log.Warn("shield: read the data plane's overrides", "err", err)
+		st.log.Warn("shield: read the data plane's overrides", "err", err)
 	}
 	for _, o := range ovrs {
 		for _, p := range o.Parts {
 			if p.Origin == maps.OriginShield && p.Expires.After(now) {
-				d.log.Warn("shield off: an earlier run's tighten stays in force until it expires (edgectl show remove override AGGREGATE --origin shield)",
+				st.log.Warn("shield off: an earlier run's tighten stays in force until it expires (edgectl show remove override AGGREGATE --origin shield)",
 					"aggregate", o.Aggregate.String(), "expires", p.Expires)
 			}
 		}

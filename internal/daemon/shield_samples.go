@@ -35,7 +35,7 @@ func (d *Daemon) readRateSamples(ctx context.Context) error {
 	}
 	return d.readRing(ctx, "1-in-N samples", r, func(s maps.Sample) {
 		d.shield.read.Add(1)
-		d.shieldSample(s)
+		d.shield.sample(s)
 	})
 }
 
@@ -51,10 +51,10 @@ var fieldMasks = []struct {
 
 // writeFingerprint writes (or deletes) a fingerprint rule; its id is the
 // action's.
-func (d *Daemon) writeFingerprint(c shield.Change) error {
+func (st *shieldRun) writeFingerprint(c shield.Change) error {
 	a := c.Action
 	if c.Op == shield.OpRemove {
-		return d.m.DeleteFingerprint(a.ID)
+		return st.m.DeleteFingerprint(a.ID)
 	}
 	f := a.Fingerprint
 	if f == nil {
@@ -67,7 +67,7 @@ func (d *Daemon) writeFingerprint(c shield.Change) error {
 		}
 	}
 	n := uint64(math.Ceil(a.Budget))
-	return d.m.SetFingerprint(maps.Fingerprint{ID: a.ID, Mask: mask, Proto: f.Proto, DPort: f.DPort, SPort: f.SPort,
+	return st.m.SetFingerprint(maps.Fingerprint{ID: a.ID, Mask: mask, Proto: f.Proto, DPort: f.DPort, SPort: f.SPort,
 		Len: f.Len, TTL: f.TTL, TCPFlags: f.TCPFlags, Src: f.Src,
 		Budget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)}, Expires: a.Expires, Origin: maps.OriginShield})
 }

@@ -120,7 +120,7 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 			}
 		}
 		now = now.Add(time.Second)
-		d.shieldTick(now)
+		d.shield.tick(now)
 	}
 	for range 40 {
 		sec(0)
@@ -212,17 +212,17 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	if want := []string{"install rule 0 asn 64501 by shield", "remove rule 0 asn 64501 by shield"}; !slices.Equal(ops, want) {
 		t.Fatalf("audit %q, want %q", ops, want)
 	}
-	d.saveShield()
+	d.shield.save()
 	b, err := os.ReadFile(filepath.Join(state, shieldStateFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := shield.New(shieldConfig(d.cur.pol.Shield)).Load(b, now); err != nil || n == 0 {
+	if n, err := shield.New(shieldConfig(d.cur.pol.Shield), shieldOptions()).Load(b, now); err != nil || n == 0 {
 		t.Fatalf("saved baselines: %d, %v", n, err)
 	}
 	// A restart (a new daemon on the same state directory) judges at once.
 	d2 := loadedDaemon(t, Options{StateDir: state}, shieldTestPolicy(asnPath))
-	d2.shieldTick(time.Now())
+	d2.shield.tick(time.Now())
 	var back *control.ShieldAggregate
 	for _, a := range d2.ShieldReport(50).Aggregates {
 		if a.Aggregate == "rule 0 (default) asn 64501" {
@@ -236,7 +236,7 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	// learns from scratch.
 	os.WriteFile(filepath.Join(state, shieldStateFile), []byte(`{"version":1,"aggregates":[{"key":{"Kind":77}}]}`), 0o600)
 	d3 := loadedDaemon(t, Options{StateDir: state}, shieldTestPolicy(asnPath))
-	d3.shieldTick(time.Now())
+	d3.shield.tick(time.Now())
 	if _, err := os.Stat(filepath.Join(state, shieldStateFile+".corrupt")); err != nil {
 		t.Fatalf("bad state file not moved aside: %v", err)
 	}
@@ -253,7 +253,7 @@ func TestShieldOperator(t *testing.T) {
 	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
 	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
 	now := time.Now()
-	d.shieldTick(now)
+	d.shield.tick(now)
 	if err := d.ShieldDo("release", control.ShieldRequest{ID: 42}, "alice"); !errors.Is(err, shield.ErrNoAction) {
 		t.Fatalf("release of nothing: %v", err)
 	}
@@ -356,7 +356,7 @@ func fingerprintFlood(t *testing.T, d *Daemon) func(frame []byte, n int) uint32 
 		}
 		time.Sleep(30 * time.Millisecond) // the reader delivers this second's samples
 		now = now.Add(time.Second)
-		d.shieldTick(now)
+		d.shield.tick(now)
 	}
 	for range 40 {
 		sec(false)
@@ -401,14 +401,15 @@ func TestShieldIDsAboveLeftovers(t *testing.T) {
 	dir := t.TempDir()
 	asnPath := filepath.Join(dir, "ip2asn.tsv")
 	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
-	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
-	for _, id := range []uint32{1, 41} {
-		f := maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 6, DPort: uint16(7000 + id),
-			Expires: time.Now().Add(time.Hour), Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Origin: maps.OriginShield}
-		if err := d.m.SetFingerprint(f); err != nil {
-			t.Fatalf("leftover %d: %v", id, err)
+	d := loadedDaemonWith(t, Options{StateDir: dir}, shieldTestPolicy(asnPath), func(d *Daemon) {
+		for _, id := range []uint32{1, 41} {
+			f := maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 6, DPort: uint16(7000 + id),
+				Expires: time.Now().Add(time.Hour), Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Origin: maps.OriginShield}
+			if err := d.m.SetFingerprint(f); err != nil {
+				t.Fatalf("leftover %d: %v", id, err)
+			}
 		}
-	}
+	})
 	fingerprintFlood(t, d)
 	fps, err := d.m.Fingerprints()
 	if err != nil {

@@ -69,7 +69,7 @@ func TestShieldAndFleetWatchOwners(t *testing.T) {
 			}
 		}
 		now = now.Add(time.Second)
-		d.shieldTick(now)
+		d.shield.tick(now)
 		if _, err := fa.FleetCounters(); err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +132,7 @@ func TestShieldAndFleetWatchOwners(t *testing.T) {
 	}
 
 	step(watchPolicy(asnPath, false, true, true))
-	d.stopFleet()
+	d.fleet.stop()
 	want("shield off and fleet stopped")
 	if a, b := d.m.WatchedBy(maps.OriginShield), d.m.WatchedBy(maps.OriginFleet); len(a)+len(b) != 0 {
 		t.Fatalf("nobody needs a watch: the shield holds %v, fleet %v", a, b)

@@ -428,11 +428,10 @@ func synStatsToMetrics(c *synCollector, st *control.SYNStats, ch chan<- promethe
 // (refmodel.DecideSYN) on the data plane's state read now (the limiter's
 // st, shared lists and standing, and the SYN path's maps), with the steps
 // the model took, the answer budget it read and the service's counters.
-// Nothing is charged. nil when the policy protects no service. Caller
-// holds d.mu.
-func (d *Daemon) explainSYN(st *maps.State, ip netip.Addr, p Probe) (*control.ExplainSYN, error) {
-	sp := d.syn
-	if sp == nil || d.cur.pol == nil || d.cur.pol.SYN == nil || len(d.cur.pol.SYN.Services) == 0 {
+// Nothing is charged. nil when the policy protects no service.
+func explainSYN(v *explainView, st *maps.State, ip netip.Addr, p Probe) (*control.ExplainSYN, error) {
+	sp := v.syn
+	if sp == nil || v.cur.pol == nil || v.cur.pol.SYN == nil || len(v.cur.pol.SYN.Services) == 0 {
 		return nil, nil
 	}
 	stats := sp.stats()

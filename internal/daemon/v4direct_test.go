@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -52,6 +53,14 @@ metrics: {listen: ""}
 // no L7 stage. Tests and benchmarks share it.
 func loadedDaemon(tb testing.TB, o Options, policy string) *Daemon {
 	tb.Helper()
+	return loadedDaemonWith(tb, o, policy, nil)
+}
+
+// loadedDaemonWith is loadedDaemon with before run on the loaded data
+// plane before the first generation is committed (what an earlier
+// daemon left in the pinned maps).
+func loadedDaemonWith(tb testing.TB, o Options, policy string, before func(*Daemon)) *Daemon {
+	tb.Helper()
 	testenv.RequireRoot(tb)
 	d := newDaemon(o)
 	next, err := d.prepare(context.Background(), []byte(policy), "p.yaml")
@@ -61,7 +70,14 @@ func loadedDaemon(tb testing.TB, o Options, policy string) *Daemon {
 	if err := d.loadDatapath(next); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { d.dp.Close() })
+	tb.Cleanup(func() {
+		d.fleet.stop()
+		d.bgp.stop()
+		d.dp.Close()
+	})
+	if before != nil {
+		before(d)
+	}
 	if err := d.commitData(next); err != nil {
 		tb.Fatal(err)
 	}
@@ -69,16 +85,24 @@ func loadedDaemon(tb testing.TB, o Options, policy string) *Daemon {
 }
 
 // commitData is the data-plane half of apply (a generation and the lists,
-// no interfaces and no L7 stage), as the tests without interfaces need.
+// no interfaces and no L7 stage), as the tests without interfaces need;
+// the subscribers are told of the generation as apply tells them.
 func (d *Daemon) commitData(next running) error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err := mapstest.StageCommit(d.m, next.compiled); err != nil {
+		d.mu.Unlock()
 		return err
 	}
 	d.cur = next
 	d.generation++
-	return d.syncLists()
+	c := committed{seq: d.generation, run: next, at: time.Now()}
+	err := d.syncLists()
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	d.publish(context.Background(), c)
+	return nil
 }
 
 // applyPolicy applies a new policy as a reload does, without touching

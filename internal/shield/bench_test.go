@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // BenchmarkObserve is the daemon's learning cost per sample: one Observe
@@ -31,9 +33,9 @@ func BenchmarkObserve(b *testing.B) {
 		return out
 	}
 	run := func(b *testing.B, samples []Sample, warm bool) {
-		c := DefaultConfig()
+		c := policy.DefaultShield()
 		c.Mode, c.LearnFor, c.HalfLife = ModeEnforce, 10*time.Second, time.Minute
-		e := New(c)
+		e := New(c, Options{})
 		now := t0
 		e.Tick(now)
 		if warm { // learn the normal mix, so the flood is judged

@@ -1,6 +1,10 @@
 package shield
 
-import "time"
+import (
+	"time"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
+)
 
 // SurgeState is where an aggregate is in the surge detector.
 type SurgeState uint8
@@ -22,15 +26,6 @@ func (s SurgeState) String() string {
 	return "unknown"
 }
 
-// DetectConfig are the surge detector's knobs.
-type DetectConfig struct {
-	Factor    float64       // a surge starts above Factor x baseline ...
-	MinRate   float64       // ... and above MinRate packets/s ...
-	Sustain   time.Duration // ... held for Sustain
-	EndFactor float64       // it ends under EndFactor x baseline (or under MinRate) ...
-	Cooldown  time.Duration // ... held for Cooldown
-}
-
 // detector is one aggregate's surge state machine. The hysteresis is in
 // both the levels (Factor to start, EndFactor to end) and the times
 // (Sustain, Cooldown): a rate that flaps around Factor never holds long
@@ -46,10 +41,14 @@ type detector struct {
 func (d *detector) hot() bool { return d.State != Normal }
 
 // step advances the detector with the current rate and baseline. It
-// returns true when a surge ends at this step.
-func (d *detector) step(now time.Time, rate, baseline float64, c DetectConfig) (ended bool) {
-	above := rate > c.Factor*baseline && rate > c.MinRate
-	below := rate < c.EndFactor*baseline || rate < c.MinRate
+// returns true when a surge ends at this step. The knobs are the policy's
+// shield.surge: a surge starts above Factor x baseline and above MinRate,
+// held for Sustain; it ends under EndFactor x baseline (or under
+// MinRate), held for Cooldown.
+func (d *detector) step(now time.Time, rate, baseline float64, c policy.Shield) (ended bool) {
+	minRate := c.MinRate.PerSecond()
+	above := rate > c.Factor*baseline && rate > minRate
+	below := rate < c.EndFactor*baseline || rate < minRate
 	switch d.State {
 	case Normal:
 		if above {

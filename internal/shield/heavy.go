@@ -38,7 +38,7 @@ func (m FieldMask) String() string {
 func (m FieldMask) Fields() int { return bits.OnesCount32(uint32(m)) }
 
 // Masks are the field combinations the shield searches. They are more
-// than the data plane holds at once (Config.MaxMasks): the shield uses at
+// than the data plane holds at once (Options.MaxMasks): the shield uses at
 // most that many distinct ones. Every one includes the protocol: a
 // fingerprint never spans protocols.
 var Masks = []FieldMask{

@@ -9,58 +9,41 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
-// Mode is what the shield does with its decisions.
-type Mode string
+// Mode is what the shield does with its decisions: the policy's
+// shield.mode.
+type Mode = policy.ShieldMode
 
 // Modes.
 const (
-	ModeOff     Mode = "off"     // learns nothing, decides nothing
-	ModeMonitor Mode = "monitor" // learns, decides and reports; writes nothing to the data plane
-	ModeEnforce Mode = "enforce" // writes its actions to the data plane
+	ModeOff     = policy.ShieldOff     // learns nothing, decides nothing
+	ModeMonitor = policy.ShieldMonitor // learns, decides and reports; writes nothing to the data plane
+	ModeEnforce = policy.ShieldEnforce // writes its actions to the data plane
 )
 
-// Config are the shield's knobs (the policy's shield: section,
-// docs/shield.md).
-type Config struct {
-	Mode     Mode
-	Interval time.Duration // one learning interval (a rate sample per aggregate)
+// The shield's knobs are the policy's shield: section (policy.Shield,
+// its defaults policy.DefaultShield; docs/shield.md): the engine takes it
+// as it is. What the data plane holds is in Options.
 
-	HalfLife      time.Duration // of the baseline histogram's weights
-	Percentile    float64       // the baseline, in (0, 1)
-	LearnFor      time.Duration // history an aggregate needs before it is judged
-	Current       time.Duration // time constant of the current-rate EWMA
-	MaxAggregates int           // tracked aggregates (the rest live in the sketch)
-
-	Detect DetectConfig
-
-	TTL            time.Duration // of an action in the data plane; renewed while wanted
-	MaxActive      int           // actions at once
-	TightenTo      float64       // new-source budget, x baseline (>= 1)
-	Fingerprints   bool          // install fingerprint rules
-	FingerprintMin float64       // a fingerprint rule's least budget, packets/s
-	MinCoverage    float64       // of the surge's excess a fingerprint must cover
-	MaxCollateral  float64       // of baseline traffic a fingerprint may match
+// Options are what the engine needs to know of the data plane.
+type Options struct {
 	// MaxMasks is how many distinct fingerprint masks the data plane
 	// holds at once (maps.MaxFingerprintMasks; a source prefix's length is
 	// part of the mask). The shield's fingerprint actions never need
 	// more; 0 is no limit.
 	MaxMasks int
-
-	Forbid []Forbid
 }
 
-// DefaultConfig are the defaults of a policy without a shield: section.
-func DefaultConfig() Config {
-	return Config{
-		Mode: ModeMonitor, Interval: time.Second,
-		HalfLife: 6 * time.Hour, Percentile: 0.95, LearnFor: 10 * time.Minute, Current: 2 * time.Second,
-		MaxAggregates: 4096,
-		Detect:        DetectConfig{Factor: 3, MinRate: 1000, Sustain: 2 * time.Second, EndFactor: 1.5, Cooldown: 30 * time.Second},
-		TTL:           5 * time.Minute, MaxActive: 16, TightenTo: 1, Fingerprints: true, FingerprintMin: 100,
-		MinCoverage: 0.8, MaxCollateral: 0.05,
+// policyForbids are the policy's shield.forbid entries as forbids.
+func policyForbids(c policy.Shield) []Forbid {
+	out := make([]Forbid, 0, len(c.Forbid))
+	for _, f := range c.Forbid {
+		out = append(out, Forbid{Prefix: f.Prefix, ASN: f.ASN, By: "policy"})
 	}
+	return out
 }
 
 // Forbid is an aggregate the shield never touches: a source prefix (every
@@ -205,7 +188,7 @@ type surgeTrack struct {
 
 // NoSlot is a fingerprint the shield found for a surge but did not
 // install: it needs a mask the data plane has no slot for (every one of
-// Config.MaxMasks is taken by the shield's other fingerprints).
+// Options.MaxMasks is taken by the shield's other fingerprints).
 type NoSlot struct {
 	Key         Key
 	Fingerprint Fingerprint
@@ -216,19 +199,20 @@ type NoSlot struct {
 // Engine is the shield's state. Its methods are safe for concurrent use;
 // none does I/O.
 type Engine struct {
-	mu      sync.Mutex
-	cfg     Config
-	shapes  map[uint32]RuleShape
-	global  GlobalShape
-	asnOf   func(netip.Prefix) uint32
-	tracked map[Key]*aggState
-	sketch  *cms
-	base    *fingerprints
-	baseAge time.Duration
-	surges  map[Key]*surgeTrack
-	actions map[uint32]*Action
-	byKey   map[Key]uint32
-	nextID  uint32
+	mu       sync.Mutex
+	cfg      policy.Shield
+	maxMasks int
+	shapes   map[uint32]RuleShape
+	global   GlobalShape
+	asnOf    func(netip.Prefix) uint32
+	tracked  map[Key]*aggState
+	sketch   *cms
+	base     *fingerprints
+	baseAge  time.Duration
+	surges   map[Key]*surgeTrack
+	actions  map[uint32]*Action
+	byKey    map[Key]uint32
+	nextID   uint32
 	// released are aggregates an operator released during their surge:
 	// not acted on again until the surge ends.
 	released map[Key]string
@@ -260,15 +244,15 @@ const (
 	minSurgeSamples = 20
 )
 
-// New makes an engine.
-func New(cfg Config) *Engine {
+// New makes an engine for the policy's shield: section.
+func New(cfg policy.Shield, o Options) *Engine {
 	e := &Engine{
 		shapes: map[uint32]RuleShape{}, tracked: map[Key]*aggState{}, sketch: newCMS(sketchWidth),
 		base: newFingerprints(baseSummaryK), surges: map[Key]*surgeTrack{}, actions: map[uint32]*Action{},
 		byKey: map[Key]uint32{}, released: map[Key]string{}, rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
-	e.cfg = cfg
-	e.forbid = slices.Clone(cfg.Forbid)
+	e.cfg, e.maxMasks = cfg, o.MaxMasks
+	e.forbid = policyForbids(cfg)
 	return e
 }
 
@@ -288,12 +272,12 @@ func (e *Engine) SetRules(shapes map[uint32]RuleShape, global GlobalShape) {
 // what the shield would do, enforce to monitor removes what it did;
 // actions on aggregates forbidden now, or whose bucket the policy no
 // longer has, are removed.
-func (e *Engine) Reconfigure(cfg Config, now time.Time) []Change {
+func (e *Engine) Reconfigure(cfg policy.Shield, now time.Time) []Change {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	old := e.cfg.Mode
 	e.cfg = cfg
-	e.forbid = append(slices.Clone(cfg.Forbid), e.opForbid...)
+	e.forbid = append(policyForbids(cfg), e.opForbid...)
 	var out []Change
 	for _, id := range e.actionIDs() {
 		a := e.actions[id]
@@ -503,7 +487,7 @@ func (e *Engine) Tick(now time.Time) []Change {
 		resolved := counted(k, a.shape, e.global) || a.curN*e.cfg.Current.Seconds() >= minSurgeSamples || a.det.hot()
 		if a.Learned >= e.cfg.LearnFor && resolved {
 			wasHot, wasSurging := a.det.hot(), a.det.surging()
-			if a.det.step(now, a.curPkts, base, e.cfg.Detect) {
+			if a.det.step(now, a.curPkts, base, e.cfg) {
 				out = append(out, e.surgeEnded(k, now)...)
 			}
 			if !wasHot && a.det.hot() {
@@ -556,7 +540,7 @@ func (e *Engine) surgeWhileLearning(a *aggState, rate float64) bool {
 		return false
 	}
 	base := a.baseline(e.cfg.Percentile)
-	return base > 0 && rate > e.cfg.Detect.Factor*base && rate >= e.cfg.Detect.MinRate
+	return base > 0 && rate > e.cfg.Factor*base && rate >= e.cfg.MinRate.PerSecond()
 }
 
 // learnedEnough is the history an aggregate needs before a surge while
@@ -656,7 +640,7 @@ func (e *Engine) plan(now time.Time) []Change {
 			window := max(now.Sub(st.start).Seconds(), 1e-3)
 			excess := st.total - base*window
 			baseSec := math.Min(e.baseAge.Seconds(), e.cfg.HalfLife.Seconds()/math.Ln2)
-			full := e.cfg.MaxMasks > 0 && len(inUse) >= e.cfg.MaxMasks
+			full := e.maxMasks > 0 && len(inUse) >= e.maxMasks
 			c, ok, noSlot := st.fps.best(excess, e.base, max(baseSec, 1e-3), e.cfg.MinCoverage, e.cfg.MaxCollateral, inUse, full)
 			if noSlot && !st.noSlot {
 				// What it would have been, for the report.
@@ -671,7 +655,7 @@ func (e *Engine) plan(now time.Time) []Change {
 			fp := c.Fingerprint
 			act.Kind, act.Fingerprint = FingerprintRule, &fp
 			act.Coverage, act.Collateral = c.Coverage, c.Collateral
-			act.Budget = math.Max(c.BaseRate*e.cfg.TightenTo, e.cfg.FingerprintMin)
+			act.Budget = math.Max(c.BaseRate*e.cfg.TightenTo, e.cfg.FingerprintMin.PerSecond())
 			act.Reason = fmt.Sprintf("%s at %.0f/s, %.1fx its baseline %.0f/s: fingerprint %s covers %.0f%% of the surge, %.1f%% of the baseline; budget %.0f/s",
 				k, a.curPkts, a.curPkts/base, base, fp, 100*c.Coverage, 100*c.Collateral, act.Budget)
 		default:
@@ -905,7 +889,7 @@ func (e *Engine) RemoveForbid(f Forbid) bool {
 	defer e.mu.Unlock()
 	n := len(e.opForbid)
 	e.opForbid = slices.DeleteFunc(e.opForbid, f.same)
-	e.forbid = append(slices.Clone(e.cfg.Forbid), e.opForbid...)
+	e.forbid = append(policyForbids(e.cfg), e.opForbid...)
 	return len(e.opForbid) != n
 }
 

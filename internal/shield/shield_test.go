@@ -8,16 +8,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 var t0 = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 
-func testConfig() Config {
-	c := DefaultConfig()
+func testConfig() policy.Shield {
+	c := policy.DefaultShield()
 	c.Mode = ModeEnforce
 	c.HalfLife = 10 * time.Minute
 	c.LearnFor = time.Minute
-	c.Detect = DetectConfig{Factor: 3, MinRate: 100, Sustain: 2 * time.Second, EndFactor: 1.5, Cooldown: 5 * time.Second}
+	c.Factor, c.MinRate, c.Sustain, c.EndFactor, c.Cooldown = 3, perSecond(100), 2*time.Second, 1.5, 5*time.Second
 	c.MaxAggregates = 256
 	c.TTL = time.Minute
 	return c
@@ -39,8 +41,15 @@ type sim struct {
 	changes []Change
 }
 
-func newSim(t *testing.T, c Config) *sim {
-	s := &sim{t: t, e: New(c), now: t0, rng: rand.New(rand.NewPCG(1, 2))}
+// perSecond is n packets per second as the policy writes a rate.
+func perSecond(n uint64) policy.Rate { return policy.Rate{Count: n, Per: time.Second} }
+
+func newSim(t *testing.T, c policy.Shield, o ...Options) *sim {
+	var opts Options
+	if len(o) > 0 {
+		opts = o[0]
+	}
+	s := &sim{t: t, e: New(c, opts), now: t0, rng: rand.New(rand.NewPCG(1, 2))}
 	s.e.SetRules(map[uint32]RuleShape{0: {PrefixLen4: 24, PrefixLen6: 48, ASN: true}}, GlobalShape{Limited: true})
 	s.e.Tick(s.now)
 	return s
@@ -154,7 +163,7 @@ func TestSlowRampNoAction(t *testing.T) {
 // before sustain never surges; one that dips under factor but not under
 // end_factor during a surge does not end it.
 func TestDetectorFlapping(t *testing.T) {
-	c := DetectConfig{Factor: 3, MinRate: 10, Sustain: 3 * time.Second, EndFactor: 1.5, Cooldown: 4 * time.Second}
+	c := policy.Shield{Factor: 3, MinRate: perSecond(10), Sustain: 3 * time.Second, EndFactor: 1.5, Cooldown: 4 * time.Second}
 	var d detector
 	now := t0
 	for i := range 60 {
@@ -193,7 +202,7 @@ func TestDetectorFlapping(t *testing.T) {
 
 // TestDetectorMinRate: 10x a tiny baseline under min_rate is no surge.
 func TestDetectorMinRate(t *testing.T) {
-	c := DetectConfig{Factor: 3, MinRate: 1000, Sustain: time.Second, EndFactor: 1.5, Cooldown: time.Second}
+	c := policy.Shield{Factor: 3, MinRate: perSecond(1000), Sustain: time.Second, EndFactor: 1.5, Cooldown: time.Second}
 	var d detector
 	for i := range 10 {
 		d.step(t0.Add(time.Duration(i)*time.Second), 500, 50, c)
@@ -288,7 +297,7 @@ func TestMonitorWritesNothing(t *testing.T) {
 // its surge.
 func TestForbidReleasePin(t *testing.T) {
 	c := testConfig()
-	c.Forbid = []Forbid{{ASN: 64500}, {Prefix: netip.MustParsePrefix("198.18.1.0/24")}}
+	c.Forbid = []policy.ShieldForbid{{ASN: 64500}, {Prefix: netip.MustParsePrefix("198.18.1.0/24")}}
 	s := newSim(t, c)
 	u := users(3)
 	s.run(120, u...)
@@ -454,7 +463,7 @@ func TestStateRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e2 := New(testConfig())
+	e2 := New(testConfig(), Options{})
 	n, err := e2.Load(data, s.now.Add(time.Minute))
 	if err != nil || n == 0 {
 		t.Fatalf("load: %d, %v", n, err)
@@ -485,7 +494,7 @@ func TestStateRoundTrip(t *testing.T) {
 		strings.Repeat("{", 100),
 	}
 	for _, b := range bad {
-		e3 := New(testConfig())
+		e3 := New(testConfig(), Options{})
 		if _, err := e3.Load([]byte(b), s.now); err == nil {
 			t.Errorf("state %q loaded", b)
 		}
@@ -529,7 +538,7 @@ func TestParseKeyRoundTrip(t *testing.T) {
 // surge explains the global one: only the ASN is tightened.
 func TestCountedAggregates(t *testing.T) {
 	c := testConfig()
-	e := New(c)
+	e := New(c, Options{})
 	e.SetRules(map[uint32]RuleShape{0: {PrefixLen4: 24, PrefixLen6: 48, ASN: true, Counted: true}}, GlobalShape{Limited: true, Counted: true})
 	asnB := Key{Kind: KindASN, ASN: 64501}
 	glob := Key{Kind: KindGlobal}
@@ -628,14 +637,13 @@ func udpFlood(id uint32, set func(*Sample)) flow {
 }
 
 // TestFingerprintMaskSlots: the shield never has fingerprints of more
-// distinct masks than Config.MaxMasks (the data plane's slots); near ties
+// distinct masks than Options.MaxMasks (the data plane's slots); near ties
 // go to a mask it holds already; a surge whose fingerprint needs another
 // mask while every slot is taken is reported once (TakeNoSlots) and gets
 // its fingerprint when a slot frees.
 func TestFingerprintMaskSlots(t *testing.T) {
-	c := testConfig()
-	c.MaxMasks = 2
-	s := newSim(t, c)
+	o := Options{MaxMasks: 2}
+	s := newSim(t, testConfig(), o)
 	// Four rules with no bucket: their floods get fingerprints.
 	s.e.SetRules(map[uint32]RuleShape{1: {}, 2: {}, 3: {}, 4: {}}, GlobalShape{})
 	var u []flow
@@ -652,8 +660,8 @@ func TestFingerprintMaskSlots(t *testing.T) {
 				out[a.Fingerprint.slot()] = true
 			}
 		}
-		if len(out) > c.MaxMasks {
-			t.Fatalf("%d distinct masks in use, at most %d: %v", len(out), c.MaxMasks, out)
+		if len(out) > o.MaxMasks {
+			t.Fatalf("%d distinct masks in use, at most %d: %v", len(out), o.MaxMasks, out)
 		}
 		return out
 	}

@@ -1,0 +1,74 @@
+// Package daemon runs Edgeguard on a host: it loads (or takes over) the data
+// plane, attaches it to interfaces, applies the policy atomically, reloads
+// it on SIGHUP and on file change, serves the control socket and metrics,
+// and reports counters until its context ends.
+//
+// # One policy change
+//
+// A change (start, SIGHUP, the file watcher, 'edgectl policy apply') runs
+// under changeMu: prepare (parse, compile, ASN data, L7 decode; no map
+// touched), apply (interfaces checked, the L7 stage prepared, the
+// generation staged into the inactive half, then committed under mu: the
+// flip, the lists, status), then publish: the committed generation is
+// handed to each subscriber in the one order subscribers() states (syn, l7,
+// shield, fleet, bgp). Nothing polls for a new policy.
+//
+// # Goroutines (serve starts them; each ends with serve's context)
+//
+//   - control socket (serveControl): one goroutine per request besides;
+//     policy changes take changeMu, reads take mu briefly. Its shutdown
+//     goroutine waits for a change in progress (waitForChange).
+//   - metrics (serveMetrics): scrapes read the maps and take mu briefly.
+//   - policy watch (watchPolicy): SIGHUP and the policy file's content;
+//     reloads under changeMu, so it runs the subscribers too.
+//   - samples (readSamples): the drop-sample ring; owns nothing, feeds
+//     top, recent (explain), capture and the congestion watch.
+//   - shield samples (readRateSamples): the 1-in-N ring into shieldRun.in.
+//   - counters (sampleCounters): history, the counter lines on Out.
+//   - list expiry (expireLists), escalations (applyEscalations): run-time
+//     list entries, under mu.
+//   - log reopen (reopenLogs), mptcp watch (watchMPTCP: re-applies the SYN
+//     services when a listener changes between TCP and MPTCP, under mu),
+//     link watch (watchLinks: re-attaches re-created interfaces, under mu).
+//   - standing (watchStanding): the congestion state (standingWatch) and
+//     the standing table's sweep.
+//   - shield (shieldRun.run): owns the engine's interval: Observe, Tick and
+//     the writes of its changes (under shieldRun.turn), baselines saved.
+//   - fleet (fleetLink.run): owns the running fleet's lifetime (stops it at the
+//     end); the fleet itself runs in its own goroutine (fleet.Run), started
+//     and stopped by fleetLink.follow.
+//   - bgp (bgpRun.run): expiry, the automatic blackhole, saving, the password
+//     files (under bgpRun.turn); closes the speaker at the end.
+//
+// The L7 stage and the rate-limit service run their own goroutines
+// (internal/l7/stage, internal/l7/rls); the daemon starts and stops them.
+//
+// # Locks, and what each guards
+//
+//   - changeMu: one policy change at a time, and fileRaw, applied,
+//     stopping, the ASN cache. Held across prepare, stage, commit and
+//     publish; never taken by a goroutine that holds another lock.
+//   - shieldRun.turn, bgpRun.turn: the subsystem's configuration against
+//     its own loop (shieldRun.follow vs shieldRun.tick; bgpRun.follow vs the password
+//     check), so a reconfiguration and a loop's writes never interleave.
+//   - mu: the running policy (cur, generation, origin, lastReload,
+//     counts), the run-time list entries (dyn), the attachments (atts) and
+//     the SYN path's loading. Held only to read them or to commit a
+//     prepared change (the flip, the lists, the SYN services): never across
+//     a slow step (a generation is staged without it; Explain copies its
+//     view under it and reads the maps after).
+//   - fleetLink.mu: the running fleet, its section, its error.
+//   - synStage.mu: the SYN services' names and modes (metrics, stats).
+//   - shieldRun.mu: the engine pointer, its section, generation, rule
+//     slots and ASN table; bgpRun.mu: the section wanted and running, the
+//     speaker, its passwords, error and asked fingerprints.
+//   - leaves, taken last and alone: history, topTalkers, recentSamples,
+//     standingWatch, captureHub, the audit files' locks.
+//
+// Lock order: changeMu → (shieldRun.turn | bgpRun.turn) → mu →
+// (fleetLink.mu | synStage.mu) → leaves. shieldRun.mu and bgpRun.mu are
+// held only to copy or set their fields, with no other lock taken inside
+// (a BGP speaker adopting the shield's actions takes them one after the
+// other). The engine (shield.Engine), the speaker (bgp.Speaker) and the
+// fleet (fleet.Fleet) have locks of their own, below all of these.
+package daemon
