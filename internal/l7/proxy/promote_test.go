@@ -90,7 +90,7 @@ l7:
 		from("10.0.0."+strconv.Itoa(i), 200)
 	}
 	for i := 1; i <= 3; i++ {
-		rec.expect(t, "10.0.0." + strconv.Itoa(i))
+		rec.expect(t, "10.0.0."+strconv.Itoa(i))
 	}
 	if n := p.promo.limited.Load(); n != 7 {
 		t.Errorf("%d promotions refused by the rate, want 7", n)
@@ -286,7 +286,7 @@ func TestAuthenticatedPromotion(t *testing.T) {
 			}
 			waitIdle(t, p)
 			for i := 0; i < 93; i++ {
-				rec.expect(t, "127.0.1." + strconv.Itoa(1+i))
+				rec.expect(t, "127.0.1."+strconv.Itoa(1+i))
 			}
 			if n := p.promo.limited.Load(); n != 7 {
 				t.Errorf("%d promotions refused by the rate, want 7", n)
