@@ -58,6 +58,11 @@ func (d *differ) add(op byte, format string, args ...any) {
 	d.out = append(d.out, Change{Op: op, Text: fmt.Sprintf(format, args...)})
 }
 
+// emit adds one line as a yamlcheck.Table's Diff writes it.
+func (d *differ) emit(op byte, text string) {
+	d.out = append(d.out, Change{Op: op, Text: text})
+}
+
 // field reports a changed value as "~ what old -> new".
 func (d *differ) field(what, old, new string) {
 	if old != new {

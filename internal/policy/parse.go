@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/big"
@@ -25,7 +23,7 @@ import (
 // anchors relative list-file paths; readFile reads list files (os.ReadFile
 // in production, a map in tests).
 func Parse(file string, data []byte, readFile func(string) ([]byte, error)) (*Policy, error) {
-	ps := &parser{Checker: yamlcheck.Checker{File: file}, readFile: readFile}
+	ps := &parser{Checker: yamlcheck.Checker{File: file, ReadFileFunc: readFile}}
 	p := ps.parse(data)
 	if len(ps.Problems) > 0 {
 		sort.SliceStable(ps.Problems, func(i, j int) bool {
@@ -57,7 +55,6 @@ func RuleID(name string) uint32 {
 
 type parser struct {
 	yamlcheck.Checker
-	readFile func(string) ([]byte, error)
 	// defaultReserveSet: defaults: writes a reserve, so rules inherit it
 	// as if written (and its bound is checked).
 	defaultReserveSet bool
@@ -524,31 +521,7 @@ func (ps *parser) timestamp(n *yaml.Node, where string) time.Time {
 }
 
 func (ps *parser) listFile(n *yaml.Node, where string) []ListEntry {
-	name, ok := ps.Scalar(n, where+" file")
-	if !ok {
-		return nil
-	}
-	path := name
-	if !filepath.IsAbs(path) {
-		path = filepath.Join(filepath.Dir(ps.File), path)
-	}
-	if ps.readFile == nil {
-		ps.Errorf(n, "%s file %q: no way to read list files here", where, name)
-		return nil
-	}
-	data, err := ps.readFile(path)
-	if err != nil {
-		ps.Errorf(n, "%s file %q: %v", where, path, err)
-		return nil
-	}
-	entries, err := ParseCIDRList(path, bytes.NewReader(data))
-	var verr *ValidationError
-	if errors.As(err, &verr) {
-		ps.Problems = append(ps.Problems, verr.Problems...)
-	} else if err != nil {
-		ps.Errorf(n, "%s file %q: %v", where, path, err)
-	}
-	return entries
+	return readListFile(&ps.Checker, n, where)
 }
 
 var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)

@@ -4,12 +4,13 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
 // Bounds of the standing: durations.
@@ -127,210 +128,56 @@ func (ps *parser) checkReserve(n *yaml.Node, where string, b Bucket, ppm uint32)
 	}
 }
 
-func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration) time.Duration {
-	s, ok := ps.Scalar(n, where)
-	if !ok {
-		return def
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		ps.Errorf(n, "%s %q: want a duration like 30s or 5m", where, s)
-		return def
-	}
-	if d < lo || d > hi {
-		ps.Errorf(n, "%s %s: must be between %s and %s", where, s, lo, hi)
-		return def
-	}
-	return d
-}
+// standingTable is the standing: section, one row per knob.
+var standingTable = yamlcheck.NewTable("standing",
+	yamlcheck.Val("established_after", yamlcheck.Duration{Min: minEstablishedAfter, Max: maxStandingDuration},
+		func(s *Standing) *time.Duration { return &s.EstablishedAfter },
+		"clean history a new source needs to become established"),
+	yamlcheck.Val("penalty", yamlcheck.Duration{Min: time.Second, Max: maxStandingDuration},
+		func(s *Standing) *time.Duration { return &s.Penalty },
+		"how long a source stays penalised after it exceeded its own limit, was escalated or deny-listed"),
+	yamlcheck.Sub("l7_promotion", "the L7 stage marks sources validated (docs/operations.md, \"L7 promotion\")",
+		yamlcheck.Val("enabled", yamlcheck.Bool{}, func(s *Standing) *bool { return &s.L7Promotion.Enabled },
+			"whether the L7 stage promotes sources"),
+		yamlcheck.Val("rate", packetRate{What: "promotions", NonZero: true}, func(s *Standing) *Rate { return &s.L7Promotion.Rate },
+			"the most promotions per time (enabled: false turns promotion off)"),
+		yamlcheck.Val("when", yamlcheck.Enum[PromotionWhen]{Values: []PromotionWhen{PromoteAuthenticated},
+			Removed: map[PromotionWhen]string{"route_passed": "a bot's request passes a route's limits as easily as a user's; " +
+				"use authenticated (docs/operations.md, \"L7 promotion\")"}},
+			func(s *Standing) *PromotionWhen { return &s.L7Promotion.When },
+			"what a request must do to promote its source"),
+	).Formatted(func(s *Standing) string { return formatPromotion(s.L7Promotion) }),
+	yamlcheck.Val("rate_history", yamlcheck.Off[time.Duration]{Kind: yamlcheck.Duration{Min: minRateHistory, Max: maxRateHistory}},
+		func(s *Standing) *time.Duration { return &s.RateHistory },
+		"half-life of a source's usual rate; off: rates and jumps off"),
+	yamlcheck.Val("jump_factor", yamlcheck.Off[float64]{Kind: yamlcheck.Factor{Min: minJumpFactor, Max: maxJumpFactor}},
+		func(s *Standing) *float64 { return &s.JumpFactor },
+		"an established source above this × its usual rate has jumped; off: jumps off"),
+	yamlcheck.Val("jump_min", yamlcheck.Off[Rate]{Kind: packetRate{Max: maxJumpMin}},
+		func(s *Standing) *Rate { return &s.JumpMin },
+		"the least current rate that counts as a jump; off: no minimum"),
+	yamlcheck.Sub("personal_budget", "a privileged source's priority is metered (docs/operations.md, \"Personal budget\")",
+		yamlcheck.Val("headroom", yamlcheck.Factor{Min: minPersonalHeadroom, Max: maxPersonalHeadroom},
+			func(s *Standing) *float64 { return &s.PersonalHeadroom },
+			"priority up to this × the source's mean rate"),
+		yamlcheck.Val("default", packetRate{Min: 1, Max: maxPersonalDefault},
+			func(s *Standing) *Rate { return &s.PersonalDefault },
+			"the budget of a source without a measured mean, and the least of a vouched one"),
+	).Switch(func(s *Standing) { s.PersonalHeadroom = 0 }, func(s *Standing) bool { return s.PersonalHeadroom == 0 }),
+	yamlcheck.Val("known_good", prefixList{Max: maxKnownGood, TooMany: "the data plane holds at most %d (aggregate them into shorter prefixes)"},
+		func(s *Standing) *[]netip.Prefix { return &s.KnownGood },
+		"prefixes whose sources count as established from the start").Label("standing known_good"),
+)
 
 func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
-	out := base
-	f := ps.Fields(n, "standing", "established_after", "penalty", "known_good", "l7_promotion", "rate_history", "jump_factor",
-		"jump_min", "personal_budget")
-	if v, ok := f["personal_budget"]; ok {
-		out.PersonalHeadroom, out.PersonalDefault = ps.personalBudget(v, base)
-	}
-	if v, ok := f["established_after"]; ok {
-		out.EstablishedAfter = ps.duration(v, "standing.established_after", minEstablishedAfter, maxStandingDuration, base.EstablishedAfter)
-	}
-	if v, ok := f["penalty"]; ok {
-		out.Penalty = ps.duration(v, "standing.penalty", time.Second, maxStandingDuration, base.Penalty)
-	}
-	if v, ok := f["known_good"]; ok {
-		out.KnownGood = ps.knownGood(v)
-	}
-	if v, ok := f["rate_history"]; ok {
-		if s, _ := ps.Scalar(v, "standing.rate_history"); s == "0" || s == "off" {
-			out.RateHistory = 0
-		} else {
-			out.RateHistory = ps.duration(v, "standing.rate_history", minRateHistory, maxRateHistory, base.RateHistory)
-		}
-	}
-	if v, ok := f["jump_factor"]; ok {
-		if s, _ := ps.Scalar(v, "standing.jump_factor"); s == "0" || s == "off" {
-			out.JumpFactor = 0
-		} else {
-			out.JumpFactor = ps.factor(v, "standing.jump_factor", minJumpFactor, maxJumpFactor, base.JumpFactor)
-		}
-	}
-	if v, ok := f["jump_min"]; ok {
-		r := base.JumpMin
-		if s, _ := ps.Scalar(v, "standing.jump_min"); s == "0" {
-			r = Rate{} // no minimum
-		} else {
-			r = ps.packetRate(v, "standing.jump_min", base.JumpMin)
-		}
-		if r.PerSecond() > maxJumpMin {
-			ps.Errorf(v, "standing.jump_min %v/s: must be at most %d/s", r.PerSecond(), maxJumpMin)
-		} else {
-			out.JumpMin = r
-		}
-	}
-	if v, ok := f["l7_promotion"]; ok {
-		pf := ps.Fields(v, "standing.l7_promotion", "enabled", "rate", "when")
-		if w, ok := pf["when"]; ok {
-			switch s, _ := ps.Scalar(w, "standing.l7_promotion.when"); PromotionWhen(s) {
-			case PromoteAuthenticated:
-				out.L7Promotion.When = PromotionWhen(s)
-			case "route_passed":
-				ps.Errorf(w, "standing.l7_promotion.when route_passed was removed: a bot's request passes a route's "+
-					"limits as easily as a user's; use authenticated (docs/operations.md, \"L7 promotion\")")
-			default:
-				ps.Errorf(w, "standing.l7_promotion.when %q: want authenticated", s)
-			}
-		}
-		if e, ok := pf["enabled"]; ok {
-			switch s, _ := ps.Scalar(e, "standing.l7_promotion.enabled"); s {
-			case "true":
-				out.L7Promotion.Enabled = true
-			case "false":
-				out.L7Promotion.Enabled = false
-			default:
-				ps.Errorf(e, "standing.l7_promotion.enabled %q: want true or false", s)
-			}
-		}
-		if r, ok := pf["rate"]; ok {
-			if s, ok := ps.Scalar(r, "standing.l7_promotion.rate"); ok {
-				rate, unit, err := ParseRate(s)
-				switch {
-				case err != nil:
-					ps.Errorf(r, "standing.l7_promotion.rate: %v", err)
-				case unit != Packets:
-					ps.Errorf(r, "standing.l7_promotion.rate %q: want promotions per time, like 100/s", s)
-				case rate.Count == 0:
-					ps.Errorf(r, "standing.l7_promotion.rate must be above 0 (enabled: false turns promotion off)")
-				default:
-					out.L7Promotion.Rate = rate
-				}
-			}
-		}
-	}
-	return out
-}
-
-// personalBudget parses standing.personal_budget: off, or {headroom: X,
-// default: N/s}.
-func (ps *parser) personalBudget(v *yaml.Node, base Standing) (float64, Rate) {
-	if v.Kind == yaml.ScalarNode {
-		if s, _ := ps.Scalar(v, "standing.personal_budget"); s != "off" {
-			ps.Errorf(v, "standing.personal_budget %q: want off or {headroom: X, default: N/s}", s)
-		}
-		return 0, base.PersonalDefault
-	}
-	h, d := base.PersonalHeadroom, base.PersonalDefault
-	if h == 0 {
-		h = DefaultStanding().PersonalHeadroom
-	}
-	f := ps.Fields(v, "standing.personal_budget", "headroom", "default")
-	if n, ok := f["headroom"]; ok {
-		h = ps.factor(n, "standing.personal_budget.headroom", minPersonalHeadroom, maxPersonalHeadroom, h)
-	}
-	if n, ok := f["default"]; ok {
-		r := ps.packetRate(n, "standing.personal_budget.default", d)
-		if r.PerSecond() < 1 || r.PerSecond() > maxPersonalDefault {
-			ps.Errorf(n, "standing.personal_budget.default %v/s: want 1/s to %d/s", r.PerSecond(), maxPersonalDefault)
-		} else {
-			d = r
-		}
-	}
-	return h, d
-}
-
-// knownGood parses standing.known_good: CIDRs, and {file: PATH} entries
-// naming files of one CIDR per line (# comments).
-func (ps *parser) knownGood(n *yaml.Node) []netip.Prefix {
-	var out []netip.Prefix
-	for _, item := range ps.Seq(n, "standing.known_good") {
-		if item.Kind == yaml.MappingNode {
-			f := ps.Fields(item, "standing.known_good entry", "file")
-			file, ok := f["file"]
-			if !ok {
-				if f != nil {
-					ps.Errorf(item, "standing.known_good entry needs file: PATH (or write a CIDR)")
-				}
-				continue
-			}
-			for _, e := range ps.listFile(file, "standing.known_good") {
-				out = append(out, e.Prefix)
-			}
-			continue
-		}
-		s, ok := ps.Scalar(item, "standing.known_good entry")
-		if !ok {
-			continue
-		}
-		p, err := ParsePrefix(s)
-		if err != nil {
-			ps.Errorf(item, "standing.known_good: %v", err)
-			continue
-		}
-		out = append(out, p)
-	}
-	slices.SortFunc(out, compareOutput)
-	out = slices.Compact(out)
-	if len(out) > maxKnownGood {
-		ps.Errorf(n, "standing.known_good has %d prefixes; the data plane holds at most %d (aggregate them into shorter prefixes)", len(out), maxKnownGood)
-	}
-	return out
+	standingTable.Parse(&ps.Checker, n, &base)
+	return base
 }
 
 // standing lists what changed in the standing: section, field by field;
 // known_good prefixes one by one.
 func (d *differ) standing(a, b Standing) {
-	d.field("setting standing.established_after", a.EstablishedAfter.String(), b.EstablishedAfter.String())
-	d.field("setting standing.penalty", a.Penalty.String(), b.Penalty.String())
-	d.field("setting standing.l7_promotion", formatPromotion(a.L7Promotion), formatPromotion(b.L7Promotion))
-	d.field("setting standing.rate_history", a.RateHistory.String(), b.RateHistory.String())
-	d.field("setting standing.jump_factor", strconv.FormatFloat(a.JumpFactor, 'g', -1, 64), strconv.FormatFloat(b.JumpFactor, 'g', -1, 64))
-	if !a.JumpMin.Equal(b.JumpMin) {
-		d.add('~', "setting standing.jump_min %s -> %s", FormatRate(a.JumpMin, Packets), FormatRate(b.JumpMin, Packets))
-	}
-	d.field("setting standing.personal_budget", formatPersonal(a), formatPersonal(b))
-	had := make(map[netip.Prefix]bool, len(a.KnownGood))
-	for _, p := range a.KnownGood {
-		had[p] = true
-	}
-	has := make(map[netip.Prefix]bool, len(b.KnownGood))
-	for _, p := range b.KnownGood {
-		has[p] = true
-		if !had[p] {
-			d.add('+', "standing known_good %s", p)
-		}
-	}
-	for _, p := range a.KnownGood {
-		if !has[p] {
-			d.add('-', "standing known_good %s", p)
-		}
-	}
-}
-
-func formatPersonal(s Standing) string {
-	if s.PersonalHeadroom == 0 {
-		return "off"
-	}
-	return fmt.Sprintf("{headroom: %s, default: %s}", strconv.FormatFloat(s.PersonalHeadroom, 'g', -1, 64),
-		FormatRate(s.PersonalDefault, Packets))
+	standingTable.Diff(&a, &b, d.emit)
 }
 
 func formatPromotion(p L7Promotion) string {

@@ -41,6 +41,9 @@ func (p Problem) String() string {
 type Checker struct {
 	File     string
 	Problems []Problem
+	// ReadFileFunc reads the files the checked file names (list files);
+	// nil: the file may name none.
+	ReadFileFunc func(path string) ([]byte, error)
 }
 
 // Errorf reports a problem at n (or, for a nil n, at the file).
