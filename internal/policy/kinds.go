@@ -161,3 +161,12 @@ func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration
 	}
 	return def
 }
+
+// percent is a percentage in [lo, hi], def on a problem (for the sections
+// not yet on a table).
+func (ps *parser) percent(n *yaml.Node, where string, lo, hi, def float64) float64 {
+	if v, ok := (yamlcheck.Percent{Min: lo, Max: hi}).Parse(&ps.Checker, n, where); ok {
+		return v
+	}
+	return def
+}

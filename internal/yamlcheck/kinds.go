@@ -85,7 +85,7 @@ func (Factor) Format(v float64) string { return strconv.FormatFloat(v, 'g', -1, 
 func (k Factor) Describe() string { return fmt.Sprintf("number, %g to %g", k.Min, k.Max) }
 
 // Uint is a whole number in [Min, Max].
-type Uint[V ~uint8 | ~uint16 | ~uint32 | ~uint64] struct{ Min, Max V }
+type Uint[V ~int | ~uint8 | ~uint16 | ~uint32 | ~uint64] struct{ Min, Max V }
 
 // Parse implements Kind.
 func (k Uint[V]) Parse(c *Checker, n *yaml.Node, where string) (V, bool) {
@@ -98,6 +98,37 @@ func (Uint[V]) Format(v V) string { return strconv.FormatUint(uint64(v), 10) }
 
 // Describe implements Kind.
 func (k Uint[V]) Describe() string { return fmt.Sprintf("whole number, %d to %d", k.Min, k.Max) }
+
+// Percent is a percentage ("95%", or a fraction like 0.95) in [Min, Max]
+// (fractions).
+type Percent struct{ Min, Max float64 }
+
+// Parse implements Kind.
+func (k Percent) Parse(c *Checker, n *yaml.Node, where string) (float64, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
+	if err == nil && strings.HasSuffix(s, "%") {
+		v /= 100
+	}
+	if err != nil || v != v {
+		c.Errorf(n, "%s %q: want a percentage like 95%%", where, s)
+		return 0, false
+	}
+	if v < k.Min || v > k.Max {
+		c.Errorf(n, "%s %s: must be between %g%% and %g%%", where, s, k.Min*100, k.Max*100)
+		return 0, false
+	}
+	return v, true
+}
+
+// Format implements Kind.
+func (Percent) Format(v float64) string { return strconv.FormatFloat(v*100, 'g', 6, 64) + "%" }
+
+// Describe implements Kind.
+func (k Percent) Describe() string { return fmt.Sprintf("percentage, %g%% to %g%%", k.Min*100, k.Max*100) }
 
 // Bool is true or false.
 type Bool struct{}

@@ -49,6 +49,8 @@ type Field[S any] struct {
 	format func(s *S) string
 	items  func(s *S) []string
 	sub    *Table[S]
+	// whole: the diff writes a sub-table on one line (Switch, Formatted).
+	whole bool
 	// off and isOff: a sub-table that "off" (or 0) turns off.
 	off   func(s *S)
 	isOff func(s *S) bool
@@ -74,8 +76,9 @@ func Val[S, V any](key string, k Kind[V], at func(s *S) *V, doc string) Field[S]
 }
 
 // Sub is a field holding a mapping of its own fields, in the same struct
-// (a nested table, "standing.personal_budget: {headroom: 2}"). Its diff is
-// one line, {key: value, ...}, unless Formatted says otherwise.
+// (a nested table, "shield.surge: {factor: 3}"). The diff lists its fields
+// one by one as <key>.<field>; with Switch or Formatted it is one line
+// ({key: value, ...}, or the format's).
 func Sub[S any](key, doc string, fields ...Field[S]) Field[S] {
 	t := &Table[S]{Fields: fields}
 	return Field[S]{
@@ -98,6 +101,7 @@ func (f Field[S]) Switch(off func(s *S), isOff func(s *S) bool) Field[S] {
 		panic("yamlcheck: Switch on a field that is not a sub-table: " + f.Key)
 	}
 	f.off, f.isOff = off, isOff
+	f.whole = true
 	f.Type = "off, or a mapping"
 	sub := f.sub
 	parse := f.parse
@@ -133,6 +137,7 @@ func (f Field[S]) Label(label string) Field[S] {
 // field's value.
 func (f Field[S]) Formatted(format func(s *S) string) Field[S] {
 	f.format = format
+	f.whole = true
 	return f
 }
 
@@ -231,6 +236,10 @@ func (t *Table[S]) DiffWith(prefix string, a, b *S, emit func(op byte, text stri
 		label := f.label
 		if label == "" {
 			label = prefix + f.Key
+		}
+		if f.sub != nil && !f.whole {
+			f.sub.DiffWith(label+".", a, b, emit)
+			continue
 		}
 		if f.items != nil {
 			old, cur := f.items(a), f.items(b)
