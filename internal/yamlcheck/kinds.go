@@ -85,7 +85,7 @@ func (Factor) Format(v float64) string { return strconv.FormatFloat(v, 'g', -1, 
 func (k Factor) Describe() string { return fmt.Sprintf("number, %g to %g", k.Min, k.Max) }
 
 // Uint is a whole number in [Min, Max].
-type Uint[V ~int | ~uint8 | ~uint16 | ~uint32 | ~uint64] struct{ Min, Max V }
+type Uint[V ~int | ~int64 | ~uint8 | ~uint16 | ~uint32 | ~uint64] struct{ Min, Max V }
 
 // Parse implements Kind.
 func (k Uint[V]) Parse(c *Checker, n *yaml.Node, where string) (V, bool) {
@@ -229,6 +229,9 @@ type HostPort struct {
 	Like string
 	// Empty lets the file write "" (for "none").
 	Empty bool
+	// Listen is an address to listen on (the l7: section's): the host
+	// may be empty (every address) and the port 0 (one the kernel picks).
+	Listen bool
 }
 
 // Parse implements Kind.
@@ -242,7 +245,7 @@ func (k HostPort) Parse(c *Checker, n *yaml.Node, where string) (string, bool) {
 	}
 	host, port, err := net.SplitHostPort(s)
 	pn, perr := strconv.ParseUint(port, 10, 16)
-	if err != nil || perr != nil || pn == 0 || host == "" {
+	if err != nil || perr != nil || (!k.Listen && (pn == 0 || host == "")) {
 		c.Errorf(n, "%s %q: want host:port like %s", where, s, k.Like)
 		return "", false
 	}

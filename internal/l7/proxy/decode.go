@@ -2,12 +2,7 @@ package proxy
 
 import (
 	"fmt"
-	"github.com/edgeguard/edgeguard/internal/l7/class"
-	"net"
-	"net/netip"
 	"net/textproto"
-	"net/url"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -17,8 +12,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
-	"github.com/edgeguard/edgeguard/internal/l7/shed"
-	"github.com/edgeguard/edgeguard/internal/l7/target"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
@@ -59,61 +52,16 @@ func Decode(node *yaml.Node, file string) (*Config, []policy.Problem) {
 type decoder struct {
 	yamlcheck.Checker
 	limitNames map[string]*yaml.Node
-	redis      bool
+	// cfg is the section being decoded (its routes see what the table
+	// decoded before them).
+	cfg   *Config
+	redis bool
 	// keyless: limits take no key (the rate-limit service's, keyed by
 	// their descriptor: LimitDecoder).
 	keyless bool
 	// aggregate: the keyless limits being decoded count an aggregate of
 	// clients (their default reserve is DefaultAggregateReserve).
 	aggregate bool
-}
-
-// integer is yamlcheck's UintIn for the non-negative ranges used here.
-func (d *decoder) integer(n *yaml.Node, where string, lo, hi int64) (int64, bool) {
-	u, ok := d.UintIn(n, where, uint64(lo), uint64(hi))
-	return int64(u), ok
-}
-
-func (d *decoder) boolean(n *yaml.Node, where string) bool {
-	s, ok := d.Scalar(n, where)
-	if !ok {
-		return false
-	}
-	switch s {
-	case "true":
-		return true
-	case "false":
-		return false
-	}
-	d.Errorf(n, "%s %q: want true or false", where, s)
-	return false
-}
-
-func (d *decoder) duration(n *yaml.Node, where string) (time.Duration, bool) {
-	s, ok := d.Scalar(n, where)
-	if !ok {
-		return 0, false
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil || v <= 0 {
-		d.Errorf(n, "%s %q: want a positive duration such as 500ms, 10s, 1m", where, s)
-		return 0, false
-	}
-	return v, true
-}
-
-func (d *decoder) enum(n *yaml.Node, where string, allowed ...string) (string, bool) {
-	s, ok := d.Scalar(n, where)
-	if !ok {
-		return "", false
-	}
-	for _, a := range allowed {
-		if s == a {
-			return s, true
-		}
-	}
-	d.Errorf(n, "%s %q: want one of %s", where, s, strings.Join(allowed, ", "))
-	return "", false
 }
 
 func (d *decoder) name(n *yaml.Node, where string) (string, bool) {
@@ -123,25 +71,6 @@ func (d *decoder) name(n *yaml.Node, where string) (string, bool) {
 		return "", false
 	}
 	return s, ok
-}
-
-func (d *decoder) hostPort(n *yaml.Node, where string) (string, bool) {
-	s, ok := d.Scalar(n, where)
-	if !ok {
-		return "", false
-	}
-	_, port, err := net.SplitHostPort(s)
-	if err == nil {
-		var p int
-		if p, err = strconv.Atoi(port); err == nil && (p < 0 || p > 65535) {
-			err = fmt.Errorf("port out of range")
-		}
-	}
-	if err != nil {
-		d.Errorf(n, "%s %q: want host:port, e.g. 127.0.0.1:8080 or [::1]:8080", where, s)
-		return "", false
-	}
-	return s, true
 }
 
 // httpToken reports whether s is an RFC 9110 token (a method or header name).
@@ -159,393 +88,38 @@ func httpToken(s string) bool {
 }
 
 func (d *decoder) config(node *yaml.Node) *Config {
-	cfg := &Config{ClientPrefixV4: 32, ClientPrefixV6: 64, Headers: Headers{Draft: 10}}
 	if node == nil {
 		d.Errorf(nil, "l7: section missing")
 		return nil
 	}
-	f := d.Fields(node, "l7", "listen", "upstream", "trusted_proxies", "client_prefix", "user_header",
-		"tenant_header", "exempt_paths", "headers", "concurrency", "redis", "escalation", "routes", "engine", "loops",
-		"access_log", "rls", "paths", "identity_fields", "timeouts", "classes")
-	if f == nil {
+	cfg := DefaultConfig()
+	d.cfg = &cfg
+	// A redis: key, even one with problems, lets limits name backend
+	// redis (its own problems are reported once, there).
+	if m := yamlcheck.Resolve(node); m.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(m.Content); i += 2 {
+			d.redis = d.redis || yamlcheck.Resolve(m.Content[i]).Value == "redis"
+		}
+	}
+	got := d.l7Table().Parse(&d.Checker, node, &cfg)
+	if got == nil {
 		return nil
 	}
 	// With an rls: section (the rate-limit service, internal/l7/rls) the
 	// reverse proxy is optional: no listen and no upstream serve no proxy.
-	cfg.RLS = f["rls"]
-	_, hasListen := f["listen"]
-	_, hasUpstream := f["upstream"]
+	_, hasListen := got["listen"]
+	_, hasUpstream := got["upstream"]
 	proxyOff := cfg.RLS != nil && !hasListen && !hasUpstream
-	if n, ok := f["listen"]; ok {
-		cfg.Listen, _ = d.hostPort(n, "l7 listen")
-	} else if !proxyOff {
+	if !hasListen && !proxyOff {
 		d.Errorf(node, "l7: listen is required (host:port)")
 	}
-	if n, ok := f["upstream"]; ok {
-		cfg.Upstream = d.upstream(n)
-	} else if !proxyOff {
+	if !hasUpstream && !proxyOff {
 		d.Errorf(node, "l7: upstream is required (http://host:port)")
 	}
-	if n, ok := f["engine"]; ok {
-		if s, ok := d.Scalar(n, "l7 engine"); ok {
-			switch Engine(s) {
-			case "auto":
-			case EngineEventLoop, EngineNetHTTP:
-				cfg.Engine = Engine(s)
-			default:
-				d.Errorf(n, "l7 engine %q: want auto, event-loop or net-http", s)
-			}
-		}
-		if cfg.Engine == EngineEventLoop && cfg.Upstream != nil && cfg.Upstream.Scheme == "https" {
-			d.Errorf(n, "l7 engine event-loop: the upstream is https and the event loop speaks plain http; use auto or net-http")
-		}
+	if n, ok := got["engine"]; ok && cfg.Engine == EngineEventLoop && cfg.Upstream != nil && cfg.Upstream.Scheme == "https" {
+		d.Errorf(n, "l7 engine event-loop: the upstream is https and the event loop speaks plain http; use auto or net-http")
 	}
-	if n, ok := f["access_log"]; ok {
-		if s, ok := d.Scalar(n, "l7 access_log"); ok {
-			switch {
-			case s == "stderr":
-				cfg.AccessLog = s
-			case !strings.HasPrefix(s, "/") || strings.ContainsRune(s, 0) || strings.HasSuffix(s, "/"):
-				d.Errorf(n, "l7 access_log %q: want stderr or an absolute file path", s)
-			default:
-				cfg.AccessLog = filepath.Clean(s)
-			}
-		}
-	}
-	if n, ok := f["loops"]; ok {
-		x, _ := d.integer(n, "l7 loops", 1, 1024)
-		cfg.Loops = int(max(x, 0))
-	}
-	if n, ok := f["trusted_proxies"]; ok {
-		for _, c := range d.Seq(n, "l7 trusted_proxies") {
-			s, ok := d.Scalar(c, "trusted proxy")
-			if !ok {
-				continue
-			}
-			p, err := netip.ParsePrefix(s)
-			if err != nil {
-				a, aerr := netip.ParseAddr(s)
-				if aerr != nil {
-					d.Errorf(c, "trusted proxy %q: want an address or CIDR prefix, e.g. 10.0.0.0/8", s)
-					continue
-				}
-				p = netip.PrefixFrom(a, a.BitLen())
-			}
-			if p != p.Masked() {
-				d.Errorf(c, "trusted proxy %q has host bits set; did you mean %s?", s, p.Masked())
-				continue
-			}
-			cfg.TrustedProxies = append(cfg.TrustedProxies, p)
-		}
-	}
-	if n, ok := f["client_prefix"]; ok {
-		cf := d.Fields(n, "l7 client_prefix", "v4", "v6")
-		if v, ok := cf["v4"]; ok {
-			x, _ := d.integer(v, "client_prefix v4", 1, 32)
-			cfg.ClientPrefixV4 = int(max(x, 1))
-		}
-		if v, ok := cf["v6"]; ok {
-			x, _ := d.integer(v, "client_prefix v6", 1, 128)
-			cfg.ClientPrefixV6 = int(max(x, 1))
-		}
-	}
-	for _, h := range []struct {
-		key string
-		dst *string
-	}{{"user_header", &cfg.UserHeader}, {"tenant_header", &cfg.TenantHeader}} {
-		if n, ok := f[h.key]; ok {
-			*h.dst = d.headerName(n, "l7 "+h.key)
-		}
-	}
-	if n, ok := f["exempt_paths"]; ok {
-		cfg.ExemptPaths = d.paths(n, "l7 exempt_paths")
-	}
-	if n, ok := f["paths"]; ok {
-		pf := d.Fields(n, "l7 paths", "normalize", "forward")
-		if v, ok := pf["normalize"]; ok {
-			s, _ := d.enum(v, "l7 paths normalize", "standard", "strict")
-			cfg.Paths.Strict = s == "strict"
-		}
-		if v, ok := pf["forward"]; ok {
-			s, _ := d.enum(v, "l7 paths forward", "normalized", "as-sent")
-			cfg.Paths.AsSent = s == "as-sent"
-		}
-	}
-	cfg.IdentityFields = DefaultIdentityFields()
-	if n, ok := f["identity_fields"]; ok {
-		cfg.IdentityFields = []string{}
-		for _, c := range d.Seq(n, "l7 identity_fields") {
-			if name := d.headerName(c, "l7 identity_fields"); len(name) > 63 {
-				d.Errorf(c, "l7 identity_fields: %q is longer than 63 bytes", name)
-			} else if name != "" {
-				switch name {
-				case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Forwarded":
-					d.Errorf(c, "l7 identity_fields: %s is always rewritten by the proxy; do not list it", name)
-				case "Host", "Content-Length", "Transfer-Encoding", "Connection":
-					d.Errorf(c, "l7 identity_fields: %s cannot be removed", name)
-				default:
-					cfg.IdentityFields = append(cfg.IdentityFields, name)
-				}
-			}
-		}
-	}
-	cfg.Timeouts = Timeouts{Body: DefaultBodyTimeout, Response: DefaultResponseTimeout, MinRate: DefaultMinRate,
-		TunnelIdle: DefaultTunnelIdleTimeout}
-	if n, ok := f["timeouts"]; ok {
-		tf := d.Fields(n, "l7 timeouts", "body", "response", "min_rate", "tunnel_idle")
-		for key, dst := range map[string]*time.Duration{"body": &cfg.Timeouts.Body, "response": &cfg.Timeouts.Response,
-			"tunnel_idle": &cfg.Timeouts.TunnelIdle} {
-			if v, ok := tf[key]; ok {
-				if x, ok := d.duration(v, "l7 timeouts "+key); ok {
-					*dst = x
-				}
-			}
-		}
-		if v, ok := tf["min_rate"]; ok {
-			cfg.Timeouts.MinRate, _ = d.integer(v, "l7 timeouts min_rate (bytes per second)", 0, 1<<30)
-		}
-	}
-	if n, ok := f["headers"]; ok {
-		hf := d.Fields(n, "l7 headers", "draft", "legacy")
-		if v, ok := hf["draft"]; ok {
-			s, _ := d.enum(v, "headers draft", "10", "none")
-			cfg.Headers.Draft = 0
-			if s == "10" {
-				cfg.Headers.Draft = 10
-			}
-		}
-		if v, ok := hf["legacy"]; ok {
-			cfg.Headers.Legacy = d.boolean(v, "headers legacy")
-		}
-	}
-	if n, ok := f["concurrency"]; ok {
-		cfg.Concurrency = d.concurrency(n, "l7 concurrency")
-	}
-	if n, ok := f["redis"]; ok {
-		cfg.Redis = d.redisConfig(n)
-		d.redis = true
-	}
-	cfg.Escalation = Escalation{Rejections: DefaultEscalationRejection, Window: DefaultEscalationWindow,
-		TTL: DefaultEscalationTTL, PrefixV4: 32, PrefixV6: 64, MaxSources: DefaultEscalationSources}
-	if n, ok := f["escalation"]; ok {
-		d.escalation(n, &cfg.Escalation)
-	}
-	cfg.Classes = Classes{Enabled: true, Window: class.DefaultWindow, Headroom: class.DefaultHeadroom,
-		DefaultUsualRate: class.DefaultUsualRate, CacheTTL: class.DefaultCacheTTL}
-	if n, ok := f["classes"]; ok {
-		d.classes(n, &cfg.Classes)
-	}
-	if n, ok := f["routes"]; ok {
-		seen := map[string]*yaml.Node{}
-		for _, rn := range d.Seq(n, "l7 routes") {
-			r, ok := d.route(rn, cfg.Redis)
-			if !ok {
-				continue
-			}
-			if prev := seen[r.Name]; prev != nil {
-				d.Errorf(rn, "route %q is already defined at line %d", r.Name, prev.Line)
-				continue
-			}
-			seen[r.Name] = rn
-			cfg.Routes = append(cfg.Routes, r)
-		}
-	}
-	return cfg
-}
-
-func (d *decoder) upstream(n *yaml.Node) *url.URL {
-	s, ok := d.Scalar(n, "l7 upstream")
-	if !ok {
-		return nil
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-		u.RawQuery != "" || u.Fragment != "" {
-		d.Errorf(n, "l7 upstream %q: want http://host:port or https://host:port (an optional path, no query)", s)
-		return nil
-	}
-	if _, port, err := net.SplitHostPort(u.Host); err == nil {
-		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-			d.Errorf(n, "l7 upstream %q: bad port %q", s, port)
-			return nil
-		}
-	}
-	return u
-}
-
-func (d *decoder) headerName(n *yaml.Node, where string) string {
-	s, ok := d.Scalar(n, where)
-	if !ok {
-		return ""
-	}
-	if !httpToken(s) {
-		d.Errorf(n, "%s %q is not a valid header name", where, s)
-		return ""
-	}
-	return textproto.CanonicalMIMEHeaderKey(s)
-}
-
-func (d *decoder) paths(n *yaml.Node, where string) []string {
-	var out []string
-	for _, c := range d.Seq(n, where) {
-		s, ok := d.Scalar(c, "path")
-		if !ok {
-			continue
-		}
-		if !strings.HasPrefix(s, "/") {
-			d.Errorf(c, "%s: path %q must start with /", where, s)
-			continue
-		}
-		d.normalPath(c, where, s)
-		out = append(out, s)
-	}
-	return out
-}
-
-// normalPath holds a configured path (a prefix, an exempt path) to the
-// decoded normal form requests are matched in: "/a//b" or "/a/./b" could
-// never match.
-func (d *decoder) normalPath(n *yaml.Node, where, s string) {
-	norm, err := target.Normalize(s, false)
-	if err != nil {
-		d.Errorf(n, "%s %q: %v", where, s, err)
-		return
-	}
-	if dec := target.Decode(norm); dec != s {
-		d.Errorf(n, "%s %q: requests are matched by their normal path; write it as %q", where, s, dec)
-	}
-}
-
-func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
-	f := d.Fields(n, where, "max_in_flight", "queue", "queue_timeout", "adaptive", "adaptive_max",
-		"priority_header", "retry_after", "critical_reserve")
-	if f == nil {
-		return nil
-	}
-	c := &Concurrency{QueueTimeout: time.Second, RetryAfter: time.Second, CriticalReserve: shed.DefaultCriticalReservePercent}
-	if v, ok := f["max_in_flight"]; ok {
-		x, _ := d.integer(v, "max_in_flight", 1, 1<<20)
-		c.MaxInFlight = int(x)
-	} else {
-		d.Errorf(n, "%s: max_in_flight is required", where)
-	}
-	if v, ok := f["queue"]; ok {
-		x, _ := d.integer(v, "queue", 0, 1<<20)
-		c.Queue = int(x)
-	}
-	if v, ok := f["queue_timeout"]; ok {
-		c.QueueTimeout, _ = d.duration(v, "queue_timeout")
-	}
-	if v, ok := f["adaptive"]; ok {
-		c.Adaptive = d.boolean(v, "adaptive")
-	}
-	c.AdaptiveMax = max(c.MaxInFlight, 1000)
-	if v, ok := f["adaptive_max"]; ok {
-		x, ok := d.integer(v, "adaptive_max", 1, 1<<20)
-		if ok && x < int64(c.MaxInFlight) {
-			d.Errorf(v, "adaptive_max %d is below max_in_flight %d", x, c.MaxInFlight)
-		}
-		c.AdaptiveMax = int(x)
-	}
-	if v, ok := f["priority_header"]; ok {
-		c.PriorityHeader = d.headerName(v, "priority_header")
-	}
-	if v, ok := f["retry_after"]; ok {
-		c.RetryAfter, _ = d.duration(v, "retry_after")
-	}
-	if v, ok := f["critical_reserve"]; ok {
-		if s, sok := d.Scalar(v, "critical_reserve"); sok {
-			pct, err := strconv.Atoi(strings.TrimSuffix(s, "%"))
-			if err != nil || !strings.HasSuffix(s, "%") || pct < 0 || pct >= 100 {
-				d.Errorf(v, "critical_reserve %q: want a percentage from 0%% to 99%% (0%%: no reserve)", s)
-			} else {
-				c.CriticalReserve = pct
-			}
-		}
-	}
-	return c
-}
-
-func (d *decoder) redisConfig(n *yaml.Node) *Redis {
-	f := d.Fields(n, "l7 redis", "addr", "timeout", "prefix", "failure")
-	if f == nil {
-		return nil
-	}
-	r := &Redis{Timeout: 100 * time.Millisecond, Prefix: "eg:l7:", Failure: FailureOpen}
-	if v, ok := f["addr"]; ok {
-		r.Addr, _ = d.hostPort(v, "redis addr")
-	} else {
-		d.Errorf(n, "l7 redis: addr is required (host:port)")
-	}
-	if v, ok := f["timeout"]; ok {
-		r.Timeout, _ = d.duration(v, "redis timeout")
-	}
-	if v, ok := f["prefix"]; ok {
-		s, ok := d.Scalar(v, "redis prefix")
-		if ok && (s == "" || strings.ContainsAny(s, "{}")) {
-			d.Errorf(v, "redis prefix %q must be non-empty and contain no braces", s)
-		}
-		r.Prefix = s
-	}
-	if v, ok := f["failure"]; ok {
-		r.Failure, _ = d.enum(v, "redis failure", FailureOpen, FailureClosed)
-	}
-	return r
-}
-
-func (d *decoder) escalation(n *yaml.Node, e *Escalation) {
-	f := d.Fields(n, "l7 escalation", "enabled", "rejections", "window", "ttl", "prefix_v4", "prefix_v6", "max_sources")
-	if v, ok := f["enabled"]; ok {
-		e.Enabled = d.boolean(v, "escalation enabled")
-	}
-	if v, ok := f["rejections"]; ok {
-		e.Rejections, _ = d.integer(v, "escalation rejections", 1, 1<<30)
-	}
-	if v, ok := f["window"]; ok {
-		e.Window, _ = d.duration(v, "escalation window")
-	}
-	if v, ok := f["ttl"]; ok {
-		e.TTL, _ = d.duration(v, "escalation ttl")
-	}
-	if v, ok := f["prefix_v4"]; ok {
-		x, _ := d.integer(v, "escalation prefix_v4", 8, 32)
-		e.PrefixV4 = int(x)
-	}
-	if v, ok := f["prefix_v6"]; ok {
-		x, _ := d.integer(v, "escalation prefix_v6", 16, 128)
-		e.PrefixV6 = int(x)
-	}
-	if v, ok := f["max_sources"]; ok {
-		x, _ := d.integer(v, "escalation max_sources", 1, maxCapacity)
-		e.MaxSources = int(x)
-	}
-}
-
-func (d *decoder) classes(n *yaml.Node, c *Classes) {
-	f := d.Fields(n, "l7 classes", "enabled", "window", "headroom", "default_usual_rate", "cache_ttl")
-	if v, ok := f["enabled"]; ok {
-		c.Enabled = d.boolean(v, "classes enabled")
-	}
-	if v, ok := f["window"]; ok {
-		if w, ok := d.duration(v, "classes window"); ok && (w < time.Second || w > time.Hour) {
-			d.Errorf(v, "classes window %s: want 1s to 1h", w)
-		} else if ok {
-			c.Window = w
-		}
-	}
-	if v, ok := f["headroom"]; ok {
-		c.Headroom, _ = d.integer(v, "classes headroom", 1, 100)
-	}
-	if v, ok := f["default_usual_rate"]; ok {
-		c.DefaultUsualRate, _ = d.integer(v, "classes default_usual_rate", 1, 1_000_000)
-	}
-	if v, ok := f["cache_ttl"]; ok {
-		if ttl, ok := d.duration(v, "classes cache_ttl"); ok && ttl > time.Minute {
-			d.Errorf(v, "classes cache_ttl %s: want at most 1m (a penalty must show soon)", ttl)
-		} else if ok {
-			c.CacheTTL = ttl
-		}
-	}
+	return &cfg
 }
 
 func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
@@ -566,7 +140,7 @@ func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
 		r.Match = d.match(v, where)
 	}
 	if v, has := f["exempt_paths"]; has {
-		r.ExemptPaths = d.paths(v, where+" exempt_paths")
+		r.ExemptPaths, _ = exactPaths{}.Parse(&d.Checker, v, where+" exempt_paths")
 	}
 	if v, has := f["limits"]; has {
 		r.Limits = d.limits(v, where, rc)
@@ -575,7 +149,7 @@ func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
 		r.Tiers = d.tiers(v, where, rc)
 	}
 	if v, has := f["concurrency"]; has {
-		r.Concurrency = d.concurrency(v, where+" concurrency")
+		r.Concurrency, _ = concurrencySection.Parse(&d.Checker, v, where+" concurrency")
 	}
 	// The local limits of one request are checked together: at most
 	// l7.MaxChecks of them (the route's plus its largest tier's).
@@ -632,7 +206,7 @@ func (d *decoder) match(n *yaml.Node, where string) Match {
 		d.Errorf(qv, "%s match: set path_prefix or path_pattern, not both", where)
 	}
 	if v, ok := f["path_case"]; ok {
-		s, _ := d.enum(v, "match path_case", "sensitive", "insensitive")
+		s, _ := enumOf{[]string{"sensitive", "insensitive"}}.Parse(&d.Checker, v, "match path_case")
 		m.IgnoreCase = s == "insensitive"
 	}
 	if hasPrefix {
@@ -640,7 +214,7 @@ func (d *decoder) match(n *yaml.Node, where string) Match {
 			if !strings.HasPrefix(s, "/") {
 				d.Errorf(pv, "match path_prefix %q must start with /", s)
 			} else {
-				d.normalPath(pv, "match path_prefix", s)
+				normalPath(&d.Checker, pv, "match path_prefix", s)
 			}
 			m.PathPrefix = s
 		}
@@ -664,7 +238,7 @@ func (d *decoder) match(n *yaml.Node, where string) Match {
 		} else {
 			m.Header = map[string]string{}
 			for i := 0; i+1 < len(v.Content); i += 2 {
-				name := d.headerName(yamlcheck.Resolve(v.Content[i]), "match header")
+				name, _ := headerName{}.Parse(&d.Checker, yamlcheck.Resolve(v.Content[i]), "match header")
 				val, ok := d.Scalar(yamlcheck.Resolve(v.Content[i+1]), "match header value")
 				if name != "" && ok {
 					m.Header[name] = val
@@ -682,7 +256,7 @@ func (d *decoder) tiers(n *yaml.Node, where string, rc *Redis) *Tiers {
 	}
 	t := &Tiers{}
 	if v, ok := f["header"]; ok {
-		t.Header = d.headerName(v, "tiers header")
+		t.Header, _ = headerName{}.Parse(&d.Checker, v, "tiers header")
 	} else {
 		d.Errorf(n, "%s tiers: header is required (the header naming the tier)", where)
 	}
@@ -785,27 +359,27 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		ok = false
 	}
 	if v, has := f["burst"]; has {
-		l.Burst, _ = d.integer(v, "limit burst", 1, 1<<40)
+		l.Burst, _ = yamlcheck.Uint[int64]{Min: 1, Max: 1 << 40}.Parse(&d.Checker, v, "limit burst")
 	}
 	if v, has := f["algorithm"]; has {
 		if s, sok := d.Scalar(v, "limit algorithm"); sok {
 			if alias, isAlias := algorithmAlias(s); isAlias {
 				v = &yaml.Node{Kind: yaml.ScalarNode, Value: alias, Line: v.Line, Column: v.Column}
 			}
-			s, aok := d.enum(v, "limit algorithm", AlgGCRA, AlgSlidingWindow, AlgTokenBucket, AlgFixedWindow, AlgLeakyBucket, AlgSlidingLog)
+			s, aok := enumOf{[]string{AlgGCRA, AlgSlidingWindow, AlgTokenBucket, AlgFixedWindow, AlgLeakyBucket, AlgSlidingLog}}.Parse(&d.Checker, v, "limit algorithm")
 			l.Algorithm, ok = s, ok && aok
 		} else {
 			ok = false
 		}
 	}
 	if v, has := f["shape"]; has {
-		l.Shape = d.boolean(v, "limit shape")
+		l.Shape, _ = yamlcheck.Bool{}.Parse(&d.Checker, v, "limit shape")
 	}
 	if v, has := f["shadow"]; has {
-		l.Shadow = d.boolean(v, "limit shadow")
+		l.Shadow, _ = yamlcheck.Bool{}.Parse(&d.Checker, v, "limit shadow")
 	}
 	if v, has := f["backend"]; has {
-		s, bok := d.enum(v, "limit backend", BackendLocal, BackendRedis)
+		s, bok := enumOf{[]string{BackendLocal, BackendRedis}}.Parse(&d.Checker, v, "limit backend")
 		l.Backend, ok = s, ok && bok
 		if s == BackendRedis && !d.redis {
 			d.Errorf(v, "limit %q: backend redis needs an l7 redis: section", l.Name)
@@ -813,7 +387,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		}
 	}
 	if v, has := f["failure"]; has {
-		l.Failure, _ = d.enum(v, "limit failure", FailureOpen, FailureClosed)
+		l.Failure, _ = enumOf{[]string{FailureOpen, FailureClosed}}.Parse(&d.Checker, v, "limit failure")
 		if l.Backend != BackendRedis {
 			d.Errorf(v, "limit %q: failure applies only to backend redis", l.Name)
 		}
@@ -821,7 +395,7 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		l.Failure = rc.Failure
 	}
 	if v, has := f["capacity"]; has {
-		x, _ := d.integer(v, "limit capacity", 1, maxCapacity)
+		x, _ := yamlcheck.Uint[int64]{Min: 1, Max: maxCapacity}.Parse(&d.Checker, v, "limit capacity")
 		l.Capacity = int(x)
 	}
 	switch v, has := f["reserve"]; {
