@@ -91,3 +91,26 @@ func (e *Escalations) Run(ctx context.Context) { e.e.run(ctx) }
 // Note counts one rejection of a; it reports whether a was queued for the
 // deny list.
 func (e *Escalations) Note(a netip.Addr) bool { return e.e.note(a) }
+
+// Named is a kind whose problems name the field where, as the l7:
+// section's messages always have ("rls listen"), not by the walker's
+// dotted path.
+func Named[V any](where string, k yamlcheck.Kind[V]) yamlcheck.Kind[V] { return as(where, k) }
+
+// ListenAddr is the l7: section's host:port: an empty host (every
+// address) and port 0 are allowed.
+var ListenAddr = listenAddr
+
+// Section is a kind for a sub-section with a table of its own over S,
+// starting from def(); check, when set, does what crosses its fields. Nil
+// when the file leaves it out.
+func Section[S any](t *yamlcheck.Table[S], def func() S,
+	check func(c *yamlcheck.Checker, n *yaml.Node, where string, got map[string]*yaml.Node, s *S)) yamlcheck.Kind[*S] {
+	return optional[S]{section[S]{Table: t, Def: def, Check: check}}
+}
+
+// Decoded is a kind decoded by parse (a list that needs what the section
+// decoded before it); describe is its docs' type.
+func Decoded[V any](describe string, parse func(c *yamlcheck.Checker, n *yaml.Node, where string) V) yamlcheck.Kind[V] {
+	return decoded[V]{parse: parse, describe: describe}
+}

@@ -9,11 +9,11 @@
 package rls
 
 import (
+	"cmp"
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -139,102 +139,132 @@ func Decode(cfg *proxy.Config, file string) (*Config, []policy.Problem) {
 	c := ld.Checker()
 	out := &Config{ClientPrefixV4: cfg.ClientPrefixV4, ClientPrefixV6: cfg.ClientPrefixV6, Classes: cfg.Classes, Redis: cfg.Redis,
 		Escalation: cfg.Escalation, Headers: cfg.Headers, AccessLog: cfg.AccessLog, TrustedProxies: cfg.TrustedProxies}
-	f := c.Fields(cfg.RLS, "l7 rls", "listen", "unix", "tls", "http_listen", "rules")
-	if f == nil {
+	got := rlsTable(func(n *yaml.Node) []Rule { return decodeRules(ld, n, cfg.Redis) }).Parse(c, cfg.RLS, out)
+	if got == nil {
 		return nil, ld.Problems()
 	}
-	hostPort := func(key string) string {
-		n, ok := f[key]
-		if !ok {
-			return ""
-		}
-		s, ok := c.Scalar(n, "rls "+key)
-		if !ok {
-			return ""
-		}
-		_, port, err := net.SplitHostPort(s)
-		if err == nil {
-			var p int
-			if p, err = strconv.Atoi(port); err == nil && (p < 0 || p > 65535) {
-				err = fmt.Errorf("port out of range")
-			}
-		}
-		if err != nil {
-			c.Errorf(n, "rls %s %q: want host:port, e.g. 127.0.0.1:8081", key, s)
-			return ""
-		}
-		return s
+	_, listen := got["listen"]
+	_, unix := got["unix"]
+	_, httpListen := got["http_listen"]
+	if !listen && !unix && !httpListen {
+		c.Errorf(cfg.RLS, "l7 rls: set listen (gRPC on TCP), unix (gRPC on a Unix socket) or http_listen (the subrequest endpoint)")
 	}
-	out.Listen = hostPort("listen")
-	out.HTTPListen = hostPort("http_listen")
-	if n, ok := f["unix"]; ok {
-		if s, ok := c.Scalar(n, "rls unix"); ok {
-			if !filepath.IsAbs(s) || strings.HasSuffix(s, "/") || len(s) > 100 {
-				c.Errorf(n, "rls unix %q: want an absolute socket path of at most 100 bytes", s)
-			} else {
-				out.Unix = filepath.Clean(s)
-			}
-		}
-	}
-	if _, ok := f["listen"]; !ok {
-		if _, ok := f["unix"]; !ok {
-			if _, ok := f["http_listen"]; !ok {
-				c.Errorf(cfg.RLS, "l7 rls: set listen (gRPC on TCP), unix (gRPC on a Unix socket) or http_listen (the subrequest endpoint)")
-			}
-		}
-	}
-	if n, ok := f["tls"]; ok {
-		tf := c.Fields(n, "rls tls", "cert", "key", "client_ca")
-		t := &TLS{}
-		for _, x := range []struct {
-			key string
-			dst *string
-		}{{"cert", &t.Cert}, {"key", &t.Key}, {"client_ca", &t.ClientCA}} {
-			if v, ok := tf[x.key]; ok {
-				if s, ok := c.Scalar(v, "rls tls "+x.key); ok {
-					if !filepath.IsAbs(s) {
-						c.Errorf(v, "rls tls %s %q: want an absolute file path", x.key, s)
-					}
-					*x.dst = s
-				}
-			}
-		}
-		if t.Cert == "" || t.Key == "" {
-			c.Errorf(n, "rls tls: cert and key are required")
-		}
-		if _, ok := f["listen"]; !ok {
-			c.Errorf(n, "rls tls: applies to listen (gRPC on TCP), which is not set")
-		}
-		out.TLS = t
-	}
-	if n, ok := f["rules"]; ok {
-		names := map[string]*yaml.Node{}
-		shapes := map[string]*yaml.Node{}
-		for _, rn := range c.Seq(n, "rls rules") {
-			r, ok := decodeRule(ld, rn, cfg.Redis)
-			if !ok {
-				continue
-			}
-			if prev := names[r.Name]; prev != nil {
-				c.Errorf(rn, "rls rule %q is already defined at line %d", r.Name, prev.Line)
-				continue
-			}
-			names[r.Name] = rn
-			shape := r.Domain + "\x00" + entriesString(r.Entries)
-			if prev := shapes[shape]; prev != nil {
-				c.Errorf(rn, "rls rule %q: domain %q and descriptor [%s] are already matched by the rule at line %d",
-					r.Name, r.Domain, entriesString(r.Entries), prev.Line)
-				continue
-			}
-			shapes[shape] = rn
-			out.Rules = append(out.Rules, r)
-		}
+	if n, ok := got["tls"]; ok && !listen {
+		c.Errorf(n, "rls tls: applies to listen (gRPC on TCP), which is not set")
 	}
 	if p := ld.Problems(); len(p) > 0 {
+		slices.SortStableFunc(p, func(a, b policy.Problem) int {
+			return cmp.Or(cmp.Compare(a.Pos.Line, b.Pos.Line), cmp.Compare(a.Pos.Column, b.Pos.Column))
+		})
 		return nil, p
 	}
 	return out, nil
 }
+
+// rlsTable is the rls: section; its rules are decoded by rules (with the
+// limit names of the whole l7: section).
+func rlsTable(rules func(n *yaml.Node) []Rule) *yamlcheck.Table[Config] {
+	return yamlcheck.NewTable("l7 rls",
+		yamlcheck.Val("listen", proxy.Named("rls listen", proxy.ListenAddr), func(c *Config) *string { return &c.Listen },
+			"Envoy RLS v3 over gRPC on TCP; bound at apply (a taken port fails the apply, nothing changes); kept across reloads that keep it"),
+		yamlcheck.Val("unix", proxy.Named[string]("rls unix", unixSocket{}), func(c *Config) *string { return &c.Unix },
+			"the same service on a Unix socket (mode 0660); a stale socket is removed, a live one or a non-socket fails the apply"),
+		yamlcheck.Val("tls", proxy.Named("rls tls", tlsSection), func(c *Config) **TLS { return &c.TLS },
+			"TLS for `listen` (PEM files read at every apply; `client_ca` requires client certificates); needs `listen`"),
+		yamlcheck.Val("http_listen", proxy.Named("rls http_listen", proxy.ListenAddr), func(c *Config) *string { return &c.HTTPListen },
+			"the subrequest endpoint `/v1/check/{domain}` for nginx `auth_request` and Traefik `ForwardAuth`"),
+		yamlcheck.Val("rules", proxy.Decoded("list of rules (below)", func(_ *yamlcheck.Checker, n *yaml.Node, _ string) []Rule {
+			return rules(n)
+		}), func(c *Config) *[]Rule { return &c.Rules },
+			"descriptor rules, first match per descriptor; at least one of `listen`, `unix`, `http_listen` must be set. With `l7.classes` enabled a request is ranked by its first `remote_address` in the class table the proxy uses (docs/l7-rls.md, \"Client classes\")"),
+	)
+}
+
+var tlsTable = yamlcheck.NewTable("rls tls",
+	yamlcheck.Val("cert", proxy.Named[string]("rls tls cert", absPath{}), func(t *TLS) *string { return &t.Cert },
+		"the server certificate, PEM (required)"),
+	yamlcheck.Val("key", proxy.Named[string]("rls tls key", absPath{}), func(t *TLS) *string { return &t.Key },
+		"its private key, PEM (required)"),
+	yamlcheck.Val("client_ca", proxy.Named[string]("rls tls client_ca", absPath{}), func(t *TLS) *string { return &t.ClientCA },
+		"when set, clients must present a certificate that chains to it (mutual TLS)"),
+)
+
+// tlsSection is rls.tls.
+var tlsSection = proxy.Section(tlsTable, func() TLS { return TLS{} },
+	func(c *yamlcheck.Checker, n *yaml.Node, _ string, _ map[string]*yaml.Node, t *TLS) {
+		if t.Cert == "" || t.Key == "" {
+			c.Errorf(n, "rls tls: cert and key are required")
+		}
+	})
+
+// decodeRules decodes rls.rules: names unique, one rule per domain and
+// descriptor.
+func decodeRules(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) []Rule {
+	c := ld.Checker()
+	var out []Rule
+	names := map[string]*yaml.Node{}
+	shapes := map[string]*yaml.Node{}
+	for _, rn := range c.Seq(n, "rls rules") {
+		r, ok := decodeRule(ld, rn, rc)
+		if !ok {
+			continue
+		}
+		if prev := names[r.Name]; prev != nil {
+			c.Errorf(rn, "rls rule %q is already defined at line %d", r.Name, prev.Line)
+			continue
+		}
+		names[r.Name] = rn
+		shape := r.Domain + "\x00" + entriesString(r.Entries)
+		if prev := shapes[shape]; prev != nil {
+			c.Errorf(rn, "rls rule %q: domain %q and descriptor [%s] are already matched by the rule at line %d",
+				r.Name, r.Domain, entriesString(r.Entries), prev.Line)
+			continue
+		}
+		shapes[shape] = rn
+		out = append(out, r)
+	}
+	return out
+}
+
+// unixSocket is rls.unix: an absolute socket path of at most 100 bytes.
+type unixSocket struct{}
+
+// Parse implements yamlcheck.Kind.
+func (unixSocket) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return "", false
+	}
+	if !filepath.IsAbs(s) || strings.HasSuffix(s, "/") || len(s) > 100 {
+		c.Errorf(n, "%s %q: want an absolute socket path of at most 100 bytes", where, s)
+		return "", false
+	}
+	return filepath.Clean(s), true
+}
+
+// Format implements yamlcheck.Kind.
+func (unixSocket) Format(s string) string { return cmp.Or(s, "none") }
+
+// Describe implements yamlcheck.Kind.
+func (unixSocket) Describe() string { return "absolute path, at most 100 bytes" }
+
+// absPath is an absolute file path.
+type absPath struct{}
+
+// Parse implements yamlcheck.Kind.
+func (absPath) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if ok && !filepath.IsAbs(s) {
+		c.Errorf(n, "%s %q: want an absolute file path", where, s)
+	}
+	return s, ok
+}
+
+// Format implements yamlcheck.Kind.
+func (absPath) Format(s string) string { return cmp.Or(s, "none") }
+
+// Describe implements yamlcheck.Kind.
+func (absPath) Describe() string { return "absolute file path" }
 
 func entriesString(es []EntryMatch) string {
 	s := make([]string, len(es))
