@@ -67,7 +67,9 @@ func (ld *LimitDecoder) Limits(n *yaml.Node, where string, rc *Redis, aggregate 
 }
 
 // Name decodes a name ([A-Za-z0-9_.-], 1-64).
-func (ld *LimitDecoder) Name(n *yaml.Node, where string) (string, bool) { return ld.d.name(n, where) }
+func (ld *LimitDecoder) Name(n *yaml.Node, where string) (string, bool) {
+	return nameKind{}.Parse(&ld.d.Checker, n, where)
+}
 
 // Problems are the problems found so far.
 func (ld *LimitDecoder) Problems() []policy.Problem { return ld.d.Problems }

@@ -13,7 +13,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/target"
+	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
@@ -534,3 +536,269 @@ func (decoded[V]) Format(v V) string { return fmt.Sprint(v) }
 
 // Describe implements yamlcheck.Kind.
 func (k decoded[V]) Describe() string { return k.describe }
+
+// atNamed names its kind's problems where()+suffix, at parse time: an
+// item of a list named by a field parsed before ("route \"api\"
+// exempt_paths").
+type atNamed[V any] struct {
+	yamlcheck.Kind[V]
+	where  func() string
+	suffix string
+}
+
+// Parse implements yamlcheck.Kind.
+func (k atNamed[V]) Parse(c *yamlcheck.Checker, n *yaml.Node, _ string) (V, bool) {
+	return k.Kind.Parse(c, n, k.where()+k.suffix)
+}
+
+// at names k's problems where()+suffix.
+func at[V any](where func() string, suffix string, k yamlcheck.Kind[V]) yamlcheck.Kind[V] {
+	return atNamed[V]{k, where, suffix}
+}
+
+// marked sets *bad when its kind reports a problem.
+type marked[V any] struct {
+	yamlcheck.Kind[V]
+	bad *bool
+}
+
+// Parse implements yamlcheck.Kind.
+func (k marked[V]) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (V, bool) {
+	v, ok := k.Kind.Parse(c, n, where)
+	if !ok {
+		*k.bad = true
+	}
+	return v, ok
+}
+
+// marking sets *bad when k reports a problem.
+func marking[V any](bad *bool, k yamlcheck.Kind[V]) yamlcheck.Kind[V] { return marked[V]{k, bad} }
+
+// customKind is a kind decoded by a function.
+type customKind[V any] struct {
+	parse    func(c *yamlcheck.Checker, n *yaml.Node, where string) (V, bool)
+	describe string
+}
+
+// Parse implements yamlcheck.Kind.
+func (k customKind[V]) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (V, bool) {
+	return k.parse(c, n, where)
+}
+
+// Format implements yamlcheck.Kind.
+func (customKind[V]) Format(v V) string { return fmt.Sprint(v) }
+
+// Describe implements yamlcheck.Kind.
+func (k customKind[V]) Describe() string { return k.describe }
+
+// custom is a kind decoded by parse; describe is its docs' type.
+func custom[V any](describe string, parse func(c *yamlcheck.Checker, n *yaml.Node, where string) (V, bool)) yamlcheck.Kind[V] {
+	return customKind[V]{parse: parse, describe: describe}
+}
+
+// nameKind is a route, tier, limit or rule name.
+type nameKind struct{}
+
+// Parse implements yamlcheck.Kind.
+func (nameKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if ok && !l7.ValidName(s) {
+		c.Errorf(n, "%s %q: want 1-64 of [A-Za-z0-9_.-]", where, s)
+		return "", false
+	}
+	return s, ok
+}
+
+// Format implements yamlcheck.Kind.
+func (nameKind) Format(s string) string { return yamlcheck.String{}.Format(s) }
+
+// Describe implements yamlcheck.Kind.
+func (nameKind) Describe() string { return "name, `[A-Za-z0-9_.-]{1,64}`" }
+
+// hostName is a match's host: a name without port, "*." for subdomains.
+type hostName struct{}
+
+// Parse implements yamlcheck.Kind.
+func (hostName) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return "", false
+	}
+	if h := strings.TrimPrefix(s, "*."); h == "" || strings.ContainsAny(h, "/:*@ ") {
+		c.Errorf(n, "%s %q: want a host name without port, e.g. api.example.com or *.example.com", where, s)
+		return "", false
+	}
+	return strings.ToLower(s), true
+}
+
+// Format implements yamlcheck.Kind.
+func (hostName) Format(s string) string { return yamlcheck.String{}.Format(s) }
+
+// Describe implements yamlcheck.Kind.
+func (hostName) Describe() string { return "host name" }
+
+// methods is a match's list of upper-case methods.
+type methods struct{}
+
+// Parse implements yamlcheck.Kind.
+func (methods) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]string, bool) {
+	var out []string
+	for _, item := range c.Seq(n, where) {
+		s, ok := c.Scalar(item, "method")
+		if !ok {
+			continue
+		}
+		if !httpToken(s) || strings.ToUpper(s) != s {
+			c.Errorf(item, "match method %q: want an upper-case HTTP method such as GET", s)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, true
+}
+
+// Format implements yamlcheck.Kind.
+func (methods) Format(ms []string) string { return "[" + strings.Join(ms, ", ") + "]" }
+
+// Describe implements yamlcheck.Kind.
+func (methods) Describe() string { return "list of methods" }
+
+// pathPrefix is a match's path_prefix: it starts with / and is in normal
+// form.
+type pathPrefix struct{}
+
+// Parse implements yamlcheck.Kind.
+func (pathPrefix) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return "", false
+	}
+	if !strings.HasPrefix(s, "/") {
+		c.Errorf(n, "%s %q must start with /", where, s)
+		return s, true
+	}
+	normalPath(c, n, where, s)
+	return s, true
+}
+
+// Format implements yamlcheck.Kind.
+func (pathPrefix) Format(s string) string { return yamlcheck.String{}.Format(s) }
+
+// Describe implements yamlcheck.Kind.
+func (pathPrefix) Describe() string { return "path" }
+
+// headerValues is a match's header: a mapping of header name to exact
+// value.
+type headerValues struct{}
+
+// Parse implements yamlcheck.Kind.
+func (headerValues) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (map[string]string, bool) {
+	n = yamlcheck.Resolve(n)
+	if n.Kind != yaml.MappingNode {
+		c.Errorf(n, "%s must be a mapping of header name to value, got %s", where, yamlcheck.KindName(n))
+		return nil, false
+	}
+	out := map[string]string{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		name, _ := headerName{}.Parse(c, yamlcheck.Resolve(n.Content[i]), where)
+		val, ok := c.Scalar(yamlcheck.Resolve(n.Content[i+1]), where+" value")
+		if name != "" && ok {
+			out[name] = val
+		}
+	}
+	return out, true
+}
+
+// Format implements yamlcheck.Kind.
+func (headerValues) Format(m map[string]string) string { return fmt.Sprint(m) }
+
+// Describe implements yamlcheck.Kind.
+func (headerValues) Describe() string { return "mapping of header name to value" }
+
+// keyKind is a limit's key (ParseKey).
+type keyKind struct{}
+
+// Parse implements yamlcheck.Kind.
+func (keyKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Key, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return nil, false
+	}
+	k, err := ParseKey(s)
+	if err != nil {
+		c.Errorf(n, "%v", err)
+		return nil, false
+	}
+	return k, true
+}
+
+// Format implements yamlcheck.Kind.
+func (keyKind) Format(k Key) string { return k.String() }
+
+// Describe implements yamlcheck.Kind.
+func (keyKind) Describe() string { return "key" }
+
+// algorithm is a limit's algorithm, in either spelling.
+type algorithm struct{}
+
+var algorithms = enumOf{[]string{AlgGCRA, AlgSlidingWindow, AlgTokenBucket, AlgFixedWindow, AlgLeakyBucket, AlgSlidingLog}}
+
+// Parse implements yamlcheck.Kind.
+func (algorithm) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return "", false
+	}
+	if alias, isAlias := algorithmAlias(s); isAlias {
+		r := yamlcheck.Resolve(n)
+		n = &yaml.Node{Kind: yaml.ScalarNode, Value: alias, Line: r.Line, Column: r.Column}
+	}
+	return algorithms.Parse(c, n, where)
+}
+
+// Format implements yamlcheck.Kind.
+func (algorithm) Format(s string) string { return s }
+
+// Describe implements yamlcheck.Kind.
+func (algorithm) Describe() string { return algorithms.Describe() }
+
+// requestRate is a limit's rate: Count requests per Per.
+type requestRate struct {
+	Count int64
+	Per   time.Duration
+}
+
+// rateKind is a limit's rate (the policy's rate syntax, requests only);
+// where names the limit.
+type rateKind struct{}
+
+// Parse implements yamlcheck.Kind.
+func (rateKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (requestRate, bool) {
+	s, ok := c.Scalar(n, "limit rate")
+	if !ok {
+		return requestRate{}, false
+	}
+	r, unit, err := policy.ParseRate(s)
+	switch {
+	case err != nil:
+		c.Errorf(n, "%s: %v", where, err)
+	case unit != policy.Packets:
+		c.Errorf(n, "%s: rate %q counts %s; an L7 rate counts requests, e.g. 100/min", where, s, unit)
+	case r.Count > 1<<40:
+		c.Errorf(n, "%s: rate %q is too large", where, s)
+	default:
+		return requestRate{Count: int64(r.Count), Per: r.Per}, true
+	}
+	return requestRate{}, false
+}
+
+// Format implements yamlcheck.Kind.
+func (rateKind) Format(r requestRate) string {
+	if r.Count == 0 {
+		return "required"
+	}
+	return fmt.Sprintf("%d/%s", r.Count, r.Per)
+}
+
+// Describe implements yamlcheck.Kind.
+func (rateKind) Describe() string { return "request rate" }
