@@ -116,3 +116,21 @@ func Section[S any](t *yamlcheck.Table[S], def func() S,
 func Decoded[V any](describe string, parse func(c *yamlcheck.Checker, n *yaml.Node, where string) V) yamlcheck.Kind[V] {
 	return decoded[V]{parse: parse, describe: describe}
 }
+
+// At is a kind whose problems name the field where()+suffix at parse time
+// (an item named by a field decoded before: "rls rule \"r\" domain").
+func At[V any](where func() string, suffix string, k yamlcheck.Kind[V]) yamlcheck.Kind[V] {
+	return at(where, suffix, k)
+}
+
+// Marking sets *bad when k reports a problem (a field that makes its item
+// unusable).
+func Marking[V any](bad *bool, k yamlcheck.Kind[V]) yamlcheck.Kind[V] { return marking(bad, k) }
+
+// Custom is a kind decoded by parse; describe is its docs' type.
+func Custom[V any](describe string, parse func(c *yamlcheck.Checker, n *yaml.Node, where string) (V, bool)) yamlcheck.Kind[V] {
+	return custom(describe, parse)
+}
+
+// NameKind is a name: 1-64 of [A-Za-z0-9_.-].
+var NameKind yamlcheck.Kind[string] = nameKind{}

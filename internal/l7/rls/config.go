@@ -276,60 +276,25 @@ func entriesString(es []EntryMatch) string {
 
 func decodeRule(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) (Rule, bool) {
 	c := ld.Checker()
-	f := c.Fields(n, "rls rule", "name", "domain", "descriptor", "limits", "tiers")
-	if f == nil {
+	var r Rule
+	bad := false
+	got := ruleTable(ld, &r, &bad, rc).ParseAt(c, n, "rls rule", &r)
+	if got == nil {
 		return Rule{}, false
 	}
-	var r Rule
-	ok := true
-	if v, has := f["name"]; has {
-		r.Name, ok = ld.Name(v, "rls rule name")
-	} else {
+	ok := !bad
+	where := fmt.Sprintf("rls rule %q", r.Name)
+	if _, has := got["name"]; !has {
 		c.Errorf(n, "rls rule: name is required")
 		ok = false
 	}
-	where := fmt.Sprintf("rls rule %q", r.Name)
-	if v, has := f["domain"]; has {
-		if s, sok := c.Scalar(v, where+" domain"); sok && s != "" && len(s) <= MaxValue {
-			r.Domain = s
-		} else {
-			c.Errorf(v, "%s domain: want a non-empty string", where)
-			ok = false
-		}
-	} else {
+	if _, has := got["domain"]; !has {
 		c.Errorf(n, "%s: domain is required (the domain Envoy's rate limit filter sends)", where)
 		ok = false
 	}
-	if v, has := f["descriptor"]; has {
-		keys := map[string]bool{}
-		for _, e := range c.Seq(v, where+" descriptor") {
-			s, sok := c.Scalar(e, where+" descriptor entry")
-			if !sok {
-				ok = false
-				continue
-			}
-			k, val, _ := strings.Cut(s, "=")
-			if k == "" || len(k) > MaxValue || len(val) > MaxValue || keys[k] {
-				c.Errorf(e, "%s descriptor entry %q: want KEY or KEY=VALUE, each key once", where, s)
-				ok = false
-				continue
-			}
-			keys[k] = true
-			r.Entries = append(r.Entries, EntryMatch{Key: k, Value: val})
-		}
-		if len(r.Entries) == 0 || len(r.Entries) > MaxEntries {
-			c.Errorf(v, "%s descriptor: want 1 to %d entries, e.g. [remote_address] or [generic_key=api, remote_address]", where, MaxEntries)
-			ok = false
-		}
-	} else {
+	if _, has := got["descriptor"]; !has {
 		c.Errorf(n, "%s: descriptor is required, e.g. [remote_address]", where)
 		ok = false
-	}
-	if v, has := f["limits"]; has {
-		r.Limits = ld.Limits(v, where, rc, r.Aggregate())
-	}
-	if v, has := f["tiers"]; has {
-		r.Tiers = decodeTiers(ld, v, where, rc, r.Entries)
 	}
 	if len(r.Limits) == 0 && r.Tiers == nil {
 		c.Errorf(n, "%s: limits or tiers are required", where)
@@ -354,6 +319,69 @@ func decodeRule(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) (Rule, bo
 	return r, ok
 }
 
+// ruleTable is the table of rule r; a problem in its name, domain or
+// descriptor sets *bad.
+func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yamlcheck.Table[Rule] {
+	where := func() string { return fmt.Sprintf("rls rule %q", r.Name) }
+	return yamlcheck.NewTable("rls rule",
+		yamlcheck.Val("name", proxy.Marking(bad, proxy.Named("rls rule name", proxy.NameKind)), func(r *Rule) *string { return &r.Name },
+			"required, `[A-Za-z0-9_.-]{1,64}`, unique"),
+		yamlcheck.Val("domain", proxy.Marking(bad, proxy.At(where, "", proxy.Custom("text", func(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+			if s, ok := c.Scalar(n, where+" domain"); ok && s != "" && len(s) <= MaxValue {
+				return s, true
+			}
+			c.Errorf(n, "%s domain: want a non-empty string", where)
+			return "", false
+		}))), func(r *Rule) *string { return &r.Domain }, "the domain Envoy's rate limit filter sends (required)"),
+		yamlcheck.Val("descriptor", proxy.At(where, "", proxy.Custom("list of KEY or KEY=VALUE",
+			func(c *yamlcheck.Checker, n *yaml.Node, where string) ([]EntryMatch, bool) {
+				// The entries decoded, even with a problem, still decide
+				// the limits' default reserve and the tiers' entry.
+				es, ok := decodeDescriptor(c, n, where)
+				*bad = *bad || !ok
+				return es, true
+			})),
+			func(r *Rule) *[]EntryMatch { return &r.Entries },
+			"required: 1-16 entries, each `KEY` or `KEY=VALUE`, a key once; matches descriptors with exactly these keys in this order and the fixed values"),
+		yamlcheck.Val("limits", proxy.At(where, "", proxy.Custom("list of limits", func(_ *yamlcheck.Checker, n *yaml.Node, where string) ([]proxy.Limit, bool) {
+			return ld.Limits(n, where, rc, r.Aggregate()), true
+		})), func(r *Rule) *[]proxy.Limit { return &r.Limits },
+			"route limits without `key`, `shape` refused; `reserve` defaults to 50% for a descriptor that counts an aggregate of clients (every entry a fixed value or one of `generic_key`, `header_match`, `destination_cluster`, `source_cluster`, `masked_remote_address`), 0% otherwise"),
+		yamlcheck.Val("tiers", proxy.At(where, "", proxy.Custom("mapping (below)", func(_ *yamlcheck.Checker, n *yaml.Node, where string) (*Tiers, bool) {
+			t := decodeTiers(ld, n, where, rc, r.Entries)
+			return t, t != nil
+		})), func(r *Rule) **Tiers { return &r.Tiers },
+			"`{entry: KEY, default: NAME, levels: {NAME: [limits]}}`, `entry` one of the descriptor's keys without a fixed value"),
+	)
+}
+
+// decodeDescriptor decodes a rule's descriptor (where: the rule).
+func decodeDescriptor(c *yamlcheck.Checker, v *yaml.Node, where string) ([]EntryMatch, bool) {
+	var out []EntryMatch
+	ok := true
+	keys := map[string]bool{}
+	for _, e := range c.Seq(v, where+" descriptor") {
+		s, sok := c.Scalar(e, where+" descriptor entry")
+		if !sok {
+			ok = false
+			continue
+		}
+		k, val, _ := strings.Cut(s, "=")
+		if k == "" || len(k) > MaxValue || len(val) > MaxValue || keys[k] {
+			c.Errorf(e, "%s descriptor entry %q: want KEY or KEY=VALUE, each key once", where, s)
+			ok = false
+			continue
+		}
+		keys[k] = true
+		out = append(out, EntryMatch{Key: k, Value: val})
+	}
+	if len(out) == 0 || len(out) > MaxEntries {
+		c.Errorf(v, "%s descriptor: want 1 to %d entries, e.g. [remote_address] or [generic_key=api, remote_address]", where, MaxEntries)
+		ok = false
+	}
+	return out, ok
+}
+
 func countLocal(ls []proxy.Limit) int {
 	n := 0
 	for _, l := range ls {
@@ -364,36 +392,34 @@ func countLocal(ls []proxy.Limit) int {
 	return n
 }
 
-func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.Redis, entries []EntryMatch) *Tiers {
+// tiersTable is the table of a rule's tiers (where: the rule, entries:
+// its descriptor).
+func tiersTable(ld *proxy.LimitDecoder, where string, rc *proxy.Redis, entries []EntryMatch) *yamlcheck.Table[Tiers] {
 	aggregate := Rule{Entries: entries}.Aggregate()
-	c := ld.Checker()
-	f := c.Fields(n, where+" tiers", "entry", "default", "levels")
-	if f == nil {
-		return nil
-	}
-	t := &Tiers{}
-	if v, ok := f["entry"]; ok {
-		if s, ok := c.Scalar(v, where+" tiers entry"); ok {
+	return yamlcheck.NewTable("tiers",
+		yamlcheck.Val("entry", proxy.Named(where+" tiers entry", proxy.Custom("descriptor key", func(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+			s, ok := c.Scalar(n, where)
+			if !ok {
+				return "", false
+			}
 			found := false
 			for _, e := range entries {
 				found = found || (e.Key == s && e.Value == "")
 			}
 			if !found {
-				c.Errorf(v, "%s tiers entry %q: want one of the descriptor's keys without a fixed value", where, s)
+				c.Errorf(n, "%s %q: want one of the descriptor's keys without a fixed value", where, s)
 			}
-			t.Entry = s
-		}
-	} else {
-		c.Errorf(n, "%s tiers: entry is required (the descriptor key naming the tier)", where)
-	}
-	if v, ok := f["default"]; ok {
-		t.Default, _ = ld.Name(v, "tiers default")
-	}
-	if v, ok := f["levels"]; ok {
-		v = yamlcheck.Resolve(v)
-		if v.Kind != yaml.MappingNode {
-			c.Errorf(v, "%s tiers levels must be a mapping of tier name to limits, got %s", where, yamlcheck.KindName(v))
-		} else {
+			return s, true
+		})), func(t *Tiers) *string { return &t.Entry }, "the descriptor key naming the tier (required)"),
+		yamlcheck.Val("default", proxy.Named("tiers default", proxy.NameKind), func(t *Tiers) *string { return &t.Default },
+			"the tier of a descriptor whose entry names no level (none: no tier limits)"),
+		yamlcheck.Val("levels", proxy.Custom("mapping of tier name to limits", func(c *yamlcheck.Checker, v *yaml.Node, _ string) ([]proxy.Tier, bool) {
+			v = yamlcheck.Resolve(v)
+			if v.Kind != yaml.MappingNode {
+				c.Errorf(v, "%s tiers levels must be a mapping of tier name to limits, got %s", where, yamlcheck.KindName(v))
+				return nil, false
+			}
+			var out []proxy.Tier
 			for i := 0; i+1 < len(v.Content); i += 2 {
 				name, ok := ld.Name(yamlcheck.Resolve(v.Content[i]), "tier name")
 				ls := ld.Limits(v.Content[i+1], fmt.Sprintf("%s tier %q", where, name), rc, aggregate)
@@ -403,10 +429,23 @@ func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.R
 					}
 				}
 				if ok {
-					t.Levels = append(t.Levels, proxy.Tier{Name: name, Limits: ls})
+					out = append(out, proxy.Tier{Name: name, Limits: ls})
 				}
 			}
-		}
+			return out, true
+		}), func(t *Tiers) *[]proxy.Tier { return &t.Levels }, "each tier's limits, added to the rule's"),
+	)
+}
+
+func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.Redis, entries []EntryMatch) *Tiers {
+	c := ld.Checker()
+	t := &Tiers{}
+	got := tiersTable(ld, where, rc, entries).ParseAt(c, n, where+" tiers", t)
+	if got == nil {
+		return nil
+	}
+	if _, ok := got["entry"]; !ok {
+		c.Errorf(n, "%s tiers: entry is required (the descriptor key naming the tier)", where)
 	}
 	if t.Default != "" {
 		found := false
@@ -414,7 +453,7 @@ func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.R
 			found = found || x.Name == t.Default
 		}
 		if !found {
-			c.Errorf(f["default"], "tiers default %q is not one of the levels", t.Default)
+			c.Errorf(got["default"], "tiers default %q is not one of the levels", t.Default)
 		}
 	}
 	return t
