@@ -128,7 +128,9 @@ func (k Percent) Parse(c *Checker, n *yaml.Node, where string) (float64, bool) {
 func (Percent) Format(v float64) string { return strconv.FormatFloat(v*100, 'g', 6, 64) + "%" }
 
 // Describe implements Kind.
-func (k Percent) Describe() string { return fmt.Sprintf("percentage, %g%% to %g%%", k.Min*100, k.Max*100) }
+func (k Percent) Describe() string {
+	return fmt.Sprintf("percentage, %g%% to %g%%", k.Min*100, k.Max*100)
+}
 
 // Bool is true or false.
 type Bool struct{}
