@@ -314,7 +314,7 @@ func (ps *parser) bgpNeighbor(n *yaml.Node) BGPNeighbor {
 		nb.AS = ps.asNumber(v, "bgp neighbor as")
 	}
 	if v, ok := f["password_file"]; ok {
-		nb.PasswordFile = ps.path(v, "bgp neighbor password_file")
+		nb.PasswordFile, _ = yamlcheck.Path{}.Parse(&ps.Checker, v, "bgp neighbor password_file")
 	}
 	if v, ok := f["multihop"]; ok {
 		if m, ok := ps.UintIn(v, "bgp neighbor multihop", 1, 255); ok {
