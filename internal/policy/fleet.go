@@ -244,20 +244,8 @@ func (ps *parser) checkFleet(p *Policy) {
 // l7RedisAddr reads l7.redis.addr and l7.redis.timeout from the raw l7:
 // section (the L7 stage's decoder validates them).
 func l7RedisAddr(l7 *yaml.Node) (string, time.Duration) {
-	get := func(n *yaml.Node, key string) *yaml.Node {
-		n = yamlcheck.Resolve(n)
-		if n == nil || n.Kind != yaml.MappingNode {
-			return nil
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == key {
-				return yamlcheck.Resolve(n.Content[i+1])
-			}
-		}
-		return nil
-	}
-	r := get(l7, "redis")
-	a := get(r, "addr")
+	r := yamlcheck.Lookup(l7, "redis")
+	a := yamlcheck.Lookup(r, "addr")
 	if a == nil || a.Kind != yaml.ScalarNode {
 		return "", 0
 	}
@@ -265,7 +253,7 @@ func l7RedisAddr(l7 *yaml.Node) (string, time.Duration) {
 		return "", 0
 	}
 	var timeout time.Duration
-	if t := get(r, "timeout"); t != nil && t.Kind == yaml.ScalarNode {
+	if t := yamlcheck.Lookup(r, "timeout"); t != nil && t.Kind == yaml.ScalarNode {
 		if d, err := time.ParseDuration(t.Value); err == nil && d > 0 {
 			timeout = d
 		}

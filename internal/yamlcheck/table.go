@@ -209,14 +209,27 @@ func (t *Table[S]) ParseAt(c *Checker, n *yaml.Node, where string, out *S) map[s
 	return t.parseAt(c, n, where, out)
 }
 
+// ParseItem is Parse for one item of a list, named in messages as name
+// and its fields as "name key" ("bgp neighbor as", "syn service web
+// mss"; a sub-table's fields as "name key.field").
+func (t *Table[S]) ParseItem(c *Checker, n *yaml.Node, name string, out *S) map[string]*yaml.Node {
+	return t.walk(c, n, name, name+" ", out)
+}
+
 func (t *Table[S]) parseAt(c *Checker, n *yaml.Node, where string, out *S) map[string]*yaml.Node {
+	return t.walk(c, n, where, where+".", out)
+}
+
+// walk parses the mapping n (called where) into out, its fields named
+// prefix+key.
+func (t *Table[S]) walk(c *Checker, n *yaml.Node, where, prefix string, out *S) map[string]*yaml.Node {
 	fields := c.Fields(n, where, t.Keys()...)
 	if fields == nil {
 		return nil
 	}
 	for _, f := range t.Fields {
 		if v, ok := fields[f.Key]; ok {
-			f.parse(c, v, where+"."+f.Key, out)
+			f.parse(c, v, prefix+f.Key, out)
 		} else if f.required != "" {
 			c.Errorf(n, "%s", f.required)
 		}
