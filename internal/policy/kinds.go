@@ -170,3 +170,33 @@ func (ps *parser) percent(n *yaml.Node, where string, lo, hi, def float64) float
 	}
 	return def
 }
+
+// reserve is a share of a burst or budget: "50%", "12.5%" or 0, below
+// 100% (ParseReserve), in parts per million.
+type reserve struct{}
+
+func (reserve) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (uint32, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return 0, false
+	}
+	r, err := ParseReserve(s)
+	if err != nil {
+		c.Errorf(n, "%s: %v", where, err)
+		return 0, false
+	}
+	return r, true
+}
+
+func (reserve) Format(ppm uint32) string { return FormatReserve(ppm) }
+
+func (reserve) Describe() string { return "percentage below 100% (like 10% or 12.5%), or 0" }
+
+// boolean is true or false, def on a problem (for the sections not yet on
+// a table).
+func (ps *parser) boolean(n *yaml.Node, where string, def bool) bool {
+	if v, ok := (yamlcheck.Bool{}).Parse(&ps.Checker, n, where); ok {
+		return v
+	}
+	return def
+}

@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/big"
-	"net"
 	"net/netip"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -785,74 +783,62 @@ func ParseCountry(s string) (Country, error) {
 	return Country{u[0], u[1]}, nil
 }
 
+// tablesTable is the tables: section: the data plane's capacities.
+var tablesTable = yamlcheck.NewTable("tables",
+	tableSize("per_source_entries", func(t *Tables) *uint32 { return &t.PerSourceEntries }, "capacity of the per-source buckets (entries)"),
+	tableSize("aggregate_entries", func(t *Tables) *uint32 { return &t.AggregateEntries }, "capacity of the per-prefix and per-ASN buckets (entries)"),
+	tableSize("prefix_entries", func(t *Tables) *uint32 { return &t.PrefixEntries }, "capacity of the prefix-facts trie (entries)"),
+	tableSize("list_entries", func(t *Tables) *uint32 { return &t.ListEntries }, "capacity of the deny and allow lists (entries)"),
+	tableSize("max_rules", func(t *Tables) *uint32 { return &t.MaxRules }, "the most rules"),
+	tableSize("ipv4_direct_chunks", func(t *Tables) *uint32 { return &t.IPv4DirectChunks },
+		"the IPv4 direct table's budget of 16-entry chunks per generation (beyond it IPv4 uses the trie)"),
+	tableSize("standing_entries", func(t *Tables) *uint32 { return &t.StandingEntries }, "capacity of the standing table (one entry per source address)"),
+)
+
+func tableSize(key string, at func(*Tables) *uint32, doc string) yamlcheck.Field[Tables] {
+	return yamlcheck.Val(key, yamlcheck.Uint[uint32]{Min: 1, Max: 1 << 26}, at, doc)
+}
+
 // tables parses the capacities and returns the value node of each field, for
 // later messages about them.
 func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.Node) {
-	out := base
-	f := ps.Fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules",
-		"ipv4_direct_chunks", "standing_entries")
-	set := func(key string, dst *uint32) {
-		if v, ok := f[key]; ok {
-			if u, ok := ps.UintIn(v, "tables."+key, 1, 1<<26); ok {
-				*dst = uint32(u)
-			}
-		}
-	}
-	set("per_source_entries", &out.PerSourceEntries)
-	set("aggregate_entries", &out.AggregateEntries)
-	set("prefix_entries", &out.PrefixEntries)
-	set("list_entries", &out.ListEntries)
-	set("max_rules", &out.MaxRules)
-	set("ipv4_direct_chunks", &out.IPv4DirectChunks)
-	set("standing_entries", &out.StandingEntries)
-	return out, f
+	f := tablesTable.Parse(&ps.Checker, n, &base)
+	return base, f
 }
 
+// metricsTable is the metrics: section.
+var metricsTable = yamlcheck.NewTable("metrics",
+	yamlcheck.Val("listen", yamlcheck.HostPort{Like: `127.0.0.1:9469 or [::1]:9469, or "" to disable`, Empty: true},
+		func(m *Metrics) *string { return &m.Listen }, "where Prometheus metrics are served; \"\": not at all"),
+)
+
 func (ps *parser) metrics(n *yaml.Node, base Metrics) Metrics {
-	out := base
-	f := ps.Fields(n, "metrics", "listen")
-	if v, ok := f["listen"]; ok {
-		v = yamlcheck.Resolve(v)
-		if v.Kind == yaml.ScalarNode && v.Value == "" {
-			return Metrics{}
-		}
-		s, ok := ps.Scalar(v, "metrics.listen")
-		if !ok {
-			return out
-		}
-		host, port, err := net.SplitHostPort(s)
-		pn, perr := strconv.ParseUint(port, 10, 16)
-		if err != nil || perr != nil || pn == 0 || host == "" {
-			ps.Errorf(v, "metrics.listen %q: want host:port like 127.0.0.1:9469 or [::1]:9469, or \"\" to disable", s)
-			return out
-		}
-		out.Listen = s
-	}
-	return out
+	metricsTable.Parse(&ps.Checker, n, &base)
+	return base
 }
+
+// asnDataTable is the asn_data: section.
+var asnDataTable = yamlcheck.NewTable("asn_data",
+	yamlcheck.Val("path", yamlcheck.Path{}, func(a *ASNData) *string { return &a.Path },
+		"an iptoasn TSV (ip2asn-combined.tsv) or a .mmdb file; required"),
+	yamlcheck.Val("format", yamlcheck.Enum[ASNFormat]{Values: []ASNFormat{ASNFormatIPToASN, ASNFormatMMDB}},
+		func(a *ASNData) *ASNFormat { return &a.Format }, "the file's format; by default mmdb for a .mmdb path, else iptoasn"),
+)
 
 func (ps *parser) asnData(n *yaml.Node) ASNData {
 	var out ASNData
-	f := ps.Fields(n, "asn_data", "path", "format")
+	f := asnDataTable.Parse(&ps.Checker, n, &out)
 	if f == nil {
 		return out
 	}
-	if v, ok := f["path"]; ok {
-		out.Path, _ = ps.Scalar(v, "asn_data.path")
-		// Like list files, a relative path is relative to the policy
-		// file, not to the daemon's working directory (/ under systemd).
-		if out.Path != "" && !filepath.IsAbs(out.Path) {
-			out.Path = filepath.Join(filepath.Dir(ps.File), out.Path)
-		}
-	} else {
+	if _, ok := f["path"]; !ok {
 		ps.Errorf(n, "asn_data needs a path (an iptoasn TSV such as ip2asn-combined.tsv, or a .mmdb file)")
 	}
-	out.Format = ASNFormatIPToASN
-	if strings.HasSuffix(strings.ToLower(out.Path), ".mmdb") {
-		out.Format = ASNFormatMMDB
-	}
-	if v, ok := f["format"]; ok {
-		out.Format = ASNFormat(ps.enum(v, "asn_data.format", string(out.Format), string(ASNFormatIPToASN), string(ASNFormatMMDB)))
+	if _, ok := f["format"]; !ok || out.Format == "" {
+		out.Format = ASNFormatIPToASN
+		if strings.HasSuffix(strings.ToLower(out.Path), ".mmdb") {
+			out.Format = ASNFormatMMDB
+		}
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,7 +129,9 @@ func (k Percent) Parse(c *Checker, n *yaml.Node, where string) (float64, bool) {
 func (Percent) Format(v float64) string { return strconv.FormatFloat(v*100, 'g', 6, 64) + "%" }
 
 // Describe implements Kind.
-func (k Percent) Describe() string { return fmt.Sprintf("percentage, %g%% to %g%%", k.Min*100, k.Max*100) }
+func (k Percent) Describe() string {
+	return fmt.Sprintf("percentage, %g%% to %g%%", k.Min*100, k.Max*100)
+}
 
 // Bool is true or false.
 type Bool struct{}
@@ -332,3 +335,75 @@ func (c *Checker) ReadFile(n *yaml.Node, where string) (path string, data []byte
 	}
 	return path, data, true
 }
+
+// Pattern is a single value that matches RE; Want says what it may be, for
+// the message ("use 1-63 lower-case letters, ...").
+type Pattern struct {
+	RE   *regexp.Regexp
+	Want string
+}
+
+// Parse implements Kind.
+func (k Pattern) Parse(c *Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return "", false
+	}
+	if !k.RE.MatchString(s) {
+		c.Errorf(n, "%s %q: %s", where, s, k.Want)
+		return "", false
+	}
+	return s, true
+}
+
+// Format implements Kind.
+func (Pattern) Format(s string) string { return String{}.Format(s) }
+
+// Describe implements Kind.
+func (k Pattern) Describe() string { return "text: " + k.Want }
+
+// List is a list of values of one kind, of Min to Max items (Max 0: no
+// bound); a single value is a list of one. The diff reports items one by
+// one.
+type List[V any] struct {
+	Of       Kind[V]
+	Min, Max int
+}
+
+// Parse implements Kind.
+func (k List[V]) Parse(c *Checker, n *yaml.Node, where string) ([]V, bool) {
+	items := c.Seq(n, where)
+	switch {
+	case len(items) < k.Min && len(items) == 0:
+		c.Errorf(n, "%s is empty", where)
+		return nil, false
+	case len(items) < k.Min:
+		c.Errorf(n, "%s: %d items, at least %d", where, len(items), k.Min)
+		return nil, false
+	case k.Max > 0 && len(items) > k.Max:
+		c.Errorf(n, "%s: %d items, at most %d", where, len(items), k.Max)
+		items = items[:k.Max]
+	}
+	var out []V
+	for _, it := range items {
+		if v, ok := k.Of.Parse(c, it, where); ok {
+			out = append(out, v)
+		}
+	}
+	return out, true
+}
+
+// Format implements Kind.
+func (k List[V]) Format(v []V) string { return "[" + strings.Join(k.Items(v), ", ") + "]" }
+
+// Items implements Lister.
+func (k List[V]) Items(v []V) []string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = k.Of.Format(x)
+	}
+	return out
+}
+
+// Describe implements Kind.
+func (k List[V]) Describe() string { return "list of " + k.Of.Describe() }

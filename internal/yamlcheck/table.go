@@ -43,16 +43,20 @@ type Field[S any] struct {
 	// Doc is the one-line description in the docs.
 	Doc string
 	// Type is the kind's description, for the docs.
-	Type   string
-	label  string
-	parse  func(c *Checker, n *yaml.Node, where string, s *S)
-	format func(s *S) string
-	items  func(s *S) []string
-	sub    *Table[S]
+	Type     string
+	label    string
+	required string
+	parse    func(c *Checker, n *yaml.Node, where string, s *S)
+	format   func(s *S) string
+	items    func(s *S) []string
+	// A sub-table's: its keys, its field-by-field diff and docs rows, and
+	// one of its fields' format.
+	keys     func() []string
+	diffSub  func(prefix string, a, b *S, emit func(op byte, text string))
+	rows     func(b *strings.Builder, prefix string, def *S)
+	formatIn func(s *S, key string) (string, bool)
 	// whole: the diff writes a sub-table on one line (Switch, Formatted).
 	whole bool
-	// off and isOff: a sub-table that "off" (or 0) turns off.
-	off   func(s *S)
 	isOff func(s *S) bool
 }
 
@@ -80,16 +84,29 @@ func Val[S, V any](key string, k Kind[V], at func(s *S) *V, doc string) Field[S]
 // one by one as <key>.<field>; with Switch or Formatted it is one line
 // ({key: value, ...}, or the format's).
 func Sub[S any](key, doc string, fields ...Field[S]) Field[S] {
-	t := &Table[S]{Fields: fields}
+	return Nested(key, doc, &Table[S]{Fields: fields}, func(s *S) *S { return s })
+}
+
+// Nested is a field holding a mapping described by its own table, in a
+// struct of its own at *at(s) ("fleet.redis: {addrs: [...]}"); like Sub
+// otherwise.
+func Nested[S, T any](key, doc string, t *Table[T], at func(s *S) *T) Field[S] {
 	return Field[S]{
 		Key:  key,
 		Doc:  doc,
 		Type: "mapping",
-		sub:  t,
+		keys: t.Keys,
 		parse: func(c *Checker, n *yaml.Node, where string, s *S) {
-			t.parseAt(c, n, where, s)
+			t.parseAt(c, n, where, at(s))
 		},
-		format: func(s *S) string { return t.formatAll(s) },
+		format: func(s *S) string { return t.String(at(s)) },
+		diffSub: func(prefix string, a, b *S, emit func(op byte, text string)) {
+			t.DiffWith(prefix, at(a), at(b), emit)
+		},
+		rows: func(b *strings.Builder, prefix string, def *S) {
+			t.markdownRows(b, prefix, at(def))
+		},
+		formatIn: func(s *S, key string) (string, bool) { return t.Format(at(s), key) },
 	}
 }
 
@@ -97,13 +114,13 @@ func Sub[S any](key, doc string, fields ...Field[S]) Field[S] {
 // struct's fields to the section's "off" state, isOff recognises it (the
 // diff then says off).
 func (f Field[S]) Switch(off func(s *S), isOff func(s *S) bool) Field[S] {
-	if f.sub == nil {
+	if f.keys == nil {
 		panic("yamlcheck: Switch on a field that is not a sub-table: " + f.Key)
 	}
-	f.off, f.isOff = off, isOff
+	f.isOff = isOff
 	f.whole = true
 	f.Type = "off, or a mapping"
-	sub := f.sub
+	keys := f.keys
 	parse := f.parse
 	f.parse = func(c *Checker, n *yaml.Node, where string, s *S) {
 		n = Resolve(n)
@@ -112,7 +129,7 @@ func (f Field[S]) Switch(off func(s *S), isOff func(s *S) bool) Field[S] {
 				off(s)
 				return
 			}
-			c.Errorf(n, "%s %q: want off or {%s}", where, n.Value, strings.Join(sub.Keys(), ", "))
+			c.Errorf(n, "%s %q: want off or {%s}", where, n.Value, strings.Join(keys(), ", "))
 			return
 		}
 		parse(c, n, where, s)
@@ -124,6 +141,13 @@ func (f Field[S]) Switch(off func(s *S), isOff func(s *S) bool) Field[S] {
 		}
 		return format(s)
 	}
+	return f
+}
+
+// Required makes the field one the file must write: without it, msg is
+// reported at the section ("fleet needs a name ...").
+func (f Field[S]) Required(msg string) Field[S] {
+	f.required = msg
 	return f
 }
 
@@ -185,17 +209,36 @@ func (t *Table[S]) ParseAt(c *Checker, n *yaml.Node, where string, out *S) map[s
 	return t.parseAt(c, n, where, out)
 }
 
+// ParseItem is Parse for one item of a list, named in messages as name
+// and its fields as "name key" ("bgp neighbor as", "syn service web
+// mss"; a sub-table's fields as "name key.field").
+func (t *Table[S]) ParseItem(c *Checker, n *yaml.Node, name string, out *S) map[string]*yaml.Node {
+	return t.walk(c, n, name, name+" ", out)
+}
+
 func (t *Table[S]) parseAt(c *Checker, n *yaml.Node, where string, out *S) map[string]*yaml.Node {
+	return t.walk(c, n, where, where+".", out)
+}
+
+// walk parses the mapping n (called where) into out, its fields named
+// prefix+key.
+func (t *Table[S]) walk(c *Checker, n *yaml.Node, where, prefix string, out *S) map[string]*yaml.Node {
 	fields := c.Fields(n, where, t.Keys()...)
+	if fields == nil {
+		return nil
+	}
 	for _, f := range t.Fields {
 		if v, ok := fields[f.Key]; ok {
-			f.parse(c, v, where+"."+f.Key, out)
+			f.parse(c, v, prefix+f.Key, out)
+		} else if f.required != "" {
+			c.Errorf(n, "%s", f.required)
 		}
 	}
 	return fields
 }
 
-func (t *Table[S]) formatAll(s *S) string {
+// String writes every field of s on one line: {key: value, ...}.
+func (t *Table[S]) String(s *S) string {
 	parts := make([]string, len(t.Fields))
 	for i, f := range t.Fields {
 		parts[i] = f.Key + ": " + f.format(s)
@@ -212,10 +255,10 @@ func (t *Table[S]) Format(s *S, key string) (string, bool) {
 			continue
 		}
 		if nested {
-			if f.sub == nil {
+			if f.formatIn == nil {
 				return "", false
 			}
-			return f.sub.Format(s, rest)
+			return f.formatIn(s, rest)
 		}
 		return f.format(s), true
 	}
@@ -237,8 +280,8 @@ func (t *Table[S]) DiffWith(prefix string, a, b *S, emit func(op byte, text stri
 		if label == "" {
 			label = prefix + f.Key
 		}
-		if f.sub != nil && !f.whole {
-			f.sub.DiffWith(label+".", a, b, emit)
+		if f.diffSub != nil && !f.whole {
+			f.diffSub(label+".", a, b, emit)
 			continue
 		}
 		if f.items != nil {
@@ -278,12 +321,12 @@ func (t *Table[S]) markdownRows(b *strings.Builder, prefix string, def *S) {
 		if f.items != nil && len(f.items(def)) == 0 {
 			dflt = "none"
 		}
-		if f.sub != nil && f.isOff == nil {
+		if f.rows != nil && f.isOff == nil {
 			dflt = "see below"
 		}
 		fmt.Fprintf(b, "| `%s%s` | %s | `%s` | %s |\n", prefix, f.Key, esc(f.Type), esc(dflt), esc(f.Doc))
-		if f.sub != nil {
-			f.sub.markdownRows(b, prefix+f.Key+".", def)
+		if f.rows != nil {
+			f.rows(b, prefix+f.Key+".", def)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package yamlcheck
 
 import (
 	"cmp"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -191,5 +192,76 @@ func TestTableMarkdown(t *testing.T) {
 		if !strings.Contains(md, row+"\n") {
 			t.Errorf("markdown lacks %q:\n%s", row, md)
 		}
+	}
+}
+
+type outer struct {
+	Name  string
+	Share float64
+	Inner inner
+}
+
+type inner struct {
+	Addrs []string
+	Sub   toy
+}
+
+var innerTable = NewTable("outer.inner",
+	Val("addrs", List[string]{Of: HostPort{Like: "127.0.0.1:80"}, Min: 1, Max: 2}, func(s *inner) *[]string { return &s.Addrs }, "where").
+		Required("outer.inner needs addrs"),
+)
+
+var outerTable = NewTable("outer",
+	Val("name", Pattern{RE: regexp.MustCompile(`^[a-z]+$`), Want: "use lower-case letters"}, func(s *outer) *string { return &s.Name }, "name").
+		Required("outer needs a name"),
+	Val("share", Percent{Min: 0.5, Max: 1}, func(s *outer) *float64 { return &s.Share }, "share"),
+	Nested("inner", "the inner part", innerTable, func(s *outer) *inner { return &s.Inner }),
+)
+
+// TestNestedRequiredListPattern: a nested struct's table, required keys,
+// lists with bounds, patterns and percentages; the diff of a nested table is
+// field by field.
+func TestNestedRequiredListPattern(t *testing.T) {
+	parse := func(src string) (outer, []string) {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
+			t.Fatal(err)
+		}
+		c := &Checker{File: "f.yaml"}
+		out := outer{Share: 0.9}
+		outerTable.Parse(c, doc.Content[0], &out)
+		var problems []string
+		for _, p := range c.Problems {
+			problems = append(problems, p.String())
+		}
+		return out, problems
+	}
+	got, problems := parse("name: ab\nshare: 75%\ninner: {addrs: [\"127.0.0.1:1\", \"[::1]:2\"]}\n")
+	if len(problems) > 0 || got.Name != "ab" || got.Share != 0.75 || len(got.Inner.Addrs) != 2 {
+		t.Fatalf("%+v %v", got, problems)
+	}
+	_, problems = parse("share: 0.4\ninner: {}\n")
+	want := []string{"f.yaml:1:1: outer needs a name", "f.yaml:1:8: outer.share 0.4: must be between 50% and 100%", "f.yaml:2:8: outer.inner needs addrs"}
+	if strings.Join(problems, "\n") != strings.Join(want, "\n") {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(problems, "\n"), strings.Join(want, "\n"))
+	}
+	_, problems = parse("name: A\ninner: {addrs: []}\n")
+	if len(problems) != 2 || !strings.Contains(problems[0], `outer.name "A": use lower-case letters`) || !strings.Contains(problems[1], "outer.inner.addrs is empty") {
+		t.Errorf("%v", problems)
+	}
+	_, problems = parse("name: a\ninner: {addrs: [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]}\n")
+	if len(problems) != 1 || !strings.Contains(problems[0], "outer.inner.addrs: 3 items, at most 2") {
+		t.Errorf("%v", problems)
+	}
+	a := outer{Name: "a", Share: 0.5, Inner: inner{Addrs: []string{"127.0.0.1:1"}}}
+	b := outer{Name: "a", Share: 0.6, Inner: inner{Addrs: []string{"127.0.0.1:2"}}}
+	var diff []string
+	outerTable.Diff(&a, &b, func(op byte, text string) { diff = append(diff, string(op)+" "+text) })
+	wantDiff := []string{"~ setting outer.share 50% -> 60%", "+ setting outer.inner.addrs 127.0.0.1:2", "- setting outer.inner.addrs 127.0.0.1:1"}
+	if strings.Join(diff, "\n") != strings.Join(wantDiff, "\n") {
+		t.Errorf("diff:\n%s\nwant:\n%s", strings.Join(diff, "\n"), strings.Join(wantDiff, "\n"))
+	}
+	if s := outerTable.String(&a); s != "{name: a, share: 50%, inner: {addrs: [127.0.0.1:1]}}" {
+		t.Errorf("String: %s", s)
 	}
 }

@@ -161,3 +161,25 @@ func (c *Checker) Seq(n *yaml.Node, where string) []*yaml.Node {
 	c.Errorf(n, "%s must be a list, got %s", where, KindName(n))
 	return nil
 }
+
+// Lookup is the value of key in the mapping n (nil if n is not a mapping
+// or has no key), for checks across fields after a table's walk.
+func Lookup(n *yaml.Node, key string) *yaml.Node {
+	n = Resolve(n)
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if Resolve(n.Content[i]).Value == key {
+			return Resolve(n.Content[i+1])
+		}
+	}
+	return nil
+}
+
+// Seq is the items of a list n (a single value: a list of one), without
+// reporting anything: for checks after a table's walk.
+func Seq(n *yaml.Node) []*yaml.Node {
+	var c Checker
+	return c.Seq(n, "")
+}
