@@ -46,9 +46,10 @@ func (d *decoder) routeTable(r *Route, rc *Redis) *yamlcheck.Table[Route] {
 	where := func() string { return fmt.Sprintf("route %q", r.Name) }
 	return yamlcheck.NewTable("route",
 		yamlcheck.Val("name", as("route name", nameKind{}), func(r *Route) *string { return &r.Name },
-			"required, unique"),
+			"unique").Formatted(required(func(r *Route) string { return r.Name })),
 		yamlcheck.Val("match", at(where, " match", matchSection), func(r *Route) *Match { return &r.Match },
-			"which requests (all fields optional, all must match; none: every request)"),
+			"which requests (all fields optional, all must match)").
+			Formatted(func(*Route) string { return "every request" }),
 		yamlcheck.Val("exempt_paths", at(where, " exempt_paths", yamlcheck.Kind[[]string](exactPaths{})),
 			func(r *Route) *[]string { return &r.ExemptPaths },
 			"exact URL paths of the route never shed or limited"),
@@ -93,7 +94,7 @@ var matchTable = yamlcheck.NewTable("match",
 		func(m *matchSpec) *bool { return &m.IgnoreCase },
 		"`insensitive` compares `path_prefix`/`path_pattern` without regard to case (for an upstream that serves `/LIMITED` as `/limited`); the path is forwarded in its own case"),
 	yamlcheck.Val("header", as("match header", headerValues{}), func(m *matchSpec) *map[string]string { return &m.Header },
-		"`{Name: exact value}`"),
+		"`{Name: exact value}`").Formatted(func(*matchSpec) string { return "none" }),
 )
 
 // matchSection is a route's match.
@@ -125,7 +126,7 @@ var matchSection = custom("mapping (below)", func(c *yamlcheck.Checker, n *yaml.
 func (d *decoder) tiersSection(where func() string, rc *Redis) optional[Tiers] {
 	t := yamlcheck.NewTable("tiers",
 		yamlcheck.Val("header", as("tiers header", headerName{}), func(t *Tiers) *string { return &t.Header },
-			"the header naming the tier, set by a trusted auth layer (required)"),
+			"the header naming the tier, set by a trusted auth layer").Formatted(required(func(t *Tiers) string { return t.Header })),
 		yamlcheck.Val("default", as("tiers default", nameKind{}), func(t *Tiers) *string { return &t.Default },
 			"the tier of a request without the header or with an unknown tier (none: no tier limits)"),
 		yamlcheck.Val("levels", as("tiers levels", custom("mapping of tier name to limits", func(c *yamlcheck.Checker, n *yaml.Node, _ string) ([]Tier, bool) {
@@ -298,12 +299,14 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 	}
 	return yamlcheck.NewTable("limit",
 		yamlcheck.Val("name", marking(bad, as("limit name", yamlcheck.Kind[string](nameKind{}))), func(l *limitSpec) *string { return &l.Name },
-			"required, `[A-Za-z0-9_.-]{1,64}`, unique in the whole `l7:` section; in RateLimit headers, 429 bodies and metrics"),
+			"unique in the whole `l7:` section; in RateLimit headers, 429 bodies and metrics").
+			Formatted(required(func(l *limitSpec) string { return l.Name })),
 		yamlcheck.Val("key", marking(bad, as("limit key", yamlcheck.Kind[Key](keyKind{}))), func(l *limitSpec) *Key { return &l.Key },
-			"what the limit counts per (required on a route, refused on an `rls:` rule): `ip`, `header:NAME`, `user`, `tenant`, `endpoint` (method + route name), `global`, `prefix` (the client's /24 or /48), `asn` (the client's ASN from `asn_data`; a client in no ASN skips the limit), or parts joined by `+` (`endpoint+user`, `tenant+ip`)"),
+			"what the limit counts per (refused on an `rls:` rule): `ip`, `header:NAME`, `user`, `tenant`, `endpoint` (method + route name), `global`, `prefix` (the client's /24 or /48), `asn` (the client's ASN from `asn_data`; a client in no ASN skips the limit), or parts joined by `+` (`endpoint+user`, `tenant+ip`)").
+			Formatted(required(func(l *limitSpec) string { return l.Key.String() })),
 		yamlcheck.Val("rate", marking(bad, at(func() string { return fmt.Sprintf("limit %q", l.Name) }, "", yamlcheck.Kind[requestRate](rateKind{}))),
 			func(l *limitSpec) *requestRate { return &l.rate },
-			"a request rate in the policy's rate syntax (`100/min`, `1.5/s`, `10k/h`; bit and byte rates are refused); required"),
+			"a request rate in the policy's rate syntax (`100/min`, `1.5/s`, `10k/h`; bit and byte rates are refused)"),
 		yamlcheck.Val("burst", as("limit burst", yamlcheck.Kind[int64](yamlcheck.Uint[int64]{Min: 1, Max: 1 << 40})), func(l *limitSpec) *int64 { return &l.Burst },
 			"gcra, token-bucket, leaky_bucket; unset: the rate's count").
 			Formatted(func(l *limitSpec) string {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"net/netip"
 	"net/url"
 	"time"
@@ -118,7 +119,7 @@ var redisSection = optional[Redis]{section[Redis]{Table: redisTable, Def: Defaul
 
 var redisTable = yamlcheck.NewTable("l7 redis",
 	val("redis ", "addr", listenAddr, func(r *Redis) *string { return &r.Addr },
-		"the server (required)"),
+		"the server (required)").Formatted(required(func(r *Redis) string { return r.Addr })),
 	val("redis ", "timeout", duration{}, func(r *Redis) *time.Duration { return &r.Timeout },
 		"one dial, read or write (a refused connection fails at once, with one connect attempt)"),
 	val("redis ", "prefix", redisPrefix{}, func(r *Redis) *string { return &r.Prefix },
@@ -129,7 +130,8 @@ var redisTable = yamlcheck.NewTable("l7 redis",
 
 var concurrencyTable = yamlcheck.NewTable("concurrency",
 	val("", "max_in_flight", yamlcheck.Uint[int]{Min: 1, Max: 1 << 20}, func(c *Concurrency) *int { return &c.MaxInFlight },
-		"requests in flight (required); above it requests queue, then 503"),
+		"requests in flight (required); above it requests queue, then 503").
+		Formatted(required(func(c *Concurrency) string { return yamlcheck.Uint[int]{}.Format(c.MaxInFlight) })),
 	val("", "queue", yamlcheck.Uint[int]{Min: 0, Max: 1 << 20}, func(c *Concurrency) *int { return &c.Queue },
 		"requests waiting for a slot"),
 	val("", "queue_timeout", duration{}, func(c *Concurrency) *time.Duration { return &c.QueueTimeout },
@@ -190,9 +192,11 @@ func (d *decoder) l7Table() *yamlcheck.Table[Config] {
 	}}
 	return yamlcheck.NewTable("l7",
 		val("l7 ", "listen", listenAddr, func(c *Config) *string { return &c.Listen },
-			"where the proxy listens (required unless `rls:` serves alone); bound when the policy is applied, before anything else changes: a taken port fails the apply (at start: before the XDP program is loaded or attached) and the running policy stays"),
+			"where the proxy listens (required unless `rls:` serves alone); bound when the policy is applied, before anything else changes: a taken port fails the apply (at start: before the XDP program is loaded or attached) and the running policy stays").
+			Formatted(required(func(c *Config) string { return c.Listen })),
 		val("l7 ", "upstream", upstreamURL{}, func(c *Config) **url.URL { return &c.Upstream },
-			"`http://host:port` or `https://…` (optional path, no query); every route proxies to it (required unless `rls:` serves alone)"),
+			"`http://host:port` or `https://…` (optional path, no query); every route proxies to it (required unless `rls:` serves alone)").
+			Formatted(required(func(c *Config) string { return upstreamURL{}.Format(c.Upstream) })),
 		yamlcheck.Val("trusted_proxies", as("l7 trusted_proxies", prefixes{Item: "trusted proxy"}),
 			func(c *Config) *[]netip.Prefix { return &c.TrustedProxies },
 			"peers whose `Forwarded` / `X-Forwarded-For` name the client; host bits must be zero"),
@@ -203,9 +207,11 @@ func (d *decoder) l7Table() *yamlcheck.Table[Config] {
 				"IPv6 prefix length of an `ip` key"),
 		),
 		val("l7 ", "user_header", headerName{}, func(c *Config) *string { return &c.UserHeader },
-			"header of the `user` key (set by the auth layer in front); unset: `X-User-Id`"),
+			"header of the `user` key (set by the auth layer in front)").
+			Formatted(func(c *Config) string { return cmp.Or(c.UserHeader, "X-User-Id") }),
 		val("l7 ", "tenant_header", headerName{}, func(c *Config) *string { return &c.TenantHeader },
-			"header of the `tenant` key; unset: `X-Tenant-Id`"),
+			"header of the `tenant` key (set by the auth layer in front)").
+			Formatted(func(c *Config) string { return cmp.Or(c.TenantHeader, "X-Tenant-Id") }),
 		val("l7 ", "exempt_paths", exactPaths{}, func(c *Config) *[]string { return &c.ExemptPaths },
 			"exact URL paths never shed or limited (health checks), in normal form"),
 		val("l7 ", "headers", headersSection, func(c *Config) *Headers { return &c.Headers },
@@ -260,4 +266,15 @@ func (d *decoder) routes(n *yaml.Node) []Route {
 		out = append(out, r)
 	}
 	return out
+}
+
+// required formats a required field: "required" while unset (the docs'
+// default column), else its value.
+func required[S any](format func(s *S) string) func(s *S) string {
+	return func(s *S) string {
+		if v := format(s); v != "" && v != "0" && v != "none" {
+			return v
+		}
+		return "required"
+	}
 }

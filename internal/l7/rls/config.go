@@ -166,13 +166,15 @@ func Decode(cfg *proxy.Config, file string) (*Config, []policy.Problem) {
 func rlsTable(rules func(n *yaml.Node) []Rule) *yamlcheck.Table[Config] {
 	return yamlcheck.NewTable("l7 rls",
 		yamlcheck.Val("listen", proxy.Named("rls listen", proxy.ListenAddr), func(c *Config) *string { return &c.Listen },
-			"Envoy RLS v3 over gRPC on TCP; bound at apply (a taken port fails the apply, nothing changes); kept across reloads that keep it"),
+			"Envoy RLS v3 over gRPC on TCP; bound at apply (a taken port fails the apply, nothing changes); kept across reloads that keep it").
+			Formatted(func(c *Config) string { return cmp.Or(c.Listen, "none") }),
 		yamlcheck.Val("unix", proxy.Named[string]("rls unix", unixSocket{}), func(c *Config) *string { return &c.Unix },
 			"the same service on a Unix socket (mode 0660); a stale socket is removed, a live one or a non-socket fails the apply"),
 		yamlcheck.Val("tls", proxy.Named("rls tls", tlsSection), func(c *Config) **TLS { return &c.TLS },
 			"TLS for `listen` (PEM files read at every apply; `client_ca` requires client certificates); needs `listen`"),
 		yamlcheck.Val("http_listen", proxy.Named("rls http_listen", proxy.ListenAddr), func(c *Config) *string { return &c.HTTPListen },
-			"the subrequest endpoint `/v1/check/{domain}` for nginx `auth_request` and Traefik `ForwardAuth`"),
+			"the subrequest endpoint `/v1/check/{domain}` for nginx `auth_request` and Traefik `ForwardAuth`").
+			Formatted(func(c *Config) string { return cmp.Or(c.HTTPListen, "none") }),
 		yamlcheck.Val("rules", proxy.Decoded("list of rules (below)", func(_ *yamlcheck.Checker, n *yaml.Node, _ string) []Rule {
 			return rules(n)
 		}), func(c *Config) *[]Rule { return &c.Rules },
@@ -182,9 +184,9 @@ func rlsTable(rules func(n *yaml.Node) []Rule) *yamlcheck.Table[Config] {
 
 var tlsTable = yamlcheck.NewTable("rls tls",
 	yamlcheck.Val("cert", proxy.Named[string]("rls tls cert", absPath{}), func(t *TLS) *string { return &t.Cert },
-		"the server certificate, PEM (required)"),
+		"the server certificate, PEM").Formatted(func(t *TLS) string { return cmp.Or(t.Cert, "required") }),
 	yamlcheck.Val("key", proxy.Named[string]("rls tls key", absPath{}), func(t *TLS) *string { return &t.Key },
-		"its private key, PEM (required)"),
+		"its private key, PEM").Formatted(func(t *TLS) string { return cmp.Or(t.Key, "required") }),
 	yamlcheck.Val("client_ca", proxy.Named[string]("rls tls client_ca", absPath{}), func(t *TLS) *string { return &t.ClientCA },
 		"when set, clients must present a certificate that chains to it (mutual TLS)"),
 )
@@ -325,14 +327,15 @@ func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yam
 	where := func() string { return fmt.Sprintf("rls rule %q", r.Name) }
 	return yamlcheck.NewTable("rls rule",
 		yamlcheck.Val("name", proxy.Marking(bad, proxy.Named("rls rule name", proxy.NameKind)), func(r *Rule) *string { return &r.Name },
-			"required, `[A-Za-z0-9_.-]{1,64}`, unique"),
+			"unique").Formatted(func(r *Rule) string { return cmp.Or(r.Name, "required") }),
 		yamlcheck.Val("domain", proxy.Marking(bad, proxy.At(where, "", proxy.Custom("text", func(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
 			if s, ok := c.Scalar(n, where+" domain"); ok && s != "" && len(s) <= MaxValue {
 				return s, true
 			}
 			c.Errorf(n, "%s domain: want a non-empty string", where)
 			return "", false
-		}))), func(r *Rule) *string { return &r.Domain }, "the domain Envoy's rate limit filter sends (required)"),
+		}))), func(r *Rule) *string { return &r.Domain }, "the domain Envoy's rate limit filter sends").
+			Formatted(func(r *Rule) string { return cmp.Or(r.Domain, "required") }),
 		yamlcheck.Val("descriptor", proxy.At(where, "", proxy.Custom("list of KEY or KEY=VALUE",
 			func(c *yamlcheck.Checker, n *yaml.Node, where string) ([]EntryMatch, bool) {
 				// The entries decoded, even with a problem, still decide
@@ -342,7 +345,13 @@ func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yam
 				return es, true
 			})),
 			func(r *Rule) *[]EntryMatch { return &r.Entries },
-			"required: 1-16 entries, each `KEY` or `KEY=VALUE`, a key once; matches descriptors with exactly these keys in this order and the fixed values"),
+			"1-16 entries, each `KEY` or `KEY=VALUE`, a key once; matches descriptors with exactly these keys in this order and the fixed values").
+			Formatted(func(r *Rule) string {
+				if len(r.Entries) == 0 {
+					return "required"
+				}
+				return entriesString(r.Entries)
+			}),
 		yamlcheck.Val("limits", proxy.At(where, "", proxy.Custom("list of limits", func(_ *yamlcheck.Checker, n *yaml.Node, where string) ([]proxy.Limit, bool) {
 			return ld.Limits(n, where, rc, r.Aggregate()), true
 		})), func(r *Rule) *[]proxy.Limit { return &r.Limits },
@@ -351,7 +360,13 @@ func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yam
 			t := decodeTiers(ld, n, where, rc, r.Entries)
 			return t, t != nil
 		})), func(r *Rule) **Tiers { return &r.Tiers },
-			"`{entry: KEY, default: NAME, levels: {NAME: [limits]}}`, `entry` one of the descriptor's keys without a fixed value"),
+			"`{entry: KEY, default: NAME, levels: {NAME: [limits]}}`, `entry` one of the descriptor's keys without a fixed value").
+			Formatted(func(r *Rule) string {
+				if r.Tiers == nil {
+					return "none"
+				}
+				return "set"
+			}),
 	)
 }
 
@@ -410,7 +425,8 @@ func tiersTable(ld *proxy.LimitDecoder, where string, rc *proxy.Redis, entries [
 				c.Errorf(n, "%s %q: want one of the descriptor's keys without a fixed value", where, s)
 			}
 			return s, true
-		})), func(t *Tiers) *string { return &t.Entry }, "the descriptor key naming the tier (required)"),
+		})), func(t *Tiers) *string { return &t.Entry }, "the descriptor key naming the tier").
+			Formatted(func(t *Tiers) string { return cmp.Or(t.Entry, "required") }),
 		yamlcheck.Val("default", proxy.Named("tiers default", proxy.NameKind), func(t *Tiers) *string { return &t.Default },
 			"the tier of a descriptor whose entry names no level (none: no tier limits)"),
 		yamlcheck.Val("levels", proxy.Custom("mapping of tier name to limits", func(c *yamlcheck.Checker, v *yaml.Node, _ string) ([]proxy.Tier, bool) {
