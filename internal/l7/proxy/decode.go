@@ -128,19 +128,6 @@ func algorithmAlias(s string) (string, bool) {
 	return "", false
 }
 
-func (d *decoder) key(n *yaml.Node) (Key, bool) {
-	s, ok := d.Scalar(n, "limit key")
-	if !ok {
-		return nil, false
-	}
-	k, err := ParseKey(s)
-	if err != nil {
-		d.Errorf(n, "%v", err)
-		return nil, false
-	}
-	return k, true
-}
-
 // ParseKey parses a key expression: ip, header:NAME, user, tenant,
 // endpoint, global, prefix, asn, or several joined by "+" (endpoint+user,
 // tenant+ip, asn+endpoint).

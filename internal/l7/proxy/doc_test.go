@@ -2,9 +2,10 @@ package proxy
 
 import (
 	"flag"
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 )
 
 var updateDocs = flag.Bool("update", false, "rewrite the generated tables of docs/policy.md")
@@ -43,36 +44,10 @@ func docTables() string {
 	return b.String()
 }
 
-// PolicyDocPart replaces or checks the text between begin and end in
-// docs/policy.md.
-func policyDocPart(t *testing.T, begin, end, want string) {
-	t.Helper()
-	const path = "../../../docs/policy.md"
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(raw)
-	i, j := strings.Index(doc, begin), strings.Index(doc, end)
-	if i < 0 || j < i {
-		t.Fatalf("docs/policy.md: no %q ... %q", begin, end)
-	}
-	got := doc[i+len(begin) : j]
-	if got == want {
-		return
-	}
-	if *updateDocs {
-		if err := os.WriteFile(path, []byte(doc[:i+len(begin)]+want+doc[j:]), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Errorf("docs/policy.md's l7 tables differ from the tables in internal/l7/proxy; run go test ./internal/l7/proxy -run TestPolicyDocL7Tables -update")
-}
-
 // TestPolicyDocL7Tables: docs/policy.md's l7: field tables are the ones
 // the tables write.
 func TestPolicyDocL7Tables(t *testing.T) {
-	policyDocPart(t, "<!-- l7 tables: generated from internal/l7/proxy/tables.go, do not edit -->\n",
-		"<!-- end of l7 tables -->", docTables()+"\n")
+	l7test.GeneratedPart(t, "../../../docs/policy.md",
+		"<!-- l7 tables: generated from internal/l7/proxy/tables.go, do not edit -->\n",
+		"<!-- end of l7 tables -->", docTables()+"\n", *updateDocs)
 }

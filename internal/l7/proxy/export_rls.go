@@ -134,3 +134,17 @@ func Custom[V any](describe string, parse func(c *yamlcheck.Checker, n *yaml.Nod
 
 // NameKind is a name: 1-64 of [A-Za-z0-9_.-].
 var NameKind yamlcheck.Kind[string] = nameKind{}
+
+// CheckTierDefault reports a tiers default (at n) that names none of
+// levels.
+func CheckTierDefault(c *yamlcheck.Checker, n *yaml.Node, def string, levels []Tier) {
+	if def == "" {
+		return
+	}
+	for _, x := range levels {
+		if x.Name == def {
+			return
+		}
+	}
+	c.Errorf(n, "tiers default %q is not one of the levels", def)
+}

@@ -139,15 +139,7 @@ func (d *decoder) tiersSection(where func() string, rc *Redis) optional[Tiers] {
 			if _, ok := got["header"]; !ok {
 				c.Errorf(n, "%s tiers: header is required (the header naming the tier)", where())
 			}
-			if t.Default != "" {
-				found := false
-				for _, x := range t.Tiers {
-					found = found || x.Name == t.Default
-				}
-				if !found {
-					c.Errorf(got["default"], "tiers default %q is not one of the levels", t.Default)
-				}
-			}
+			CheckTierDefault(c, got["default"], t.Default, t.Tiers)
 		}}}
 }
 
@@ -309,12 +301,7 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			"a request rate in the policy's rate syntax (`100/min`, `1.5/s`, `10k/h`; bit and byte rates are refused)"),
 		yamlcheck.Val("burst", as("limit burst", yamlcheck.Kind[int64](yamlcheck.Uint[int64]{Min: 1, Max: 1 << 40})), func(l *limitSpec) *int64 { return &l.Burst },
 			"gcra, token-bucket, leaky_bucket; unset: the rate's count").
-			Formatted(func(l *limitSpec) string {
-				if l.Burst == 0 {
-					return "the rate's count"
-				}
-				return yamlcheck.Uint[int64]{}.Format(l.Burst)
-			}),
+			Formatted(unsetSays("the rate's count", func(l *limitSpec) string { return yamlcheck.Uint[int64]{}.Format(l.Burst) })),
 		yamlcheck.Val("algorithm", marking(bad, as("limit algorithm", yamlcheck.Kind[string](algorithm{}))), func(l *limitSpec) *string { return &l.Algorithm },
 			"underscores and hyphens are both accepted (`sliding_window`, `leaky-bucket`, `sliding-log`); redis: `gcra`, `sliding-window`, `leaky_bucket` (docs/l7.md)"),
 		yamlcheck.Val("shape", as("limit shape", yamlcheck.Kind[bool](yamlcheck.Bool{})), func(l *limitSpec) *bool { return &l.Shape },
@@ -325,12 +312,7 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			func(l *limitSpec) *string { return &l.Backend }, "`redis` needs `l7.redis`"),
 		yamlcheck.Val("failure", as("limit failure", yamlcheck.Kind[string](enumOf{[]string{FailureOpen, FailureClosed}})),
 			func(l *limitSpec) *string { return &l.Failure }, "redis only; unset: `l7.redis.failure`").
-			Formatted(func(l *limitSpec) string {
-				if l.Failure == "" {
-					return "l7.redis.failure"
-				}
-				return l.Failure
-			}),
+			Formatted(unsetSays("l7.redis.failure", func(l *limitSpec) string { return l.Failure })),
 		yamlcheck.Val("capacity", as("limit capacity", yamlcheck.Kind[int](yamlcheck.Uint[int]{Min: 1, Max: maxCapacity})),
 			func(l *limitSpec) *int { return &l.Capacity }, "keys per local limit (24 bytes each, allocated up front)"),
 		yamlcheck.Val("reserve", marking(bad, at(named("reserve"), "", yamlcheck.Kind[int](percent{}))), func(l *limitSpec) *int { return &l.Reserve },

@@ -140,12 +140,7 @@ var concurrencyTable = yamlcheck.NewTable("concurrency",
 		"the limit follows latency (AIMD), starting at `max_in_flight`"),
 	val("", "adaptive_max", yamlcheck.Uint[int]{Min: 1, Max: 1 << 20}, func(c *Concurrency) *int { return &c.AdaptiveMax },
 		"the adaptive limit's ceiling, at least `max_in_flight`; default max(`max_in_flight`, 1000)").
-		Formatted(func(c *Concurrency) string {
-			if c.AdaptiveMax == 0 {
-				return "max(max_in_flight, 1000)"
-			}
-			return yamlcheck.Uint[int]{}.Format(c.AdaptiveMax)
-		}),
+		Formatted(unsetSays("max(max_in_flight, 1000)", func(c *Concurrency) string { return yamlcheck.Uint[int]{}.Format(c.AdaptiveMax) })),
 	val("", "priority_header", headerName{}, func(c *Concurrency) *string { return &c.PriorityHeader },
 		"a header whose `critical`, `default` or `sheddable` (set by a trusted layer in front) overrides the class's priority"),
 	val("", "retry_after", duration{}, func(c *Concurrency) *time.Duration { return &c.RetryAfter },
@@ -228,12 +223,7 @@ func (d *decoder) l7Table() *yamlcheck.Table[Config] {
 			"what serves connections: `auto` is the event loop for an `http://` upstream, net/http for `https://`; `event-loop` with an https upstream is an error (docs/l7-proxy.md, \"Engines\")"),
 		val("l7 ", "loops", yamlcheck.Uint[int]{Min: 1, Max: 1024}, func(c *Config) *int { return &c.Loops },
 			"the event loop engine's number of loops (one OS thread each); unset: one per core").
-			Formatted(func(c *Config) string {
-				if c.Loops == 0 {
-					return "one per core"
-				}
-				return yamlcheck.Uint[int]{}.Format(c.Loops)
-			}),
+			Formatted(unsetSays("one per core", func(c *Config) string { return yamlcheck.Uint[int]{}.Format(c.Loops) })),
 		val("l7 ", "access_log", accessLog{}, func(c *Config) *string { return &c.AccessLog },
 			"one JSON line per request; a file is opened for appending (mode 0640) and reopened on SIGUSR1; a file that cannot be opened fails the policy; a full 1 MiB buffer drops lines and counts it (docs/l7-proxy.md, \"Access log\")"),
 		yamlcheck.Val("rls", rawNode{}, func(c *Config) **yaml.Node { return &c.RLS },
@@ -271,10 +261,16 @@ func (d *decoder) routes(n *yaml.Node) []Route {
 // required formats a required field: "required" while unset (the docs'
 // default column), else its value.
 func required[S any](format func(s *S) string) func(s *S) string {
+	return unsetSays("required", format)
+}
+
+// unsetSays formats a field: text while unset ("", 0 or none), else its
+// value.
+func unsetSays[S any](text string, format func(s *S) string) func(s *S) string {
 	return func(s *S) string {
 		if v := format(s); v != "" && v != "0" && v != "none" {
 			return v
 		}
-		return "required"
+		return text
 	}
 }

@@ -463,14 +463,6 @@ func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.R
 	if _, ok := got["entry"]; !ok {
 		c.Errorf(n, "%s tiers: entry is required (the descriptor key naming the tier)", where)
 	}
-	if t.Default != "" {
-		found := false
-		for _, x := range t.Levels {
-			found = found || x.Name == t.Default
-		}
-		if !found {
-			c.Errorf(got["default"], "tiers default %q is not one of the levels", t.Default)
-		}
-	}
+	proxy.CheckTierDefault(c, got["default"], t.Default, t.Levels)
 	return t
 }

@@ -2,9 +2,10 @@ package rls
 
 import (
 	"flag"
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 )
 
 var updateDocs = flag.Bool("update", false, "rewrite the generated tables of docs/policy.md")
@@ -27,25 +28,5 @@ func TestPolicyDocRLSTables(t *testing.T) {
 	b.WriteString("\nA **rule** (an item of `l7.rls.rules`):\n\n" + ruleTable(nil, &r, &bad, nil).Markdown(&r))
 	var tiers Tiers
 	b.WriteString("\nA rule's **tiers**:\n\n" + tiersTable(nil, "", nil, nil).Markdown(&tiers) + "\n")
-	want := b.String()
-
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(raw)
-	i, j := strings.Index(doc, begin), strings.Index(doc, end)
-	if i < 0 || j < i {
-		t.Fatalf("docs/policy.md: no %q ... %q", begin, end)
-	}
-	if doc[i+len(begin):j] == want {
-		return
-	}
-	if *updateDocs {
-		if err := os.WriteFile(path, []byte(doc[:i+len(begin)]+want+doc[j:]), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Errorf("docs/policy.md's rls tables differ from the tables in internal/l7/rls; run go test ./internal/l7/rls -run TestPolicyDocRLSTables -update")
+	l7test.GeneratedPart(t, path, begin, end, b.String(), *updateDocs)
 }
