@@ -89,7 +89,7 @@ func (d *decoder) config(node *yaml.Node) *Config {
 			d.redis = d.redis || yamlcheck.Resolve(m.Content[i]).Value == "redis"
 		}
 	}
-	got := d.l7Table().Parse(&d.Checker, node, &cfg)
+	got := d.l7Table().ParseItem(&d.Checker, node, "l7", &cfg)
 	if got == nil {
 		return nil
 	}

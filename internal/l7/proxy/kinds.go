@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -156,12 +157,13 @@ func (draft) Format(v int) string {
 func (draft) Describe() string { return "10 | none" }
 
 // percent is a percentage from 0% to 99% ("10%"); Note follows the
-// wording of a problem.
-type percent struct{ Note string }
+// wording of a problem; Single, when set, names the field when it is not a
+// single value.
+type percent struct{ Note, Single string }
 
 // Parse implements yamlcheck.Kind.
 func (k percent) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (int, bool) {
-	s, ok := c.Scalar(n, where)
+	s, ok := c.Scalar(n, cmp.Or(k.Single, where))
 	if !ok {
 		return 0, false
 	}

@@ -293,7 +293,12 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 		yamlcheck.Val("name", marking(bad, as("limit name", yamlcheck.Kind[string](nameKind{}))), func(l *limitSpec) *string { return &l.Name },
 			"unique in the whole `l7:` section; in RateLimit headers, 429 bodies and metrics").
 			Formatted(required(func(l *limitSpec) string { return l.Name })),
-		yamlcheck.Val("key", marking(bad, as("limit key", yamlcheck.Kind[Key](keyKind{}))), func(l *limitSpec) *Key { return &l.Key },
+		yamlcheck.Val("key", marking(bad, as("limit key", custom("key", func(c *yamlcheck.Checker, n *yaml.Node, where string) (Key, bool) {
+			if d.keyless {
+				return nil, true // refused below, with the reason
+			}
+			return keyKind{}.Parse(c, n, where)
+		}))), func(l *limitSpec) *Key { return &l.Key },
 			"what the limit counts per (refused on an `rls:` rule): `ip`, `header:NAME`, `user`, `tenant`, `endpoint` (method + route name), `global`, `prefix` (the client's /24 or /48), `asn` (the client's ASN from `asn_data`; a client in no ASN skips the limit), or parts joined by `+` (`endpoint+user`, `tenant+ip`)").
 			Formatted(required(func(l *limitSpec) string { return l.Key.String() })),
 		yamlcheck.Val("rate", marking(bad, at(func() string { return fmt.Sprintf("limit %q", l.Name) }, "", yamlcheck.Kind[requestRate](rateKind{}))),
@@ -315,7 +320,7 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			Formatted(unsetSays("l7.redis.failure", func(l *limitSpec) string { return l.Failure })),
 		yamlcheck.Val("capacity", as("limit capacity", yamlcheck.Kind[int](yamlcheck.Uint[int]{Min: 1, Max: maxCapacity})),
 			func(l *limitSpec) *int { return &l.Capacity }, "keys per local limit (24 bytes each, allocated up front)"),
-		yamlcheck.Val("reserve", marking(bad, at(named("reserve"), "", yamlcheck.Kind[int](percent{}))), func(l *limitSpec) *int { return &l.Reserve },
+		yamlcheck.Val("reserve", marking(bad, at(named("reserve"), "", yamlcheck.Kind[int](percent{Single: "limit reserve"}))), func(l *limitSpec) *int { return &l.Reserve },
 			"local only: the share of the limit (of its burst, else of the rate's count; rounded down, at most all but one request) only the first class of the L7 ranking may use; unset: 50% for a key of only `global`, `endpoint`, `prefix` and `asn` (an aggregate), else 0%").
 			Formatted(func(l *limitSpec) string { return "50% aggregate, else 0%" }),
 	)
