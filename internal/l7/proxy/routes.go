@@ -24,9 +24,6 @@ func (d *decoder) route(n *yaml.Node, rc *Redis) (Route, bool) {
 		return Route{}, false
 	}
 	ok := r.Name != ""
-	if _, has := got["name"]; !has {
-		d.Errorf(n, "route: name is required")
-	}
 	// The local limits of one request are checked together: at most
 	// l7.MaxChecks of them (the route's plus its largest tier's).
 	most := 0
@@ -46,7 +43,7 @@ func (d *decoder) routeTable(r *Route, rc *Redis) *yamlcheck.Table[Route] {
 	where := func() string { return fmt.Sprintf("route %q", r.Name) }
 	return yamlcheck.NewTable("route",
 		yamlcheck.Val("name", as("route name", nameKind{}), func(r *Route) *string { return &r.Name },
-			"unique").Formatted(required(func(r *Route) string { return r.Name })),
+			"unique").Formatted(required(func(r *Route) string { return r.Name })).Required("route: name is required"),
 		yamlcheck.Val("match", at(where, " match", matchSection), func(r *Route) *Match { return &r.Match },
 			"which requests (all fields optional, all must match)").
 			Formatted(func(*Route) string { return "every request" }),

@@ -110,16 +110,11 @@ var classesTable = yamlcheck.NewTable("l7 classes",
 )
 
 // redisSection is l7.redis.
-var redisSection = optional[Redis]{section[Redis]{Table: redisTable, Def: DefaultRedis,
-	Check: func(c *yamlcheck.Checker, n *yaml.Node, _ string, got map[string]*yaml.Node, _ *Redis) {
-		if _, ok := got["addr"]; !ok {
-			c.Errorf(n, "l7 redis: addr is required (host:port)")
-		}
-	}}}
+var redisSection = optional[Redis]{section[Redis]{Table: redisTable, Def: DefaultRedis}}
 
 var redisTable = yamlcheck.NewTable("l7 redis",
 	val("redis ", "addr", listenAddr, func(r *Redis) *string { return &r.Addr },
-		"the server (required)").Formatted(required(func(r *Redis) string { return r.Addr })),
+		"the server").Formatted(required(func(r *Redis) string { return r.Addr })).Required("l7 redis: addr is required (host:port)"),
 	val("redis ", "timeout", duration{}, func(r *Redis) *time.Duration { return &r.Timeout },
 		"one dial, read or write (a refused connection fails at once, with one connect attempt)"),
 	val("redis ", "prefix", redisPrefix{}, func(r *Redis) *string { return &r.Prefix },

@@ -284,12 +284,8 @@ func decodeRule(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) (Rule, bo
 	if got == nil {
 		return Rule{}, false
 	}
-	ok := !bad
+	ok := !bad && r.Name != ""
 	where := fmt.Sprintf("rls rule %q", r.Name)
-	if _, has := got["name"]; !has {
-		c.Errorf(n, "rls rule: name is required")
-		ok = false
-	}
 	if _, has := got["domain"]; !has {
 		c.Errorf(n, "%s: domain is required (the domain Envoy's rate limit filter sends)", where)
 		ok = false
@@ -327,7 +323,7 @@ func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yam
 	where := func() string { return fmt.Sprintf("rls rule %q", r.Name) }
 	return yamlcheck.NewTable("rls rule",
 		yamlcheck.Val("name", proxy.Marking(bad, proxy.Named("rls rule name", proxy.NameKind)), func(r *Rule) *string { return &r.Name },
-			"unique").Formatted(func(r *Rule) string { return cmp.Or(r.Name, "required") }),
+			"unique").Formatted(func(r *Rule) string { return cmp.Or(r.Name, "required") }).Required("rls rule: name is required"),
 		yamlcheck.Val("domain", proxy.Marking(bad, proxy.At(where, "", proxy.Custom("text", func(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
 			if s, ok := c.Scalar(n, where+" domain"); ok && s != "" && len(s) <= MaxValue {
 				return s, true
