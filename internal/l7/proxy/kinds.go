@@ -229,14 +229,7 @@ func (k section[S]) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (S, 
 }
 
 // Format implements yamlcheck.Kind.
-func (k section[S]) Format(s S) string {
-	parts := make([]string, 0, len(k.Table.Fields))
-	for _, key := range k.Table.Keys() {
-		v, _ := k.Table.Format(&s, key)
-		parts = append(parts, key+": "+v)
-	}
-	return "{" + strings.Join(parts, ", ") + "}"
-}
+func (k section[S]) Format(s S) string { return k.Table.String(&s) }
 
 // Describe implements yamlcheck.Kind.
 func (k section[S]) Describe() string { return "mapping (below)" }
