@@ -30,7 +30,12 @@ const (
 	minPersonalHeadroom = 1
 	maxPersonalHeadroom = 100
 	maxPersonalDefault  = 1_000_000
-	maxStandingDuration = 7 * 24 * time.Hour
+	// A personal budget's burst covers 1 to 60 of the source's busiest
+	// seconds: below one it would refuse a source's own usual second;
+	// above a minute it is no longer a clump's allowance but a sustained
+	// overrun the budget exists to meter.
+	maxPersonalBurstSeconds = 60
+	maxStandingDuration     = 7 * 24 * time.Hour
 	// maxKnownGood is the known_good table's capacity in the data plane
 	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
 	maxKnownGood = 16384
@@ -163,6 +168,9 @@ var standingTable = yamlcheck.NewTable("standing",
 		yamlcheck.Val("default", packetRate{Min: 1, Max: maxPersonalDefault},
 			func(s *Standing) *Rate { return &s.PersonalDefault },
 			"the budget of a source without a measured mean, and the least of a vouched one"),
+		yamlcheck.Val("burst_seconds", yamlcheck.Uint[uint32]{Min: 1, Max: maxPersonalBurstSeconds},
+			func(s *Standing) *uint32 { return &s.PersonalBurstSeconds },
+			"the burst: this many of the source's busiest seconds (its usual rate × burst_seconds)"),
 	).Switch(func(s *Standing) { s.PersonalHeadroom = 0 }, func(s *Standing) bool { return s.PersonalHeadroom == 0 }),
 	yamlcheck.Val("known_good", prefixList{Max: maxKnownGood, TooMany: "the data plane holds at most %d (aggregate them into shorter prefixes)"},
 		func(s *Standing) *[]netip.Prefix { return &s.KnownGood },
