@@ -149,8 +149,8 @@ var bgpNeighborTable = yamlcheck.NewTable("bgp neighbor",
 )
 
 func (ps *parser) bgp(n *yaml.Node) *BGP {
-	b := &BGP{DryRun: true, Community: DefaultBGPCommunity, MaxAnnouncements: DefaultBGPMax, Width4: 32, Width6: 128,
-		BlackholeTTL: DefaultBGPBlackholeTT, FlowSpec: true, FlowSpecAction: "discard", Fraction: 0.8, Pos: yamlcheck.PosOf(n)}
+	b := defaultBGP()
+	b.Pos = yamlcheck.PosOf(n)
 	f := bgpTable.Parse(&ps.Checker, n, b)
 	if f == nil {
 		return nil
@@ -183,6 +183,13 @@ func (ps *parser) bgp(n *yaml.Node) *BGP {
 		}
 	}
 	return b
+}
+
+// defaultBGP is what each field of a bgp: section defaults to
+// (uplink.fraction applies only with an uplink).
+func defaultBGP() *BGP {
+	return &BGP{DryRun: true, Community: DefaultBGPCommunity, MaxAnnouncements: DefaultBGPMax, Width4: 32, Width6: 128,
+		BlackholeTTL: DefaultBGPBlackholeTT, FlowSpec: true, FlowSpecAction: "discard", Fraction: 0.8}
 }
 
 // asNumber is a 32-bit AS number, not 0 (reserved, RFC 7607) nor 23456
@@ -364,7 +371,7 @@ func (bgpNeighbors) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]B
 	var out []BGPNeighbor
 	seen := map[netip.Addr]bool{}
 	for _, item := range items {
-		nb := BGPNeighbor{Multihop: 1, Pos: yamlcheck.PosOf(item)}
+		nb := BGPNeighbor{Multihop: 1, Pos: yamlcheck.PosOf(item)} // the defaults
 		f := bgpNeighborTable.ParseItem(c, item, "bgp neighbor", &nb)
 		if f != nil {
 			if nb.LocalAddress.IsValid() && nb.Address.IsValid() && nb.LocalAddress.Is4() != nb.Address.Is4() {

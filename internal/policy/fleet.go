@@ -140,12 +140,17 @@ var fleetTLSTable = yamlcheck.NewTable("fleet.redis.tls",
 )
 
 func (ps *parser) fleet(n *yaml.Node) *Fleet {
-	fl := &Fleet{Interval: DefaultFleetInterval, Lists: true, Floor: DefaultFleetFloor, Redis: FleetRedis{Timeout: DefaultFleetTimeout},
-		Pos: yamlcheck.PosOf(n)}
+	fl := defaultFleet()
+	fl.Pos = yamlcheck.PosOf(n)
 	if fleetTable.Parse(&ps.Checker, n, fl) == nil {
 		return nil
 	}
 	return fl
+}
+
+// defaultFleet is what each field of a fleet: section defaults to.
+func defaultFleet() *Fleet {
+	return &Fleet{Interval: DefaultFleetInterval, Lists: true, Floor: DefaultFleetFloor, Redis: FleetRedis{Timeout: DefaultFleetTimeout}}
 }
 
 // fleetRedisKind is fleet.redis: l7, or a mapping (fleetRedisTable).

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"time"
+	"strconv"
 
 	"go.yaml.in/yaml/v3"
 
@@ -67,10 +67,13 @@ func (k packetRate) Describe() string {
 	case k.Max == 0:
 		return k.what() + " per time (like 100/s)"
 	case k.Min > 0:
-		return fmt.Sprintf("%s per time (like 100/s), %g/s to %g/s", k.what(), k.Min, k.Max)
+		return fmt.Sprintf("%s per time (like 100/s), %s/s to %s/s", k.what(), num(k.Min), num(k.Max))
 	}
-	return fmt.Sprintf("%s per time (like 100/s), at most %g/s", k.what(), k.Max)
+	return fmt.Sprintf("%s per time (like 100/s), at most %s/s", k.what(), num(k.Max))
 }
+
+// num writes a bound without an exponent: 1000000, 0.5.
+func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // prefixList is a list of CIDRs and {file: PATH} entries naming list files
 // (one CIDR per line, # comments), sorted and deduplicated, of at most Max
@@ -153,24 +156,6 @@ func readListFile(c *yamlcheck.Checker, n *yaml.Node, where string) []ListEntry 
 	return entries
 }
 
-// duration is a duration in [lo, hi], def on a problem (for the sections
-// not yet on a table).
-func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration) time.Duration {
-	if d, ok := (yamlcheck.Duration{Min: lo, Max: hi}).Parse(&ps.Checker, n, where); ok {
-		return d
-	}
-	return def
-}
-
-// percent is a percentage in [lo, hi], def on a problem (for the sections
-// not yet on a table).
-func (ps *parser) percent(n *yaml.Node, where string, lo, hi, def float64) float64 {
-	if v, ok := (yamlcheck.Percent{Min: lo, Max: hi}).Parse(&ps.Checker, n, where); ok {
-		return v
-	}
-	return def
-}
-
 // reserve is a share of a burst or budget: "50%", "12.5%" or 0, below
 // 100% (ParseReserve), in parts per million.
 type reserve struct{}
@@ -191,12 +176,3 @@ func (reserve) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (uint32, 
 func (reserve) Format(ppm uint32) string { return FormatReserve(ppm) }
 
 func (reserve) Describe() string { return "percentage below 100% (like 10% or 12.5%), or 0" }
-
-// boolean is true or false, def on a problem (for the sections not yet on
-// a table).
-func (ps *parser) boolean(n *yaml.Node, where string, def bool) bool {
-	if v, ok := (yamlcheck.Bool{}).Parse(&ps.Checker, n, where); ok {
-		return v
-	}
-	return def
-}
