@@ -240,6 +240,12 @@ func (synListen) Format(v []netip.AddrPort) string {
 
 func (synListen) Describe() string { return "list of ADDRESS:PORT" }
 
+// synAnswersPer is answers.per: the source prefix SYN-ACKs are counted by.
+var synAnswersPer = yamlcheck.NewTable("answers.per",
+	yamlcheck.Val("ipv4", yamlcheck.Uint[uint8]{Min: 0, Max: 32}, func(s *SYNService) *uint8 { return &s.AnswerPrefix4 }, "IPv4 prefix length"),
+	yamlcheck.Val("ipv6", yamlcheck.Uint[uint8]{Min: 0, Max: 128}, func(s *SYNService) *uint8 { return &s.AnswerPrefix6 }, "IPv6 prefix length"),
+)
+
 // synAnswers parses a service's answers: a limit, with per: {ipv4, ipv6}
 // prefix lengths beside rate and burst.
 func synAnswers(c *yamlcheck.Checker, v *yaml.Node, where string, svc *SYNService) {
@@ -247,17 +253,7 @@ func synAnswers(c *yamlcheck.Checker, v *yaml.Node, where string, svc *SYNServic
 	if v.Kind == yaml.MappingNode {
 		af := c.Fields(v, where, "rate", "burst", "per")
 		if p, ok := af["per"]; ok {
-			pf := c.Fields(p, where+".per", "ipv4", "ipv6")
-			if x, ok := pf["ipv4"]; ok {
-				if b, ok := c.UintIn(x, where+".per.ipv4", 0, 32); ok {
-					svc.AnswerPrefix4 = uint8(b)
-				}
-			}
-			if x, ok := pf["ipv6"]; ok {
-				if b, ok := c.UintIn(x, where+".per.ipv6", 0, 128); ok {
-					svc.AnswerPrefix6 = uint8(b)
-				}
-			}
+			synAnswersPer.ParseAt(c, p, where+".per", svc)
 		}
 		// parseLimit reads rate and burst; per is ours.
 		rateNode = &yaml.Node{Kind: yaml.MappingNode, Line: v.Line, Column: v.Column}
