@@ -94,12 +94,12 @@ func ParseCommunity(s string) (uint32, error) {
 var bgpTable = yamlcheck.NewTable("bgp",
 	yamlcheck.Val[BGP, uint32]("local_as", asNumber{}, func(b *BGP) *uint32 { return &b.LocalAS }, "this host's AS number").
 		Required("bgp needs local_as (this host's AS number)"),
-	yamlcheck.Val[BGP, netip.Addr]("router_id", routerID{}, func(b *BGP) *netip.Addr { return &b.RouterID },
+	yamlcheck.Val[BGP, netip.Addr]("router_id", routerID, func(b *BGP) *netip.Addr { return &b.RouterID },
 		"an IPv4 address unique among the peers' neighbors").
 		Required("bgp needs router_id (an IPv4 address unique among the peers' neighbors)"),
 	yamlcheck.Val("dry_run", yamlcheck.Bool{}, func(b *BGP) *bool { return &b.DryRun },
 		"log and list what would be announced, announce nothing"),
-	yamlcheck.Val[BGP, uint32]("community", community{}, func(b *BGP) *uint32 { return &b.Community },
+	yamlcheck.Val[BGP, uint32]("community", community, func(b *BGP) *uint32 { return &b.Community },
 		"the community of blackhole routes (RFC 7999 BLACKHOLE by default)"),
 	yamlcheck.Val("max_announcements", yamlcheck.Uint[int]{Min: 1, Max: maxBGPAnnouncements},
 		func(b *BGP) *int { return &b.MaxAnnouncements }, "the most routes announced at once"),
@@ -112,7 +112,7 @@ var bgpTable = yamlcheck.NewTable("bgp",
 	yamlcheck.Val[BGP, []netip.Prefix]("destinations", bgpPrefixes{}, func(b *BGP) *[]netip.Prefix { return &b.Destinations },
 		"this host's addresses: the destination of FlowSpec rules and of the automatic blackhole (no wider than widths)"),
 	yamlcheck.Sub("uplink", "the automatic blackhole: announced while the offered rate is above rate × fraction",
-		yamlcheck.Val[BGP, Rate]("rate", byteRate{}, func(b *BGP) *Rate { return &b.Uplink }, "the host's line rate").
+		yamlcheck.Val[BGP, Rate]("rate", byteRate, func(b *BGP) *Rate { return &b.Uplink }, "the host's line rate").
 			Required("bgp.uplink needs rate (the line rate, like 10Gbit/s)"),
 		yamlcheck.Val("fraction", yamlcheck.Percent{Min: 0.01, Max: 1}, func(b *BGP) *float64 { return &b.Fraction },
 			"the share of the line rate above which the blackhole is announced"),
@@ -126,7 +126,7 @@ var bgpTable = yamlcheck.NewTable("bgp",
 		yamlcheck.Val("auto", yamlcheck.Bool{}, func(b *BGP) *bool { return &b.FlowSpec }, "whether to announce them"),
 		yamlcheck.Val("action", yamlcheck.Enum[string]{Values: []string{"discard", "rate"}},
 			func(b *BGP) *string { return &b.FlowSpecAction }, "discard, or rate (traffic-rate)"),
-		yamlcheck.Val[BGP, Rate]("rate", byteRate{}, func(b *BGP) *Rate { return &b.FlowSpecRate }, "action rate's rate"),
+		yamlcheck.Val[BGP, Rate]("rate", byteRate, func(b *BGP) *Rate { return &b.FlowSpecRate }, "action rate's rate"),
 	),
 	yamlcheck.Val[BGP, []BGPNeighbor]("neighbors", bgpNeighbors{}, func(b *BGP) *[]BGPNeighbor { return &b.Neighbors },
 		"the peers: {address, as, password_file, multihop, local_address, families} (bgp neighbor below)").
@@ -135,22 +135,22 @@ var bgpTable = yamlcheck.NewTable("bgp",
 
 // bgpNeighborTable is one bgp.neighbors entry.
 var bgpNeighborTable = yamlcheck.NewTable("bgp neighbor",
-	yamlcheck.Val[BGPNeighbor, netip.Addr]("address", unicastAddr{}, func(n *BGPNeighbor) *netip.Addr { return &n.Address }, "the peer's address").
+	yamlcheck.Val[BGPNeighbor, netip.Addr]("address", unicastAddr, func(n *BGPNeighbor) *netip.Addr { return &n.Address }, "the peer's address").
 		Required("bgp neighbor needs address"),
 	yamlcheck.Val[BGPNeighbor, uint32]("as", asNumber{}, func(n *BGPNeighbor) *uint32 { return &n.AS }, "the peer's AS number").
 		Required("bgp neighbor needs as (the peer's AS number)"),
 	yamlcheck.Val("password_file", yamlcheck.Path{}, func(n *BGPNeighbor) *string { return &n.PasswordFile },
 		"a file holding the TCP MD5 secret"),
 	yamlcheck.Val("multihop", yamlcheck.Uint[uint8]{Min: 1, Max: 255}, func(n *BGPNeighbor) *uint8 { return &n.Multihop }, "the session's TTL"),
-	yamlcheck.Val[BGPNeighbor, netip.Addr]("local_address", unicastAddr{}, func(n *BGPNeighbor) *netip.Addr { return &n.LocalAddress },
+	yamlcheck.Val[BGPNeighbor, netip.Addr]("local_address", unicastAddr, func(n *BGPNeighbor) *netip.Addr { return &n.LocalAddress },
 		"the source address of the session (the address's family)"),
 	yamlcheck.Val[BGPNeighbor, []string]("families", bgpFamilies{}, func(n *BGPNeighbor) *[]string { return &n.Families },
 		"address families; by default unicast and flowspec of the address's family"),
 )
 
 func (ps *parser) bgp(n *yaml.Node) *BGP {
-	b := &BGP{DryRun: true, Community: DefaultBGPCommunity, MaxAnnouncements: DefaultBGPMax, Width4: 32, Width6: 128,
-		BlackholeTTL: DefaultBGPBlackholeTT, FlowSpec: true, FlowSpecAction: "discard", Fraction: 0.8, Pos: yamlcheck.PosOf(n)}
+	b := defaultBGP()
+	b.Pos = yamlcheck.PosOf(n)
 	f := bgpTable.Parse(&ps.Checker, n, b)
 	if f == nil {
 		return nil
@@ -185,6 +185,13 @@ func (ps *parser) bgp(n *yaml.Node) *BGP {
 	return b
 }
 
+// defaultBGP is what each field of a bgp: section defaults to
+// (uplink.fraction applies only with an uplink).
+func defaultBGP() *BGP {
+	return &BGP{DryRun: true, Community: DefaultBGPCommunity, MaxAnnouncements: DefaultBGPMax, Width4: 32, Width6: 128,
+		BlackholeTTL: DefaultBGPBlackholeTT, FlowSpec: true, FlowSpecAction: "discard", Fraction: 0.8}
+}
+
 // asNumber is a 32-bit AS number, not 0 (reserved, RFC 7607) nor 23456
 // (AS_TRANS, RFC 6793).
 type asNumber struct{}
@@ -206,69 +213,40 @@ func (asNumber) Format(v uint32) string { return fmt.Sprintf("AS%d", v) }
 func (asNumber) Describe() string { return "AS number, 1 to 4294967295 (not 23456)" }
 
 // routerID is an IPv4 address other than 0.0.0.0.
-type routerID struct{}
-
-func (routerID) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (netip.Addr, bool) {
-	s, ok := c.Scalar(n, where)
-	if !ok {
-		return netip.Addr{}, false
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || !a.Is4() || a.IsUnspecified() {
-		c.Errorf(n, "%s %q: want an IPv4 address other than 0.0.0.0", where, s)
-		return netip.Addr{}, false
-	}
-	return a, true
+var routerID = yamlcheck.Parsed[netip.Addr]{
+	Func: func(s string) (netip.Addr, error) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.Is4() || a.IsUnspecified() {
+			return netip.Addr{}, fmt.Errorf("%q: want an IPv4 address other than 0.0.0.0", s)
+		}
+		return a, nil
+	},
+	Fmt: formatAddr, Desc: "IPv4 address",
 }
-
-func (routerID) Format(a netip.Addr) string { return a.String() }
-
-func (routerID) Describe() string { return "IPv4 address" }
 
 // unicastAddr is a unicast IPv4 or IPv6 address.
-type unicastAddr struct{}
-
-func (unicastAddr) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (netip.Addr, bool) {
-	s, ok := c.Scalar(n, where)
-	if !ok {
-		return netip.Addr{}, false
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.Is4In6() {
-		c.Errorf(n, "%s %q: want a unicast IPv4 or IPv6 address", where, s)
-		return netip.Addr{}, false
-	}
-	return a, true
+var unicastAddr = yamlcheck.Parsed[netip.Addr]{
+	Func: func(s string) (netip.Addr, error) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.Is4In6() {
+			return netip.Addr{}, fmt.Errorf("%q: want a unicast IPv4 or IPv6 address", s)
+		}
+		return a, nil
+	},
+	Fmt:  formatAddr,
+	Desc: "unicast IPv4 or IPv6 address",
 }
 
-func (unicastAddr) Format(a netip.Addr) string {
+func formatAddr(a netip.Addr) string {
 	if !a.IsValid() {
 		return "none"
 	}
 	return a.String()
 }
 
-func (unicastAddr) Describe() string { return "unicast IPv4 or IPv6 address" }
-
 // community is ASN:VALUE.
-type community struct{}
-
-func (community) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (uint32, bool) {
-	s, ok := c.Scalar(n, where)
-	if !ok {
-		return 0, false
-	}
-	v, err := ParseCommunity(s)
-	if err != nil {
-		c.Errorf(n, "%s: %v", where, err)
-		return 0, false
-	}
-	return v, true
-}
-
-func (community) Format(v uint32) string { return fmt.Sprintf("%d:%d", v>>16, v&0xffff) }
-
-func (community) Describe() string { return "ASN:VALUE, each 0-65535" }
+var community = yamlcheck.Parsed[uint32]{Func: ParseCommunity, Fmt: func(v uint32) string { return fmt.Sprintf("%d:%d", v>>16, v&0xffff) },
+	Desc: "ASN:VALUE, each 0-65535"}
 
 // bgpPrefixes is a list of prefixes (no host bits, no IPv4-mapped IPv6),
 // each once.
@@ -320,37 +298,7 @@ func (bgpPrefixes) Describe() string { return fmt.Sprintf("list of CIDRs, at mos
 
 // byteRate is a bit or byte rate from 8bit/s to 80Tbit/s (packets are
 // refused).
-type byteRate struct{}
-
-func (byteRate) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Rate, bool) {
-	s, ok := c.Scalar(n, where)
-	if !ok {
-		return Rate{}, false
-	}
-	r, u, err := ParseRate(s)
-	switch {
-	case err != nil:
-		c.Errorf(n, "%s: %v", where, err)
-	case u != Bytes:
-		c.Errorf(n, "%s %q: want bits or bytes per time, like 10Gbit/s or 1MB/s", where, s)
-	case r.PerSecond() < 1 || r.PerSecond() > 1e13:
-		c.Errorf(n, "%s %q: want 8bit/s to 80Tbit/s", where, s)
-	default:
-		return r, true
-	}
-	return Rate{}, false
-}
-
-func (byteRate) Format(r Rate) string {
-	if r.IsZero() {
-		return "off"
-	}
-	return FormatRate(r, Bytes)
-}
-
-func (byteRate) Describe() string {
-	return "bits or bytes per time (like 10Gbit/s), 8bit/s to 80Tbit/s"
-}
+var byteRate = rateKind{Unit: Bytes, Min: 1, Max: 1e13, Range: "8bit/s to 80Tbit/s"}
 
 // bgpNeighbors is bgp.neighbors: 1 to maxBGPNeighbors entries
 // (bgpNeighborTable), each address once.
@@ -364,7 +312,7 @@ func (bgpNeighbors) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]B
 	var out []BGPNeighbor
 	seen := map[netip.Addr]bool{}
 	for _, item := range items {
-		nb := BGPNeighbor{Multihop: 1, Pos: yamlcheck.PosOf(item)}
+		nb := BGPNeighbor{Multihop: 1, Pos: yamlcheck.PosOf(item)} // the defaults
 		f := bgpNeighborTable.ParseItem(c, item, "bgp neighbor", &nb)
 		if f != nil {
 			if nb.LocalAddress.IsValid() && nb.Address.IsValid() && nb.LocalAddress.Is4() != nb.Address.Is4() {

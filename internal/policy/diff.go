@@ -432,6 +432,7 @@ func DiffSections(from, to *Policy) []Change {
 		}
 	}
 	d.fleet(from, to)
+	d.syn(from.SYN, to.SYN)
 	d.shield(from.Shield, to.Shield)
 	d.bgp(from.BGP, to.BGP)
 	return d.out

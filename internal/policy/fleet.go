@@ -106,7 +106,7 @@ var fleetTable = yamlcheck.NewTable("fleet",
 	yamlcheck.Val("interval", yamlcheck.Duration{Min: minFleetInterval, Max: maxFleetInterval},
 		func(f *Fleet) *time.Duration { return &f.Interval }, "the sync interval of shares and heartbeats"),
 	yamlcheck.Val("lists", yamlcheck.Bool{}, func(f *Fleet) *bool { return &f.Lists }, "share run-time deny and allow entries"),
-	yamlcheck.Val[Fleet, uint32]("floor", reserve{}, func(f *Fleet) *uint32 { return &f.Floor },
+	yamlcheck.Val[Fleet, uint32]("floor", reserve, func(f *Fleet) *uint32 { return &f.Floor },
 		"the share of a fleet budget every active host gets at least, of budget ÷ hosts"),
 	yamlcheck.Val[Fleet, FleetRedis]("redis", fleetRedisKind{}, func(f *Fleet) *FleetRedis { return &f.Redis },
 		"the Redis the fleet shares: {addrs: [host:port, ...], ...} (below), or l7 to use l7.redis").
@@ -140,12 +140,17 @@ var fleetTLSTable = yamlcheck.NewTable("fleet.redis.tls",
 )
 
 func (ps *parser) fleet(n *yaml.Node) *Fleet {
-	fl := &Fleet{Interval: DefaultFleetInterval, Lists: true, Floor: DefaultFleetFloor, Redis: FleetRedis{Timeout: DefaultFleetTimeout},
-		Pos: yamlcheck.PosOf(n)}
+	fl := defaultFleet()
+	fl.Pos = yamlcheck.PosOf(n)
 	if fleetTable.Parse(&ps.Checker, n, fl) == nil {
 		return nil
 	}
 	return fl
+}
+
+// defaultFleet is what each field of a fleet: section defaults to.
+func defaultFleet() *Fleet {
+	return &Fleet{Interval: DefaultFleetInterval, Lists: true, Floor: DefaultFleetFloor, Redis: FleetRedis{Timeout: DefaultFleetTimeout}}
 }
 
 // fleetRedisKind is fleet.redis: l7, or a mapping (fleetRedisTable).

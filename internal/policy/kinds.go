@@ -2,11 +2,12 @@ package policy
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
-	"time"
+	"strconv"
 
 	"go.yaml.in/yaml/v3"
 
@@ -16,22 +17,38 @@ import (
 // The kinds of value the policy's sections share beyond yamlcheck's: packet
 // rates and prefix lists. Each section's table (yamlcheck.Table) uses them.
 
-// packetRate is a rate of packets (or of what What names) per time, from
-// Min to Max per second (Max 0: no bound); NonZero refuses a rate of 0.
-type packetRate struct {
-	What     string // "packets" unless set
+// rateKind is a rate of Unit per time, from Min to Max per second (Max 0:
+// no bound); NonZero refuses a rate of 0. What names what is counted in
+// messages ("packets" unless set; "bits or bytes" for Bytes), Range the
+// bounds in them when they are not plain numbers per second.
+type rateKind struct {
+	Unit     Unit
+	What     string
 	Min, Max float64
 	NonZero  bool
+	Range    string
 }
 
-func (k packetRate) what() string {
-	if k.What == "" {
-		return "packets"
+// packetRate is a rateKind of packets.
+type packetRate = rateKind
+
+func (k rateKind) unit() Unit { return cmp.Or(k.Unit, Packets) }
+
+func (k rateKind) what() string {
+	if k.unit() == Bytes {
+		return cmp.Or(k.What, "bits or bytes")
 	}
-	return k.What
+	return cmp.Or(k.What, "packets")
 }
 
-func (k packetRate) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Rate, bool) {
+func (k rateKind) like() string {
+	if k.unit() == Bytes {
+		return "10Gbit/s or 1MB/s"
+	}
+	return "100/s"
+}
+
+func (k rateKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Rate, bool) {
 	s, ok := c.Scalar(n, where)
 	if !ok {
 		return Rate{}, false
@@ -41,8 +58,8 @@ func (k packetRate) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Rat
 	case err != nil:
 		c.Errorf(n, "%s: %v", where, err)
 		return Rate{}, false
-	case u != Packets:
-		c.Errorf(n, "%s %q: want %s per time, like 100/s", where, s, k.what())
+	case u != k.unit():
+		c.Errorf(n, "%s %q: want %s per time, like %s", where, s, k.what(), k.like())
 		return Rate{}, false
 	}
 	switch ps := r.PerSecond(); {
@@ -50,6 +67,9 @@ func (k packetRate) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Rat
 		c.Errorf(n, "%s must be above 0", where)
 		return Rate{}, false
 	case k.Max == 0:
+	case k.Range != "" && (ps < k.Min || ps > k.Max):
+		c.Errorf(n, "%s %q: want %s", where, s, k.Range)
+		return Rate{}, false
 	case k.Min > 0 && (ps < k.Min || ps > k.Max):
 		c.Errorf(n, "%s %v/s: want %g/s to %g/s", where, ps, k.Min, k.Max)
 		return Rate{}, false
@@ -60,17 +80,27 @@ func (k packetRate) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Rat
 	return r, true
 }
 
-func (packetRate) Format(r Rate) string { return FormatRate(r, Packets) }
+func (k rateKind) Format(r Rate) string {
+	if k.unit() == Bytes && r.IsZero() {
+		return "off"
+	}
+	return FormatRate(r, k.unit())
+}
 
-func (k packetRate) Describe() string {
+func (k rateKind) Describe() string {
 	switch {
+	case k.Range != "":
+		return fmt.Sprintf("%s per time (like %s), %s", k.what(), k.like(), k.Range)
 	case k.Max == 0:
 		return k.what() + " per time (like 100/s)"
 	case k.Min > 0:
-		return fmt.Sprintf("%s per time (like 100/s), %g/s to %g/s", k.what(), k.Min, k.Max)
+		return fmt.Sprintf("%s per time (like 100/s), %s/s to %s/s", k.what(), num(k.Min), num(k.Max))
 	}
-	return fmt.Sprintf("%s per time (like 100/s), at most %g/s", k.what(), k.Max)
+	return fmt.Sprintf("%s per time (like 100/s), at most %s/s", k.what(), num(k.Max))
 }
+
+// num writes a bound without an exponent: 1000000, 0.5.
+func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // prefixList is a list of CIDRs and {file: PATH} entries naming list files
 // (one CIDR per line, # comments), sorted and deduplicated, of at most Max
@@ -153,50 +183,7 @@ func readListFile(c *yamlcheck.Checker, n *yaml.Node, where string) []ListEntry 
 	return entries
 }
 
-// duration is a duration in [lo, hi], def on a problem (for the sections
-// not yet on a table).
-func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration) time.Duration {
-	if d, ok := (yamlcheck.Duration{Min: lo, Max: hi}).Parse(&ps.Checker, n, where); ok {
-		return d
-	}
-	return def
-}
-
-// percent is a percentage in [lo, hi], def on a problem (for the sections
-// not yet on a table).
-func (ps *parser) percent(n *yaml.Node, where string, lo, hi, def float64) float64 {
-	if v, ok := (yamlcheck.Percent{Min: lo, Max: hi}).Parse(&ps.Checker, n, where); ok {
-		return v
-	}
-	return def
-}
-
 // reserve is a share of a burst or budget: "50%", "12.5%" or 0, below
 // 100% (ParseReserve), in parts per million.
-type reserve struct{}
-
-func (reserve) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (uint32, bool) {
-	s, ok := c.Scalar(n, where)
-	if !ok {
-		return 0, false
-	}
-	r, err := ParseReserve(s)
-	if err != nil {
-		c.Errorf(n, "%s: %v", where, err)
-		return 0, false
-	}
-	return r, true
-}
-
-func (reserve) Format(ppm uint32) string { return FormatReserve(ppm) }
-
-func (reserve) Describe() string { return "percentage below 100% (like 10% or 12.5%), or 0" }
-
-// boolean is true or false, def on a problem (for the sections not yet on
-// a table).
-func (ps *parser) boolean(n *yaml.Node, where string, def bool) bool {
-	if v, ok := (yamlcheck.Bool{}).Parse(&ps.Checker, n, where); ok {
-		return v
-	}
-	return def
-}
+var reserve = yamlcheck.Parsed[uint32]{Func: ParseReserve, Fmt: FormatReserve,
+	Desc: "percentage below 100% (like 10% or 12.5%), or 0"}

@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"go.yaml.in/yaml/v3"
-
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
@@ -39,8 +37,3 @@ var samplingTable = yamlcheck.NewTable("sampling",
 	yamlcheck.Val("max_per_second", yamlcheck.Uint[uint64]{Min: 1, Max: maxSamplingPerSecond},
 		func(s *Sampling) *uint64 { return &s.MaxPerSecond }, "the most samples sent to the daemon per second, all CPUs together"),
 )
-
-func (ps *parser) sampling(n *yaml.Node, base Sampling) Sampling {
-	samplingTable.Parse(&ps.Checker, n, &base)
-	return base
-}

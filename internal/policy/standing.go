@@ -30,7 +30,12 @@ const (
 	minPersonalHeadroom = 1
 	maxPersonalHeadroom = 100
 	maxPersonalDefault  = 1_000_000
-	maxStandingDuration = 7 * 24 * time.Hour
+	// A personal budget's burst covers 1 to 60 of the source's busiest
+	// seconds: below one it would refuse a source's own usual second;
+	// above a minute it is no longer a clump's allowance but a sustained
+	// overrun the budget exists to meter.
+	maxPersonalBurstSeconds = 60
+	maxStandingDuration     = 7 * 24 * time.Hour
 	// maxKnownGood is the known_good table's capacity in the data plane
 	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
 	maxKnownGood = 16384
@@ -132,11 +137,17 @@ func (ps *parser) checkReserve(n *yaml.Node, where string, b Bucket, ppm uint32)
 var standingTable = yamlcheck.NewTable("standing",
 	yamlcheck.Val("established_after", yamlcheck.Duration{Min: minEstablishedAfter, Max: maxStandingDuration},
 		func(s *Standing) *time.Duration { return &s.EstablishedAfter },
-		"clean history a new source needs to become established"),
+		"a new source that is seen (at or under its own limit, its aggregates not congested, no gap longer than this) "+
+			"for this long becomes established; at L7 also the history (requests, none refused, no longer gap) that ranks a "+
+			"client established (docs/operations.md, \"Class ranking at L7\")"),
 	yamlcheck.Val("penalty", yamlcheck.Duration{Min: time.Second, Max: maxStandingDuration},
 		func(s *Standing) *time.Duration { return &s.Penalty },
-		"how long a source stays penalised after it exceeded its own limit, was escalated or deny-listed"),
-	yamlcheck.Sub("l7_promotion", "the L7 stage marks sources validated (docs/operations.md, \"L7 promotion\")",
+		"a source that exceeded its own limit, was escalated or deny-listed stays penalised this long after its last "+
+			"offence, then is new again"),
+	yamlcheck.Sub("l7_promotion", "lets the L7 stage mark sources validated (ranked `authenticated` at L7), at most `rate` "+
+		"per second: a request that passed its route's limits, carried a credential its route's limits key on (a "+
+		"`header:NAME` part, `user`, `tenant`) exactly once, non-empty and at most 1,024 bytes, and that the upstream "+
+		"answered with a status from 200 to 399 (docs/operations.md, \"L7 promotion\")",
 		yamlcheck.Val("enabled", yamlcheck.Bool{}, func(s *Standing) *bool { return &s.L7Promotion.Enabled },
 			"whether the L7 stage promotes sources"),
 		yamlcheck.Val("rate", packetRate{What: "promotions", NonZero: true}, func(s *Standing) *Rate { return &s.L7Promotion.Rate },
@@ -145,34 +156,46 @@ var standingTable = yamlcheck.NewTable("standing",
 			Removed: map[PromotionWhen]string{"route_passed": "a bot's request passes a route's limits as easily as a user's; " +
 				"use authenticated (docs/operations.md, \"L7 promotion\")"}},
 			func(s *Standing) *PromotionWhen { return &s.L7Promotion.When },
-			"what a request must do to promote its source"),
+			"what a request must do to promote its source; `route_passed` was removed (a bot's request passes a route's "+
+				"limits as easily as a user's): a policy naming it is refused"),
 	).Formatted(func(s *Standing) string { return formatPromotion(s.L7Promotion) }),
 	yamlcheck.Val("rate_history", yamlcheck.Off[time.Duration]{Kind: yamlcheck.Duration{Min: minRateHistory, Max: maxRateHistory}},
 		func(s *Standing) *time.Duration { return &s.RateHistory },
-		"half-life of a source's usual rate; off: rates and jumps off"),
+		"half-life of each source's usual rate, a decayed peak of its measured rates, and the window of its mean "+
+			"rate (the personal budget's base) (docs/operations.md, \"Usual rate\", \"Personal budget\"). Only for rules "+
+			"whose `per_source.key` is /32 and /64; off: no rates, no jumps, and every privileged source gets "+
+			"`personal_budget.default`"),
 	yamlcheck.Val("jump_factor", yamlcheck.Off[float64]{Kind: yamlcheck.Factor{Min: minJumpFactor, Max: maxJumpFactor}},
 		func(s *Standing) *float64 { return &s.JumpFactor },
-		"an established source above this × its usual rate has jumped; off: jumps off"),
+		"an established source whose current rate exceeds this × its usual rate (and `jump_min`) has jumped: inside "+
+			"an aggregate the shield tightened all its traffic is charged as new (the personal budget moves only the excess, "+
+			"everywhere). Validated sources keep their standing. Stored in 1/16; off: no jumps"),
 	yamlcheck.Val("jump_min", yamlcheck.Off[Rate]{Kind: packetRate{Max: maxJumpMin}},
 		func(s *Standing) *Rate { return &s.JumpMin },
-		"the least current rate that counts as a jump; off: no minimum"),
-	yamlcheck.Sub("personal_budget", "a privileged source's priority is metered (docs/operations.md, \"Personal budget\")",
+		"the least current rate that counts as a jump (a source at 1/s going to 5/s is not a flood). Stored in 1/16 "+
+			"packet/s; off: no minimum"),
+	yamlcheck.Sub("personal_budget", "an established or validated source (or `known_good`) has priority at a congested "+
+		"aggregate only up to its **personal budget**; what it sends above is charged as new (class `over_budget`). "+
+		"off: no limit (standing is a flag, as before issue 23). docs/operations.md, \"Personal budget\" and \"Class ranking\"",
 		yamlcheck.Val("headroom", yamlcheck.Factor{Min: minPersonalHeadroom, Max: maxPersonalHeadroom},
 			func(s *Standing) *float64 { return &s.PersonalHeadroom },
-			"priority up to this × the source's mean rate"),
+			"the budget's rate: this × the source's mean rate over `rate_history` (uncongested measurements only). "+
+				"Stored in 1/16"),
 		yamlcheck.Val("default", packetRate{Min: 1, Max: maxPersonalDefault},
 			func(s *Standing) *Rate { return &s.PersonalDefault },
-			"the budget of a source without a measured mean, and the least of a vouched one"),
+			"the budget of a privileged source whose rate was never measured, and the least budget of a `known_good` or "+
+				"validated one. Stored in 1/16 packet/s"),
+		yamlcheck.Val("burst_seconds", yamlcheck.Uint[uint32]{Min: 1, Max: maxPersonalBurstSeconds},
+			func(s *Standing) *uint32 { return &s.PersonalBurstSeconds },
+			"the budget's burst: this many of the source's busiest seconds (its usual rate × `burst_seconds`), at least "+
+				"one second of the budget and one packet"),
 	).Switch(func(s *Standing) { s.PersonalHeadroom = 0 }, func(s *Standing) bool { return s.PersonalHeadroom == 0 }),
 	yamlcheck.Val("known_good", prefixList{Max: maxKnownGood, TooMany: "the data plane holds at most %d (aggregate them into shorter prefixes)"},
 		func(s *Standing) *[]netip.Prefix { return &s.KnownGood },
-		"prefixes whose sources count as established from the start").Label("standing known_good"),
+		"sources in these prefixes count as established while they have no standing of their own (cold start), "+
+			"with a personal budget of at least `personal_budget.default`. List files: one CIDR per line, `#` comments, "+
+			"relative to the policy file").Label("standing known_good"),
 )
-
-func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
-	standingTable.Parse(&ps.Checker, n, &base)
-	return base
-}
 
 // standing lists what changed in the standing: section, field by field;
 // known_good prefixes one by one.

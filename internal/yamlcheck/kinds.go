@@ -63,17 +63,26 @@ type Factor struct{ Min, Max float64 }
 
 // Parse implements Kind.
 func (k Factor) Parse(c *Checker, n *yaml.Node, where string) (float64, bool) {
+	return number(c, n, where, "x", 1, k.Min, k.Max, "want a number like 3 or 1.5", "")
+}
+
+// number parses a number with an optional suffix (x, %) that divides it
+// by scale, in [lo, hi]; unit is appended to the bounds in the message.
+func number(c *Checker, n *yaml.Node, where, suffix string, scale, lo, hi float64, want, unit string) (float64, bool) {
 	s, ok := c.Scalar(n, where)
 	if !ok {
 		return 0, false
 	}
-	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "x"), 64)
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), suffix), 64)
+	if err == nil && strings.HasSuffix(s, suffix) {
+		v /= scale
+	}
 	if err != nil || v != v {
-		c.Errorf(n, "%s %q: want a number like 3 or 1.5", where, s)
+		c.Errorf(n, "%s %q: %s", where, s, want)
 		return 0, false
 	}
-	if v < k.Min || v > k.Max {
-		c.Errorf(n, "%s %s: must be between %g and %g", where, s, k.Min, k.Max)
+	if v < lo || v > hi {
+		c.Errorf(n, "%s %s: must be between %g%s and %g%s", where, s, lo*scale, unit, hi*scale, unit)
 		return 0, false
 	}
 	return v, true
@@ -106,23 +115,7 @@ type Percent struct{ Min, Max float64 }
 
 // Parse implements Kind.
 func (k Percent) Parse(c *Checker, n *yaml.Node, where string) (float64, bool) {
-	s, ok := c.Scalar(n, where)
-	if !ok {
-		return 0, false
-	}
-	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
-	if err == nil && strings.HasSuffix(s, "%") {
-		v /= 100
-	}
-	if err != nil || v != v {
-		c.Errorf(n, "%s %q: want a percentage like 95%%", where, s)
-		return 0, false
-	}
-	if v < k.Min || v > k.Max {
-		c.Errorf(n, "%s %s: must be between %g%% and %g%%", where, s, k.Min*100, k.Max*100)
-		return 0, false
-	}
-	return v, true
+	return number(c, n, where, "%", 100, k.Min, k.Max, "want a percentage like 95%", "%")
 }
 
 // Format implements Kind.
@@ -132,6 +125,36 @@ func (Percent) Format(v float64) string { return strconv.FormatFloat(v*100, 'g',
 func (k Percent) Describe() string {
 	return fmt.Sprintf("percentage, %g%% to %g%%", k.Min*100, k.Max*100)
 }
+
+// Parsed is a single value read by Func (its error is reported as
+// "where: err"), written by Fmt and described by Desc: a value with a
+// parser of its own (a reserve, a BGP community).
+type Parsed[V any] struct {
+	Func func(string) (V, error)
+	Fmt  func(V) string
+	Desc string
+}
+
+// Parse implements Kind.
+func (k Parsed[V]) Parse(c *Checker, n *yaml.Node, where string) (V, bool) {
+	var zero V
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return zero, false
+	}
+	v, err := k.Func(s)
+	if err != nil {
+		c.Errorf(n, "%s: %v", where, err)
+		return zero, false
+	}
+	return v, true
+}
+
+// Format implements Kind.
+func (k Parsed[V]) Format(v V) string { return k.Fmt(v) }
+
+// Describe implements Kind.
+func (k Parsed[V]) Describe() string { return k.Desc }
 
 // Bool is true or false.
 type Bool struct{}

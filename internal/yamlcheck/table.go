@@ -79,6 +79,13 @@ func Val[S, V any](key string, k Kind[V], at func(s *S) *V, doc string) Field[S]
 	return f
 }
 
+// Func is a field parsed and written by hand, for a value spread over
+// several struct fields: parse reads n into s (reporting on c), format
+// writes the value for the diff and the docs' default, typ describes it.
+func Func[S any](key, typ, doc string, parse func(c *Checker, n *yaml.Node, where string, s *S), format func(s *S) string) Field[S] {
+	return Field[S]{Key: key, Doc: doc, Type: typ, parse: parse, format: format}
+}
+
 // Sub is a field holding a mapping of its own fields, in the same struct
 // (a nested table, "shield.surge: {factor: 3}"). The diff lists its fields
 // one by one as <key>.<field>; with Switch or Formatted it is one line
@@ -207,6 +214,12 @@ func (t *Table[S]) Parse(c *Checker, n *yaml.Node, out *S) map[string]*yaml.Node
 // of a list: "syn service web"); where prefixes its messages.
 func (t *Table[S]) ParseAt(c *Checker, n *yaml.Node, where string, out *S) map[string]*yaml.Node {
 	return t.parseAt(c, n, where, out)
+}
+
+// ParseTop is Parse for a file's top level: its fields are named by their
+// keys alone ("mode"), the mapping by the table's Name ("the policy").
+func (t *Table[S]) ParseTop(c *Checker, n *yaml.Node, out *S) map[string]*yaml.Node {
+	return t.walk(c, n, t.Name, "", out)
 }
 
 // ParseItem is Parse for one item of a list, named in messages as name

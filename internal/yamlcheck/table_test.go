@@ -2,6 +2,7 @@ package yamlcheck
 
 import (
 	"cmp"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -263,5 +264,27 @@ func TestNestedRequiredListPattern(t *testing.T) {
 	}
 	if s := outerTable.String(&a); s != "{name: a, share: 50%, inner: {addrs: [127.0.0.1:1]}}" {
 		t.Errorf("String: %s", s)
+	}
+}
+
+// TestParsed: a value with a parser of its own reports its error as
+// "where: err" at the value.
+func TestParsed(t *testing.T) {
+	k := Parsed[int]{Func: func(s string) (int, error) {
+		if s != "one" {
+			return 0, fmt.Errorf("%q: want one", s)
+		}
+		return 1, nil
+	}, Fmt: func(v int) string { return fmt.Sprint(v) }, Desc: "one"}
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte("a: one\nb: two\n"), &doc); err != nil {
+		t.Fatal(err)
+	}
+	c := &Checker{File: "f.yaml"}
+	if v, ok := k.Parse(c, Lookup(doc.Content[0], "a"), "a"); !ok || v != 1 {
+		t.Errorf("a: %v %v", v, ok)
+	}
+	if _, ok := k.Parse(c, Lookup(doc.Content[0], "b"), "b"); ok || len(c.Problems) != 1 || c.Problems[0].String() != `f.yaml:2:4: b: "two": want one` {
+		t.Errorf("b: %v", c.Problems)
 	}
 }
