@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/daemon"
+	"github.com/edgeguard/edgeguard/internal/l7/rls"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -30,12 +31,13 @@ func newPolicyFields() *cobra.Command {
 		Long: `Print the field tables of the policy's sections (Markdown, as docs/policy.md has them):
 each field's key, what the file may write with its bounds, its default and what it does. They
 are written from the tables the parser itself walks, so they say what this edgectl accepts.
-With SECTION (standing, shield, fleet.redis, "syn service", ...), only that section's table.
+With SECTION (standing, shield, fleet.redis, "syn service", l7.timeouts, "l7 limit", ...), only
+that section's table.
 It needs no daemon and changes nothing.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var names []string
-			for _, ft := range policy.FieldTables() {
+			for _, ft := range append(policy.FieldTables(), rls.FieldTables()...) {
 				names = append(names, ft.Name)
 				if len(args) == 1 && ft.Name != args[0] {
 					continue
