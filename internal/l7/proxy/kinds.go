@@ -710,11 +710,8 @@ func (headerValues) Format(m map[string]string) string { return fmt.Sprint(m) }
 // Describe implements yamlcheck.Kind.
 func (headerValues) Describe() string { return "mapping of header name to value" }
 
-// keyKind is a limit's key (ParseKey).
-type keyKind struct{}
-
-// Parse implements yamlcheck.Kind.
-func (keyKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Key, bool) {
+// parseKey reads a limit's key (ParseKey).
+func parseKey(c *yamlcheck.Checker, n *yaml.Node, where string) (Key, bool) {
 	s, ok := c.Scalar(n, where)
 	if !ok {
 		return nil, false
@@ -726,12 +723,6 @@ func (keyKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Key, boo
 	}
 	return k, true
 }
-
-// Format implements yamlcheck.Kind.
-func (keyKind) Format(k Key) string { return k.String() }
-
-// Describe implements yamlcheck.Kind.
-func (keyKind) Describe() string { return "key" }
 
 // algorithm is a limit's algorithm, in either spelling.
 type algorithm struct{}

@@ -294,7 +294,7 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			if d.keyless {
 				return nil, true // refused below, with the reason
 			}
-			return keyKind{}.Parse(c, n, where)
+			return parseKey(c, n, where)
 		}))), func(l *limitSpec) *Key { return &l.Key },
 			"what the limit counts per (refused on an `rls:` rule): `ip`, `header:NAME`, `user`, `tenant`, `endpoint` (method + route name), `global`, `prefix` (the client's /24 or /48), `asn` (the client's ASN from `asn_data`; a client in no ASN skips the limit), or parts joined by `+` (`endpoint+user`, `tenant+ip`)").
 			Formatted(required(func(l *limitSpec) string { return l.Key.String() })),
