@@ -722,7 +722,7 @@ static __always_inline int handshake_only(const struct eg_standing_val *e)
  * 0); a vouched source
  * (known_good, validated) gets at least the default. The burst is its
  * busiest seconds: its usual rate (a decayed peak over windows of at least
- * an epoch) x EG_PERSONAL_BURST_SECONDS, at least one second of the budget
+ * an epoch) x standing.personal_budget.burst_seconds, at least one second of the budget
  * and one packet. Both
  * from the entry
  * as it is: nothing is measured here. */
@@ -739,7 +739,7 @@ static __always_inline int personal_take(struct eg_standing_val *e, const struct
 		rate = 1;
 	/* The burst in 1/16 packets: its busiest seconds, at least one
 	 * second of the budget and one packet. */
-	burst = (__u64)e->usual * EG_PERSONAL_BURST_SECONDS;
+	burst = (__u64)e->usual * scfg->burst_seconds;
 	if (burst < rate)
 		burst = rate;
 	if (burst < (1 << EG_RATE_SHIFT))

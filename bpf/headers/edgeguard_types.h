@@ -46,11 +46,6 @@ enum eg_sizes {
 	 * IPv6 header and a TCP header with 32 bytes of options (14 + 8 + 40
 	 * + 52 = 114) fit, with the start of the payload. */
 	EG_SNAP_LEN = 128,
-	/* A personal budget's burst is this many of the source's busiest
-	 * seconds (docs/operations.md, "Personal budget"): users' clumps come
-	 * at random, and one second of headroom x mean overflows for a
-	 * Poisson-clumped user about once in a hundred requests. */
-	EG_PERSONAL_BURST_SECONDS = 2,
 };
 
 /* "Never expires" for list entries. */
@@ -604,10 +599,11 @@ struct eg_standing_cfg {
 	 * mean rate (0: personal budgets off, privileged sources are not
 	 * metered); the default budget in packets/s << EG_RATE_SHIFT for a
 	 * source without a measured mean, and the least one of a vouched
-	 * source (known_good, validated). */
+	 * source (known_good, validated); the burst in the source's busiest
+	 * seconds (standing.personal_budget.burst_seconds). */
 	__u32 headroom16;
 	__u32 default_rate;
-	__u32 _pad;
+	__u32 burst_seconds;
 };
 
 /* Fixed point of the standing rates (eg_standing_val.usual, current). */

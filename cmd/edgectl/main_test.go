@@ -106,6 +106,10 @@ func TestExitCodesSayWhatHappened(t *testing.T) {
 		{[]string{"policy", "diff", withIface, "--from", same}, 1, "+ interface eg-extra0"},
 		{[]string{"policy", "diff", "testdata/invalid.yaml", "--from", same}, 2, "invalid"},
 		{[]string{"policy", "diff", same, "--socket", "/nonexistent/eg.sock"}, 2, ""},
+		{[]string{"policy", "fields", "standing"}, 0, "| `personal_budget.burst_seconds` | whole number, 1 to 60 | `2` |"},
+		{[]string{"policy", "fields"}, 0, "fleet.redis.tls:"},
+		{[]string{"policy", "fields", "l7.timeouts"}, 0, "| `tunnel_idle` | positive duration | `5m` |"},
+		{[]string{"policy", "fields", "nope"}, 2, "sections: tables, metrics"},
 	} {
 		cmd := newRootCommand()
 		var out bytes.Buffer

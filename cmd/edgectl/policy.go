@@ -13,14 +13,46 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/daemon"
+	"github.com/edgeguard/edgeguard/internal/l7/rls"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 func newPolicyCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "policy", Short: "Validate, compare, apply and show policies"}
 	groupCommand(cmd)
-	cmd.AddCommand(newPolicyValidate(), newPolicyDiff(), newPolicyApply(), newPolicyShow())
+	cmd.AddCommand(newPolicyValidate(), newPolicyDiff(), newPolicyApply(), newPolicyShow(), newPolicyFields())
 	return cmd
+}
+
+func newPolicyFields() *cobra.Command {
+	return &cobra.Command{
+		Use:   "fields [SECTION]",
+		Short: "Print the policy sections' fields: what each takes, its default and what it does",
+		Long: `Print the field tables of the policy's sections (Markdown, as docs/policy.md has them):
+each field's key, what the file may write with its bounds, its default and what it does. They
+are written from the tables the parser itself walks, so they say what this edgectl accepts.
+With SECTION (standing, shield, fleet.redis, "syn service", l7.timeouts, "l7 limit", ...), only
+that section's table.
+It needs no daemon and changes nothing.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var names []string
+			for _, ft := range append(policy.FieldTables(), rls.FieldTables()...) {
+				names = append(names, ft.Name)
+				if len(args) == 1 && ft.Name != args[0] {
+					continue
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s:\n\n%s\n", ft.Name, ft.Markdown)
+				if len(args) == 1 {
+					return nil
+				}
+			}
+			if len(args) == 1 {
+				return usageError{fmt.Errorf("no section %q; sections: %s", args[0], strings.Join(names, ", "))}
+			}
+			return nil
+		},
+	}
 }
 
 func newPolicyValidate() *cobra.Command {

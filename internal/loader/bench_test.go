@@ -658,7 +658,7 @@ func congestedCase(b *testing.B, established bool) *benchCase {
 // its budget or over it (its budget's GCRA word an hour ahead).
 func congestedBudgetCase(b *testing.B, over bool) *benchCase {
 	st := policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: 5 * time.Minute, PersonalHeadroom: 2,
-		PersonalDefault: policy.Rate{Count: 1_000_000_000, Per: time.Second}}
+		PersonalDefault: policy.Rate{Count: 1_000_000_000, Per: time.Second}, PersonalBurstSeconds: 2}
 	return congestedWith(b, true, st, func(bd *benchDatapath, now uint64) uint32 {
 		if !over {
 			return xdpPass

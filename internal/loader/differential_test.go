@@ -571,6 +571,7 @@ func randPolicy(r *rand.Rand) policy.Compiled {
 		// timeline's few packets per source can use up or not.
 		g.Standing.PersonalHeadroom = pick[float64](r, 0, 1, 2, 2)
 		g.Standing.PersonalDefault = policy.Rate{Count: pick[uint64](r, 1, 5, 20), Per: time.Second}
+		g.Standing.PersonalBurstSeconds = pick[uint32](r, 1, 2, 2, 60)
 	}
 	if r.IntN(2) == 0 {
 		// Drop samples use their own bucket and must change no verdict.

@@ -505,17 +505,16 @@ const (
 type LimiterEgSizes uint32
 
 const (
-	LimiterEgSizesEG_IFACE_SLOTS            LimiterEgSizes = 16
-	LimiterEgSizesEG_IFINDEX_MAX            LimiterEgSizes = 65536
-	LimiterEgSizesEG_SEEN_BITS              LimiterEgSizes = 28
-	LimiterEgSizesEG_SEEN_EPOCH_SHIFT       LimiterEgSizes = 30
-	LimiterEgSizesEG_V4L1BITS               LimiterEgSizes = 16
-	LimiterEgSizesEG_V4L1ENTRIES            LimiterEgSizes = 65536
-	LimiterEgSizesEG_V4STRIDE               LimiterEgSizes = 4
-	LimiterEgSizesEG_V4CHUNK_ENTRIES        LimiterEgSizes = 16
-	LimiterEgSizesEG_V4LEVELS               LimiterEgSizes = 4
-	LimiterEgSizesEG_SNAP_LEN               LimiterEgSizes = 128
-	LimiterEgSizesEG_PERSONAL_BURST_SECONDS LimiterEgSizes = 2
+	LimiterEgSizesEG_IFACE_SLOTS      LimiterEgSizes = 16
+	LimiterEgSizesEG_IFINDEX_MAX      LimiterEgSizes = 65536
+	LimiterEgSizesEG_SEEN_BITS        LimiterEgSizes = 28
+	LimiterEgSizesEG_SEEN_EPOCH_SHIFT LimiterEgSizes = 30
+	LimiterEgSizesEG_V4L1BITS         LimiterEgSizes = 16
+	LimiterEgSizesEG_V4L1ENTRIES      LimiterEgSizes = 65536
+	LimiterEgSizesEG_V4STRIDE         LimiterEgSizes = 4
+	LimiterEgSizesEG_V4CHUNK_ENTRIES  LimiterEgSizes = 16
+	LimiterEgSizesEG_V4LEVELS         LimiterEgSizes = 4
+	LimiterEgSizesEG_SNAP_LEN         LimiterEgSizes = 128
 )
 
 type LimiterEgSrcBucket struct {
@@ -551,7 +550,7 @@ type LimiterEgStandingCfg struct {
 	JumpMin            uint32
 	Headroom16         uint32
 	DefaultRate        uint32
-	Pad                uint32
+	BurstSeconds       uint32
 }
 
 type LimiterEgStandingEvent uint32

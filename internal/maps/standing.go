@@ -280,6 +280,7 @@ func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
 	if s.PersonalHeadroom > 0 {
 		c.Headroom16 = uint32(math.Round(s.PersonalHeadroom * 16))
 		c.DefaultRate = uint32(max(min(s.PersonalDefault.PerSecond()*(1<<RateShift), math.MaxUint32), 1))
+		c.BurstSeconds = s.PersonalBurstSeconds
 	}
 	return c
 }

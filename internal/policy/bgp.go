@@ -44,10 +44,13 @@ type BGP struct {
 	BlackholeTTL time.Duration
 	// FlowSpec: announce the shield's enforced fingerprints as FlowSpec
 	// rules, with action discard (FlowSpecRate zero) or traffic-rate.
-	FlowSpec     bool
-	FlowSpecRate Rate // bytes
-	Neighbors    []BGPNeighbor
-	Pos          Pos
+	FlowSpec bool
+	// FlowSpecAction is bgp.flowspec.action: discard (FlowSpecRate zero)
+	// or rate.
+	FlowSpecAction string
+	FlowSpecRate   Rate // bytes
+	Neighbors      []BGPNeighbor
+	Pos            Pos
 }
 
 // BGPNeighbor is one bgp.neighbors entry.
@@ -87,117 +90,91 @@ func ParseCommunity(s string) (uint32, error) {
 	return uint32(x)<<16 | uint32(y), nil
 }
 
+// bgpTable is the bgp: section (docs/bgp.md).
+var bgpTable = yamlcheck.NewTable("bgp",
+	yamlcheck.Val[BGP, uint32]("local_as", asNumber{}, func(b *BGP) *uint32 { return &b.LocalAS }, "this host's AS number").
+		Required("bgp needs local_as (this host's AS number)"),
+	yamlcheck.Val[BGP, netip.Addr]("router_id", routerID, func(b *BGP) *netip.Addr { return &b.RouterID },
+		"an IPv4 address unique among the peers' neighbors").
+		Required("bgp needs router_id (an IPv4 address unique among the peers' neighbors)"),
+	yamlcheck.Val("dry_run", yamlcheck.Bool{}, func(b *BGP) *bool { return &b.DryRun },
+		"log and list what would be announced, announce nothing"),
+	yamlcheck.Val[BGP, uint32]("community", community, func(b *BGP) *uint32 { return &b.Community },
+		"the community of blackhole routes (RFC 7999 BLACKHOLE by default)"),
+	yamlcheck.Val("max_announcements", yamlcheck.Uint[int]{Min: 1, Max: maxBGPAnnouncements},
+		func(b *BGP) *int { return &b.MaxAnnouncements }, "the most routes announced at once"),
+	yamlcheck.Sub("widths", "the widest prefix lengths announced (a blackhole, a FlowSpec destination)",
+		yamlcheck.Val("ipv4", yamlcheck.Uint[int]{Min: 8, Max: 32}, func(b *BGP) *int { return &b.Width4 }, "IPv4"),
+		yamlcheck.Val("ipv6", yamlcheck.Uint[int]{Min: 16, Max: 128}, func(b *BGP) *int { return &b.Width6 }, "IPv6"),
+	),
+	yamlcheck.Val[BGP, []netip.Prefix]("forbid", bgpPrefixes{}, func(b *BGP) *[]netip.Prefix { return &b.Forbid },
+		"prefixes never announced nor matched (lists.allow and lists.protected are refused too)"),
+	yamlcheck.Val[BGP, []netip.Prefix]("destinations", bgpPrefixes{}, func(b *BGP) *[]netip.Prefix { return &b.Destinations },
+		"this host's addresses: the destination of FlowSpec rules and of the automatic blackhole (no wider than widths)"),
+	yamlcheck.Sub("uplink", "the automatic blackhole: announced while the offered rate is above rate × fraction",
+		yamlcheck.Val[BGP, Rate]("rate", byteRate, func(b *BGP) *Rate { return &b.Uplink }, "the host's line rate").
+			Required("bgp.uplink needs rate (the line rate, like 10Gbit/s)"),
+		yamlcheck.Val("fraction", yamlcheck.Percent{Min: 0.01, Max: 1}, func(b *BGP) *float64 { return &b.Fraction },
+			"the share of the line rate above which the blackhole is announced"),
+	),
+	yamlcheck.Sub("blackhole", "blackhole routes",
+		yamlcheck.Val("ttl", yamlcheck.Duration{Min: 10 * time.Second, Max: 7 * 24 * time.Hour},
+			func(b *BGP) *time.Duration { return &b.BlackholeTTL },
+			"the automatic blackhole's lifetime, renewed while the rate stays above; edgectl bgp blackhole's default"),
+	),
+	yamlcheck.Sub("flowspec", "announce the shield's enforced fingerprints as FlowSpec rules",
+		yamlcheck.Val("auto", yamlcheck.Bool{}, func(b *BGP) *bool { return &b.FlowSpec }, "whether to announce them"),
+		yamlcheck.Val("action", yamlcheck.Enum[string]{Values: []string{"discard", "rate"}},
+			func(b *BGP) *string { return &b.FlowSpecAction }, "discard, or rate (traffic-rate)"),
+		yamlcheck.Val[BGP, Rate]("rate", byteRate, func(b *BGP) *Rate { return &b.FlowSpecRate }, "action rate's rate"),
+	),
+	yamlcheck.Val[BGP, []BGPNeighbor]("neighbors", bgpNeighbors{}, func(b *BGP) *[]BGPNeighbor { return &b.Neighbors },
+		"the peers: {address, as, password_file, multihop, local_address, families} (bgp neighbor below)").
+		Required("bgp needs neighbors (at least one: address, as)"),
+)
+
+// bgpNeighborTable is one bgp.neighbors entry.
+var bgpNeighborTable = yamlcheck.NewTable("bgp neighbor",
+	yamlcheck.Val[BGPNeighbor, netip.Addr]("address", unicastAddr, func(n *BGPNeighbor) *netip.Addr { return &n.Address }, "the peer's address").
+		Required("bgp neighbor needs address"),
+	yamlcheck.Val[BGPNeighbor, uint32]("as", asNumber{}, func(n *BGPNeighbor) *uint32 { return &n.AS }, "the peer's AS number").
+		Required("bgp neighbor needs as (the peer's AS number)"),
+	yamlcheck.Val("password_file", yamlcheck.Path{}, func(n *BGPNeighbor) *string { return &n.PasswordFile },
+		"a file holding the TCP MD5 secret"),
+	yamlcheck.Val("multihop", yamlcheck.Uint[uint8]{Min: 1, Max: 255}, func(n *BGPNeighbor) *uint8 { return &n.Multihop }, "the session's TTL"),
+	yamlcheck.Val[BGPNeighbor, netip.Addr]("local_address", unicastAddr, func(n *BGPNeighbor) *netip.Addr { return &n.LocalAddress },
+		"the source address of the session (the address's family)"),
+	yamlcheck.Val[BGPNeighbor, []string]("families", bgpFamilies{}, func(n *BGPNeighbor) *[]string { return &n.Families },
+		"address families; by default unicast and flowspec of the address's family"),
+)
+
 func (ps *parser) bgp(n *yaml.Node) *BGP {
-	f := ps.Fields(n, "bgp", "local_as", "router_id", "dry_run", "community", "max_announcements", "widths", "forbid",
-		"destinations", "uplink", "blackhole", "flowspec", "neighbors")
+	b := defaultBGP()
+	b.Pos = yamlcheck.PosOf(n)
+	f := bgpTable.Parse(&ps.Checker, n, b)
 	if f == nil {
 		return nil
 	}
-	b := &BGP{DryRun: true, Community: DefaultBGPCommunity, MaxAnnouncements: DefaultBGPMax, Width4: 32, Width6: 128,
-		BlackholeTTL: DefaultBGPBlackholeTT, FlowSpec: true, Pos: yamlcheck.PosOf(n)}
-	if v, ok := f["local_as"]; !ok {
-		ps.Errorf(n, "bgp needs local_as (this host's AS number)")
-	} else {
-		b.LocalAS = ps.asNumber(v, "bgp.local_as")
-	}
-	if v, ok := f["router_id"]; !ok {
-		ps.Errorf(n, "bgp needs router_id (an IPv4 address unique among the peers' neighbors)")
-	} else if s, ok := ps.Scalar(v, "bgp.router_id"); ok {
-		a, err := netip.ParseAddr(s)
-		if err != nil || !a.Is4() || a.IsUnspecified() {
-			ps.Errorf(v, "bgp.router_id %q: want an IPv4 address other than 0.0.0.0", s)
-		} else {
-			b.RouterID = a
-		}
-	}
-	if v, ok := f["dry_run"]; ok {
-		b.DryRun = ps.boolean(v, "bgp.dry_run", b.DryRun)
-	}
-	if v, ok := f["community"]; ok {
-		if s, ok := ps.Scalar(v, "bgp.community"); ok {
-			if c, err := ParseCommunity(s); err != nil {
-				ps.Errorf(v, "bgp.community: %v", err)
-			} else {
-				b.Community = c
-			}
-		}
-	}
-	if v, ok := f["max_announcements"]; ok {
-		if m, ok := ps.UintIn(v, "bgp.max_announcements", 1, maxBGPAnnouncements); ok {
-			b.MaxAnnouncements = int(m)
-		}
-	}
-	if v, ok := f["widths"]; ok {
-		wf := ps.Fields(v, "bgp.widths", "ipv4", "ipv6")
-		if x, ok := wf["ipv4"]; ok {
-			if m, ok := ps.UintIn(x, "bgp.widths.ipv4", 8, 32); ok {
-				b.Width4 = int(m)
-			}
-		}
-		if x, ok := wf["ipv6"]; ok {
-			if m, ok := ps.UintIn(x, "bgp.widths.ipv6", 16, 128); ok {
-				b.Width6 = int(m)
-			}
-		}
-	}
-	if v, ok := f["forbid"]; ok {
-		b.Forbid = ps.bgpPrefixes(v, "bgp.forbid", 0, 0)
+	if _, ok := f["uplink"]; !ok {
+		b.Fraction = 0
 	}
 	if v, ok := f["destinations"]; ok {
-		b.Destinations = ps.bgpPrefixes(v, "bgp.destinations", b.Width4, b.Width6)
-	}
-	if v, ok := f["uplink"]; ok {
-		uf := ps.Fields(v, "bgp.uplink", "rate", "fraction")
-		b.Fraction = 0.8
-		if x, ok := uf["rate"]; !ok {
-			ps.Errorf(v, "bgp.uplink needs rate (the line rate, like 10Gbit/s)")
-		} else {
-			b.Uplink = ps.byteRate(x, "bgp.uplink.rate")
-		}
-		if x, ok := uf["fraction"]; ok {
-			b.Fraction = ps.percent(x, "bgp.uplink.fraction", 0.01, 1, b.Fraction)
-		}
-	}
-	if v, ok := f["blackhole"]; ok {
-		hf := ps.Fields(v, "bgp.blackhole", "ttl")
-		if x, ok := hf["ttl"]; ok {
-			b.BlackholeTTL = ps.duration(x, "bgp.blackhole.ttl", 10*time.Second, 7*24*time.Hour, b.BlackholeTTL)
+		for _, item := range yamlcheck.Seq(v) {
+			p, err := ParsePrefix(item.Value)
+			if err == nil && (p.Addr().Is4() && p.Bits() < b.Width4 || p.Addr().Is6() && p.Bits() < b.Width6) {
+				ps.Errorf(item, "bgp.destinations: %s is wider than bgp.widths allows (/%d IPv4, /%d IPv6)", p, b.Width4, b.Width6)
+				b.Destinations = slices.DeleteFunc(b.Destinations, func(q netip.Prefix) bool { return q == p })
+			}
 		}
 	}
 	if v, ok := f["flowspec"]; ok {
-		ff := ps.Fields(v, "bgp.flowspec", "auto", "action", "rate")
-		if x, ok := ff["auto"]; ok {
-			b.FlowSpec = ps.boolean(x, "bgp.flowspec.auto", b.FlowSpec)
-		}
-		action := "discard"
-		if x, ok := ff["action"]; ok {
-			action = ps.enum(x, "bgp.flowspec.action", action, "discard", "rate")
-		}
-		x, hasRate := ff["rate"]
+		x := yamlcheck.Lookup(v, "rate")
 		switch {
-		case action == "rate" && !hasRate:
+		case b.FlowSpecAction == "rate" && x == nil:
 			ps.Errorf(v, "bgp.flowspec: action rate needs rate (bytes or bits per second, like 1MB/s)")
-		case action == "discard" && hasRate:
+		case b.FlowSpecAction == "discard" && x != nil:
 			ps.Errorf(x, "bgp.flowspec.rate is for action: rate (discard drops everything the rule matches)")
-		case hasRate:
-			b.FlowSpecRate = ps.byteRate(x, "bgp.flowspec.rate")
-		}
-	}
-	if v, ok := f["neighbors"]; !ok {
-		ps.Errorf(n, "bgp needs neighbors (at least one: address, as)")
-	} else {
-		items := ps.Seq(v, "bgp.neighbors")
-		if len(items) == 0 || len(items) > maxBGPNeighbors {
-			ps.Errorf(v, "bgp.neighbors: %d neighbors, want 1 to %d", len(items), maxBGPNeighbors)
-		}
-		seen := map[netip.Addr]bool{}
-		for _, item := range items {
-			nb := ps.bgpNeighbor(item)
-			if nb.Address.IsValid() && seen[nb.Address] {
-				ps.Errorf(item, "bgp.neighbors: %s twice", nb.Address)
-			}
-			seen[nb.Address] = true
-			b.Neighbors = append(b.Neighbors, nb)
+			b.FlowSpecRate = Rate{}
 		}
 	}
 	if len(b.Destinations) == 0 && (b.FlowSpec || b.Uplink.Count != 0) {
@@ -208,186 +185,211 @@ func (ps *parser) bgp(n *yaml.Node) *BGP {
 	return b
 }
 
-// asNumber is a 32-bit AS number, not 0 (reserved, RFC 7607) nor 23456
-// (AS_TRANS, RFC 6793).
-func (ps *parser) asNumber(n *yaml.Node, where string) uint32 {
-	v, ok := ps.UintIn(n, where, 1, 1<<32-1)
-	if !ok {
-		return 0
-	}
-	if v == 23456 {
-		ps.Errorf(n, "%s 23456 is AS_TRANS (RFC 6793), not an AS", where)
-		return 0
-	}
-	return uint32(v)
+// defaultBGP is what each field of a bgp: section defaults to
+// (uplink.fraction applies only with an uplink).
+func defaultBGP() *BGP {
+	return &BGP{DryRun: true, Community: DefaultBGPCommunity, MaxAnnouncements: DefaultBGPMax, Width4: 32, Width6: 128,
+		BlackholeTTL: DefaultBGPBlackholeTT, FlowSpec: true, FlowSpecAction: "discard", Fraction: 0.8}
 }
 
-// bgpPrefixes is a list of prefixes (no host bits); with w4/w6 set, none
-// wider than those.
-func (ps *parser) bgpPrefixes(n *yaml.Node, where string, w4, w6 int) []netip.Prefix {
-	items := ps.Seq(n, where)
+// asNumber is a 32-bit AS number, not 0 (reserved, RFC 7607) nor 23456
+// (AS_TRANS, RFC 6793).
+type asNumber struct{}
+
+func (asNumber) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (uint32, bool) {
+	v, ok := c.UintIn(n, where, 1, 1<<32-1)
+	if !ok {
+		return 0, false
+	}
+	if v == 23456 {
+		c.Errorf(n, "%s 23456 is AS_TRANS (RFC 6793), not an AS", where)
+		return 0, false
+	}
+	return uint32(v), true
+}
+
+func (asNumber) Format(v uint32) string { return fmt.Sprintf("AS%d", v) }
+
+func (asNumber) Describe() string { return "AS number, 1 to 4294967295 (not 23456)" }
+
+// routerID is an IPv4 address other than 0.0.0.0.
+var routerID = yamlcheck.Parsed[netip.Addr]{
+	Func: func(s string) (netip.Addr, error) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.Is4() || a.IsUnspecified() {
+			return netip.Addr{}, fmt.Errorf("%q: want an IPv4 address other than 0.0.0.0", s)
+		}
+		return a, nil
+	},
+	Fmt: formatAddr, Desc: "IPv4 address",
+}
+
+// unicastAddr is a unicast IPv4 or IPv6 address.
+var unicastAddr = yamlcheck.Parsed[netip.Addr]{
+	Func: func(s string) (netip.Addr, error) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.Is4In6() {
+			return netip.Addr{}, fmt.Errorf("%q: want a unicast IPv4 or IPv6 address", s)
+		}
+		return a, nil
+	},
+	Fmt:  formatAddr,
+	Desc: "unicast IPv4 or IPv6 address",
+}
+
+func formatAddr(a netip.Addr) string {
+	if !a.IsValid() {
+		return "none"
+	}
+	return a.String()
+}
+
+// community is ASN:VALUE.
+var community = yamlcheck.Parsed[uint32]{Func: ParseCommunity, Fmt: func(v uint32) string { return fmt.Sprintf("%d:%d", v>>16, v&0xffff) },
+	Desc: "ASN:VALUE, each 0-65535"}
+
+// bgpPrefixes is a list of prefixes (no host bits, no IPv4-mapped IPv6),
+// each once.
+type bgpPrefixes struct{}
+
+func (bgpPrefixes) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]netip.Prefix, bool) {
+	items := c.Seq(n, where)
 	if len(items) > maxBGPPrefixes {
-		ps.Errorf(n, "%s: %d prefixes, at most %d", where, len(items), maxBGPPrefixes)
-		return nil
+		c.Errorf(n, "%s: %d prefixes, at most %d", where, len(items), maxBGPPrefixes)
+		return nil, false
 	}
 	var out []netip.Prefix
 	for _, item := range items {
-		s, ok := ps.Scalar(item, where)
+		s, ok := c.Scalar(item, where)
 		if !ok {
 			continue
 		}
 		p, err := ParsePrefix(s)
 		if err != nil {
-			ps.Errorf(item, "%s: %v", where, err)
+			c.Errorf(item, "%s: %v", where, err)
 			continue
 		}
 		if p.Addr().Is4In6() {
-			ps.Errorf(item, "%s: %s is an IPv4-mapped IPv6 prefix: write the IPv4 prefix", where, s)
-			continue
-		}
-		if w4 > 0 && (p.Addr().Is4() && p.Bits() < w4 || p.Addr().Is6() && p.Bits() < w6) {
-			ps.Errorf(item, "%s: %s is wider than bgp.widths allows (/%d IPv4, /%d IPv6)", where, p, w4, w6)
+			c.Errorf(item, "%s: %s is an IPv4-mapped IPv6 prefix: write the IPv4 prefix", where, s)
 			continue
 		}
 		if slices.Contains(out, p) {
-			ps.Errorf(item, "%s: %s twice", where, p)
+			c.Errorf(item, "%s: %s twice", where, p)
 			continue
 		}
 		out = append(out, p)
 	}
+	return out, true
+}
+
+func (k bgpPrefixes) Format(ps []netip.Prefix) string {
+	return "[" + strings.Join(k.Items(ps), ", ") + "]"
+}
+
+func (bgpPrefixes) Items(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
 	return out
 }
 
-// byteRate is a bit or byte rate (packets are refused).
-func (ps *parser) byteRate(n *yaml.Node, where string) Rate {
-	s, ok := ps.Scalar(n, where)
-	if !ok {
-		return Rate{}
+func (bgpPrefixes) Describe() string { return fmt.Sprintf("list of CIDRs, at most %d", maxBGPPrefixes) }
+
+// byteRate is a bit or byte rate from 8bit/s to 80Tbit/s (packets are
+// refused).
+var byteRate = rateKind{Unit: Bytes, Min: 1, Max: 1e13, Range: "8bit/s to 80Tbit/s"}
+
+// bgpNeighbors is bgp.neighbors: 1 to maxBGPNeighbors entries
+// (bgpNeighborTable), each address once.
+type bgpNeighbors struct{}
+
+func (bgpNeighbors) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]BGPNeighbor, bool) {
+	items := c.Seq(n, where)
+	if len(items) == 0 || len(items) > maxBGPNeighbors {
+		c.Errorf(n, "%s: %d neighbors, want 1 to %d", where, len(items), maxBGPNeighbors)
 	}
-	r, u, err := ParseRate(s)
-	switch {
-	case err != nil:
-		ps.Errorf(n, "%s: %v", where, err)
-	case u != Bytes:
-		ps.Errorf(n, "%s %q: want bits or bytes per time, like 10Gbit/s or 1MB/s", where, s)
-	case r.PerSecond() < 1 || r.PerSecond() > 1e13:
-		ps.Errorf(n, "%s %q: want 8bit/s to 80Tbit/s", where, s)
-	default:
-		return r
+	var out []BGPNeighbor
+	seen := map[netip.Addr]bool{}
+	for _, item := range items {
+		nb := BGPNeighbor{Multihop: 1, Pos: yamlcheck.PosOf(item)} // the defaults
+		f := bgpNeighborTable.ParseItem(c, item, "bgp neighbor", &nb)
+		if f != nil {
+			if nb.LocalAddress.IsValid() && nb.Address.IsValid() && nb.LocalAddress.Is4() != nb.Address.Is4() {
+				c.Errorf(f["local_address"], "bgp neighbor local_address %s and address %s are of different families", nb.LocalAddress, nb.Address)
+			}
+			if _, ok := f["families"]; !ok {
+				nb.Families = []string{"ipv4-unicast", "ipv4-flowspec"}
+				if nb.Address.Is6() {
+					nb.Families = []string{"ipv6-unicast", "ipv6-flowspec"}
+				}
+			}
+		}
+		if nb.Address.IsValid() && seen[nb.Address] {
+			c.Errorf(item, "%s: %s twice", where, nb.Address)
+		}
+		seen[nb.Address] = true
+		out = append(out, nb)
 	}
-	return Rate{}
+	return out, true
 }
 
-func (ps *parser) bgpNeighbor(n *yaml.Node) BGPNeighbor {
-	nb := BGPNeighbor{Multihop: 1, Pos: yamlcheck.PosOf(n)}
-	f := ps.Fields(n, "bgp neighbor", "address", "as", "password_file", "multihop", "local_address", "families")
-	if f == nil {
-		return nb
-	}
-	addr := func(key string) netip.Addr {
-		v, ok := f[key]
-		if !ok {
-			return netip.Addr{}
-		}
-		s, ok := ps.Scalar(v, "bgp neighbor "+key)
-		if !ok {
-			return netip.Addr{}
-		}
-		a, err := netip.ParseAddr(s)
-		if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.Is4In6() {
-			ps.Errorf(v, "bgp neighbor %s %q: want a unicast IPv4 or IPv6 address", key, s)
-			return netip.Addr{}
-		}
-		return a
-	}
-	if _, ok := f["address"]; !ok {
-		ps.Errorf(n, "bgp neighbor needs address")
-	}
-	nb.Address = addr("address")
-	nb.LocalAddress = addr("local_address")
-	if nb.LocalAddress.IsValid() && nb.Address.IsValid() && nb.LocalAddress.Is4() != nb.Address.Is4() {
-		ps.Errorf(f["local_address"], "bgp neighbor local_address %s and address %s are of different families", nb.LocalAddress, nb.Address)
-	}
-	if v, ok := f["as"]; !ok {
-		ps.Errorf(n, "bgp neighbor needs as (the peer's AS number)")
-	} else {
-		nb.AS = ps.asNumber(v, "bgp neighbor as")
-	}
-	if v, ok := f["password_file"]; ok {
-		nb.PasswordFile = ps.path(v, "bgp neighbor password_file")
-	}
-	if v, ok := f["multihop"]; ok {
-		if m, ok := ps.UintIn(v, "bgp neighbor multihop", 1, 255); ok {
-			nb.Multihop = uint8(m)
-		}
-	}
-	if v, ok := f["families"]; ok {
-		items := ps.Seq(v, "bgp neighbor families")
-		if len(items) == 0 {
-			ps.Errorf(v, "bgp neighbor families: empty; allowed: %s", strings.Join(BGPFamilies, ", "))
-		}
-		for _, item := range items {
-			fam := ps.enum(item, "bgp neighbor family", "", BGPFamilies...)
-			if fam == "" {
-				continue
-			}
-			if slices.Contains(nb.Families, fam) {
-				ps.Errorf(item, "bgp neighbor families: %s twice", fam)
-				continue
-			}
-			nb.Families = append(nb.Families, fam)
-		}
-	} else if nb.Address.Is6() {
-		nb.Families = []string{"ipv6-unicast", "ipv6-flowspec"}
-	} else {
-		nb.Families = []string{"ipv4-unicast", "ipv4-flowspec"}
-	}
-	return nb
+func (k bgpNeighbors) Format(nbs []BGPNeighbor) string {
+	return "[" + strings.Join(k.Items(nbs), "; ") + "]"
 }
 
-// bgp reports a changed bgp: section, one line.
+func (bgpNeighbors) Items(nbs []BGPNeighbor) []string {
+	out := make([]string, len(nbs))
+	for i := range nbs {
+		out[i] = bgpNeighborTable.String(&nbs[i])
+	}
+	return out
+}
+
+func (bgpNeighbors) Describe() string {
+	return fmt.Sprintf("list of 1 to %d neighbors", maxBGPNeighbors)
+}
+
+// bgpFamilies is a neighbor's address families, each once.
+type bgpFamilies struct{}
+
+func (bgpFamilies) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]string, bool) {
+	items := c.Seq(n, where)
+	if len(items) == 0 {
+		c.Errorf(n, "%s: empty; allowed: %s", where, strings.Join(BGPFamilies, ", "))
+		return nil, false
+	}
+	var out []string
+	for _, item := range items {
+		fam, ok := yamlcheck.Enum[string]{Values: BGPFamilies}.Parse(c, item, "bgp neighbor family")
+		if !ok {
+			continue
+		}
+		if slices.Contains(out, fam) {
+			c.Errorf(item, "%s: %s twice", where, fam)
+			continue
+		}
+		out = append(out, fam)
+	}
+	return out, true
+}
+
+func (bgpFamilies) Format(f []string) string { return strings.Join(f, "+") }
+
+func (bgpFamilies) Describe() string { return "list of " + strings.Join(BGPFamilies, ", ") }
+
+// bgp reports a changed bgp: section: its presence, and each knob that
+// changed.
 func (d *differ) bgp(a, b *BGP) {
 	switch {
 	case a == nil && b == nil:
 	case a == nil:
-		d.add('+', "bgp section: %s", bgpSummary(b))
+		d.add('+', "bgp section: %s", bgpTable.String(b))
 	case b == nil:
 		d.add('-', "bgp section (sessions closed: the peers withdraw every announcement)")
 	default:
-		d.field("bgp", bgpSummary(a), bgpSummary(b))
+		bgpTable.DiffWith("bgp ", a, b, d.emit)
 	}
-}
-
-func bgpSummary(b *BGP) string {
-	var nbs []string
-	for _, n := range b.Neighbors {
-		s := fmt.Sprintf("%s AS%d %s", n.Address, n.AS, strings.Join(n.Families, "+"))
-		if n.Multihop > 1 {
-			s += fmt.Sprintf(" multihop %d", n.Multihop)
-		}
-		if n.PasswordFile != "" {
-			s += " password " + n.PasswordFile
-		}
-		nbs = append(nbs, s)
-	}
-	str := func(ps []netip.Prefix) string {
-		var out []string
-		for _, p := range ps {
-			out = append(out, p.String())
-		}
-		return "[" + strings.Join(out, ", ") + "]"
-	}
-	s := fmt.Sprintf("AS%d router %s dry_run %t community %d:%d max %d widths /%d /%d destinations %s forbid %s",
-		b.LocalAS, b.RouterID, b.DryRun, b.Community>>16, b.Community&0xffff, b.MaxAnnouncements, b.Width4, b.Width6,
-		str(b.Destinations), str(b.Forbid))
-	if !b.Uplink.IsZero() {
-		s += fmt.Sprintf(" uplink %s x %g", FormatRate(b.Uplink, Bytes), b.Fraction)
-	}
-	s += fmt.Sprintf(" blackhole ttl %s flowspec %t", b.BlackholeTTL, b.FlowSpec)
-	if !b.FlowSpecRate.IsZero() {
-		s += " rate " + FormatRate(b.FlowSpecRate, Bytes)
-	}
-	return s + " neighbors " + strings.Join(nbs, "; ")
 }
 
 // BGPGuard is a prefix the speaker never announces nor matches, and the

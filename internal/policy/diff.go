@@ -58,6 +58,11 @@ func (d *differ) add(op byte, format string, args ...any) {
 	d.out = append(d.out, Change{Op: op, Text: fmt.Sprintf(format, args...)})
 }
 
+// emit adds one line as a yamlcheck.Table's Diff writes it.
+func (d *differ) emit(op byte, text string) {
+	d.out = append(d.out, Change{Op: op, Text: text})
+}
+
 // field reports a changed value as "~ what old -> new".
 func (d *differ) field(what, old, new string) {
 	if old != new {
@@ -77,7 +82,7 @@ func (d *differ) settings(a, b *Compiled) {
 	d.field("setting malformed", orNone(string(a.Malformed)), orNone(string(b.Malformed)))
 	d.field("setting clock", orNone(string(a.Clock)), orNone(string(b.Clock)))
 	d.bucket("setting global", a.Global, b.Global)
-	d.field("setting sampling", formatSampling(a.Sampling), formatSampling(b.Sampling))
+	samplingTable.Diff(&a.Sampling, &b.Sampling, d.emit)
 	d.standing(a.Standing, b.Standing)
 	ai := map[string]Interface{}
 	for _, i := range a.Interfaces {
@@ -99,16 +104,9 @@ func (d *differ) settings(a, b *Compiled) {
 			d.field("interface "+name+" xdp_mode", string(x.XDPMode), string(y.XDPMode))
 		}
 	}
-	num := func(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
-	d.field("setting tables.per_source_entries", num(a.Tables.PerSourceEntries), num(b.Tables.PerSourceEntries))
-	d.field("setting tables.aggregate_entries", num(a.Tables.AggregateEntries), num(b.Tables.AggregateEntries))
-	d.field("setting tables.prefix_entries", num(a.Tables.PrefixEntries), num(b.Tables.PrefixEntries))
-	d.field("setting tables.list_entries", num(a.Tables.ListEntries), num(b.Tables.ListEntries))
-	d.field("setting tables.max_rules", num(a.Tables.MaxRules), num(b.Tables.MaxRules))
-	d.field("setting tables.ipv4_direct_chunks", num(a.Tables.IPv4DirectChunks), num(b.Tables.IPv4DirectChunks))
-	d.field("setting metrics.listen", orNone(a.Metrics.Listen), orNone(b.Metrics.Listen))
-	d.field("setting asn_data.path", orNone(a.ASNData.Path), orNone(b.ASNData.Path))
-	d.field("setting asn_data.format", orNone(string(a.ASNData.Format)), orNone(string(b.ASNData.Format)))
+	tablesTable.Diff(&a.Tables, &b.Tables, d.emit)
+	metricsTable.Diff(&a.Metrics, &b.Metrics, d.emit)
+	asnDataTable.Diff(&a.ASNData, &b.ASNData, d.emit)
 }
 
 func sortedKeys[V any](a, b map[string]V) []string {
@@ -434,6 +432,7 @@ func DiffSections(from, to *Policy) []Change {
 		}
 	}
 	d.fleet(from, to)
+	d.syn(from.SYN, to.SYN)
 	d.shield(from.Shield, to.Shield)
 	d.bgp(from.BGP, to.BGP)
 	return d.out

@@ -1,12 +1,8 @@
 package policy
 
 import (
-	"fmt"
 	"net"
-	"path/filepath"
 	"regexp"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -100,171 +96,120 @@ var hostIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
 // the daemon takes by default is checked against it too).
 func ValidHostID(s string) bool { return hostIDRE.MatchString(s) }
 
+// fleetTable is the fleet: section.
+var fleetTable = yamlcheck.NewTable("fleet",
+	yamlcheck.Val("name", yamlcheck.Pattern{RE: fleetNameRE, Want: "use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit"},
+		func(f *Fleet) *string { return &f.Name }, "the fleet's name, part of every Redis key; the same on all its hosts").
+		Required("fleet needs a name (all hosts of one fleet use the same name)"),
+	yamlcheck.Val("host_id", yamlcheck.Pattern{RE: hostIDRE, Want: "use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"},
+		func(f *Fleet) *string { return &f.HostID }, "this host's id in the fleet; by default the hostname"),
+	yamlcheck.Val("interval", yamlcheck.Duration{Min: minFleetInterval, Max: maxFleetInterval},
+		func(f *Fleet) *time.Duration { return &f.Interval }, "the sync interval of shares and heartbeats"),
+	yamlcheck.Val("lists", yamlcheck.Bool{}, func(f *Fleet) *bool { return &f.Lists }, "share run-time deny and allow entries"),
+	yamlcheck.Val[Fleet, uint32]("floor", reserve, func(f *Fleet) *uint32 { return &f.Floor },
+		"the share of a fleet budget every active host gets at least, of budget ÷ hosts"),
+	yamlcheck.Val[Fleet, FleetRedis]("redis", fleetRedisKind{}, func(f *Fleet) *FleetRedis { return &f.Redis },
+		"the Redis the fleet shares: {addrs: [host:port, ...], ...} (below), or l7 to use l7.redis").
+		Required("fleet needs redis: {addrs: [host:port]} (or redis: l7 to use l7.redis)"),
+)
+
+// fleetRedisTable is fleet.redis.
+var fleetRedisTable = yamlcheck.NewTable("fleet.redis",
+	yamlcheck.Val("addrs", yamlcheck.List[string]{Of: yamlcheck.HostPort{Like: "198.18.0.1:6379 or [fd00::1]:6379"}, Min: 1, Max: maxFleetSeeds},
+		func(r *FleetRedis) *[]string { return &r.Addrs }, "one server's address, or Redis Cluster seeds").
+		Required("fleet.redis needs addrs: [host:port, ...] (one server, or Redis Cluster seeds)"),
+	yamlcheck.Val("cluster", yamlcheck.Bool{}, func(r *FleetRedis) *bool { return &r.Cluster },
+		"use the Redis Cluster protocol; by default with two or more addrs"),
+	yamlcheck.Val("username", yamlcheck.String{}, func(r *FleetRedis) *string { return &r.Username }, "the AUTH user"),
+	yamlcheck.Val("password_file", yamlcheck.Path{}, func(r *FleetRedis) *string { return &r.PasswordFile },
+		"a file holding the AUTH password (read when the daemon connects, never logged)"),
+	yamlcheck.Val[FleetRedis, *FleetTLS]("tls", fleetTLSKind{}, func(r *FleetRedis) **FleetTLS { return &r.TLS },
+		"connect with TLS: {ca_file, cert_file, key_file, server_name}"),
+	yamlcheck.Val("timeout", yamlcheck.Duration{Min: 10 * time.Millisecond, Max: 10 * time.Second},
+		func(r *FleetRedis) *time.Duration { return &r.Timeout }, "bound of one round trip"),
+	yamlcheck.Val("db", yamlcheck.Uint[int]{Min: 0, Max: 15}, func(r *FleetRedis) *int { return &r.DB },
+		"the database number (a single server only)"),
+)
+
+// fleetTLSTable is fleet.redis.tls.
+var fleetTLSTable = yamlcheck.NewTable("fleet.redis.tls",
+	yamlcheck.Val("ca_file", yamlcheck.Path{}, func(t *FleetTLS) *string { return &t.CAFile }, "verifies the server; by default the system roots"),
+	yamlcheck.Val("cert_file", yamlcheck.Path{}, func(t *FleetTLS) *string { return &t.CertFile }, "a client certificate (with key_file)"),
+	yamlcheck.Val("key_file", yamlcheck.Path{}, func(t *FleetTLS) *string { return &t.KeyFile }, "the client certificate's key"),
+	yamlcheck.Val("server_name", yamlcheck.String{}, func(t *FleetTLS) *string { return &t.ServerName }, "the name checked in the server's certificate"),
+)
+
 func (ps *parser) fleet(n *yaml.Node) *Fleet {
-	f := ps.Fields(n, "fleet", "name", "host_id", "interval", "lists", "floor", "redis")
-	if f == nil {
+	fl := defaultFleet()
+	fl.Pos = yamlcheck.PosOf(n)
+	if fleetTable.Parse(&ps.Checker, n, fl) == nil {
 		return nil
-	}
-	fl := &Fleet{Interval: DefaultFleetInterval, Lists: true, Floor: DefaultFleetFloor, Pos: yamlcheck.PosOf(n)}
-	if v, ok := f["name"]; !ok {
-		ps.Errorf(n, "fleet needs a name (all hosts of one fleet use the same name)")
-	} else if s, ok := ps.Scalar(v, "fleet.name"); ok {
-		if !fleetNameRE.MatchString(s) {
-			ps.Errorf(v, "fleet.name %q: use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit", s)
-		} else {
-			fl.Name = s
-		}
-	}
-	if v, ok := f["host_id"]; ok {
-		if s, ok := ps.Scalar(v, "fleet.host_id"); ok {
-			if !ValidHostID(s) {
-				ps.Errorf(v, "fleet.host_id %q: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", s)
-			} else {
-				fl.HostID = s
-			}
-		}
-	}
-	if v, ok := f["interval"]; ok {
-		fl.Interval = ps.duration(v, "fleet.interval", minFleetInterval, maxFleetInterval, fl.Interval)
-	}
-	if v, ok := f["lists"]; ok {
-		fl.Lists = ps.boolean(v, "fleet.lists", fl.Lists)
-	}
-	if v, ok := f["floor"]; ok {
-		if s, ok := ps.Scalar(v, "fleet.floor"); ok {
-			ppm, err := ParseReserve(s)
-			if err != nil {
-				ps.Errorf(v, "fleet.floor: %v", err)
-			} else {
-				fl.Floor = ppm
-			}
-		}
-	}
-	if v, ok := f["redis"]; !ok {
-		ps.Errorf(n, "fleet needs redis: {addrs: [host:port]} (or redis: l7 to use l7.redis)")
-	} else {
-		fl.Redis = ps.fleetRedis(v)
 	}
 	return fl
 }
 
-func (ps *parser) boolean(n *yaml.Node, where string, def bool) bool {
-	s, ok := ps.Scalar(n, where)
-	if !ok {
-		return def
-	}
-	switch s {
-	case "true":
-		return true
-	case "false":
-		return false
-	}
-	ps.Errorf(n, "%s %q: want true or false", where, s)
-	return def
+// defaultFleet is what each field of a fleet: section defaults to.
+func defaultFleet() *Fleet {
+	return &Fleet{Interval: DefaultFleetInterval, Lists: true, Floor: DefaultFleetFloor, Redis: FleetRedis{Timeout: DefaultFleetTimeout}}
 }
 
-func (ps *parser) hostPort(n *yaml.Node, where string) (string, bool) {
-	s, ok := ps.Scalar(n, where)
-	if !ok {
-		return "", false
-	}
-	host, port, err := net.SplitHostPort(s)
-	pn, perr := strconv.ParseUint(port, 10, 16)
-	if err != nil || perr != nil || pn == 0 || host == "" {
-		ps.Errorf(n, "%s %q: want host:port like 198.18.0.1:6379 or [fd00::1]:6379", where, s)
-		return "", false
-	}
-	return s, true
-}
+// fleetRedisKind is fleet.redis: l7, or a mapping (fleetRedisTable).
+type fleetRedisKind struct{}
 
-func (ps *parser) fleetRedis(n *yaml.Node) FleetRedis {
+func (fleetRedisKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (FleetRedis, bool) {
 	r := FleetRedis{Timeout: DefaultFleetTimeout}
 	if n.Kind == yaml.ScalarNode && n.Value == "l7" {
 		r.FromL7 = true
-		return r
+		return r, true
 	}
-	f := ps.Fields(n, "fleet.redis", "addrs", "cluster", "username", "password_file", "tls", "timeout", "db")
+	f := fleetRedisTable.ParseAt(c, n, where, &r)
 	if f == nil {
-		return r
-	}
-	if v, ok := f["addrs"]; !ok {
-		ps.Errorf(n, "fleet.redis needs addrs: [host:port, ...] (one server, or Redis Cluster seeds)")
-	} else {
-		items := ps.Seq(v, "fleet.redis.addrs")
-		if len(items) == 0 {
-			ps.Errorf(v, "fleet.redis.addrs is empty")
-		}
-		if len(items) > maxFleetSeeds {
-			ps.Errorf(v, "fleet.redis.addrs: %d addresses, at most %d", len(items), maxFleetSeeds)
-			items = items[:maxFleetSeeds]
-		}
-		for _, it := range items {
-			if s, ok := ps.hostPort(it, "fleet.redis.addrs"); ok {
-				r.Addrs = append(r.Addrs, s)
-			}
-		}
-		r.Cluster = len(r.Addrs) > 1
+		return r, true
 	}
 	if v, ok := f["cluster"]; ok {
-		c := ps.boolean(v, "fleet.redis.cluster", r.Cluster)
-		if !c && len(r.Addrs) > 1 {
-			ps.Errorf(v, "fleet.redis.cluster: false with %d addrs; a single server takes one address", len(r.Addrs))
+		if !r.Cluster && len(r.Addrs) > 1 {
+			c.Errorf(v, "fleet.redis.cluster: false with %d addrs; a single server takes one address", len(r.Addrs))
 		}
-		r.Cluster = c
+	} else {
+		r.Cluster = len(r.Addrs) > 1
 	}
-	if v, ok := f["username"]; ok {
-		r.Username, _ = ps.Scalar(v, "fleet.redis.username")
+	if v, ok := f["db"]; ok && r.Cluster && r.DB != 0 {
+		c.Errorf(v, "fleet.redis.db: Redis Cluster has only database 0")
 	}
-	if v, ok := f["password_file"]; ok {
-		r.PasswordFile = ps.path(v, "fleet.redis.password_file")
-	}
-	if v, ok := f["timeout"]; ok {
-		r.Timeout = ps.duration(v, "fleet.redis.timeout", 10*time.Millisecond, 10*time.Second, r.Timeout)
-	}
-	if v, ok := f["db"]; ok {
-		if u, ok := ps.UintIn(v, "fleet.redis.db", 0, 15); ok {
-			r.DB = int(u)
-			if r.Cluster && u != 0 {
-				ps.Errorf(v, "fleet.redis.db: Redis Cluster has only database 0")
-			}
-		}
-	}
-	if v, ok := f["tls"]; ok {
-		tf := ps.Fields(v, "fleet.redis.tls", "ca_file", "cert_file", "key_file", "server_name")
-		if tf != nil {
-			t := &FleetTLS{}
-			if x, ok := tf["ca_file"]; ok {
-				t.CAFile = ps.path(x, "fleet.redis.tls.ca_file")
-			}
-			if x, ok := tf["cert_file"]; ok {
-				t.CertFile = ps.path(x, "fleet.redis.tls.cert_file")
-			}
-			if x, ok := tf["key_file"]; ok {
-				t.KeyFile = ps.path(x, "fleet.redis.tls.key_file")
-			}
-			if x, ok := tf["server_name"]; ok {
-				t.ServerName, _ = ps.Scalar(x, "fleet.redis.tls.server_name")
-			}
-			if (t.CertFile == "") != (t.KeyFile == "") {
-				ps.Errorf(v, "fleet.redis.tls needs both cert_file and key_file, or neither")
-			}
-			r.TLS = t
-		}
-	}
-	return r
+	return r, true
 }
 
-// path is a file path; a relative one is relative to the policy file.
-func (ps *parser) path(n *yaml.Node, where string) string {
-	s, ok := ps.Scalar(n, where)
-	if !ok || s == "" {
-		return ""
+func (fleetRedisKind) Format(r FleetRedis) string {
+	if r.FromL7 {
+		return "l7"
 	}
-	if !filepath.IsAbs(s) {
-		s = filepath.Join(filepath.Dir(ps.File), s)
-	}
-	return s
+	return fleetRedisTable.String(&r)
 }
+
+func (fleetRedisKind) Describe() string { return "l7, or a mapping (fleet.redis below)" }
+
+// fleetTLSKind is fleet.redis.tls (fleetTLSTable); nil: no TLS.
+type fleetTLSKind struct{}
+
+func (fleetTLSKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (*FleetTLS, bool) {
+	t := &FleetTLS{}
+	if fleetTLSTable.ParseAt(c, n, where, t) == nil {
+		return nil, false
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		c.Errorf(n, "fleet.redis.tls needs both cert_file and key_file, or neither")
+	}
+	return t, true
+}
+
+func (fleetTLSKind) Format(t *FleetTLS) string {
+	if t == nil {
+		return "off"
+	}
+	return fleetTLSTable.String(t)
+}
+
+func (fleetTLSKind) Describe() string { return "a mapping (fleet.redis.tls below)" }
 
 // scope parses a rule's scope.
 func (ps *parser) scope(n *yaml.Node, where string) Scope {
@@ -304,20 +249,8 @@ func (ps *parser) checkFleet(p *Policy) {
 // l7RedisAddr reads l7.redis.addr and l7.redis.timeout from the raw l7:
 // section (the L7 stage's decoder validates them).
 func l7RedisAddr(l7 *yaml.Node) (string, time.Duration) {
-	get := func(n *yaml.Node, key string) *yaml.Node {
-		n = yamlcheck.Resolve(n)
-		if n == nil || n.Kind != yaml.MappingNode {
-			return nil
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == key {
-				return yamlcheck.Resolve(n.Content[i+1])
-			}
-		}
-		return nil
-	}
-	r := get(l7, "redis")
-	a := get(r, "addr")
+	r := yamlcheck.Lookup(l7, "redis")
+	a := yamlcheck.Lookup(r, "addr")
 	if a == nil || a.Kind != yaml.ScalarNode {
 		return "", 0
 	}
@@ -325,7 +258,7 @@ func l7RedisAddr(l7 *yaml.Node) (string, time.Duration) {
 		return "", 0
 	}
 	var timeout time.Duration
-	if t := get(r, "timeout"); t != nil && t.Kind == yaml.ScalarNode {
+	if t := yamlcheck.Lookup(r, "timeout"); t != nil && t.Kind == yaml.ScalarNode {
 		if d, err := time.ParseDuration(t.Value); err == nil && d > 0 {
 			timeout = d
 		}
@@ -339,11 +272,11 @@ func (d *differ) fleet(a, b *Policy) {
 	fa, fb := a.Fleet, b.Fleet
 	switch {
 	case fa == nil && fb != nil:
-		d.add('+', "fleet section: %s", fleetSummary(fb))
+		d.add('+', "fleet section: %s", fleetTable.String(fb))
 	case fa != nil && fb == nil:
 		d.add('-', "fleet section")
 	case fa != nil && fb != nil:
-		d.field("fleet", fleetSummary(fa), fleetSummary(fb))
+		fleetTable.DiffWith("fleet ", fa, fb, d.emit)
 	}
 	scopes := map[string]Scope{}
 	for _, r := range a.Rules {
@@ -354,22 +287,4 @@ func (d *differ) fleet(a, b *Policy) {
 			d.field("rule "+r.Name+" scope", string(old), string(r.Scope))
 		}
 	}
-}
-
-// fleetSummary is one line of what a fleet: section says (the password
-// itself is never in the policy, only its file).
-func fleetSummary(f *Fleet) string {
-	r := f.Redis
-	s := fmt.Sprintf("name %s, host %s, interval %s, floor %s, lists %t, redis %s", f.Name, orNone(f.HostID), f.Interval,
-		FormatReserve(f.Floor), f.Lists, strings.Join(r.Addrs, ","))
-	if r.Cluster {
-		s += " (cluster)"
-	}
-	if r.Username != "" || r.PasswordFile != "" {
-		s += fmt.Sprintf(", auth %s %s", orNone(r.Username), orNone(r.PasswordFile))
-	}
-	if r.TLS != nil {
-		s += fmt.Sprintf(", tls ca %s cert %s server %s", orNone(r.TLS.CAFile), orNone(r.TLS.CertFile), orNone(r.TLS.ServerName))
-	}
-	return s + fmt.Sprintf(", timeout %s, db %d", r.Timeout, r.DB)
 }

@@ -142,9 +142,9 @@ func TestDiffFleet(t *testing.T) {
 		want     []string
 	}{
 		{a, a, nil},
-		{none, a, []string{"+ fleet section: name f"}},
+		{none, a, []string{"+ fleet section: {name: f, host_id: \"\", interval: 1s", "redis: {addrs: [127.0.0.1:6379]"}},
 		{a, none, []string{"- fleet section"}},
-		{a, b, []string{"~ fleet name f, host \"\", interval 1s", "-> name f, host \"\", interval 2s", "~ rule r scope host -> fleet"}},
+		{a, b, []string{"~ fleet interval 1s -> 2s\n~ rule r scope host -> fleet\n"}},
 	} {
 		got := FormatDiff(DiffSections(c.from, c.to))
 		if c.want == nil && got != FormatDiff(nil) {

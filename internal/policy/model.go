@@ -341,6 +341,9 @@ type Standing struct {
 	// per-source key is not the standing key), and the least budget of a
 	// vouched one (known_good, validated).
 	PersonalDefault Rate
+	// PersonalBurstSeconds is how many of a privileged source's busiest
+	// seconds (its usual rate × this) its personal budget's burst holds.
+	PersonalBurstSeconds uint32
 }
 
 // L7Promotion is standing.l7_promotion.
@@ -379,5 +382,9 @@ func DefaultStanding() Standing {
 		JumpMin:          Rate{Count: 10, Per: time.Second},
 		PersonalHeadroom: 2,
 		PersonalDefault:  Rate{Count: 20, Per: time.Second},
+		// Users' clumps come at random: one second of headroom × mean
+		// overflows for a Poisson-clumped user about once in a hundred
+		// requests.
+		PersonalBurstSeconds: 2,
 	}
 }

@@ -1,16 +1,11 @@
 package policy
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/big"
-	"net"
 	"net/netip"
-	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,7 +20,7 @@ import (
 // anchors relative list-file paths; readFile reads list files (os.ReadFile
 // in production, a map in tests).
 func Parse(file string, data []byte, readFile func(string) ([]byte, error)) (*Policy, error) {
-	ps := &parser{Checker: yamlcheck.Checker{File: file}, readFile: readFile}
+	ps := &parser{Checker: yamlcheck.Checker{File: file, ReadFileFunc: readFile}}
 	p := ps.parse(data)
 	if len(ps.Problems) > 0 {
 		sort.SliceStable(ps.Problems, func(i, j int) bool {
@@ -57,7 +52,6 @@ func RuleID(name string) uint32 {
 
 type parser struct {
 	yamlcheck.Checker
-	readFile func(string) ([]byte, error)
 	// defaultReserveSet: defaults: writes a reserve, so rules inherit it
 	// as if written (and its bound is checked).
 	defaultReserveSet bool
@@ -112,102 +106,77 @@ func (ps *parser) parse(data []byte) *Policy {
 		Metrics:       Metrics{Listen: DefaultMetricsListen},
 		Sampling:      DefaultSampling(),
 	}
-	f := ps.Fields(root, "the policy", "apiVersion", "interfaces", "mode", "malformed", "clock", "defaults", "global",
-		"lists", "rules", "tables", "metrics", "asn_data", "l7", "standing", "syn", "shield", "sampling", "fleet", "bgp")
+	f := ps.rootTable().ParseTop(&ps.Checker, root, p)
 	if f == nil {
 		return nil
 	}
-	if n, ok := f["apiVersion"]; !ok {
-		ps.Errorf(root, "missing apiVersion; allowed: %s", APIVersion)
-	} else if v, ok := ps.Scalar(n, "apiVersion"); ok {
-		if v != APIVersion {
-			ps.Errorf(n, "unsupported apiVersion %q; allowed: %s", v, APIVersion)
-		}
-		p.APIVersion = v
-	}
-	if n, ok := f["interfaces"]; ok {
-		p.Interfaces = ps.interfaces(n)
-	}
-	if n, ok := f["mode"]; ok {
-		p.Mode = Mode(ps.enum(n, "mode", string(p.Mode), string(ModeEnforce), string(ModeDryRun)))
-	}
-	if n, ok := f["malformed"]; ok {
-		p.Malformed = Verdict(ps.enum(n, "malformed", string(p.Malformed), string(VerdictPass), string(VerdictDrop)))
-	}
-	if n, ok := f["clock"]; ok {
-		p.Clock = Clock(ps.enum(n, "clock", string(p.Clock), string(ClockPrecise), string(ClockCoarse)))
-	}
-	if n, ok := f["defaults"]; ok {
-		p.Defaults = ps.limits(n, "defaults", p.Defaults, true)
-	}
-	if n, ok := f["global"]; ok {
-		gf := ps.Fields(n, "global", "packets", "bytes", "reserve")
-		p.Global = ps.bucketFields(gf, "global")
-		if r, ok := gf["reserve"]; ok {
-			p.GlobalReserve = ps.reserve(r, "global.reserve")
-			ps.checkReserve(r, "global", p.Global, p.GlobalReserve)
-		} else {
-			p.GlobalReserve = implicitReserve(DefaultReserve, p.Global)
-		}
-	}
-	if n, ok := f["standing"]; ok {
-		p.Standing = ps.standing(n, p.Standing)
-	}
-	var listsNode *yaml.Node
-	if n, ok := f["lists"]; ok {
-		listsNode = n
-		p.Deny, p.Allow, p.Protected = ps.lists(n)
-	}
-	var rulesNode *yaml.Node
-	if n, ok := f["rules"]; ok {
-		rulesNode = n
-		p.Rules = ps.rules(n, p.Defaults)
-	}
 	tableAt := map[string]*yaml.Node{}
-	if n, ok := f["tables"]; ok {
-		p.Tables, tableAt = ps.tables(n, p.Tables)
+	for _, key := range tablesTable.Keys() {
+		if v := yamlcheck.Lookup(f["tables"], key); v != nil {
+			tableAt[key] = v
+		}
 	}
-	if n, ok := f["metrics"]; ok {
-		p.Metrics = ps.metrics(n, p.Metrics)
-	}
-	if n, ok := f["asn_data"]; ok {
-		p.ASNData = ps.asnData(n)
-	}
-	if n, ok := f["l7"]; ok {
-		p.L7 = n
-	}
-	if n, ok := f["syn"]; ok {
-		p.SYN = ps.syn(n)
-	}
-	if n, ok := f["shield"]; ok {
-		p.Shield = ps.shield(n)
-	}
-	if n, ok := f["sampling"]; ok {
-		p.Sampling = ps.sampling(n, p.Sampling)
-	}
-	if n, ok := f["fleet"]; ok {
-		p.Fleet = ps.fleet(n)
-	}
-	if n, ok := f["bgp"]; ok {
-		p.BGP = ps.bgp(n)
-	}
-	ps.crossCheck(p, root, listsNode, rulesNode, tableAt)
+	ps.crossCheck(p, root, f["lists"], f["rules"], tableAt)
 	ps.checkFleet(p)
 	ps.checkBGP(p)
 	return p
 }
 
+// rootTable is the policy file's top level. Sections with a table of their
+// own are walked as nested tables; the others (rules, limits, lists, the
+// raw l7: section) keep their parse functions, which need the parser's
+// state (claimed prefixes, the defaults' reserve).
+func (ps *parser) rootTable() *yamlcheck.Table[Policy] {
+	section := func(key string, parse func(n *yaml.Node, p *Policy)) yamlcheck.Field[Policy] {
+		return yamlcheck.Func(key, "", "", func(_ *yamlcheck.Checker, n *yaml.Node, _ string, p *Policy) { parse(n, p) },
+			func(*Policy) string { return "" })
+	}
+	return yamlcheck.NewTable("the policy",
+		section("apiVersion", func(n *yaml.Node, p *Policy) {
+			if v, ok := ps.Scalar(n, "apiVersion"); ok {
+				if v != APIVersion {
+					ps.Errorf(n, "unsupported apiVersion %q; allowed: %s", v, APIVersion)
+				}
+				p.APIVersion = v
+			}
+		}).Required("missing apiVersion; allowed: "+APIVersion),
+		section("interfaces", func(n *yaml.Node, p *Policy) { p.Interfaces = ps.interfaces(n) }),
+		yamlcheck.Val("mode", yamlcheck.Enum[Mode]{Values: []Mode{ModeEnforce, ModeDryRun}}, func(p *Policy) *Mode { return &p.Mode }, ""),
+		yamlcheck.Val("malformed", yamlcheck.Enum[Verdict]{Values: []Verdict{VerdictPass, VerdictDrop}},
+			func(p *Policy) *Verdict { return &p.Malformed }, ""),
+		yamlcheck.Val("clock", yamlcheck.Enum[Clock]{Values: []Clock{ClockPrecise, ClockCoarse}}, func(p *Policy) *Clock { return &p.Clock }, ""),
+		section("defaults", func(n *yaml.Node, p *Policy) { p.Defaults = ps.limits(n, "defaults", p.Defaults, true) }),
+		section("global", func(n *yaml.Node, p *Policy) {
+			gf := ps.Fields(n, "global", "packets", "bytes", "reserve")
+			p.Global = ps.bucketFields(gf, "global")
+			if r, ok := gf["reserve"]; ok {
+				p.GlobalReserve = ps.reserve(r, "global.reserve")
+				ps.checkReserve(r, "global", p.Global, p.GlobalReserve)
+			} else {
+				p.GlobalReserve = implicitReserve(DefaultReserve, p.Global)
+			}
+		}),
+		section("lists", func(n *yaml.Node, p *Policy) { p.Deny, p.Allow, p.Protected = ps.lists(n) }),
+		section("rules", func(n *yaml.Node, p *Policy) { p.Rules = ps.rules(n, p.Defaults) }),
+		yamlcheck.Nested("tables", "", tablesTable, func(p *Policy) *Tables { return &p.Tables }),
+		yamlcheck.Nested("metrics", "", metricsTable, func(p *Policy) *Metrics { return &p.Metrics }),
+		section("asn_data", func(n *yaml.Node, p *Policy) { p.ASNData = ps.asnData(n) }),
+		section("l7", func(n *yaml.Node, p *Policy) { p.L7 = n }),
+		yamlcheck.Nested("standing", "", standingTable, func(p *Policy) *Standing { return &p.Standing }),
+		section("syn", func(n *yaml.Node, p *Policy) { p.SYN = ps.syn(n) }),
+		section("shield", func(n *yaml.Node, p *Policy) { p.Shield = ps.shield(n) }),
+		yamlcheck.Nested("sampling", "", samplingTable, func(p *Policy) *Sampling { return &p.Sampling }),
+		section("fleet", func(n *yaml.Node, p *Policy) { p.Fleet = ps.fleet(n) }),
+		section("bgp", func(n *yaml.Node, p *Policy) { p.BGP = ps.bgp(n) }),
+	)
+}
+
 // enum returns n's value if it is one of allowed, else reports it and returns def.
 func (ps *parser) enum(n *yaml.Node, where, def string, allowed ...string) string {
-	v, ok := ps.Scalar(n, where)
-	if !ok {
-		return def
+	if v, ok := (yamlcheck.Enum[string]{Values: allowed}).Parse(&ps.Checker, n, where); ok {
+		return v
 	}
-	if !slices.Contains(allowed, v) {
-		ps.Errorf(n, "%s %q is not allowed; allowed: %s", where, v, strings.Join(allowed, ", "))
-		return def
-	}
-	return v
+	return def
 }
 
 var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
@@ -367,6 +336,10 @@ func defaultBurst(r Rate) uint64 {
 // limit parses "100/s" or {rate: 100/s, burst: 200}. Without a burst the
 // bucket holds one second's worth (see defaultBurst).
 func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
+	return parseLimit(&ps.Checker, n, where, unit)
+}
+
+func parseLimit(ps *yamlcheck.Checker, n *yaml.Node, where string, unit Unit) Limit {
 	rateNode, burstNode := n, (*yaml.Node)(nil)
 	if n.Kind == yaml.MappingNode {
 		f := ps.Fields(n, where, "rate", "burst")
@@ -485,7 +458,7 @@ func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
 			if e, ok := f["expires"]; ok {
 				ps.Errorf(e, "%s: expires applies to a cidr entry, not to a file", where)
 			}
-			out = append(out, ps.listFile(file, where)...)
+			out = append(out, readListFile(&ps.Checker, file, where)...)
 		case hasCIDR:
 			s, ok := ps.Scalar(c, where+" cidr")
 			if !ok {
@@ -521,34 +494,6 @@ func (ps *parser) timestamp(n *yaml.Node, where string) time.Time {
 	}
 	ps.Errorf(n, "%s %q: want an RFC 3339 time like 2026-12-31T23:59:00Z or a date like 2026-12-31 (UTC midnight)", where, s)
 	return time.Time{}
-}
-
-func (ps *parser) listFile(n *yaml.Node, where string) []ListEntry {
-	name, ok := ps.Scalar(n, where+" file")
-	if !ok {
-		return nil
-	}
-	path := name
-	if !filepath.IsAbs(path) {
-		path = filepath.Join(filepath.Dir(ps.File), path)
-	}
-	if ps.readFile == nil {
-		ps.Errorf(n, "%s file %q: no way to read list files here", where, name)
-		return nil
-	}
-	data, err := ps.readFile(path)
-	if err != nil {
-		ps.Errorf(n, "%s file %q: %v", where, path, err)
-		return nil
-	}
-	entries, err := ParseCIDRList(path, bytes.NewReader(data))
-	var verr *ValidationError
-	if errors.As(err, &verr) {
-		ps.Problems = append(ps.Problems, verr.Problems...)
-	} else if err != nil {
-		ps.Errorf(n, "%s file %q: %v", where, path, err)
-	}
-	return entries
 }
 
 var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -812,74 +757,50 @@ func ParseCountry(s string) (Country, error) {
 	return Country{u[0], u[1]}, nil
 }
 
-// tables parses the capacities and returns the value node of each field, for
-// later messages about them.
-func (ps *parser) tables(n *yaml.Node, base Tables) (Tables, map[string]*yaml.Node) {
-	out := base
-	f := ps.Fields(n, "tables", "per_source_entries", "aggregate_entries", "prefix_entries", "list_entries", "max_rules",
-		"ipv4_direct_chunks", "standing_entries")
-	set := func(key string, dst *uint32) {
-		if v, ok := f[key]; ok {
-			if u, ok := ps.UintIn(v, "tables."+key, 1, 1<<26); ok {
-				*dst = uint32(u)
-			}
-		}
-	}
-	set("per_source_entries", &out.PerSourceEntries)
-	set("aggregate_entries", &out.AggregateEntries)
-	set("prefix_entries", &out.PrefixEntries)
-	set("list_entries", &out.ListEntries)
-	set("max_rules", &out.MaxRules)
-	set("ipv4_direct_chunks", &out.IPv4DirectChunks)
-	set("standing_entries", &out.StandingEntries)
-	return out, f
+// tablesTable is the tables: section: the data plane's capacities.
+var tablesTable = yamlcheck.NewTable("tables",
+	tableSize("per_source_entries", func(t *Tables) *uint32 { return &t.PerSourceEntries }, "capacity of the per-source buckets (an LRU: the least recently used make room at run time)"),
+	tableSize("aggregate_entries", func(t *Tables) *uint32 { return &t.AggregateEntries }, "capacity of the per-prefix and per-ASN buckets (at run time)"),
+	tableSize("prefix_entries", func(t *Tables) *uint32 { return &t.PrefixEntries }, "capacity of the prefix-facts trie: distinct rule prefixes checked at load, compiled prefix facts at compile"),
+	tableSize("list_entries", func(t *Tables) *uint32 { return &t.ListEntries }, "capacity of the deny and allow lists: distinct list prefixes checked at load, compiled list records at compile"),
+	tableSize("max_rules", func(t *Tables) *uint32 { return &t.MaxRules }, "the most rules, the default rule included (rules + 1)"),
+	tableSize("ipv4_direct_chunks", func(t *Tables) *uint32 { return &t.IPv4DirectChunks },
+		"the IPv4 direct table's budget of 16-entry chunks per generation, checked at apply: over it, IPv4 sources use the trie (below)"),
+	tableSize("standing_entries", func(t *Tables) *uint32 { return &t.StandingEntries }, "capacity of the standing table (one entry per source address, /32 or /64, ~100 bytes each)"),
+)
+
+func tableSize(key string, at func(*Tables) *uint32, doc string) yamlcheck.Field[Tables] {
+	return yamlcheck.Val(key, yamlcheck.Uint[uint32]{Min: 1, Max: 1 << 26}, at, doc)
 }
 
-func (ps *parser) metrics(n *yaml.Node, base Metrics) Metrics {
-	out := base
-	f := ps.Fields(n, "metrics", "listen")
-	if v, ok := f["listen"]; ok {
-		v = yamlcheck.Resolve(v)
-		if v.Kind == yaml.ScalarNode && v.Value == "" {
-			return Metrics{}
-		}
-		s, ok := ps.Scalar(v, "metrics.listen")
-		if !ok {
-			return out
-		}
-		host, port, err := net.SplitHostPort(s)
-		pn, perr := strconv.ParseUint(port, 10, 16)
-		if err != nil || perr != nil || pn == 0 || host == "" {
-			ps.Errorf(v, "metrics.listen %q: want host:port like 127.0.0.1:9469 or [::1]:9469, or \"\" to disable", s)
-			return out
-		}
-		out.Listen = s
-	}
-	return out
-}
+// metricsTable is the metrics: section.
+var metricsTable = yamlcheck.NewTable("metrics",
+	yamlcheck.Val("listen", yamlcheck.HostPort{Like: `127.0.0.1:9469 or [::1]:9469, or "" to disable`, Empty: true},
+		func(m *Metrics) *string { return &m.Listen }, "where Prometheus metrics are served; \"\": not at all"),
+)
+
+// asnDataTable is the asn_data: section.
+var asnDataTable = yamlcheck.NewTable("asn_data",
+	yamlcheck.Val("path", yamlcheck.Path{}, func(a *ASNData) *string { return &a.Path },
+		"an iptoasn TSV (ip2asn-combined.tsv) or a .mmdb file; required"),
+	yamlcheck.Val("format", yamlcheck.Enum[ASNFormat]{Values: []ASNFormat{ASNFormatIPToASN, ASNFormatMMDB}},
+		func(a *ASNData) *ASNFormat { return &a.Format }, "the file's format; by default mmdb for a .mmdb path, else iptoasn"),
+)
 
 func (ps *parser) asnData(n *yaml.Node) ASNData {
 	var out ASNData
-	f := ps.Fields(n, "asn_data", "path", "format")
+	f := asnDataTable.Parse(&ps.Checker, n, &out)
 	if f == nil {
 		return out
 	}
-	if v, ok := f["path"]; ok {
-		out.Path, _ = ps.Scalar(v, "asn_data.path")
-		// Like list files, a relative path is relative to the policy
-		// file, not to the daemon's working directory (/ under systemd).
-		if out.Path != "" && !filepath.IsAbs(out.Path) {
-			out.Path = filepath.Join(filepath.Dir(ps.File), out.Path)
-		}
-	} else {
+	if _, ok := f["path"]; !ok {
 		ps.Errorf(n, "asn_data needs a path (an iptoasn TSV such as ip2asn-combined.tsv, or a .mmdb file)")
 	}
-	out.Format = ASNFormatIPToASN
-	if strings.HasSuffix(strings.ToLower(out.Path), ".mmdb") {
-		out.Format = ASNFormatMMDB
-	}
-	if v, ok := f["format"]; ok {
-		out.Format = ASNFormat(ps.enum(v, "asn_data.format", string(out.Format), string(ASNFormatIPToASN), string(ASNFormatMMDB)))
+	if _, ok := f["format"]; !ok || out.Format == "" {
+		out.Format = ASNFormatIPToASN
+		if strings.HasSuffix(strings.ToLower(out.Path), ".mmdb") {
+			out.Format = ASNFormatMMDB
+		}
 	}
 	return out
 }

@@ -110,7 +110,7 @@ func TestShieldDiff(t *testing.T) {
 		{none, mon, "+ shield section (mode monitor)"},
 		{mon, none, "- shield section (the shield is off)"},
 		{mon, mon, ""},
-		{mon, enf, "~ shield mode monitor -> enforce; ~ shield surge.factor 3 -> 4; ~ shield forbid [] -> [AS64500]"},
+		{mon, enf, "~ shield mode monitor -> enforce; ~ shield surge.factor 3 -> 4; + shield forbid AS64500"},
 	} {
 		if got := text(DiffSections(c.a, c.b)); got != c.want {
 			t.Errorf("got %q, want %q", got, c.want)

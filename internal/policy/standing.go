@@ -4,12 +4,13 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
 // Bounds of the standing: durations.
@@ -29,7 +30,12 @@ const (
 	minPersonalHeadroom = 1
 	maxPersonalHeadroom = 100
 	maxPersonalDefault  = 1_000_000
-	maxStandingDuration = 7 * 24 * time.Hour
+	// A personal budget's burst covers 1 to 60 of the source's busiest
+	// seconds: below one it would refuse a source's own usual second;
+	// above a minute it is no longer a clump's allowance but a sustained
+	// overrun the budget exists to meter.
+	maxPersonalBurstSeconds = 60
+	maxStandingDuration     = 7 * 24 * time.Hour
 	// maxKnownGood is the known_good table's capacity in the data plane
 	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
 	maxKnownGood = 16384
@@ -127,210 +133,74 @@ func (ps *parser) checkReserve(n *yaml.Node, where string, b Bucket, ppm uint32)
 	}
 }
 
-func (ps *parser) duration(n *yaml.Node, where string, lo, hi, def time.Duration) time.Duration {
-	s, ok := ps.Scalar(n, where)
-	if !ok {
-		return def
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		ps.Errorf(n, "%s %q: want a duration like 30s or 5m", where, s)
-		return def
-	}
-	if d < lo || d > hi {
-		ps.Errorf(n, "%s %s: must be between %s and %s", where, s, lo, hi)
-		return def
-	}
-	return d
-}
-
-func (ps *parser) standing(n *yaml.Node, base Standing) Standing {
-	out := base
-	f := ps.Fields(n, "standing", "established_after", "penalty", "known_good", "l7_promotion", "rate_history", "jump_factor",
-		"jump_min", "personal_budget")
-	if v, ok := f["personal_budget"]; ok {
-		out.PersonalHeadroom, out.PersonalDefault = ps.personalBudget(v, base)
-	}
-	if v, ok := f["established_after"]; ok {
-		out.EstablishedAfter = ps.duration(v, "standing.established_after", minEstablishedAfter, maxStandingDuration, base.EstablishedAfter)
-	}
-	if v, ok := f["penalty"]; ok {
-		out.Penalty = ps.duration(v, "standing.penalty", time.Second, maxStandingDuration, base.Penalty)
-	}
-	if v, ok := f["known_good"]; ok {
-		out.KnownGood = ps.knownGood(v)
-	}
-	if v, ok := f["rate_history"]; ok {
-		if s, _ := ps.Scalar(v, "standing.rate_history"); s == "0" || s == "off" {
-			out.RateHistory = 0
-		} else {
-			out.RateHistory = ps.duration(v, "standing.rate_history", minRateHistory, maxRateHistory, base.RateHistory)
-		}
-	}
-	if v, ok := f["jump_factor"]; ok {
-		if s, _ := ps.Scalar(v, "standing.jump_factor"); s == "0" || s == "off" {
-			out.JumpFactor = 0
-		} else {
-			out.JumpFactor = ps.factor(v, "standing.jump_factor", minJumpFactor, maxJumpFactor, base.JumpFactor)
-		}
-	}
-	if v, ok := f["jump_min"]; ok {
-		r := base.JumpMin
-		if s, _ := ps.Scalar(v, "standing.jump_min"); s == "0" {
-			r = Rate{} // no minimum
-		} else {
-			r = ps.packetRate(v, "standing.jump_min", base.JumpMin)
-		}
-		if r.PerSecond() > maxJumpMin {
-			ps.Errorf(v, "standing.jump_min %v/s: must be at most %d/s", r.PerSecond(), maxJumpMin)
-		} else {
-			out.JumpMin = r
-		}
-	}
-	if v, ok := f["l7_promotion"]; ok {
-		pf := ps.Fields(v, "standing.l7_promotion", "enabled", "rate", "when")
-		if w, ok := pf["when"]; ok {
-			switch s, _ := ps.Scalar(w, "standing.l7_promotion.when"); PromotionWhen(s) {
-			case PromoteAuthenticated:
-				out.L7Promotion.When = PromotionWhen(s)
-			case "route_passed":
-				ps.Errorf(w, "standing.l7_promotion.when route_passed was removed: a bot's request passes a route's "+
-					"limits as easily as a user's; use authenticated (docs/operations.md, \"L7 promotion\")")
-			default:
-				ps.Errorf(w, "standing.l7_promotion.when %q: want authenticated", s)
-			}
-		}
-		if e, ok := pf["enabled"]; ok {
-			switch s, _ := ps.Scalar(e, "standing.l7_promotion.enabled"); s {
-			case "true":
-				out.L7Promotion.Enabled = true
-			case "false":
-				out.L7Promotion.Enabled = false
-			default:
-				ps.Errorf(e, "standing.l7_promotion.enabled %q: want true or false", s)
-			}
-		}
-		if r, ok := pf["rate"]; ok {
-			if s, ok := ps.Scalar(r, "standing.l7_promotion.rate"); ok {
-				rate, unit, err := ParseRate(s)
-				switch {
-				case err != nil:
-					ps.Errorf(r, "standing.l7_promotion.rate: %v", err)
-				case unit != Packets:
-					ps.Errorf(r, "standing.l7_promotion.rate %q: want promotions per time, like 100/s", s)
-				case rate.Count == 0:
-					ps.Errorf(r, "standing.l7_promotion.rate must be above 0 (enabled: false turns promotion off)")
-				default:
-					out.L7Promotion.Rate = rate
-				}
-			}
-		}
-	}
-	return out
-}
-
-// personalBudget parses standing.personal_budget: off, or {headroom: X,
-// default: N/s}.
-func (ps *parser) personalBudget(v *yaml.Node, base Standing) (float64, Rate) {
-	if v.Kind == yaml.ScalarNode {
-		if s, _ := ps.Scalar(v, "standing.personal_budget"); s != "off" {
-			ps.Errorf(v, "standing.personal_budget %q: want off or {headroom: X, default: N/s}", s)
-		}
-		return 0, base.PersonalDefault
-	}
-	h, d := base.PersonalHeadroom, base.PersonalDefault
-	if h == 0 {
-		h = DefaultStanding().PersonalHeadroom
-	}
-	f := ps.Fields(v, "standing.personal_budget", "headroom", "default")
-	if n, ok := f["headroom"]; ok {
-		h = ps.factor(n, "standing.personal_budget.headroom", minPersonalHeadroom, maxPersonalHeadroom, h)
-	}
-	if n, ok := f["default"]; ok {
-		r := ps.packetRate(n, "standing.personal_budget.default", d)
-		if r.PerSecond() < 1 || r.PerSecond() > maxPersonalDefault {
-			ps.Errorf(n, "standing.personal_budget.default %v/s: want 1/s to %d/s", r.PerSecond(), maxPersonalDefault)
-		} else {
-			d = r
-		}
-	}
-	return h, d
-}
-
-// knownGood parses standing.known_good: CIDRs, and {file: PATH} entries
-// naming files of one CIDR per line (# comments).
-func (ps *parser) knownGood(n *yaml.Node) []netip.Prefix {
-	var out []netip.Prefix
-	for _, item := range ps.Seq(n, "standing.known_good") {
-		if item.Kind == yaml.MappingNode {
-			f := ps.Fields(item, "standing.known_good entry", "file")
-			file, ok := f["file"]
-			if !ok {
-				if f != nil {
-					ps.Errorf(item, "standing.known_good entry needs file: PATH (or write a CIDR)")
-				}
-				continue
-			}
-			for _, e := range ps.listFile(file, "standing.known_good") {
-				out = append(out, e.Prefix)
-			}
-			continue
-		}
-		s, ok := ps.Scalar(item, "standing.known_good entry")
-		if !ok {
-			continue
-		}
-		p, err := ParsePrefix(s)
-		if err != nil {
-			ps.Errorf(item, "standing.known_good: %v", err)
-			continue
-		}
-		out = append(out, p)
-	}
-	slices.SortFunc(out, compareOutput)
-	out = slices.Compact(out)
-	if len(out) > maxKnownGood {
-		ps.Errorf(n, "standing.known_good has %d prefixes; the data plane holds at most %d (aggregate them into shorter prefixes)", len(out), maxKnownGood)
-	}
-	return out
-}
+// standingTable is the standing: section, one row per knob.
+var standingTable = yamlcheck.NewTable("standing",
+	yamlcheck.Val("established_after", yamlcheck.Duration{Min: minEstablishedAfter, Max: maxStandingDuration},
+		func(s *Standing) *time.Duration { return &s.EstablishedAfter },
+		"a new source that is seen (at or under its own limit, its aggregates not congested, no gap longer than this) "+
+			"for this long becomes established; at L7 also the history (requests, none refused, no longer gap) that ranks a "+
+			"client established (docs/operations.md, \"Class ranking at L7\")"),
+	yamlcheck.Val("penalty", yamlcheck.Duration{Min: time.Second, Max: maxStandingDuration},
+		func(s *Standing) *time.Duration { return &s.Penalty },
+		"a source that exceeded its own limit, was escalated or deny-listed stays penalised this long after its last "+
+			"offence, then is new again"),
+	yamlcheck.Sub("l7_promotion", "lets the L7 stage mark sources validated (ranked `authenticated` at L7), at most `rate` "+
+		"per second: a request that passed its route's limits, carried a credential its route's limits key on (a "+
+		"`header:NAME` part, `user`, `tenant`) exactly once, non-empty and at most 1,024 bytes, and that the upstream "+
+		"answered with a status from 200 to 399 (docs/operations.md, \"L7 promotion\")",
+		yamlcheck.Val("enabled", yamlcheck.Bool{}, func(s *Standing) *bool { return &s.L7Promotion.Enabled },
+			"whether the L7 stage promotes sources"),
+		yamlcheck.Val("rate", packetRate{What: "promotions", NonZero: true}, func(s *Standing) *Rate { return &s.L7Promotion.Rate },
+			"the most promotions per time (enabled: false turns promotion off)"),
+		yamlcheck.Val("when", yamlcheck.Enum[PromotionWhen]{Values: []PromotionWhen{PromoteAuthenticated},
+			Removed: map[PromotionWhen]string{"route_passed": "a bot's request passes a route's limits as easily as a user's; " +
+				"use authenticated (docs/operations.md, \"L7 promotion\")"}},
+			func(s *Standing) *PromotionWhen { return &s.L7Promotion.When },
+			"what a request must do to promote its source; `route_passed` was removed (a bot's request passes a route's "+
+				"limits as easily as a user's): a policy naming it is refused"),
+	).Formatted(func(s *Standing) string { return formatPromotion(s.L7Promotion) }),
+	yamlcheck.Val("rate_history", yamlcheck.Off[time.Duration]{Kind: yamlcheck.Duration{Min: minRateHistory, Max: maxRateHistory}},
+		func(s *Standing) *time.Duration { return &s.RateHistory },
+		"half-life of each source's usual rate, a decayed peak of its measured rates, and the window of its mean "+
+			"rate (the personal budget's base) (docs/operations.md, \"Usual rate\", \"Personal budget\"). Only for rules "+
+			"whose `per_source.key` is /32 and /64; off: no rates, no jumps, and every privileged source gets "+
+			"`personal_budget.default`"),
+	yamlcheck.Val("jump_factor", yamlcheck.Off[float64]{Kind: yamlcheck.Factor{Min: minJumpFactor, Max: maxJumpFactor}},
+		func(s *Standing) *float64 { return &s.JumpFactor },
+		"an established source whose current rate exceeds this × its usual rate (and `jump_min`) has jumped: inside "+
+			"an aggregate the shield tightened all its traffic is charged as new (the personal budget moves only the excess, "+
+			"everywhere). Validated sources keep their standing. Stored in 1/16; off: no jumps"),
+	yamlcheck.Val("jump_min", yamlcheck.Off[Rate]{Kind: packetRate{Max: maxJumpMin}},
+		func(s *Standing) *Rate { return &s.JumpMin },
+		"the least current rate that counts as a jump (a source at 1/s going to 5/s is not a flood). Stored in 1/16 "+
+			"packet/s; off: no minimum"),
+	yamlcheck.Sub("personal_budget", "an established or validated source (or `known_good`) has priority at a congested "+
+		"aggregate only up to its **personal budget**; what it sends above is charged as new (class `over_budget`). "+
+		"off: no limit (standing is a flag, as before issue 23). docs/operations.md, \"Personal budget\" and \"Class ranking\"",
+		yamlcheck.Val("headroom", yamlcheck.Factor{Min: minPersonalHeadroom, Max: maxPersonalHeadroom},
+			func(s *Standing) *float64 { return &s.PersonalHeadroom },
+			"the budget's rate: this × the source's mean rate over `rate_history` (uncongested measurements only). "+
+				"Stored in 1/16"),
+		yamlcheck.Val("default", packetRate{Min: 1, Max: maxPersonalDefault},
+			func(s *Standing) *Rate { return &s.PersonalDefault },
+			"the budget of a privileged source whose rate was never measured, and the least budget of a `known_good` or "+
+				"validated one. Stored in 1/16 packet/s"),
+		yamlcheck.Val("burst_seconds", yamlcheck.Uint[uint32]{Min: 1, Max: maxPersonalBurstSeconds},
+			func(s *Standing) *uint32 { return &s.PersonalBurstSeconds },
+			"the budget's burst: this many of the source's busiest seconds (its usual rate × `burst_seconds`), at least "+
+				"one second of the budget and one packet"),
+	).Switch(func(s *Standing) { s.PersonalHeadroom = 0 }, func(s *Standing) bool { return s.PersonalHeadroom == 0 }),
+	yamlcheck.Val("known_good", prefixList{Max: maxKnownGood, TooMany: "the data plane holds at most %d (aggregate them into shorter prefixes)"},
+		func(s *Standing) *[]netip.Prefix { return &s.KnownGood },
+		"sources in these prefixes count as established while they have no standing of their own (cold start), "+
+			"with a personal budget of at least `personal_budget.default`. List files: one CIDR per line, `#` comments, "+
+			"relative to the policy file").Label("standing known_good"),
+)
 
 // standing lists what changed in the standing: section, field by field;
 // known_good prefixes one by one.
 func (d *differ) standing(a, b Standing) {
-	d.field("setting standing.established_after", a.EstablishedAfter.String(), b.EstablishedAfter.String())
-	d.field("setting standing.penalty", a.Penalty.String(), b.Penalty.String())
-	d.field("setting standing.l7_promotion", formatPromotion(a.L7Promotion), formatPromotion(b.L7Promotion))
-	d.field("setting standing.rate_history", a.RateHistory.String(), b.RateHistory.String())
-	d.field("setting standing.jump_factor", strconv.FormatFloat(a.JumpFactor, 'g', -1, 64), strconv.FormatFloat(b.JumpFactor, 'g', -1, 64))
-	if !a.JumpMin.Equal(b.JumpMin) {
-		d.add('~', "setting standing.jump_min %s -> %s", FormatRate(a.JumpMin, Packets), FormatRate(b.JumpMin, Packets))
-	}
-	d.field("setting standing.personal_budget", formatPersonal(a), formatPersonal(b))
-	had := make(map[netip.Prefix]bool, len(a.KnownGood))
-	for _, p := range a.KnownGood {
-		had[p] = true
-	}
-	has := make(map[netip.Prefix]bool, len(b.KnownGood))
-	for _, p := range b.KnownGood {
-		has[p] = true
-		if !had[p] {
-			d.add('+', "standing known_good %s", p)
-		}
-	}
-	for _, p := range a.KnownGood {
-		if !has[p] {
-			d.add('-', "standing known_good %s", p)
-		}
-	}
-}
-
-func formatPersonal(s Standing) string {
-	if s.PersonalHeadroom == 0 {
-		return "off"
-	}
-	return fmt.Sprintf("{headroom: %s, default: %s}", strconv.FormatFloat(s.PersonalHeadroom, 'g', -1, 64),
-		FormatRate(s.PersonalDefault, Packets))
+	standingTable.Diff(&a, &b, d.emit)
 }
 
 func formatPromotion(p L7Promotion) string {

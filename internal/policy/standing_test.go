@@ -107,7 +107,7 @@ func TestStandingUsualRateFields(t *testing.T) {
 // TestStandingPersonalBudget: standing.personal_budget's defaults, its
 // fields, off, and its bounds.
 func TestStandingPersonalBudget(t *testing.T) {
-	if d := DefaultStanding(); d.PersonalHeadroom != 2 || d.PersonalDefault.PerSecond() != 20 {
+	if d := DefaultStanding(); d.PersonalHeadroom != 2 || d.PersonalDefault.PerSecond() != 20 || d.PersonalBurstSeconds != 2 {
 		t.Errorf("defaults: headroom %v, default %v/s", d.PersonalHeadroom, d.PersonalDefault.PerSecond())
 	}
 	for _, tc := range []struct {
@@ -127,6 +127,9 @@ func TestStandingPersonalBudget(t *testing.T) {
 		{"standing: {personal_budget: {default: 2M/s}}", 0, 0, "want 1/s to"},
 		{"standing: {personal_budget: {default: 1MB/s}}", 0, 0, "packets per time"},
 		{"standing: {personal_budget: {burst: 3}}", 0, 0, "unknown field"},
+		{"standing: {personal_budget: {burst_seconds: 0}}", 0, 0, "from 1 to 60"},
+		{"standing: {personal_budget: {burst_seconds: 61}}", 0, 0, "from 1 to 60"},
+		{"standing: {personal_budget: {burst_seconds: 1.5}}", 0, 0, "whole number"},
 	} {
 		p, err := parseStanding(t, tc.body, nil)
 		if tc.err != "" {
@@ -170,8 +173,8 @@ func TestStandingRejects(t *testing.T) {
 		{"standing: {l7_promotion: {when: authenticated}}", ""},
 		{"standing: {l7_promotion: {when: authenticated}}", ""},
 		{"standing: {l7_promotion: {when: route_passed}}", "route_passed was removed"},
-		{"standing: {l7_promotion: {when: Authenticated}}", "want authenticated"},
-		{"standing: {l7_promotion: {when: \"\"}}", "want authenticated"},
+		{"standing: {l7_promotion: {when: Authenticated}}", "allowed: authenticated"},
+		{"standing: {l7_promotion: {when: \"\"}}", "allowed: authenticated"},
 		{"standing: {l7_promotion: {when: [authenticated]}}", "standing.l7_promotion.when"},
 		{"standing: {colour: red}", "unknown field"},
 		{"standing: {rate_history: 9s}", "between"},
@@ -228,5 +231,26 @@ rules:
 	}
 	if p.GlobalReserve != 0 || p.Defaults.Reserve != 0 || p.Rules[0].Limits.Reserve != DefaultReserve {
 		t.Errorf("implicit reserves: global %d, defaults %d, rule %d", p.GlobalReserve, p.Defaults.Reserve, p.Rules[0].Limits.Reserve)
+	}
+}
+
+// TestStandingPersonalBurstSeconds: burst_seconds is 2 unless set, kept by
+// personal_budget: off, and set alone or with the other fields.
+func TestStandingPersonalBurstSeconds(t *testing.T) {
+	for body, want := range map[string]uint32{
+		"":                                 2,
+		"standing: {personal_budget: off}": 2,
+		"standing: {personal_budget: {burst_seconds: 1}}":                1,
+		"standing: {personal_budget: {headroom: 3, burst_seconds: 60}}":  60,
+		"standing: {personal_budget: {default: 5/s, burst_seconds: 10}}": 10,
+	} {
+		p, err := parseStanding(t, body, nil)
+		if err != nil {
+			t.Errorf("%q: %v", body, err)
+			continue
+		}
+		if p.Standing.PersonalBurstSeconds != want {
+			t.Errorf("%q: burst_seconds %d, want %d", body, p.Standing.PersonalBurstSeconds, want)
+		}
 	}
 }

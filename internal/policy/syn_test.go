@@ -96,3 +96,29 @@ func TestSYNSectionRejects(t *testing.T) {
 		t.Errorf("257 services: %v", err)
 	}
 }
+
+// TestSYNDiff: the syn: section's presence and its services, one by one.
+func TestSYNDiff(t *testing.T) {
+	a, err := parseStanding(t, "syn: {services: [{name: web, listen: [\"0.0.0.0:443\"]}]}", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseStanding(t, "syn: {validated_for: 1m, services: [{name: web, listen: [\"0.0.0.0:443\"], mss: 1400}]}", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, _ := parseStanding(t, "", nil)
+	got := FormatDiff(DiffSections(a, b))
+	for _, want := range []string{"~ syn validated_for 10m0s -> 1m0s\n", "+ syn services {name: web, listen: [0.0.0.0:443], protection: auto",
+		"mss: 1400, mss6: 1380", "- syn services {name: web"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("diff %q lacks %q", got, want)
+		}
+	}
+	if got := FormatDiff(DiffSections(none, a)); !strings.HasPrefix(got, "+ syn section: {validated_for: 10m0s") {
+		t.Errorf("new section: %q", got)
+	}
+	if got := FormatDiff(DiffSections(a, none)); got != "- syn section (SYN cookies off)\n" {
+		t.Errorf("removed section: %q", got)
+	}
+}

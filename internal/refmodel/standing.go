@@ -86,10 +86,6 @@ type PersonalBudget struct {
 	BurstPkts float64 // the burst in packets (Tau/T)
 }
 
-// personalBurstSeconds is how many of its busiest seconds a personal
-// budget's burst holds.
-const personalBurstSeconds = uint64(loader.LimiterEgSizesEG_PERSONAL_BURST_SECONDS)
-
 // Personal is the personal budget of entry e under the standing settings
 // cfg; vouched: known_good or validated (at least the default).
 func Personal(cfg StandingCfg, e StandingVal, vouched bool) PersonalBudget {
@@ -101,7 +97,7 @@ func Personal(cfg StandingCfg, e StandingVal, vouched bool) PersonalBudget {
 		rate = uint64(cfg.DefaultRate)
 	}
 	rate = max(rate, 1)
-	burst := min(max(uint64(e.Usual)*personalBurstSeconds, rate, 1<<maps.RateShift), 1<<28)
+	burst := min(max(uint64(e.Usual)*uint64(cfg.BurstSeconds), rate, 1<<maps.RateShift), 1<<28)
 	const sec = uint64(1000000000) << maps.TickShift
 	b := PersonalBudget{Rate: rate, T: (sec << maps.RateShift) / rate, Tau: burst * sec / rate}
 	b.BurstPkts = float64(b.Tau) / float64(b.T)

@@ -41,6 +41,9 @@ func (p Problem) String() string {
 type Checker struct {
 	File     string
 	Problems []Problem
+	// ReadFileFunc reads the files the checked file names (list files);
+	// nil: the file may name none.
+	ReadFileFunc func(path string) ([]byte, error)
 }
 
 // Errorf reports a problem at n (or, for a nil n, at the file).
@@ -157,4 +160,26 @@ func (c *Checker) Seq(n *yaml.Node, where string) []*yaml.Node {
 	}
 	c.Errorf(n, "%s must be a list, got %s", where, KindName(n))
 	return nil
+}
+
+// Lookup is the value of key in the mapping n (nil if n is not a mapping
+// or has no key), for checks across fields after a table's walk.
+func Lookup(n *yaml.Node, key string) *yaml.Node {
+	n = Resolve(n)
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if Resolve(n.Content[i]).Value == key {
+			return Resolve(n.Content[i+1])
+		}
+	}
+	return nil
+}
+
+// Seq is the items of a list n (a single value: a list of one), without
+// reporting anything: for checks after a table's walk.
+func Seq(n *yaml.Node) []*yaml.Node {
+	var c Checker
+	return c.Seq(n, "")
 }

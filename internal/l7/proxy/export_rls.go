@@ -67,7 +67,9 @@ func (ld *LimitDecoder) Limits(n *yaml.Node, where string, rc *Redis, aggregate 
 }
 
 // Name decodes a name ([A-Za-z0-9_.-], 1-64).
-func (ld *LimitDecoder) Name(n *yaml.Node, where string) (string, bool) { return ld.d.name(n, where) }
+func (ld *LimitDecoder) Name(n *yaml.Node, where string) (string, bool) {
+	return nameKind{}.Parse(&ld.d.Checker, n, where)
+}
 
 // Problems are the problems found so far.
 func (ld *LimitDecoder) Problems() []policy.Problem { return ld.d.Problems }
@@ -91,3 +93,58 @@ func (e *Escalations) Run(ctx context.Context) { e.e.run(ctx) }
 // Note counts one rejection of a; it reports whether a was queued for the
 // deny list.
 func (e *Escalations) Note(a netip.Addr) bool { return e.e.note(a) }
+
+// Named is a kind whose problems name the field where, as the l7:
+// section's messages always have ("rls listen"), not by the walker's
+// dotted path.
+func Named[V any](where string, k yamlcheck.Kind[V]) yamlcheck.Kind[V] { return as(where, k) }
+
+// ListenAddr is the l7: section's host:port: an empty host (every
+// address) and port 0 are allowed.
+var ListenAddr = listenAddr
+
+// Section is a kind for a sub-section with a table of its own over S,
+// starting from def(); check, when set, does what crosses its fields. Nil
+// when the file leaves it out.
+func Section[S any](t *yamlcheck.Table[S], def func() S,
+	check func(c *yamlcheck.Checker, n *yaml.Node, where string, got map[string]*yaml.Node, s *S)) yamlcheck.Kind[*S] {
+	return optional[S]{section[S]{Table: t, Def: def, Check: check}}
+}
+
+// Decoded is a kind decoded by parse (a list that needs what the section
+// decoded before it); describe is its docs' type.
+func Decoded[V any](describe string, parse func(c *yamlcheck.Checker, n *yaml.Node, where string) V) yamlcheck.Kind[V] {
+	return decoded[V]{parse: parse, describe: describe}
+}
+
+// At is a kind whose problems name the field where()+suffix at parse time
+// (an item named by a field decoded before: "rls rule \"r\" domain").
+func At[V any](where func() string, suffix string, k yamlcheck.Kind[V]) yamlcheck.Kind[V] {
+	return at(where, suffix, k)
+}
+
+// Marking sets *bad when k reports a problem (a field that makes its item
+// unusable).
+func Marking[V any](bad *bool, k yamlcheck.Kind[V]) yamlcheck.Kind[V] { return marking(bad, k) }
+
+// Custom is a kind decoded by parse; describe is its docs' type.
+func Custom[V any](describe string, parse func(c *yamlcheck.Checker, n *yaml.Node, where string) (V, bool)) yamlcheck.Kind[V] {
+	return custom(describe, parse)
+}
+
+// NameKind is a name: 1-64 of [A-Za-z0-9_.-].
+var NameKind yamlcheck.Kind[string] = nameKind{}
+
+// CheckTierDefault reports a tiers default (at n) that names none of
+// levels.
+func CheckTierDefault(c *yamlcheck.Checker, n *yaml.Node, def string, levels []Tier) {
+	if def == "" {
+		return
+	}
+	for _, x := range levels {
+		if x.Name == def {
+			return
+		}
+	}
+	c.Errorf(n, "tiers default %q is not one of the levels", def)
+}

@@ -9,11 +9,11 @@
 package rls
 
 import (
+	"cmp"
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -139,102 +139,134 @@ func Decode(cfg *proxy.Config, file string) (*Config, []policy.Problem) {
 	c := ld.Checker()
 	out := &Config{ClientPrefixV4: cfg.ClientPrefixV4, ClientPrefixV6: cfg.ClientPrefixV6, Classes: cfg.Classes, Redis: cfg.Redis,
 		Escalation: cfg.Escalation, Headers: cfg.Headers, AccessLog: cfg.AccessLog, TrustedProxies: cfg.TrustedProxies}
-	f := c.Fields(cfg.RLS, "l7 rls", "listen", "unix", "tls", "http_listen", "rules")
-	if f == nil {
+	got := rlsTable(func(n *yaml.Node) []Rule { return decodeRules(ld, n, cfg.Redis) }).Parse(c, cfg.RLS, out)
+	if got == nil {
 		return nil, ld.Problems()
 	}
-	hostPort := func(key string) string {
-		n, ok := f[key]
-		if !ok {
-			return ""
-		}
-		s, ok := c.Scalar(n, "rls "+key)
-		if !ok {
-			return ""
-		}
-		_, port, err := net.SplitHostPort(s)
-		if err == nil {
-			var p int
-			if p, err = strconv.Atoi(port); err == nil && (p < 0 || p > 65535) {
-				err = fmt.Errorf("port out of range")
-			}
-		}
-		if err != nil {
-			c.Errorf(n, "rls %s %q: want host:port, e.g. 127.0.0.1:8081", key, s)
-			return ""
-		}
-		return s
+	_, listen := got["listen"]
+	_, unix := got["unix"]
+	_, httpListen := got["http_listen"]
+	if !listen && !unix && !httpListen {
+		c.Errorf(cfg.RLS, "l7 rls: set listen (gRPC on TCP), unix (gRPC on a Unix socket) or http_listen (the subrequest endpoint)")
 	}
-	out.Listen = hostPort("listen")
-	out.HTTPListen = hostPort("http_listen")
-	if n, ok := f["unix"]; ok {
-		if s, ok := c.Scalar(n, "rls unix"); ok {
-			if !filepath.IsAbs(s) || strings.HasSuffix(s, "/") || len(s) > 100 {
-				c.Errorf(n, "rls unix %q: want an absolute socket path of at most 100 bytes", s)
-			} else {
-				out.Unix = filepath.Clean(s)
-			}
-		}
-	}
-	if _, ok := f["listen"]; !ok {
-		if _, ok := f["unix"]; !ok {
-			if _, ok := f["http_listen"]; !ok {
-				c.Errorf(cfg.RLS, "l7 rls: set listen (gRPC on TCP), unix (gRPC on a Unix socket) or http_listen (the subrequest endpoint)")
-			}
-		}
-	}
-	if n, ok := f["tls"]; ok {
-		tf := c.Fields(n, "rls tls", "cert", "key", "client_ca")
-		t := &TLS{}
-		for _, x := range []struct {
-			key string
-			dst *string
-		}{{"cert", &t.Cert}, {"key", &t.Key}, {"client_ca", &t.ClientCA}} {
-			if v, ok := tf[x.key]; ok {
-				if s, ok := c.Scalar(v, "rls tls "+x.key); ok {
-					if !filepath.IsAbs(s) {
-						c.Errorf(v, "rls tls %s %q: want an absolute file path", x.key, s)
-					}
-					*x.dst = s
-				}
-			}
-		}
-		if t.Cert == "" || t.Key == "" {
-			c.Errorf(n, "rls tls: cert and key are required")
-		}
-		if _, ok := f["listen"]; !ok {
-			c.Errorf(n, "rls tls: applies to listen (gRPC on TCP), which is not set")
-		}
-		out.TLS = t
-	}
-	if n, ok := f["rules"]; ok {
-		names := map[string]*yaml.Node{}
-		shapes := map[string]*yaml.Node{}
-		for _, rn := range c.Seq(n, "rls rules") {
-			r, ok := decodeRule(ld, rn, cfg.Redis)
-			if !ok {
-				continue
-			}
-			if prev := names[r.Name]; prev != nil {
-				c.Errorf(rn, "rls rule %q is already defined at line %d", r.Name, prev.Line)
-				continue
-			}
-			names[r.Name] = rn
-			shape := r.Domain + "\x00" + entriesString(r.Entries)
-			if prev := shapes[shape]; prev != nil {
-				c.Errorf(rn, "rls rule %q: domain %q and descriptor [%s] are already matched by the rule at line %d",
-					r.Name, r.Domain, entriesString(r.Entries), prev.Line)
-				continue
-			}
-			shapes[shape] = rn
-			out.Rules = append(out.Rules, r)
-		}
+	if n, ok := got["tls"]; ok && !listen {
+		c.Errorf(n, "rls tls: applies to listen (gRPC on TCP), which is not set")
 	}
 	if p := ld.Problems(); len(p) > 0 {
+		slices.SortStableFunc(p, func(a, b policy.Problem) int {
+			return cmp.Or(cmp.Compare(a.Pos.Line, b.Pos.Line), cmp.Compare(a.Pos.Column, b.Pos.Column))
+		})
 		return nil, p
 	}
 	return out, nil
 }
+
+// rlsTable is the rls: section; its rules are decoded by rules (with the
+// limit names of the whole l7: section).
+func rlsTable(rules func(n *yaml.Node) []Rule) *yamlcheck.Table[Config] {
+	return yamlcheck.NewTable("l7 rls",
+		yamlcheck.Val("listen", proxy.Named("rls listen", proxy.ListenAddr), func(c *Config) *string { return &c.Listen },
+			"Envoy RLS v3 over gRPC on TCP; bound at apply (a taken port fails the apply, nothing changes); kept across reloads that keep it").
+			Formatted(func(c *Config) string { return cmp.Or(c.Listen, "none") }),
+		yamlcheck.Val("unix", proxy.Named[string]("rls unix", unixSocket{}), func(c *Config) *string { return &c.Unix },
+			"the same service on a Unix socket (mode 0660); a stale socket is removed, a live one or a non-socket fails the apply"),
+		yamlcheck.Val("tls", proxy.Named("rls tls", tlsSection), func(c *Config) **TLS { return &c.TLS },
+			"TLS for `listen` (PEM files read at every apply; `client_ca` requires client certificates); needs `listen`"),
+		yamlcheck.Val("http_listen", proxy.Named("rls http_listen", proxy.ListenAddr), func(c *Config) *string { return &c.HTTPListen },
+			"the subrequest endpoint `/v1/check/{domain}` for nginx `auth_request` and Traefik `ForwardAuth`").
+			Formatted(func(c *Config) string { return cmp.Or(c.HTTPListen, "none") }),
+		yamlcheck.Val("rules", proxy.Decoded("list of rules (below)", func(_ *yamlcheck.Checker, n *yaml.Node, _ string) []Rule {
+			return rules(n)
+		}), func(c *Config) *[]Rule { return &c.Rules },
+			"descriptor rules, first match per descriptor; at least one of `listen`, `unix`, `http_listen` must be set. With `l7.classes` enabled a request is ranked by its first `remote_address` in the class table the proxy uses (docs/l7-rls.md, \"Client classes\")"),
+	)
+}
+
+var tlsTable = yamlcheck.NewTable("rls tls",
+	yamlcheck.Val("cert", proxy.Named[string]("rls tls cert", absPath{}), func(t *TLS) *string { return &t.Cert },
+		"the server certificate, PEM").Formatted(func(t *TLS) string { return cmp.Or(t.Cert, "required") }),
+	yamlcheck.Val("key", proxy.Named[string]("rls tls key", absPath{}), func(t *TLS) *string { return &t.Key },
+		"its private key, PEM").Formatted(func(t *TLS) string { return cmp.Or(t.Key, "required") }),
+	yamlcheck.Val("client_ca", proxy.Named[string]("rls tls client_ca", absPath{}), func(t *TLS) *string { return &t.ClientCA },
+		"when set, clients must present a certificate that chains to it (mutual TLS)"),
+)
+
+// tlsSection is rls.tls.
+var tlsSection = proxy.Section(tlsTable, func() TLS { return TLS{} },
+	func(c *yamlcheck.Checker, n *yaml.Node, _ string, _ map[string]*yaml.Node, t *TLS) {
+		if t.Cert == "" || t.Key == "" {
+			c.Errorf(n, "rls tls: cert and key are required")
+		}
+	})
+
+// decodeRules decodes rls.rules: names unique, one rule per domain and
+// descriptor.
+func decodeRules(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) []Rule {
+	c := ld.Checker()
+	var out []Rule
+	names := map[string]*yaml.Node{}
+	shapes := map[string]*yaml.Node{}
+	for _, rn := range c.Seq(n, "rls rules") {
+		r, ok := decodeRule(ld, rn, rc)
+		if !ok {
+			continue
+		}
+		if prev := names[r.Name]; prev != nil {
+			c.Errorf(rn, "rls rule %q is already defined at line %d", r.Name, prev.Line)
+			continue
+		}
+		names[r.Name] = rn
+		shape := r.Domain + "\x00" + entriesString(r.Entries)
+		if prev := shapes[shape]; prev != nil {
+			c.Errorf(rn, "rls rule %q: domain %q and descriptor [%s] are already matched by the rule at line %d",
+				r.Name, r.Domain, entriesString(r.Entries), prev.Line)
+			continue
+		}
+		shapes[shape] = rn
+		out = append(out, r)
+	}
+	return out
+}
+
+// unixSocket is rls.unix: an absolute socket path of at most 100 bytes.
+type unixSocket struct{}
+
+// Parse implements yamlcheck.Kind.
+func (unixSocket) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if !ok {
+		return "", false
+	}
+	if !filepath.IsAbs(s) || strings.HasSuffix(s, "/") || len(s) > 100 {
+		c.Errorf(n, "%s %q: want an absolute socket path of at most 100 bytes", where, s)
+		return "", false
+	}
+	return filepath.Clean(s), true
+}
+
+// Format implements yamlcheck.Kind.
+func (unixSocket) Format(s string) string { return cmp.Or(s, "none") }
+
+// Describe implements yamlcheck.Kind.
+func (unixSocket) Describe() string { return "absolute path, at most 100 bytes" }
+
+// absPath is an absolute file path.
+type absPath struct{}
+
+// Parse implements yamlcheck.Kind.
+func (absPath) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+	s, ok := c.Scalar(n, where)
+	if ok && !filepath.IsAbs(s) {
+		c.Errorf(n, "%s %q: want an absolute file path", where, s)
+	}
+	return s, ok
+}
+
+// Format implements yamlcheck.Kind.
+func (absPath) Format(s string) string { return cmp.Or(s, "none") }
+
+// Describe implements yamlcheck.Kind.
+func (absPath) Describe() string { return "absolute file path" }
 
 func entriesString(es []EntryMatch) string {
 	s := make([]string, len(es))
@@ -246,60 +278,21 @@ func entriesString(es []EntryMatch) string {
 
 func decodeRule(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) (Rule, bool) {
 	c := ld.Checker()
-	f := c.Fields(n, "rls rule", "name", "domain", "descriptor", "limits", "tiers")
-	if f == nil {
+	var r Rule
+	bad := false
+	got := ruleTable(ld, &r, &bad, rc).ParseAt(c, n, "rls rule", &r)
+	if got == nil {
 		return Rule{}, false
 	}
-	var r Rule
-	ok := true
-	if v, has := f["name"]; has {
-		r.Name, ok = ld.Name(v, "rls rule name")
-	} else {
-		c.Errorf(n, "rls rule: name is required")
-		ok = false
-	}
+	ok := !bad && r.Name != ""
 	where := fmt.Sprintf("rls rule %q", r.Name)
-	if v, has := f["domain"]; has {
-		if s, sok := c.Scalar(v, where+" domain"); sok && s != "" && len(s) <= MaxValue {
-			r.Domain = s
-		} else {
-			c.Errorf(v, "%s domain: want a non-empty string", where)
-			ok = false
-		}
-	} else {
+	if _, has := got["domain"]; !has {
 		c.Errorf(n, "%s: domain is required (the domain Envoy's rate limit filter sends)", where)
 		ok = false
 	}
-	if v, has := f["descriptor"]; has {
-		keys := map[string]bool{}
-		for _, e := range c.Seq(v, where+" descriptor") {
-			s, sok := c.Scalar(e, where+" descriptor entry")
-			if !sok {
-				ok = false
-				continue
-			}
-			k, val, _ := strings.Cut(s, "=")
-			if k == "" || len(k) > MaxValue || len(val) > MaxValue || keys[k] {
-				c.Errorf(e, "%s descriptor entry %q: want KEY or KEY=VALUE, each key once", where, s)
-				ok = false
-				continue
-			}
-			keys[k] = true
-			r.Entries = append(r.Entries, EntryMatch{Key: k, Value: val})
-		}
-		if len(r.Entries) == 0 || len(r.Entries) > MaxEntries {
-			c.Errorf(v, "%s descriptor: want 1 to %d entries, e.g. [remote_address] or [generic_key=api, remote_address]", where, MaxEntries)
-			ok = false
-		}
-	} else {
+	if _, has := got["descriptor"]; !has {
 		c.Errorf(n, "%s: descriptor is required, e.g. [remote_address]", where)
 		ok = false
-	}
-	if v, has := f["limits"]; has {
-		r.Limits = ld.Limits(v, where, rc, r.Aggregate())
-	}
-	if v, has := f["tiers"]; has {
-		r.Tiers = decodeTiers(ld, v, where, rc, r.Entries)
 	}
 	if len(r.Limits) == 0 && r.Tiers == nil {
 		c.Errorf(n, "%s: limits or tiers are required", where)
@@ -324,6 +317,82 @@ func decodeRule(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) (Rule, bo
 	return r, ok
 }
 
+// ruleTable is the table of rule r; a problem in its name, domain or
+// descriptor sets *bad.
+func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yamlcheck.Table[Rule] {
+	where := func() string { return fmt.Sprintf("rls rule %q", r.Name) }
+	return yamlcheck.NewTable("rls rule",
+		yamlcheck.Val("name", proxy.Marking(bad, proxy.Named("rls rule name", proxy.NameKind)), func(r *Rule) *string { return &r.Name },
+			"unique").Formatted(func(r *Rule) string { return cmp.Or(r.Name, "required") }).Required("rls rule: name is required"),
+		yamlcheck.Val("domain", proxy.Marking(bad, proxy.At(where, "", proxy.Custom("text", func(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+			if s, ok := c.Scalar(n, where+" domain"); ok && s != "" && len(s) <= MaxValue {
+				return s, true
+			}
+			c.Errorf(n, "%s domain: want a non-empty string", where)
+			return "", false
+		}))), func(r *Rule) *string { return &r.Domain }, "the domain Envoy's rate limit filter sends").
+			Formatted(func(r *Rule) string { return cmp.Or(r.Domain, "required") }),
+		yamlcheck.Val("descriptor", proxy.At(where, "", proxy.Custom("list of KEY or KEY=VALUE",
+			func(c *yamlcheck.Checker, n *yaml.Node, where string) ([]EntryMatch, bool) {
+				// The entries decoded, even with a problem, still decide
+				// the limits' default reserve and the tiers' entry.
+				es, ok := decodeDescriptor(c, n, where)
+				*bad = *bad || !ok
+				return es, true
+			})),
+			func(r *Rule) *[]EntryMatch { return &r.Entries },
+			"1-16 entries, each `KEY` or `KEY=VALUE`, a key once; matches descriptors with exactly these keys in this order and the fixed values").
+			Formatted(func(r *Rule) string {
+				if len(r.Entries) == 0 {
+					return "required"
+				}
+				return entriesString(r.Entries)
+			}),
+		yamlcheck.Val("limits", proxy.At(where, "", proxy.Custom("list of limits", func(_ *yamlcheck.Checker, n *yaml.Node, where string) ([]proxy.Limit, bool) {
+			return ld.Limits(n, where, rc, r.Aggregate()), true
+		})), func(r *Rule) *[]proxy.Limit { return &r.Limits },
+			"route limits without `key`, `shape` refused; `reserve` defaults to 50% for a descriptor that counts an aggregate of clients (every entry a fixed value or one of `generic_key`, `header_match`, `destination_cluster`, `source_cluster`, `masked_remote_address`), 0% otherwise"),
+		yamlcheck.Val("tiers", proxy.At(where, "", proxy.Custom("mapping (below)", func(_ *yamlcheck.Checker, n *yaml.Node, where string) (*Tiers, bool) {
+			t := decodeTiers(ld, n, where, rc, r.Entries)
+			return t, t != nil
+		})), func(r *Rule) **Tiers { return &r.Tiers },
+			"`{entry: KEY, default: NAME, levels: {NAME: [limits]}}`, `entry` one of the descriptor's keys without a fixed value").
+			Formatted(func(r *Rule) string {
+				if r.Tiers == nil {
+					return "none"
+				}
+				return "set"
+			}),
+	)
+}
+
+// decodeDescriptor decodes a rule's descriptor (where: the rule).
+func decodeDescriptor(c *yamlcheck.Checker, v *yaml.Node, where string) ([]EntryMatch, bool) {
+	var out []EntryMatch
+	ok := true
+	keys := map[string]bool{}
+	for _, e := range c.Seq(v, where+" descriptor") {
+		s, sok := c.Scalar(e, where+" descriptor entry")
+		if !sok {
+			ok = false
+			continue
+		}
+		k, val, _ := strings.Cut(s, "=")
+		if k == "" || len(k) > MaxValue || len(val) > MaxValue || keys[k] {
+			c.Errorf(e, "%s descriptor entry %q: want KEY or KEY=VALUE, each key once", where, s)
+			ok = false
+			continue
+		}
+		keys[k] = true
+		out = append(out, EntryMatch{Key: k, Value: val})
+	}
+	if len(out) == 0 || len(out) > MaxEntries {
+		c.Errorf(v, "%s descriptor: want 1 to %d entries, e.g. [remote_address] or [generic_key=api, remote_address]", where, MaxEntries)
+		ok = false
+	}
+	return out, ok
+}
+
 func countLocal(ls []proxy.Limit) int {
 	n := 0
 	for _, l := range ls {
@@ -334,36 +403,35 @@ func countLocal(ls []proxy.Limit) int {
 	return n
 }
 
-func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.Redis, entries []EntryMatch) *Tiers {
+// tiersTable is the table of a rule's tiers (where: the rule, entries:
+// its descriptor).
+func tiersTable(ld *proxy.LimitDecoder, where string, rc *proxy.Redis, entries []EntryMatch) *yamlcheck.Table[Tiers] {
 	aggregate := Rule{Entries: entries}.Aggregate()
-	c := ld.Checker()
-	f := c.Fields(n, where+" tiers", "entry", "default", "levels")
-	if f == nil {
-		return nil
-	}
-	t := &Tiers{}
-	if v, ok := f["entry"]; ok {
-		if s, ok := c.Scalar(v, where+" tiers entry"); ok {
+	return yamlcheck.NewTable("tiers",
+		yamlcheck.Val("entry", proxy.Named(where+" tiers entry", proxy.Custom("descriptor key", func(c *yamlcheck.Checker, n *yaml.Node, where string) (string, bool) {
+			s, ok := c.Scalar(n, where)
+			if !ok {
+				return "", false
+			}
 			found := false
 			for _, e := range entries {
 				found = found || (e.Key == s && e.Value == "")
 			}
 			if !found {
-				c.Errorf(v, "%s tiers entry %q: want one of the descriptor's keys without a fixed value", where, s)
+				c.Errorf(n, "%s %q: want one of the descriptor's keys without a fixed value", where, s)
 			}
-			t.Entry = s
-		}
-	} else {
-		c.Errorf(n, "%s tiers: entry is required (the descriptor key naming the tier)", where)
-	}
-	if v, ok := f["default"]; ok {
-		t.Default, _ = ld.Name(v, "tiers default")
-	}
-	if v, ok := f["levels"]; ok {
-		v = yamlcheck.Resolve(v)
-		if v.Kind != yaml.MappingNode {
-			c.Errorf(v, "%s tiers levels must be a mapping of tier name to limits, got %s", where, yamlcheck.KindName(v))
-		} else {
+			return s, true
+		})), func(t *Tiers) *string { return &t.Entry }, "the descriptor key naming the tier").
+			Formatted(func(t *Tiers) string { return cmp.Or(t.Entry, "required") }),
+		yamlcheck.Val("default", proxy.Named("tiers default", proxy.NameKind), func(t *Tiers) *string { return &t.Default },
+			"the tier of a descriptor whose entry names no level (none: no tier limits)"),
+		yamlcheck.Val("levels", proxy.Custom("mapping of tier name to limits", func(c *yamlcheck.Checker, v *yaml.Node, _ string) ([]proxy.Tier, bool) {
+			v = yamlcheck.Resolve(v)
+			if v.Kind != yaml.MappingNode {
+				c.Errorf(v, "%s tiers levels must be a mapping of tier name to limits, got %s", where, yamlcheck.KindName(v))
+				return nil, false
+			}
+			var out []proxy.Tier
 			for i := 0; i+1 < len(v.Content); i += 2 {
 				name, ok := ld.Name(yamlcheck.Resolve(v.Content[i]), "tier name")
 				ls := ld.Limits(v.Content[i+1], fmt.Sprintf("%s tier %q", where, name), rc, aggregate)
@@ -373,19 +441,24 @@ func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.R
 					}
 				}
 				if ok {
-					t.Levels = append(t.Levels, proxy.Tier{Name: name, Limits: ls})
+					out = append(out, proxy.Tier{Name: name, Limits: ls})
 				}
 			}
-		}
+			return out, true
+		}), func(t *Tiers) *[]proxy.Tier { return &t.Levels }, "each tier's limits, added to the rule's"),
+	)
+}
+
+func decodeTiers(ld *proxy.LimitDecoder, n *yaml.Node, where string, rc *proxy.Redis, entries []EntryMatch) *Tiers {
+	c := ld.Checker()
+	t := &Tiers{}
+	got := tiersTable(ld, where, rc, entries).ParseAt(c, n, where+" tiers", t)
+	if got == nil {
+		return nil
 	}
-	if t.Default != "" {
-		found := false
-		for _, x := range t.Levels {
-			found = found || x.Name == t.Default
-		}
-		if !found {
-			c.Errorf(f["default"], "tiers default %q is not one of the levels", t.Default)
-		}
+	if _, ok := got["entry"]; !ok {
+		c.Errorf(n, "%s tiers: entry is required (the descriptor key naming the tier)", where)
 	}
+	proxy.CheckTierDefault(c, got["default"], t.Default, t.Levels)
 	return t
 }
