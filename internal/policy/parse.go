@@ -459,13 +459,8 @@ func (listEntries) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]Li
 			}
 			out = append(out, readListFile(c, file, where)...)
 		case hasCIDR:
-			s, ok := c.Scalar(cidr, where+" cidr")
+			p, ok := prefixAt(c, cidr, where, where+" cidr")
 			if !ok {
-				continue
-			}
-			p, err := ParsePrefix(s)
-			if err != nil {
-				c.Errorf(cidr, "%s: %v", where, err)
 				continue
 			}
 			e := ListEntry{Prefix: p, Source: src}
