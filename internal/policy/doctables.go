@@ -23,6 +23,7 @@ func FieldTables() []FieldTable {
 	nb := BGPNeighbor{Multihop: 1}
 	global := Policy{GlobalReserve: DefaultReserve}
 	return []FieldTable{
+		{"interfaces entry", interfaceTable.Markdown(&Interface{XDPMode: XDPAuto})},
 		{"global", globalTable.Markdown(&global)},
 		{"lists", listsTable.Markdown(&global)},
 		{"tables", tablesTable.Markdown(&tables)},

@@ -179,6 +179,16 @@ func (ps *parser) enum(n *yaml.Node, where, def string, allowed ...string) strin
 
 var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
 
+// interfaceTable is one interfaces: entry written as a mapping (a bare
+// name is {name: NAME}).
+var interfaceTable = yamlcheck.NewTable("an interface",
+	yamlcheck.Func("name", "text", "a Linux interface name: 1-15 characters of A-Za-z0-9_.-@, each once",
+		func(c *yamlcheck.Checker, n *yaml.Node, _ string, i *Interface) { i.Name, _ = c.Scalar(n, "interface name") },
+		func(i *Interface) string { return i.Name }).Required("interface needs a name"),
+	yamlcheck.Val("xdp_mode", yamlcheck.Enum[XDPMode]{Values: []XDPMode{XDPNative, XDPGeneric, XDPAuto}},
+		func(i *Interface) *XDPMode { return &i.XDPMode }, "how the XDP program is attached"),
+)
+
 func (ps *parser) interfaces(n *yaml.Node) []Interface {
 	var out []Interface
 	seen := map[string]Pos{}
@@ -186,20 +196,17 @@ func (ps *parser) interfaces(n *yaml.Node) []Interface {
 		itf := Interface{XDPMode: XDPAuto, Pos: yamlcheck.PosOf(item)}
 		nameNode := item
 		if item.Kind == yaml.MappingNode {
-			f := ps.Fields(item, "an interface", "name", "xdp_mode")
-			if m, ok := f["xdp_mode"]; ok {
-				itf.XDPMode = XDPMode(ps.enum(m, "xdp_mode", string(XDPAuto), string(XDPNative), string(XDPGeneric), string(XDPAuto)))
-			}
-			var ok bool
-			if nameNode, ok = f["name"]; !ok {
-				ps.Errorf(item, "interface needs a name")
+			f := interfaceTable.ParseTop(&ps.Checker, item, &itf)
+			if nameNode = f["name"]; nameNode == nil {
 				continue
 			}
+		} else {
+			itf.Name, _ = ps.Scalar(item, "interface name")
 		}
-		name, ok := ps.Scalar(nameNode, "interface name")
-		if !ok {
-			continue
+		if nameNode.Kind != yaml.ScalarNode || yamlcheck.IsNull(nameNode) {
+			continue // reported
 		}
+		name := itf.Name
 		if !ifaceNameRE.MatchString(name) || name == "." || name == ".." {
 			ps.Errorf(nameNode, "interface name %q is not a Linux interface name (1-15 characters, no spaces, / or :)", name)
 			continue
@@ -209,7 +216,6 @@ func (ps *parser) interfaces(n *yaml.Node) []Interface {
 			continue
 		}
 		seen[name] = yamlcheck.PosOf(nameNode)
-		itf.Name = name
 		out = append(out, itf)
 	}
 	return out
