@@ -183,7 +183,9 @@ var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
 // name is {name: NAME}).
 var interfaceTable = yamlcheck.NewTable("an interface",
 	yamlcheck.Func("name", "text", "a Linux interface name: 1-15 characters of A-Za-z0-9_.-@, each once",
-		func(c *yamlcheck.Checker, n *yaml.Node, _ string, i *Interface) { i.Name, _ = c.Scalar(n, "interface name") },
+		func(c *yamlcheck.Checker, n *yaml.Node, _ string, i *Interface) {
+			i.Name, _ = c.Scalar(n, "interface name")
+		},
 		func(i *Interface) string { return i.Name }).Required("interface needs a name"),
 	yamlcheck.Val("xdp_mode", yamlcheck.Enum[XDPMode]{Values: []XDPMode{XDPNative, XDPGeneric, XDPAuto}},
 		func(i *Interface) *XDPMode { return &i.XDPMode }, "how the XDP program is attached"),
