@@ -109,7 +109,7 @@ func TestExitCodesSayWhatHappened(t *testing.T) {
 		{[]string{"policy", "fields", "standing"}, 0, "| `personal_budget.burst_seconds` | whole number, 1 to 60 | `2` |"},
 		{[]string{"policy", "fields"}, 0, "fleet.redis.tls:"},
 		{[]string{"policy", "fields", "l7.timeouts"}, 0, "| `tunnel_idle` | positive duration | `5m` |"},
-		{[]string{"policy", "fields", "nope"}, 2, "sections: tables, metrics"},
+		{[]string{"policy", "fields", "nope"}, 2, "sections: interfaces entry, global, lists"},
 	} {
 		cmd := newRootCommand()
 		var out bytes.Buffer

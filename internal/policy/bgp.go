@@ -260,17 +260,12 @@ func (bgpPrefixes) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]ne
 	}
 	var out []netip.Prefix
 	for _, item := range items {
-		s, ok := c.Scalar(item, where)
+		p, ok := prefixAt(c, item, where, where)
 		if !ok {
 			continue
 		}
-		p, err := ParsePrefix(s)
-		if err != nil {
-			c.Errorf(item, "%s: %v", where, err)
-			continue
-		}
 		if p.Addr().Is4In6() {
-			c.Errorf(item, "%s: %s is an IPv4-mapped IPv6 prefix: write the IPv4 prefix", where, s)
+			c.Errorf(item, "%s: %s is an IPv4-mapped IPv6 prefix: write the IPv4 prefix", where, item.Value)
 			continue
 		}
 		if slices.Contains(out, p) {

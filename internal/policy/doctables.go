@@ -21,7 +21,11 @@ func FieldTables() []FieldTable {
 	fleet := defaultFleet()
 	tls := FleetTLS{}
 	nb := BGPNeighbor{Multihop: 1}
+	global := Policy{GlobalReserve: DefaultReserve}
 	return []FieldTable{
+		{"interfaces entry", interfaceTable.Markdown(&Interface{XDPMode: XDPAuto})},
+		{"global", globalTable.Markdown(&global)},
+		{"lists", listsTable.Markdown(&global)},
 		{"tables", tablesTable.Markdown(&tables)},
 		{"metrics", metricsTable.Markdown(&metrics)},
 		{"asn_data", asnDataTable.Markdown(&asn)},

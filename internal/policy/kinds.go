@@ -128,16 +128,9 @@ func (k prefixList) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]n
 			}
 			continue
 		}
-		s, ok := c.Scalar(item, where+" entry")
-		if !ok {
-			continue
+		if p, ok := prefixAt(c, item, where, where+" entry"); ok {
+			out = append(out, p)
 		}
-		p, err := ParsePrefix(s)
-		if err != nil {
-			c.Errorf(item, "%s: %v", where, err)
-			continue
-		}
-		out = append(out, p)
 	}
 	slices.SortFunc(out, compareOutput)
 	out = slices.Compact(out)
@@ -164,6 +157,21 @@ func (prefixList) Items(ps []netip.Prefix) []string {
 
 func (k prefixList) Describe() string {
 	return fmt.Sprintf("list of CIDRs and {file: PATH} list files, at most %d prefixes", k.Max)
+}
+
+// prefixAt is the CIDR (or bare address) n holds; a problem is reported as
+// "where: err" (what names n when it is not a single value).
+func prefixAt(c *yamlcheck.Checker, n *yaml.Node, where, what string) (netip.Prefix, bool) {
+	s, ok := c.Scalar(n, what)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	p, err := ParsePrefix(s)
+	if err != nil {
+		c.Errorf(n, "%s: %v", where, err)
+		return netip.Prefix{}, false
+	}
+	return p, true
 }
 
 // readListFile reads the list file n names (relative to the policy file):

@@ -232,3 +232,27 @@ func TestEmptySectionsAreAllowed(t *testing.T) {
 		t.Errorf("empty prefixes: %v", err)
 	}
 }
+
+// TestInterfacesWalked: an interface is a bare name or {name, xdp_mode};
+// an empty or missing name, a bad mode and an unknown key are refused.
+func TestInterfacesWalked(t *testing.T) {
+	for body, want := range map[string]string{
+		"interfaces: [eth0, {name: eth1, xdp_mode: native}]": "",
+		"interfaces: [{name: \"\"}]":                         "is not a Linux interface name",
+		"interfaces: [{xdp_mode: native}]":                   "interface needs a name",
+		"interfaces: [{name: [a]}]":                          "interface name must be a single value",
+		"interfaces: [{name: eth0, xdp_mode: turbo}]":        `xdp_mode "turbo" is not allowed`,
+		"interfaces: [{name: eth0, mtu: 9000}]":              `unknown field "mtu" in an interface`,
+		"interfaces: [eth0, {name: eth0}]":                   "already listed",
+	} {
+		p, err := Parse("p.yaml", []byte("apiVersion: edgeguard/v1\n"+body+"\n"), nil)
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v", body, err)
+		case want == "" && (len(p.Interfaces) != 2 || p.Interfaces[1].XDPMode != XDPNative || p.Interfaces[0].XDPMode != XDPAuto):
+			t.Errorf("%s: %+v", body, p.Interfaces)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: %v, want %q", body, err, want)
+		}
+	}
+}

@@ -147,16 +147,14 @@ func (ps *parser) rootTable() *yamlcheck.Table[Policy] {
 		yamlcheck.Val("clock", yamlcheck.Enum[Clock]{Values: []Clock{ClockPrecise, ClockCoarse}}, func(p *Policy) *Clock { return &p.Clock }, ""),
 		section("defaults", func(n *yaml.Node, p *Policy) { p.Defaults = ps.limits(n, "defaults", p.Defaults, true) }),
 		section("global", func(n *yaml.Node, p *Policy) {
-			gf := ps.Fields(n, "global", "packets", "bytes", "reserve")
-			p.Global = ps.bucketFields(gf, "global")
+			gf := globalTable.Parse(&ps.Checker, n, p)
 			if r, ok := gf["reserve"]; ok {
-				p.GlobalReserve = ps.reserve(r, "global.reserve")
 				ps.checkReserve(r, "global", p.Global, p.GlobalReserve)
-			} else {
+			} else if gf != nil {
 				p.GlobalReserve = implicitReserve(DefaultReserve, p.Global)
 			}
 		}),
-		section("lists", func(n *yaml.Node, p *Policy) { p.Deny, p.Allow, p.Protected = ps.lists(n) }),
+		yamlcheck.Nested("lists", "", listsTable, func(p *Policy) *Policy { return p }),
 		section("rules", func(n *yaml.Node, p *Policy) { p.Rules = ps.rules(n, p.Defaults) }),
 		yamlcheck.Nested("tables", "", tablesTable, func(p *Policy) *Tables { return &p.Tables }),
 		yamlcheck.Nested("metrics", "", metricsTable, func(p *Policy) *Metrics { return &p.Metrics }),
@@ -181,6 +179,18 @@ func (ps *parser) enum(n *yaml.Node, where, def string, allowed ...string) strin
 
 var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
 
+// interfaceTable is one interfaces: entry written as a mapping (a bare
+// name is {name: NAME}).
+var interfaceTable = yamlcheck.NewTable("an interface",
+	yamlcheck.Func("name", "text", "a Linux interface name: 1-15 characters of A-Za-z0-9_.-@, each once",
+		func(c *yamlcheck.Checker, n *yaml.Node, _ string, i *Interface) {
+			i.Name, _ = c.Scalar(n, "interface name")
+		},
+		func(i *Interface) string { return i.Name }).Required("interface needs a name"),
+	yamlcheck.Val("xdp_mode", yamlcheck.Enum[XDPMode]{Values: []XDPMode{XDPNative, XDPGeneric, XDPAuto}},
+		func(i *Interface) *XDPMode { return &i.XDPMode }, "how the XDP program is attached"),
+)
+
 func (ps *parser) interfaces(n *yaml.Node) []Interface {
 	var out []Interface
 	seen := map[string]Pos{}
@@ -188,20 +198,17 @@ func (ps *parser) interfaces(n *yaml.Node) []Interface {
 		itf := Interface{XDPMode: XDPAuto, Pos: yamlcheck.PosOf(item)}
 		nameNode := item
 		if item.Kind == yaml.MappingNode {
-			f := ps.Fields(item, "an interface", "name", "xdp_mode")
-			if m, ok := f["xdp_mode"]; ok {
-				itf.XDPMode = XDPMode(ps.enum(m, "xdp_mode", string(XDPAuto), string(XDPNative), string(XDPGeneric), string(XDPAuto)))
-			}
-			var ok bool
-			if nameNode, ok = f["name"]; !ok {
-				ps.Errorf(item, "interface needs a name")
+			f := interfaceTable.ParseTop(&ps.Checker, item, &itf)
+			if nameNode = f["name"]; nameNode == nil {
 				continue
 			}
+		} else {
+			itf.Name, _ = ps.Scalar(item, "interface name")
 		}
-		name, ok := ps.Scalar(nameNode, "interface name")
-		if !ok {
-			continue
+		if nameNode.Kind != yaml.ScalarNode || yamlcheck.IsNull(nameNode) {
+			continue // reported
 		}
+		name := itf.Name
 		if !ifaceNameRE.MatchString(name) || name == "." || name == ".." {
 			ps.Errorf(nameNode, "interface name %q is not a Linux interface name (1-15 characters, no spaces, / or :)", name)
 			continue
@@ -211,7 +218,6 @@ func (ps *parser) interfaces(n *yaml.Node) []Interface {
 			continue
 		}
 		seen[name] = yamlcheck.PosOf(nameNode)
-		itf.Name = name
 		out = append(out, itf)
 	}
 	return out
@@ -419,81 +425,132 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
-func (ps *parser) lists(n *yaml.Node) (deny, allow, protected []ListEntry) {
-	f := ps.Fields(n, "lists", "deny", "allow", "protected")
-	if d, ok := f["deny"]; ok {
-		deny = ps.list(d, "lists.deny")
-	}
-	if a, ok := f["allow"]; ok {
-		allow = ps.list(a, "lists.allow")
-	}
-	if p, ok := f["protected"]; ok {
-		protected = ps.list(p, "lists.protected")
-	}
-	return deny, allow, protected
-}
+// listsTable is the lists: section.
+var listsTable = yamlcheck.NewTable("lists",
+	yamlcheck.Val[Policy, []ListEntry]("deny", listEntries{}, func(p *Policy) *[]ListEntry { return &p.Deny },
+		"dropped before any rule"),
+	yamlcheck.Val[Policy, []ListEntry]("allow", listEntries{}, func(p *Policy) *[]ListEntry { return &p.Allow },
+		"passed without limits (docs: Lists, for how deny and allow entries nest)"),
+	yamlcheck.Val[Policy, []ListEntry]("protected", listEntries{}, func(p *Policy) *[]ListEntry { return &p.Protected },
+		"prefixes run-time deny entries may not cover or fall inside (edgectl deny add refuses them without --force; L7 escalation never denies them)"),
+)
 
-func (ps *parser) list(n *yaml.Node, where string) []ListEntry {
+// listEntries is a list: CIDRs, {cidr, expires} entries and {file: PATH}
+// list files (one CIDR per line, relative to the policy file); each entry
+// remembers where it was written.
+type listEntries struct{}
+
+func (listEntries) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) ([]ListEntry, bool) {
 	var out []ListEntry
-	for _, item := range ps.Seq(n, where) {
-		src := fmt.Sprintf("%s:%d:%d", ps.File, item.Line, item.Column)
+	for _, item := range c.Seq(n, where) {
+		src := fmt.Sprintf("%s:%d:%d", c.File, item.Line, item.Column)
 		if item.Kind == yaml.ScalarNode {
 			if p, err := ParsePrefix(item.Value); err != nil {
-				ps.Errorf(item, "%s: %v", where, err)
+				c.Errorf(item, "%s: %v", where, err)
 			} else {
 				out = append(out, ListEntry{Prefix: p, Source: src})
 			}
 			continue
 		}
-		f := ps.Fields(item, where+" entry", "cidr", "expires", "file")
+		f := c.Fields(item, where+" entry", "cidr", "expires", "file")
 		if f == nil {
 			continue
 		}
-		c, hasCIDR := f["cidr"]
+		cidr, hasCIDR := f["cidr"]
 		file, hasFile := f["file"]
 		switch {
 		case hasCIDR && hasFile:
-			ps.Errorf(item, "%s entry has both cidr and file; use one", where)
+			c.Errorf(item, "%s entry has both cidr and file; use one", where)
 		case hasFile:
 			if e, ok := f["expires"]; ok {
-				ps.Errorf(e, "%s: expires applies to a cidr entry, not to a file", where)
+				c.Errorf(e, "%s: expires applies to a cidr entry, not to a file", where)
 			}
-			out = append(out, readListFile(&ps.Checker, file, where)...)
+			out = append(out, readListFile(c, file, where)...)
 		case hasCIDR:
-			s, ok := ps.Scalar(c, where+" cidr")
+			p, ok := prefixAt(c, cidr, where, where+" cidr")
 			if !ok {
-				continue
-			}
-			p, err := ParsePrefix(s)
-			if err != nil {
-				ps.Errorf(c, "%s: %v", where, err)
 				continue
 			}
 			e := ListEntry{Prefix: p, Source: src}
 			if x, ok := f["expires"]; ok {
-				e.Expires = ps.timestamp(x, where+" expires")
+				e.Expires, _ = timestamp.Parse(c, x, where+" expires")
 			}
 			out = append(out, e)
 		default:
-			ps.Errorf(item, "%s entry needs cidr or file", where)
+			c.Errorf(item, "%s entry needs cidr or file", where)
+		}
+	}
+	return out, true
+}
+
+func (k listEntries) Format(es []ListEntry) string {
+	if len(es) == 0 {
+		return "none"
+	}
+	return "[" + strings.Join(k.Items(es), ", ") + "]"
+}
+
+func (listEntries) Items(es []ListEntry) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.Prefix.String()
+		if !e.Expires.IsZero() {
+			out[i] += " until " + e.Expires.Format(time.RFC3339)
 		}
 	}
 	return out
 }
 
-func (ps *parser) timestamp(n *yaml.Node, where string) time.Time {
-	s, ok := ps.Scalar(n, where)
+func (listEntries) Describe() string {
+	return "list of CIDRs, {cidr: CIDR, expires: TIME} and {file: PATH} (one CIDR per line)"
+}
+
+// timestamp is an RFC 3339 time or a date (UTC midnight).
+type timestampKind struct{}
+
+var timestamp timestampKind
+
+func (timestampKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (time.Time, bool) {
+	s, ok := c.Scalar(n, where)
 	if !ok {
-		return time.Time{}
+		return time.Time{}, false
 	}
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
-		return t.UTC()
+		return t.UTC(), true
 	}
 	if t, err := time.Parse(time.DateOnly, s); err == nil {
-		return t.UTC()
+		return t.UTC(), true
 	}
-	ps.Errorf(n, "%s %q: want an RFC 3339 time like 2026-12-31T23:59:00Z or a date like 2026-12-31 (UTC midnight)", where, s)
-	return time.Time{}
+	c.Errorf(n, "%s %q: want an RFC 3339 time like 2026-12-31T23:59:00Z or a date like 2026-12-31 (UTC midnight)", where, s)
+	return time.Time{}, false
+}
+
+// globalTable is the global: section: one bucket for all traffic, and its
+// reserve.
+var globalTable = yamlcheck.NewTable("global",
+	yamlcheck.Val[Policy, Limit]("packets", limitKind{Unit: Packets}, func(p *Policy) *Limit { return &p.Global.Packets },
+		"the packet limit of all traffic that reaches the limiter"),
+	yamlcheck.Val[Policy, Limit]("bytes", limitKind{Unit: Bytes}, func(p *Policy) *Limit { return &p.Global.Bytes },
+		"its byte limit"),
+	yamlcheck.Val[Policy, uint32]("reserve", reserve, func(p *Policy) *uint32 { return &p.GlobalReserve },
+		"the share of the burst only established and validated sources may use; by default 50% where it leaves new sources a packet"),
+)
+
+// limitKind is a limit of Unit: a rate ("100/s") or {rate, burst}; without
+// a burst, one second's worth.
+type limitKind struct{ Unit Unit }
+
+func (k limitKind) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (Limit, bool) {
+	return parseLimit(c, n, where, k.Unit), true
+}
+
+func (k limitKind) Format(l Limit) string { return l.format(k.Unit) }
+
+func (k limitKind) Describe() string {
+	if k.Unit == Bytes {
+		return "bits or bytes per time (like 100Mbit/s), or {rate, burst}"
+	}
+	return "packets per time (like 100/s), or {rate, burst}"
 }
 
 var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)

@@ -82,16 +82,10 @@ func FormatReserve(ppm uint32) string {
 }
 
 func (ps *parser) reserve(n *yaml.Node, where string) uint32 {
-	s, ok := ps.Scalar(n, where)
-	if !ok {
-		return DefaultReserve
+	if r, ok := reserve.Parse(&ps.Checker, n, where); ok {
+		return r
 	}
-	r, err := ParseReserve(s)
-	if err != nil {
-		ps.Errorf(n, "%s: %v", where, err)
-		return DefaultReserve
-	}
-	return r
+	return DefaultReserve
 }
 
 // reserveFits reports whether a reserve leaves new sources at least one

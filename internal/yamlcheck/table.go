@@ -327,6 +327,15 @@ func (t *Table[S]) Markdown(def *S) string {
 	return b.String()
 }
 
+// code writes a default as code, except the words that say there is none.
+func code(s string) string {
+	switch s {
+	case "required", "none", "see below":
+		return s
+	}
+	return "`" + s + "`"
+}
+
 func (t *Table[S]) markdownRows(b *strings.Builder, prefix string, def *S) {
 	esc := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 	for _, f := range t.Fields {
@@ -337,7 +346,13 @@ func (t *Table[S]) markdownRows(b *strings.Builder, prefix string, def *S) {
 		if f.rows != nil && f.isOff == nil {
 			dflt = "see below"
 		}
-		fmt.Fprintf(b, "| `%s%s` | %s | `%s` | %s |\n", prefix, f.Key, esc(f.Type), esc(dflt), esc(f.Doc))
+		switch {
+		case f.required != "":
+			dflt = "required"
+		case dflt == "" || dflt == `""`:
+			dflt = "none"
+		}
+		fmt.Fprintf(b, "| `%s%s` | %s | %s | %s |\n", prefix, f.Key, esc(f.Type), esc(code(dflt)), esc(f.Doc))
 		if f.rows != nil {
 			f.rows(b, prefix+f.Key+".", def)
 		}

@@ -188,7 +188,7 @@ func TestTableMarkdown(t *testing.T) {
 		"| `history` | duration, 10s to 1h; 0 or off: off | `1m0s` | memory |",
 		"| `budget` | off, or a mapping | `{headroom: 2, burst: 2}` | a budget |",
 		"| `budget.burst` | whole number, 1 to 60 | `2` | seconds |",
-		"| `tags` | list of tags | `none` | labels |",
+		"| `tags` | list of tags | none | labels |",
 	} {
 		if !strings.Contains(md, row+"\n") {
 			t.Errorf("markdown lacks %q:\n%s", row, md)

@@ -1,6 +1,11 @@
 // Package yamlcheck decodes YAML by hand, node by node, so that every
 // problem in a configuration file is reported at once with its
 // file:line:column. The policy file and its l7: section share it.
+//
+// A section is described once as a Table of Fields (table.go): key, kind
+// (kinds.go: bounds, wording, format), where its value lives, doc. One
+// walker parses every table, and the same table writes the section's diff
+// and its field table in the docs.
 package yamlcheck
 
 import (
