@@ -199,7 +199,7 @@ func (g *edgeguard) setup(e *edge, extraRules int) error {
 }
 
 func (g *edgeguard) dropped(e *edge) (uint64, error) {
-	slots, err := g.m.CountersBySlot()
+	slots, err := g.m.Counters.BySlot()
 	if err != nil {
 		return 0, err
 	}
@@ -309,9 +309,9 @@ func (hashlimit) close() {}
 
 // stageCommit makes c the live generation: Stage, then Commit.
 func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
+	s, err := m.Generations.Stage(c)
 	if err != nil {
 		return err
 	}
-	return m.Commit(s)
+	return m.Generations.Commit(s)
 }

@@ -604,7 +604,7 @@ func (d *Daemon) syncLists() error {
 	if err != nil {
 		return err
 	}
-	if err := d.m.SetLists(entries); err != nil {
+	if err := d.m.Lists.Set(entries); err != nil {
 		return fmt.Errorf("write lists: %w", err)
 	}
 	return nil

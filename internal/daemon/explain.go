@@ -161,7 +161,7 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 	if tr.Class != nil {
 		e.Class = maps.ClassName(*tr.Class)
 	}
-	std, err := d.m.LookupStanding(ip)
+	std, err := d.m.Standing.Lookup(ip)
 	if err != nil {
 		d.log.Warn("explain: read standing", "ip", ip, "err", err)
 	} else {
@@ -186,7 +186,7 @@ func (d *Daemon) Explain(p Probe) (control.Explanation, error) {
 	if e.SYN, err = d.explainSYN(st, ip, p); err != nil {
 		return control.Explanation{}, err
 	}
-	slots, err := d.m.RuleSlots()
+	slots, err := d.m.Generations.RuleSlots()
 	if err != nil {
 		return control.Explanation{}, err
 	}

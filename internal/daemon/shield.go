@@ -178,12 +178,12 @@ func (d *Daemon) shieldTick(now time.Time) time.Duration {
 	}
 	if now.Sub(st.lastPrune) >= 10*time.Second {
 		st.lastPrune = now
-		if n, err := d.m.PruneOverrides(); err != nil {
+		if n, err := d.m.Overrides.Prune(); err != nil {
 			d.log.Warn("shield: prune expired overrides", "err", err)
 		} else if n > 0 {
 			d.log.Info("shield: expired overrides pruned", "count", n)
 		}
-		if n, err := d.m.PruneFingerprints(); err != nil {
+		if n, err := d.m.Fingerprints.Prune(); err != nil {
 			d.log.Warn("shield: prune expired fingerprints", "err", err)
 		} else if n > 0 {
 			d.log.Info("shield: expired fingerprints pruned", "count", n)
@@ -200,7 +200,7 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 	st := d.shield
 	cfg := shieldConfig(pol.Shield)
 	slots := map[uint32]uint32{}
-	if byID, err := d.m.RuleSlots(); err == nil {
+	if byID, err := d.m.Generations.RuleSlots(); err == nil {
 		for id, slot := range byID {
 			slots[slot] = id
 		}
@@ -224,7 +224,7 @@ func (d *Daemon) configureShield(gen uint64, pol *policy.Policy, comp *policy.Co
 		// they expire) keep their ids and counters: new ones are
 		// numbered above them.
 		var err error
-		if topID, err = d.m.MaxFingerprintID(); err != nil {
+		if topID, err = d.m.Fingerprints.MaxID(); err != nil {
 			d.log.Error("shield: read the data plane's fingerprint ids; a new one may replace an older one", "err", err)
 		}
 	}

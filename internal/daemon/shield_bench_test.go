@@ -80,7 +80,7 @@ type samplePath struct {
 // on a loaded machine, so the samples come in runs of one frame's.
 func (p *samplePath) fill(b *testing.B, n int) int {
 	b.Helper()
-	before, err := p.d.m.SamplerCounters()
+	before, err := p.d.m.Samples.Counters()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func (p *samplePath) fill(b *testing.B, n int) int {
 			b.Fatal(err)
 		}
 	}
-	after, err := p.d.m.SamplerCounters()
+	after, err := p.d.m.Samples.Counters()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func BenchmarkShieldSamplePath(b *testing.B) {
 		b.Fatal(err)
 	}
 	d := benchDaemon(b, Options{StateDir: dir}, shieldTestPolicy(asnPath))
-	r, err := d.m.NewRateSampleReader()
+	r, err := d.m.Samples.NewRateReader()
 	if err != nil {
 		b.Fatal(err)
 	}

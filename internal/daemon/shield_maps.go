@@ -19,7 +19,7 @@ import (
 // watchShield asks the data plane to count every instance of the
 // aggregates the shield can tighten (prefix, ASN, whole, global) and
 // returns the rule shapes with Counted set where it does. The shield's
-// watches it no longer needs go (UnwatchAggregates: unless fleet mode
+// watches it no longer needs go (Overrides.Unwatch: unless fleet mode
 // holds them too). c nil: the shield is off and needs none.
 func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, shield.GlobalShape) {
 	want := map[maps.Watch]bool{}
@@ -32,7 +32,7 @@ func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, s
 		ok := true
 		watch := func(kind maps.AggKind) {
 			want[maps.Watch{RuleID: id, Kind: kind}] = true
-			if err := d.m.WatchAggregates(id, kind, maps.OriginShield); err != nil {
+			if err := d.m.Overrides.Watch(id, kind, maps.OriginShield); err != nil {
 				ok = false
 				d.log.Warn("shield: the data plane does not count this rule's aggregates; the shield learns them from samples",
 					"rule", id, "kind", kind, "err", err)
@@ -53,7 +53,7 @@ func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, s
 	g := shield.GlobalShape{Limited: c.Global.IsSet()}
 	if g.Limited {
 		want[maps.Watch{Kind: maps.AggKindGlobal}] = true
-		if err := d.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginShield); err != nil {
+		if err := d.m.Overrides.Watch(0, maps.AggKindGlobal, maps.OriginShield); err != nil {
 			d.log.Warn("shield: the data plane does not count the global bucket", "err", err)
 		} else {
 			g.Counted = true
@@ -64,11 +64,11 @@ func (d *Daemon) watchShield(c *policy.Compiled) (map[uint32]shield.RuleShape, s
 
 // unwatchShield lets go of the shield's watches not in want.
 func (d *Daemon) unwatchShield(want map[maps.Watch]bool) {
-	for w := range d.m.WatchedBy(maps.OriginShield) {
+	for w := range d.m.Overrides.WatchedBy(maps.OriginShield) {
 		if want[w] {
 			continue
 		}
-		if err := d.m.UnwatchAggregates(w.RuleID, w.Kind, maps.OriginShield); err != nil {
+		if err := d.m.Overrides.Unwatch(w.RuleID, w.Kind, maps.OriginShield); err != nil {
 			d.log.Warn("shield: stop counting aggregates it no longer needs", "rule", w.RuleID, "kind", w.Kind, "err", err)
 		}
 	}
@@ -113,7 +113,7 @@ type aggCounts map[maps.Aggregate]maps.Counter
 // is what it holds now.
 func (d *Daemon) countShield(eng *shield.Engine) {
 	st := d.shield
-	cs, err := d.m.AggregateCounters()
+	cs, err := d.m.Overrides.AggregateCounters()
 	if err != nil {
 		d.log.Warn("shield: read aggregate counters", "err", err)
 		return
@@ -171,10 +171,10 @@ func (d *Daemon) writeShieldChange(c shield.Change) error {
 			return err
 		}
 		if c.Op == shield.OpRemove {
-			return d.m.DeleteOverride(agg, maps.OriginShield)
+			return d.m.Overrides.Delete(agg, maps.OriginShield)
 		}
 		n := uint64(math.Ceil(a.Budget))
-		return d.m.SetOverride(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},
+		return d.m.Overrides.Set(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},
 			Expires: a.Expires, Origin: maps.OriginShield})
 	case shield.FingerprintRule:
 		return d.writeFingerprint(c)
@@ -201,7 +201,7 @@ func asnOfPrefix(t *asn.Table) func(netip.Prefix) uint32 {
 // engine, so that `edgectl shield list`, release and the metrics see
 // them; each stays until its expiry, not renewed. Each is logged.
 func (d *Daemon) adoptShield(eng *shield.Engine, now time.Time) {
-	fps, err := d.m.Fingerprints()
+	fps, err := d.m.Fingerprints.All()
 	if err != nil {
 		d.log.Error("shield: read the data plane's fingerprints; those of an earlier run are not listed (they expire)", "err", err)
 	}
@@ -222,7 +222,7 @@ func (d *Daemon) adoptShield(eng *shield.Engine, now time.Time) {
 				"budget_pps", a.Budget, "expires", a.Expires)
 		}
 	}
-	ovrs, err := d.m.Overrides()
+	ovrs, err := d.m.Overrides.All()
 	if err != nil {
 		d.log.Error("shield: read the data plane's overrides; those of an earlier run are not listed (they expire)", "err", err)
 	}
@@ -256,7 +256,7 @@ func ratePPS(r maps.Rate) float64 {
 // run's shield actions the data plane still holds: nothing adopts them;
 // they stay until they expire, or `edgectl show remove` removes them.
 func (d *Daemon) leftoverShield(now time.Time) {
-	fps, err := d.m.Fingerprints()
+	fps, err := d.m.Fingerprints.All()
 	if err != nil {
 		d.log.Warn("shield: read the data plane's fingerprints", "err", err)
 	}
@@ -266,7 +266,7 @@ func (d *Daemon) leftoverShield(now time.Time) {
 				"id", f.ID, "fingerprint", f.Match(), "expires", f.Expires)
 		}
 	}
-	ovrs, err := d.m.Overrides()
+	ovrs, err := d.m.Overrides.All()
 	if err != nil {
 		d.log.Warn("shield: read the data plane's overrides", "err", err)
 	}

@@ -153,7 +153,7 @@ func TestIPv4DirectTableStatusAndMetrics(t *testing.T) {
 	checkV4(t, d, control.IPv4Direct{IPv4Facts: 1, CapacityChunks: 8}, "fewer than 1024")
 
 	// Every generation gets a table: a /24 takes two chunks (/20, /24).
-	d.m.SetV4DirectMinFacts(0)
+	d.m.Generations.SetV4DirectMinFacts(0)
 	if err := d.applyPolicy(t, v4Policy(8, "240.0.0.0/24")); err != nil {
 		t.Fatal(err)
 	}
@@ -259,9 +259,9 @@ func TestControlFamiliesExported(t *testing.T) {
 
 // stageCommit makes c the live generation: Stage, then Commit.
 func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
+	s, err := m.Generations.Stage(c)
 	if err != nil {
 		return err
 	}
-	return m.Commit(s)
+	return m.Generations.Commit(s)
 }

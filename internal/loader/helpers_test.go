@@ -74,7 +74,7 @@ func (td *testDatapath) run(frame []byte) uint32 {
 
 func (td *testDatapath) counters() maps.Counters {
 	td.tb.Helper()
-	c, err := td.m.Counters()
+	c, err := td.m.Counters.Totals()
 	if err != nil {
 		td.tb.Fatal(err)
 	}
@@ -101,9 +101,9 @@ func defaultGen(r policy.CompiledRule) policy.Compiled {
 
 // stageCommit makes c the live generation: Stage, then Commit.
 func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
+	s, err := m.Generations.Stage(c)
 	if err != nil {
 		return err
 	}
-	return m.Commit(s)
+	return m.Generations.Commit(s)
 }

@@ -57,7 +57,7 @@ type mapsSource struct {
 }
 
 func (s *mapsSource) IfaceCounters() (map[string]maps.Counters, error) {
-	slots, err := s.m.CountersBySlot()
+	slots, err := s.m.Counters.BySlot()
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +73,7 @@ func (s *mapsSource) RuleCounters() (map[string]maps.RuleCounters, error) {
 	for _, id := range s.rules {
 		ids = append(ids, id)
 	}
-	byID, err := s.m.RuleCounters(ids)
+	byID, err := s.m.Counters.Rules(ids)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +84,7 @@ func (s *mapsSource) RuleCounters() (map[string]maps.RuleCounters, error) {
 	return out, nil
 }
 
-func (s *mapsSource) Tables() (map[string]maps.Occupancy, error) { return s.m.Tables() }
+func (s *mapsSource) Tables() (map[string]maps.Occupancy, error) { return s.m.Counters.Tables() }
 
 func (s *mapsSource) PolicyStatus() metrics.PolicyStatus { return s.status }
 
@@ -266,9 +266,9 @@ func promtoolCheckMetrics(tb testing.TB, text string) {
 
 // stageCommit makes c the live generation: Stage, then Commit.
 func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
+	s, err := m.Generations.Stage(c)
 	if err != nil {
 		return err
 	}
-	return m.Commit(s)
+	return m.Generations.Commit(s)
 }

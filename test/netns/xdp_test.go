@@ -176,7 +176,7 @@ func burst(t *testing.T, f flows, n int) int {
 
 func ruleCounters(t *testing.T, m *maps.Maps) maps.RuleCounters {
 	t.Helper()
-	rc, err := m.RuleCounters([]uint32{limitedRule})
+	rc, err := m.Counters.Rules([]uint32{limitedRule})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func ruleCounters(t *testing.T, m *maps.Maps) maps.RuleCounters {
 
 func counters(t *testing.T, m *maps.Maps) maps.Counters {
 	t.Helper()
-	c, err := m.Counters()
+	c, err := m.Counters.Totals()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,9 +417,9 @@ func TestPinnedReopenContinuesEnforcing(t *testing.T) {
 
 // stageCommit makes c the live generation: Stage, then Commit.
 func stageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
+	s, err := m.Generations.Stage(c)
 	if err != nil {
 		return err
 	}
-	return m.Commit(s)
+	return m.Generations.Commit(s)
 }
