@@ -63,8 +63,15 @@ struct eg_syn_btf_anchor {
 };
 volatile const struct eg_syn_btf_anchor eg_syn_btf_anchor;
 
+/* The maps marked LIBBPF_PIN_BY_NAME survive a restart of the daemon
+ * (internal/loader pins them): the secret (cookies in flight stay valid),
+ * budgets, auto state and counters, and syn_next: the kernel empties a
+ * program array when its last user-space reference goes, so without a pin
+ * a daemon that dies would leave the SYN path tail-calling nothing, and
+ * every packet would pass unlimited. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_SYN_MAX_ENDPOINTS);
 	__type(key, struct eg_syn_endpoint);
 	__type(value, __u32); /* service id */
@@ -73,6 +80,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_SYN_MAX_SERVICES);
 	__type(key, __u32);
 	__type(value, struct eg_syn_service);
@@ -80,6 +88,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_SYN_MAX_SERVICES);
 	__type(key, __u32);
 	__type(value, struct eg_syn_state);
@@ -87,6 +96,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_SYN_MAX_SERVICES);
 	__type(key, __u32);
 	__type(value, struct eg_syn_counters);
@@ -120,6 +130,7 @@ struct {
  * still gets at most its burst per eviction cycle. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 65536);
 	__type(key, struct eg_syn_prefix_key);
 	__type(value, __u64); /* GCRA theoretical arrival time, ns */
@@ -127,6 +138,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct eg_syn_secret);
@@ -142,6 +154,7 @@ struct {
 /* The limiter's program, slot 0: every packet the SYN path does not decide. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u32);

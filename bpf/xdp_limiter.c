@@ -28,7 +28,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Set by the loader before the program is loaded. */
 volatile const __u32 eg_max_rules = EG_DEFAULT_MAX_RULES;
 /* seen_filter has eg_seen_mask + 1 words (a power of two). */
-volatile const __u32 eg_seen_mask = EG_DEFAULT_SRC_ENTRIES - 1;
+volatile const __u32 eg_seen_mask = 2 * EG_DEFAULT_SRC_ENTRIES - 1;
 /* Tests set this to read time from the test_clock map instead of the kernel
  * clock; the verifier removes the branch not taken. */
 volatile const __u8 eg_test_clock = 0;
@@ -64,6 +64,7 @@ struct eg_btf_anchor {
 	enum eg_gate gate;
 	enum eg_sample_kind sample_kind;
 	enum eg_fp_field fp_field;
+	enum eg_table_defaults table_defaults;
 };
 volatile const struct eg_btf_anchor eg_btf_anchor;
 

@@ -200,7 +200,7 @@ func (g *edgeguard) setup(e *edge, extraRules int) error {
 }
 
 func (g *edgeguard) dropped(e *edge) (uint64, error) {
-	slots, err := g.m.CountersBySlot()
+	slots, err := g.m.Counters.BySlot()
 	if err != nil {
 		return 0, err
 	}

@@ -1,7 +1,24 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Map definitions. Sizes here are defaults for tests; the Go loader sets
- * every max_entries at load time from the policy's table sizes.
+ * Map definitions. The maps marked LIBBPF_PIN_BY_NAME are the ones a
+ * daemon pins (internal/loader) because they must survive a restart: the
+ * policy generations and their tables (a generation's config says whether
+ * it uses the IPv4 direct table, so that table outlives a restart with
+ * it), buckets and counters; the new-source filter (it defers a new
+ * source's first charge to its next packet: empty after a restart, every
+ * source, limited ones included, would get one packet through); standing
+ * (or every established user would be new again after a restart);
+ * overrides and fingerprint rules (in force across a crash until they
+ * expire), the gate and the watched aggregates' counters; the sampler's
+ * settings, cap, counters and ring buffers. Not pinned: test_clock and
+ * the per-CPU scratch maps.
+ *
+ * Sizes: the tables the policy sizes (tables: in the policy file) have
+ * their one default in Go, internal/policy DefaultTables; the loader sets
+ * their max_entries at load time. The EG_DEFAULT_* below are only the
+ * object's fallbacks, equal to those defaults (a loader test checks it
+ * through enum eg_table_defaults). The other EG_DEFAULT_* are fixed sizes,
+ * read by Go through the same enum.
  */
 #pragma once
 
@@ -13,22 +30,22 @@
 #define EG_DEFAULT_MAX_RULES 1024
 #endif
 #ifndef EG_DEFAULT_SRC_ENTRIES
-#define EG_DEFAULT_SRC_ENTRIES 65536
+#define EG_DEFAULT_SRC_ENTRIES 1048576
 #endif
 #ifndef EG_DEFAULT_AGG_ENTRIES
-#define EG_DEFAULT_AGG_ENTRIES 16384
+#define EG_DEFAULT_AGG_ENTRIES 65536
 #endif
 #ifndef EG_DEFAULT_PREFIX_ENTRIES
-#define EG_DEFAULT_PREFIX_ENTRIES 16384
+#define EG_DEFAULT_PREFIX_ENTRIES 1048576
 #endif
 #ifndef EG_DEFAULT_LIST_ENTRIES
-#define EG_DEFAULT_LIST_ENTRIES 16384
+#define EG_DEFAULT_LIST_ENTRIES 65536
 #endif
 #ifndef EG_DEFAULT_V4_CHUNKS
-#define EG_DEFAULT_V4_CHUNKS 1024
+#define EG_DEFAULT_V4_CHUNKS 262144
 #endif
 #ifndef EG_DEFAULT_STANDING_ENTRIES
-#define EG_DEFAULT_STANDING_ENTRIES 65536
+#define EG_DEFAULT_STANDING_ENTRIES 262144
 #endif
 #ifndef EG_DEFAULT_KNOWN_GOOD_ENTRIES
 #define EG_DEFAULT_KNOWN_GOOD_ENTRIES 16384
@@ -43,8 +60,30 @@
 #define EG_DEFAULT_L4_ENTRIES 1024
 #endif
 
+/* The sizes above as an enum, which bpf2go carries to Go
+ * (LimiterEgTableDefaults*, and internal/bpfsizes for the policy, which
+ * must not import the loader). */
+enum eg_table_defaults {
+	/* Sized by the policy's tables: section. */
+	EG_TBL_MAX_RULES = EG_DEFAULT_MAX_RULES,
+	EG_TBL_SRC_ENTRIES = EG_DEFAULT_SRC_ENTRIES,
+	EG_TBL_AGG_ENTRIES = EG_DEFAULT_AGG_ENTRIES,
+	EG_TBL_PREFIX_ENTRIES = EG_DEFAULT_PREFIX_ENTRIES,
+	EG_TBL_LIST_ENTRIES = EG_DEFAULT_LIST_ENTRIES,
+	EG_TBL_V4_CHUNKS = EG_DEFAULT_V4_CHUNKS,
+	EG_TBL_STANDING_ENTRIES = EG_DEFAULT_STANDING_ENTRIES,
+	/* Fixed: the loader's L4 entries per generation (no policy field),
+	 * standing.known_good's capacity, the overrides table and the
+	 * watched aggregates' counters. */
+	EG_TBL_L4_ENTRIES = EG_DEFAULT_L4_ENTRIES,
+	EG_TBL_KNOWN_GOOD_ENTRIES = EG_DEFAULT_KNOWN_GOOD_ENTRIES,
+	EG_TBL_OVERRIDE_ENTRIES = EG_DEFAULT_OVERRIDE_ENTRIES,
+	EG_TBL_AGG_STATS_ENTRIES = EG_DEFAULT_AGG_STATS_ENTRIES,
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct eg_active);
@@ -53,6 +92,7 @@ struct {
 /* One config per generation, indexed by gen. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct eg_config);
@@ -61,6 +101,7 @@ struct {
 /* Rules of both generations: index gen * max_rules + the rule's slot. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2 * EG_DEFAULT_MAX_RULES);
 	__type(key, __u32);
 	__type(value, struct eg_rule);
@@ -69,6 +110,7 @@ struct {
 /* Deny and allow lists, with expiry; changed entry by entry at run time. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_LIST_ENTRIES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct eg_lpm_key);
@@ -79,6 +121,7 @@ struct {
  * a whole new trie, puts it into the inactive slot, then flips the gen. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2);
 	__type(key, __u32);
 	__array(values, struct {
@@ -94,6 +137,7 @@ struct {
  * address's top 16 bits. Written whole for a generation that uses it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2 * EG_V4_L1_ENTRIES);
 	__type(key, __u32);
 	__type(value, struct eg_v4_entry);
@@ -104,6 +148,7 @@ struct {
  * loader's V4Chunks (max_entries is 2 * n * EG_V4_CHUNK_ENTRIES). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2 * EG_DEFAULT_V4_CHUNKS * EG_V4_CHUNK_ENTRIES);
 	__type(key, __u32);
 	__type(value, struct eg_v4_entry);
@@ -111,6 +156,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2 * EG_DEFAULT_L4_ENTRIES);
 	__type(key, struct eg_l4_key);
 	__type(value, __u32);
@@ -118,6 +164,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_SRC_ENTRIES);
 	__type(key, struct eg_src_key);
 	__type(value, struct eg_src_bucket);
@@ -125,6 +172,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_AGG_ENTRIES);
 	__type(key, struct eg_agg_key);
 	__type(value, struct eg_bucket);
@@ -139,6 +187,7 @@ struct {
  * changes hands. Sized to the loader's MaxRules. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_MAX_RULES);
 	__type(key, __u32);
 	__type(value, struct eg_bucket);
@@ -146,6 +195,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_GLOBAL_SLOTS);
 	__type(key, __u32);
 	__type(value, struct eg_bucket);
@@ -155,6 +205,7 @@ struct {
  * index (slot * EG_ACT_MAX + action) * EG_R_MAX + reason. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_IFACE_SLOTS * EG_ACT_MAX * EG_R_MAX);
 	__type(key, __u32);
 	__type(value, struct eg_counter);
@@ -165,6 +216,7 @@ struct {
  * add; ifindexes past its end count under slot 0 ("other"). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_IFINDEX_MAX);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -172,6 +224,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_MAX_RULES);
 	__type(key, __u32);
 	__type(value, struct eg_rule_counters);
@@ -179,17 +232,20 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 256 * 1024);
 } samples SEC(".maps");
 
 /* New-source filter (see seen_mark in xdp_limiter.c): words of
  * [8-bit epoch | 28 bits of this epoch | 28 bits of the previous one];
  * words of an older epoch read as empty, so it clears itself. Size is a
- * power of two set at load time (two words per per-source entry). Pinned
+ * power of two set at load time (two words per per-source entry, as the
+ * default here when EG_DEFAULT_SRC_ENTRIES is a power of two). Pinned
  * with the buckets: a source's deferred charge must survive a restart. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, EG_DEFAULT_SRC_ENTRIES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(max_entries, 2 * EG_DEFAULT_SRC_ENTRIES);
 	__type(key, __u32);
 	__type(value, __u64);
 } seen_filter SEC(".maps");
@@ -210,6 +266,7 @@ struct {
  * refuses creates none. Pinned: standing survives restarts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_STANDING_ENTRIES);
 	__type(key, struct eg_standing_key);
 	__type(value, struct eg_standing_val);
@@ -219,6 +276,7 @@ struct {
  * updated (at most once per source per epoch). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct eg_standing_cfg);
@@ -229,6 +287,7 @@ struct {
  * dry 1 for refusals of dry-run rules ("would drop"). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2 * EG_CAGG_MAX * EG_CLASS_MAX * EG_CO_MAX);
 	__type(key, __u32);
 	__type(value, struct eg_counter);
@@ -237,6 +296,7 @@ struct {
 /* Standing table events, by enum eg_standing_event. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_SE_MAX);
 	__type(key, __u32);
 	__type(value, __u64);
@@ -247,6 +307,7 @@ struct {
  * an aggregate's reserve band. Value unused (1). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_KNOWN_GOOD_ENTRIES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct eg_lpm_key);
@@ -259,6 +320,7 @@ struct {
  * decisions in force until they expire. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_OVERRIDE_ENTRIES);
 	__type(key, struct eg_agg_key);
 	__type(value, struct eg_override);
@@ -269,6 +331,7 @@ struct {
  * overrides, agg_watches and the live rule slots. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_MAX_RULES);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -278,6 +341,7 @@ struct {
  * its compiled form). Value unused (1). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1024);
 	__type(key, struct eg_watch_key);
 	__type(value, __u32);
@@ -288,6 +352,7 @@ struct {
  * counted instance is evicted (and starts from zero if it comes back). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, EG_DEFAULT_AGG_STATS_ENTRIES);
 	__type(key, struct eg_agg_key);
 	__type(value, struct eg_agg_stats);
@@ -335,12 +400,14 @@ struct {
  * refuse the upgrade.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1024 * 1024);
 } rate_samples SEC(".maps");
 
 /* The 1-in-N sampler's settings, per generation. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct eg_sample_cfg);
@@ -349,6 +416,7 @@ struct {
 /* The sampler's cap: one GCRA bucket shared by all CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct eg_bucket);
@@ -356,6 +424,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct eg_rsample_stats);
@@ -365,6 +434,7 @@ struct {
  * hash written by the daemon; expired entries are ignored, then deleted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 4096);
 	__type(key, struct eg_fp_key);
 	__type(value, struct eg_fp_val);
@@ -372,6 +442,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct eg_fp_masks);
@@ -379,6 +450,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct eg_fp_stats);
@@ -390,6 +462,7 @@ struct {
  * values. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct eg_fp_pre);

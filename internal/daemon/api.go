@@ -180,7 +180,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		}
 		names := d.ruleNames()
 		bySlot := map[uint32]string{}
-		if slots, err := d.m.RuleSlots(); err == nil {
+		if slots, err := d.m.Generations.RuleSlots(); err == nil {
 			for id, slot := range slots {
 				bySlot[slot] = names[id]
 			}
@@ -408,8 +408,8 @@ func (d *Daemon) Status() control.Status {
 	if d.cur.asn != nil {
 		st.ASNEntries = d.cur.asn.Len()
 	}
-	st.DataGen, _ = d.m.ActiveGen()
-	st.IPv4Direct = ipv4DirectInfo(d.m.V4Direct())
+	st.DataGen, _ = d.m.Generations.Active()
+	st.IPv4Direct = ipv4DirectInfo(d.m.Generations.V4Direct())
 	st.Congestion = d.standing.status(time.Now())
 	st.CongestedInstances = d.standing.instanceStatus(time.Now())
 	st.L7 = d.l7Status()
@@ -427,7 +427,7 @@ func (d *Daemon) Status() control.Status {
 			st.ProgramID = uint32(id)
 		}
 	}
-	occ, _ := d.m.Tables()
+	occ, _ := d.m.Counters.Tables()
 	o := &d.dp.Objects
 	for _, m := range []struct {
 		name, table string

@@ -115,7 +115,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	// The slow part, off d.mu so status, stats and scrapes stay
 	// answerable: the new generation is written to the inactive half of
 	// the tables (changeMu keeps other writers of the generations out).
-	staged, err := d.m.Stage(next.compiled)
+	staged, err := d.m.Generations.Stage(next.compiled)
 	if err != nil {
 		undo()
 		return fmt.Errorf("apply policy: %w", err)
@@ -128,13 +128,13 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	d.mu.Lock()
 	lists, err := d.fittingLists(next)
 	if err == nil {
-		if err = d.m.Commit(staged); err != nil {
+		if err = d.m.Generations.Commit(staged); err != nil {
 			err = fmt.Errorf("apply policy: %w", err)
-		} else if err = d.m.SetLists(lists); err != nil {
+		} else if err = d.m.Lists.Set(lists); err != nil {
 			err = fmt.Errorf("write lists: %w", err)
 			// Back to the running generation (Stage wrote only the other
 			// half), and to the lists written last.
-			if rerr := d.m.Revert(staged); rerr != nil {
+			if rerr := d.m.Generations.Revert(staged); rerr != nil {
 				d.log.Error("roll back to the running policy's generation", "err", rerr)
 			}
 			if d.cur.pol != nil {
@@ -148,7 +148,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 		if err = attachAll(); err != nil {
 			// The start fails; pinned maps an earlier run left keep the
 			// generation that run made live.
-			if rerr := d.m.Revert(staged); rerr != nil {
+			if rerr := d.m.Generations.Revert(staged); rerr != nil {
 				d.log.Error("roll back to the earlier run's generation", "err", rerr)
 			}
 		}
@@ -165,7 +165,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	d.generation++
 	d.lastReload = control.ReloadInfo{Time: time.Now(), OK: true, Trigger: trigger}
 	d.reloads++
-	gen, _ := d.m.ActiveGen()
+	gen, _ := d.m.Generations.Active()
 	c := committed{seq: d.generation, run: next, at: time.Now(), l7commit: l7commit}
 	d.mu.Unlock()
 

@@ -20,7 +20,7 @@ func TestStatusAnswersWhileApplyStages(t *testing.T) {
 	d.atts["egkg-none0"] = &loader.Attachment{Iface: "egkg-none0"}
 	gen0 := d.generation
 	d.mu.Unlock()
-	dataGen0, err := d.m.ActiveGen()
+	dataGen0, err := d.m.Generations.Active()
 	if err != nil {
 		t.Fatal(err)
 	}

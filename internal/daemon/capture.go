@@ -268,7 +268,7 @@ type slotRules struct {
 func (d *Daemon) slotNames() slotRules {
 	out := slotRules{bySlot: map[uint32]string{}, read: time.Now()}
 	names := d.ruleNames()
-	if slots, err := d.m.RuleSlots(); err == nil {
+	if slots, err := d.m.Generations.RuleSlots(); err == nil {
 		for id, slot := range slots {
 			out.bySlot[slot] = names[id]
 		}

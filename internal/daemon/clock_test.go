@@ -23,7 +23,7 @@ func TestClockSetting(t *testing.T) {
 		if got := d.Status().Clock; got != want {
 			t.Errorf("status clock = %q, want %q", got, want)
 		}
-		gen, err := d.m.ActiveGen()
+		gen, err := d.m.Generations.Active()
 		if err != nil {
 			t.Fatal(err)
 		}

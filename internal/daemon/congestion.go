@@ -287,7 +287,7 @@ func (in *instances) congestedByKind() map[string]int {
 // ruleSlots is the live generation's rule table slots, for the instance
 // watch.
 func (d *Daemon) ruleSlots() map[uint32]slotRule {
-	slots, err := d.m.RuleSlots()
+	slots, err := d.m.Generations.RuleSlots()
 	if err != nil {
 		return nil
 	}

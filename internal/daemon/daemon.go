@@ -470,11 +470,7 @@ func (d *Daemon) prepareAnySize(ctx context.Context, raw []byte, source string) 
 // sizes are the data plane's table sizes for the policy's tables section;
 // the IPv4 direct table's budget is the flag's, else the policy's.
 func (d *Daemon) sizes(t policy.Tables) loader.Sizes {
-	s := loader.Sizes{
-		MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
-		PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: t.IPv4DirectChunks,
-		StandingEntries: t.StandingEntries,
-	}
+	s := loader.SizesOf(t)
 	if d.opts.IPv4DirectChunks != 0 {
 		s.V4Chunks = d.opts.IPv4DirectChunks
 	}
@@ -499,6 +495,7 @@ func (d *Daemon) checkSizes(t policy.Tables) error {
 		{"tables.prefix_entries", have.PrefixEntries, want.PrefixEntries},
 		{"tables.list_entries", have.ListEntries, want.ListEntries},
 		{"tables.ipv4_direct_chunks", have.V4Chunks, want.V4Chunks},
+		{"tables.standing_entries", have.StandingEntries, want.StandingEntries},
 		{"l4 entries", have.L4Entries, want.L4Entries},
 	} {
 		if f.have != f.want {
@@ -617,7 +614,7 @@ func (d *Daemon) syncLists() error {
 	if err != nil {
 		return err
 	}
-	if err := d.m.SetLists(entries); err != nil {
+	if err := d.m.Lists.Set(entries); err != nil {
 		return fmt.Errorf("write lists: %w", err)
 	}
 	return nil

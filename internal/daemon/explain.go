@@ -206,7 +206,7 @@ func (d *Daemon) explain(p Probe, vw *explainView) (control.Explanation, error) 
 	if tr.Class != nil {
 		e.Class = maps.ClassName(*tr.Class)
 	}
-	std, err := d.m.LookupStanding(ip)
+	std, err := d.m.Standing.Lookup(ip)
 	if err != nil {
 		d.log.Warn("explain: read standing", "ip", ip, "err", err)
 	} else {
@@ -231,7 +231,7 @@ func (d *Daemon) explain(p Probe, vw *explainView) (control.Explanation, error) 
 	if e.SYN, err = explainSYN(vw, st, ip, p); err != nil {
 		return control.Explanation{}, err
 	}
-	slots, err := d.m.RuleSlots()
+	slots, err := d.m.Generations.RuleSlots()
 	if err != nil {
 		return control.Explanation{}, err
 	}

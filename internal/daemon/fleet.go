@@ -171,17 +171,17 @@ func (l *fleetLink) stop() {
 }
 
 // unwatchFleet lets go of fleet mode's watches not in want (the shield
-// may keep them: maps.UnwatchAggregates).
+// may keep them: maps' Overrides.Unwatch).
 func (d *Daemon) unwatchFleet(want map[watchKey]fleetBudget) error {
 	if d.m == nil {
 		return nil // no data plane
 	}
 	var errs []error
-	for w := range d.m.WatchedBy(maps.OriginFleet) {
+	for w := range d.m.Overrides.WatchedBy(maps.OriginFleet) {
 		if _, ok := want[watchKey{w.RuleID, w.Kind}]; ok {
 			continue
 		}
-		if err := d.m.UnwatchAggregates(w.RuleID, w.Kind, maps.OriginFleet); err != nil {
+		if err := d.m.Overrides.Unwatch(w.RuleID, w.Kind, maps.OriginFleet); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -439,7 +439,7 @@ func (b fleetBudget) scaled(pf, bf float64) (pkts, bytes maps.Rate) {
 
 // fleetAggs is the daemon as the fleet's Aggregates: the data plane counts
 // every instance of each scope: fleet rule's aggregates (maps.
-// WatchAggregates), and shares are written as overrides of origin fleet.
+// Overrides.Watch), and shares are written as overrides of origin fleet.
 type fleetAggs struct {
 	d *Daemon
 	// The fleet's shares loop is the only caller of both methods, one
@@ -488,7 +488,7 @@ func fleetBudgetOf(b policy.Bucket) fleetBudget {
 
 // FleetCounters makes sure every scope: fleet (rule, kind) is watched,
 // lets go of fleet mode's other watches (the shield may hold the same
-// ones: maps.UnwatchAggregates), and returns their instances' counters.
+// ones: maps' Overrides.Unwatch), and returns their instances' counters.
 // What is watched is the data plane's record (maps.WatchedBy): a rule
 // removed and re-added between two calls is watched again.
 func (a *fleetAggs) FleetCounters() ([]fleet.AggCounter, error) {
@@ -496,19 +496,19 @@ func (a *fleetAggs) FleetCounters() ([]fleet.AggCounter, error) {
 	budgets := fleetBudgets(a.d.cur.pol)
 	a.d.mu.Unlock()
 	a.budgets = budgets
-	have := a.d.m.WatchedBy(maps.OriginFleet)
+	have := a.d.m.Overrides.WatchedBy(maps.OriginFleet)
 	for k := range budgets {
 		if have[maps.Watch{RuleID: k.rule, Kind: k.kind}] {
 			continue
 		}
-		if err := a.d.m.WatchAggregates(k.rule, k.kind, maps.OriginFleet); err != nil {
+		if err := a.d.m.Overrides.Watch(k.rule, k.kind, maps.OriginFleet); err != nil {
 			return nil, fmt.Errorf("watch rule %d aggregates: %w", k.rule, err)
 		}
 	}
 	if err := a.d.unwatchFleet(budgets); err != nil {
 		return nil, err
 	}
-	cs, err := a.d.m.AggregateCounters()
+	cs, err := a.d.m.Overrides.AggregateCounters()
 	if err != nil {
 		return nil, err
 	}
@@ -547,13 +547,13 @@ func (a *fleetAggs) ApplyShares(shares []fleet.Share, expires time.Time) error {
 	if len(list) == 0 {
 		return nil
 	}
-	if err := a.d.m.SetOverrides(list); err != nil {
+	if err := a.d.m.Overrides.SetMany(list); err != nil {
 		// One bad entry (its rule just went in a reload) must not cost
 		// the others: write them one by one.
 		var failed int
 		var first error
 		for _, o := range list {
-			if err := a.d.m.SetOverride(o); err != nil {
+			if err := a.d.m.Overrides.Set(o); err != nil {
 				failed++
 				first = cmp.Or(first, err)
 			}

@@ -46,7 +46,7 @@ func TestFleetApplyRemote(t *testing.T) {
 		}
 	}
 	inMap := func(p string) bool {
-		es, err := d.m.Lists()
+		es, err := d.m.Lists.All()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -67,7 +67,7 @@ func (d *Daemon) Inventory() (control.Inventory, error) {
 		t := inv.Read.Add(time.Duration(int64(ns) - int64(mono)))
 		return &t
 	}
-	lists, err := d.m.Lists()
+	lists, err := d.m.Lists.All()
 	if err != nil {
 		return inv, err
 	}
@@ -84,12 +84,12 @@ func (d *Daemon) Inventory() (control.Inventory, error) {
 		}
 	}
 	names := d.ruleNames()
-	ovrs, err := d.m.Overrides()
+	ovrs, err := d.m.Overrides.All()
 	if err != nil {
 		return inv, err
 	}
 	counters := map[maps.Aggregate]maps.AggregateCounters{}
-	if cs, err := d.m.AggregateCounters(); err == nil {
+	if cs, err := d.m.Overrides.AggregateCounters(); err == nil {
 		for _, c := range cs {
 			counters[c.Aggregate] = c
 		}
@@ -116,11 +116,11 @@ func (d *Daemon) Inventory() (control.Inventory, error) {
 			inv.Overrides = append(inv.Overrides, x)
 		}
 	}
-	slots, err := d.m.FingerprintSlots()
+	slots, err := d.m.Fingerprints.Slots()
 	if err != nil {
 		return inv, err
 	}
-	fps, err := d.m.Fingerprints()
+	fps, err := d.m.Fingerprints.All()
 	if err != nil {
 		return inv, err
 	}
@@ -170,7 +170,7 @@ func (d *Daemon) RemoveInstalled(req control.RemoveRequest, by string) (control.
 		if req.ID == 0 {
 			return control.RemoveResult{}, errors.New("remove fingerprint: give its id")
 		}
-		fps, err := d.m.Fingerprints()
+		fps, err := d.m.Fingerprints.All()
 		if err != nil {
 			return control.RemoveResult{}, err
 		}
@@ -185,7 +185,7 @@ func (d *Daemon) RemoveInstalled(req control.RemoveRequest, by string) (control.
 			}
 			return control.RemoveResult{Removed: what, Note: "released the shield's action " + strconv.Itoa(int(req.ID))}, nil
 		}
-		if err := d.m.DeleteFingerprint(req.ID); err != nil {
+		if err := d.m.Fingerprints.Delete(req.ID); err != nil {
 			return control.RemoveResult{}, err
 		}
 		d.log.Info("data plane entry removed", "what", what, "by", by)
@@ -199,7 +199,7 @@ func (d *Daemon) RemoveInstalled(req control.RemoveRequest, by string) (control.
 		if !ok {
 			return control.RemoveResult{}, fmt.Errorf("bad origin %q: use shield, fleet or cli", req.Origin)
 		}
-		ovrs, err := d.m.Overrides()
+		ovrs, err := d.m.Overrides.All()
 		if err != nil {
 			return control.RemoveResult{}, err
 		}
@@ -221,7 +221,7 @@ func (d *Daemon) RemoveInstalled(req control.RemoveRequest, by string) (control.
 				return control.RemoveResult{Removed: what, Note: "released the shield's action " + strconv.Itoa(int(id))}, nil
 			}
 		}
-		if err := d.m.DeleteOverride(agg, origin); err != nil {
+		if err := d.m.Overrides.Delete(agg, origin); err != nil {
 			return control.RemoveResult{}, err
 		}
 		d.log.Info("data plane entry removed", "what", what, "by", by)

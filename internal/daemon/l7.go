@@ -132,7 +132,7 @@ func (s classStandings) Standing(a netip.Addr) (class.Standing, error) {
 	if m == nil {
 		return class.StandingNone, errors.New("no data plane loaded")
 	}
-	e, err := m.LookupStanding(a)
+	e, err := m.Standing.Lookup(a)
 	if err != nil {
 		return class.StandingNone, err
 	}

@@ -46,7 +46,7 @@ rules:
 		Key: shield.Key{Kind: shield.KindASN, Rule: rule, ASN: 64500}, Budget: 40, Expires: time.Now().Add(time.Minute)}}
 	check := func(when string, wantBudget, wantNew uint64, origins ...maps.Origin) {
 		t.Helper()
-		list, err := d.m.Overrides()
+		list, err := d.m.Overrides.All()
 		if err != nil {
 			t.Fatal(err)
 		}

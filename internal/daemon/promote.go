@@ -19,7 +19,7 @@ import (
 // again. The proxy rate-limits the calls
 // (standing.l7_promotion.rate); no daemon lock is taken.
 func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error {
-	e, err := d.m.LookupStanding(src)
+	e, err := d.m.Standing.Lookup(src)
 	if err != nil {
 		return fmt.Errorf("promote %s: %w", src, err)
 	}
@@ -32,7 +32,7 @@ func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error
 		d.log.Debug("l7 promotion of a penalised source skipped", "src", src, "reason", reason)
 		return nil
 	}
-	if err := d.m.SetStanding(src, maps.StandingValidated); err != nil {
+	if err := d.m.Standing.Set(src, maps.StandingValidated); err != nil {
 		return fmt.Errorf("promote %s: %w", src, err)
 	}
 	return nil

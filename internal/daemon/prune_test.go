@@ -36,7 +36,7 @@ func TestShieldTickPrunesExpiredFingerprints(t *testing.T) {
 		if mk == maps.FieldSrc|maps.FieldLen {
 			f.Src = netip.MustParsePrefix("198.18.200.0/25")
 		}
-		if err := d.m.SetFingerprint(f); err != nil {
+		if err := d.m.Fingerprints.Set(f); err != nil {
 			t.Fatalf("fingerprint %d: %v", f.ID, err)
 		}
 	}
@@ -62,7 +62,7 @@ func TestShieldTickPrunesExpiredFingerprints(t *testing.T) {
 	if n := usedMasks(); n != 0 {
 		t.Fatalf("after the shield's prune: %d masks in use, want 0", n)
 	}
-	if err := d.m.SetFingerprint(ninth); err != nil {
+	if err := d.m.Fingerprints.Set(ninth); err != nil {
 		if errors.Is(err, maps.ErrFingerprintMasks) {
 			t.Fatalf("a new mask after the prune: %v (the expired ones' slots were not freed)", err)
 		}

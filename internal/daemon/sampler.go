@@ -22,7 +22,7 @@ func (d *Daemon) samplerStats() *control.SamplerStats {
 	}
 	d.mu.Unlock()
 	st.Read, st.Dropped = d.shield.read.Load(), d.shield.dropped.Load()
-	c, err := d.m.SamplerCounters()
+	c, err := d.m.Samples.Counters()
 	if err != nil {
 		st.Error = err.Error()
 		return &st

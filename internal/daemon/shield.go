@@ -200,12 +200,12 @@ func (st *shieldRun) tick(now time.Time) time.Duration {
 	}
 	if now.Sub(st.lastPrune) >= 10*time.Second {
 		st.lastPrune = now
-		if n, err := st.m.PruneOverrides(); err != nil {
+		if n, err := st.m.Overrides.Prune(); err != nil {
 			st.log.Warn("shield: prune expired overrides", "err", err)
 		} else if n > 0 {
 			st.log.Info("shield: expired overrides pruned", "count", n)
 		}
-		if n, err := st.m.PruneFingerprints(); err != nil {
+		if n, err := st.m.Fingerprints.Prune(); err != nil {
 			st.log.Warn("shield: prune expired fingerprints", "err", err)
 		} else if n > 0 {
 			st.log.Info("shield: expired fingerprints pruned", "count", n)
@@ -222,7 +222,7 @@ func (st *shieldRun) tick(now time.Time) time.Duration {
 func (st *shieldRun) configure(gen uint64, pol *policy.Policy, comp *policy.Compiled, table *asn.Table, now time.Time) ([]shield.Change, error) {
 	cfg := shieldConfig(pol.Shield)
 	slots := map[uint32]uint32{}
-	byID, slotErr := st.m.RuleSlots()
+	byID, slotErr := st.m.Generations.RuleSlots()
 	if slotErr != nil {
 		slotErr = fmt.Errorf("read rule slots: samples are not attributed to rules until the next policy: %w", slotErr)
 	}
@@ -246,7 +246,7 @@ func (st *shieldRun) configure(gen uint64, pol *policy.Policy, comp *policy.Comp
 		// they expire) keep their ids and counters: new ones are
 		// numbered above them.
 		var err error
-		if topID, err = st.m.MaxFingerprintID(); err != nil {
+		if topID, err = st.m.Fingerprints.MaxID(); err != nil {
 			st.log.Error("shield: read the data plane's fingerprint ids; a new one may replace an older one", "err", err)
 		}
 	}

@@ -58,7 +58,7 @@ type samplePath struct {
 // on a loaded machine, so the samples come in runs of one frame's.
 func (p *samplePath) fill(b *testing.B, n int) int {
 	b.Helper()
-	before, err := p.d.m.SamplerCounters()
+	before, err := p.d.m.Samples.Counters()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func (p *samplePath) fill(b *testing.B, n int) int {
 			b.Fatal(err)
 		}
 	}
-	after, err := p.d.m.SamplerCounters()
+	after, err := p.d.m.Samples.Counters()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func BenchmarkShieldSamplePath(b *testing.B) {
 		b.Fatal(err)
 	}
 	d := loadedDaemon(b, Options{StateDir: dir}, shieldTestPolicy(asnPath))
-	r, err := d.m.NewRateSampleReader()
+	r, err := d.m.Samples.NewRateReader()
 	if err != nil {
 		b.Fatal(err)
 	}

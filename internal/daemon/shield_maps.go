@@ -19,7 +19,7 @@ import (
 // watch asks the data plane to count every instance of the
 // aggregates the shield can tighten (prefix, ASN, whole, global) and
 // returns the rule shapes with Counted set where it does. The shield's
-// watches it no longer needs go (UnwatchAggregates: unless fleet mode
+// watches it no longer needs go (Overrides.Unwatch: unless fleet mode
 // holds them too). c nil: the shield is off and needs none.
 func (st *shieldRun) watch(c *policy.Compiled) (map[uint32]shield.RuleShape, shield.GlobalShape) {
 	want := map[maps.Watch]bool{}
@@ -32,7 +32,7 @@ func (st *shieldRun) watch(c *policy.Compiled) (map[uint32]shield.RuleShape, shi
 		ok := true
 		watch := func(kind maps.AggKind) {
 			want[maps.Watch{RuleID: id, Kind: kind}] = true
-			if err := st.m.WatchAggregates(id, kind, maps.OriginShield); err != nil {
+			if err := st.m.Overrides.Watch(id, kind, maps.OriginShield); err != nil {
 				ok = false
 				st.log.Warn("shield: the data plane does not count this rule's aggregates; the shield learns them from samples",
 					"rule", id, "kind", kind, "err", err)
@@ -53,7 +53,7 @@ func (st *shieldRun) watch(c *policy.Compiled) (map[uint32]shield.RuleShape, shi
 	g := shield.GlobalShape{Limited: c.Global.IsSet()}
 	if g.Limited {
 		want[maps.Watch{Kind: maps.AggKindGlobal}] = true
-		if err := st.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginShield); err != nil {
+		if err := st.m.Overrides.Watch(0, maps.AggKindGlobal, maps.OriginShield); err != nil {
 			st.log.Warn("shield: the data plane does not count the global bucket", "err", err)
 		} else {
 			g.Counted = true
@@ -64,11 +64,11 @@ func (st *shieldRun) watch(c *policy.Compiled) (map[uint32]shield.RuleShape, shi
 
 // unwatch lets go of the shield's watches not in want.
 func (st *shieldRun) unwatch(want map[maps.Watch]bool) {
-	for w := range st.m.WatchedBy(maps.OriginShield) {
+	for w := range st.m.Overrides.WatchedBy(maps.OriginShield) {
 		if want[w] {
 			continue
 		}
-		if err := st.m.UnwatchAggregates(w.RuleID, w.Kind, maps.OriginShield); err != nil {
+		if err := st.m.Overrides.Unwatch(w.RuleID, w.Kind, maps.OriginShield); err != nil {
 			st.log.Warn("shield: stop counting aggregates it no longer needs", "rule", w.RuleID, "kind", w.Kind, "err", err)
 		}
 	}
@@ -112,7 +112,7 @@ type aggCounts map[maps.Aggregate]maps.Counter
 // engine. A counter that went down was evicted and restarted: its delta
 // is what it holds now.
 func (st *shieldRun) count(eng *shield.Engine) {
-	cs, err := st.m.AggregateCounters()
+	cs, err := st.m.Overrides.AggregateCounters()
 	if err != nil {
 		st.log.Warn("shield: read aggregate counters", "err", err)
 		return
@@ -170,10 +170,10 @@ func (st *shieldRun) write(c shield.Change) error {
 			return err
 		}
 		if c.Op == shield.OpRemove {
-			return st.m.DeleteOverride(agg, maps.OriginShield)
+			return st.m.Overrides.Delete(agg, maps.OriginShield)
 		}
 		n := uint64(math.Ceil(a.Budget))
-		return st.m.SetOverride(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},
+		return st.m.Overrides.Set(maps.Override{Aggregate: agg, NewBudget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)},
 			Expires: a.Expires, Origin: maps.OriginShield})
 	case shield.FingerprintRule:
 		return st.writeFingerprint(c)
@@ -200,7 +200,7 @@ func asnOfPrefix(t *asn.Table) func(netip.Prefix) uint32 {
 // engine, so that `edgectl shield list`, release and the metrics see
 // them; each stays until its expiry, not renewed. Each is logged.
 func (st *shieldRun) adopt(eng *shield.Engine, now time.Time) {
-	fps, err := st.m.Fingerprints()
+	fps, err := st.m.Fingerprints.All()
 	if err != nil {
 		st.log.Error("shield: read the data plane's fingerprints; those of an earlier run are not listed (they expire)", "err", err)
 	}
@@ -221,7 +221,7 @@ func (st *shieldRun) adopt(eng *shield.Engine, now time.Time) {
 				"budget_pps", a.Budget, "expires", a.Expires)
 		}
 	}
-	ovrs, err := st.m.Overrides()
+	ovrs, err := st.m.Overrides.All()
 	if err != nil {
 		st.log.Error("shield: read the data plane's overrides; those of an earlier run are not listed (they expire)", "err", err)
 	}
@@ -255,7 +255,7 @@ func ratePPS(r maps.Rate) float64 {
 // run's shield actions the data plane still holds: nothing adopts them;
 // they stay until they expire, or `edgectl show remove` removes them.
 func (st *shieldRun) leftovers(now time.Time) {
-	fps, err := st.m.Fingerprints()
+	fps, err := st.m.Fingerprints.All()
 	if err != nil {
 		st.log.Warn("shield: read the data plane's fingerprints", "err", err)
 	}
@@ -265,7 +265,7 @@ func (st *shieldRun) leftovers(now time.Time) {
 				"id", f.ID, "fingerprint", f.Match(), "expires", f.Expires)
 		}
 	}
-	ovrs, err := st.m.Overrides()
+	ovrs, err := st.m.Overrides.All()
 	if err != nil {
 		st.log.Warn("shield: read the data plane's overrides", "err", err)
 	}

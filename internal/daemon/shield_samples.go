@@ -28,7 +28,7 @@ func sampleFields(out *shield.Sample, s maps.Sample) {
 // buffer, one reader) to the shield. Without the ring buffer the shield
 // learns from the aggregate counters alone.
 func (d *Daemon) readRateSamples(ctx context.Context) error {
-	r, err := d.m.NewRateSampleReader()
+	r, err := d.m.Samples.NewRateReader()
 	if err != nil {
 		d.log.Warn("shield: no 1-in-N samples; it learns from the aggregate counters alone", "err", err)
 		return nil
@@ -54,7 +54,7 @@ var fieldMasks = []struct {
 func (st *shieldRun) writeFingerprint(c shield.Change) error {
 	a := c.Action
 	if c.Op == shield.OpRemove {
-		return st.m.DeleteFingerprint(a.ID)
+		return st.m.Fingerprints.Delete(a.ID)
 	}
 	f := a.Fingerprint
 	if f == nil {
@@ -67,7 +67,7 @@ func (st *shieldRun) writeFingerprint(c shield.Change) error {
 		}
 	}
 	n := uint64(math.Ceil(a.Budget))
-	return st.m.SetFingerprint(maps.Fingerprint{ID: a.ID, Mask: mask, Proto: f.Proto, DPort: f.DPort, SPort: f.SPort,
+	return st.m.Fingerprints.Set(maps.Fingerprint{ID: a.ID, Mask: mask, Proto: f.Proto, DPort: f.DPort, SPort: f.SPort,
 		Len: f.Len, TTL: f.TTL, TCPFlags: f.TCPFlags, Src: f.Src,
 		Budget: maps.Rate{Count: n, Per: time.Second, Burst: max(n, 1)}, Expires: a.Expires, Origin: maps.OriginShield})
 }

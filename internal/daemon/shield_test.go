@@ -151,7 +151,7 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	for range 6 {
 		sec(20 * 300)
 	}
-	ovr, err := d.m.Overrides()
+	ovr, err := d.m.Overrides.All()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	for range 14 {
 		sec(0)
 	}
-	if ovr, _ := d.m.Overrides(); len(ovr) != 0 {
+	if ovr, _ := d.m.Overrides.All(); len(ovr) != 0 {
 		t.Fatalf("after the surge: overrides %+v", ovr)
 	}
 	audit, err := os.ReadFile(filepath.Join(state, shieldAuditFile))
@@ -377,7 +377,7 @@ func TestShieldFingerprintThroughMaps(t *testing.T) {
 	os.WriteFile(asnPath, []byte(testbed.LabASNData), 0o644)
 	d := loadedDaemon(t, Options{StateDir: dir}, shieldTestPolicy(asnPath))
 	run := fingerprintFlood(t, d)
-	fps, err := d.m.Fingerprints()
+	fps, err := d.m.Fingerprints.All()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,13 +405,13 @@ func TestShieldIDsAboveLeftovers(t *testing.T) {
 		for _, id := range []uint32{1, 41} {
 			f := maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 6, DPort: uint16(7000 + id),
 				Expires: time.Now().Add(time.Hour), Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Origin: maps.OriginShield}
-			if err := d.m.SetFingerprint(f); err != nil {
+			if err := d.m.Fingerprints.Set(f); err != nil {
 				t.Fatalf("leftover %d: %v", id, err)
 			}
 		}
 	})
 	fingerprintFlood(t, d)
-	fps, err := d.m.Fingerprints()
+	fps, err := d.m.Fingerprints.All()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +440,7 @@ func TestShieldIDsAboveLeftovers(t *testing.T) {
 	if err := d.ShieldDo("release", control.ShieldRequest{ID: 41}, "test"); err != nil {
 		t.Fatalf("release the adopted 41: %v", err)
 	}
-	if fps, err := d.m.Fingerprints(); err != nil || len(fps) != 2 {
+	if fps, err := d.m.Fingerprints.All(); err != nil || len(fps) != 2 {
 		t.Errorf("after releasing 41: %+v, %v", fps, err)
 	}
 }

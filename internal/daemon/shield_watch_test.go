@@ -81,7 +81,7 @@ func TestShieldAndFleetWatchOwners(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		cs, err := d.m.AggregateCounters()
+		cs, err := d.m.Overrides.AggregateCounters()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,20 +99,20 @@ func TestShieldAndFleetWatchOwners(t *testing.T) {
 		slices.Sort(names)
 		if got := counted(); !slices.Equal(got, names) {
 			t.Fatalf("%s: the data plane counts %v, want %v (shield holds %v, fleet %v)", what, got, names,
-				d.m.WatchedBy(maps.OriginShield), d.m.WatchedBy(maps.OriginFleet))
+				d.m.Overrides.WatchedBy(maps.OriginShield), d.m.Overrides.WatchedBy(maps.OriginFleet))
 		}
 	}
 	webW := maps.Watch{RuleID: web, Kind: maps.AggKindASN}
 
 	step("")
 	want("shield and fleet on", webASN, otherASN)
-	if !d.m.WatchedBy(maps.OriginShield)[webW] || !d.m.WatchedBy(maps.OriginFleet)[webW] {
-		t.Fatalf("web's ASN watch: shield holds %v, fleet %v; want both", d.m.WatchedBy(maps.OriginShield), d.m.WatchedBy(maps.OriginFleet))
+	if !d.m.Overrides.WatchedBy(maps.OriginShield)[webW] || !d.m.Overrides.WatchedBy(maps.OriginFleet)[webW] {
+		t.Fatalf("web's ASN watch: shield holds %v, fleet %v; want both", d.m.Overrides.WatchedBy(maps.OriginShield), d.m.Overrides.WatchedBy(maps.OriginFleet))
 	}
 
 	step(watchPolicy(asnPath, false, true, true))
 	want("shield off: fleet keeps web's", webASN)
-	if w := d.m.WatchedBy(maps.OriginShield); len(w) != 0 {
+	if w := d.m.Overrides.WatchedBy(maps.OriginShield); len(w) != 0 {
 		t.Fatalf("the shield is off and holds %v", w)
 	}
 
@@ -121,20 +121,20 @@ func TestShieldAndFleetWatchOwners(t *testing.T) {
 
 	step(watchPolicy(asnPath, true, false, true))
 	want("web no longer scope fleet: the shield keeps it", webASN, otherASN)
-	if w := d.m.WatchedBy(maps.OriginFleet); len(w) != 0 {
+	if w := d.m.Overrides.WatchedBy(maps.OriginFleet); len(w) != 0 {
 		t.Fatalf("no scope: fleet rule and fleet mode holds %v", w)
 	}
 
 	step(watchPolicy(asnPath, true, true, false))
 	want("other removed", webASN)
-	if d.m.WatchedBy(maps.OriginShield)[maps.Watch{RuleID: other, Kind: maps.AggKindASN}] {
+	if d.m.Overrides.WatchedBy(maps.OriginShield)[maps.Watch{RuleID: other, Kind: maps.AggKindASN}] {
 		t.Fatal("the shield still holds the watch of a removed rule")
 	}
 
 	step(watchPolicy(asnPath, false, true, true))
 	d.fleet.stop()
 	want("shield off and fleet stopped")
-	if a, b := d.m.WatchedBy(maps.OriginShield), d.m.WatchedBy(maps.OriginFleet); len(a)+len(b) != 0 {
+	if a, b := d.m.Overrides.WatchedBy(maps.OriginShield), d.m.Overrides.WatchedBy(maps.OriginFleet); len(a)+len(b) != 0 {
 		t.Fatalf("nobody needs a watch: the shield holds %v, fleet %v", a, b)
 	}
 }

@@ -135,7 +135,7 @@ func (d *Daemon) watchStanding(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-tick.C:
-			if c, err := d.m.ClassCounters(); err != nil {
+			if c, err := d.m.Standing.ClassCounters(); err != nil {
 				d.log.Error("read class counters", "err", err)
 			} else {
 				d.observeCongestion(d.standing, c, now)
@@ -156,14 +156,14 @@ func (d *Daemon) watchStanding(ctx context.Context) error {
 // anyway; established and validated ones silent for standingRetention;
 // penalties that are over) and penalises sources the deny list holds.
 func (d *Daemon) sweepStanding() error {
-	entries, err := d.m.Standings()
+	entries, err := d.m.Standing.All()
 	if err != nil {
 		return err
 	}
 	d.mu.Lock()
 	std := d.cur.compiled.Standing
 	d.mu.Unlock()
-	lists, err := d.m.Lists()
+	lists, err := d.m.Lists.All()
 	if err != nil {
 		return err
 	}
@@ -182,7 +182,7 @@ func (d *Daemon) sweepStanding() error {
 		idle := time.Duration(mono - min(e.LastSeenNS, mono))
 		inForce := time.Duration(mono - min(e.SinceNS, mono))
 		if e.Standing != maps.StandingPenalised && coveredBy(denied, e.Addr) {
-			if err := d.m.SetStandingWhy(e.Addr, maps.StandingPenalised, maps.WhyDeny); err != nil {
+			if err := d.m.Standing.SetWhy(e.Addr, maps.StandingPenalised, maps.WhyDeny); err != nil {
 				return err
 			}
 			d.log.Debug("source penalised", "source", e.Addr, "was", maps.StandingName(e.Standing),
@@ -200,7 +200,7 @@ func (d *Daemon) sweepStanding() error {
 			drop = idle > standingRetention
 		}
 		if drop {
-			if err := d.m.DeleteStanding(e.Addr); err != nil {
+			if err := d.m.Standing.Delete(e.Addr); err != nil {
 				return err
 			}
 			removed++
@@ -223,11 +223,11 @@ func coveredBy(ps []netip.Prefix, a netip.Addr) bool {
 
 // standingStats is the standing section of edgectl stats and status.
 func (d *Daemon) standingStats() (*control.StandingStats, error) {
-	c, err := d.m.ClassCounters()
+	c, err := d.m.Standing.ClassCounters()
 	if err != nil {
 		return nil, err
 	}
-	ev, err := d.m.StandingCounts()
+	ev, err := d.m.Standing.Counts()
 	if err != nil {
 		return nil, err
 	}

@@ -92,7 +92,7 @@ metrics: {listen: ""}
 	}
 	look := func(addr string) maps.StandingEntry {
 		t.Helper()
-		e, err := d.m.LookupStanding(netip.MustParseAddr(addr))
+		e, err := d.m.Standing.Lookup(netip.MustParseAddr(addr))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -291,7 +291,7 @@ func (d *Daemon) loadLists() error {
 // cli entries with the reason saying where they came from. Caller is
 // start, after the data plane loaded and before the policy is applied.
 func (d *Daemon) recoverLists(pol *running) {
-	have, err := d.m.Lists()
+	have, err := d.m.Lists.All()
 	if err != nil {
 		d.log.Error("recover run-time list entries from the data plane", "err", err)
 		return

@@ -64,7 +64,7 @@ func (h *history) span(window time.Duration) (old, cur snapshot, ok bool) {
 func (d *Daemon) snapshot() (snapshot, error) {
 	s := snapshot{at: time.Now()}
 	var err error
-	if s.slots, err = d.m.CountersBySlot(); err != nil {
+	if s.slots, err = d.m.Counters.BySlot(); err != nil {
 		return s, err
 	}
 	for _, c := range s.slots {
@@ -81,7 +81,7 @@ func (d *Daemon) snapshot() (snapshot, error) {
 		ids = append(ids, id)
 	}
 	d.mu.Unlock()
-	if s.rules, err = d.m.RuleCounters(ids); err != nil {
+	if s.rules, err = d.m.Counters.Rules(ids); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -108,7 +108,7 @@ func (d *Daemon) sampleCounters(ctx context.Context) error {
 		d.history.add(s)
 		if d.opts.Interval > 0 && out != nil && time.Since(lastLine) >= d.opts.Interval {
 			if old, cur, ok := d.history.span(d.opts.Interval); ok {
-				occ, _ := d.m.Tables()
+				occ, _ := d.m.Counters.Tables()
 				if _, err := fmt.Fprintln(out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ)); err != nil {
 					// Stdout went away (edgectl run | head -1): the
 					// daemon goes on enforcing, without counter lines.
@@ -176,7 +176,7 @@ func (d *Daemon) ruleNames() map[uint32]string {
 }
 
 func (d *Daemon) tables() map[string]control.Fill {
-	occ, err := d.m.Tables()
+	occ, err := d.m.Counters.Tables()
 	if err != nil {
 		return nil
 	}
@@ -344,7 +344,7 @@ func topN(m map[[2]string]uint64, total uint64, n int) []control.TopEntry {
 // readSamples feeds drop samples from the ring buffer to the top-talker
 // counts.
 func (d *Daemon) readSamples(ctx context.Context) error {
-	r, err := d.m.NewSampleReader()
+	r, err := d.m.Samples.NewDropReader()
 	if err != nil {
 		return err
 	}

@@ -72,7 +72,7 @@ func (d *Daemon) v4DirectStatus() (control.IPv4Direct, bool) {
 	if d.m == nil || d.generation == 0 {
 		return control.IPv4Direct{}, false
 	}
-	return ipv4DirectInfo(d.m.V4Direct()), true
+	return ipv4DirectInfo(d.m.Generations.V4Direct()), true
 }
 
 // ipv4DirectInfo converts the data plane's report for the control API:

@@ -178,7 +178,7 @@ func TestIPv4DirectTableStatusAndMetrics(t *testing.T) {
 	checkV4(t, d, control.IPv4Direct{IPv4Facts: 1, CapacityChunks: 8}, "fewer than 1024")
 
 	// Every generation gets a table: a /24 takes two chunks (/20, /24).
-	d.m.SetV4DirectMinFacts(0)
+	d.m.Generations.SetV4DirectMinFacts(0)
 	if err := d.applyPolicy(t, v4Policy(8, "240.0.0.0/24")); err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ func (d *Daemon) xdpCollector() prometheus.Collector {
 type xdpSource struct{ d *Daemon }
 
 func (s xdpSource) IfaceCounters() (map[string]maps.Counters, error) {
-	slots, err := s.d.m.CountersBySlot()
+	slots, err := s.d.m.Counters.BySlot()
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func (s xdpSource) RuleCounters() (map[string]maps.RuleCounters, error) {
 	for id := range names {
 		ids = append(ids, id)
 	}
-	byID, err := s.d.m.RuleCounters(ids)
+	byID, err := s.d.m.Counters.Rules(ids)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +67,7 @@ func (s xdpSource) RuleCounters() (map[string]maps.RuleCounters, error) {
 	return out, nil
 }
 
-func (s xdpSource) Tables() (map[string]maps.Occupancy, error) { return s.d.m.Tables() }
+func (s xdpSource) Tables() (map[string]maps.Occupancy, error) { return s.d.m.Counters.Tables() }
 
 func (s xdpSource) PolicyStatus() metrics.PolicyStatus {
 	s.d.mu.Lock()
@@ -81,8 +81,8 @@ func (s xdpSource) PolicyStatus() metrics.PolicyStatus {
 	}
 }
 
-func (s xdpSource) ClassCounters() (maps.ClassCounters, error)   { return s.d.m.ClassCounters() }
-func (s xdpSource) StandingCounts() (maps.StandingCounts, error) { return s.d.m.StandingCounts() }
+func (s xdpSource) ClassCounters() (maps.ClassCounters, error)   { return s.d.m.Standing.ClassCounters() }
+func (s xdpSource) StandingCounts() (maps.StandingCounts, error) { return s.d.m.Standing.Counts() }
 
 func (s xdpSource) Congested() map[string]bool {
 	out := map[string]bool{}

@@ -62,7 +62,7 @@ func overrideCase(newBudget bool) func(b *testing.B) *benchCase {
 		if newBudget {
 			o.NewBudget = generousRate
 		}
-		if err := bd.m.SetOverride(o); err != nil {
+		if err := bd.m.Overrides.Set(o); err != nil {
 			b.Fatal(err)
 		}
 		c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
@@ -79,7 +79,7 @@ func overrideCase(newBudget bool) func(b *testing.B) *benchCase {
 func watchCase(b *testing.B) *benchCase {
 	bd := loadBench(b, smallSizes)
 	bd.apply(asnBenchGen())
-	if err := bd.m.WatchAggregates(0, maps.AggKindASN, maps.OriginShield); err != nil {
+	if err := bd.m.Overrides.Watch(0, maps.AggKindASN, maps.OriginShield); err != nil {
 		b.Fatal(err)
 	}
 	c := &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpPass}
@@ -138,7 +138,7 @@ func fingerprintCase(n, masks int, share fpBench) func(b *testing.B) *benchCase 
 			case share == fpCollide:
 				f.Len, f.TTL = 50, 64
 			}
-			if err := bd.m.SetFingerprint(f); err != nil {
+			if err := bd.m.Fingerprints.Set(f); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -125,7 +125,7 @@ func BenchmarkDataPlane(b *testing.B) {
 			bd := loadBench(b, smallSizes)
 			bd.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
 			deny := []maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.0.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI}}
-			if err := bd.m.SetLists(deny); err != nil {
+			if err := bd.m.Lists.Set(deny); err != nil {
 				b.Fatal(err)
 			}
 			return &benchCase{prog: bd.prog(), frames: [][]byte{benchFrame(src4(1))}, want: xdpDrop}
@@ -214,10 +214,10 @@ func BenchmarkDataPlane(b *testing.B) {
 
 			twin := func(minFacts int, wantDirect bool) *benchDatapath {
 				t := loadBench(b, bigSrcSizes)
-				t.m.SetV4DirectMinFacts(minFacts)
+				t.m.Generations.SetV4DirectMinFacts(minFacts)
 				t.apply(policy.Compiled{Mode: policy.ModeEnforce, Malformed: policy.VerdictPass, Rules: []policy.CompiledRule{generousRule(0)}})
-				if got := t.m.V4Direct().Used; got != wantDirect {
-					b.Fatalf("ipv4 direct table in use: %v, want %v (%+v)", got, wantDirect, t.m.V4Direct())
+				if got := t.m.Generations.V4Direct().Used; got != wantDirect {
+					b.Fatalf("ipv4 direct table in use: %v, want %v (%+v)", got, wantDirect, t.m.Generations.V4Direct())
 				}
 				fillSrc(b, t, 1, 1<<20)
 				return t
@@ -342,7 +342,7 @@ func rules100k(b *testing.B) *benchCase {
 	const hit = 77_777 // the rule the benchmark frame falls into
 	bd := loadBench(b, loader.Sizes{MaxRules: 1 << 17, SrcEntries: 1 << 16, AggEntries: 4096, PrefixEntries: 1 << 20, ListEntries: 1024, L4Entries: 64})
 	bd.apply(policy100k())
-	if st := bd.m.V4Direct(); !st.Used {
+	if st := bd.m.Generations.V4Direct(); !st.Used {
 		b.Fatalf("ipv4 direct table not in use: %+v", st)
 	} else {
 		b.Logf("ipv4 direct table: %d facts, %d of %d chunks", st.Facts, st.Chunks, st.Capacity)
@@ -421,10 +421,10 @@ func newSources100k(b *testing.B, direct bool) *newSourceRun {
 	in := netip.MustParsePrefix("4.0.0.0/6")
 	bd := loadBench(b, loader.Sizes{MaxRules: 1 << 17, SrcEntries: 1 << 20, AggEntries: 4096, PrefixEntries: 1 << 20, ListEntries: 1024, L4Entries: 64})
 	if !direct {
-		bd.m.SetV4DirectMinFacts(math.MaxInt)
+		bd.m.Generations.SetV4DirectMinFacts(math.MaxInt)
 	}
 	bd.apply(policy100k())
-	if got := bd.m.V4Direct().Used; got != direct {
+	if got := bd.m.Generations.V4Direct().Used; got != direct {
 		b.Fatalf("ipv4 direct table in use: %v, want %v", got, direct)
 	}
 	fillSrc(b, bd, 1<<20, 1<<20)
@@ -705,7 +705,7 @@ func congestedWith(b *testing.B, established bool, st policy.Standing, adjust fu
 	}
 	want := uint32(xdpDrop)
 	if established {
-		if err := bd.m.SetStanding(src4(1), maps.StandingEstablished); err != nil {
+		if err := bd.m.Standing.Set(src4(1), maps.StandingEstablished); err != nil {
 			b.Fatal(err)
 		}
 		want = xdpPass

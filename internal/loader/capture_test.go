@@ -65,12 +65,12 @@ func captureFrames(rng *rand.Rand) [][]byte {
 func TestSampleFrameBytes(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(ovrStart)
-	drops, err := td.m.NewSampleReader()
+	drops, err := td.m.Samples.NewDropReader()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer drops.Close()
-	rates, err := td.m.NewRateSampleReader()
+	rates, err := td.m.Samples.NewRateReader()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestSampleFrameBytes(t *testing.T) {
 	requireRingEmpty(t, drops, "drop samples")
 
 	// A deny-list drop: no rule yet; only the 1-in-N sampler sends it.
-	must(t, td.m.SetLists([]maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.4.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI}}))
+	must(t, td.m.Lists.Set([]maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.4.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI}}))
 	if td.run(frames[3]) != xdpDrop {
 		t.Fatal("deny-listed frame: not dropped")
 	}

@@ -125,7 +125,7 @@ func (h *diffHarness) explainStep(frame []byte, ns uint64, seen map[string]int) 
 func runDiffExplain(h *diffHarness, seed uint64, n int) map[string]int {
 	h.tb.Helper()
 	r := rand.New(rand.NewPCG(seed, seed^0x6a09e667f3bcc909))
-	h.td.m.SetV4DirectMinFacts(pick(r, 0, 1<<30))
+	h.td.m.Generations.SetV4DirectMinFacts(pick(r, 0, 1<<30))
 	g := randPolicy(r)
 	clearOverrides(h.td)
 	clearFingerprints(h.td)

@@ -115,7 +115,7 @@ func (h *diffHarness) installOverrides(r *rand.Rand, g policy.Compiled, ns uint6
 			// refuses what the new-source bucket took (the refund).
 			o.NewBudget = maps.Rate{Count: pick(r, uint64(1), 5, 50, 1000), Per: time.Second, Burst: pick(r, uint64(1), 2, 5, 50)}
 		}
-		if err := h.td.m.SetOverride(o); err != nil {
+		if err := h.td.m.Overrides.Set(o); err != nil {
 			continue // an aggregate g has no budget for
 		}
 		installed++
@@ -141,7 +141,7 @@ func (h *diffHarness) installOverrides(r *rand.Rand, g policy.Compiled, ns uint6
 func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 	h.tb.Helper()
 	r := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
-	h.td.m.SetV4DirectMinFacts(0)
+	h.td.m.Generations.SetV4DirectMinFacts(0)
 	g := randPolicy(r)
 	g.Samples = everyDrop
 	clearOverrides(h.td)
@@ -201,7 +201,7 @@ func runDiffOverrides(h *diffHarness, seed uint64, n int) map[string]int {
 // N alone (the seeds run are printed).
 func TestDifferentialOverrides(t *testing.T) {
 	h := newDiffHarness(t)
-	drops, err := h.td.m.NewSampleReader()
+	drops, err := h.td.m.Samples.NewDropReader()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func clearFingerprints(td *testDatapath) {
 		ids[v.Id] = true
 	}
 	for id := range ids {
-		if err := td.m.DeleteFingerprint(id); err != nil {
+		if err := td.m.Fingerprints.Delete(id); err != nil {
 			td.tb.Fatalf("clear fingerprints: %v", err)
 		}
 	}
@@ -362,7 +362,7 @@ func (h *diffHarness) installFingerprints(r *rand.Rand, ns uint64, n int) int {
 		if r.IntN(4) != 0 && f.Src.Bits() != 24 {
 			f.Budget = maps.Rate{Count: pick(r, uint64(2), 20, 200), Per: time.Second, Burst: pick(r, uint64(1), 5, 20)}
 		}
-		if err := h.td.m.SetFingerprint(f); err != nil {
+		if err := h.td.m.Fingerprints.Set(f); err != nil {
 			h.log = append(h.log, fmt.Sprintf("fingerprint %d refused: %v", f.ID, err))
 			continue
 		}

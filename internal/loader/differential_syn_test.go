@@ -194,7 +194,7 @@ func (h *synDiff) randSynLists(r *rand.Rand, ns uint64) {
 		}
 		want = append(want, e)
 	}
-	if err := h.td.m.SetLists(want); err != nil {
+	if err := h.td.m.Lists.Set(want); err != nil {
 		h.t.Fatalf("set lists: %v", err)
 	}
 }

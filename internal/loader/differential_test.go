@@ -96,7 +96,7 @@ func (h *diffHarness) reset(g policy.Compiled, lists []maps.ListEntry) {
 	h.tb.Helper()
 	clearTables(h.td)
 	h.td.apply(g)
-	if err := h.td.m.SetLists(lists); err != nil {
+	if err := h.td.m.Lists.Set(lists); err != nil {
 		h.tb.Fatalf("set lists: %v", err)
 	}
 	h.model = refmodel.New(diffSizes.MaxRules, diffSizes.SrcEntries)
@@ -124,10 +124,10 @@ func (h *diffHarness) reset(g policy.Compiled, lists []maps.ListEntry) {
 	h.base = h.td.counters()
 	h.baseRules = h.ruleCounters()
 	var err error
-	if h.baseClass, err = h.td.m.ClassCounters(); err != nil {
+	if h.baseClass, err = h.td.m.Standing.ClassCounters(); err != nil {
 		h.tb.Fatal(err)
 	}
-	if h.baseEv, err = h.td.m.StandingCounts(); err != nil {
+	if h.baseEv, err = h.td.m.Standing.Counts(); err != nil {
 		h.tb.Fatal(err)
 	}
 	h.log = h.log[:0]
@@ -208,7 +208,7 @@ func (h *diffHarness) swap(g policy.Compiled) {
 
 func (h *diffHarness) ruleCounters() map[uint32]maps.RuleCounters {
 	h.tb.Helper()
-	rc, err := h.td.m.RuleCounters(h.model.RuleIDs())
+	rc, err := h.td.m.Counters.Rules(h.model.RuleIDs())
 	if err != nil {
 		h.tb.Fatal(err)
 	}
@@ -351,7 +351,7 @@ func (h *diffHarness) checkState() {
 	// id. Every live rule's slot must hold the model's bucket (zero when
 	// the model has none); slots of rules that left keep stale state, as
 	// agg_buckets entries did, and are not compared.
-	slots, err := h.td.m.RuleSlots()
+	slots, err := h.td.m.Generations.RuleSlots()
 	if err != nil {
 		h.tb.Fatal(err)
 	}
@@ -395,7 +395,7 @@ func (h *diffHarness) checkState() {
 		}
 		h.fail("standing tables differ: program %d entries, model %d", len(st), len(ms))
 	}
-	cc, err := h.td.m.ClassCounters()
+	cc, err := h.td.m.Standing.ClassCounters()
 	if err != nil {
 		h.tb.Fatal(err)
 	}
@@ -414,7 +414,7 @@ func (h *diffHarness) checkState() {
 			}
 		}
 	}
-	ev, err := h.td.m.StandingCounts()
+	ev, err := h.td.m.Standing.Counts()
 	if err != nil {
 		h.tb.Fatal(err)
 	}
@@ -719,12 +719,12 @@ func runDiff(h *diffHarness, seed uint64, n int, extra []byte) map[string]int {
 	// the trie (the policy has fewer facts than the default threshold).
 	direct := seed%2 == 0
 	if direct {
-		h.td.m.SetV4DirectMinFacts(0)
+		h.td.m.Generations.SetV4DirectMinFacts(0)
 	} else {
-		h.td.m.SetV4DirectMinFacts(math.MaxInt)
+		h.td.m.Generations.SetV4DirectMinFacts(math.MaxInt)
 	}
 	h.reset(randPolicy(r), randLists(r))
-	if got := h.td.m.V4Direct().Used; got != direct {
+	if got := h.td.m.Generations.V4Direct().Used; got != direct {
 		h.tb.Fatalf("ipv4 direct table in use: %v, want %v", got, direct)
 	}
 	seen := map[string]int{}

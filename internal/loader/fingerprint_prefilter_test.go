@@ -202,7 +202,7 @@ func TestFingerprintPrefilterFields(t *testing.T) {
 						t.Fatalf("%s: off by field %#x (%+v): verdict %d, want %d", name, uint32(field), q, got, want)
 					}
 				}
-				must(t, td.m.DeleteFingerprint(f.ID))
+				must(t, td.m.Fingerprints.Delete(f.ID))
 				if got := td.run(base.p.frame()); got != xdpPass {
 					t.Fatalf("%s: deleted, its packet: verdict %d, want pass", name, got)
 				}
@@ -272,7 +272,7 @@ func TestFingerprintPrefilterSharedPort(t *testing.T) {
 		if td.run(a.frame()) != xdpDrop || td.run(other.frame()) != xdpDrop {
 			t.Fatalf("mask %#x: both installed: a packet of one passed", uint32(second))
 		}
-		must(t, td.m.DeleteFingerprint(1))
+		must(t, td.m.Fingerprints.Delete(1))
 		if td.run(other.frame()) != xdpDrop {
 			t.Fatalf("mask %#x: the one left on the shared port no longer matches", uint32(second))
 		}
@@ -280,11 +280,11 @@ func TestFingerprintPrefilterSharedPort(t *testing.T) {
 			t.Fatalf("mask %#x: the deleted one still drops", uint32(second))
 		}
 		td.setFingerprint(fpFor(1, maps.FieldProto|maps.FieldDPort|maps.FieldLen, a, 32))
-		must(t, td.m.DeleteFingerprint(2))
+		must(t, td.m.Fingerprints.Delete(2))
 		if td.run(a.frame()) != xdpDrop || td.run(other.frame()) != xdpPass {
 			t.Fatalf("mask %#x: after deleting the other one", uint32(second))
 		}
-		must(t, td.m.DeleteFingerprint(1))
+		must(t, td.m.Fingerprints.Delete(1))
 	}
 
 	// 8 masks, then fingerprint 8 (alone in its mask) replaced under a
@@ -305,7 +305,7 @@ func TestFingerprintPrefilterSharedPort(t *testing.T) {
 	}
 	ninth := a
 	ninth.dport, ninth.sport = 9999, 9998
-	if err := td.m.SetFingerprint(fpFor(99, maps.FieldDPort|maps.FieldSPort, ninth, 32)); !errors.Is(err, maps.ErrFingerprintMasks) {
+	if err := td.m.Fingerprints.Set(fpFor(99, maps.FieldDPort|maps.FieldSPort, ninth, 32)); !errors.Is(err, maps.ErrFingerprintMasks) {
 		t.Fatalf("a ninth mask: %v", err)
 	}
 	if td.run(ninth.frame()) != xdpPass {
@@ -347,7 +347,7 @@ func TestFingerprintPrefilterRebuilt(t *testing.T) {
 	if td.run(p.frame()) != xdpPass {
 		t.Fatal("emptied prefilter: still matched (the test would prove nothing)")
 	}
-	must(t, td.m.DeleteFingerprint(42))
+	must(t, td.m.Fingerprints.Delete(42))
 	if td.run(p.frame()) != xdpDrop {
 		t.Fatal("after a fingerprint change: not matched again")
 	}
@@ -423,7 +423,7 @@ func TestFingerprintPrefilterRandom(t *testing.T) {
 		for op := 0; op < 1+rng.IntN(8); op++ {
 			id := uint32(1 + rng.IntN(40))
 			if _, ok := installed[id]; ok && rng.IntN(3) == 0 {
-				must(t, td.m.DeleteFingerprint(id))
+				must(t, td.m.Fingerprints.Delete(id))
 				delete(installed, id)
 				continue
 			}
@@ -440,7 +440,7 @@ func TestFingerprintPrefilterRandom(t *testing.T) {
 					want[keyOf(o)] = true
 				}
 			}
-			err := td.m.SetFingerprint(f)
+			err := td.m.Fingerprints.Set(f)
 			switch {
 			case len(want) > maps.MaxFingerprintMasks:
 				if !errors.Is(err, maps.ErrFingerprintMasks) {

@@ -13,14 +13,14 @@ import (
 
 func (td *testDatapath) setFingerprint(f maps.Fingerprint) {
 	td.tb.Helper()
-	if err := td.m.SetFingerprint(f); err != nil {
+	if err := td.m.Fingerprints.Set(f); err != nil {
 		td.tb.Fatalf("set fingerprint %d: %v", f.ID, err)
 	}
 }
 
 func (td *testDatapath) fingerprint(id uint32) maps.FingerprintState {
 	td.tb.Helper()
-	list, err := td.m.Fingerprints()
+	list, err := td.m.Fingerprints.All()
 	if err != nil {
 		td.tb.Fatal(err)
 	}
@@ -75,10 +75,10 @@ func TestFingerprintMatchDropsAndCounts(t *testing.T) {
 	if got := td.burst2(udpLen("198.18.1.1", 9999, 64), 20); got != 20 {
 		t.Fatalf("after the expiry: %d of 20 passed", got)
 	}
-	if n, err := td.m.PruneFingerprints(); err != nil || n != 1 {
+	if n, err := td.m.Fingerprints.Prune(); err != nil || n != 1 {
 		t.Fatalf("prune: %d, %v", n, err)
 	}
-	if list, err := td.m.Fingerprints(); err != nil || len(list) != 0 {
+	if list, err := td.m.Fingerprints.All(); err != nil || len(list) != 0 {
 		t.Fatalf("after pruning: %v %v", list, err)
 	}
 }
@@ -100,8 +100,8 @@ func TestFingerprintDryRunAndValidated(t *testing.T) {
 	if st := td.fingerprint(1); st.Matched.Packets != 10 || st.Dropped.Packets != 10 {
 		t.Fatalf("dry run counters %+v", st)
 	}
-	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.7"), maps.StandingValidated))
-	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.8"), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.1.7"), maps.StandingValidated))
+	must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.1.8"), maps.StandingEstablished))
 	// Budget zero, enforcing: every match refused.
 	td.setFingerprint(maps.Fingerprint{ID: 2, Mask: maps.FieldSrc | maps.FieldDPort, Src: netip.MustParsePrefix("198.18.1.0/24"),
 		DPort: 7001, Expires: exp})
@@ -136,7 +136,7 @@ func TestFingerprintMasks(t *testing.T) {
 		}
 		td.setFingerprint(f)
 	}
-	err := td.m.SetFingerprint(maps.Fingerprint{ID: 200, Mask: maps.FieldDPort | maps.FieldSPort, DPort: 1, SPort: 2, Expires: exp})
+	err := td.m.Fingerprints.Set(maps.Fingerprint{ID: 200, Mask: maps.FieldDPort | maps.FieldSPort, DPort: 1, SPort: 2, Expires: exp})
 	if !errors.Is(err, maps.ErrFingerprintMasks) {
 		t.Fatalf("a ninth mask: %v, want ErrFingerprintMasks", err)
 	}
@@ -155,11 +155,11 @@ func TestFingerprintMasks(t *testing.T) {
 	if td.run(packet.UDP4("198.18.1.1", 5000, 53, 10)) != xdpPass {
 		t.Fatal("a packet no fingerprint matches: dropped")
 	}
-	must(t, td.m.DeleteFingerprint(103))
+	must(t, td.m.Fingerprints.Delete(103))
 	if td.run(ttl) != xdpPass {
 		t.Fatal("TTL 3 after deleting its fingerprint: dropped")
 	}
-	must(t, td.m.SetFingerprint(maps.Fingerprint{ID: 200, Mask: maps.FieldDPort | maps.FieldSPort, DPort: 1, SPort: 2, Expires: exp}))
+	must(t, td.m.Fingerprints.Set(maps.Fingerprint{ID: 200, Mask: maps.FieldDPort | maps.FieldSPort, DPort: 1, SPort: 2, Expires: exp}))
 	for name, f := range map[string]maps.Fingerprint{
 		"no mask":    {ID: 1, Expires: exp},
 		"bad bits":   {ID: 1, Mask: 1 << 9, Expires: exp},
@@ -167,7 +167,7 @@ func TestFingerprintMasks(t *testing.T) {
 		"past":       {ID: 1, Mask: maps.FieldDPort, Expires: time.Now().Add(-time.Second)},
 		"src no pfx": {ID: 1, Mask: maps.FieldSrc, Expires: exp},
 	} {
-		if err := td.m.SetFingerprint(f); err == nil {
+		if err := td.m.Fingerprints.Set(f); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

@@ -100,7 +100,7 @@ func (td *testDatapath) run(frame []byte) uint32 {
 
 func (td *testDatapath) counters() maps.Counters {
 	td.tb.Helper()
-	c, err := td.m.Counters()
+	c, err := td.m.Counters.Totals()
 	if err != nil {
 		td.tb.Fatal(err)
 	}

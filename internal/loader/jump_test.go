@@ -50,7 +50,7 @@ func (td *jumpTD) step(sends map[string]int) {
 
 func (td *jumpTD) entry(src string) maps.StandingEntry {
 	td.tb.Helper()
-	e, err := td.m.LookupStanding(netip.MustParseAddr(src))
+	e, err := td.m.Standing.Lookup(netip.MustParseAddr(src))
 	if err != nil || !e.Tracked {
 		td.tb.Fatalf("standing of %s: %+v, %v", src, e, err)
 	}
@@ -75,8 +75,8 @@ func TestStandingUsualRateAndJump(t *testing.T) {
 	td.setClock(td.now)
 	td.apply(jumpGen())
 	const steady, bursty = "198.18.1.1", "198.18.1.2"
-	must(t, td.m.SetStanding(netip.MustParseAddr(steady), maps.StandingEstablished))
-	must(t, td.m.SetStanding(netip.MustParseAddr(bursty), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(steady), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(bursty), maps.StandingEstablished))
 
 	// Learn: the steady source at 5 per epoch; the bursty one 25 in one
 	// epoch, then idle 1-4 epochs (no packet: no update), repeatedly.
@@ -116,7 +116,7 @@ func TestStandingUsualRateAndJump(t *testing.T) {
 	// Jump: the steady source rises 6× (30 per epoch). The first epoch's
 	// measure covers the last quiet one; the next sees 30.
 	usual := e.UsualRate
-	before, err := td.m.StandingCounts()
+	before, err := td.m.Standing.Counts()
 	must(t, err)
 	td.step(map[string]int{steady: 30})
 	if e = td.entry(steady); e.Jumped {
@@ -129,7 +129,7 @@ func TestStandingUsualRateAndJump(t *testing.T) {
 			t.Fatalf("epoch %d at 30: %+v, want jumped, usual frozen at %.3f/s, current %.3f/s", i, e, usual, perEpoch(30))
 		}
 	}
-	after, err := td.m.StandingCounts()
+	after, err := td.m.Standing.Counts()
 	must(t, err)
 	if after.Jumped-before.Jumped != 1 {
 		t.Fatalf("jumped events %d, want 1 (one jump of one source)", after.Jumped-before.Jumped)
@@ -164,7 +164,7 @@ func TestStandingUsualRateAndJump(t *testing.T) {
 	// Under the minimum: 9 per epoch from a source whose usual is 2 per
 	// epoch is more than 4× but not above jump_min 10/s.
 	const slow = "198.18.1.3"
-	must(t, td.m.SetStanding(netip.MustParseAddr(slow), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(slow), maps.StandingEstablished))
 	for i := 0; i < 4; i++ {
 		td.step(map[string]int{slow: 2})
 	}
@@ -198,9 +198,9 @@ func TestStandingJumpedChargedAsNew(t *testing.T) {
 	td.apply(jumpGen())
 	const jumper, usual, vjumper, other = "198.18.1.1", "198.18.1.2", "198.18.1.3", "198.19.1.1"
 	for _, a := range []string{jumper, usual, other} {
-		must(t, td.m.SetStanding(netip.MustParseAddr(a), maps.StandingEstablished))
+		must(t, td.m.Standing.Set(netip.MustParseAddr(a), maps.StandingEstablished))
 	}
-	must(t, td.m.SetStanding(netip.MustParseAddr(vjumper), maps.StandingValidated))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(vjumper), maps.StandingValidated))
 	for i := 0; i < 6; i++ {
 		td.step(map[string]int{jumper: 3, usual: 3, vjumper: 3, other: 3})
 	}

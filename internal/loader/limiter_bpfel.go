@@ -134,6 +134,8 @@ type LimiterEgBtfAnchor struct {
 	Gate          uint32
 	SampleKind    uint32
 	FpField       uint32
+	TableDefaults uint32
+	_             [4]byte
 }
 
 type LimiterEgBucket struct {
@@ -606,6 +608,22 @@ const (
 	LimiterEgStandingWhyEG_WHY_SET           LimiterEgStandingWhy = 9
 	LimiterEgStandingWhyEG_WHY_TCP_HANDSHAKE LimiterEgStandingWhy = 10
 	LimiterEgStandingWhyEG_WHY_MAX           LimiterEgStandingWhy = 11
+)
+
+type LimiterEgTableDefaults uint32
+
+const (
+	LimiterEgTableDefaultsEG_TBL_MAX_RULES          LimiterEgTableDefaults = 1024
+	LimiterEgTableDefaultsEG_TBL_SRC_ENTRIES        LimiterEgTableDefaults = 1048576
+	LimiterEgTableDefaultsEG_TBL_AGG_ENTRIES        LimiterEgTableDefaults = 65536
+	LimiterEgTableDefaultsEG_TBL_PREFIX_ENTRIES     LimiterEgTableDefaults = 1048576
+	LimiterEgTableDefaultsEG_TBL_LIST_ENTRIES       LimiterEgTableDefaults = 65536
+	LimiterEgTableDefaultsEG_TBL_V4CHUNKS           LimiterEgTableDefaults = 262144
+	LimiterEgTableDefaultsEG_TBL_STANDING_ENTRIES   LimiterEgTableDefaults = 262144
+	LimiterEgTableDefaultsEG_TBL_L4ENTRIES          LimiterEgTableDefaults = 1024
+	LimiterEgTableDefaultsEG_TBL_KNOWN_GOOD_ENTRIES LimiterEgTableDefaults = 16384
+	LimiterEgTableDefaultsEG_TBL_OVERRIDE_ENTRIES   LimiterEgTableDefaults = 4096
+	LimiterEgTableDefaultsEG_TBL_AGG_STATS_ENTRIES  LimiterEgTableDefaults = 4096
 )
 
 type LimiterEgV4Entry struct {

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // DefaultPinDir is where a daemon pins its maps and links.
@@ -36,20 +38,23 @@ type Sizes struct {
 	StandingEntries uint32
 }
 
-// DefaultSizes are sized for a busy edge host: 1M sources take ~130 MiB;
-// the IPv4 direct table takes 2 × 32 MiB of chunks plus 1 MiB of level 1,
-// room for a full routing table's ASN facts and 100,000 rule prefixes.
+// DefaultSizes are the sizes of a policy without a tables: section
+// (policy.DefaultTables, the one default of each), sized for a busy edge
+// host: 1M sources take ~130 MiB; the IPv4 direct table takes 2 × 32 MiB of
+// chunks plus 1 MiB of level 1, room for a full routing table's ASN facts
+// and 100,000 rule prefixes; 256k standing entries take ~25 MiB.
 func DefaultSizes() Sizes {
+	return SizesOf(policy.DefaultTables())
+}
+
+// SizesOf are the sizes of a policy's tables: section. L4Entries, which
+// the policy does not size, is the C header's EG_DEFAULT_L4_ENTRIES.
+func SizesOf(t policy.Tables) Sizes {
 	return Sizes{
-		MaxRules:      1024,
-		SrcEntries:    1 << 20,
-		AggEntries:    1 << 18,
-		PrefixEntries: 1 << 20,
-		ListEntries:   1 << 16,
-		L4Entries:     1024,
-		V4Chunks:      1 << 18,
-		// 256k sources: ~25 MiB.
-		StandingEntries: 1 << 18,
+		MaxRules: t.MaxRules, SrcEntries: t.PerSourceEntries, AggEntries: t.AggregateEntries,
+		PrefixEntries: t.PrefixEntries, ListEntries: t.ListEntries, V4Chunks: t.IPv4DirectChunks,
+		StandingEntries: t.StandingEntries,
+		L4Entries:       uint32(LimiterEgTableDefaultsEG_TBL_L4ENTRIES),
 	}
 }
 
@@ -147,36 +152,17 @@ func (d *Datapath) Entry() *ebpf.Program {
 // or with different table sizes.
 var ErrIncompatiblePins = errors.New("pinned maps are incompatible with this program")
 
-// pinnedMaps are the maps that must survive a restart of the daemon.
-func pinnedMaps() []string {
-	return []string{
-		LimiterMapActive, LimiterMapConfigs, LimiterMapRules, LimiterMapLists,
-		LimiterMapPrefixGens, LimiterMapL4Rules, LimiterMapSrcBuckets,
-		LimiterMapAggBuckets, LimiterMapWholeBuckets, LimiterMapGlobalBuckets, LimiterMapStats,
-		LimiterMapRuleStats, LimiterMapSamples, LimiterMapIfaceSlots,
-		// A generation's config says whether it uses the direct table, so
-		// the table must outlive a restart with it.
-		LimiterMapV4L1, LimiterMapV4Chunks,
-		// The new-source filter defers a new source's first charge to
-		// its next packet: with an empty filter after a restart, every
-		// source, limited ones included, would get one packet through.
-		LimiterMapSeenFilter,
-		// Standing must survive restarts and policy swaps, or every
-		// established user would be new again after one.
-		LimiterMapStanding, LimiterMapStandingCfg, LimiterMapKnownGood, LimiterMapClassStats, LimiterMapStandingStats,
-		// Overrides stay in force across a crash until they expire; the
-		// gate says which rules look them up; watched aggregates keep
-		// counting.
-		LimiterMapOverrides, LimiterMapAggGate, LimiterMapAggWatches, LimiterMapAggStats,
-		// The 1-in-N sampler: settings per generation (with configs), its
-		// cap, counters and ring buffer.
-		LimiterMapSampleCfgs, LimiterMapRateSampleCap, LimiterMapRateSampleStats, LimiterMapRateSamples,
-		// Fingerprint rules stay in force across a crash until they expire.
-		LimiterMapFpRules, LimiterMapFpMasks, LimiterMapFpStats, LimiterMapFpPreWords,
+// unpinned makes spec load without pins, for a datapath without a PinDir.
+// With one, the maps the C marks LIBBPF_PIN_BY_NAME (bpf/headers/
+// edgeguard_maps.h says why each must survive a restart) are pinned.
+func unpinned(spec *ebpf.CollectionSpec) {
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
 	}
 }
 
-// Spec returns the collection spec with sizes and constants applied.
+// Spec returns the collection spec with sizes and constants applied. Its
+// maps are pinned by name as the C declares them (see unpinned).
 func Spec(sizes Sizes, testClock bool) (*ebpf.CollectionSpec, error) {
 	spec, err := LoadLimiter()
 	if err != nil {
@@ -274,9 +260,8 @@ func Load(opts Options) (_ *Datapath, err error) {
 			}()
 			collOpts.Maps.PinPath = tmp
 		}
-		for _, name := range pinnedMaps() {
-			spec.Maps[name].Pinning = ebpf.PinByName
-		}
+	} else {
+		unpinned(spec)
 	}
 
 	if err := spec.LoadAndAssign(&d.Objects, &collOpts); err != nil {

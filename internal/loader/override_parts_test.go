@@ -22,7 +22,7 @@ func partsGen(td *testDatapath) {
 	g.Standing = policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: time.Hour}
 	td.apply(g)
 	for _, ip := range []string{"198.18.1.7", "198.19.1.7"} {
-		if err := td.m.SetStanding(netip.MustParseAddr(ip), maps.StandingValidated); err != nil {
+		if err := td.m.Standing.Set(netip.MustParseAddr(ip), maps.StandingValidated); err != nil {
 			td.tb.Fatal(err)
 		}
 	}
@@ -42,7 +42,7 @@ func (td *testDatapath) newSources(prefix string, round int) int {
 
 func (td *testDatapath) onlyOverride(a maps.Aggregate) maps.Override {
 	td.tb.Helper()
-	list, err := td.m.Overrides()
+	list, err := td.m.Overrides.All()
 	if err != nil {
 		td.tb.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestOverrideShieldThenFleet(t *testing.T) {
 	// The share expires (and its debt is paid): the prune rewrites the
 	// shield's part alone, with its own expiry and its bucket.
 	td.setClock(ovrStart + 13*time.Second)
-	if n, err := td.m.PruneOverrides(); err != nil || n != 0 {
+	if n, err := td.m.Overrides.Prune(); err != nil || n != 0 {
 		t.Fatalf("prune after the share's expiry: %d deleted, %v; want 0 (the shield's part survives)", n, err)
 	}
 	o = td.onlyOverride(a)
@@ -132,10 +132,10 @@ func TestOverrideShieldThenFleet(t *testing.T) {
 	}
 	// Deleting the fleet's part (there is none left) changes nothing;
 	// deleting the shield's removes the override.
-	must(t, td.m.DeleteOverride(a, maps.OriginFleet))
+	must(t, td.m.Overrides.Delete(a, maps.OriginFleet))
 	wantParts(t, td.onlyOverride(a), maps.OriginShield)
-	must(t, td.m.DeleteOverride(a, maps.OriginShield))
-	if list, err := td.m.Overrides(); err != nil || len(list) != 0 {
+	must(t, td.m.Overrides.Delete(a, maps.OriginShield))
+	if list, err := td.m.Overrides.All(); err != nil || len(list) != 0 {
 		t.Fatalf("after deleting the shield's part: %+v, %v", list, err)
 	}
 	td.wantGateClear()
@@ -165,7 +165,7 @@ func TestOverrideFleetThenShield(t *testing.T) {
 	}
 
 	// The shield ends its action: the share stays.
-	must(t, td.m.DeleteOverride(a, maps.OriginShield))
+	must(t, td.m.Overrides.Delete(a, maps.OriginShield))
 	o := td.onlyOverride(a)
 	wantParts(t, o, maps.OriginFleet)
 	if o.NewBudget.Burst != 0 || o.Budget.Count != 10 || !nearExpiry(o.Expires, fleetExp, time.Second) {
@@ -180,7 +180,7 @@ func TestOverrideFleetThenShield(t *testing.T) {
 	td.setOverride(maps.Override{Aggregate: a, NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 3},
 		Expires: time.Now().Add(5 * time.Second), Origin: maps.OriginShield})
 	td.setClock(ovrStart + 8*time.Second)
-	if n, err := td.m.PruneOverrides(); err != nil || n != 0 {
+	if n, err := td.m.Overrides.Prune(); err != nil || n != 0 {
 		t.Fatalf("prune after the shield part's expiry: %d deleted, %v; want 0", n, err)
 	}
 	o = td.onlyOverride(a)
@@ -199,7 +199,7 @@ func TestOverrideFleetThenShield(t *testing.T) {
 	// Both again; deleting fleet's part keeps the shield's.
 	td.setOverride(maps.Override{Aggregate: a, NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 3},
 		Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield})
-	must(t, td.m.DeleteOverride(a, maps.OriginFleet))
+	must(t, td.m.Overrides.Delete(a, maps.OriginFleet))
 	o = td.onlyOverride(a)
 	wantParts(t, o, maps.OriginShield)
 	if o.Budget.Count != 0 || o.NewBudget.Burst != 3 {
@@ -240,7 +240,7 @@ func TestOverridePartsAfterRestart(t *testing.T) {
 		o.Parts[0].Expires.Before(fleetExp) || o.Parts[0].Expires.After(fleetExp.Add(time.Minute)) {
 		t.Fatalf("after the restart: parts %+v, want expiries %v and %v", o.Parts, fleetExp, shieldExp)
 	}
-	must(t, td.m.DeleteOverride(a, maps.OriginShield))
+	must(t, td.m.Overrides.Delete(a, maps.OriginShield))
 	o = td.onlyOverride(a)
 	wantParts(t, o, maps.OriginFleet)
 	if o.Budget.Count != 10 || o.NewBudget.Burst != 0 {
@@ -304,13 +304,13 @@ func TestOverridePartsExpireApart(t *testing.T) {
 		if got := td.burst("198.18.1.7", 150); got != 100 {
 			t.Fatalf("validated source after the share's expiry: %d of 150 passed, want the policy's burst of 100", got)
 		}
-		if n, err := td.m.PruneOverrides(); err != nil || n != 0 {
+		if n, err := td.m.Overrides.Prune(); err != nil || n != 0 {
 			t.Fatalf("prune after the share's expiry: %d deleted, %v; want 0", n, err)
 		}
 		if v, ok := td.rawOverride(a); !ok || v.Expires != 0 || v.Budget != (loader.LimiterEgBucketCfg{}) || v.NewExpires == 0 {
 			t.Fatalf("value after the prune: %+v (present %v), want the new-source part alone", v, ok)
 		}
-		must(t, td.m.DeleteOverride(a, maps.OriginShield))
+		must(t, td.m.Overrides.Delete(a, maps.OriginShield))
 	})
 
 	t.Run("new-source part first", func(t *testing.T) {
@@ -341,7 +341,7 @@ func TestOverridePartsExpireApart(t *testing.T) {
 		if got := td.burst("198.19.1.7", 20); got != 5 {
 			t.Fatalf("validated source after the new-source part's expiry: %d of 20 passed, want the share's 5", got)
 		}
-		if n, err := td.m.PruneOverrides(); err != nil || n != 0 {
+		if n, err := td.m.Overrides.Prune(); err != nil || n != 0 {
 			t.Fatalf("prune after the new-source part's expiry: %d deleted, %v; want 0", n, err)
 		}
 		if v, ok := td.rawOverride(a); !ok || v.NewExpires != 0 || v.NewBudget != (loader.LimiterEgBucketCfg{}) || v.Expires == 0 {
@@ -353,7 +353,7 @@ func TestOverridePartsExpireApart(t *testing.T) {
 		if got := td.burst("198.19.1.7", 150); got != 100 {
 			t.Fatalf("validated source after both expiries: %d of 150 passed, want the policy's 100", got)
 		}
-		if n, err := td.m.PruneOverrides(); err != nil || n != 1 {
+		if n, err := td.m.Overrides.Prune(); err != nil || n != 1 {
 			t.Fatalf("prune after both expiries: %d deleted, %v; want 1", n, err)
 		}
 		if _, ok := td.rawOverride(a); ok {

@@ -38,7 +38,7 @@ func asnAgg(rule, asn uint32) maps.Aggregate {
 
 func (td *testDatapath) setOverride(o maps.Override) {
 	td.tb.Helper()
-	if err := td.m.SetOverride(o); err != nil {
+	if err := td.m.Overrides.Set(o); err != nil {
 		td.tb.Fatalf("set override %v: %v", o.Aggregate, err)
 	}
 }
@@ -83,7 +83,7 @@ func TestOverrideTightensAndExpires(t *testing.T) {
 	if got := td.burst("198.19.1.1", 20); got != 20 {
 		t.Fatalf("AS64501, no override: %d of 20 passed, want all", got)
 	}
-	list, err := td.m.Overrides()
+	list, err := td.m.Overrides.All()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,10 +97,10 @@ func TestOverrideTightensAndExpires(t *testing.T) {
 	if got := td.burst("198.18.1.1", 150); got != 100 {
 		t.Fatalf("after the expiry: %d of 150 passed, want the policy's burst of 100", got)
 	}
-	if list, err := td.m.Overrides(); err != nil || len(list) != 0 {
+	if list, err := td.m.Overrides.All(); err != nil || len(list) != 0 {
 		t.Fatalf("overrides after the expiry: %v, %v; want none", list, err)
 	}
-	if n, err := td.m.PruneOverrides(); err != nil || n != 1 {
+	if n, err := td.m.Overrides.Prune(); err != nil || n != 1 {
 		t.Fatalf("prune: %d, %v; want 1", n, err)
 	}
 	td.wantGateClear()
@@ -113,11 +113,11 @@ func (td *testDatapath) sampleAll(g *policy.Compiled) (drops, rates *maps.Sample
 	g.Samples = policy.Limit{Rate: policy.Rate{Count: 1_000_000_000, Per: time.Second}, Burst: 1_000_000_000}
 	g.Sampling = policy.Sampling{OneIn: 1, MaxPerSecond: 1_000_000}
 	var err error
-	if drops, err = td.m.NewSampleReader(); err != nil {
+	if drops, err = td.m.Samples.NewDropReader(); err != nil {
 		td.tb.Fatal(err)
 	}
 	td.tb.Cleanup(func() { drops.Close() })
-	if rates, err = td.m.NewRateSampleReader(); err != nil {
+	if rates, err = td.m.Samples.NewRateReader(); err != nil {
 		td.tb.Fatal(err)
 	}
 	td.tb.Cleanup(func() { rates.Close() })
@@ -188,10 +188,10 @@ func TestOverrideKinds(t *testing.T) {
 		}
 		wantRefusedBy(t, drops, rates, 10, 0, maps.ReasonOverride, maps.ClassAggPrefix)
 		wrong := maps.Aggregate{Kind: maps.AggKindPrefix, Prefix: netip.MustParsePrefix("198.18.0.0/16")}
-		if err := td.m.SetOverride(maps.Override{Aggregate: wrong, Budget: budget, Expires: exp}); err == nil {
+		if err := td.m.Overrides.Set(maps.Override{Aggregate: wrong, Budget: budget, Expires: exp}); err == nil {
 			t.Fatal("a /16 override of a rule with /24 aggregates was accepted")
 		}
-		if err := td.m.SetOverride(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindWhole}, Budget: budget, Expires: exp}); err == nil {
+		if err := td.m.Overrides.Set(maps.Override{Aggregate: maps.Aggregate{Kind: maps.AggKindWhole}, Budget: budget, Expires: exp}); err == nil {
 			t.Fatal("a whole override of a derived rule was accepted")
 		}
 	})
@@ -244,7 +244,7 @@ func TestOverrideKinds(t *testing.T) {
 		g.Rules[0].PerASN = policy.Bucket{}
 		td.apply(g)
 		for _, a := range []maps.Aggregate{asnAgg(0, 64501), {Kind: maps.AggKindGlobal}} {
-			if err := td.m.SetOverride(maps.Override{Aggregate: a, Budget: budget, Expires: exp}); err == nil {
+			if err := td.m.Overrides.Set(maps.Override{Aggregate: a, Budget: budget, Expires: exp}); err == nil {
 				t.Errorf("override of %v, which has no budget, accepted", a)
 			}
 		}
@@ -263,7 +263,7 @@ func TestOverrideKinds(t *testing.T) {
 			"no prefix":        {Aggregate: maps.Aggregate{Kind: maps.AggKindPrefix}, Budget: budget, Expires: exp},
 			"bad kind":         {Aggregate: maps.Aggregate{Kind: 9}, Budget: budget, Expires: exp},
 		} {
-			err := td.m.SetOverride(o)
+			err := td.m.Overrides.Set(o)
 			if err == nil {
 				t.Errorf("%s: accepted", name)
 			}
@@ -271,7 +271,7 @@ func TestOverrideKinds(t *testing.T) {
 				t.Errorf("unknown rule: %v, want ErrUnknownRule", err)
 			}
 		}
-		if list, err := td.m.Overrides(); err != nil || len(list) != 0 {
+		if list, err := td.m.Overrides.All(); err != nil || len(list) != 0 {
 			t.Fatalf("after refusals: %v, %v", list, err)
 		}
 		td.wantGateClear()
@@ -288,9 +288,9 @@ func TestOverrideNewBudget(t *testing.T) {
 	g.Rules[0].PerASN = pkts(1000, 1000)
 	g.Standing = policy.Standing{EstablishedAfter: 30 * time.Second, Penalty: time.Hour}
 	td.apply(g)
-	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.7"), maps.StandingValidated))
-	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.8"), maps.StandingEstablished))
-	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.9"), maps.StandingPenalised))
+	must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.1.7"), maps.StandingValidated))
+	must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.1.8"), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.1.9"), maps.StandingPenalised))
 	td.setOverride(maps.Override{Aggregate: asnAgg(0, 64500), NewBudget: maps.Rate{Count: 1, Per: time.Hour, Burst: 3},
 		Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield})
 
@@ -373,7 +373,7 @@ func TestOverridesSurviveReloadAndApply(t *testing.T) {
 	td.setClock(ovrStart)
 	td.apply(asnGen(7))
 	td.setOverride(maps.Override{Aggregate: asnAgg(7, 64500), Budget: rate(1, 3), Expires: time.Now().Add(time.Hour)})
-	must(t, td.m.WatchAggregates(7, maps.AggKindASN, maps.OriginShield))
+	must(t, td.m.Overrides.Watch(7, maps.AggKindASN, maps.OriginShield))
 	if got := td.burst("198.18.1.1", 10); got != 3 {
 		t.Fatalf("before the restart: %d of 10 passed, want 3", got)
 	}
@@ -392,7 +392,7 @@ func TestOverridesSurviveReloadAndApply(t *testing.T) {
 	}
 	// Rule 7 is gone: so are its override and its watch.
 	td.apply(asnGen(8))
-	list, err := td.m.Overrides()
+	list, err := td.m.Overrides.All()
 	if err != nil || len(list) != 0 {
 		t.Fatalf("overrides after rule 7 left: %v, %v", list, err)
 	}
@@ -410,12 +410,12 @@ func TestAggregateCounters(t *testing.T) {
 	g := asnGen(0)
 	g.Rules[0].PerASN = pkts(1, 5)
 	td.apply(g)
-	must(t, td.m.WatchAggregates(0, maps.AggKindASN, maps.OriginShield))
-	must(t, td.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginShield))
-	if err := td.m.WatchAggregates(0, maps.AggKindPrefix, maps.OriginShield); err == nil {
+	must(t, td.m.Overrides.Watch(0, maps.AggKindASN, maps.OriginShield))
+	must(t, td.m.Overrides.Watch(0, maps.AggKindGlobal, maps.OriginShield))
+	if err := td.m.Overrides.Watch(0, maps.AggKindPrefix, maps.OriginShield); err == nil {
 		t.Fatal("watching the prefix aggregates of a rule without any was accepted")
 	}
-	if err := td.m.WatchAggregates(5, maps.AggKindASN, maps.OriginShield); !errors.Is(err, maps.ErrUnknownRule) {
+	if err := td.m.Overrides.Watch(5, maps.AggKindASN, maps.OriginShield); !errors.Is(err, maps.ErrUnknownRule) {
 		t.Fatalf("watching an unknown rule: %v, want ErrUnknownRule", err)
 	}
 	td.burst("198.18.1.1", 10)
@@ -424,7 +424,7 @@ func TestAggregateCounters(t *testing.T) {
 
 	read := func() map[string][2]uint64 {
 		t.Helper()
-		cs, err := td.m.AggregateCounters()
+		cs, err := td.m.Overrides.AggregateCounters()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -439,7 +439,7 @@ func TestAggregateCounters(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("aggregate counters %v, want %v", got, want)
 	}
-	must(t, td.m.UnwatchAggregates(0, maps.AggKindASN, maps.OriginShield))
+	must(t, td.m.Overrides.Unwatch(0, maps.AggKindASN, maps.OriginShield))
 	td.burst("198.18.1.1", 1)
 	got = read()
 	keys := make([]string, 0, len(got))
@@ -450,7 +450,7 @@ func TestAggregateCounters(t *testing.T) {
 	if fmt.Sprint(keys) != "[global]" || got["global"] != [2]uint64{10, 6} {
 		t.Fatalf("after unwatching the ASN aggregates: %v", got)
 	}
-	must(t, td.m.UnwatchAggregates(0, maps.AggKindGlobal, maps.OriginShield))
+	must(t, td.m.Overrides.Unwatch(0, maps.AggKindGlobal, maps.OriginShield))
 	td.wantGateClear()
 }
 
@@ -489,7 +489,7 @@ func TestOverrideBytes(t *testing.T) {
 			if got := td.burst("198.19.1.1", 200); got != 100 {
 				t.Errorf("AS64501, the policy's budget: %d of 200 passed, want the packet burst of 100", got)
 			}
-			list, err := td.m.Overrides()
+			list, err := td.m.Overrides.All()
 			if err != nil || len(list) != 1 || list[0].Bytes.Count != c.bytes.Count || list[0].Bytes.Burst != c.bytes.Burst ||
 				list[0].Budget.Count != c.budget.Count {
 				t.Errorf("read back %+v (%v), want budget %+v and bytes %+v", list, err, c.budget, c.bytes)

@@ -97,7 +97,7 @@ func (c *checker) cell(a maps.Action, r maps.Reason) maps.Counter {
 
 func (c *checker) ruleCounters(id uint32) maps.RuleCounters {
 	c.td.tb.Helper()
-	rc, err := c.td.m.RuleCounters([]uint32{id})
+	rc, err := c.td.m.Counters.Rules([]uint32{id})
 	if err != nil {
 		c.td.tb.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func (c *checker) send(name string, frame []byte, w verdict) {
 // loses its counters (its table slot is cleared when the id comes back).
 func (c *checker) sync() {
 	c.td.tb.Helper()
-	live, err := c.td.m.RuleSlots()
+	live, err := c.td.m.Generations.RuleSlots()
 	if err != nil {
 		c.td.tb.Fatal(err)
 	}

@@ -52,9 +52,9 @@ func TestPersonalBudget(t *testing.T) {
 			g := personalGen(headroom)
 			td.apply(g)
 			const user, cold, shook = "198.18.1.1", "198.18.1.2", "198.18.1.3"
-			must(t, td.m.SetStanding(netip.MustParseAddr(user), maps.StandingEstablished))
-			must(t, td.m.SetStanding(netip.MustParseAddr(cold), maps.StandingEstablished))
-			must(t, td.m.SetStandingWhy(netip.MustParseAddr(shook), maps.StandingValidated, maps.WhyTCP))
+			must(t, td.m.Standing.Set(netip.MustParseAddr(user), maps.StandingEstablished))
+			must(t, td.m.Standing.Set(netip.MustParseAddr(cold), maps.StandingEstablished))
+			must(t, td.m.Standing.SetWhy(netip.MustParseAddr(shook), maps.StandingValidated, maps.WhyTCP))
 			// Learn: 4 packets per epoch for 12 epochs, uncongested.
 			for range 12 {
 				td.step(map[string]int{user: 4})
@@ -157,8 +157,8 @@ func TestPersonalBudgetSlowRamp(t *testing.T) {
 	g := personalGen(2)
 	td.apply(g)
 	const ramp, jump = "198.18.1.1", "198.18.1.2"
-	must(t, td.m.SetStanding(netip.MustParseAddr(ramp), maps.StandingEstablished))
-	must(t, td.m.SetStanding(netip.MustParseAddr(jump), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(ramp), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(jump), maps.StandingEstablished))
 	for range 10 {
 		td.step(map[string]int{ramp: 2, jump: 2})
 	}
@@ -215,7 +215,7 @@ func TestPersonalBudgetOverride(t *testing.T) {
 	g := personalGen(2)
 	td.apply(g)
 	const user = "198.18.1.1"
-	must(t, td.m.SetStanding(netip.MustParseAddr(user), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(user), maps.StandingEstablished))
 	for range 8 {
 		td.step(map[string]int{user: 3})
 	}
@@ -238,7 +238,7 @@ func TestPenalisedLast(t *testing.T) {
 	td.setClock(td.now)
 	td.apply(personalGen(2))
 	const bad = "198.18.9.9"
-	must(t, td.m.SetStanding(netip.MustParseAddr(bad), maps.StandingPenalised))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(bad), maps.StandingPenalised))
 	// Below half of the new-source tolerance (25 of 50): not congested,
 	// the penalised source passes like anyone.
 	if got := td.fillBand(20); got != 20 {

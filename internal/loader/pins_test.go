@@ -34,7 +34,7 @@ func TestWholeBucketsFromOldPins(t *testing.T) {
 
 	first := open()
 	first.apply(g)
-	slots, err := first.m.RuleSlots()
+	slots, err := first.m.Generations.RuleSlots()
 	if err != nil {
 		t.Fatal(err)
 	}

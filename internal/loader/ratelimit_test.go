@@ -119,7 +119,7 @@ func TestNewSourceFilter(t *testing.T) {
 			t.Fatal("a first packet was dropped")
 		}
 	}
-	occ, err := td.m.Tables()
+	occ, err := td.m.Counters.Tables()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func (td *testDatapath) burst(src string, n int) (passed int) {
 
 func (td *testDatapath) classCounters() maps.ClassCounters {
 	td.tb.Helper()
-	c, err := td.m.ClassCounters()
+	c, err := td.m.Standing.ClassCounters()
 	if err != nil {
 		td.tb.Fatal(err)
 	}
@@ -70,13 +70,13 @@ func TestReserveAdmission(t *testing.T) {
 				user := "198.18.1.1"
 				switch privileged {
 				case "established":
-					must(t, td.m.SetStanding(netip.MustParseAddr(user), maps.StandingEstablished))
+					must(t, td.m.Standing.Set(netip.MustParseAddr(user), maps.StandingEstablished))
 				case "validated":
-					must(t, td.m.SetStanding(netip.MustParseAddr(user), maps.StandingValidated))
+					must(t, td.m.Standing.Set(netip.MustParseAddr(user), maps.StandingValidated))
 				default:
 					user = "198.18.200.9"
 				}
-				must(t, td.m.SetStanding(netip.MustParseAddr("198.18.9.9"), maps.StandingPenalised))
+				must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.9.9"), maps.StandingPenalised))
 				// New sources (many of them: a flood) fill it to the band.
 				flood := 0
 				for i := 0; i < 200; i++ {
@@ -121,7 +121,7 @@ func TestReserveAdmission(t *testing.T) {
 				}
 				// No refused flood source got an entry; the 100 admitted
 				// ones did (admitted at the new-source tolerance).
-				st, err := td.m.StandingCounts()
+				st, err := td.m.Standing.Counts()
 				must(t, err)
 				want := uint64(100)
 				if privileged == "known_good" {
@@ -141,7 +141,7 @@ func TestReserveOff(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(time.Hour)
 	td.apply(reserveGen(maps.ClassAggPrefix, 0))
-	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.1"), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.1.1"), maps.StandingEstablished))
 	if got := td.burst("198.18.2.2", 150); got != 100 {
 		t.Fatalf("new source: %d admitted, want the whole burst of 100", got)
 	}
@@ -184,7 +184,7 @@ func TestStandingLifecycle(t *testing.T) {
 	user := netip.MustParseAddr("198.18.1.1")
 	lookup := func() maps.StandingEntry {
 		t.Helper()
-		e, err := td.m.LookupStanding(user)
+		e, err := td.m.Standing.Lookup(user)
 		must(t, err)
 		return e
 	}
@@ -238,7 +238,7 @@ func TestStandingLifecycle(t *testing.T) {
 		td.burst(fmt.Sprintf("198.18.8.%d", i+1), 1)
 	}
 	td.burst(other.String(), 1)
-	e, err := td.m.LookupStanding(other)
+	e, err := td.m.Standing.Lookup(other)
 	must(t, err)
 	if e.Standing != maps.StandingNew || e.Why != maps.WhyCongested || e.CleanSinceNS != uint64(start+216*time.Second+100*time.Millisecond) {
 		t.Fatalf("admitted while congested: %+v", e)
@@ -248,7 +248,7 @@ func TestStandingLifecycle(t *testing.T) {
 		at(216*time.Second + 100*time.Millisecond + time.Duration(s)*time.Second)
 		td.burst(other.String(), 1)
 	}
-	if e, _ := td.m.LookupStanding(other); e.Standing != maps.StandingEstablished {
+	if e, _ := td.m.Standing.Lookup(other); e.Standing != maps.StandingEstablished {
 		t.Fatalf("31s after congestion: %+v", e)
 	}
 }
@@ -262,7 +262,7 @@ func TestStandingIdleRestarts(t *testing.T) {
 	td.burst("198.18.1.1", 1)
 	td.setClock(time.Hour + 10*time.Minute)
 	td.burst("198.18.1.1", 1)
-	e, err := td.m.LookupStanding(netip.MustParseAddr("198.18.1.1"))
+	e, err := td.m.Standing.Lookup(netip.MustParseAddr("198.18.1.1"))
 	must(t, err)
 	if e.Standing != maps.StandingNew || e.CleanSinceNS != uint64(time.Hour+10*time.Minute) {
 		t.Fatalf("after a 10 min gap: %+v", e)
@@ -277,17 +277,17 @@ func TestStandingTableFullEvictsNobody(t *testing.T) {
 	td := newTestDatapath(t, sizes)
 	td.apply(reserveGen(maps.ClassAggPrefix, half))
 	td.setClock(time.Hour)
-	must(t, td.m.SetStanding(netip.MustParseAddr("198.18.1.1"), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr("198.18.1.1"), maps.StandingEstablished))
 	for i := 0; i < 50; i++ {
 		td.setClock(time.Hour + time.Duration(i)*time.Second)
 		td.burst(fmt.Sprintf("198.18.3.%d", i+1), 1)
 	}
-	st, err := td.m.StandingCounts()
+	st, err := td.m.Standing.Counts()
 	must(t, err)
 	if st.Created != 7 || st.Full != 43 {
 		t.Errorf("created %d, refused (full) %d; want 7 and 43", st.Created, st.Full)
 	}
-	if e, _ := td.m.LookupStanding(netip.MustParseAddr("198.18.1.1")); e.Standing != maps.StandingEstablished {
+	if e, _ := td.m.Standing.Lookup(netip.MustParseAddr("198.18.1.1")); e.Standing != maps.StandingEstablished {
 		t.Fatalf("established source lost its standing: %+v", e)
 	}
 }
@@ -310,7 +310,7 @@ func TestReserveDropSamples(t *testing.T) {
 	g := reserveGen(maps.ClassAggASN, half)
 	g.Samples = policy.Limit{Rate: policy.Rate{Count: 1_000_000_000, Per: time.Second}, Burst: 1_000_000_000}
 	td.apply(g)
-	r, err := td.m.NewSampleReader()
+	r, err := td.m.Samples.NewDropReader()
 	must(t, err)
 	t.Cleanup(func() { r.Close() })
 	next := func() (maps.Sample, bool) {
@@ -322,7 +322,7 @@ func TestReserveDropSamples(t *testing.T) {
 		return s, true
 	}
 	user := "198.18.1.1"
-	must(t, td.m.SetStanding(netip.MustParseAddr(user), maps.StandingEstablished))
+	must(t, td.m.Standing.Set(netip.MustParseAddr(user), maps.StandingEstablished))
 	if got := td.burst("198.18.2.2", 60); got != 50 {
 		t.Fatalf("new source: %d of 60 admitted, want 50", got)
 	}

@@ -60,8 +60,8 @@ func TestRateSamplingEstimate(t *testing.T) {
 	td.setClock(ovrStart)
 	g := samplingGen(16, 1_000_000)
 	td.apply(g)
-	must(t, td.m.SetLists([]maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.9.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI}}))
-	r, err := td.m.NewRateSampleReader()
+	must(t, td.m.Lists.Set([]maps.ListEntry{{Prefix: netip.MustParsePrefix("198.18.9.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI}}))
+	r, err := td.m.Samples.NewRateReader()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestRateSamplingEstimate(t *testing.T) {
 		}
 		t.Logf("%s: %d samples, estimate %v of %d", name, cnt[i], est, n)
 	}
-	c, err := td.m.SamplerCounters()
+	c, err := td.m.Samples.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestRateSamplingCapKeepsWeight(t *testing.T) {
 	td := newTestDatapath(t, smallSizes)
 	td.setClock(ovrStart)
 	td.apply(samplingGen(16, 10)) // 10/s, a burst of 1
-	r, err := td.m.NewRateSampleReader()
+	r, err := td.m.Samples.NewRateReader()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestRateSamplingCapKeepsWeight(t *testing.T) {
 	frame := packet.UDP4("198.18.1.1", 5000, 53, 10)
 	td.runN(frame, 20000) // on a frozen clock: one sample goes out
 	got := drainRateSamples(t, r)
-	c, err := td.m.SamplerCounters()
+	c, err := td.m.Samples.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,12 +143,12 @@ func TestRateSamplingCapKeepsWeight(t *testing.T) {
 	td.setClock(ovrStart + 100*time.Millisecond)
 	for i := 0; i < 1000; i++ {
 		td.run(frame)
-		if c2, _ := td.m.SamplerCounters(); c2.Sent == 2 {
+		if c2, _ := td.m.Samples.Counters(); c2.Sent == 2 {
 			break
 		}
 	}
 	got = append(got, drainRateSamples(t, r)...)
-	c, err = td.m.SamplerCounters()
+	c, err = td.m.Samples.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestRateSamplingOff(t *testing.T) {
 	td.setClock(ovrStart)
 	td.apply(samplingGen(0, 1000))
 	td.runN(packet.UDP4("198.18.1.1", 5000, 53, 10), 10000)
-	c, err := td.m.SamplerCounters()
+	c, err := td.m.Samples.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}

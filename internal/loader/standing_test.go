@@ -29,68 +29,68 @@ func TestStandingTable(t *testing.T) {
 	td.apply(g)
 
 	a := netip.MustParseAddr("198.18.0.1")
-	e, err := td.m.LookupStanding(a)
+	e, err := td.m.Standing.Lookup(a)
 	if err != nil || e.Tracked || e.Standing != maps.StandingNew || e.Why != maps.WhyNone {
 		t.Fatalf("unknown source: %+v, %v", e, err)
 	}
-	if err := td.m.SetStanding(a, maps.StandingValidated); err != nil {
+	if err := td.m.Standing.Set(a, maps.StandingValidated); err != nil {
 		t.Fatal(err)
 	}
-	e, err = td.m.LookupStanding(netip.MustParseAddr("::ffff:198.18.0.1"))
+	e, err = td.m.Standing.Lookup(netip.MustParseAddr("::ffff:198.18.0.1"))
 	if err != nil || !e.Tracked || e.Standing != maps.StandingValidated || e.Why != maps.WhyL7 || e.SinceNS != uint64(10*time.Second) ||
 		e.Addr != a {
 		t.Fatalf("after SetStanding validated: %+v, %v", e, err)
 	}
 	// IPv6 is keyed by its /64: another host of the /64 is the same source.
-	if err := td.m.SetStandingWhy(netip.MustParseAddr("fd00:1:2:3::1"), maps.StandingPenalised, maps.WhySet); err != nil {
+	if err := td.m.Standing.SetWhy(netip.MustParseAddr("fd00:1:2:3::1"), maps.StandingPenalised, maps.WhySet); err != nil {
 		t.Fatal(err)
 	}
-	e, err = td.m.LookupStanding(netip.MustParseAddr("fd00:1:2:3:ffff::9"))
+	e, err = td.m.Standing.Lookup(netip.MustParseAddr("fd00:1:2:3:ffff::9"))
 	if err != nil || e.Standing != maps.StandingPenalised || e.Addr != netip.MustParseAddr("fd00:1:2:3::") {
 		t.Fatalf("ipv6 /64: %+v, %v", e, err)
 	}
 	// Known good: established without an entry; an entry of its own wins.
 	kg := netip.MustParseAddr("198.51.100.77")
-	if e, err = td.m.LookupStanding(kg); err != nil || e.Standing != maps.StandingEstablished || !e.KnownGood || e.Tracked {
+	if e, err = td.m.Standing.Lookup(kg); err != nil || e.Standing != maps.StandingEstablished || !e.KnownGood || e.Tracked {
 		t.Fatalf("known good: %+v, %v", e, err)
 	}
-	if err := td.m.SetStanding(kg, maps.StandingPenalised); err != nil {
+	if err := td.m.Standing.Set(kg, maps.StandingPenalised); err != nil {
 		t.Fatal(err)
 	}
-	if e, err = td.m.LookupStanding(kg); err != nil || e.Standing != maps.StandingPenalised || e.KnownGood {
+	if e, err = td.m.Standing.Lookup(kg); err != nil || e.Standing != maps.StandingPenalised || e.KnownGood {
 		t.Fatalf("known good with own entry: %+v, %v", e, err)
 	}
-	if err := td.m.SetStanding(netip.MustParseAddr("198.18.0.4"), maps.StandingEstablished); err != nil {
+	if err := td.m.Standing.Set(netip.MustParseAddr("198.18.0.4"), maps.StandingEstablished); err != nil {
 		t.Fatal(err)
 	}
 	// The table holds 4: the fifth is refused, and nobody is evicted.
-	err = td.m.SetStanding(netip.MustParseAddr("198.18.0.5"), maps.StandingEstablished)
+	err = td.m.Standing.Set(netip.MustParseAddr("198.18.0.5"), maps.StandingEstablished)
 	if err == nil || !strings.Contains(err.Error(), "standing table full") {
 		t.Fatalf("fifth entry: %v", err)
 	}
-	all, err := td.m.Standings()
+	all, err := td.m.Standing.All()
 	if err != nil || len(all) != 4 {
 		t.Fatalf("standings: %d entries, %v", len(all), err)
 	}
-	if err := td.m.SetStanding(a, maps.Standing(9)); err == nil {
+	if err := td.m.Standing.Set(a, maps.Standing(9)); err == nil {
 		t.Error("unknown standing accepted")
 	}
-	if err := td.m.SetStanding(netip.Addr{}, maps.StandingNew); err == nil {
+	if err := td.m.Standing.Set(netip.Addr{}, maps.StandingNew); err == nil {
 		t.Error("invalid address accepted")
 	}
-	if _, err := td.m.LookupStanding(netip.Addr{}); err == nil {
+	if _, err := td.m.Standing.Lookup(netip.Addr{}); err == nil {
 		t.Error("invalid address looked up")
 	}
 	// A policy without known_good removes the prefixes.
 	g.Standing.KnownGood = nil
 	td.apply(g)
-	if e, err = td.m.LookupStanding(netip.MustParseAddr("2001:db8::1")); err != nil || e.Standing != maps.StandingNew {
+	if e, err = td.m.Standing.Lookup(netip.MustParseAddr("2001:db8::1")); err != nil || e.Standing != maps.StandingNew {
 		t.Fatalf("known good removed: %+v, %v", e, err)
 	}
-	if err := td.m.DeleteStanding(a); err != nil {
+	if err := td.m.Standing.Delete(a); err != nil {
 		t.Fatal(err)
 	}
-	if e, _ = td.m.LookupStanding(a); e.Tracked {
+	if e, _ = td.m.Standing.Lookup(a); e.Tracked {
 		t.Fatal("deleted entry still tracked")
 	}
 }
@@ -104,12 +104,12 @@ func TestStandingSurvivesRestart(t *testing.T) {
 	td := openPinnedTestDatapath(t, smallSizes, pin)
 	td.apply(defaultGen(policy.CompiledRule{ID: 0, SourceKey: policy.KeyBits{V4: 32, V6: 64}}))
 	a := netip.MustParseAddr("198.18.3.4")
-	if err := td.m.SetStanding(a, maps.StandingEstablished); err != nil {
+	if err := td.m.Standing.Set(a, maps.StandingEstablished); err != nil {
 		t.Fatal(err)
 	}
 	td.d.Close()
 	td2 := openPinnedTestDatapath(t, smallSizes, pin)
-	if e, err := td2.m.LookupStanding(a); err != nil || e.Standing != maps.StandingEstablished {
+	if e, err := td2.m.Standing.Lookup(a); err != nil || e.Standing != maps.StandingEstablished {
 		t.Fatalf("after restart: %+v, %v", e, err)
 	}
 }
@@ -145,7 +145,7 @@ func TestStandingTCPValidation(t *testing.T) {
 	td.run(frame(client.Port, server.Port+1))
 	td.setClock(time.Hour + 2*time.Second)
 	td.run(frame(client.Port, server.Port+1))
-	e, err := td.m.LookupStanding(lo)
+	e, err := td.m.Standing.Lookup(lo)
 	must(t, err)
 	if e.Standing != maps.StandingNew {
 		t.Fatalf("no connection: %+v", e)
@@ -153,10 +153,10 @@ func TestStandingTCPValidation(t *testing.T) {
 	// Its connection: validated at the next epoch's first packet.
 	td.setClock(time.Hour + 4*time.Second)
 	td.run(frame(client.Port, server.Port))
-	if e, _ = td.m.LookupStanding(lo); e.Standing != maps.StandingValidated || e.Why != maps.WhyTCP {
+	if e, _ = td.m.Standing.Lookup(lo); e.Standing != maps.StandingValidated || e.Why != maps.WhyTCP {
 		t.Fatalf("established connection: %+v", e)
 	}
-	st, err := td.m.StandingCounts()
+	st, err := td.m.Standing.Counts()
 	must(t, err)
 	if st.Validated != 1 {
 		t.Errorf("validated_tcp events: %d, want 1", st.Validated)

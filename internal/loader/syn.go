@@ -54,18 +54,6 @@ type SynPath struct {
 	log       *slog.Logger
 }
 
-// synPinnedMaps survive a restart: the secret (cookies in flight stay
-// valid), budgets, auto state and counters, and
-// syn_next: the kernel empties a program array when its last user-space
-// reference goes, so without a pin a daemon that dies would leave the SYN
-// path tail-calling nothing, and every packet would pass unlimited.
-func synPinnedMaps() []string {
-	return []string{
-		SyncookieMapSynAnswers, SyncookieMapSynCounters, SyncookieMapSynEndpoints, SyncookieMapSynSecret,
-		SyncookieMapSynServices, SyncookieMapSynState, SyncookieMapSynNext,
-	}
-}
-
 // LoadSyn loads the SYN path in front of dp's limiter: from then on,
 // dp.Attach attaches the SYN path's XDP program, which hands the limiter
 // every packet it does not decide (tail call). On a kernel without what it
@@ -101,16 +89,17 @@ func LoadSyn(dp *Datapath, opts SynOptions) (_ *SynPath, err error) {
 	if os.Getenv("EG_SYN_VLOG") != "" {
 		collOpts.Programs.LogLevel = ebpf.LogLevelBranch
 	}
-	if dp.pinDir != "" {
+	// The maps bpf/syncookie.c marks LIBBPF_PIN_BY_NAME are pinned, with
+	// a PinDir; the shared ones are the limiter's.
+	if dp.pinDir == "" {
+		unpinned(spec)
+	} else {
 		s.pinDir = filepath.Join(dp.pinDir, "syn")
 		mapDir := filepath.Join(s.pinDir, "maps")
 		if err := os.MkdirAll(mapDir, 0o700); err != nil {
 			return nil, fmt.Errorf("create syn pin dir: %w", err)
 		}
 		collOpts.Maps.PinPath = mapDir
-		for _, name := range synPinnedMaps() {
-			spec.Maps[name].Pinning = ebpf.PinByName
-		}
 		// Before standing was shared, validated sources had a table of
 		// their own; its pin holds nothing anyone reads now.
 		old := filepath.Join(mapDir, "syn_validated")

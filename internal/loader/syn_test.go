@@ -338,7 +338,7 @@ func TestSynCookieAnswer(t *testing.T) {
 				}
 				// The source is validated in the limiter's own standing
 				// table (shared with the SYN path).
-				if e, err := p.m.LookupStanding(src); err != nil || !e.Tracked || e.Standing != maps.StandingValidated ||
+				if e, err := p.m.Standing.Lookup(src); err != nil || !e.Tracked || e.Standing != maps.StandingValidated ||
 					e.Why != maps.WhyTCP || e.SinceNS != uint64(now+30*time.Second) {
 					t.Errorf("standing after a valid cookie: %+v, %v; want validated (tcp) since %v", e, err, now+30*time.Second)
 				}
@@ -558,17 +558,17 @@ func TestSynValidatedStanding(t *testing.T) {
 			user := netip.MustParseAddr("198.18.20.1")
 			now := time.Hour
 			p.at(t, now)
-			if e, _ := p.m.LookupStanding(user); e.Tracked {
+			if e, _ := p.m.Standing.Lookup(user); e.Tracked {
 				t.Fatalf("standing before any handshake: %+v", e)
 			}
 			if ret := p.handshake(t, user, dst, 40001, 1000); ret != xdpPass {
 				t.Fatalf("ACK with our cookie: action %d, want pass", ret)
 			}
-			e, err := p.m.LookupStanding(user)
+			e, err := p.m.Standing.Lookup(user)
 			if err != nil || e.Standing != maps.StandingValidated || e.Why != maps.WhyTCP || e.SinceNS != uint64(now) {
 				t.Fatalf("standing: %+v %v; want validated (tcp) since %v", e, err, now)
 			}
-			if ev, err := p.m.StandingCounts(); err != nil || ev.Created != 1 || ev.Validated != 1 {
+			if ev, err := p.m.Standing.Counts(); err != nil || ev.Created != 1 || ev.Validated != 1 {
 				t.Errorf("standing events %+v %v: want 1 created, 1 validated", ev, err)
 			}
 			// Within validated_for: the SYN goes on to the limiter (and
@@ -582,16 +582,16 @@ func TestSynValidatedStanding(t *testing.T) {
 			if ret := p.handshake(t, user, dst, 40003, 2000); ret != xdpPass {
 				t.Errorf("renewing handshake: ACK action %d, want pass", ret)
 			}
-			if e, _ := p.m.LookupStanding(user); e.Standing != maps.StandingValidated || e.SinceNS != uint64(now+61*time.Second) {
+			if e, _ := p.m.Standing.Lookup(user); e.Standing != maps.StandingValidated || e.SinceNS != uint64(now+61*time.Second) {
 				t.Errorf("standing after renewal: %+v, want since %v", e, now+61*time.Second)
 			}
-			if ev, _ := p.m.StandingCounts(); ev.Created != 1 || ev.Validated != 1 {
+			if ev, _ := p.m.Standing.Counts(); ev.Created != 1 || ev.Validated != 1 {
 				t.Errorf("standing events %+v: a renewal is not a new validation", ev)
 			}
 			// Validated by the L7 stage (or a connection the limiter
 			// saw): the same bypass.
 			l7 := netip.MustParseAddr("198.18.21.1")
-			if err := p.m.SetStanding(l7, maps.StandingValidated); err != nil {
+			if err := p.m.Standing.Set(l7, maps.StandingValidated); err != nil {
 				t.Fatal(err)
 			}
 			if ret, _ := p.run(t, synFrom(l7, 40004)); ret != xdpPass {
@@ -600,13 +600,13 @@ func TestSynValidatedStanding(t *testing.T) {
 			// Penalised: a handshake does not lift the penalty, and
 			// gives no bypass.
 			bad := netip.MustParseAddr("198.18.22.1")
-			if err := p.m.SetStanding(bad, maps.StandingPenalised); err != nil {
+			if err := p.m.Standing.Set(bad, maps.StandingPenalised); err != nil {
 				t.Fatal(err)
 			}
 			if ret := p.handshake(t, bad, dst, 40005, 3000); ret != xdpPass {
 				t.Errorf("penalised source's ACK: action %d, want pass (the limiter decides)", ret)
 			}
-			if e, _ := p.m.LookupStanding(bad); e.Standing != maps.StandingPenalised {
+			if e, _ := p.m.Standing.Lookup(bad); e.Standing != maps.StandingPenalised {
 				t.Errorf("penalised source after a handshake: %+v, want still penalised", e)
 			}
 			if ret, _ := p.run(t, synFrom(bad, 40006)); ret != xdpTX {
@@ -645,7 +645,7 @@ func TestSynValidatedStanding(t *testing.T) {
 			}
 			// Standing is per /64: another address of it bypasses, one
 			// of another /64 does not.
-			if e, _ := p.m.LookupStanding(netip.MustParseAddr("fd00:0:0:7::99")); e.Standing != maps.StandingValidated {
+			if e, _ := p.m.Standing.Lookup(netip.MustParseAddr("fd00:0:0:7::99")); e.Standing != maps.StandingValidated {
 				t.Errorf("standing of the /64: %+v", e)
 			}
 			if ret, _ := syn(netip.MustParseAddr("fd00:0:0:7::99"), 40011); ret != xdpPass {
@@ -670,7 +670,7 @@ func TestSynValidatedStanding(t *testing.T) {
 			p.at(t, time.Hour)
 			kept := []netip.Addr{netip.MustParseAddr("198.18.30.1"), netip.MustParseAddr("198.18.30.2")}
 			for _, a := range kept {
-				if err := p.m.SetStanding(a, maps.StandingEstablished); err != nil {
+				if err := p.m.Standing.Set(a, maps.StandingEstablished); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -678,15 +678,15 @@ func TestSynValidatedStanding(t *testing.T) {
 			if ret := p.handshake(t, late, dst, 40020, 1); ret != xdpPass {
 				t.Errorf("ACK with the table full: action %d, want pass (the cookie still works)", ret)
 			}
-			if e, _ := p.m.LookupStanding(late); e.Tracked {
+			if e, _ := p.m.Standing.Lookup(late); e.Tracked {
 				t.Errorf("entered although the table is full: %+v", e)
 			}
 			for _, a := range kept {
-				if e, _ := p.m.LookupStanding(a); e.Standing != maps.StandingEstablished {
+				if e, _ := p.m.Standing.Lookup(a); e.Standing != maps.StandingEstablished {
 					t.Errorf("%v evicted or changed: %+v", a, e)
 				}
 			}
-			if ev, _ := p.m.StandingCounts(); ev.Full != 1 || ev.Validated != 0 {
+			if ev, _ := p.m.Standing.Counts(); ev.Full != 1 || ev.Validated != 0 {
 				t.Errorf("standing events %+v: want 1 full, 0 validated", ev)
 			}
 			if ret, _ := p.run(t, synFrom(late, 40021)); ret != xdpTX {

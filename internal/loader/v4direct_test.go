@@ -57,7 +57,7 @@ type factProbe struct {
 func newFactProbe(t *testing.T, td *testDatapath) *factProbe {
 	t.Helper()
 	td.setClock(t0)
-	r, err := td.m.NewSampleReader()
+	r, err := td.m.Samples.NewDropReader()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,12 +86,12 @@ func probeGen(facts []policy.PrefixFact) policy.Compiled {
 func (p *factProbe) apply(t *testing.T, g policy.Compiled, direct bool) {
 	t.Helper()
 	if direct {
-		p.td.m.SetV4DirectMinFacts(0)
+		p.td.m.Generations.SetV4DirectMinFacts(0)
 	} else {
-		p.td.m.SetV4DirectMinFacts(math.MaxInt)
+		p.td.m.Generations.SetV4DirectMinFacts(math.MaxInt)
 	}
 	p.td.apply(g)
-	if st := p.td.m.V4Direct(); st.Used != direct {
+	if st := p.td.m.Generations.V4Direct(); st.Used != direct {
 		t.Fatalf("direct table used = %v, want %v (%+v)", st.Used, direct, st)
 	}
 	if got := p.configFlag(t); got != direct {
@@ -102,7 +102,7 @@ func (p *factProbe) apply(t *testing.T, g policy.Compiled, direct bool) {
 // configFlag reads the live generation's v4_direct flag.
 func (p *factProbe) configFlag(t *testing.T) bool {
 	t.Helper()
-	gen, err := p.td.m.ActiveGen()
+	gen, err := p.td.m.Generations.Active()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestV4DirectFallsBackWhenOverBudget(t *testing.T) {
 	t.Cleanup(func() { d.Close() })
 	td := &testDatapath{tb: t, d: d, m: maps.New(d)}
 	p := newFactProbe(t, td)
-	td.m.SetV4DirectMinFacts(0)
+	td.m.Generations.SetV4DirectMinFacts(0)
 
 	check := func() {
 		t.Helper()
@@ -338,12 +338,12 @@ func TestV4DirectFallsBackWhenOverBudget(t *testing.T) {
 
 	// Two chunks: fits exactly.
 	td.apply(probeGen(threeSixteens[1:]))
-	if st := td.m.V4Direct(); !st.Used || st.Chunks != 2 || !p.configFlag(t) {
+	if st := td.m.Generations.V4Direct(); !st.Used || st.Chunks != 2 || !p.configFlag(t) {
 		t.Fatalf("two chunks in a budget of two: %+v, flag %v", st, p.configFlag(t))
 	}
 	// Three: the generation uses the trie, says so, and still answers.
 	td.apply(probeGen(threeSixteens))
-	st := td.m.V4Direct()
+	st := td.m.Generations.V4Direct()
 	if st.Used || p.configFlag(t) || st.Chunks <= st.Capacity || !strings.Contains(st.Reason, "more than 2 chunks") {
 		t.Fatalf("three chunks in a budget of two: %+v, flag %v", st, p.configFlag(t))
 	}
@@ -353,7 +353,7 @@ func TestV4DirectFallsBackWhenOverBudget(t *testing.T) {
 	check()
 	// And back to a table that fits, in the other generation's half.
 	td.apply(probeGen(threeSixteens[1:]))
-	if st := td.m.V4Direct(); !st.Used {
+	if st := td.m.Generations.V4Direct(); !st.Used {
 		t.Fatalf("back to two chunks: %+v", st)
 	}
 }
@@ -433,7 +433,7 @@ func TestV4DirectSurvivesReopen(t *testing.T) {
 		t.Fatal("re-opened datapath: live generation does not use the direct table")
 	}
 	// The trie must not be what answers: empty the live generation's trie.
-	gen, err := second.m.ActiveGen()
+	gen, err := second.m.Generations.Active()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,7 @@ func aggBuckets(td *testDatapath) map[refmodel.AggKey]refmodel.Bucket {
 // whole_buckets in the live generation.
 func wholeBucket(td *testDatapath, rule uint32) refmodel.Bucket {
 	td.tb.Helper()
-	slots, err := td.m.RuleSlots()
+	slots, err := td.m.Generations.RuleSlots()
 	if err != nil {
 		td.tb.Fatal(err)
 	}
@@ -492,7 +492,7 @@ func TestVerdicts(t *testing.T) {
 			td.tb = t
 			clearTables(td)
 			td.apply(tc.gen)
-			if err := td.m.SetLists(tc.lists); err != nil {
+			if err := td.m.Lists.Set(tc.lists); err != nil {
 				t.Fatalf("set lists: %v", err)
 			}
 			c := newChecker(td)
@@ -590,7 +590,7 @@ func TestIPv6V4MappedSourceIsMalformed(t *testing.T) {
 	g := generation(policy.CompiledRule{ID: 0, PerSource: pkts(1, 1)})
 	g.Global = pkts(1, 1)
 	td.apply(g)
-	if err := td.m.SetLists([]maps.ListEntry{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllowUntil: maps.Forever}}); err != nil {
+	if err := td.m.Lists.Set([]maps.ListEntry{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllowUntil: maps.Forever}}); err != nil {
 		t.Fatal(err)
 	}
 	td.setClock(t0)

@@ -15,7 +15,7 @@ func (td *testDatapath) counted() []string {
 	td.tb.Helper()
 	td.burst("198.18.1.1", 1)
 	td.burst("198.19.1.1", 1)
-	cs, err := td.m.AggregateCounters()
+	cs, err := td.m.Overrides.AggregateCounters()
 	if err != nil {
 		td.tb.Fatal(err)
 	}
@@ -40,21 +40,21 @@ func TestWatchOwners(t *testing.T) {
 	both := "[rule 7 asn 64500 rule 7 asn 64501]"
 	for _, order := range [][2]maps.Origin{{maps.OriginShield, maps.OriginFleet}, {maps.OriginFleet, maps.OriginShield}} {
 		first, second := order[0], order[1]
-		must(t, td.m.WatchAggregates(7, maps.AggKindASN, first))
-		must(t, td.m.WatchAggregates(7, maps.AggKindASN, second))
-		must(t, td.m.WatchAggregates(7, maps.AggKindASN, second)) // again: a no-op
+		must(t, td.m.Overrides.Watch(7, maps.AggKindASN, first))
+		must(t, td.m.Overrides.Watch(7, maps.AggKindASN, second))
+		must(t, td.m.Overrides.Watch(7, maps.AggKindASN, second)) // again: a no-op
 		if got := fmt.Sprint(td.counted()); got != both {
 			t.Fatalf("watched by both: counted %s, want %s", got, both)
 		}
-		must(t, td.m.UnwatchAggregates(7, maps.AggKindASN, first))
-		must(t, td.m.UnwatchAggregates(7, maps.AggKindASN, first)) // twice: a no-op
+		must(t, td.m.Overrides.Unwatch(7, maps.AggKindASN, first))
+		must(t, td.m.Overrides.Unwatch(7, maps.AggKindASN, first)) // twice: a no-op
 		if got := fmt.Sprint(td.counted()); got != both {
 			t.Fatalf("owner %d let go, owner %d holds it: counted %s, want %s", first, second, got, both)
 		}
-		if !td.m.WatchedBy(second)[asn7] || td.m.WatchedBy(first)[asn7] {
-			t.Fatalf("WatchedBy after owner %d let go: %d: %v, %d: %v", first, first, td.m.WatchedBy(first), second, td.m.WatchedBy(second))
+		if !td.m.Overrides.WatchedBy(second)[asn7] || td.m.Overrides.WatchedBy(first)[asn7] {
+			t.Fatalf("WatchedBy after owner %d let go: %d: %v, %d: %v", first, first, td.m.Overrides.WatchedBy(first), second, td.m.Overrides.WatchedBy(second))
 		}
-		must(t, td.m.UnwatchAggregates(7, maps.AggKindASN, second))
+		must(t, td.m.Overrides.Unwatch(7, maps.AggKindASN, second))
 		if got := td.counted(); len(got) != 0 {
 			t.Fatalf("both let go: still counted %v", got)
 		}
@@ -62,26 +62,26 @@ func TestWatchOwners(t *testing.T) {
 	}
 
 	// A policy swap that removes rule 7 drops its watch, whoever held it.
-	must(t, td.m.WatchAggregates(7, maps.AggKindASN, maps.OriginShield))
-	must(t, td.m.WatchAggregates(7, maps.AggKindASN, maps.OriginFleet))
-	must(t, td.m.WatchAggregates(0, maps.AggKindGlobal, maps.OriginFleet))
+	must(t, td.m.Overrides.Watch(7, maps.AggKindASN, maps.OriginShield))
+	must(t, td.m.Overrides.Watch(7, maps.AggKindASN, maps.OriginFleet))
+	must(t, td.m.Overrides.Watch(0, maps.AggKindGlobal, maps.OriginFleet))
 	td.apply(asnGen(8))
-	if w := td.m.WatchedBy(maps.OriginShield); len(w) != 0 {
+	if w := td.m.Overrides.WatchedBy(maps.OriginShield); len(w) != 0 {
 		t.Fatalf("the shield still watches %v after rule 7 left", w)
 	}
-	if w := td.m.WatchedBy(maps.OriginFleet); fmt.Sprint(w) != fmt.Sprint(map[maps.Watch]bool{{Kind: maps.AggKindGlobal}: true}) {
+	if w := td.m.Overrides.WatchedBy(maps.OriginFleet); fmt.Sprint(w) != fmt.Sprint(map[maps.Watch]bool{{Kind: maps.AggKindGlobal}: true}) {
 		t.Fatalf("fleet watches %v after rule 7 left, want the global bucket alone", w)
 	}
 	if got := fmt.Sprint(td.counted()); got != "[global]" {
 		t.Fatalf("after rule 7 left: counted %s, want [global]", got)
 	}
-	must(t, td.m.UnwatchAggregates(0, maps.AggKindGlobal, maps.OriginFleet))
+	must(t, td.m.Overrides.Unwatch(0, maps.AggKindGlobal, maps.OriginFleet))
 	td.apply(asnGen(7))
 	if got := td.counted(); len(got) != 0 {
 		t.Fatalf("rule 7 came back unwatched: counted %v", got)
 	}
 	td.wantGateClear()
-	must(t, td.m.WatchAggregates(7, maps.AggKindASN, maps.OriginFleet))
+	must(t, td.m.Overrides.Watch(7, maps.AggKindASN, maps.OriginFleet))
 	if got := fmt.Sprint(td.counted()); got != both {
 		t.Fatalf("watched again: counted %s, want %s", got, both)
 	}

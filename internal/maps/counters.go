@@ -37,8 +37,8 @@ func (c *Counters) Get(a Action, r Reason) Counter { return c[a][r] }
 const IfaceSlots = int(loader.LimiterEgSizesEG_IFACE_SLOTS)
 
 // Counters reads the counters summed over CPUs and interfaces.
-func (m *Maps) Counters() (Counters, error) {
-	slots, err := m.CountersBySlot()
+func (m *CounterStore) Totals() (Counters, error) {
+	slots, err := m.BySlot()
 	if err != nil {
 		return Counters{}, err
 	}
@@ -56,7 +56,7 @@ func (m *Maps) Counters() (Counters, error) {
 
 // CountersBySlot reads the counters of every interface slot, summed over
 // CPUs, in one batch lookup.
-func (m *Maps) CountersBySlot() ([IfaceSlots]Counters, error) {
+func (m *CounterStore) BySlot() ([IfaceSlots]Counters, error) {
 	var out [IfaceSlots]Counters
 	ncpu, err := possibleCPUs()
 	if err != nil {
@@ -90,8 +90,8 @@ type RuleCounters [numActions]Counter
 
 // RuleCounters reads the counters of the given rule ids (rules of the live
 // generation; other ids are left out).
-func (m *Maps) RuleCounters(ids []uint32) (map[uint32]RuleCounters, error) {
-	slots, err := m.RuleSlots()
+func (m *CounterStore) Rules(ids []uint32) (map[uint32]RuleCounters, error) {
+	slots, err := m.ruleSlots()
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +152,7 @@ type Occupancy struct {
 // with batch lookups (a few syscalls per 4,096 entries: ~40 ms for a full
 // table of a million sources); the lists trie, which has no batch lookup and
 // stays small, entry by entry. Call it at scrape time, not per packet.
-func (m *Maps) Tables() (map[string]Occupancy, error) {
+func (m *CounterStore) Tables() (map[string]Occupancy, error) {
 	out := map[string]Occupancy{}
 	n, err := countBatch[loader.LimiterEgSrcKey, loader.LimiterEgSrcBucket](m.o.SrcBuckets)
 	if err != nil {

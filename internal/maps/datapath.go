@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -11,19 +12,91 @@ import (
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
-// Maps is a typed view of a loaded datapath's maps.
+// Maps is a typed view of a loaded datapath's maps: one store per
+// responsibility, each owning its maps and the byte layouts of their
+// entries. Stores are safe for concurrent readers; see each for writers.
 type Maps struct {
+	*core
+
+	// Generations writes a policy into the inactive generation and makes
+	// it live (Stage, Commit, Revert): rules, settings, L4 entries,
+	// prefix facts, the IPv4 direct table, standing and sampling
+	// settings, known_good.
+	Generations *Generations
+	// Lists are the deny and allow lists.
+	Lists *ListStore
+	// Overrides are the aggregate overrides, the watched aggregates and
+	// their gate and counters.
+	Overrides *OverrideStore
+	// Fingerprints are the fingerprint rules and their prefilter.
+	Fingerprints *FingerprintStore
+	// Standing is the per-source standing table and its counters.
+	Standing *StandingStore
+	// Samples are the drop and 1-in-N sample ring buffers and the
+	// sampler's counters.
+	Samples *SampleStore
+	// Counters are the verdict counters by interface and rule, and the
+	// tables' fill.
+	Counters *CounterStore
+}
+
+// core is what every store reads: the datapath and its maps, the active
+// generation, the live rules and the data plane's clock.
+type core struct {
 	d *loader.Datapath
 	o *loader.LimiterMaps
+}
+
+// Generations owns the generation swap (Stage, Commit, Revert) and the
+// tables written per generation.
+type Generations struct {
+	*core
+	standing  *StandingStore // known_good, written by Stage
+	overrides *OverrideStore // pruned for removed rules by Commit
 
 	v4DirectMin int            // see SetV4DirectMinFacts
 	v4Status    V4DirectStatus // of the generation the last Commit made live
-	ovr         overrideLock   // writers of overrides, watches and their gate (overrides.go)
 }
+
+// ListStore owns the lists trie.
+type ListStore struct{ *core }
+
+// OverrideStore owns overrides, agg_watches, agg_gate and agg_stats.
+type OverrideStore struct {
+	*core
+	ovr overrideLock // writers of overrides, watches and their gate (overrides.go)
+}
+
+// FingerprintStore owns fp_rules, fp_masks, fp_stats and fp_pre_words.
+type FingerprintStore struct {
+	*core
+	mu sync.Mutex // serialises this process's writers of the fingerprint tables
+}
+
+// StandingStore owns standing, known_good, class_stats and standing_stats.
+type StandingStore struct{ *core }
+
+// SampleStore owns the sample ring buffers and the sampler's counters.
+type SampleStore struct{ *core }
+
+// CounterStore owns stats and rule_stats, and counts the tables' fill.
+type CounterStore struct{ *core }
 
 // New wraps a loaded datapath.
 func New(d *loader.Datapath) *Maps {
-	return &Maps{d: d, o: &d.Objects.LimiterMaps, v4DirectMin: DefaultV4DirectMinFacts}
+	c := &core{d: d, o: &d.Objects.LimiterMaps}
+	standing := &StandingStore{c}
+	overrides := &OverrideStore{core: c}
+	return &Maps{
+		core:         c,
+		Generations:  &Generations{core: c, standing: standing, overrides: overrides, v4DirectMin: DefaultV4DirectMinFacts},
+		Lists:        &ListStore{c},
+		Overrides:    overrides,
+		Fingerprints: &FingerprintStore{core: c},
+		Standing:     standing,
+		Samples:      &SampleStore{c},
+		Counters:     &CounterStore{c},
+	}
 }
 
 // Addr16 returns the data plane's 16-byte form of an address: IPv4 as
@@ -52,8 +125,10 @@ func PrefixFromKey(k loader.LimiterEgLpmKey) netip.Prefix {
 	return netip.PrefixFrom(a, bits)
 }
 
-// ActiveGen returns the generation the program is using.
-func (m *Maps) ActiveGen() (uint32, error) {
+// Active returns the generation the program is using.
+func (m *Generations) Active() (uint32, error) { return m.activeGen() }
+
+func (m *core) activeGen() (uint32, error) {
 	var a loader.LimiterEgActive
 	if err := m.o.Active.Lookup(uint32(0), &a); err != nil {
 		return 0, fmt.Errorf("read active generation: %w", err)
@@ -267,8 +342,8 @@ const noSlot = ^uint32(0)
 // keeps by slot, continue), puts id 0, the default rule, in slot 0, prefers
 // slot == id for small ids, and clears the counters and the whole-aggregate
 // bucket of a slot that changes hands.
-func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
-	cur, err := m.ActiveGen()
+func (m *Generations) Stage(c *policy.Compiled) (*Staged, error) {
+	cur, err := m.activeGen()
 	if err != nil {
 		return nil, err
 	}
@@ -364,7 +439,7 @@ func (m *Maps) Stage(c *policy.Compiled) (*Staged, error) {
 	}
 	// Not per generation: known-good prefixes are facts about sources, and
 	// an entry one generation early or late changes one source's class.
-	if err := m.setKnownGood(c.Standing.KnownGood); err != nil {
+	if err := m.standing.setKnownGood(c.Standing.KnownGood); err != nil {
 		return nil, err
 	}
 	if err := m.o.Configs.Put(next, cfg); err != nil {
@@ -393,8 +468,8 @@ type Staged struct {
 // Commit makes a staged generation live: one write of the active index,
 // after which every packet sees it. It fails, changing nothing, when a
 // generation went live since Stage (the staged half may be stale).
-func (m *Maps) Commit(s *Staged) error {
-	cur, err := m.ActiveGen()
+func (m *Generations) Commit(s *Staged) error {
+	cur, err := m.activeGen()
 	if err != nil {
 		return err
 	}
@@ -408,7 +483,7 @@ func (m *Maps) Commit(s *Staged) error {
 	logV4Direct(m.d.Logger(), s.gen, s.direct)
 	// Overrides of rules that are gone go with them; the others keep
 	// their rule's slot. Not an error of the apply: the policy is live.
-	if err := m.pruneOverridesFor(); err != nil {
+	if err := m.overrides.pruneOverridesFor(); err != nil {
 		m.d.Logger().Warn("overrides of removed rules not all pruned", "err", err)
 	}
 	return nil
@@ -418,7 +493,7 @@ func (m *Maps) Commit(s *Staged) error {
 // as it was (Stage wrote only the other half), when nothing was staged
 // since. Counters and whole-aggregate buckets of slots that changed hands
 // stay cleared, and known_good keeps what Stage wrote.
-func (m *Maps) Revert(s *Staged) error {
+func (m *Generations) Revert(s *Staged) error {
 	if err := m.o.Active.Put(uint32(0), loader.LimiterEgActive{Gen: s.gen ^ 1}); err != nil {
 		return fmt.Errorf("reactivate generation %d: %w", s.gen^1, err)
 	}
@@ -436,7 +511,7 @@ type l4Entry struct {
 
 // readSlots returns rule id -> slot of a generation's valid rules, reading
 // the rules table in one batch lookup.
-func (m *Maps) readSlots(gen uint32) (map[uint32]uint32, error) {
+func (m *core) readSlots(gen uint32) (map[uint32]uint32, error) {
 	maxRules := m.d.Sizes.MaxRules
 	n := int(m.o.Rules.MaxEntries())
 	keys := make([]uint32, n)
@@ -507,8 +582,10 @@ func assignSlots(rules []policy.CompiledRule, old map[uint32]uint32, maxRules ui
 }
 
 // RuleSlots returns rule id -> table slot of the live generation.
-func (m *Maps) RuleSlots() (map[uint32]uint32, error) {
-	gen, err := m.ActiveGen()
+func (m *Generations) RuleSlots() (map[uint32]uint32, error) { return m.ruleSlots() }
+
+func (m *core) ruleSlots() (map[uint32]uint32, error) {
+	gen, err := m.activeGen()
 	if err != nil {
 		return nil, err
 	}
@@ -519,14 +596,14 @@ func (m *Maps) RuleSlots() (map[uint32]uint32, error) {
 // hands, so a new rule does not inherit the leaving rule's debt. Done
 // before the flip, like the counters: until then the leaving rule may still
 // charge it, by at most the packets of that window.
-func (m *Maps) clearWholeBucket(slot uint32) error {
+func (m *Generations) clearWholeBucket(slot uint32) error {
 	if err := m.o.WholeBuckets.Put(slot, loader.LimiterEgBucket{}); err != nil {
 		return fmt.Errorf("clear whole aggregate of rule slot %d: %w", slot, err)
 	}
 	return nil
 }
 
-func (m *Maps) clearRuleCounters(slot uint32) error {
+func (m *Generations) clearRuleCounters(slot uint32) error {
 	n, err := possibleCPUs()
 	if err != nil {
 		return err
@@ -537,7 +614,7 @@ func (m *Maps) clearRuleCounters(slot uint32) error {
 	return nil
 }
 
-func (m *Maps) replaceL4(gen uint8, want []l4Entry) error {
+func (m *Generations) replaceL4(gen uint8, want []l4Entry) error {
 	var k loader.LimiterEgL4Key
 	var v uint32
 	var stale []loader.LimiterEgL4Key

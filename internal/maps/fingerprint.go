@@ -119,7 +119,7 @@ type fpEntry struct {
 	v loader.LimiterEgFpVal
 }
 
-func (m *Maps) fpEntries() ([]fpEntry, error) {
+func (m *FingerprintStore) fpEntries() ([]fpEntry, error) {
 	var out []fpEntry
 	var e fpEntry
 	it := m.o.FpRules.Iterate()
@@ -143,7 +143,7 @@ func maskOf(k loader.LimiterEgFpKey) fpMask { return fpMask{k.Fields, k.SrcLen} 
 // fingerprints, since the prefilter's bits name slots.
 type fpSlots [MaxFingerprintMasks]fpMask
 
-func (m *Maps) readFpSlots() (fpSlots, error) {
+func (m *FingerprintStore) readFpSlots() (fpSlots, error) {
 	var cur loader.LimiterEgFpMasks
 	var s fpSlots
 	if err := m.o.FpMasks.Lookup(uint32(0), &cur); err != nil {
@@ -167,7 +167,7 @@ func (s fpSlots) slot(mk fpMask) int {
 // writeFpSlots writes fp_masks. Callers change one slot at a time, a slot
 // with no installed fingerprint, so a packet that reads the entry while
 // it is written sees every other slot whole.
-func (m *Maps) writeFpSlots(s fpSlots) error {
+func (m *FingerprintStore) writeFpSlots(s fpSlots) error {
 	var next loader.LimiterEgFpMasks
 	for i, mk := range s {
 		next.Fields[i], next.SrcLen[i] = mk.fields, mk.srcLen
@@ -280,7 +280,7 @@ func preWords(slots fpSlots, entries ...fpEntry) map[uint32]bool {
 // or new, and each byte is one value's slots, so either covers what is
 // installed. A whole rebuild writes the value words first and the header,
 // which turns the slots on, in a second write.
-func (m *Maps) writePrefilter(slots fpSlots, entries []fpEntry, words map[uint32]bool) error {
+func (m *FingerprintStore) writePrefilter(slots fpSlots, entries []fpEntry, words map[uint32]bool) error {
 	want := prefilterFor(slots, entries)
 	cur := new(loader.LimiterEgFpPre)
 	if err := m.o.FpPreWords.Lookup(uint32(0), cur); err != nil {
@@ -315,7 +315,7 @@ func (m *Maps) writePrefilter(slots fpSlots, entries []fpEntry, words map[uint32
 // checkPrefilter rebuilds the whole prefilter if a fingerprint's slot is
 // not on in it: pins of a version without the prefilter, which the
 // program of this one would not look up.
-func (m *Maps) checkPrefilter(slots fpSlots, entries []fpEntry) error {
+func (m *FingerprintStore) checkPrefilter(slots fpSlots, entries []fpEntry) error {
 	cur := new(loader.LimiterEgFpPre)
 	if err := m.o.FpPreWords.Lookup(uint32(0), cur); err != nil {
 		return fmt.Errorf("read fingerprint prefilter: %w", err)
@@ -328,7 +328,7 @@ func (m *Maps) checkPrefilter(slots fpSlots, entries []fpEntry) error {
 }
 
 // freeFpSlots frees the slots no entry uses (their fingerprints are gone).
-func (m *Maps) freeFpSlots(slots fpSlots, entries []fpEntry) (fpSlots, error) {
+func (m *FingerprintStore) freeFpSlots(slots fpSlots, entries []fpEntry) (fpSlots, error) {
 	used := map[fpMask]bool{}
 	for _, e := range entries {
 		used[maskOf(e.k)] = true
@@ -351,7 +351,7 @@ func (m *Maps) freeFpSlots(slots fpSlots, entries []fpEntry) (fpSlots, error) {
 // mask's slot and the prefilter first, the rule, then the old form of a
 // replaced one is removed (unless the new form needs the old one's slot,
 // the ninth: then the old form goes first).
-func (m *Maps) SetFingerprint(f Fingerprint) error {
+func (m *FingerprintStore) Set(f Fingerprint) error {
 	k, err := f.key()
 	if err != nil {
 		return err
@@ -376,8 +376,8 @@ func (m *Maps) SetFingerprint(f Fingerprint) error {
 			return fmt.Errorf("fingerprint %d budget: %w", f.ID, err)
 		}
 	}
-	m.ovr.mu.Lock()
-	defer m.ovr.mu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	entries, err := m.fpEntries()
 	if err != nil {
 		return err
@@ -499,7 +499,7 @@ func without(entries, gone []fpEntry) []fpEntry {
 
 // dropFingerprints deletes the gone rules (and, with stats, their
 // counters), then narrows the prefilter to what is left of entries.
-func (m *Maps) dropFingerprints(slots fpSlots, entries, gone []fpEntry, stats func(fpEntry) bool) error {
+func (m *FingerprintStore) dropFingerprints(slots fpSlots, entries, gone []fpEntry, stats func(fpEntry) bool) error {
 	for _, e := range gone {
 		if err := m.o.FpRules.Delete(e.k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete fingerprint %d: %w", e.v.Id, err)
@@ -515,13 +515,13 @@ func (m *Maps) dropFingerprints(slots fpSlots, entries, gone []fpEntry, stats fu
 
 // DeleteFingerprint removes fingerprint id and its counters (no error if
 // there is none).
-func (m *Maps) DeleteFingerprint(id uint32) error {
-	m.ovr.mu.Lock()
-	defer m.ovr.mu.Unlock()
+func (m *FingerprintStore) Delete(id uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	return m.deleteFingerprints(func(e fpEntry) bool { return e.v.Id == id })
 }
 
-func (m *Maps) deleteFingerprints(gone func(fpEntry) bool) error {
+func (m *FingerprintStore) deleteFingerprints(gone func(fpEntry) bool) error {
 	entries, err := m.fpEntries()
 	if err != nil {
 		return err
@@ -548,13 +548,13 @@ func (m *Maps) deleteFingerprints(gone func(fpEntry) bool) error {
 
 // PruneFingerprints deletes expired fingerprints (the data plane ignores
 // them already) and frees their masks.
-func (m *Maps) PruneFingerprints() (int, error) {
+func (m *FingerprintStore) Prune() (int, error) {
 	ns, err := m.clockNS()
 	if err != nil {
 		return 0, err
 	}
-	m.ovr.mu.Lock()
-	defer m.ovr.mu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	n := 0
 	err = m.deleteFingerprints(func(e fpEntry) bool {
 		if e.v.Expires <= ns {
@@ -568,7 +568,7 @@ func (m *Maps) PruneFingerprints() (int, error) {
 
 // Fingerprints returns the live (unexpired) fingerprints with their
 // counters, summed over CPUs.
-func (m *Maps) Fingerprints() ([]FingerprintState, error) {
+func (m *FingerprintStore) All() ([]FingerprintState, error) {
 	entries, err := m.fpEntries()
 	if err != nil {
 		return nil, err
@@ -605,7 +605,7 @@ func (m *Maps) Fingerprints() ([]FingerprintState, error) {
 // expired ones included, and their counters (0: none). A daemon that
 // starts over pinned maps numbers its new fingerprints above it, so none
 // replaces a fingerprint from before, or starts on its counters.
-func (m *Maps) MaxFingerprintID() (uint32, error) {
+func (m *FingerprintStore) MaxID() (uint32, error) {
 	entries, err := m.fpEntries()
 	if err != nil {
 		return 0, err
@@ -638,7 +638,7 @@ type FingerprintSlot struct {
 }
 
 // FingerprintSlots returns the mask slots in use, in slot order.
-func (m *Maps) FingerprintSlots() ([]FingerprintSlot, error) {
+func (m *FingerprintStore) Slots() ([]FingerprintSlot, error) {
 	s, err := m.readFpSlots()
 	if err != nil {
 		return nil, err

@@ -28,7 +28,7 @@ func TestMaxFingerprintID(t *testing.T) {
 	l := newMapsLab(t)
 	top := func() uint32 {
 		t.Helper()
-		id, err := l.m.MaxFingerprintID()
+		id, err := l.m.Fingerprints.MaxID()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func TestMaxFingerprintID(t *testing.T) {
 	}
 	set := func(id uint32, port uint16, exp time.Time) {
 		t.Helper()
-		err := l.m.SetFingerprint(maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 17, DPort: port,
+		err := l.m.Fingerprints.Set(maps.Fingerprint{ID: id, Mask: maps.FieldProto | maps.FieldDPort, Proto: 17, DPort: port,
 			Expires: exp, Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Origin: maps.OriginShield})
 		if err != nil {
 			t.Fatalf("fingerprint %d: %v", id, err)
@@ -56,13 +56,13 @@ func TestMaxFingerprintID(t *testing.T) {
 	if id := top(); id != 41 {
 		t.Fatalf("41 expired, not pruned: max id %d, want 41", id)
 	}
-	if n, err := l.m.PruneFingerprints(); err != nil || n != 1 {
+	if n, err := l.m.Fingerprints.Prune(); err != nil || n != 1 {
 		t.Fatalf("prune: %d, %v", n, err)
 	}
 	if id := top(); id != 7 {
 		t.Fatalf("after the prune: max id %d, want 7", id)
 	}
-	if err := l.m.DeleteFingerprint(7); err != nil {
+	if err := l.m.Fingerprints.Delete(7); err != nil {
 		t.Fatal(err)
 	}
 	if id := top(); id != 3 {

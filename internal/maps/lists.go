@@ -38,7 +38,7 @@ type ListEntry struct {
 }
 
 // Lists returns every entry of the lists trie.
-func (m *Maps) Lists() ([]ListEntry, error) {
+func (m *ListStore) All() ([]ListEntry, error) {
 	var k loader.LimiterEgLpmKey
 	var v loader.LimiterEgListVal
 	var out []ListEntry
@@ -55,11 +55,11 @@ func (m *Maps) Lists() ([]ListEntry, error) {
 // SetLists makes the lists trie hold exactly want: new and changed entries
 // are written first, entries no longer wanted are deleted last, so a prefix
 // that stays listed is never briefly absent.
-func (m *Maps) SetLists(want []ListEntry) error {
+func (m *ListStore) Set(want []ListEntry) error {
 	if uint32(len(want)) > m.o.Lists.MaxEntries() {
 		return fmt.Errorf("lists need %d entries, the table holds %d: raise tables.lists", len(want), m.o.Lists.MaxEntries())
 	}
-	have, err := m.Lists()
+	have, err := m.All()
 	if err != nil {
 		return err
 	}

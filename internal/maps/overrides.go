@@ -341,8 +341,8 @@ type liveRules struct {
 	globalLimited bool
 }
 
-func (m *Maps) liveRules() (liveRules, error) {
-	gen, err := m.ActiveGen()
+func (m *core) liveRules() (liveRules, error) {
+	gen, err := m.activeGen()
 	if err != nil {
 		return liveRules{}, err
 	}
@@ -394,7 +394,7 @@ type monoOffset struct {
 	mono uint64
 }
 
-func (m *Maps) monoNow() (monoOffset, error) {
+func (m *core) monoNow() (monoOffset, error) {
 	ns, err := m.clockNS()
 	if err != nil {
 		return monoOffset{}, err
@@ -418,14 +418,14 @@ func (c monoOffset) toWall(ns uint64) time.Time {
 }
 
 // SetOverride installs or replaces the override of o.Aggregate.
-func (m *Maps) SetOverride(o Override) error { return m.SetOverrides([]Override{o}) }
+func (m *OverrideStore) Set(o Override) error { return m.SetMany([]Override{o}) }
 
 // SetOverrides installs or replaces several overrides with one read of the
 // live rules (fleet mode sets a share per aggregate each interval). A
 // replaced override keeps its new-source bucket's state when it keeps a
 // new-source budget. On error, the overrides before the failing one are in
 // force.
-func (m *Maps) SetOverrides(list []Override) error {
+func (m *OverrideStore) SetMany(list []Override) error {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
 	lr, err := m.liveRules()
@@ -538,7 +538,7 @@ func isFull(err error) bool { return errors.Is(err, unix.E2BIG) }
 
 // DeleteOverride removes the parts of a's override that origin wrote and
 // keeps the others (no error if there are none).
-func (m *Maps) DeleteOverride(a Aggregate, origin Origin) error {
+func (m *OverrideStore) Delete(a Aggregate, origin Origin) error {
 	k, err := a.key()
 	if err != nil {
 		return err
@@ -581,7 +581,7 @@ type overrideEntry struct {
 	v loader.LimiterEgOverride
 }
 
-func (m *Maps) overrideEntries() ([]overrideEntry, error) {
+func (m *OverrideStore) overrideEntries() ([]overrideEntry, error) {
 	var out []overrideEntry
 	var e overrideEntry
 	it := m.o.Overrides.Iterate()
@@ -597,7 +597,7 @@ func (m *Maps) overrideEntries() ([]overrideEntry, error) {
 // Overrides returns the live overrides with their unexpired parts (an
 // expired part is left out, and an override with none). Budgets read back are
 // per second, exact to Bucket.Cfg's rounding of the emission interval.
-func (m *Maps) Overrides() ([]Override, error) {
+func (m *OverrideStore) All() ([]Override, error) {
 	entries, err := m.overrideEntries()
 	if err != nil {
 		return nil, err
@@ -641,7 +641,7 @@ func (m *Maps) Overrides() ([]Override, error) {
 // overrides with no part left and returns how many it deleted. The data
 // plane ignores expired parts already; this frees their entries and their
 // gate bits.
-func (m *Maps) PruneOverrides() (int, error) {
+func (m *OverrideStore) Prune() (int, error) {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
 	entries, err := m.overrideEntries()
@@ -682,7 +682,7 @@ func (m *Maps) PruneOverrides() (int, error) {
 // that are gone, or that no longer have (a budget for) the aggregate they
 // name, and watches of rules that are gone, are deleted, and the gate
 // words are rebuilt for the new slots.
-func (m *Maps) pruneOverridesFor() error {
+func (m *OverrideStore) pruneOverridesFor() error {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
 	lr, err := m.liveRules()
@@ -724,7 +724,7 @@ func (m *Maps) pruneOverridesFor() error {
 // gateWords is agg_gate as read: one word per rule slot.
 type gateWords []uint32
 
-func (m *Maps) readGate() (gateWords, error) {
+func (m *OverrideStore) readGate() (gateWords, error) {
 	n := m.d.Sizes.MaxRules
 	keys := make([]uint32, n)
 	vals := make([]uint32, n)
@@ -742,7 +742,7 @@ func (m *Maps) readGate() (gateWords, error) {
 	return g, nil
 }
 
-func (m *Maps) writeGate(g gateWords) error {
+func (m *OverrideStore) writeGate(g gateWords) error {
 	keys := make([]uint32, len(g))
 	for i := range keys {
 		keys[i] = uint32(i)
@@ -782,7 +782,7 @@ const gateWatchShift = uint32(loader.LimiterEgGateEG_GATE_WATCH_SHIFT)
 // rebuildGate recomputes every gate word from the overrides and watches
 // tables and the live slots. Expired overrides keep their bit until they
 // are pruned (the data plane checks the expiry).
-func (m *Maps) rebuildGate() error {
+func (m *OverrideStore) rebuildGate() error {
 	lr, err := m.liveRules()
 	if err != nil {
 		return err
@@ -790,7 +790,7 @@ func (m *Maps) rebuildGate() error {
 	return m.rebuildGateWith(lr)
 }
 
-func (m *Maps) rebuildGateWith(lr liveRules) error {
+func (m *OverrideStore) rebuildGateWith(lr liveRules) error {
 	g := make(gateWords, m.d.Sizes.MaxRules)
 	entries, err := m.overrideEntries()
 	if err != nil {
@@ -826,7 +826,7 @@ type AggregateCounters struct {
 	Dropped   Counter
 }
 
-func (m *Maps) watchKeys() ([]loader.LimiterEgWatchKey, error) {
+func (m *OverrideStore) watchKeys() ([]loader.LimiterEgWatchKey, error) {
 	var out []loader.LimiterEgWatchKey
 	var k loader.LimiterEgWatchKey
 	var v uint32
@@ -845,7 +845,7 @@ func (m *Maps) watchKeys() ([]loader.LimiterEgWatchKey, error) {
 // on behalf of owner (OriginShield, OriginFleet): the watch stays until
 // every owner that asked for it let it go (UnwatchAggregates) or the rule
 // leaves the live policy. Watching again is a no-op.
-func (m *Maps) WatchAggregates(ruleID uint32, kind AggKind, owner Origin) error {
+func (m *OverrideStore) Watch(ruleID uint32, kind AggKind, owner Origin) error {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
 	lr, err := m.liveRules()
@@ -897,7 +897,7 @@ func (m *Maps) WatchAggregates(ruleID uint32, kind AggKind, owner Origin) error 
 // go: when no other owner holds it, the data plane stops counting them and
 // their counters are dropped. A watch nobody in this process asked for
 // (left by an earlier daemon) goes at once.
-func (m *Maps) UnwatchAggregates(ruleID uint32, kind AggKind, owner Origin) error {
+func (m *OverrideStore) Unwatch(ruleID uint32, kind AggKind, owner Origin) error {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
 	w := Watch{RuleID: ruleID, Kind: kind}
@@ -914,7 +914,7 @@ func (m *Maps) UnwatchAggregates(ruleID uint32, kind AggKind, owner Origin) erro
 
 // WatchedBy is what owner watches now: what it asked for, less what went
 // with its rule (a policy swap).
-func (m *Maps) WatchedBy(owner Origin) map[Watch]bool {
+func (m *OverrideStore) WatchedBy(owner Origin) map[Watch]bool {
 	m.ovr.mu.Lock()
 	defer m.ovr.mu.Unlock()
 	out := map[Watch]bool{}
@@ -926,7 +926,7 @@ func (m *Maps) WatchedBy(owner Origin) map[Watch]bool {
 	return out
 }
 
-func (m *Maps) unwatch(w loader.LimiterEgWatchKey) error {
+func (m *OverrideStore) unwatch(w loader.LimiterEgWatchKey) error {
 	if err := m.o.AggWatches.Delete(w); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("unwatch rule %d kind %d: %w", w.RuleId, w.Kind, err)
 	}
@@ -952,7 +952,7 @@ func (m *Maps) unwatch(w loader.LimiterEgWatchKey) error {
 
 // AggregateCounters reads the counters of every counted instance, summed
 // over CPUs.
-func (m *Maps) AggregateCounters() ([]AggregateCounters, error) {
+func (m *OverrideStore) AggregateCounters() ([]AggregateCounters, error) {
 	var k loader.LimiterEgAggKey
 	var v []loader.LimiterEgAggStats
 	var out []AggregateCounters

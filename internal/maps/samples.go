@@ -23,7 +23,7 @@ const (
 	// budget (top talkers, explain): NewSampleReader.
 	SampleDrop = loader.LimiterEgSampleKindEG_SAMPLE_DROP
 	// SampleRate is a packet chosen 1 in sampling.one_in at random, passed
-	// or dropped, within sampling.max_per_second: NewRateSampleReader.
+	// or dropped, within sampling.max_per_second: SampleStore.NewRateReader.
 	SampleRate = loader.LimiterEgSampleKindEG_SAMPLE_RATE
 )
 
@@ -85,7 +85,7 @@ type SampleReader struct {
 }
 
 // NewSampleReader opens the drop-sample ring buffer (SampleDrop).
-func (m *Maps) NewSampleReader() (*SampleReader, error) {
+func (m *SampleStore) NewDropReader() (*SampleReader, error) {
 	r, err := ringbuf.NewReader(m.o.Samples)
 	if err != nil {
 		return nil, fmt.Errorf("open sample ring buffer: %w", err)
@@ -93,9 +93,9 @@ func (m *Maps) NewSampleReader() (*SampleReader, error) {
 	return &SampleReader{r: r}, nil
 }
 
-// NewRateSampleReader opens the 1-in-N sample ring buffer (SampleRate).
+// NewRateReader opens the 1-in-N sample ring buffer (SampleRate).
 // One reader at a time: readers of one ring buffer share its records.
-func (m *Maps) NewRateSampleReader() (*SampleReader, error) {
+func (m *SampleStore) NewRateReader() (*SampleReader, error) {
 	r, err := ringbuf.NewReader(m.o.RateSamples)
 	if err != nil {
 		return nil, fmt.Errorf("open rate sample ring buffer: %w", err)
@@ -244,7 +244,7 @@ type SamplerCounters struct {
 }
 
 // SamplerCounters reads the 1-in-N sampler's counters.
-func (m *Maps) SamplerCounters() (SamplerCounters, error) {
+func (m *SampleStore) Counters() (SamplerCounters, error) {
 	var per []loader.LimiterEgRsampleStats
 	if err := m.o.RateSampleStats.Lookup(uint32(0), &per); err != nil {
 		return SamplerCounters{}, fmt.Errorf("read sampler counters: %w", err)

@@ -126,7 +126,7 @@ func MonoNow() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
-func (m *Maps) entry(k loader.LimiterEgStandingKey, v loader.LimiterEgStandingVal, mono uint64, wall time.Time) StandingEntry {
+func (m *StandingStore) entry(k loader.LimiterEgStandingKey, v loader.LimiterEgStandingVal, mono uint64, wall time.Time) StandingEntry {
 	e := StandingEntry{
 		Addr: standingAddr(k), Standing: Standing(v.Standing), Why: StandingWhy(v.Why), Tracked: true,
 		SinceNS: v.Since, CleanSinceNS: v.CleanSince, LastSeenNS: v.LastSeen,
@@ -147,7 +147,7 @@ func (m *Maps) entry(k loader.LimiterEgStandingKey, v loader.LimiterEgStandingVa
 // LookupStanding returns an address's standing. An address the table does
 // not hold is new (Tracked false), or established when it is covered by
 // standing.known_good (KnownGood true).
-func (m *Maps) LookupStanding(a netip.Addr) (StandingEntry, error) {
+func (m *StandingStore) Lookup(a netip.Addr) (StandingEntry, error) {
 	if !a.IsValid() {
 		return StandingEntry{}, fmt.Errorf("lookup standing: invalid address")
 	}
@@ -190,12 +190,12 @@ func defaultWhy(s Standing) StandingWhy {
 // validated, an operator's decision). The recorded reason is l7_promotion
 // for validated, known_good for established, set otherwise; SetStandingWhy
 // names it. It fails when the table is full.
-func (m *Maps) SetStanding(a netip.Addr, s Standing) error {
-	return m.SetStandingWhy(a, s, defaultWhy(s))
+func (m *StandingStore) Set(a netip.Addr, s Standing) error {
+	return m.SetWhy(a, s, defaultWhy(s))
 }
 
 // SetStandingWhy is SetStanding with the reason to record.
-func (m *Maps) SetStandingWhy(a netip.Addr, s Standing, why StandingWhy) error {
+func (m *StandingStore) SetWhy(a netip.Addr, s Standing, why StandingWhy) error {
 	if !a.IsValid() {
 		return fmt.Errorf("set standing: invalid address")
 	}
@@ -221,7 +221,7 @@ func (m *Maps) SetStandingWhy(a netip.Addr, s Standing, why StandingWhy) error {
 }
 
 // DeleteStanding forgets an address: it is new again.
-func (m *Maps) DeleteStanding(a netip.Addr) error {
+func (m *StandingStore) Delete(a netip.Addr) error {
 	if err := m.o.Standing.Delete(StandingKey(a)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete standing of %s: %w", a, err)
 	}
@@ -230,7 +230,7 @@ func (m *Maps) DeleteStanding(a netip.Addr) error {
 
 // Standings returns every entry of the standing table (a batch read: call it
 // from a background loop, not per request).
-func (m *Maps) Standings() ([]StandingEntry, error) {
+func (m *StandingStore) All() ([]StandingEntry, error) {
 	mono, err := MonoNow()
 	if err != nil {
 		return nil, err
@@ -257,7 +257,7 @@ func (m *Maps) Standings() ([]StandingEntry, error) {
 
 // clockNS is the data plane's notion of now: the test clock when the
 // program reads one, else CLOCK_MONOTONIC.
-func (m *Maps) clockNS() (uint64, error) {
+func (m *core) clockNS() (uint64, error) {
 	if m.d.TestClock() {
 		var ns uint64
 		if err := m.o.TestClock.Lookup(uint32(0), &ns); err != nil {
@@ -287,7 +287,7 @@ func StandingConfig(s policy.Standing) loader.LimiterEgStandingCfg {
 
 // setKnownGood makes the known_good trie hold exactly want; new entries are
 // written first, stale ones deleted last.
-func (m *Maps) setKnownGood(want []netip.Prefix) error {
+func (m *StandingStore) setKnownGood(want []netip.Prefix) error {
 	if uint32(len(want)) > m.o.KnownGood.MaxEntries() {
 		return fmt.Errorf("standing.known_good has %d prefixes, the table holds %d", len(want), m.o.KnownGood.MaxEntries())
 	}
@@ -334,7 +334,7 @@ type StandingCounts struct {
 
 // StandingCounts reads the standing table's event counters, summed over
 // CPUs.
-func (m *Maps) StandingCounts() (StandingCounts, error) {
+func (m *StandingStore) Counts() (StandingCounts, error) {
 	ncpu, err := possibleCPUs()
 	if err != nil {
 		return StandingCounts{}, err
@@ -424,7 +424,7 @@ func OutcomeName(o Outcome) string {
 type ClassCounters [2][numClassAggs][numClasses][numOutcomes]Counter
 
 // ClassCounters reads the class counters summed over CPUs.
-func (m *Maps) ClassCounters() (ClassCounters, error) {
+func (m *StandingStore) ClassCounters() (ClassCounters, error) {
 	var out ClassCounters
 	ncpu, err := possibleCPUs()
 	if err != nil {

@@ -116,7 +116,7 @@ func (m *Maps) readClock(s *State) error {
 
 func (m *Maps) readGeneration(s *State) error {
 	var err error
-	if s.Gen, err = m.ActiveGen(); err != nil {
+	if s.Gen, err = m.activeGen(); err != nil {
 		return err
 	}
 	if err := m.o.Configs.Lookup(s.Gen, &s.Config); err != nil {

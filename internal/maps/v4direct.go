@@ -47,11 +47,11 @@ type V4DirectStatus struct {
 // SetV4DirectMinFacts sets how many IPv4 prefix facts a generation needs
 // for a direct table; 0 gives every generation one. It takes effect at the
 // next Stage.
-func (m *Maps) SetV4DirectMinFacts(n int) { m.v4DirectMin = n }
+func (m *Generations) SetV4DirectMinFacts(n int) { m.v4DirectMin = n }
 
 // V4Direct reports how the generation made live by the last Commit of this
 // Maps answers IPv4 sources.
-func (m *Maps) V4Direct() V4DirectStatus { return m.v4Status }
+func (m *Generations) V4Direct() V4DirectStatus { return m.v4Status }
 
 // v4Fact is an IPv4 prefix fact: the top bits of addr, and its answer.
 type v4Fact struct {
@@ -188,7 +188,7 @@ func fill(entries []loader.LimiterEgV4Entry, v loader.LimiterEgV4Entry) {
 // writeV4Direct builds generation gen's direct table from facts (with
 // table slots) and writes it, or decides on the trie. It returns whether
 // the generation uses the table; the table is written whole or not at all.
-func (m *Maps) writeV4Direct(gen uint32, facts []slotFact) (V4DirectStatus, error) {
+func (m *Generations) writeV4Direct(gen uint32, facts []slotFact) (V4DirectStatus, error) {
 	budget := int(m.d.Sizes.V4Chunks)
 	background, v4 := v4Facts(facts)
 	st := V4DirectStatus{Facts: len(v4), Capacity: budget}

@@ -58,7 +58,7 @@ type mapsSource struct {
 }
 
 func (s *mapsSource) IfaceCounters() (map[string]maps.Counters, error) {
-	slots, err := s.m.CountersBySlot()
+	slots, err := s.m.Counters.BySlot()
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ func (s *mapsSource) RuleCounters() (map[string]maps.RuleCounters, error) {
 	for _, id := range s.rules {
 		ids = append(ids, id)
 	}
-	byID, err := s.m.RuleCounters(ids)
+	byID, err := s.m.Counters.Rules(ids)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func (s *mapsSource) RuleCounters() (map[string]maps.RuleCounters, error) {
 	return out, nil
 }
 
-func (s *mapsSource) Tables() (map[string]maps.Occupancy, error) { return s.m.Tables() }
+func (s *mapsSource) Tables() (map[string]maps.Occupancy, error) { return s.m.Counters.Tables() }
 
 func (s *mapsSource) PolicyStatus() metrics.PolicyStatus { return s.status }
 

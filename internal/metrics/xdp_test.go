@@ -66,7 +66,7 @@ func runScenario(t *testing.T) *scenario {
 	if err := src.apply(t, scenarioGen(), reloadAt); err != nil {
 		t.Fatalf("apply: %v", err)
 	}
-	if err := src.m.SetLists([]maps.ListEntry{{
+	if err := src.m.Lists.Set([]maps.ListEntry{{
 		Prefix: netip.MustParsePrefix("198.18.2.0/24"), DenyUntil: maps.Forever, Origin: maps.OriginCLI,
 	}}); err != nil {
 		t.Fatalf("set lists: %v", err)
@@ -453,7 +453,7 @@ func TestCollectorFingerprintDropsOnce(t *testing.T) {
 	if err := src.m.SetTestClock(uint64(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if err := src.m.SetFingerprint(maps.Fingerprint{ID: 1, Mask: maps.FieldSrc, Src: netip.MustParsePrefix("198.18.0.0/24"),
+	if err := src.m.Fingerprints.Set(maps.Fingerprint{ID: 1, Mask: maps.FieldSrc, Src: netip.MustParsePrefix("198.18.0.0/24"),
 		Expires: time.Now().Add(time.Hour), Origin: maps.OriginShield}); err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ var ErrTableTooSmall = errors.New("table too small")
 // Compiled is a policy in the form the data plane holds: rules with exact
 // bucket parameters, and the entries of the prefix-facts trie, the lists
 // trie and the L4 table. It is a pure value and the only compiled form:
-// internal/maps applies it (Maps.Stage and Commit), turning it into the data plane's
+// internal/maps applies it (Generations.Stage and Commit), turning it into the data plane's
 // structs and enums (bpf/headers, through bpf2go).
 type Compiled struct {
 	Mode      Mode

@@ -269,7 +269,10 @@ type Tables struct {
 	StandingEntries uint32
 }
 
-// DefaultTables returns the capacities used for fields the file leaves out.
+// DefaultTables returns the capacities used for fields the file leaves out:
+// the one default of each size. The loader sizes the maps from Tables
+// (loader.SizesOf); the C headers' EG_DEFAULT_* are only the objects'
+// fallbacks, held equal to these by TestDefaultTablesAreTheObjectsFallbacks.
 func DefaultTables() Tables {
 	return Tables{
 		PerSourceEntries: 1 << 20,

@@ -10,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/edgeguard/edgeguard/internal/bpfsizes"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
@@ -37,8 +38,8 @@ const (
 	maxPersonalBurstSeconds = 60
 	maxStandingDuration     = 7 * 24 * time.Hour
 	// maxKnownGood is the known_good table's capacity in the data plane
-	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES).
-	maxKnownGood = 16384
+	// (EG_DEFAULT_KNOWN_GOOD_ENTRIES, through bpfsizes).
+	maxKnownGood = bpfsizes.KnownGoodEntries
 )
 
 // ParseReserve parses a reserve: "50%", "12.5%" or 0, to parts per million.

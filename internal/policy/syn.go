@@ -8,6 +8,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/edgeguard/edgeguard/internal/bpfsizes"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
 )
 
@@ -59,8 +60,10 @@ const (
 	DefaultSYNValidatedFor = 10 * time.Minute
 	DefaultSYNMSS          = 1460
 	DefaultSYNWindowScale  = 7
-	maxSYNServices         = 256
-	maxSYNListen           = 4096
+	// The SYN path's tables (EG_SYN_MAX_*, through bpfsizes): one
+	// endpoint per listen entry.
+	maxSYNServices = bpfsizes.SynMaxServices
+	maxSYNListen   = bpfsizes.SynMaxEndpoints
 )
 
 func defaultSYNService() SYNService {

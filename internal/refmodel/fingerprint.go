@@ -44,8 +44,8 @@ func (m *Model) SetFingerprintMasks(masks []FpMask) {
 	m.fp.masks = append(m.fp.masks[:0], masks[:min(len(masks), int(loader.LimiterEgFpFieldEG_FP_MAX_MASKS))]...)
 }
 
-// SetFingerprint installs or replaces a fingerprint as maps.Maps.
-// SetFingerprint writes it (v as compiled, Expires in the test clock's
+// SetFingerprint installs or replaces a fingerprint as
+// maps.FingerprintStore.Set writes it (v as compiled, Expires in the test clock's
 // ns): the same key with the same budget keeps its bucket, else the bucket
 // starts full; another key with the same id is replaced and the id's
 // counters restart. v.Bucket is ignored.

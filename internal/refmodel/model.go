@@ -24,7 +24,7 @@
 //     fails (the program rejects after EG_CAS_RETRIES lost races);
 //   - table slots of rules: counters and whole-aggregate buckets (which
 //     the program keeps by slot) follow the rule id and restart when an id
-//     leaves and comes back, as maps.Maps.Stage and Commit make the program do.
+//     leaves and comes back, as maps.Generations.Stage and Commit make the program do.
 //
 // State per key is one Bucket (two uint64 TATs) plus the Go map overhead;
 // the model is meant for tests, not for production-sized tables.
@@ -186,9 +186,9 @@ var ErrInvalidGeneration = errors.New("invalid generation")
 
 func l4Bit(proto uint8) uint8 { return maps.L4Bit(proto) }
 
-// Apply makes g the live policy, as maps.Maps.Stage and Commit do: rules, settings,
+// Apply makes g the live policy, as maps.Generations.Stage and Commit do: rules, settings,
 // L4 matches and prefix facts are replaced together; bucket state, lists
-// and counters stay. It refuses what maps.Maps.Stage refuses.
+// and counters stay. It refuses what maps.Generations.Stage refuses.
 func (m *Model) Apply(g *policy.Compiled) error {
 	n := &generation{rules: map[uint32]rule{}, l4: map[l4Key]uint32{}}
 	facts := map[prefixKey]fact{}
@@ -249,7 +249,7 @@ func (m *Model) Apply(g *policy.Compiled) error {
 	m.pruneOverrides()
 	m.knownGood = newLPMTable(kg)
 	// Rule counters and whole-aggregate buckets live in table slots that
-	// survive with the rule id (maps.Maps.Stage); a rule that leaves and
+	// survive with the rule id (maps.Generations.Stage); a rule that leaves and
 	// comes back starts at zero, with a full bucket.
 	for id := range m.rules {
 		if _, ok := n.rules[id]; !ok {
@@ -284,7 +284,7 @@ func (g *generation) settings(cfg loader.LimiterEgConfig, st loader.LimiterEgSta
 	g.standing = st
 }
 
-// SetLists makes the lists hold exactly want, as maps.Maps.SetLists does.
+// SetLists makes the lists hold exactly want, as maps.ListStore.Set does.
 func (m *Model) SetLists(want []maps.ListEntry) error {
 	next := make(map[prefixKey]maps.ListEntry, len(want))
 	for _, e := range want {

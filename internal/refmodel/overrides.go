@@ -23,7 +23,7 @@ const (
 )
 
 // SetOverride installs or replaces the override of the aggregate k as
-// maps.Maps.SetOverrides writes it (v as compiled, Expires and NewExpires
+// maps.OverrideStore.SetMany writes it (v as compiled, Expires and NewExpires
 // in the test clock's ns): a replaced override keeps its new-source bucket when it
 // keeps its new-source budget, else the bucket starts full. v.NewBucket is
 // ignored.
@@ -38,7 +38,7 @@ func (m *Model) SetOverride(k AggKey, v Override) {
 	m.ovr[k] = v
 }
 
-// DeleteOverride removes the override of k, as maps.Maps.DeleteOverride.
+// DeleteOverride removes the override of k, as maps.OverrideStore.Delete.
 func (m *Model) DeleteOverride(k AggKey) { delete(m.ovr, k) }
 
 // Overrides returns the override table (new-source buckets included).
@@ -50,7 +50,7 @@ func (m *Model) Overrides() map[AggKey]Override {
 	return out
 }
 
-// pruneOverrides is Apply's part (maps.Maps.Commit): overrides of rules
+// pruneOverrides is Apply's part (maps.Generations.Commit): overrides of rules
 // that are gone, or that no longer have a budget for their aggregate, go.
 func (m *Model) pruneOverrides() {
 	g := m.gen

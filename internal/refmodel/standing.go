@@ -487,7 +487,7 @@ func (m *Model) foldRate(e *StandingVal, ss *srcState, ns uint64) {
 	e.RateAt, e.SrcMark, e.PktsMark = ns, src, e.Pkts
 }
 
-// SetStanding is maps.Maps.SetStandingWhy at time nowNS.
+// SetStanding is maps.StandingStore.SetWhy at time nowNS.
 func (m *Model) SetStanding(k StandingKey, s maps.Standing, why maps.StandingWhy, nowNS uint64) {
 	m.standing[k] = StandingVal{Since: nowNS, CleanSince: nowNS, LastSeen: nowNS, Standing: uint8(s), Why: uint8(why)}
 }

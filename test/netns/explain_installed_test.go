@@ -162,7 +162,7 @@ func TestExplainInstalled(t *testing.T) {
 		t.Fatalf("explain %s: rule %+v, want api", src, e.Rule)
 	}
 	whole := maps.Aggregate{RuleID: e.Rule.ID, Kind: maps.AggKindWhole}
-	if err := m.SetOverride(maps.Override{Aggregate: whole, Budget: maps.Rate{Count: 50, Per: time.Second, Burst: 50},
+	if err := m.Overrides.Set(maps.Override{Aggregate: whole, Budget: maps.Rate{Count: 50, Per: time.Second, Burst: 50},
 		Expires: hour, Origin: maps.OriginFleet}); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestExplainInstalled(t *testing.T) {
 
 	// 2. A shield tighten on global: new sources share 11/s burst 11.
 	global := maps.Aggregate{Kind: maps.AggKindGlobal}
-	if err := m.SetOverride(maps.Override{Aggregate: global, NewBudget: maps.Rate{Count: 11, Per: time.Second, Burst: 11},
+	if err := m.Overrides.Set(maps.Override{Aggregate: global, NewBudget: maps.Rate{Count: 11, Per: time.Second, Burst: 11},
 		Expires: hour, Origin: maps.OriginShield}); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestExplainInstalled(t *testing.T) {
 	// 3. A shield fingerprint: udp dport 9000 len 228 at 1/s.
 	fp := maps.Fingerprint{ID: 7, Mask: maps.FieldProto | maps.FieldDPort | maps.FieldLen, Proto: 17, DPort: 9000, Len: 228,
 		Budget: maps.Rate{Count: 1, Per: time.Second, Burst: 1}, Expires: hour, Origin: maps.OriginShield}
-	if err := m.SetFingerprint(fp); err != nil {
+	if err := m.Fingerprints.Set(fp); err != nil {
 		t.Fatal(err)
 	}
 	fsrc := netip.MustParsePrefix("198.19.8.8/32")

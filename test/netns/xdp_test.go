@@ -180,7 +180,7 @@ func burst(t *testing.T, f flows, n int) int {
 
 func ruleCounters(t *testing.T, m *maps.Maps) maps.RuleCounters {
 	t.Helper()
-	rc, err := m.RuleCounters([]uint32{limitedRule})
+	rc, err := m.Counters.Rules([]uint32{limitedRule})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func ruleCounters(t *testing.T, m *maps.Maps) maps.RuleCounters {
 
 func counters(t *testing.T, m *maps.Maps) maps.Counters {
 	t.Helper()
-	c, err := m.Counters()
+	c, err := m.Counters.Totals()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,9 +3,14 @@
 // EG_R_SOURCE_LIMIT of enum eg_reason is "source_limit" at index
 // EG_R_SOURCE_LIMIT. The names are metric labels and display words, so the
 // C enumerator is their one source, like the numbers bpf2go takes from it.
-// It runs from go:generate (generate.go) after bpf2go.
+// With -values it writes the enumerators' values as Go constants instead:
+// EG_TBL_KNOWN_GOOD_ENTRIES of enum eg_table_defaults is KnownGoodEntries,
+// for a package that must not import the loader (internal/bpfsizes, read
+// by the pure policy package). It runs from go:generate (generate.go)
+// after bpf2go.
 //
 //	enumnames -o FILE -go-package PKG -ident-prefix Limiter OBJ ENUM=PREFIX...
+//	enumnames -values -o FILE -go-package PKG OBJ ENUM=PREFIX...
 package main
 
 import (
@@ -33,6 +38,7 @@ func run(args []string) error {
 	out := fs.String("o", "", "output Go file")
 	pkg := fs.String("go-package", "", "package of the output file")
 	ident := fs.String("ident-prefix", "", "prefix of the Go identifiers (bpf2go's stem, e.g. Limiter)")
+	values := fs.Bool("values", false, "write the enumerators' values as constants, not the names")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -55,6 +61,12 @@ func run(args []string) error {
 		var e *btf.Enum
 		if err := spec.TypeByName(name, &e); err != nil {
 			return fmt.Errorf("enum %s: %w", name, err)
+		}
+		if *values {
+			if err := writeValues(&b, e, prefix, *ident); err != nil {
+				return fmt.Errorf("enum %s: %w", name, err)
+			}
+			continue
 		}
 		names, err := enumNames(e, prefix)
 		if err != nil {
@@ -105,6 +117,24 @@ func enumNames(e *btf.Enum, prefix string) ([]string, error) {
 		out[i] = n
 	}
 	return out, nil
+}
+
+// writeValues writes e's enumerators as untyped constants named ident and
+// the camel-cased enumerator without prefix (_MAX included when present).
+func writeValues(b *bytes.Buffer, e *btf.Enum, prefix, ident string) error {
+	fmt.Fprintf(b, "// The values of enum %s.\nconst (\n", e.Name)
+	for _, v := range e.Values {
+		if !strings.HasPrefix(v.Name, prefix) {
+			return fmt.Errorf("enumerator %s does not start with %s", v.Name, prefix)
+		}
+		val := fmt.Sprint(v.Value)
+		if e.Signed {
+			val = fmt.Sprint(int64(v.Value))
+		}
+		fmt.Fprintf(b, "\t%s%s = %s // %s\n", ident, camel(strings.ToLower(strings.TrimPrefix(v.Name, prefix))), val, v.Name)
+	}
+	b.WriteString(")\n\n")
+	return nil
 }
 
 // camel is bpf2go's Go name of a C identifier: eg_class_agg is EgClassAgg.

@@ -16,11 +16,11 @@ import (
 
 // StageCommit makes c the live generation: Stage, then Commit.
 func StageCommit(m *maps.Maps, c *policy.Compiled) error {
-	s, err := m.Stage(c)
+	s, err := m.Generations.Stage(c)
 	if err != nil {
 		return err
 	}
-	return m.Commit(s)
+	return m.Generations.Commit(s)
 }
 
 // SmallSizes are table sizes that load quickly and hold what the tests'
