@@ -467,11 +467,11 @@ func (d *decoder) concurrency(n *yaml.Node, where string) *Concurrency {
 }
 
 func (d *decoder) redisConfig(n *yaml.Node) *Redis {
-	f := d.Fields(n, "l7 redis", "addr", "timeout", "prefix", "failure")
+	f := d.Fields(n, "l7 redis", "addr", "timeout", "prefix", "failure", "hosts", "sync_interval")
 	if f == nil {
 		return nil
 	}
-	r := &Redis{Timeout: 100 * time.Millisecond, Prefix: "eg:l7:", Failure: FailureOpen}
+	r := &Redis{Timeout: 100 * time.Millisecond, Prefix: "eg:l7:", Failure: FailureOpen, Hosts: 1, SyncInterval: DefaultSyncInterval}
 	if v, ok := f["addr"]; ok {
 		r.Addr, _ = d.hostPort(v, "redis addr")
 	} else {
@@ -488,7 +488,17 @@ func (d *decoder) redisConfig(n *yaml.Node) *Redis {
 		r.Prefix = s
 	}
 	if v, ok := f["failure"]; ok {
-		r.Failure, _ = d.enum(v, "redis failure", FailureOpen, FailureClosed)
+		r.Failure, _ = d.enum(v, "redis failure", FailureOpen, FailureClosed, FailureLocal)
+	}
+	if v, ok := f["hosts"]; ok {
+		r.Hosts, _ = d.integer(v, "redis hosts", 1, 1<<16)
+	}
+	if v, ok := f["sync_interval"]; ok {
+		if iv, ok := d.duration(v, "redis sync_interval"); ok && (iv < time.Millisecond || iv > time.Hour) {
+			d.Errorf(v, "redis sync_interval %s: want 1ms to 1h", iv)
+		} else if ok {
+			r.SyncInterval = iv
+		}
 	}
 	return r
 }
@@ -729,7 +739,7 @@ func (d *decoder) limits(n *yaml.Node, where string, rc *Redis) []Limit {
 
 func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 	f := d.Fields(n, where+" limit", "name", "key", "rate", "burst", "algorithm", "shape", "shadow", "backend",
-		"failure", "capacity", "reserve")
+		"failure", "capacity", "reserve", "lease")
 	if f == nil {
 		return Limit{}, false
 	}
@@ -805,27 +815,37 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		l.Shadow = d.boolean(v, "limit shadow")
 	}
 	if v, has := f["backend"]; has {
-		s, bok := d.enum(v, "limit backend", BackendLocal, BackendRedis)
+		s, bok := d.enum(v, "limit backend", BackendLocal, BackendRedis, BackendHybrid)
 		l.Backend, ok = s, ok && bok
-		if s == BackendRedis && !d.redis {
-			d.Errorf(v, "limit %q: backend redis needs an l7 redis: section", l.Name)
+		if (s == BackendRedis || s == BackendHybrid) && !d.redis {
+			d.Errorf(v, "limit %q: backend %s needs an l7 redis: section", l.Name, s)
 			ok = false
 		}
 	}
-	if v, has := f["failure"]; has {
-		l.Failure, _ = d.enum(v, "limit failure", FailureOpen, FailureClosed)
-		if l.Backend != BackendRedis {
-			d.Errorf(v, "limit %q: failure applies only to backend redis", l.Name)
+	switch v, has := f["failure"]; {
+	case has:
+		l.Failure, _ = d.enum(v, "limit failure", FailureOpen, FailureClosed, FailureLocal)
+		if !l.Shared() {
+			d.Errorf(v, "limit %q: failure applies only to backend redis and hybrid", l.Name)
 		}
-	} else if rc != nil {
+	case l.Backend == BackendHybrid:
+		l.Failure = FailureLocal
+	case rc != nil:
 		l.Failure = rc.Failure
+	}
+	if v, has := f["lease"]; has {
+		l.Lease, _ = d.integer(v, "limit lease", 1, 1<<40)
+		if l.Backend != BackendHybrid {
+			d.Errorf(v, "limit %q: lease applies only to backend hybrid", l.Name)
+			ok = false
+		}
 	}
 	if v, has := f["capacity"]; has {
 		x, _ := d.integer(v, "limit capacity", 1, maxCapacity)
 		l.Capacity = int(x)
 	}
 	switch v, has := f["reserve"]; {
-	case has && l.Backend == BackendRedis:
+	case has && l.Shared():
 		d.Errorf(v, "limit %q: reserve applies to backend local (the class ranking is local)", l.Name)
 		ok = false
 	case has:
@@ -852,17 +872,17 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		case l.Shadow:
 			d.Errorf(f["shape"], "limit %q: shape: true with shadow: true is not supported (a shadow limit never holds a request)", l.Name)
 			ok = false
-		case l.Backend == BackendRedis:
-			d.Errorf(f["shape"], "limit %q: shape: true with backend redis is not supported (the release slot is decided from local state)", l.Name)
+		case l.Shared():
+			d.Errorf(f["shape"], "limit %q: shape: true with backend %s is not supported (the release slot is decided from local state)", l.Name, l.Backend)
 			ok = false
 		}
 	}
 	if ok && l.Algorithm == AlgSlidingLog {
 		capacity := int64(l.Capacity)
 		switch {
-		case l.Backend == BackendRedis:
-			d.Errorf(f["backend"], "limit %q: algorithm sliding_log with backend redis is not supported "+
-				"(its log would be a sorted set of up to rate entries per key in Redis); use sliding-window or gcra with redis", l.Name)
+		case l.Shared():
+			d.Errorf(f["backend"], "limit %q: algorithm sliding_log with backend %s is not supported "+
+				"(its log would be a sorted set of up to rate entries per key in Redis); use sliding-window or gcra with redis", l.Name, l.Backend)
 			ok = false
 		case l.Count > l7.MaxSlidingLogLimit:
 			d.Errorf(rateNode, "limit %q: sliding_log keeps one timestamp per admitted request: rate count %d is above %d",
@@ -876,11 +896,19 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 			ok = false
 		}
 	}
-	if ok && l.Backend == BackendRedis {
+	if ok && l.Backend == BackendHybrid && l.Algorithm != AlgSlidingWindow {
+		at := f["algorithm"]
+		if at == nil {
+			at = f["backend"]
+		}
+		d.Errorf(at, "limit %q: backend hybrid needs algorithm: sliding-window (its leases share a sliding window counter), not %s", l.Name, l.Algorithm)
+		ok = false
+	}
+	if ok && l.Shared() {
 		if l.Algorithm != AlgGCRA && l.Algorithm != AlgSlidingWindow && l.Algorithm != AlgLeakyBucket {
 			d.Errorf(f["algorithm"], "limit %q: backend redis supports gcra, sliding-window and leaky_bucket, not %s", l.Name, l.Algorithm)
 			ok = false
-		} else if _, err := redisRule(l); err != nil {
+		} else if _, err := redisRule(l, rc); err != nil {
 			d.Errorf(rateNode, "limit %q: %v", l.Name, err)
 			ok = false
 		}

@@ -327,7 +327,7 @@ func decodeRule(ld *proxy.LimitDecoder, n *yaml.Node, rc *proxy.Redis) (Rule, bo
 func countLocal(ls []proxy.Limit) int {
 	n := 0
 	for _, l := range ls {
-		if l.Backend != proxy.BackendRedis {
+		if !l.Shared() {
 			n++
 		}
 	}

@@ -279,7 +279,7 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 		}
 		if lim == nil {
 			lim = &limit{Limit: l, policy: l7.PolicyItem(l.Name, l.Count, l.Per)}
-			if l.Backend != proxy.BackendRedis {
+			if !l.Shared() {
 				alg, err := proxy.NewAlgorithm(l)
 				if err != nil {
 					return nil, fmt.Errorf("rls: rule %q limit %q: %w", ruleName, l.Name, err)
@@ -296,9 +296,9 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 			r.all = append(r.all, lim)
 		}
 		switch {
-		case l.Backend == proxy.BackendRedis && l.Shadow:
+		case l.Shared() && l.Shadow:
 			redisShadow = append(redisShadow, lim)
-		case l.Backend == proxy.BackendRedis:
+		case l.Shared():
 			redisEnf = append(redisEnf, lim)
 		case l.Shadow:
 			shadow = append(shadow, lim)
@@ -323,7 +323,7 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 		var rules []redislimit.Rule
 		grp := &group{shadow: g.shadow, limits: map[string]*limit{}}
 		for _, l := range g.ls {
-			rr, err := proxy.RedisRule(l.Limit)
+			rr, err := proxy.RedisRule(l.Limit, s.cfg.Redis)
 			if err != nil {
 				return nil, fmt.Errorf("rls: rule %q limit %q: %w", ruleName, l.Name, err)
 			}
@@ -712,12 +712,12 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 				continue
 			}
 			l := p.findRedis(rd.Rule)
-			enforced = append(enforced, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: proxy.BackendRedis, Decision: rd.Decision})
+			enforced = append(enforced, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: l.Backend, Decision: rd.Decision})
 		}
 		if peek {
 			for _, g := range p.set.groups {
 				for _, l := range g.limits {
-					enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendRedis, Shadow: g.shadow})
+					enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: l.Backend, Shadow: g.shadow})
 				}
 			}
 		}
@@ -738,7 +738,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 					v.Refused = ls.Name
 				}
 			}
-			if s.draft10 && ls.Backend != proxy.BackendRedis || s.draft10 && !peek {
+			if s.draft10 && ls.Backend == proxy.BackendLocal || s.draft10 && !peek {
 				if len(hdrLimit) > 0 {
 					hdrLimit = append(hdrLimit, ", "...)
 					hdrPolicy = append(hdrPolicy, ", "...)
@@ -838,7 +838,7 @@ func (r *rule) limitPolicy(name string) string {
 func appendRedis(ls []LimitStatus, g *group, res redislimit.Result, shadow bool) []LimitStatus {
 	for _, rd := range res.Rules {
 		l := g.limits[rd.Rule]
-		ls = append(ls, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: proxy.BackendRedis, Shadow: shadow, Decision: rd.Decision})
+		ls = append(ls, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: l.Backend, Shadow: shadow, Decision: rd.Decision})
 	}
 	return ls
 }
