@@ -61,7 +61,7 @@ type Server struct {
 	mu   sync.Mutex // one change at a time (the daemon's lock)
 	eps  map[string]*endpoint
 	cert atomic.Pointer[tls.Config]
-	cfg  *Config        // what serves (nil: stopped)
+	cfg  *Config // what serves (nil: stopped)
 
 	bg      sync.WaitGroup
 	closing chan struct{}
