@@ -247,7 +247,13 @@ func (s *Server) grpcServer(secure bool) *grpc.Server {
 		// Streams are served by a pool of goroutines whose stacks have
 		// grown already (a new goroutine per stream grows, copying, its
 		// stack on every request); beyond the pool, new goroutines.
-		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+		// Enough of them for every stream a busy Envoy keeps in flight
+		// (64 per core: 128 on 2 cores, a few MiB of stacks).
+		grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))),
+		// One write buffer per connection only while it writes.
+		grpc.SharedWriteBuffer(true),
+		// Responses marshalled by go-control-plane's vtproto code.
+		grpc.ForceServerCodecV2(newVTCodec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}
 	if secure {
