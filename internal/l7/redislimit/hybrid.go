@@ -195,8 +195,13 @@ func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, 
 		l.metrics.errors.WithLabelValues("lease", "breaker_open").Inc()
 		return leaseReply{err: ErrBreakerOpen}
 	}
+	// Through the batch queue: concurrent syncs (and decisions) share
+	// pipelined round trips; a sync is never merged into a decide run.
 	c := l.leaseCall(h, key, used, need)
-	l.runBatch([]*call{c}, "lease")
+	c.custom = true
+	if err := l.roundTrip(ctx, c); err != nil {
+		return leaseReply{err: err}
+	}
 	return decodeLease(c)
 }
 

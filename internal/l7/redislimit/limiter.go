@@ -249,7 +249,7 @@ func New(cfg Config) (*Limiter, error) {
 	if len(l.remote) > 0 {
 		l.args[0] = len(l.remote)
 	}
-	if cfg.MaxBatch > 1 && len(l.remote) > 0 {
+	if cfg.MaxBatch > 1 && (len(l.remote) > 0 || len(l.hybrid) > 0) {
 		for range cfg.Workers {
 			l.wg.Add(1)
 			go l.batchWorker()
@@ -617,12 +617,25 @@ type call struct {
 	reply       any
 	err         error
 	done        chan struct{}
-	custom      bool // args other than the Limiter's (a cost above 1): never merged
+	custom      bool // args other than the Limiter's (a cost above 1, a lease sync): never merged
+}
+
+// op is the round-trip metric's label of a pipeline of calls.
+func op(calls []*call) string {
+	for _, c := range calls {
+		if c.src != leaseSource {
+			return "decide"
+		}
+	}
+	return "lease"
 }
 
 // roundTrip runs c, through the batch queue when batching is on. It returns
 // an error only if ctx ended or the Limiter closed; Redis errors are in c.err.
 func (l *Limiter) roundTrip(ctx context.Context, c *call) error {
+	if c.done == nil {
+		c.done = make(chan struct{})
+	}
 	if l.cfg.MaxBatch <= 1 {
 		l.runDecide([]*call{c})
 		return nil
@@ -688,14 +701,14 @@ func (l *Limiter) runDecide(calls []*call) {
 			}
 		}
 		if len(custom) > 0 {
-			l.runBatch(custom, "decide")
+			l.runBatch(custom, op(custom))
 			if calls = plain; len(calls) == 0 {
 				return
 			}
 		}
 	}
 	if !l.merge || len(calls) == 1 {
-		l.runBatch(calls, "decide")
+		l.runBatch(calls, op(calls))
 		return
 	}
 	k := len(l.remote)
