@@ -23,6 +23,9 @@ DURATION=${DURATION:-10s}
 WORKERS=${WORKERS:-64}
 CONNS=${CONNS:-4}
 ROUNDS=${ROUNDS:-3}
+# PIN=1: the load client on CPU 0, every service and the redis-server on CPU 1
+# (taskset; the same for every peer; Go sizes GOMAXPROCS to the CPUs it may use).
+PIN=${PIN:-}
 CLIENT=${CLIENT:-h2} # h2: pre-encoded requests, multiplexed (bench/rlsbench/h2client.go); grpc: grpc-go's client
 BASE_PORT=${BASE_PORT:-19080}
 RATELIMIT_VERSION=${RATELIMIT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}
@@ -55,7 +58,9 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 go build -o "$tmp/rlsbench" ./bench/rlsbench
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
+on_service=() on_client=()
+if [ -n "$PIN" ]; then on_service=(taskset -c 1) on_client=(taskset -c 0); fi
+"${on_service[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
 	--logfile "$tmp/redis.log" >/dev/null &
 redis_pid=$!
 pids+=($redis_pid)
@@ -102,7 +107,7 @@ l7:
 YAML
 }
 
-load() { "$tmp/rlsbench" load -client "$CLIENT" -target "127.0.0.1:$1" -workers "$WORKERS" -conns "$CONNS" -duration "$DURATION" -label "$2" -cpu-pids "$3"; }
+load() { "${on_client[@]}" "$tmp/rlsbench" load -client "$CLIENT" -target "127.0.0.1:$1" -workers "$WORKERS" -conns "$CONNS" -duration "$DURATION" -label "$2" -cpu-pids "$3"; }
 rate() { awk '{for (i = 1; i <= NF; i++) if ($i == "decisions/s") print $(i + 1)}' <<<"$1"; }
 cpu() { awk '{for (i = 1; i <= NF; i++) if ($i == "cpu/decision") print $(i + 1) + 0}' <<<"$1"; }
 p99() { awk '{for (i = 1; i <= NF; i++) if ($i == "p99") print $(i + 1)}' <<<"$1"; }
@@ -111,7 +116,7 @@ p99() { awk '{for (i = 1; i <= NF; i++) if ($i == "p99") print $(i + 1)}' <<<"$1
 run_edgeguard() { # BACKEND
 	local backend=$1 pid cpids
 	policy "$backend" >"$tmp/eg-$backend.yaml"
-	"$tmp/rlsbench" serve -policy "$tmp/eg-$backend.yaml" >"$tmp/eg-$backend.log" 2>&1 &
+	"${on_service[@]}" "$tmp/rlsbench" serve -policy "$tmp/eg-$backend.yaml" >"$tmp/eg-$backend.log" 2>&1 &
 	pid=$!
 	pids+=($pid)
 	wait_port "$EG_PORT"
@@ -125,7 +130,7 @@ run_envoy() {
 	RUNTIME_ROOT="$tmp/runtime" RUNTIME_SUBDIRECTORY=rl RUNTIME_WATCH_ROOT=false USE_STATSD=false \
 		REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$REDIS_PORT" BACKEND_TYPE=redis \
 		HOST=127.0.0.1 PORT="$RL_HTTP" GRPC_HOST=127.0.0.1 GRPC_PORT="$RL_GRPC" \
-		DEBUG_HOST=127.0.0.1 DEBUG_PORT="$RL_DEBUG" LOG_LEVEL=warn "$tmp/ratelimit" >"$tmp/ratelimit.log" 2>&1 &
+		DEBUG_HOST=127.0.0.1 DEBUG_PORT="$RL_DEBUG" LOG_LEVEL=warn "${on_service[@]}" "$tmp/ratelimit" >"$tmp/ratelimit.log" 2>&1 &
 	pid=$!
 	pids+=($pid)
 	wait_port "$RL_GRPC"
@@ -133,7 +138,7 @@ run_envoy() {
 	stop "$pid"
 }
 
-echo "== Envoy RLS v3 (gRPC), $WORKERS concurrent requests on $CONNS connections, $DURATION each, client $CLIENT, $ROUNDS rounds"
+echo "== Envoy RLS v3 (gRPC), $WORKERS concurrent requests on $CONNS connections, $DURATION each, client $CLIENT, $ROUNDS rounds${PIN:+, client on CPU 0, services and redis-server on CPU 1}"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 peers=(redis local hybrid)
 [ "$rl_ok" = 1 ] && peers=(envoy redis local hybrid)
