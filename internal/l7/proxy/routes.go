@@ -321,7 +321,7 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			"gcra, token-bucket, leaky_bucket; unset: the rate's count").
 			Formatted(unsetSays("the rate's count", func(l *limitSpec) string { return yamlcheck.Uint[int64]{}.Format(l.Burst) })),
 		yamlcheck.Val("algorithm", marking(bad, as("limit algorithm", yamlcheck.Kind[string](algorithm{}))), func(l *limitSpec) *string { return &l.Algorithm },
-			"underscores and hyphens are both accepted (`sliding_window`, `leaky-bucket`, `sliding-log`); redis: `gcra`, `sliding-window`, `leaky_bucket` (docs/l7.md)"),
+			"underscores and hyphens are both accepted (`sliding_window`, `leaky-bucket`, `sliding-log`); redis: `gcra`, `sliding-window`, `leaky_bucket`; hybrid: `sliding-window` (docs/l7.md)"),
 		yamlcheck.Val("shape", as("limit shape", yamlcheck.Kind[bool](yamlcheck.Bool{})), func(l *limitSpec) *bool { return &l.Shape },
 			"leaky_bucket, local, not shadow: delays each admitted request until its release slot (at most `(burst-1)/rate`)"),
 		yamlcheck.Val("shadow", as("limit shadow", yamlcheck.Kind[bool](yamlcheck.Bool{})), func(l *limitSpec) *bool { return &l.Shadow },
