@@ -8,7 +8,12 @@
 # decisions/s, p50, p99 and the ratios. Every process is stopped on exit.
 #
 #   bench/rls.sh
-#   DURATION=5s WORKERS=32 bench/rls.sh
+#   DURATION=5s WORKERS=32 ROUNDS=5 bench/rls.sh
+#   SKIP_NGINX=1 bench/rls.sh      # the gRPC rounds only
+#
+# Rounds are interleaved (envoyproxy/ratelimit, then Edgeguard with the
+# redis, local and hybrid backends, then again), each peer started fresh
+# with the same redis-server, and every ratio is taken within its round.
 #
 # Needs go, redis-server, nginx, wrk (scripts/install-deps.sh). Ports on
 # 127.0.0.1 from BASE_PORT (default 19080) up.
@@ -17,6 +22,11 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 WORKERS=${WORKERS:-64}
 CONNS=${CONNS:-4}
+ROUNDS=${ROUNDS:-3}
+# PIN=1: the load client on CPU 0, every service and the redis-server on CPU 1
+# (taskset; the same for every peer; Go sizes GOMAXPROCS to the CPUs it may use).
+PIN=${PIN:-}
+CLIENT=${CLIENT:-h2} # h2: pre-encoded requests, multiplexed (bench/rlsbench/h2client.go); grpc: grpc-go's client
 BASE_PORT=${BASE_PORT:-19080}
 RATELIMIT_VERSION=${RATELIMIT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}
 
@@ -48,7 +58,9 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 go build -o "$tmp/rlsbench" ./bench/rlsbench
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
+on_service=() on_client=()
+if [ -n "$PIN" ]; then on_service=(taskset -c 1) on_client=(taskset -c 0); fi
+"${on_service[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
 	--logfile "$tmp/redis.log" >/dev/null &
 redis_pid=$!
 pids+=($redis_pid)
@@ -95,48 +107,73 @@ l7:
 YAML
 }
 
-load() { "$tmp/rlsbench" load -target "127.0.0.1:$1" -workers "$WORKERS" -conns "$CONNS" -duration "$DURATION" -label "$2" -cpu-pids "$3"; }
+load() { "${on_client[@]}" "$tmp/rlsbench" load -client "$CLIENT" -target "127.0.0.1:$1" -workers "$WORKERS" -conns "$CONNS" -duration "$DURATION" -label "$2" -cpu-pids "$3"; }
 rate() { awk '{for (i = 1; i <= NF; i++) if ($i == "decisions/s") print $(i + 1)}' <<<"$1"; }
 cpu() { awk '{for (i = 1; i <= NF; i++) if ($i == "cpu/decision") print $(i + 1) + 0}' <<<"$1"; }
+p99() { awk '{for (i = 1; i <= NF; i++) if ($i == "p99") print $(i + 1)}' <<<"$1"; }
 
-echo "== Envoy RLS v3 (gRPC), $WORKERS concurrent requests on $CONNS connections, $DURATION each"
-declare -A got cpu
-for backend in redis local; do
+# One peer's run: start it, load it, stop it. Sets $out.
+run_edgeguard() { # BACKEND
+	local backend=$1 pid cpids
 	policy "$backend" >"$tmp/eg-$backend.yaml"
-	"$tmp/rlsbench" serve -policy "$tmp/eg-$backend.yaml" >/dev/null &
+	"${on_service[@]}" "$tmp/rlsbench" serve -policy "$tmp/eg-$backend.yaml" >"$tmp/eg-$backend.log" 2>&1 &
 	pid=$!
 	pids+=($pid)
 	wait_port "$EG_PORT"
 	cpids=$pid
-	if [ "$backend" = redis ]; then cpids=$pid,$redis_pid; fi
+	if [ "$backend" != local ]; then cpids=$pid,$redis_pid; fi
 	out=$(load "$EG_PORT" "edgeguard $backend" "$cpids")
-	echo "$out"
-	got[$backend]=$(rate "$out")
-	cpu[$backend]=$(cpu "$out")
 	stop "$pid"
-done
-if [ "$rl_ok" = 1 ]; then
+}
+run_envoy() {
+	local pid
 	RUNTIME_ROOT="$tmp/runtime" RUNTIME_SUBDIRECTORY=rl RUNTIME_WATCH_ROOT=false USE_STATSD=false \
 		REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$REDIS_PORT" BACKEND_TYPE=redis \
 		HOST=127.0.0.1 PORT="$RL_HTTP" GRPC_HOST=127.0.0.1 GRPC_PORT="$RL_GRPC" \
-		DEBUG_HOST=127.0.0.1 DEBUG_PORT="$RL_DEBUG" LOG_LEVEL=warn "$tmp/ratelimit" >"$tmp/ratelimit.log" 2>&1 &
+		DEBUG_HOST=127.0.0.1 DEBUG_PORT="$RL_DEBUG" LOG_LEVEL=warn "${on_service[@]}" "$tmp/ratelimit" >"$tmp/ratelimit.log" 2>&1 &
 	pid=$!
 	pids+=($pid)
 	wait_port "$RL_GRPC"
 	out=$(load "$RL_GRPC" "envoyproxy/ratelimit redis" "$pid,$redis_pid")
-	echo "$out"
-	got[envoy]=$(rate "$out")
-	cpu[envoy]=$(cpu "$out")
 	stop "$pid"
-	# Throughput is bounded by the load generator sharing the machine; the
-	# CPU each service (and its redis-server) spends per decision is the
-	# second measure.
-	awk -v r="${got[redis]}" -v l="${got[local]}" -v e="${got[envoy]}" \
-		-v cr="${cpu[redis]}" -v cl="${cpu[local]}" -v ce="${cpu[envoy]}" 'BEGIN {
-		printf "ratio edgeguard redis / envoyproxy/ratelimit: throughput %.2fx (target >= 1.5x), cpu per decision %.2fx less\n", r / e, ce / cr
-		printf "ratio edgeguard local / envoyproxy/ratelimit: throughput %.2fx (target >= 10x), cpu per decision %.2fx less\n", l / e, ce / cl }'
+}
+
+echo "== Envoy RLS v3 (gRPC), $WORKERS concurrent requests on $CONNS connections, $DURATION each, client $CLIENT, $ROUNDS rounds${PIN:+, client on CPU 0, services and redis-server on CPU 1}"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+peers=(redis local hybrid)
+[ "$rl_ok" = 1 ] && peers=(envoy redis local hybrid)
+declare -A ratios
+for round in $(seq 1 "$ROUNDS"); do
+	declare -A got=() cpu=() lat=()
+	for peer in "${peers[@]}"; do
+		if [ "$peer" = envoy ]; then run_envoy; else run_edgeguard "$peer"; fi
+		echo "round $round  $out"
+		got[$peer]=$(rate "$out")
+		cpu[$peer]=$(cpu "$out")
+		lat[$peer]=$(p99 "$out")
+	done
+	if [ "$rl_ok" = 1 ]; then
+		for peer in redis local hybrid; do
+			r=$(awk -v a="${got[$peer]}" -v e="${got[envoy]}" 'BEGIN { printf "%.2f", a / e }')
+			c=$(awk -v a="${cpu[$peer]}" -v e="${cpu[envoy]}" 'BEGIN { printf "%.2f", e / a }')
+			ratios[$peer]+="$r "
+			echo "round $round  ratio edgeguard $peer / envoyproxy/ratelimit: throughput ${r}x, cpu per decision ${c}x less, p99 ${lat[$peer]} vs ${lat[envoy]}"
+		done
+	fi
+	echo "round $round  load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+done
+if [ "$rl_ok" = 1 ]; then
+	for peer in redis local hybrid; do
+		target=10
+		[ "$peer" = redis ] && target=1.5
+		echo "${ratios[$peer]}" | tr ' ' '\n' | grep . | sort -n | awk -v p="$peer" -v t="$target" '
+			{ v[NR] = $1 } END {
+				m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+				printf "median edgeguard %s / envoyproxy/ratelimit: %.2fx (min %.2fx, target >= %sx in every round: %s)\n", p, m, v[1], t, (v[1] >= t) ? "met" : "NOT met" }'
+	done
 fi
 
+[ -n "${SKIP_NGINX:-}" ] && exit 0
 echo "== nginx auth_request through Edgeguard vs nginx limit_req alone (wrk -t2 -c64 -d$DURATION)"
 policy local >"$tmp/eg-http.yaml"
 "$tmp/rlsbench" serve -policy "$tmp/eg-http.yaml" >/dev/null &

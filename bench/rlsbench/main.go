@@ -112,6 +112,7 @@ func load(args []string) error {
 	dur := fs.Duration("duration", 10*time.Second, "how long")
 	warm := fs.Duration("warmup", time.Second, "warm-up before measuring")
 	label := fs.String("label", "", "name printed with the result")
+	client := fs.String("client", "h2", "h2: pre-encoded requests on multiplexed HTTP/2 connections, every response decoded (h2client.go); grpc: grpc-go's generated client")
 	pidList := fs.String("cpu-pids", "", "comma-separated pids whose CPU time (utime+stime) is charged to the decisions measured (the service, its redis-server)")
 	_ = fs.Parse(args)
 	var pids []string
@@ -119,19 +120,46 @@ func load(args []string) error {
 		pids = strings.Split(*pidList, ",")
 	}
 
-	clients := make([]rlsv3.RateLimitServiceClient, *conns)
-	for i := range clients {
-		cc, err := grpc.NewClient(*target, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return err
-		}
-		defer cc.Close()
-		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
-	}
 	reqs := make([]*rlsv3.RateLimitRequest, *keys)
+	framed := make([][]byte, *keys)
 	for i := range reqs {
 		reqs[i] = &rlsv3.RateLimitRequest{Domain: *domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("198.18.%d.%d", i/256%256, i%256)}}}}}
+		var err error
+		if framed[i], err = grpcFrame(reqs[i]); err != nil {
+			return err
+		}
+	}
+	// ask is one decision on worker w's connection: the request of key i,
+	// the response decoded into res.
+	var asks []func(i int, res *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error)
+	switch *client {
+	case "grpc":
+		for range *conns {
+			cc, err := grpc.NewClient(*target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			c := rlsv3.NewRateLimitServiceClient(cc)
+			asks = append(asks, func(i int, _ *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error) {
+				return c.ShouldRateLimit(context.Background(), reqs[i])
+			})
+		}
+	case "h2":
+		for range *conns {
+			hc, err := dialH2(*target)
+			if err != nil {
+				return err
+			}
+			defer hc.Close()
+			asks = append(asks, func(i int, res *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error) {
+				cl := &h2call{done: make(chan error, 1)}
+				return res, hc.call(framed[i], cl, res)
+			})
+		}
+	default:
+		return fmt.Errorf("-client %q: want h2 or grpc", *client)
 	}
 	// warm-up: connections, scripts, first keys
 	run := func(d time.Duration, record bool) ([][]time.Duration, [3]int64, error) {
@@ -144,15 +172,15 @@ func load(args []string) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c := clients[w%len(clients)]
+				ask := asks[w%len(asks)]
 				rng := rand.New(rand.NewPCG(uint64(w), 26))
+				var buf rlsv3.RateLimitResponse
 				if record {
 					lat[w] = make([]time.Duration, 0, 1<<16)
 				}
 				for time.Now().Before(end) {
-					req := reqs[rng.IntN(len(reqs))]
 					t0 := time.Now()
-					res, err := c.ShouldRateLimit(context.Background(), req)
+					res, err := ask(rng.IntN(len(reqs)), &buf)
 					el := time.Since(t0)
 					if err != nil {
 						errs <- err

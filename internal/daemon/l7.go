@@ -54,11 +54,9 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, *rls.Config, []by
 // for a replaced engine to drain); abort undoes prepare. next.l7 == nil
 // stops the stage at commit. Caller holds d.mu.
 func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
-	proxyCfg := next.l7
-	if proxyCfg != nil && !proxyCfg.ServesProxy() {
-		proxyCfg = nil // an l7: section with only the rate-limit service
-	}
-	ch, err := d.l7.Prepare(ctx, proxyCfg, next.l7raw, stage.Standing{Promotion: promotion(next.compiled),
+	// An l7: section with only the rate-limit service serves no proxy; the
+	// stage still owns its access log.
+	ch, err := d.l7.Prepare(ctx, next.l7, next.l7raw, stage.Standing{Promotion: promotion(next.compiled),
 		EstablishedAfter: next.compiled.Standing.EstablishedAfter, ASN: next.asn})
 	if err != nil {
 		return nil, nil, fmt.Errorf("l7 stage: %w", err)
@@ -69,6 +67,7 @@ func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort fu
 	if rcfg != nil {
 		c := *rcfg
 		c.EstablishedAfter = next.compiled.Standing.EstablishedAfter
+		c.AccessLog = ch.AccessLog() // one writer per file: the stage's
 		rcfg = &c
 	}
 	rch, err := d.rls.Prepare(rcfg)
@@ -198,7 +197,7 @@ func (d *Daemon) reopenLogs(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-d.opts.ReopenLogs:
-			err := errors.Join(d.l7.ReopenAccessLog(), d.rls.ReopenAccessLog())
+			err := d.l7.ReopenAccessLog() // the rate-limit service writes through it
 			d.mu.Lock()
 			if err != nil {
 				d.reopenFailed = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)

@@ -215,14 +215,28 @@ type Redis struct {
 	Timeout time.Duration // one round trip (default 100ms)
 	Prefix  string        // key prefix (default "eg:l7:")
 	// Failure is the default failure policy of redis limits:
-	// FailureOpen (default) or FailureClosed.
+	// FailureOpen (default), FailureClosed or FailureLocal.
 	Failure string
+	// Hosts is the number of daemons sharing these limits (default 1):
+	// a hybrid limit's grants divide what is left among them, and
+	// FailureLocal gives each host the limit ÷ Hosts.
+	Hosts int64
+	// SyncInterval is how long a hybrid limit's host decides from its
+	// lease before it reports its count and asks again (default 1s).
+	SyncInterval time.Duration
 }
 
-// Failure policies of redis limits.
+// DefaultSyncInterval is a hybrid limit's default lease lifetime.
+const DefaultSyncInterval = time.Second
+
+// Failure policies of redis and hybrid limits.
 const (
 	FailureOpen   = "fail-open"
 	FailureClosed = "fail-closed"
+	// FailureLocal limits each host locally to the limit ÷ Redis.Hosts
+	// while Redis is unreachable (redislimit.Degrade); the default of
+	// hybrid limits.
+	FailureLocal = "local"
 )
 
 // Escalation configures escalation of rejected sources to the XDP deny list.
@@ -293,10 +307,14 @@ type Limit struct {
 	Shape bool
 	// Shadow counts would-be rejections and never rejects.
 	Shadow bool
-	// Backend is BackendLocal (default) or BackendRedis.
+	// Backend is BackendLocal (default), BackendRedis or BackendHybrid.
 	Backend string
-	// Failure is a redis limit's failure policy (default Redis.Failure).
+	// Failure is a redis or hybrid limit's failure policy (default
+	// Redis.Failure for redis, FailureLocal for hybrid).
 	Failure string
+	// Lease caps a hybrid limit's grant: the requests one host admits
+	// between two syncs (default ⌈Count ÷ (10 × Redis.Hosts)⌉).
+	Lease int64
 	// Capacity bounds the keys of a local limit (default 1<<16).
 	Capacity int
 	// Reserve is the percentage of the limit (rounded down, at most all
@@ -327,7 +345,13 @@ const (
 	AlgSlidingLog = "sliding_log"
 	BackendLocal  = "local"
 	BackendRedis  = "redis"
+	// BackendHybrid decides from a local lease of a limit shared through
+	// Redis (sliding-window only): docs/l7-redis.md, "Hybrid".
+	BackendHybrid = "hybrid"
 )
+
+// Shared reports whether l is kept in Redis (backend redis or hybrid).
+func (l Limit) Shared() bool { return l.Backend == BackendRedis || l.Backend == BackendHybrid }
 
 // Tiers adds limits per tier; the tier is named by a header a trusted auth
 // layer sets.

@@ -128,6 +128,24 @@ func TestDecodeProblems(t *testing.T) {
         levels:
           free: [{name: f, key: ip, rate: 1/s, backend: redis}]
 `, []string{`p.yaml:9:57: limit "f": backend redis needs an l7 redis: section`}},
+		{"hybrid backend problems", validHead + `  redis: {addr: 127.0.0.1:6379, hosts: 0, sync_interval: 0s, failure: nearby}
+  routes:
+    - name: api
+      limits:
+        - {name: a, key: ip, rate: 100/min, backend: hybrid}
+        - {name: b, key: ip, rate: 100/min, algorithm: gcra, backend: hybrid}
+        - {name: c, key: ip, rate: 100/min, backend: redis, lease: 5}
+        - {name: d, key: ip, rate: 100/min, failure: local}
+        - {name: e, key: ip, rate: 100/min, algorithm: sliding-window, backend: hybrid, lease: 0, reserve: 10%}
+`, []string{`p.yaml:4:40: redis hosts "0" must be a whole number from 1 to 65536`,
+			`p.yaml:4:58: redis sync_interval "0s": want a positive duration`,
+			`p.yaml:4:71: redis failure "nearby": want one of fail-open, fail-closed, local`,
+			`p.yaml:8:54: limit "a": backend hybrid needs algorithm: sliding-window (its leases share a sliding window counter), not gcra`,
+			`p.yaml:9:56: limit "b": backend hybrid needs algorithm: sliding-window`,
+			`p.yaml:10:68: limit "c": lease applies only to backend hybrid`,
+			`p.yaml:11:54: limit "d": failure applies only to backend redis and hybrid`,
+			`p.yaml:12:96: limit lease "0" must be a whole number from 1`,
+			`p.yaml:12:108: limit "e": reserve applies to backend local`}},
 		{"redis limits in tiers", validHead + `  redis: {addr: 127.0.0.1:6379}
   routes:
     - name: api

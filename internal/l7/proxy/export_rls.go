@@ -23,8 +23,8 @@ func NewAlgorithm(l Limit) (l7.Algorithm, error) { return newAlgorithm(l) }
 // ReserveUnits is l's reserve in units of alg's limit, as a route's.
 func ReserveUnits(l Limit, alg l7.Algorithm) int64 { return reserveUnits(l, alg) }
 
-// RedisRule builds a redis limit's rule, as a route's.
-func RedisRule(l Limit) (redislimit.Rule, error) { return redisRule(l) }
+// RedisRule builds a redis or hybrid limit's rule, as a route's.
+func RedisRule(l Limit, rc *Redis) (redislimit.Rule, error) { return redisRule(l, rc) }
 
 // LimitDecoder decodes limit lists outside the routes (the rls: section)
 // with the rules of a route's limits, except that they take no key; limit

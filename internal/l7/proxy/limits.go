@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -41,10 +42,15 @@ func newAlgorithm(l Limit) (l7.Algorithm, error) {
 	return nil, fmt.Errorf("unknown algorithm %q", l.Algorithm)
 }
 
-// redisRule builds a redis limit's rule (validated by redislimit.New; the
-// checks here mirror the ones a policy author can fix).
-func redisRule(l Limit) (redislimit.Rule, error) {
+// redisRule builds a redis or hybrid limit's rule (validated by
+// redislimit.New; the checks here mirror the ones a policy author can fix).
+// rc gives the hosts sharing it and the hybrid sync interval.
+func redisRule(l Limit, rc *Redis) (redislimit.Rule, error) {
 	r := redislimit.Rule{Name: l.Name, Limit: l.Count, Window: l.Per, Burst: l.Burst, Failure: redislimit.FailOpen}
+	hosts, sync := int64(1), DefaultSyncInterval
+	if rc != nil {
+		hosts, sync = max(rc.Hosts, 1), cmp.Or(rc.SyncInterval, DefaultSyncInterval)
+	}
 	switch l.Algorithm {
 	case AlgGCRA, AlgLeakyBucket:
 		// The leaky bucket as a policer is the same meter as GCRA with its
@@ -64,10 +70,29 @@ func redisRule(l Limit) (redislimit.Rule, error) {
 	default:
 		return r, fmt.Errorf("backend redis supports gcra, sliding-window and leaky_bucket, not %s", l.Algorithm)
 	}
-	if l.Failure == FailureClosed {
+	switch l.Failure {
+	case FailureClosed:
 		r.Failure = redislimit.FailClosed
+	case FailureLocal:
+		r.Failure, r.DegradeShards = redislimit.Degrade, hosts
+	}
+	if l.Backend == BackendHybrid {
+		if r.Algorithm != redislimit.SlidingWindow {
+			return r, fmt.Errorf("backend hybrid needs algorithm sliding-window (its leases share a sliding window counter), not %s", l.Algorithm)
+		}
+		r.Hybrid = &redislimit.Hybrid{SyncInterval: sync, MaxLease: HybridLease(l, hosts), Share: hosts}
 	}
 	return r, nil
+}
+
+// HybridLease is a hybrid limit's largest grant: its lease, or by default
+// ⌈Count ÷ (10 × hosts)⌉, so that hosts together exceed the limit by at
+// most a tenth of it in a window ((hosts − 1) × lease).
+func HybridLease(l Limit, hosts int64) int64 {
+	if l.Lease > 0 {
+		return l.Lease
+	}
+	return max((l.Count+10*hosts-1)/(10*hosts), 1)
 }
 
 // keyMaker turns Key expressions into l7.KeyFuncs (local limits: 64-bit

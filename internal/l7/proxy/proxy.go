@@ -586,7 +586,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 	rt.creds = p.km.credentialHeaders(all)
 	var routeRedis []Limit
 	for _, l := range rc.Limits {
-		if l.Backend == BackendRedis {
+		if l.Shared() {
 			routeRedis = append(routeRedis, l)
 			continue
 		}
@@ -603,7 +603,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 		for _, t := range rc.Tiers.Tiers {
 			tier := l7.Tier{Name: t.Name}
 			for _, l := range t.Limits {
-				if l.Backend == BackendRedis {
+				if l.Shared() {
 					tierRedis[t.Name] = append(tierRedis[t.Name], l)
 					anyRedis = true
 					continue
@@ -692,7 +692,7 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 			labels = append(labels, label)
 			rules = append(rules, nil)
 		}
-		rr, err := redisRule(l)
+		rr, err := redisRule(l, p.cfg.Redis)
 		if err != nil {
 			return nil, fmt.Errorf("proxy: route %q limit %q: %w", route, l.Name, err)
 		}

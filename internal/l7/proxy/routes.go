@@ -203,17 +203,25 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		d.Errorf(n, "limit %q: rate is required, e.g. 100/min", l.Name)
 		ok = false
 	}
-	if v, has := got["backend"]; has && l.Backend == BackendRedis && !d.redis {
-		d.Errorf(v, "limit %q: backend redis needs an l7 redis: section", l.Name)
+	if v, has := got["backend"]; has && l.Shared() && !d.redis {
+		d.Errorf(v, "limit %q: backend %s needs an l7 redis: section", l.Name, l.Backend)
 		ok = false
 	}
-	if v, has := got["failure"]; has && l.Backend != BackendRedis {
-		d.Errorf(v, "limit %q: failure applies only to backend redis", l.Name)
-	} else if !has && rc != nil {
+	switch v, has := got["failure"]; {
+	case has && !l.Shared():
+		d.Errorf(v, "limit %q: failure applies only to backend redis and hybrid", l.Name)
+	case has:
+	case l.Backend == BackendHybrid:
+		l.Failure = FailureLocal
+	case rc != nil:
 		l.Failure = rc.Failure
 	}
+	if v, has := got["lease"]; has && l.Backend != BackendHybrid {
+		d.Errorf(v, "limit %q: lease applies only to backend hybrid", l.Name)
+		ok = false
+	}
 	switch v, has := got["reserve"]; {
-	case has && l.Backend == BackendRedis:
+	case has && l.Shared():
 		d.Errorf(v, "limit %q: reserve applies to backend local (the class ranking is local)", l.Name)
 		ok = false
 	case has:
@@ -233,17 +241,17 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 		case l.Shadow:
 			d.Errorf(f["shape"], "limit %q: shape: true with shadow: true is not supported (a shadow limit never holds a request)", l.Name)
 			ok = false
-		case l.Backend == BackendRedis:
-			d.Errorf(f["shape"], "limit %q: shape: true with backend redis is not supported (the release slot is decided from local state)", l.Name)
+		case l.Shared():
+			d.Errorf(f["shape"], "limit %q: shape: true with backend %s is not supported (the release slot is decided from local state)", l.Name, l.Backend)
 			ok = false
 		}
 	}
 	if ok && l.Algorithm == AlgSlidingLog {
 		capacity := int64(l.Capacity)
 		switch {
-		case l.Backend == BackendRedis:
-			d.Errorf(f["backend"], "limit %q: algorithm sliding_log with backend redis is not supported "+
-				"(its log would be a sorted set of up to rate entries per key in Redis); use sliding-window or gcra with redis", l.Name)
+		case l.Shared():
+			d.Errorf(f["backend"], "limit %q: algorithm sliding_log with backend %s is not supported "+
+				"(its log would be a sorted set of up to rate entries per key in Redis); use sliding-window or gcra with redis", l.Name, l.Backend)
 			ok = false
 		case l.Count > l7.MaxSlidingLogLimit:
 			d.Errorf(rateNode, "limit %q: sliding_log keeps one timestamp per admitted request: rate count %d is above %d",
@@ -257,11 +265,19 @@ func (d *decoder) limit(n *yaml.Node, where string, rc *Redis) (Limit, bool) {
 			ok = false
 		}
 	}
-	if ok && l.Backend == BackendRedis {
+	if ok && l.Backend == BackendHybrid && l.Algorithm != AlgSlidingWindow {
+		at := f["algorithm"]
+		if at == nil {
+			at = f["backend"]
+		}
+		d.Errorf(at, "limit %q: backend hybrid needs algorithm: sliding-window (its leases share a sliding window counter), not %s", l.Name, l.Algorithm)
+		ok = false
+	}
+	if ok && l.Shared() {
 		if l.Algorithm != AlgGCRA && l.Algorithm != AlgSlidingWindow && l.Algorithm != AlgLeakyBucket {
 			d.Errorf(f["algorithm"], "limit %q: backend redis supports gcra, sliding-window and leaky_bucket, not %s", l.Name, l.Algorithm)
 			ok = false
-		} else if _, err := redisRule(l); err != nil {
+		} else if _, err := redisRule(l, rc); err != nil {
 			d.Errorf(rateNode, "limit %q: %v", l.Name, err)
 			ok = false
 		}
@@ -305,16 +321,22 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			"gcra, token-bucket, leaky_bucket; unset: the rate's count").
 			Formatted(unsetSays("the rate's count", func(l *limitSpec) string { return yamlcheck.Uint[int64]{}.Format(l.Burst) })),
 		yamlcheck.Val("algorithm", marking(bad, as("limit algorithm", yamlcheck.Kind[string](algorithm{}))), func(l *limitSpec) *string { return &l.Algorithm },
-			"underscores and hyphens are both accepted (`sliding_window`, `leaky-bucket`, `sliding-log`); redis: `gcra`, `sliding-window`, `leaky_bucket` (docs/l7.md)"),
+			"underscores and hyphens are both accepted (`sliding_window`, `leaky-bucket`, `sliding-log`); redis: `gcra`, `sliding-window`, `leaky_bucket`; hybrid: `sliding-window` (docs/l7.md)"),
 		yamlcheck.Val("shape", as("limit shape", yamlcheck.Kind[bool](yamlcheck.Bool{})), func(l *limitSpec) *bool { return &l.Shape },
 			"leaky_bucket, local, not shadow: delays each admitted request until its release slot (at most `(burst-1)/rate`)"),
 		yamlcheck.Val("shadow", as("limit shadow", yamlcheck.Kind[bool](yamlcheck.Bool{})), func(l *limitSpec) *bool { return &l.Shadow },
 			"counts would-be rejections and never rejects"),
-		yamlcheck.Val("backend", marking(bad, as("limit backend", yamlcheck.Kind[string](enumOf{[]string{BackendLocal, BackendRedis}}))),
-			func(l *limitSpec) *string { return &l.Backend }, "`redis` needs `l7.redis`"),
-		yamlcheck.Val("failure", as("limit failure", yamlcheck.Kind[string](enumOf{[]string{FailureOpen, FailureClosed}})),
-			func(l *limitSpec) *string { return &l.Failure }, "redis only; unset: `l7.redis.failure`").
-			Formatted(unsetSays("l7.redis.failure", func(l *limitSpec) string { return l.Failure })),
+		yamlcheck.Val("backend", marking(bad, as("limit backend", yamlcheck.Kind[string](enumOf{[]string{BackendLocal, BackendRedis, BackendHybrid}}))),
+			func(l *limitSpec) *string { return &l.Backend },
+			"`redis` and `hybrid` need `l7.redis`; `hybrid` (algorithm `sliding-window` only) decides from a local lease of a limit shared through Redis (below; docs/l7-redis.md, \"Hybrid\")"),
+		yamlcheck.Val("failure", as("limit failure", yamlcheck.Kind[string](enumOf{[]string{FailureOpen, FailureClosed, FailureLocal}})),
+			func(l *limitSpec) *string { return &l.Failure },
+			"redis and hybrid only; `local`: the limit ÷ `l7.redis.hosts` per host, in memory, while Redis is unreachable").
+			Formatted(unsetSays("l7.redis.failure; hybrid: local", func(l *limitSpec) string { return l.Failure })),
+		yamlcheck.Val("lease", as("limit lease", yamlcheck.Kind[int64](yamlcheck.Uint[int64]{Min: 1, Max: 1 << 40})),
+			func(l *limitSpec) *int64 { return &l.Lease },
+			"hybrid only: the largest grant, the requests one host admits between two syncs (the default keeps the overshoot under a tenth of the rate)").
+			Formatted(unsetSays("⌈count ÷ (10 × hosts)⌉", func(l *limitSpec) string { return yamlcheck.Uint[int64]{}.Format(l.Lease) })),
 		yamlcheck.Val("capacity", as("limit capacity", yamlcheck.Kind[int](yamlcheck.Uint[int]{Min: 1, Max: maxCapacity})),
 			func(l *limitSpec) *int { return &l.Capacity }, "keys per local limit (24 bytes each, allocated up front)"),
 		yamlcheck.Val("reserve", marking(bad, at(named("reserve"), "", yamlcheck.Kind[int](percent{Single: "limit reserve"}))), func(l *limitSpec) *int { return &l.Reserve },

@@ -43,7 +43,7 @@ func DefaultClasses() Classes {
 
 // DefaultRedis is l7.redis's defaults (addr is required).
 func DefaultRedis() Redis {
-	return Redis{Timeout: 100 * time.Millisecond, Prefix: "eg:l7:", Failure: FailureOpen}
+	return Redis{Timeout: 100 * time.Millisecond, Prefix: "eg:l7:", Failure: FailureOpen, Hosts: 1, SyncInterval: DefaultSyncInterval}
 }
 
 // DefaultConcurrency is a concurrency: section's defaults (max_in_flight
@@ -119,8 +119,12 @@ var redisTable = yamlcheck.NewTable("l7 redis",
 		"one dial, read or write (a refused connection fails at once, with one connect attempt)"),
 	val("redis ", "prefix", redisPrefix{}, func(r *Redis) *string { return &r.Prefix },
 		"starts every key; no braces"),
-	val("redis ", "failure", enumOf{[]string{FailureOpen, FailureClosed}}, func(r *Redis) *string { return &r.Failure },
-		"the default of its limits: `fail-open` admits, `fail-closed` refuses while Redis cannot answer"),
+	val("redis ", "failure", enumOf{[]string{FailureOpen, FailureClosed, FailureLocal}}, func(r *Redis) *string { return &r.Failure },
+		"the default of its `redis` limits (hybrid limits default to `local`): `fail-open` admits, `fail-closed` refuses while Redis cannot answer; `local`: each host limits on its own to the limit ÷ `hosts`"),
+	val("redis ", "hosts", yamlcheck.Uint[int64]{Min: 1, Max: 1 << 16}, func(r *Redis) *int64 { return &r.Hosts },
+		"the number of daemons sharing these limits (set it to the fleet's size): hybrid grants and `failure: local` divide by it"),
+	val("redis ", "sync_interval", duration{Min: time.Millisecond, Max: time.Hour}, func(r *Redis) *time.Duration { return &r.SyncInterval },
+		"how long a hybrid host decides from one lease before it reports its count to Redis (docs/l7-redis.md, \"Hybrid\")"),
 )
 
 var concurrencyTable = yamlcheck.NewTable("concurrency",
@@ -209,7 +213,7 @@ func (d *decoder) l7Table() *yamlcheck.Table[Config] {
 		val("l7 ", "concurrency", concurrencySection, func(c *Config) **Concurrency { return &c.Concurrency },
 			"limit on requests in flight across all routes (503 when shed)"),
 		val("l7 ", "redis", redisSection, func(c *Config) **Redis { return &c.Redis },
-			"backend of `backend: redis` limits"),
+			"backend of `backend: redis` and `backend: hybrid` limits"),
 		val("l7 ", "escalation", escalationSection, func(c *Config) *Escalation { return &c.Escalation },
 			"sources that keep being refused (429) are denied at the NIC"),
 		val("l7 ", "routes", routes, func(c *Config) *[]Route { return &c.Routes },

@@ -44,18 +44,22 @@ func newHybridRule(r Rule, index int) *hybridRule {
 	return &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{}}
 }
 
-// leaseReply is one sync's outcome.
+// leaseReply is one sync's outcome; needRetry is when the cost of the
+// request that synced fits (0 if it fits now).
 type leaseReply struct {
-	grant, remaining, retry, reset int64
-	err                            error
+	grant, remaining, retry, reset, needRetry int64
+	err                                       error
 }
 
-// hybridReserve takes one request from key's lease, syncing first when the
-// lease has expired or run out. The returned refund gives the request back
-// if another rule refuses; it is nil when nothing was taken.
-func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string) (RuleDecision, func(), error) {
+// hybridReserve takes n units (a request's cost) from key's lease, syncing
+// first when the lease has expired or has fewer than n left. The returned
+// refund gives the units back if another rule refuses; it is nil when
+// nothing was taken. A request costing more than the window has left is
+// refused after its sync, with the RetryAfter of its own cost.
+func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, n int64) (RuleDecision, func(), error) {
 	r := h.rule
 	rd := RuleDecision{Rule: r.Name, Source: SourceLease}
+	var synced *leaseReply // this request's own sync, once made
 	for {
 		now := l.cfg.Clock.Now()
 		h.mu.Lock()
@@ -73,18 +77,25 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string) 
 				return rd, nil, fmt.Errorf("redis limiter: wait for hybrid sync: %w", ctx.Err())
 			}
 		}
-		if now < ls.expires && (ls.used < ls.grant || ls.grant == 0) {
+		// After its own sync, a request that does not fit a grant sized
+		// for it (grant < n: the window has fewer than n left) is refused.
+		short := synced != nil && synced.needRetry > 0 && ls.used+n > ls.grant
+		if now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
 			d := l7.Decision{Limit: r.Limit, Window: r.Window, Reset: time.Duration(max(ls.reset-(now-ls.syncedAt), 0))}
 			verdict := "deny"
 			var refund func()
-			if ls.used < ls.grant {
-				ls.used++
-				ls.unsynced++
+			switch {
+			case ls.used+n <= ls.grant:
+				ls.used += n
+				ls.unsynced += n
 				d.Allowed = true
 				d.Remaining = max(ls.remaining-ls.used, 0)
 				verdict = "allow"
-				refund = func() { h.giveBack(ls) }
-			} else {
+				refund = func() { h.giveBack(ls, n) }
+			case short:
+				d.Remaining = max(ls.remaining-ls.used, 0)
+				d.RetryAfter = time.Duration(max(synced.needRetry-(now-ls.syncedAt), 1))
+			default:
 				d.RetryAfter = time.Duration(max(ls.retry-(now-ls.syncedAt), 1))
 			}
 			h.mu.Unlock()
@@ -98,7 +109,7 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string) 
 		ls.unsynced = 0
 		h.mu.Unlock()
 
-		rep := l.syncOne(ctx, h, key, used)
+		rep := l.syncOne(ctx, h, key, used, n)
 		h.mu.Lock()
 		h.applySync(ls, used, rep, l.cfg.Clock.Now())
 		h.mu.Unlock()
@@ -106,18 +117,21 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string) 
 			if ctx.Err() != nil {
 				return rd, nil, fmt.Errorf("redis limiter: hybrid sync: %w", ctx.Err())
 			}
-			return l.hybridFallback(h, key, rep.err)
+			return l.hybridFallback(h, key, rep.err, n)
 		}
+		synced = &rep
 	}
 }
 
-// giveBack returns a reserved request to its lease.
-func (h *hybridRule) giveBack(ls *lease) {
+// giveBack returns n reserved units to their lease, as many as are still
+// unsynced (units a sync already reported stay counted: the strict side).
+func (h *hybridRule) giveBack(ls *lease, n int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if ls.used > 0 && ls.unsynced > 0 {
-		ls.used--
-		ls.unsynced--
+	k := min(n, ls.used, ls.unsynced)
+	if k > 0 {
+		ls.used -= k
+		ls.unsynced -= k
 	}
 }
 
@@ -139,7 +153,7 @@ func (h *hybridRule) applySync(ls *lease, used int64, rep leaseReply, now int64)
 	}
 }
 
-func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error) (RuleDecision, func(), error) {
+func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error, n int64) (RuleDecision, func(), error) {
 	r := h.rule
 	rd := RuleDecision{Rule: r.Name}
 	var refund func()
@@ -153,7 +167,7 @@ func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error) (RuleDe
 	case Degrade:
 		lr := l.local[h.index]
 		lr.mu.Lock()
-		c := lr.check(key, l.cfg.Clock.Now())
+		c := lr.check(key, l.cfg.Clock.Now(), n)
 		if c.decision.Allowed {
 			c.commit()
 			refund = func() { c.undo(l.cfg.Clock) }
@@ -171,8 +185,8 @@ func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error) (RuleDe
 	return rd, refund, nil
 }
 
-// syncOne sends one key's count and asks for a new grant.
-func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used int64) leaseReply {
+// syncOne sends one key's count and asks for a new grant that fits need.
+func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, need int64) leaseReply {
 	ok, probe := l.breaker.allow()
 	if probe {
 		l.startProbe()
@@ -181,17 +195,22 @@ func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used i
 		l.metrics.errors.WithLabelValues("lease", "breaker_open").Inc()
 		return leaseReply{err: ErrBreakerOpen}
 	}
-	c := l.leaseCall(h, key, used)
-	l.runBatch([]*call{c}, "lease")
+	// Through the batch queue: concurrent syncs (and decisions) share
+	// pipelined round trips; a sync is never merged into a decide run.
+	c := l.leaseCall(h, key, used, need)
+	c.custom = true
+	if err := l.roundTrip(ctx, c); err != nil {
+		return leaseReply{err: err}
+	}
 	return decodeLease(c)
 }
 
-func (l *Limiter) leaseCall(h *hybridRule, key string, used int64) *call {
+func (l *Limiter) leaseCall(h *hybridRule, key string, used, need int64) *call {
 	r := h.rule
 	return &call{
 		script: l.leaseSH, src: leaseSource,
 		keys: []string{redisKey(l.cfg.Prefix, key, r.Name)},
-		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, used, r.Hybrid.MaxLease, h.share}),
+		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, used, r.Hybrid.MaxLease, h.share, need}),
 	}
 }
 
@@ -199,11 +218,11 @@ func decodeLease(c *call) leaseReply {
 	if c.err != nil {
 		return leaseReply{err: c.err}
 	}
-	v, err := intReply(c.reply, 4)
+	v, err := intReply(c.reply, 5)
 	if err != nil {
 		return leaseReply{err: err}
 	}
-	return leaseReply{grant: v[0], remaining: v[1], retry: v[2], reset: v[3]}
+	return leaseReply{grant: v[0], remaining: v[1], retry: v[2], reset: v[3], needRetry: v[4]}
 }
 
 // Sync reports every hybrid key's unsynced count to Redis now, in pipelined
@@ -241,7 +260,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 			part := todo[start:min(start+l.cfg.MaxBatch, len(todo))]
 			calls := make([]*call, len(part))
 			for i, p := range part {
-				calls[i] = l.leaseCall(h, p.key, p.used)
+				calls[i] = l.leaseCall(h, p.key, p.used, 1)
 			}
 			if ctx.Err() == nil {
 				l.runBatch(calls, "lease")

@@ -249,7 +249,7 @@ func New(cfg Config) (*Limiter, error) {
 	if len(l.remote) > 0 {
 		l.args[0] = len(l.remote)
 	}
-	if cfg.MaxBatch > 1 && len(l.remote) > 0 {
+	if cfg.MaxBatch > 1 && (len(l.remote) > 0 || len(l.hybrid) > 0) {
 		for range cfg.Workers {
 			l.wg.Add(1)
 			go l.batchWorker()
@@ -290,25 +290,14 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 }
 
 // AllowN is Allow for a request that takes n units of every rule (the
-// rate-limit service's hits_addend), n >= 1. A cost above 1 is decided by
-// the scripts alone: a Limiter with hybrid or degrade rules refuses it
-// with an error.
+// rate-limit service's hits_addend), n >= 1: the scripts, hybrid leases
+// and Degrade rules' local limits all charge (and refund) n.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, error) {
 	if l.ctx.Err() != nil {
 		return Result{}, ErrClosed
 	}
 	if n < 1 {
 		return Result{}, fmt.Errorf("redis limiter: cost %d: want at least 1", n)
-	}
-	if n != 1 {
-		if len(l.hybrid) > 0 {
-			return Result{}, fmt.Errorf("redis limiter: cost %d with hybrid rules is not supported", n)
-		}
-		for _, i := range l.remote {
-			if l.rules[i].Failure == Degrade {
-				return Result{}, fmt.Errorf("redis limiter: cost %d with degrade rules is not supported", n)
-			}
-		}
 	}
 	res := Result{Rules: make([]RuleDecision, len(l.rules)), charge: &charge{key: key, n: n}}
 	for i, r := range l.rules {
@@ -324,7 +313,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 	}
 	hybridOK := true
 	for _, h := range l.hybrid {
-		rd, undo, err := l.hybridReserve(ctx, h, key)
+		rd, undo, err := l.hybridReserve(ctx, h, key, n)
 		if err != nil {
 			refund()
 			return Result{}, err
@@ -462,7 +451,7 @@ func (l *Limiter) decideRemote(ctx context.Context, key string, res *Result, n i
 	}
 	if !ok {
 		l.metrics.errors.WithLabelValues("decide", "breaker_open").Inc()
-		l.fallback(key, res, ErrBreakerOpen)
+		l.fallback(key, res, ErrBreakerOpen, n)
 		return nil
 	}
 	keys := make([]string, len(l.remote))
@@ -483,13 +472,13 @@ func (l *Limiter) decideRemote(ctx context.Context, key string, res *Result, n i
 		return err
 	}
 	if c.err != nil {
-		l.fallback(key, res, c.err)
+		l.fallback(key, res, c.err, n)
 		return nil
 	}
 	vals, perr := intReply(c.reply, decideReplyLen(len(l.remote)))
 	if perr != nil {
 		l.failed("decide", perr)
-		l.fallback(key, res, perr)
+		l.fallback(key, res, perr, n)
 		return nil
 	}
 	if vals[0] == 1 {
@@ -565,7 +554,7 @@ var ErrBreakerOpen = errors.New("redis circuit breaker open")
 
 // fallback applies every remote rule's failure policy, all or nothing for
 // the Degrade rules' local limits.
-func (l *Limiter) fallback(key string, res *Result, cause error) {
+func (l *Limiter) fallback(key string, res *Result, cause error, n int64) {
 	l.warn.warn("redis limiter: deciding without redis", slog.String("cause", cause.Error()), slog.String("breaker", l.breaker.State().String()))
 	denied := false
 	var locked []*localRule
@@ -586,7 +575,7 @@ func (l *Limiter) fallback(key string, res *Result, cause error) {
 			lr := l.local[i]
 			lr.mu.Lock()
 			locked = append(locked, lr)
-			c := lr.check(key, now)
+			c := lr.check(key, now, n)
 			checks[i] = c
 			rd.Source = SourceLocal
 			rd.Decision = c.decision
@@ -628,12 +617,25 @@ type call struct {
 	reply       any
 	err         error
 	done        chan struct{}
-	custom      bool // args other than the Limiter's (a cost above 1): never merged
+	custom      bool // args other than the Limiter's (a cost above 1, a lease sync): never merged
+}
+
+// op is the round-trip metric's label of a pipeline of calls.
+func op(calls []*call) string {
+	for _, c := range calls {
+		if c.src != leaseSource {
+			return "decide"
+		}
+	}
+	return "lease"
 }
 
 // roundTrip runs c, through the batch queue when batching is on. It returns
 // an error only if ctx ended or the Limiter closed; Redis errors are in c.err.
 func (l *Limiter) roundTrip(ctx context.Context, c *call) error {
+	if c.done == nil {
+		c.done = make(chan struct{})
+	}
 	if l.cfg.MaxBatch <= 1 {
 		l.runDecide([]*call{c})
 		return nil
@@ -699,14 +701,14 @@ func (l *Limiter) runDecide(calls []*call) {
 			}
 		}
 		if len(custom) > 0 {
-			l.runBatch(custom, "decide")
+			l.runBatch(custom, op(custom))
 			if calls = plain; len(calls) == 0 {
 				return
 			}
 		}
 	}
 	if !l.merge || len(calls) == 1 {
-		l.runBatch(calls, "decide")
+		l.runBatch(calls, op(calls))
 		return
 	}
 	k := len(l.remote)

@@ -49,10 +49,11 @@ type localCheck struct {
 	decision l7.Decision
 }
 
-// check computes the verdict for key at now; the caller holds l.mu.
-func (l *localRule) check(key string, now int64) localCheck {
+// check computes the verdict for n units of key at now; the caller holds
+// l.mu.
+func (l *localRule) check(key string, now, n int64) localCheck {
 	st := l.stateLocked(key, now)
-	next, d := l.alg.Take(*st, now, 1)
+	next, d := l.alg.Take(*st, now, n)
 	return localCheck{rule: l, state: st, old: *st, new: next, decision: d}
 }
 

@@ -31,7 +31,7 @@ func TestLocalMatchesRedis(t *testing.T) {
 				f.advance(time.Duration(rng.Int64N(int64(r.Window)/r.Limit/1000*2)) * time.Microsecond)
 				got := allow(t, l, "k").Decision
 				local.mu.Lock()
-				c := local.check("k", f.script.Now())
+				c := local.check("k", f.script.Now(), 1)
 				if c.decision.Allowed {
 					c.commit()
 				}
@@ -62,7 +62,7 @@ func TestLocalDegradeShareAndOverflow(t *testing.T) {
 	take := func(key string) bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		c := l.check(key, 0)
+		c := l.check(key, 0, 1)
 		if c.decision.Allowed {
 			c.commit()
 		}

@@ -261,38 +261,46 @@ return given
 // KEYS[1]: the same state a plain sliding-window rule uses.
 // ARGV[3] W (µs), ARGV[4] limit, ARGV[5] used: requests this instance admitted
 // since its last sync (a count, added unconditionally: they happened),
-// ARGV[6] max lease L, ARGV[7] share S.
+// ARGV[6] max lease L, ARGV[7] share S, ARGV[8] need: the cost of the
+// request that asked (its hits_addend; 1 for background syncs).
 //
-// The grant is min(L, ceil(remaining / S)) and is not charged: it is paid for
-// by the counts the next sync brings.
-// Reply: {grant, remaining, retry_ns, reset_ns}.
+// The grant is min(L, ceil(remaining / S)), raised to need when remaining
+// covers need (a request costing more than L still passes while the window
+// has room for it), and is not charged: it is paid for by the counts the
+// next sync brings.
+// Reply: {grant, remaining, retry_ns, reset_ns, need_retry_ns}: retry_ns is
+// when one more request fits (0 unless nothing does), need_retry_ns when
+// need more fit (0 unless remaining < need).
 const leaseSource = luaPrelude + `
 local W = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local used = tonumber(ARGV[5])
 local maxLease = tonumber(ARGV[6])
 local share = tonumber(ARGV[7])
+local need = tonumber(ARGV[8])
 local idx, r, prev, curr = swc_load(redis.call("GET", KEYS[1]), W)
 if used > 0 then
   curr = curr + used
   swc_store(KEYS[1], W, idx, r, prev, curr)
 end
 local rem = swc_remaining(limit, W, r, prev, curr)
-if rem <= 0 then
-  local retry
-  local avail = limit - curr - 1
+local function retry_for(cost)
+  if rem >= cost then return 0 end
+  local avail = limit - curr - cost
   if avail >= 0 then
-    retry = W - fdiv(avail * W, prev) - r
-  elseif curr <= limit - 1 then
-    retry = W - r
-  else
-    retry = (W - r) + W - fdiv((limit - 1) * W, curr)
+    return (W - fdiv(avail * W, prev) - r) * 1000
+  elseif curr <= limit - cost then
+    return (W - r) * 1000
   end
-  return {0, 0, retry * 1000, (2 * W - r) * 1000}
+  return ((W - r) + W - fdiv((limit - cost) * W, curr)) * 1000
+end
+if rem <= 0 then
+  return {0, 0, retry_for(1), (2 * W - r) * 1000, retry_for(need)}
 end
 local reset = 0
 if curr > 0 then reset = 2 * W - r elseif prev > 0 then reset = W - r end
 local grant = fdiv(rem + share - 1, share)
 if grant > maxLease then grant = maxLease end
-return {grant, rem, 0, reset * 1000}
+if grant < need and rem >= need then grant = need end
+return {grant, rem, 0, reset * 1000, retry_for(need)}
 `

@@ -20,6 +20,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 	"github.com/edgeguard/edgeguard/internal/policy"
 	"github.com/edgeguard/edgeguard/internal/yamlcheck"
@@ -61,13 +62,17 @@ type Config struct {
 	Redis          *proxy.Redis
 	Escalation     proxy.Escalation
 	Headers        proxy.Headers
-	AccessLog      string
 	TrustedProxies []netip.Prefix // for the subrequest endpoint's ?forwarded=1
 
 	// From the policy's standing: section (the daemon sets it):
 	// standing.established_after, the L7 history a client needs to rank
 	// as established.
 	EstablishedAfter time.Duration
+	// AccessLog is the l7: section's access log (l7.access_log), owned by
+	// the L7 stage (stage.Change.AccessLog: it opens, reopens on SIGUSR1
+	// and closes it); the service writes one line per decision through it.
+	// The daemon sets it; nil writes none.
+	AccessLog *accesslog.Log
 }
 
 // TLS is the gRPC listener's certificate, and the CA that client
@@ -138,7 +143,7 @@ func Decode(cfg *proxy.Config, file string) (*Config, []policy.Problem) {
 	ld := proxy.NewLimitDecoder(file, cfg)
 	c := ld.Checker()
 	out := &Config{ClientPrefixV4: cfg.ClientPrefixV4, ClientPrefixV6: cfg.ClientPrefixV6, Classes: cfg.Classes, Redis: cfg.Redis,
-		Escalation: cfg.Escalation, Headers: cfg.Headers, AccessLog: cfg.AccessLog, TrustedProxies: cfg.TrustedProxies}
+		Escalation: cfg.Escalation, Headers: cfg.Headers, TrustedProxies: cfg.TrustedProxies}
 	got := rlsTable(func(n *yaml.Node) []Rule { return decodeRules(ld, n, cfg.Redis) }).Parse(c, cfg.RLS, out)
 	if got == nil {
 		return nil, ld.Problems()
@@ -396,7 +401,7 @@ func decodeDescriptor(c *yamlcheck.Checker, v *yaml.Node, where string) ([]Entry
 func countLocal(ls []proxy.Limit) int {
 	n := 0
 	for _, l := range ls {
-		if l.Backend != proxy.BackendRedis {
+		if !l.Shared() {
 			n++
 		}
 	}

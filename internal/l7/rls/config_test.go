@@ -3,8 +3,10 @@ package rls
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/l7/l7test"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
+	"github.com/edgeguard/edgeguard/internal/l7/stage"
 )
 
 func decodeProblems(t *testing.T, src string) string {
@@ -196,7 +199,8 @@ l7:
 }
 
 // TestAccessLogAndMetrics: one access-log line per decision (gRPC and
-// subrequest alike), and the per-limit counters.
+// subrequest alike), written through the L7 stage's log (one writer per
+// file, shared with the proxy), and the per-limit counters.
 func TestAccessLogAndMetrics(t *testing.T) {
 	logPath := t.TempDir() + "/l7.log"
 	policy := `
@@ -207,27 +211,18 @@ l7:
     rules:
       - {name: per-ip, domain: edge, descriptor: [remote_address], limits: [{name: ip-1, rate: 1/min}]}
 `
-	_, cfg := decodeL7(t, policy)
-	s := NewServer(ServerOptions{})
-	ch, err := s.Prepare(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch.Commit()
+	st := stage.New(stage.Options{})
+	t.Cleanup(st.Close)
+	s := commitWithStage(t, st, NewServer(ServerOptions{}), policy)
 	for range 2 {
-		req, _ := http.NewRequest("GET", "http://"+s.Addrs()["http"]+"/v1/check/edge", nil)
-		req.Header.Set(DescriptorHeader, "remote_address=192.0.2.44")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
+		check(t, s, "remote_address=192.0.2.44")
 	}
 	l := s.Service().rules[0].all[0]
 	if a, r := l.counts[cAllowed].Load(), l.counts[cRejected].Load(); a != 1 || r != 1 {
 		t.Errorf("ip-1 counted %d allowed, %d rejected; want 1 and 1", a, r)
 	}
-	s.Close() // flushes the log
+	s.Close()
+	st.Close() // flushes the log
 	b, err := os.ReadFile(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -238,6 +233,134 @@ l7:
 		!strings.Contains(lines[1], `"method":"http","host":"edge","path":"remote_address=192.0.2.44","peer":"192.0.2.44"`) {
 		t.Errorf("access log:\n%s", b)
 	}
+}
+
+// TestOneAccessLog: the proxy and the rate-limit service of one l7:
+// section write one file through the stage's one log: their lines
+// interleave whole; after logrotate's rename, the stage's reopen moves both
+// to the new file; a reload that changes the path moves both; a policy
+// without access_log stops both.
+func TestOneAccessLog(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(up.Close)
+	dir := t.TempDir()
+	policy := func(path string) string {
+		log := ""
+		if path != "" {
+			log = "  access_log: " + path + "\n"
+		}
+		return "l7:\n  listen: 127.0.0.1:0\n  upstream: " + up.URL + "\n" + log + `  rls:
+    http_listen: 127.0.0.1:0
+    rules:
+      - {name: per-ip, domain: edge, descriptor: [remote_address], limits: [{name: ip-9, rate: 9/min}]}
+`
+	}
+	st := stage.New(stage.Options{})
+	t.Cleanup(st.Close)
+	srv := NewServer(ServerOptions{})
+	t.Cleanup(srv.Close)
+	first := filepath.Join(dir, "l7.log")
+	commitWithStage(t, st, srv, policy(first))
+	both := func(n int) {
+		t.Helper()
+		for range n {
+			check(t, srv, "remote_address=192.0.2.7")
+			res, err := http.Get("http://" + st.Status().Addr + "/p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+		}
+	}
+	// counts is the proxy's and the service's lines in path, once the
+	// log's buffer has reached the file.
+	counts := func(path string, proxyWant, rlsWant int) {
+		t.Helper()
+		var proxyLines, rlsLines int
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			b, _ := os.ReadFile(path)
+			proxyLines, rlsLines = 0, 0
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				switch {
+				case line == "":
+				case !strings.HasPrefix(line, "{") || !strings.HasSuffix(line, "}"):
+					t.Fatalf("%s: a line not whole: %q", path, line)
+				case strings.Contains(line, `"route":"rls:per-ip"`):
+					rlsLines++
+				default:
+					proxyLines++
+				}
+			}
+			if proxyLines == proxyWant && rlsLines == rlsWant || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if proxyLines != proxyWant || rlsLines != rlsWant {
+			t.Fatalf("%s: %d proxy and %d rls lines, want %d and %d", path, proxyLines, rlsLines, proxyWant, rlsWant)
+		}
+	}
+	both(3)
+	counts(first, 3, 3)
+	// logrotate: rename, then SIGUSR1 (the stage's reopen is the only one).
+	rotated := first + ".1"
+	if err := os.Rename(first, rotated); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ReopenAccessLog(); err != nil {
+		t.Fatal(err)
+	}
+	both(2)
+	counts(first, 2, 2)
+	counts(rotated, 3, 3)
+	// A reload to another path moves both writers.
+	second := filepath.Join(dir, "other.log")
+	commitWithStage(t, st, srv, policy(second))
+	both(1)
+	counts(second, 1, 1)
+	// No access_log: neither writes.
+	commitWithStage(t, st, srv, policy(""))
+	both(1)
+	counts(second, 1, 1)
+	counts(first, 2, 2)
+}
+
+// commitWithStage applies src to the stage and the service as the daemon
+// does: the stage prepares first and owns the access log, the service
+// writes through it.
+func commitWithStage(t *testing.T, st *stage.Stage, s *Server, src string) *Server {
+	t.Helper()
+	pc, cfg := decodeL7(t, src)
+	raw, err := yaml.Marshal(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := st.Prepare(context.Background(), pc, raw, stage.Standing{})
+	if err != nil {
+		t.Fatalf("stage prepare: %v", err)
+	}
+	cfg.AccessLog = ch.AccessLog()
+	rch, err := s.Prepare(cfg)
+	if err != nil {
+		ch.Abort()
+		t.Fatalf("rls prepare: %v", err)
+	}
+	ch.Commit()
+	rch.Commit()
+	return s
+}
+
+// check asks the subrequest endpoint once for descriptor.
+func check(t *testing.T, s *Server, descriptor string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+s.Addrs()["http"]+"/v1/check/edge", nil)
+	req.Header.Set(DescriptorHeader, descriptor)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
 }
 
 // TestExamplePolicy: the example policy's commented-out rls: section

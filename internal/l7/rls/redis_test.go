@@ -132,3 +132,80 @@ l7:
 	}
 	t.Log(fmt.Sprintf("two hosts shared 6/min exactly; redis down answered %v", res.GetOverallCode()))
 }
+
+// TestHybridBackend: two rate-limit services (two hosts) share one
+// `backend: hybrid` limit through a real redis-server: together they
+// admit at least the limit and at most limit + (hosts − 1) × lease, each
+// mostly from its own lease; hits_addend takes its cost from the lease;
+// with Redis down each host limits locally to limit ÷ hosts.
+func TestHybridBackend(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	const limit, hosts, lease = 200, 2, 10 // lease: the default ⌈200 ÷ (10 × 2)⌉
+	policy := strings.ReplaceAll(`
+l7:
+  redis: {addr: REDIS, prefix: "eg:rlshybrid:", hosts: 2, sync_interval: 100ms}
+  rls:
+    listen: 127.0.0.1:0
+    rules:
+      - name: per-tenant
+        domain: edge
+        descriptor: [tenant]
+        limits:
+          - {name: tenant-hybrid, rate: 200/h, algorithm: sliding-window, backend: hybrid}
+`, "REDIS", rs.Addr())
+	a, _ := startServer(t, policy, nil, nil)
+	b, _ := startServer(t, policy, nil, nil)
+	ca, _ := dial(t, a.Addrs()["grpc"])
+	cb, _ := dial(t, b.Addrs()["grpc"])
+
+	ok := map[int]int{}
+	for i := range 300 {
+		res := ask(t, []rlsv3.RateLimitServiceClient{ca, cb}[i%2], "edge", desc("tenant=acme"))
+		st := res.GetStatuses()[0]
+		if st.GetCurrentLimit().GetName() != "tenant-hybrid" || st.GetCurrentLimit().GetRequestsPerUnit() != limit {
+			t.Fatalf("request %d: status %v, want the tenant-hybrid limit", i, st)
+		}
+		if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			ok[i%2]++
+		} else if h := headers(res); h["Retry-After"] == "" || !strings.Contains(h["RateLimit"], `"tenant-hybrid";r=0;`) {
+			t.Fatalf("request %d refused with headers %v, want Retry-After and tenant-hybrid r=0", i, h)
+		}
+	}
+	total := ok[0] + ok[1]
+	t.Logf("two hosts admitted %d + %d = %d of 300; limit %d, bound %d", ok[0], ok[1], total, limit, limit+(hosts-1)*lease)
+	if total < limit || total > limit+(hosts-1)*lease || ok[0] < limit/4 || ok[1] < limit/4 {
+		t.Fatalf("two hosts admitted %d / %d, want a total within [%d, %d], each a fair share", ok[0], ok[1], limit, limit+(hosts-1)*lease)
+	}
+
+	// hits_addend 3 on a fresh tenant: three units of the lease each time.
+	units := 0
+	for i := range 80 {
+		c := []rlsv3.RateLimitServiceClient{ca, cb}[i%2]
+		res, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 3,
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("tenant=bulk")}})
+		if err != nil {
+			t.Fatalf("hits_addend 3 through hybrid: %v", err)
+		}
+		if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			units += 3
+		}
+	}
+	t.Logf("hits_addend 3: %d units admitted of 240 offered", units)
+	if units < limit-2 || units > limit+(hosts-1)*lease {
+		t.Fatalf("hits_addend 3: %d units admitted, want within [%d, %d]", units, limit-2, limit+(hosts-1)*lease)
+	}
+
+	// Redis down: host a limits locally to 200 ÷ 2 per hour (failure:
+	// local, the hybrid default), with the same headers.
+	rs.Stop()
+	local := 0
+	for range 120 {
+		res := ask(t, ca, "edge", desc("tenant=other"))
+		if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			local++
+		}
+	}
+	if local != limit/hosts {
+		t.Fatalf("redis down: %d of 120 admitted on a fresh tenant, want %d (limit ÷ hosts, locally)", local, limit/hosts)
+	}
+}

@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
-	"github.com/edgeguard/edgeguard/internal/l7/accesslog"
 	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 )
@@ -62,8 +61,7 @@ type Server struct {
 	mu   sync.Mutex // one change at a time (the daemon's lock)
 	eps  map[string]*endpoint
 	cert atomic.Pointer[tls.Config]
-	alog *accesslog.Log // open while a config names l7.access_log
-	cfg  *Config        // what serves (nil: stopped)
+	cfg  *Config // what serves (nil: stopped)
 
 	bg      sync.WaitGroup
 	closing chan struct{}
@@ -150,31 +148,15 @@ func (s *Server) Prepare(cfg *Config) (*Change, error) {
 	}
 	var svc *Service
 	var tc *tls.Config
-	alog, newLog := s.alog, false
-	if cfg == nil || cfg.AccessLog == "" {
-		alog = nil
-	} else if s.alog == nil || s.alog.Path() != cfg.AccessLog {
-		var err error
-		if alog, err = accesslog.Open(cfg.AccessLog); err != nil {
-			return nil, fmt.Errorf("rls access log: %w", err)
-		}
-		newLog = true
-	}
 	if cfg != nil {
 		var err error
 		if cfg.TLS != nil {
 			if tc, err = loadTLS(cfg.TLS); err != nil {
-				if newLog {
-					alog.Close()
-				}
 				return nil, err
 			}
 		}
-		if svc, err = New(cfg, Options{Logger: s.log, Clock: s.opts.Clock, Escalator: s.opts.Escalator, AccessLog: alog,
+		if svc, err = New(cfg, Options{Logger: s.log, Clock: s.opts.Clock, Escalator: s.opts.Escalator, AccessLog: cfg.AccessLog,
 			Classes: s.opts.Classes}); err != nil {
-			if newLog {
-				alog.Close()
-			}
 			return nil, err
 		}
 	}
@@ -186,9 +168,6 @@ func (s *Server) Prepare(cfg *Config) (*Change, error) {
 		}
 		if svc != nil {
 			svc.Close()
-		}
-		if newLog {
-			alog.Close()
 		}
 		return nil, err
 	}
@@ -229,20 +208,6 @@ func (s *Server) Prepare(cfg *Config) (*Change, error) {
 		if old != nil {
 			s.closeLater(old)
 		}
-		if oldLog := s.alog; oldLog != alog && oldLog != nil {
-			s.bg.Add(1)
-			go func() {
-				defer s.bg.Done()
-				t := time.NewTimer(ShutdownTimeout)
-				defer t.Stop()
-				select {
-				case <-t.C:
-				case <-s.closing:
-				}
-				oldLog.Close()
-			}()
-		}
-		s.alog = alog
 	}
 	abort := func() {
 		for _, ep := range fresh {
@@ -250,9 +215,6 @@ func (s *Server) Prepare(cfg *Config) (*Change, error) {
 		}
 		if svc != nil {
 			svc.Close()
-		}
-		if newLog {
-			alog.Close()
 		}
 	}
 	return &Change{commit: commit, abort: abort}, nil
@@ -285,7 +247,13 @@ func (s *Server) grpcServer(secure bool) *grpc.Server {
 		// Streams are served by a pool of goroutines whose stacks have
 		// grown already (a new goroutine per stream grows, copying, its
 		// stack on every request); beyond the pool, new goroutines.
-		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+		// Enough of them for every stream a busy Envoy keeps in flight
+		// (64 per core: 128 on 2 cores, a few MiB of stacks).
+		grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))),
+		// One write buffer per connection only while it writes.
+		grpc.SharedWriteBuffer(true),
+		// Responses marshalled by go-control-plane's vtproto code.
+		grpc.ForceServerCodecV2(newVTCodec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}
 	if secure {
@@ -431,23 +399,7 @@ func (s *Server) Close() {
 			s.closeLater(old)
 		}
 		s.cfg = nil
-		alog := s.alog
-		s.alog = nil
 		s.mu.Unlock()
 		s.bg.Wait()
-		if alog != nil {
-			alog.Close()
-		}
 	})
-}
-
-// ReopenAccessLog reopens the access log (SIGUSR1, after logrotate).
-func (s *Server) ReopenAccessLog() error {
-	s.mu.Lock()
-	l := s.alog
-	s.mu.Unlock()
-	if l == nil {
-		return nil
-	}
-	return l.Reopen()
 }

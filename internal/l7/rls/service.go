@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -279,7 +280,7 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 		}
 		if lim == nil {
 			lim = &limit{Limit: l, policy: l7.PolicyItem(l.Name, l.Count, l.Per)}
-			if l.Backend != proxy.BackendRedis {
+			if !l.Shared() {
 				alg, err := proxy.NewAlgorithm(l)
 				if err != nil {
 					return nil, fmt.Errorf("rls: rule %q limit %q: %w", ruleName, l.Name, err)
@@ -296,9 +297,9 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 			r.all = append(r.all, lim)
 		}
 		switch {
-		case l.Backend == proxy.BackendRedis && l.Shadow:
+		case l.Shared() && l.Shadow:
 			redisShadow = append(redisShadow, lim)
-		case l.Backend == proxy.BackendRedis:
+		case l.Shared():
 			redisEnf = append(redisEnf, lim)
 		case l.Shadow:
 			shadow = append(shadow, lim)
@@ -323,7 +324,7 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 		var rules []redislimit.Rule
 		grp := &group{shadow: g.shadow, limits: map[string]*limit{}}
 		for _, l := range g.ls {
-			rr, err := proxy.RedisRule(l.Limit)
+			rr, err := proxy.RedisRule(l.Limit, s.cfg.Redis)
 			if err != nil {
 				return nil, fmt.Errorf("rls: rule %q limit %q: %w", ruleName, l.Name, err)
 			}
@@ -467,16 +468,20 @@ type scratch struct {
 	out     [l7.MaxChecks]l7.Decision
 	owner   [l7.MaxChecks]*limit
 	charges l7.Charges
+	ps      []prepared
+	policy  []byte // the RateLimit-Policy and RateLimit values being built
+	limit   []byte
 }
 
 // prepared is one matched descriptor.
 type prepared struct {
-	r     *rule
-	set   *limitSet
-	key   string
-	hkey  uint64
-	n     int64
-	local []int // indexes into checks of its enforced local limits
+	r    *rule
+	set  *limitSet
+	key  string
+	hkey uint64
+	n    int64
+	// lo, hi: its enforced local limits are checks[lo:hi]
+	lo, hi int
 }
 
 // Decide answers req. Local limits of every descriptor are decided
@@ -511,7 +516,6 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		return Verdict{}, err
 	}
 	v := Verdict{Allowed: true, Statuses: make([]Status, len(req.Descriptors))}
-	ps := make([]prepared, len(req.Descriptors))
 	// The arrays of one decision live in a pooled scratch, not on the
 	// stack: a gRPC handler runs on a fresh goroutine, whose small stack
 	// would be grown (copied) for them on every request.
@@ -520,6 +524,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		sc = new(scratch)
 	}
 	defer s.scratch.Put(sc)
+	ps := slices.Grow(sc.ps[:0], len(req.Descriptors))[:len(req.Descriptors)]
+	clear(ps)
+	defer func() { clear(ps); sc.ps = ps[:0] }()
 	checks, out, owner := &sc.checks, &sc.out, &sc.owner
 	nc := 0
 	base := int64(req.HitsAddend)
@@ -590,6 +597,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		}
 		st := &v.Statuses[i]
 		st.Rule, st.Tier, st.Key = p.r.Name, p.set.tier, p.key
+		p.lo = nc
 		for _, l := range p.set.local {
 			if l.Shadow {
 				d := l.store.Take(p.hkey, now, p.n)
@@ -601,9 +609,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 			}
 			checks[nc] = l7.Check{Store: l.store, Key: p.hkey, N: p.n, Reserve: l.reserve}
 			owner[nc] = l
-			p.local = append(p.local, nc)
 			nc++
 		}
+		p.hi = nc
 	}
 	charges := &sc.charges
 	*charges = l7.Charges{}
@@ -630,8 +638,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 	}
 	var taken []took
 	// per descriptor, its enforced redis results (their Rules share the
-	// backing arrays that Refund rewrites to the state without this request)
-	redisRes := make([][]redislimit.Result, len(ps))
+	// backing arrays that Refund rewrites to the state without this
+	// request); nil while no descriptor has any
+	var redisRes [][]redislimit.Result
 	undo := func() {
 		charges.Refund(s.clock, out[:nc])
 		for _, t := range taken {
@@ -673,6 +682,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 						}
 					}
 				}
+				if redisRes == nil {
+					redisRes = make([][]redislimit.Result, len(ps))
+				}
 				redisRes[i] = append(redisRes[i], res)
 				if !v.Allowed {
 					break redisLoop
@@ -694,7 +706,8 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		}
 	}
 	// Statuses, in descriptor order: local then redis limits.
-	var hdrPolicy, hdrLimit []byte
+	hdrPolicy, hdrLimit := sc.policy[:0], sc.limit[:0]
+	defer func() { sc.policy, sc.limit = hdrPolicy[:0], hdrLimit[:0] }()
 	var retry time.Duration
 	for i := range ps {
 		p := &ps[i]
@@ -702,22 +715,35 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 			continue
 		}
 		st := &v.Statuses[i]
-		var enforced []LimitStatus
-		for _, ci := range p.local {
+		var rres []redislimit.Result
+		if redisRes != nil {
+			rres = redisRes[i]
+		}
+		size := p.hi - p.lo + len(st.Limits)
+		for _, res := range rres {
+			size += len(res.Rules)
+		}
+		if peek {
+			for _, g := range p.set.groups {
+				size += len(g.limits)
+			}
+		}
+		enforced := make([]LimitStatus, 0, size)
+		for ci := p.lo; ci < p.hi; ci++ {
 			l := owner[ci]
 			enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendLocal, Reserve: l.reserve, Decision: out[ci]})
 		}
-		for _, rd := range redisRules(redisRes[i]) {
+		for _, rd := range redisRules(rres) {
 			if rd.Source == redislimit.SourceSkipped {
 				continue
 			}
 			l := p.findRedis(rd.Rule)
-			enforced = append(enforced, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: proxy.BackendRedis, Decision: rd.Decision})
+			enforced = append(enforced, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: l.Backend, Decision: rd.Decision})
 		}
 		if peek {
 			for _, g := range p.set.groups {
 				for _, l := range g.limits {
-					enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendRedis, Shadow: g.shadow})
+					enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: l.Backend, Shadow: g.shadow})
 				}
 			}
 		}
@@ -738,7 +764,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 					v.Refused = ls.Name
 				}
 			}
-			if s.draft10 && ls.Backend != proxy.BackendRedis || s.draft10 && !peek {
+			if s.draft10 && ls.Backend == proxy.BackendLocal || s.draft10 && !peek {
 				if len(hdrLimit) > 0 {
 					hdrLimit = append(hdrLimit, ", "...)
 					hdrPolicy = append(hdrPolicy, ", "...)
@@ -749,6 +775,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		}
 	}
 	if len(hdrLimit) > 0 {
+		v.Headers = make([][2]string, 0, 3)
 		v.Headers = append(v.Headers, [2]string{"RateLimit-Policy", string(hdrPolicy)}, [2]string{"RateLimit", string(hdrLimit)})
 	}
 	if !v.Allowed {
@@ -838,7 +865,7 @@ func (r *rule) limitPolicy(name string) string {
 func appendRedis(ls []LimitStatus, g *group, res redislimit.Result, shadow bool) []LimitStatus {
 	for _, rd := range res.Rules {
 		l := g.limits[rd.Rule]
-		ls = append(ls, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: proxy.BackendRedis, Shadow: shadow, Decision: rd.Decision})
+		ls = append(ls, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: l.Backend, Shadow: shadow, Decision: rd.Decision})
 	}
 	return ls
 }

@@ -169,7 +169,14 @@ type Change struct {
 	abort  func()
 	once   sync.Once
 	noop   bool // nothing changes (the access log is kept as it is)
+	alog   *accesslog.Log
 }
+
+// AccessLog is the access log the stage writes once the change is
+// committed (nil: none): the rate-limit service writes through it, so the
+// l7: section has one writer per file, reopened (SIGUSR1) and closed by
+// the stage.
+func (c *Change) AccessLog() *accesslog.Log { return c.alog }
 
 // Commit makes the prepared change live. It cannot fail and does not wait
 // for what it replaces to stop.
@@ -226,6 +233,10 @@ func classConfig(cfg *proxy.Config, std Standing) class.Config {
 // its listen address changes, binds the new address (a taken port fails
 // here). promo is the policy's L7 promotion (standing.l7_promotion), which
 // lives outside the l7: section: a change of it alone rebuilds the proxy.
+// A cfg that serves no proxy (an l7: section with only the rate-limit
+// service) stops the proxy and keeps the access log: the stage owns the
+// section's one access log, which the rate-limit service writes through
+// (Change.AccessLog).
 func (s *Stage) Prepare(ctx context.Context, cfg *proxy.Config, raw []byte, promo Standing) (*Change, error) {
 	s.mu.Lock()
 	cur := s.alog
@@ -241,13 +252,25 @@ func (s *Stage) Prepare(ctx context.Context, cfg *proxy.Config, raw []byte, prom
 		}
 		alog, opened = l, true
 	}
-	ch, err := s.prepare(ctx, cfg, raw, promo, alog)
-	if err != nil || ch.noop {
+	serve := cfg
+	if cfg != nil && !cfg.ServesProxy() {
+		serve = nil
+	}
+	ch, err := s.prepare(ctx, serve, raw, promo, alog)
+	switch {
+	case err != nil:
 		if opened {
 			alog.Close()
 		}
-		return ch, err
+		return nil, err
+	case ch.noop && alog == cur:
+		ch.alog = alog
+		return ch, nil
+	case ch.noop:
+		// The proxy stays as it is (or stopped); only the log changes.
+		ch = &Change{s: s, commit: func() {}, abort: func() {}}
 	}
+	ch.alog = alog
 	commit, abort := ch.commit, ch.abort
 	ch.commit = func() {
 		commit()

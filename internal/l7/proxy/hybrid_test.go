@@ -1,0 +1,96 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
+)
+
+// TestHybridBackend: two proxies (two hosts) share one `backend: hybrid`
+// limit through a real redis-server. Together they admit at least the
+// limit and at most limit + (hosts − 1) × lease; the counts reach Redis (a
+// third host started afterwards refuses the key at once); with Redis down
+// each host limits locally to limit ÷ hosts (failure: local, the hybrid
+// default).
+func TestHybridBackend(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	up := startUpstream(t)
+	const limit, hosts = 200, 2
+	lease := int64(limit / (10 * hosts)) // the default: ⌈200 ÷ 20⌉
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  redis: {addr: `+srv.Addr()+`, prefix: "eg:hybrid:", hosts: 2, sync_interval: 100ms}
+  routes:
+    - name: api
+      limits:
+        - {name: shared, key: "header:X-API-Key", rate: 200/h, algorithm: sliding-window, backend: hybrid}
+`, up.srv.URL)
+	if l := cfg.Routes[0].Limits[0]; l.Failure != FailureLocal || HybridLease(l, cfg.Redis.Hosts) != lease {
+		t.Fatalf("decoded %+v: want failure local and lease %d by default", l, lease)
+	}
+	regA := prometheus.NewRegistry()
+	_, a := startProxy(t, cfg, Options{Registerer: regA})
+	_, b := startProxy(t, cfg, Options{Registerer: prometheus.NewRegistry()})
+	key := func(k string) reqOpt { return withHeader("X-API-Key", k) }
+
+	admitted := map[string]int{}
+	for i := range 300 {
+		base := a
+		if i%2 == 1 {
+			base = b
+		}
+		resp := do(t, "GET", base+"/x", key("k1"))
+		switch resp.StatusCode {
+		case 200:
+			admitted[base]++
+		case 429:
+			if resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("request %d: 429 without Retry-After", i)
+			}
+		default:
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	total := admitted[a] + admitted[b]
+	t.Logf("two hosts admitted %d + %d = %d of 300; limit %d, bound %d", admitted[a], admitted[b], total, limit, limit+(hosts-1)*int(lease))
+	if total < limit || total > limit+(hosts-1)*int(lease) {
+		t.Fatalf("two hosts admitted %d, want within [%d, %d]", total, limit, limit+(hosts-1)*int(lease))
+	}
+	if admitted[a] < limit/4 || admitted[b] < limit/4 {
+		t.Fatalf("unfair split %d / %d", admitted[a], admitted[b])
+	}
+	if v := gather(t, regA)[`edgeguard_l7_redis_hybrid_local_decisions_total{limiter="api:header:X-Api-Key",rule="shared",verdict="allow"}`]; v < 50 {
+		t.Fatalf("host a decided %v allowed requests from its lease, want most of its %d", v, admitted[a])
+	}
+	// The counts reach Redis within sync_interval: a third host refuses k1
+	// without having admitted anything itself.
+	time.Sleep(300 * time.Millisecond)
+	_, c := startProxy(t, cfg, Options{Registerer: prometheus.NewRegistry()})
+	if s := status(t, "GET", c+"/x", key("k1")); s != 429 {
+		t.Fatalf("a third host on k1: %d, want 429 (the shared window is full)", s)
+	}
+
+	// Redis down: each host limits locally to 200 ÷ 2 = 100 per hour.
+	srv.Stop()
+	local := 0
+	for range 120 {
+		switch s := status(t, "GET", a+"/x", key("k2")); s {
+		case 200:
+			local++
+		case 429:
+		default:
+			t.Fatalf("redis down: status %d", s)
+		}
+	}
+	if local != limit/hosts {
+		t.Fatalf("redis down: host a admitted %d of 120 on a fresh key, want %d (limit ÷ hosts, locally)", local, limit/hosts)
+	}
+	if v := gather(t, regA)[`edgeguard_l7_redis_fallback_decisions_total{limiter="api:header:X-Api-Key",policy="degrade",rule="shared",verdict="allow"}`]; v != float64(limit/hosts) {
+		t.Fatalf("fallback allow decisions %v, want %d", v, limit/hosts)
+	}
+}
