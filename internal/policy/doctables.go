@@ -22,10 +22,14 @@ func FieldTables() []FieldTable {
 	tls := FleetTLS{}
 	nb := BGPNeighbor{Multihop: 1}
 	global := Policy{GlobalReserve: DefaultReserve}
+	limits := defaultLimits()
+	rule := Rule{Action: ActionLimit, Mode: RuleModeInherit, Scope: ScopeHost, Limits: limits}
 	return []FieldTable{
 		{"interfaces entry", interfaceTable.Markdown(&Interface{XDPMode: XDPAuto})},
 		{"global", globalTable.Markdown(&global)},
 		{"lists", listsTable.Markdown(&global)},
+		{"defaults", defaultsTable.Markdown(&limits)},
+		{"rule", ruleTable(nil, "rule NAME").Markdown(&rule)},
 		{"tables", tablesTable.Markdown(&tables)},
 		{"metrics", metricsTable.Markdown(&metrics)},
 		{"asn_data", asnDataTable.Markdown(&asn)},

@@ -212,10 +212,6 @@ func (fleetTLSKind) Format(t *FleetTLS) string {
 func (fleetTLSKind) Describe() string { return "a mapping (fleet.redis.tls below)" }
 
 // scope parses a rule's scope.
-func (ps *parser) scope(n *yaml.Node, where string) Scope {
-	return Scope(ps.enum(n, where+" scope", string(ScopeHost), string(ScopeHost), string(ScopeFleet)))
-}
-
 // checkFleet checks what the fleet: section and the rules' scopes need of
 // each other: a scope: fleet rule needs a fleet: section and an aggregate
 // budget to share; redis: l7 needs an l7.redis address.

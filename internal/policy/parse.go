@@ -92,14 +92,11 @@ func (ps *parser) parse(data []byte) *Policy {
 	}
 	root := yamlcheck.Resolve(doc.Content[0])
 	p := &Policy{
-		File:      ps.File,
-		Mode:      ModeEnforce,
-		Malformed: VerdictPass,
-		Clock:     ClockPrecise,
-		Defaults: Limits{
-			PerSource: PerSource{Key: KeyBits{V4: 32, V6: 64}},
-			Reserve:   DefaultReserve,
-		},
+		File:          ps.File,
+		Mode:          ModeEnforce,
+		Malformed:     VerdictPass,
+		Clock:         ClockPrecise,
+		Defaults:      defaultLimits(),
 		GlobalReserve: DefaultReserve,
 		Standing:      DefaultStanding(),
 		Tables:        DefaultTables(),
@@ -145,7 +142,7 @@ func (ps *parser) rootTable() *yamlcheck.Table[Policy] {
 		yamlcheck.Val("malformed", yamlcheck.Enum[Verdict]{Values: []Verdict{VerdictPass, VerdictDrop}},
 			func(p *Policy) *Verdict { return &p.Malformed }, ""),
 		yamlcheck.Val("clock", yamlcheck.Enum[Clock]{Values: []Clock{ClockPrecise, ClockCoarse}}, func(p *Policy) *Clock { return &p.Clock }, ""),
-		section("defaults", func(n *yaml.Node, p *Policy) { p.Defaults = ps.limits(n, "defaults", p.Defaults, true) }),
+		section("defaults", func(n *yaml.Node, p *Policy) { p.Defaults = ps.limits(n, p.Defaults) }),
 		section("global", func(n *yaml.Node, p *Policy) {
 			gf := globalTable.Parse(&ps.Checker, n, p)
 			if r, ok := gf["reserve"]; ok {
@@ -167,14 +164,6 @@ func (ps *parser) rootTable() *yamlcheck.Table[Policy] {
 		section("fleet", func(n *yaml.Node, p *Policy) { p.Fleet = ps.fleet(n) }),
 		section("bgp", func(n *yaml.Node, p *Policy) { p.BGP = ps.bgp(n) }),
 	)
-}
-
-// enum returns n's value if it is one of allowed, else reports it and returns def.
-func (ps *parser) enum(n *yaml.Node, where, def string, allowed ...string) string {
-	if v, ok := (yamlcheck.Enum[string]{Values: allowed}).Parse(&ps.Checker, n, where); ok {
-		return v
-	}
-	return def
 }
 
 var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-@]{1,15}$`)
@@ -223,108 +212,6 @@ func (ps *parser) interfaces(n *yaml.Node) []Interface {
 	return out
 }
 
-// limits parses per_source / per_prefix / per_asn sections on top of base.
-// A section that is present replaces the base section's limits; keys and
-// groups it leaves out are inherited.
-func (ps *parser) limits(n *yaml.Node, where string, base Limits, isDefaults bool) Limits {
-	f := ps.Fields(n, where, "per_source", "per_prefix", "per_asn", "reserve")
-	return ps.limitSections(f, where, base, isDefaults)
-}
-
-func (ps *parser) limitSections(f map[string]*yaml.Node, where string, base Limits, isDefaults bool) Limits {
-	out := base
-	if n, ok := f["per_source"]; ok {
-		sf := ps.Fields(n, where+".per_source", "packets", "bytes", "key")
-		out.PerSource = PerSource{Bucket: ps.bucketFields(sf, where+".per_source"), Key: base.PerSource.Key}
-		if k, ok := sf["key"]; ok {
-			out.PerSource.Key = ps.keyBits(k, where+".per_source.key", base.PerSource.Key)
-		}
-	}
-	if n, ok := f["per_prefix"]; ok {
-		where := where + ".per_prefix"
-		sf := ps.Fields(n, where, "packets", "bytes", "group")
-		out.PerPrefix = PerPrefix{Bucket: ps.bucketFields(sf, where), Whole: base.PerPrefix.Whole, Derive: base.PerPrefix.Derive}
-		if g, ok := sf["group"]; ok {
-			if g.Kind == yaml.ScalarNode && g.Value == "whole" {
-				out.PerPrefix.Whole, out.PerPrefix.Derive = true, KeyBits{}
-			} else if g.Kind == yaml.MappingNode {
-				out.PerPrefix.Whole = false
-				out.PerPrefix.Derive = ps.keyBits(g, where+".group", KeyBits{})
-			} else {
-				ps.Errorf(g, "%s.group must be whole or {ipv4: N, ipv6: N}, got %s", where, yamlcheck.KindName(g))
-			}
-		}
-		if out.PerPrefix.IsSet() && !out.PerPrefix.Whole && out.PerPrefix.Derive == (KeyBits{}) && sf != nil {
-			if isDefaults {
-				ps.Errorf(n, "%s has limits but no group; add group: whole (one bucket for all sources) or group: {ipv4: 24, ipv6: 48} (one bucket per /24 and /48)", where)
-			} else {
-				ps.Errorf(n, "%s has limits but no group, and defaults.per_prefix has none to inherit; add group: whole or group: {ipv4: 24, ipv6: 48}", where)
-			}
-		}
-	}
-	if n, ok := f["per_asn"]; ok {
-		out.PerASN = ps.bucket(n, where+".per_asn")
-	}
-	explicit := ps.defaultReserveSet && !isDefaults
-	if n, ok := f["reserve"]; ok {
-		out.Reserve = ps.reserve(n, where+".reserve")
-		explicit = true
-		if isDefaults {
-			ps.defaultReserveSet = true
-		}
-	}
-	if !explicit {
-		// The built-in default applies where it leaves new sources a packet.
-		out.Reserve = implicitReserve(DefaultReserve, out.PerPrefix.Bucket, out.PerASN)
-		return out
-	}
-	at := f["reserve"]
-	for _, k := range []string{"per_prefix", "per_asn"} {
-		if at == nil {
-			at = f[k]
-		}
-	}
-	if at != nil {
-		ps.checkReserve(at, where+".per_prefix", out.PerPrefix.Bucket, out.Reserve)
-		ps.checkReserve(at, where+".per_asn", out.PerASN, out.Reserve)
-	}
-	return out
-}
-
-func (ps *parser) keyBits(n *yaml.Node, where string, base KeyBits) KeyBits {
-	out := base
-	f := ps.Fields(n, where, "ipv4", "ipv6")
-	if v, ok := f["ipv4"]; ok {
-		if u, ok := ps.UintIn(v, where+".ipv4", 1, 32); ok {
-			out.V4 = uint8(u)
-		}
-	}
-	if v, ok := f["ipv6"]; ok {
-		if u, ok := ps.UintIn(v, where+".ipv6", 1, 128); ok {
-			out.V6 = uint8(u)
-		}
-	}
-	if f != nil && base == (KeyBits{}) && (out.V4 == 0 || out.V6 == 0) {
-		ps.Errorf(n, "%s needs both ipv4 and ipv6 prefix lengths", where)
-	}
-	return out
-}
-
-func (ps *parser) bucket(n *yaml.Node, where string) Bucket {
-	return ps.bucketFields(ps.Fields(n, where, "packets", "bytes"), where)
-}
-
-func (ps *parser) bucketFields(f map[string]*yaml.Node, where string) Bucket {
-	var b Bucket
-	if n, ok := f["packets"]; ok {
-		b.Packets = ps.limit(n, where+".packets", Packets)
-	}
-	if n, ok := f["bytes"]; ok {
-		b.Bytes = ps.limit(n, where+".bytes", Bytes)
-	}
-	return b
-}
-
 // defaultBurst is one second's worth of the rate, rounded up, at least 1:
 // 100/s -> 100, 60M/min -> 1M, 3/min -> 1.
 func defaultBurst(r Rate) uint64 {
@@ -339,12 +226,8 @@ func defaultBurst(r Rate) uint64 {
 	return q.Uint64()
 }
 
-// limit parses "100/s" or {rate: 100/s, burst: 200}. Without a burst the
-// bucket holds one second's worth (see defaultBurst).
-func (ps *parser) limit(n *yaml.Node, where string, unit Unit) Limit {
-	return parseLimit(&ps.Checker, n, where, unit)
-}
-
+// parseLimit parses "100/s" or {rate: 100/s, burst: 200}. Without a burst
+// the bucket holds one second's worth (see defaultBurst).
 func parseLimit(ps *yamlcheck.Checker, n *yaml.Node, where string, unit Unit) Limit {
 	rateNode, burstNode := n, (*yaml.Node)(nil)
 	if n.Kind == yaml.MappingNode {
@@ -554,58 +437,6 @@ func (k limitKind) Describe() string {
 }
 
 var ruleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-func (ps *parser) rules(n *yaml.Node, defaults Limits) []Rule {
-	var out []Rule
-	for _, item := range ps.Seq(n, "rules") {
-		f := ps.Fields(item, "a rule", "name", "match", "action", "mode", "per_source", "per_prefix", "per_asn", "reserve", "scope")
-		if f == nil {
-			continue
-		}
-		r := Rule{Pos: yamlcheck.PosOf(item), Action: ActionLimit, Mode: RuleModeInherit, Scope: ScopeHost}
-		if nn, ok := f["name"]; !ok {
-			ps.Errorf(item, "rule needs a name")
-		} else if name, ok := ps.Scalar(nn, "rule name"); ok {
-			switch {
-			case name == DefaultRuleName:
-				ps.Errorf(nn, "rule name %q is reserved for the default rule; set its limits under defaults:", name)
-			case !ruleNameRE.MatchString(name):
-				ps.Errorf(nn, "rule name %q: use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit", name)
-			default:
-				r.Name = name
-				r.Pos = yamlcheck.PosOf(nn)
-			}
-		}
-		where := fmt.Sprintf("the rule at line %d", item.Line)
-		if r.Name != "" {
-			where = "rule " + r.Name
-		}
-		if a, ok := f["action"]; ok {
-			r.Action = Action(ps.enum(a, where+" action", string(ActionLimit), string(ActionLimit), string(ActionDrop), string(ActionPass)))
-		}
-		if m, ok := f["mode"]; ok {
-			r.Mode = RuleMode(ps.enum(m, where+" mode", string(RuleModeInherit), string(RuleModeInherit), string(RuleModeEnforce), string(RuleModeDryRun)))
-		}
-		if m, ok := f["match"]; !ok {
-			ps.Errorf(item, "%s needs a match (prefixes, asns, countries or protocol)", where)
-		} else {
-			r.Match = ps.match(m, where)
-		}
-		if r.Action != ActionLimit {
-			for _, k := range []string{"per_source", "per_prefix", "per_asn", "reserve"} {
-				if v, ok := f[k]; ok {
-					ps.Errorf(v, "%s: %s only applies with action: limit (this rule's action is %s)", where, k, r.Action)
-				}
-			}
-		}
-		r.Limits = ps.limitSections(f, where, defaults, false)
-		if s, ok := f["scope"]; ok {
-			r.Scope = ps.scope(s, where)
-		}
-		out = append(out, r)
-	}
-	return out
-}
 
 // protocolNumbers are the protocols an L4 rule may match: the ones the data
 // plane parses (bpf/headers/edgeguard_parse.h).

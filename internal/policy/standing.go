@@ -82,13 +82,6 @@ func FormatReserve(ppm uint32) string {
 	return s + "%"
 }
 
-func (ps *parser) reserve(n *yaml.Node, where string) uint32 {
-	if r, ok := reserve.Parse(&ps.Checker, n, where); ok {
-		return r
-	}
-	return DefaultReserve
-}
-
 // reserveFits reports whether a reserve leaves new sources at least one
 // packet of a bucket's packet burst and one 1,500-byte packet of its byte
 // burst.

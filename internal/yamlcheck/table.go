@@ -58,6 +58,8 @@ type Field[S any] struct {
 	// whole: the diff writes a sub-table on one line (Switch, Formatted).
 	whole bool
 	isOff func(s *S) bool
+	// fresh, when set, runs before a value the file writes is parsed.
+	fresh func(s *S)
 }
 
 // Val is a field holding one value of kind k, at *at(s).
@@ -151,6 +153,14 @@ func (f Field[S]) Switch(off func(s *S), isOff func(s *S) bool) Field[S] {
 	return f
 }
 
+// Fresh makes a value the file writes start from fresh(s) instead of what
+// s holds (a default or an inherited base): "a rule's per_source replaces
+// the defaults' limits but keeps their key".
+func (f Field[S]) Fresh(fresh func(s *S)) Field[S] {
+	f.fresh = fresh
+	return f
+}
+
 // Required makes the field one the file must write: without it, msg is
 // reported at the section ("fleet needs a name ...").
 func (f Field[S]) Required(msg string) Field[S] {
@@ -229,6 +239,12 @@ func (t *Table[S]) ParseItem(c *Checker, n *yaml.Node, name string, out *S) map[
 	return t.walk(c, n, name, name+" ", out)
 }
 
+// ParseIn is Parse for a mapping named where in messages whose fields are
+// named prefix+key ("a rule", "rule web.").
+func (t *Table[S]) ParseIn(c *Checker, n *yaml.Node, where, prefix string, out *S) map[string]*yaml.Node {
+	return t.walk(c, n, where, prefix, out)
+}
+
 func (t *Table[S]) parseAt(c *Checker, n *yaml.Node, where string, out *S) map[string]*yaml.Node {
 	return t.walk(c, n, where, where+".", out)
 }
@@ -242,6 +258,9 @@ func (t *Table[S]) walk(c *Checker, n *yaml.Node, where, prefix string, out *S) 
 	}
 	for _, f := range t.Fields {
 		if v, ok := fields[f.Key]; ok {
+			if f.fresh != nil {
+				f.fresh(out)
+			}
 			f.parse(c, v, prefix+f.Key, out)
 		} else if f.required != "" {
 			c.Errorf(n, "%s", f.required)

@@ -288,3 +288,47 @@ func TestParsed(t *testing.T) {
 		t.Errorf("b: %v", c.Problems)
 	}
 }
+
+// TestFreshAndParseIn: a Fresh field written by the file starts from its
+// fresh value, not the inherited one (a field it leaves out keeps it);
+// ParseIn names the mapping and its fields as told.
+func TestFreshAndParseIn(t *testing.T) {
+	tbl := NewTable("inherit",
+		Sub("budget", "a budget",
+			Val("headroom", Factor{Min: 1, Max: 100}, func(s *toy) *float64 { return &s.Budget }, "times the mean"),
+			Val("burst", Uint[uint32]{Min: 1, Max: 60}, func(s *toy) *uint32 { return &s.Burst }, "seconds"),
+		).Fresh(func(s *toy) { s.Budget = 0 }),
+		Val("size", Uint[uint32]{Min: 1, Max: 1 << 20}, func(s *toy) *uint32 { return &s.Size }, "how many"),
+	)
+	for _, tc := range []struct {
+		src         string
+		budget      float64
+		burst, size uint32
+		wantProblem string
+	}{
+		{src: "size: 7", budget: 2, burst: 2, size: 7},
+		{src: "budget: {burst: 9}", budget: 0, burst: 9, size: 1024},
+		{src: "budget: {headroom: 3}", budget: 3, burst: 2, size: 1024},
+		{src: "budget: {x: 1}\nsize: 0", budget: 0, burst: 2, size: 1024,
+			wantProblem: `f.yaml:1:10: unknown field "x" in item 1.budget; allowed: headroom, burst|f.yaml:2:7: item 1.size "0" must be a whole number from 1 to 1048576`},
+		{src: "[1]", budget: 2, burst: 2, size: 1024, wantProblem: "f.yaml:1:1: an item must be a mapping, got a list"},
+	} {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(tc.src), &doc); err != nil {
+			t.Fatal(err)
+		}
+		c := &Checker{File: "f.yaml"}
+		out := toyDefault()
+		tbl.ParseIn(c, doc.Content[0], "an item", "item 1.", &out)
+		var problems []string
+		for _, p := range c.Problems {
+			problems = append(problems, p.String())
+		}
+		if got := strings.Join(problems, "|"); got != tc.wantProblem {
+			t.Errorf("%q: problems %q, want %q", tc.src, got, tc.wantProblem)
+		}
+		if out.Budget != tc.budget || out.Burst != tc.burst || out.Size != tc.size {
+			t.Errorf("%q: budget %v burst %d size %d, want %v %d %d", tc.src, out.Budget, out.Burst, out.Size, tc.budget, tc.burst, tc.size)
+		}
+	}
+}
