@@ -148,7 +148,7 @@ func diffFiles(a, b string) (string, int, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	changes := append(policy.DiffSections(pa, pb), policy.Diff(ca, cb)...)
+	changes := append(policy.DiffSections(pa, pb, rls.DiffL7), policy.Diff(ca, cb)...)
 	return policy.FormatDiff(changes), len(changes), nil
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/fleet"
+	"github.com/edgeguard/edgeguard/internal/l7/rls"
 	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
@@ -330,7 +331,7 @@ func (d *Daemon) policyChange(w http.ResponseWriter, r *http.Request, apply bool
 	if sizesErr != nil && !apply {
 		warnings = append(warnings, "applying it is refused: "+sizesErr.Error())
 	}
-	changes := append(policy.DiffSections(from, to), policy.Diff(cfrom, cto)...)
+	changes := append(policy.DiffSections(from, to, rls.DiffL7), policy.Diff(cfrom, cto)...)
 	change := control.PolicyChange{Diff: policy.FormatDiff(changes), Changes: len(changes), Generation: gen,
 		Warning: strings.Join(warnings, "; ")}
 	if !apply {

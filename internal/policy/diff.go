@@ -398,11 +398,16 @@ func (d *differ) prefixes(a, b *Compiled) {
 	}
 }
 
+// L7Differ lists the changes between two l7: sections (nil: none).
+// internal/policy keeps the section as written and cannot decode it
+// (internal/l7 imports it); rls.DiffL7 is the one that does, from the l7
+// field tables.
+type L7Differ func(from, to *yaml.Node) []Change
+
 // DiffSections lists what Diff does not see because it is not compiled into
-// the data plane: the l7: section, key by key at its top level, each
-// compared as written (positions, comments and layout ignored). Either may
-// be nil (an empty policy).
-func DiffSections(from, to *Policy) []Change {
+// the data plane: the l7: section (by l7; nil leaves it out), fleet, syn,
+// shield and bgp. Either policy may be nil (an empty policy).
+func DiffSections(from, to *Policy, l7 L7Differ) []Change {
 	if from == nil {
 		from = &Policy{}
 	}
@@ -410,70 +415,12 @@ func DiffSections(from, to *Policy) []Change {
 		to = &Policy{}
 	}
 	var d differ
-	la, lb := l7Keys(from.L7), l7Keys(to.L7)
-	switch {
-	case la == nil && lb != nil:
-		d.add('+', "l7 section")
-	case la != nil && lb == nil:
-		d.add('-', "l7 section")
-	}
-	if la != nil && lb != nil {
-		for _, k := range sortedKeys(la, lb) {
-			va, ina := la[k]
-			vb, inb := lb[k]
-			switch {
-			case !ina:
-				d.add('+', "l7 %s: %s", k, vb)
-			case !inb:
-				d.add('-', "l7 %s", k)
-			case va != vb:
-				d.field("l7 "+k, va, vb)
-			}
-		}
+	if l7 != nil {
+		d.out = append(d.out, l7(from.L7, to.L7)...)
 	}
 	d.fleet(from, to)
 	d.syn(from.SYN, to.SYN)
 	d.shield(from.Shield, to.Shield)
 	d.bgp(from.BGP, to.BGP)
 	return d.out
-}
-
-// l7Keys renders each top-level key of an l7: section as one line of flow
-// YAML, so two sections compare by content; nil without a section.
-func l7Keys(n *yaml.Node) map[string]string {
-	if n == nil {
-		return nil
-	}
-	out := map[string]string{}
-	if n.Kind != yaml.MappingNode {
-		out["(section)"] = flowYAML(n)
-		return out
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		out[n.Content[i].Value] = flowYAML(n.Content[i+1])
-	}
-	return out
-}
-
-func flowYAML(n *yaml.Node) string {
-	c := stripStyle(n)
-	b, err := yaml.Marshal(c)
-	if err != nil {
-		return "?"
-	}
-	return strings.TrimSpace(string(b))
-}
-
-// stripStyle copies n in flow style without positions, comments or quoting.
-func stripStyle(n *yaml.Node) *yaml.Node {
-	c := &yaml.Node{Kind: n.Kind, Tag: n.Tag, Value: n.Value, Style: yaml.FlowStyle, Alias: n.Alias}
-	if n.Kind == yaml.ScalarNode {
-		// Quoting is layout: the tag (kept) says whether "100" is a
-		// string, and the encoder quotes where the tag needs it.
-		c.Style = 0
-	}
-	for _, k := range n.Content {
-		c.Content = append(c.Content, stripStyle(k))
-	}
-	return c
 }

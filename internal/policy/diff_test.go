@@ -55,34 +55,3 @@ func TestDiffEqualRatesWrittenDifferently(t *testing.T) {
 		t.Errorf("diff = %q, want %q", got, want)
 	}
 }
-
-func TestDiffSectionsL7(t *testing.T) {
-	parse := func(l7 string) *Policy {
-		t.Helper()
-		src := "apiVersion: edgeguard/v1\ninterfaces: [{name: eth0}]\n" + l7
-		p, err := Parse("p.yaml", []byte(src), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	none := parse("")
-	a := parse("l7:\n  listen: 127.0.0.1:8080\n  upstream: http://127.0.0.1:8081\n")
-	// Same content, other layout and a comment: no change.
-	a2 := parse("l7: {upstream: \"http://127.0.0.1:8081\", listen: 127.0.0.1:8080}  # same\n")
-	b := parse("l7:\n  listen: 127.0.0.1:9090\n  upstream: http://127.0.0.1:8081\n  engine: nethttp\n")
-	for _, tc := range []struct {
-		name     string
-		from, to *Policy
-		want     string
-	}{
-		{"added", none, a, "+ l7 section\n"},
-		{"removed", a, none, "- l7 section\n"},
-		{"same", a, a2, ""},
-		{"changed", a, b, "+ l7 engine: nethttp\n~ l7 listen 127.0.0.1:8080 -> 127.0.0.1:9090\n"},
-	} {
-		if got := FormatDiff(DiffSections(tc.from, tc.to)); got != tc.want {
-			t.Errorf("%s: got\n%q\nwant\n%q", tc.name, got, tc.want)
-		}
-	}
-}

@@ -146,7 +146,7 @@ func TestDiffFleet(t *testing.T) {
 		{a, none, []string{"- fleet section"}},
 		{a, b, []string{"~ fleet interval 1s -> 2s\n~ rule r scope host -> fleet\n"}},
 	} {
-		got := FormatDiff(DiffSections(c.from, c.to))
+		got := FormatDiff(DiffSections(c.from, c.to, nil))
 		if c.want == nil && got != FormatDiff(nil) {
 			t.Errorf("no change: %q", got)
 		}

@@ -112,7 +112,7 @@ func TestShieldDiff(t *testing.T) {
 		{mon, mon, ""},
 		{mon, enf, "~ shield mode monitor -> enforce; ~ shield surge.factor 3 -> 4; + shield forbid AS64500"},
 	} {
-		if got := text(DiffSections(c.a, c.b)); got != c.want {
+		if got := text(DiffSections(c.a, c.b, nil)); got != c.want {
 			t.Errorf("got %q, want %q", got, c.want)
 		}
 	}

@@ -108,17 +108,17 @@ func TestSYNDiff(t *testing.T) {
 		t.Fatal(err)
 	}
 	none, _ := parseStanding(t, "", nil)
-	got := FormatDiff(DiffSections(a, b))
+	got := FormatDiff(DiffSections(a, b, nil))
 	for _, want := range []string{"~ syn validated_for 10m0s -> 1m0s\n", "+ syn services {name: web, listen: [0.0.0.0:443], protection: auto",
 		"mss: 1400, mss6: 1380", "- syn services {name: web"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("diff %q lacks %q", got, want)
 		}
 	}
-	if got := FormatDiff(DiffSections(none, a)); !strings.HasPrefix(got, "+ syn section: {validated_for: 10m0s") {
+	if got := FormatDiff(DiffSections(none, a, nil)); !strings.HasPrefix(got, "+ syn section: {validated_for: 10m0s") {
 		t.Errorf("new section: %q", got)
 	}
-	if got := FormatDiff(DiffSections(a, none)); got != "- syn section (SYN cookies off)\n" {
+	if got := FormatDiff(DiffSections(a, none, nil)); got != "- syn section (SYN cookies off)\n" {
 		t.Errorf("removed section: %q", got)
 	}
 }

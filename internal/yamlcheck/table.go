@@ -37,6 +37,20 @@ type Lister[V any] interface {
 	Items(v V) []string
 }
 
+// Differ is implemented by kinds of values with fields or items of their
+// own (a sub-section in a struct of its own, a list of named items): the
+// diff reports their changes one by one, each label starting with prefix
+// ("l7 timeouts."), instead of the whole value on one line.
+type Differ[V any] interface {
+	Diff(prefix string, a, b V, emit func(op byte, text string))
+}
+
+// Wrapper is implemented by kinds that wrap another (to name its problems
+// otherwise): the diff looks through them for a Differ or a Lister.
+type Wrapper[V any] interface {
+	Unwrap() Kind[V]
+}
+
 // Field is one row of a Table over the section struct S.
 type Field[S any] struct {
 	Key string
@@ -75,8 +89,21 @@ func Val[S, V any](key string, k Kind[V], at func(s *S) *V, doc string) Field[S]
 		},
 		format: func(s *S) string { return k.Format(*at(s)) },
 	}
-	if l, ok := k.(Lister[V]); ok {
+	inner := Kind[V](k)
+	for {
+		w, ok := inner.(Wrapper[V])
+		if !ok {
+			break
+		}
+		inner = w.Unwrap()
+	}
+	if l, ok := inner.(Lister[V]); ok {
 		f.items = func(s *S) []string { return l.Items(*at(s)) }
+	}
+	if d, ok := inner.(Differ[V]); ok {
+		f.diffSub = func(prefix string, a, b *S, emit func(op byte, text string)) {
+			d.Diff(strings.TrimSuffix(prefix, "."), *at(a), *at(b), emit)
+		}
 	}
 	return f
 }

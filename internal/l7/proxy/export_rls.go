@@ -148,3 +148,16 @@ func CheckTierDefault(c *yamlcheck.Checker, n *yaml.Node, def string, levels []T
 	}
 	c.Errorf(n, "tiers default %q is not one of the levels", def)
 }
+
+// DiffNamed diffs two lists of named items as the l7: section's diff does
+// its routes: removed ones ('-' label name), then, in b's order, added ones
+// ('+' label name and the item on one line) and changed ones (diff, with
+// the prefix "label name ").
+func DiffNamed[T any](a, b []T, name func(T) string, format func(T) string, diff func(prefix string, x, y T),
+	label string, emit func(op byte, text string)) {
+	diffNamed(a, b, name, format, diff, label, emit)
+}
+
+// LimitList is k, a kind of a list of limits, diffed limit by limit (by
+// name) as a route's are.
+func LimitList(k yamlcheck.Kind[[]Limit]) yamlcheck.Kind[[]Limit] { return limitList{k} }

@@ -38,6 +38,9 @@ func (k named[V]) Parse(c *yamlcheck.Checker, n *yaml.Node, _ string) (V, bool) 
 	return k.Kind.Parse(c, n, k.where)
 }
 
+// Unwrap implements yamlcheck.Wrapper.
+func (k named[V]) Unwrap() yamlcheck.Kind[V] { return k.Kind }
+
 // as names k's problems where.
 func as[V any](where string, k yamlcheck.Kind[V]) yamlcheck.Kind[V] { return named[V]{k, where} }
 
@@ -234,6 +237,11 @@ func (k section[S]) Format(s S) string { return k.Table.String(&s) }
 // Describe implements yamlcheck.Kind.
 func (k section[S]) Describe() string { return "mapping (below)" }
 
+// Diff implements yamlcheck.Differ: field by field, as label.key.
+func (k section[S]) Diff(label string, a, b S, emit func(op byte, text string)) {
+	k.Table.DiffWith(label+".", &a, &b, emit)
+}
+
 // optional is a sub-section that is absent (nil) unless the file writes
 // it.
 type optional[S any] struct{ section[S] }
@@ -253,6 +261,19 @@ func (k optional[S]) Format(s *S) string {
 		return "none"
 	}
 	return k.section.Format(*s)
+}
+
+// Diff implements yamlcheck.Differ: an added section on one line, a
+// changed one field by field.
+func (k optional[S]) Diff(label string, a, b *S, emit func(op byte, text string)) {
+	switch {
+	case a == nil && b != nil:
+		emit('+', label+" "+k.Format(b))
+	case a != nil && b == nil:
+		emit('-', label)
+	case a != nil && b != nil:
+		k.section.Diff(label, *a, *b, emit)
+	}
 }
 
 // listenAddr is an address the l7: section listens on or dials (the host
@@ -546,6 +567,9 @@ func (k atNamed[V]) Parse(c *yamlcheck.Checker, n *yaml.Node, _ string) (V, bool
 	return k.Kind.Parse(c, n, k.where()+k.suffix)
 }
 
+// Unwrap implements yamlcheck.Wrapper.
+func (k atNamed[V]) Unwrap() yamlcheck.Kind[V] { return k.Kind }
+
 // at names k's problems where()+suffix.
 func at[V any](where func() string, suffix string, k yamlcheck.Kind[V]) yamlcheck.Kind[V] {
 	return atNamed[V]{k, where, suffix}
@@ -565,6 +589,9 @@ func (k marked[V]) Parse(c *yamlcheck.Checker, n *yaml.Node, where string) (V, b
 	}
 	return v, ok
 }
+
+// Unwrap implements yamlcheck.Wrapper.
+func (k marked[V]) Unwrap() yamlcheck.Kind[V] { return k.Kind }
 
 // marking sets *bad when k reports a problem.
 func marking[V any](bad *bool, k yamlcheck.Kind[V]) yamlcheck.Kind[V] { return marked[V]{k, bad} }

@@ -46,13 +46,13 @@ func (d *decoder) routeTable(r *Route, rc *Redis) *yamlcheck.Table[Route] {
 			"unique").Formatted(required(func(r *Route) string { return r.Name })).Required("route: name is required"),
 		yamlcheck.Val("match", at(where, " match", matchSection), func(r *Route) *Match { return &r.Match },
 			"which requests (all fields optional, all must match)").
-			Formatted(func(*Route) string { return "every request" }),
+			Formatted(func(r *Route) string { return formatMatch(r.Match) }),
 		yamlcheck.Val("exempt_paths", at(where, " exempt_paths", yamlcheck.Kind[[]string](exactPaths{})),
 			func(r *Route) *[]string { return &r.ExemptPaths },
 			"exact URL paths of the route never shed or limited"),
-		yamlcheck.Val("limits", at(where, "", custom("list of limits (below)", func(c *yamlcheck.Checker, n *yaml.Node, where string) ([]Limit, bool) {
+		yamlcheck.Val("limits", at(where, "", yamlcheck.Kind[[]Limit](limitList{custom("list of limits (below)", func(c *yamlcheck.Checker, n *yaml.Node, where string) ([]Limit, bool) {
 			return d.limits(n, where, rc), true
-		})), func(r *Route) *[]Limit { return &r.Limits }, "rate limits; a request passes only if every one admits it"),
+		})})), func(r *Route) *[]Limit { return &r.Limits }, "rate limits; a request passes only if every one admits it"),
 		yamlcheck.Val("tiers", at(where, " tiers", yamlcheck.Kind[*Tiers](d.tiersSection(where, rc))),
 			func(r *Route) **Tiers { return &r.Tiers }, "more limits by the tier a header names (below)"),
 		yamlcheck.Val("concurrency", at(where, " concurrency", yamlcheck.Kind[*Concurrency](concurrencySection)),
@@ -91,7 +91,12 @@ var matchTable = yamlcheck.NewTable("match",
 		func(m *matchSpec) *bool { return &m.IgnoreCase },
 		"`insensitive` compares `path_prefix`/`path_pattern` without regard to case (for an upstream that serves `/LIMITED` as `/limited`); the path is forwarded in its own case"),
 	yamlcheck.Val("header", as("match header", headerValues{}), func(m *matchSpec) *map[string]string { return &m.Header },
-		"`{Name: exact value}`").Formatted(func(*matchSpec) string { return "none" }),
+		"`{Name: exact value}`").Formatted(func(m *matchSpec) string {
+		if len(m.Header) == 0 {
+			return "none"
+		}
+		return headerValues{}.Format(m.Header)
+	}),
 )
 
 // matchSection is a route's match.
@@ -341,6 +346,11 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			func(l *limitSpec) *int { return &l.Capacity }, "keys per local limit (24 bytes each, allocated up front)"),
 		yamlcheck.Val("reserve", marking(bad, at(named("reserve"), "", yamlcheck.Kind[int](percent{Single: "limit reserve"}))), func(l *limitSpec) *int { return &l.Reserve },
 			"local only: the share of the limit (of its burst, else of the rate's count; rounded down, at most all but one request) only the first class of the L7 ranking may use; unset: 50% for a key of only `global`, `endpoint`, `prefix` and `asn` (an aggregate), else 0%").
-			Formatted(func(l *limitSpec) string { return "50% aggregate, else 0%" }),
+			Formatted(func(l *limitSpec) string {
+				if l.Name == "" { // the docs' default: decoding sets it
+					return "50% aggregate, else 0%"
+				}
+				return percent{}.Format(l.Reserve)
+			}),
 	)
 }

@@ -181,9 +181,9 @@ var (
 // l7Table is the l7: section's top level. Its routes are decoded by d with
 // what the table decoded before them (redis); d may be nil for the docs.
 func (d *decoder) l7Table() *yamlcheck.Table[Config] {
-	routes := decoded[[]Route]{describe: "list of routes (below)", parse: func(_ *yamlcheck.Checker, n *yaml.Node, _ string) []Route {
+	routes := routeList{decoded[[]Route]{describe: "list of routes (below)", parse: func(_ *yamlcheck.Checker, n *yaml.Node, _ string) []Route {
 		return d.routes(n)
-	}}
+	}}}
 	return yamlcheck.NewTable("l7",
 		val("l7 ", "listen", listenAddr, func(c *Config) *string { return &c.Listen },
 			"where the proxy listens (required unless `rls:` serves alone); bound when the policy is applied, before anything else changes: a taken port fails the apply (at start: before the XDP program is loaded or attached) and the running policy stays").

@@ -180,9 +180,9 @@ func rlsTable(rules func(n *yaml.Node) []Rule) *yamlcheck.Table[Config] {
 		yamlcheck.Val("http_listen", proxy.Named("rls http_listen", proxy.ListenAddr), func(c *Config) *string { return &c.HTTPListen },
 			"the subrequest endpoint `/v1/check/{domain}` for nginx `auth_request` and Traefik `ForwardAuth`").
 			Formatted(func(c *Config) string { return cmp.Or(c.HTTPListen, "none") }),
-		yamlcheck.Val("rules", proxy.Decoded("list of rules (below)", func(_ *yamlcheck.Checker, n *yaml.Node, _ string) []Rule {
+		yamlcheck.Val("rules", yamlcheck.Kind[[]Rule](ruleList{proxy.Decoded("list of rules (below)", func(_ *yamlcheck.Checker, n *yaml.Node, _ string) []Rule {
 			return rules(n)
-		}), func(c *Config) *[]Rule { return &c.Rules },
+		})}), func(c *Config) *[]Rule { return &c.Rules },
 			"descriptor rules, first match per descriptor; at least one of `listen`, `unix`, `http_listen` must be set. With `l7.classes` enabled a request is ranked by its first `remote_address` in the class table the proxy uses (docs/l7-rls.md, \"Client classes\")"),
 	)
 }
@@ -353,9 +353,9 @@ func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yam
 				}
 				return entriesString(r.Entries)
 			}),
-		yamlcheck.Val("limits", proxy.At(where, "", proxy.Custom("list of limits", func(_ *yamlcheck.Checker, n *yaml.Node, where string) ([]proxy.Limit, bool) {
+		yamlcheck.Val("limits", proxy.At(where, "", proxy.LimitList(proxy.Custom("list of limits", func(_ *yamlcheck.Checker, n *yaml.Node, where string) ([]proxy.Limit, bool) {
 			return ld.Limits(n, where, rc, r.Aggregate()), true
-		})), func(r *Rule) *[]proxy.Limit { return &r.Limits },
+		}))), func(r *Rule) *[]proxy.Limit { return &r.Limits },
 			"route limits without `key`, `shape` refused; `reserve` defaults to 50% for a descriptor that counts an aggregate of clients (every entry a fixed value or one of `generic_key`, `header_match`, `destination_cluster`, `source_cluster`, `masked_remote_address`), 0% otherwise"),
 		yamlcheck.Val("tiers", proxy.At(where, "", proxy.Custom("mapping (below)", func(_ *yamlcheck.Checker, n *yaml.Node, where string) (*Tiers, bool) {
 			t := decodeTiers(ld, n, where, rc, r.Entries)
