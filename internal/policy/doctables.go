@@ -30,6 +30,7 @@ func FieldTables() []FieldTable {
 		{"lists", listsTable.Markdown(&global)},
 		{"defaults", defaultsTable.Markdown(&limits)},
 		{"rule", ruleTable(nil, "rule NAME").Markdown(&rule)},
+		{"rule match", matchTable.Markdown(&matchSpec{})},
 		{"tables", tablesTable.Markdown(&tables)},
 		{"metrics", metricsTable.Markdown(&metrics)},
 		{"asn_data", asnDataTable.Markdown(&asn)},
