@@ -24,9 +24,20 @@ import (
 // with the rest of the policy's.
 func decodeL7(p *policy.Policy, source string) (*proxy.Config, *rls.Config, []byte, error) {
 	if p.L7 == nil {
+		if problems := p.FleetRedisFromL7("", 0); len(problems) > 0 {
+			return nil, nil, nil, &policy.ValidationError{File: source, Problems: problems}
+		}
 		return nil, nil, nil, nil
 	}
 	cfg, problems := proxy.Decode(p.L7, source)
+	if cfg != nil {
+		var addr string
+		var timeout time.Duration
+		if cfg.Redis != nil {
+			addr, timeout = cfg.Redis.Addr, cfg.Redis.Timeout
+		}
+		problems = append(problems, p.FleetRedisFromL7(addr, timeout)...)
+	}
 	if cfg != nil && p.ASNData.Path == "" {
 		for _, name := range cfg.LimitsKeyedOn(proxy.KeyASN) {
 			problems = append(problems, policy.Problem{File: source,

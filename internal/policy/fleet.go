@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"net"
 	"regexp"
 	"time"
 
@@ -46,7 +45,7 @@ type Fleet struct {
 // FleetRedis is the fleet's Redis connection.
 type FleetRedis struct {
 	// FromL7 is set when the file says redis: l7: Addrs and Timeout are
-	// copied from l7.redis.
+	// the decoded l7.redis's (FleetRedisFromL7).
 	FromL7 bool
 	// Addrs is one address (a single server), or several cluster seeds.
 	Addrs []string
@@ -211,10 +210,10 @@ func (fleetTLSKind) Format(t *FleetTLS) string {
 
 func (fleetTLSKind) Describe() string { return "a mapping (fleet.redis.tls below)" }
 
-// scope parses a rule's scope.
 // checkFleet checks what the fleet: section and the rules' scopes need of
 // each other: a scope: fleet rule needs a fleet: section and an aggregate
-// budget to share; redis: l7 needs an l7.redis address.
+// budget to share. (What redis: l7 needs of the l7: section is checked
+// where l7: is decoded: FleetRedisFromL7.)
 func (ps *parser) checkFleet(p *Policy) {
 	for _, r := range p.Rules {
 		if r.Scope != ScopeFleet {
@@ -228,38 +227,23 @@ func (ps *parser) checkFleet(p *Policy) {
 			ps.Errorf(n, "rule %s has scope: fleet but no per_prefix or per_asn budget to share (per_source limits stay per host)", r.Name)
 		}
 	}
-	if p.Fleet == nil || !p.Fleet.Redis.FromL7 {
-		return
-	}
-	addr, timeout := l7RedisAddr(p.L7)
-	if addr == "" {
-		ps.Errorf(&yaml.Node{Line: p.Fleet.Pos.Line, Column: p.Fleet.Pos.Column}, "fleet.redis: l7 needs an l7: redis: addr: section")
-		return
-	}
-	p.Fleet.Redis.Addrs = []string{addr}
-	if timeout > 0 {
-		p.Fleet.Redis.Timeout = timeout
-	}
 }
 
-// l7RedisAddr reads l7.redis.addr and l7.redis.timeout from the raw l7:
-// section (the L7 stage's decoder validates them).
-func l7RedisAddr(l7 *yaml.Node) (string, time.Duration) {
-	r := yamlcheck.Lookup(l7, "redis")
-	a := yamlcheck.Lookup(r, "addr")
-	if a == nil || a.Kind != yaml.ScalarNode {
-		return "", 0
+// FleetRedisFromL7 gives a fleet with redis: l7 the address and timeout of
+// the decoded l7.redis (addr "": the l7: section has no redis:, or none).
+// internal/policy keeps l7: as written and cannot decode it (internal/l7
+// imports it): whoever decodes it calls this, and reports the problem it
+// returns with the l7: section's.
+func (p *Policy) FleetRedisFromL7(addr string, timeout time.Duration) []Problem {
+	if p.Fleet == nil || !p.Fleet.Redis.FromL7 {
+		return nil
 	}
-	if _, _, err := net.SplitHostPort(a.Value); err != nil {
-		return "", 0
+	if addr == "" {
+		return []Problem{{File: p.File, Pos: p.Fleet.Pos, Msg: "fleet.redis: l7 needs an l7: redis: addr: section"}}
 	}
-	var timeout time.Duration
-	if t := yamlcheck.Lookup(r, "timeout"); t != nil && t.Kind == yaml.ScalarNode {
-		if d, err := time.ParseDuration(t.Value); err == nil && d > 0 {
-			timeout = d
-		}
-	}
-	return a.Value, timeout
+	p.Fleet.Redis.Addrs = []string{addr}
+	p.Fleet.Redis.Timeout = timeout
+	return nil
 }
 
 // fleet reports changes of the fleet: section and of the rules' scopes

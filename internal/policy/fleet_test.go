@@ -67,21 +67,6 @@ func TestFleetDefaults(t *testing.T) {
 	}
 }
 
-func TestFleetRedisFromL7(t *testing.T) {
-	p, err := parseFleet(t, `fleet: {name: f, redis: l7}
-l7:
-  listen: 127.0.0.1:8080
-  upstream: http://127.0.0.1:9000
-  redis: {addr: "198.18.0.10:6379", timeout: 50ms}
-`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := p.Fleet.Redis; !r.FromL7 || len(r.Addrs) != 1 || r.Addrs[0] != "198.18.0.10:6379" || r.Timeout != 50*time.Millisecond {
-		t.Errorf("redis = %+v", r)
-	}
-}
-
 func TestFleetInvalid(t *testing.T) {
 	for _, c := range []struct{ name, doc, want string }{
 		{"no name", "fleet: {redis: {addrs: [\"127.0.0.1:6379\"]}}", "fleet needs a name"},
@@ -99,7 +84,6 @@ func TestFleetInvalid(t *testing.T) {
 		{"cluster false", "fleet: {name: f, redis: {addrs: [\"127.0.0.1:1\", \"127.0.0.1:2\"], cluster: false}}", "cluster: false"},
 		{"cluster db", "fleet: {name: f, redis: {addrs: [\"127.0.0.1:1\", \"127.0.0.1:2\"], db: 2}}", "only database 0"},
 		{"half cert", "fleet: {name: f, redis: {addrs: [\"127.0.0.1:1\"], tls: {cert_file: c.pem}}}", "both cert_file and key_file"},
-		{"l7 without redis", "fleet: {name: f, redis: l7}", "needs an l7: redis: addr"},
 		{"scope without fleet", "rules: [{name: a, match: {prefixes: [198.18.0.0/24]}, scope: fleet, per_prefix: {packets: 10/s, group: whole}}]",
 			"needs a fleet: section"},
 		{"scope without budget", "fleet: {name: f, redis: {addrs: [\"127.0.0.1:1\"]}}\nrules: [{name: a, match: {prefixes: [198.18.0.0/24]}, scope: fleet, per_source: {packets: 10/s}}]",
