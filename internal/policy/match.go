@@ -161,28 +161,18 @@ func (ps *parser) match(n *yaml.Node, rule string) Match {
 	case "prefixes":
 		m.Kind = MatchPrefix
 		empty("prefixes", "")
-		for _, it := range spec.Prefixes {
-			if ps.claim(it.n, "prefix "+it.V.String(), "prefix "+it.V.String(), rule) {
-				m.Prefixes = append(m.Prefixes, it.V)
-			}
-		}
+		m.Prefixes = claimItems(ps, spec.Prefixes, rule, func(p netip.Prefix) (string, string) { return "prefix " + p.String(), "prefix " + p.String() })
 	case "asns":
 		m.Kind = MatchASN
 		empty("asns", "")
-		for _, it := range spec.ASNs {
-			a := strconv.FormatUint(uint64(it.V), 10)
-			if ps.claim(it.n, "asn "+a, "AS"+a, rule) {
-				m.ASNs = append(m.ASNs, it.V)
-			}
-		}
+		m.ASNs = claimItems(ps, spec.ASNs, rule, func(a uint32) (string, string) {
+			s := strconv.FormatUint(uint64(a), 10)
+			return "asn " + s, "AS" + s
+		})
 	case "countries":
 		m.Kind = MatchCountry
 		empty("countries", "")
-		for _, it := range spec.Countries {
-			if ps.claim(it.n, "country "+it.V.String(), "country "+it.V.String(), rule) {
-				m.Countries = append(m.Countries, it.V)
-			}
-		}
+		m.Countries = claimItems(ps, spec.Countries, rule, func(c Country) (string, string) { return "country " + c.String(), "country " + c.String() })
 	case "protocol":
 		m.Kind = MatchL4
 		ps.l4Match(f, where, rule, &spec, &m, empty)
@@ -210,11 +200,11 @@ func (ps *parser) l4Match(f map[string]*yaml.Node, where, rule string, spec *mat
 			if v.Kind != yaml.ScalarNode && (v.Kind != yaml.SequenceNode || len(v.Content) == 0) || yamlcheck.IsNull(v) {
 				ps.Errorf(v, "%s icmp_types is empty; leave it out to match the protocol alone", where)
 			}
-			for _, it := range spec.ICMPTypes {
-				key := fmt.Sprintf("%s type %d", s, it.V)
-				if ps.claim(it.n, "l4 "+key, key, rule) {
-					m.ICMPTypes = append(m.ICMPTypes, uint8(it.V))
-				}
+			for _, t := range claimItems(ps, spec.ICMPTypes, rule, func(t uint16) (string, string) {
+				key := fmt.Sprintf("%s type %d", s, t)
+				return "l4 " + key, key
+			}) {
+				m.ICMPTypes = append(m.ICMPTypes, uint8(t))
 			}
 		}
 	}
@@ -228,21 +218,15 @@ func (ps *parser) l4Match(f map[string]*yaml.Node, where, rule string, spec *mat
 			continue
 		}
 		empty(k, "; leave it out to match the protocol alone")
-		items := spec.SrcPorts
-		if k == "dst_ports" {
-			items = spec.DstPorts
-		}
 		dir := strings.TrimSuffix(k, "_ports")
-		for _, it := range items {
-			key := fmt.Sprintf("%s %s port %d", s, dir, it.V)
-			if !ps.claim(it.n, "l4 "+key, key, rule) {
-				continue
-			}
-			if k == "src_ports" {
-				m.SrcPorts = append(m.SrcPorts, it.V)
-			} else {
-				m.DstPorts = append(m.DstPorts, it.V)
-			}
+		claim := func(p uint16) (string, string) {
+			key := fmt.Sprintf("%s %s port %d", s, dir, p)
+			return "l4 " + key, key
+		}
+		if k == "src_ports" {
+			m.SrcPorts = claimItems(ps, spec.SrcPorts, rule, claim)
+		} else {
+			m.DstPorts = claimItems(ps, spec.DstPorts, rule, claim)
 		}
 	}
 	_, src := f["src_ports"]
@@ -251,4 +235,16 @@ func (ps *parser) l4Match(f map[string]*yaml.Node, where, rule string, spec *mat
 	if !src && !dst && !types {
 		ps.claim(pn, "l4 "+s+" any", "protocol "+s+" (without ports)", rule)
 	}
+}
+
+// claimItems claims each item for rule (key: the claim's key and how a
+// clash names it) and returns the ones it got.
+func claimItems[V any](ps *parser, items []matchItem[V], rule string, key func(V) (string, string)) []V {
+	var out []V
+	for _, it := range items {
+		if k, what := key(it.V); ps.claim(it.n, k, what, rule) {
+			out = append(out, it.V)
+		}
+	}
+	return out
 }
