@@ -332,3 +332,44 @@ func TestFreshAndParseIn(t *testing.T) {
 		}
 	}
 }
+
+// renamed wraps a kind to name its problems otherwise (as the l7: section's
+// kinds do).
+type renamed[V any] struct {
+	Kind[V]
+	name string
+}
+
+func (k renamed[V]) Parse(c *Checker, n *yaml.Node, _ string) (V, bool) {
+	return k.Kind.Parse(c, n, k.name)
+}
+func (k renamed[V]) Unwrap() Kind[V] { return k.Kind }
+
+// pairKind is a value with fields of its own: the diff lists them one by
+// one.
+type pairKind struct{ tagsKind }
+
+func (pairKind) Diff(label string, a, b []string, emit func(op byte, text string)) {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			emit('~', fmt.Sprintf("%s.%d %s -> %s", label, i, a[i], b[i]))
+		}
+	}
+}
+
+// TestDifferAndWrapper: a kind that is a Differ writes its own diff lines,
+// a Lister its items, also through kinds that wrap them.
+func TestDifferAndWrapper(t *testing.T) {
+	type two struct{ A, B []string }
+	tbl := NewTable("two",
+		Val[two, []string]("a", renamed[[]string]{pairKind{}, "the a"}, func(s *two) *[]string { return &s.A }, "pairs"),
+		Val[two, []string]("b", renamed[[]string]{tagsKind{}, "the b"}, func(s *two) *[]string { return &s.B }, "tags"),
+	)
+	var got []string
+	tbl.Diff(&two{A: []string{"x", "y"}, B: []string{"p"}}, &two{A: []string{"x", "z"}, B: []string{"q"}},
+		func(op byte, text string) { got = append(got, string(op)+" "+text) })
+	want := []string{"~ setting two.a.1 y -> z", "+ setting two.b q", "- setting two.b p"}
+	if !slices.Equal(got, want) {
+		t.Errorf("diff = %q, want %q", got, want)
+	}
+}
