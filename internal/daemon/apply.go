@@ -187,7 +187,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	}
 	if len(drop) > 0 {
 		d.mu.Lock()
-		if err := d.syncSynTC(); err != nil {
+		if err := d.syn.syncTC(d.atts); err != nil {
 			d.log.Error("syn protection: tcx hand-off", "err", err)
 		}
 		d.mu.Unlock()

@@ -305,7 +305,11 @@ func (d *Daemon) loadDatapath(next running) error {
 	}
 	d.dp, d.m = dp, maps.New(dp)
 	d.shield.m = d.m
-	d.startSyn()
+	d.syn = newSynStage(d.log, dp, d.opts.Keep, func(f func(map[string]*loader.Attachment)) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		f(d.atts)
+	})
 	return nil
 }
 
@@ -645,7 +649,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("escalations", d.applyEscalations)
 	run("log reopen", d.reopenLogs)
 	run("standing", d.watchStanding)
-	run("mptcp watch", d.watchMPTCP)
+	run("mptcp watch", d.syn.watchMPTCP)
 	run("link watch", d.watchLinks)
 	run("fleet", d.fleet.run)
 	run("shield", d.shield.run)
@@ -675,7 +679,7 @@ func (d *Daemon) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	kept := true
-	d.stopSyn()
+	d.syn.stop()
 	for name, a := range d.atts {
 		if d.opts.Keep {
 			// The pin is what keeps the program attached after exit: one

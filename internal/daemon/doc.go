@@ -27,8 +27,11 @@
 //   - counters (sampleCounters): history, the counter lines on Out.
 //   - list expiry (expireLists), escalations (applyEscalations): run-time
 //     list entries, under mu.
-//   - log reopen (reopenLogs), mptcp watch (watchMPTCP: re-applies the SYN
-//     services when a listener changes between TCP and MPTCP, under mu),
+//   - log reopen (reopenLogs).
+//   - mptcp watch (synStage.watchMPTCP): re-applies the SYN services of
+//     the generation synStage last followed when a listener changes
+//     between TCP and MPTCP, under mu (synStage borrows the daemon's
+//     attachments under it).
 //     link watch (watchLinks: re-attaches re-created interfaces, under mu).
 //   - standing (watchStanding): the congestion state (standingWatch) and
 //     the standing table's sweep.

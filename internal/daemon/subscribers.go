@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -53,7 +52,7 @@ type subscriber struct {
 // reaches a subsystem, the start's first included.
 func (d *Daemon) subscribers() []subscriber {
 	return []subscriber{
-		{"syn", d.followSyn},
+		{"syn", d.syn.follow},
 		{"l7", followL7},
 		{"shield", d.shield.follow},
 		{"fleet", d.fleet.follow},
@@ -100,22 +99,6 @@ func newSubscriberFailures() *prometheus.CounterVec {
 		v.WithLabelValues(n)
 	}
 	return v
-}
-
-// followSyn writes the generation's SYN services. It keeps the limiter
-// running alone when the SYN path cannot be loaded or written ('edgectl
-// stats' says why).
-func (d *Daemon) followSyn(_ context.Context, c committed) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var errs []error
-	if err := d.applySyn(c.run.pol); err != nil {
-		errs = append(errs, fmt.Errorf("the policy's syn: section is not in force: %w", err))
-	}
-	if err := d.syncSynTC(); err != nil {
-		errs = append(errs, fmt.Errorf("tcx hand-off: %w", err))
-	}
-	return errors.Join(errs...)
 }
 
 // followL7 makes the L7 stage prepared for the generation live.
