@@ -305,6 +305,7 @@ func (d *Daemon) loadDatapath(next running) error {
 	}
 	d.dp, d.m = dp, maps.New(dp)
 	d.shield.m = d.m
+	d.standing.useMaps(d.m)
 	d.syn = newSynStage(d.log, dp, d.opts.Keep, func(f func(map[string]*loader.Attachment)) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -334,7 +335,7 @@ func newDaemon(o Options) *Daemon {
 		recent:      newRecentSamples(),
 		capture:     newCaptureHub(),
 		escalations: make(chan control.ListChange, 256),
-		standing:    &standingWatch{},
+		standing:    newStandingWatch(log),
 		subFailures: newSubscriberFailures(),
 	}
 	d.shield = newShieldRun(log, d.statePath, d.readStateFile, func(c shield.Change) { d.bgp.shieldChange(c) })
@@ -648,7 +649,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("list expiry", d.expireLists)
 	run("escalations", d.applyEscalations)
 	run("log reopen", d.reopenLogs)
-	run("standing", d.watchStanding)
+	run("standing", d.standing.run)
 	run("mptcp watch", d.syn.watchMPTCP)
 	run("link watch", d.watchLinks)
 	run("fleet", d.fleet.run)

@@ -11,7 +11,7 @@
 // generation staged into the inactive half, then committed under mu: the
 // flip, the lists, status), then publish: the committed generation is
 // handed to each subscriber in the one order subscribers() states (syn, l7,
-// shield, fleet, bgp). Nothing polls for a new policy.
+// standing, shield, fleet, bgp). Nothing polls for a new policy.
 //
 // # Goroutines (serve starts them; each ends with serve's context)
 //
@@ -32,9 +32,11 @@
 //     the generation synStage last followed when a listener changes
 //     between TCP and MPTCP, under mu (synStage borrows the daemon's
 //     attachments under it).
-//     link watch (watchLinks: re-attaches re-created interfaces, under mu).
-//   - standing (watchStanding): the congestion state (standingWatch) and
-//     the standing table's sweep.
+//   - link watch (watchLinks: re-attaches re-created interfaces, under mu).
+//   - standing (standingWatch.run): the congestion state and the standing
+//     table's sweep, by the generation standingWatch last followed (its
+//     rule names and standing settings, under standingWatch.mu); writes
+//     the standing table (maps.StandingStore).
 //   - shield (shieldRun.run): owns the engine's interval: Observe, Tick and
 //     the writes of its changes (under shieldRun.turn), baselines saved.
 //   - fleet (fleetLink.run): owns the running fleet's lifetime (stops it at the

@@ -159,7 +159,7 @@ func (d *Daemon) Stats() (control.Stats, error) {
 		old, cur = s, s
 	}
 	st := buildStats(old, cur, d.ruleNames(), d.tables())
-	if s, err := d.standingStats(); err == nil {
+	if s, err := d.standing.stats(); err == nil {
 		st.Standing = s
 	}
 	st.SYN = d.synStats()

@@ -37,13 +37,17 @@ type subscriber struct {
 //     the data plane is whole before anything reads it.
 //  2. l7: the L7 stage prepared for this generation (its listener bound,
 //     its proxy built, before the commit) is made live.
-//  3. shield: it re-reads the new generation's rule slots and shapes and
+//  3. standing: the congestion watch names congested instances by the
+//     generation's rules and the sweep keeps entries by its standing
+//     settings; it writes only the standing table (entries the data plane
+//     and the L7 classes read as they always do), and cannot fail.
+//  4. shield: it re-reads the new generation's rule slots and shapes and
 //     may change overrides and fingerprints; it goes before fleet and BGP,
 //     which share its aggregate watches (fleet) and announce its
 //     fingerprints (BGP), so they see the shield as this generation has it.
-//  4. fleet: budgets and lists shared through Redis; after the shield, so
+//  5. fleet: budgets and lists shared through Redis; after the shield, so
 //     a watch both need is handed over, never dropped between them.
-//  5. bgp: announcements leave the host: the most visible effect goes
+//  6. bgp: announcements leave the host: the most visible effect goes
 //     last, once everything it reports on (the shield's fingerprints, the
 //     destinations) follows the generation; a new speaker adopts the
 //     shield's actions in force.
@@ -54,6 +58,7 @@ func (d *Daemon) subscribers() []subscriber {
 	return []subscriber{
 		{"syn", d.syn.follow},
 		{"l7", followL7},
+		{"standing", d.standing.follow},
 		{"shield", d.shield.follow},
 		{"fleet", d.fleet.follow},
 		{"bgp", d.bgp.follow},
