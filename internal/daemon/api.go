@@ -187,7 +187,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		}
 		writeJSON(w, d.top.report(time.Now(), window, n, func(slot uint32) string { return bySlot[slot] }))
 	})
-	mux.HandleFunc("POST /v1/capture", d.serveCapture)
+	mux.HandleFunc("POST /v1/capture", d.capture.serve)
 	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
 		doc := control.PolicyDoc{Source: d.cur.source, Generation: d.generation, YAML: string(d.cur.raw)}

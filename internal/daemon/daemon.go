@@ -306,6 +306,7 @@ func (d *Daemon) loadDatapath(next running) error {
 	d.dp, d.m = dp, maps.New(dp)
 	d.shield.m = d.m
 	d.standing.useMaps(d.m)
+	d.capture.gens = d.m.Generations
 	d.syn = newSynStage(d.log, dp, d.opts.Keep, func(f func(map[string]*loader.Attachment)) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -333,7 +334,6 @@ func newDaemon(o Options) *Daemon {
 		history:     newHistory(16),
 		top:         newTopTalkers(5 * time.Minute),
 		recent:      newRecentSamples(),
-		capture:     newCaptureHub(),
 		escalations: make(chan control.ListChange, 256),
 		standing:    newStandingWatch(log),
 		subFailures: newSubscriberFailures(),
@@ -343,6 +343,11 @@ func newDaemon(o Options) *Daemon {
 		if err := d.unwatchFleet(nil); err != nil {
 			log.Warn("fleet stopped: let go of its aggregate watches", "err", err)
 		}
+	})
+	d.capture = newCaptureHub(log, func() []string {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return slices.Collect(stdmaps.Keys(d.atts))
 	})
 	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shield.actions)
 	d.reg = d.newRegistry()

@@ -11,18 +11,22 @@
 // generation staged into the inactive half, then committed under mu: the
 // flip, the lists, status), then publish: the committed generation is
 // handed to each subscriber in the one order subscribers() states (syn, l7,
-// standing, shield, fleet, bgp). Nothing polls for a new policy.
+// standing, capture, shield, fleet, bgp). Nothing polls for a new policy.
 //
 // # Goroutines (serve starts them; each ends with serve's context)
 //
 //   - control socket (serveControl): one goroutine per request besides;
 //     policy changes take changeMu, reads take mu briefly. Its shutdown
 //     goroutine waits for a change in progress (waitForChange).
+//     A capture stream (captureHub.serve) is one such request: it names
+//     frames by the generation captureHub last followed (captureHub.genMu)
+//     and the live rule slots, and ends when the hub closes at stop.
 //   - metrics (serveMetrics): scrapes read the maps and take mu briefly.
 //   - policy watch (watchPolicy): SIGHUP and the policy file's content;
 //     reloads under changeMu, so it runs the subscribers too.
 //   - samples (readSamples): the drop-sample ring; owns nothing, feeds
-//     top, recent (explain), capture and the congestion watch.
+//     top, recent (explain), capture (captureHub.publish) and the
+//     congestion watch.
 //   - shield samples (readRateSamples): the 1-in-N ring into shieldRun.in.
 //   - counters (sampleCounters): history, the counter lines on Out.
 //   - list expiry (expireLists), escalations (applyEscalations): run-time
@@ -68,7 +72,7 @@
 //     slots and ASN table; bgpRun.mu: the section wanted and running, the
 //     speaker, its passwords, error and asked fingerprints.
 //   - leaves, taken last and alone: history, topTalkers, recentSamples,
-//     standingWatch, captureHub, the audit files' locks.
+//     standingWatch.mu, captureHub.mu and captureHub.genMu, the audit files' locks.
 //
 // Lock order: changeMu → (shieldRun.turn | bgpRun.turn) → mu →
 // (fleetLink.mu | synStage.mu) → leaves. shieldRun.mu and bgpRun.mu are

@@ -41,13 +41,15 @@ type subscriber struct {
 //     generation's rules and the sweep keeps entries by its standing
 //     settings; it writes only the standing table (entries the data plane
 //     and the L7 classes read as they always do), and cannot fail.
-//  4. shield: it re-reads the new generation's rule slots and shapes and
+//  4. capture: the capture streams name their frames' rules and describe
+//     the sampling by the generation; it writes nothing and cannot fail.
+//  5. shield: it re-reads the new generation's rule slots and shapes and
 //     may change overrides and fingerprints; it goes before fleet and BGP,
 //     which share its aggregate watches (fleet) and announce its
 //     fingerprints (BGP), so they see the shield as this generation has it.
-//  5. fleet: budgets and lists shared through Redis; after the shield, so
+//  6. fleet: budgets and lists shared through Redis; after the shield, so
 //     a watch both need is handed over, never dropped between them.
-//  6. bgp: announcements leave the host: the most visible effect goes
+//  7. bgp: announcements leave the host: the most visible effect goes
 //     last, once everything it reports on (the shield's fingerprints, the
 //     destinations) follows the generation; a new speaker adopts the
 //     shield's actions in force.
@@ -59,6 +61,7 @@ func (d *Daemon) subscribers() []subscriber {
 		{"syn", d.syn.follow},
 		{"l7", followL7},
 		{"standing", d.standing.follow},
+		{"capture", d.capture.follow},
 		{"shield", d.shield.follow},
 		{"fleet", d.fleet.follow},
 		{"bgp", d.bgp.follow},
