@@ -156,6 +156,7 @@ type Daemon struct {
 	top     *topTalkers
 	recent  *recentSamples // last drop samples, for explain
 	capture *captureHub    // open captures (capture.go)
+	samples *sampleRings   // the sample ring readers (sampler.go)
 
 	locks       []*os.File // flocks held while the daemon runs (pin dir, state dir)
 	reg         *prometheus.Registry
@@ -307,6 +308,7 @@ func (d *Daemon) loadDatapath(next running) error {
 	d.shield.m = d.m
 	d.standing.useMaps(d.m)
 	d.capture.gens = d.m.Generations
+	d.samples.store = d.m.Samples
 	d.syn = newSynStage(d.log, dp, d.opts.Keep, func(f func(map[string]*loader.Attachment)) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -349,6 +351,15 @@ func newDaemon(o Options) *Daemon {
 		defer d.mu.Unlock()
 		return slices.Collect(stdmaps.Keys(d.atts))
 	})
+	d.samples = &sampleRings{log: log, capture: d.capture,
+		drop: func(now time.Time, s maps.Sample) {
+			d.top.add(now, s)
+			d.recent.add(now, s)
+			d.standing.congestionSample(now, s)
+		},
+		rate:        func(s maps.Sample) { d.shield.sample(s) },
+		rateDropped: func() uint64 { return d.shield.dropped.Load() },
+	}
 	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shield.actions)
 	d.reg = d.newRegistry()
 	// One class table for the L7 stage and the rate-limit service: a
@@ -648,7 +659,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	}
 	run("control socket", d.serveControl)
 	run("metrics", d.serveMetrics)
-	run("samples", d.readSamples)
+	run("samples", d.samples.readDrops)
 	run("counters", d.sampleCounters)
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.expireLists)
@@ -659,7 +670,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("link watch", d.watchLinks)
 	run("fleet", d.fleet.run)
 	run("shield", d.shield.run)
-	run("shield samples", d.readRateSamples)
+	run("shield samples", d.samples.readRates)
 	run("bgp", d.bgp.run)
 	<-ctx.Done()
 	wg.Wait()

@@ -11,7 +11,7 @@
 // generation staged into the inactive half, then committed under mu: the
 // flip, the lists, status), then publish: the committed generation is
 // handed to each subscriber in the one order subscribers() states (syn, l7,
-// standing, capture, shield, fleet, bgp). Nothing polls for a new policy.
+// standing, capture, sampler, shield, fleet, bgp). Nothing polls for a new policy.
 //
 // # Goroutines (serve starts them; each ends with serve's context)
 //
@@ -24,10 +24,13 @@
 //   - metrics (serveMetrics): scrapes read the maps and take mu briefly.
 //   - policy watch (watchPolicy): SIGHUP and the policy file's content;
 //     reloads under changeMu, so it runs the subscribers too.
-//   - samples (readSamples): the drop-sample ring; owns nothing, feeds
-//     top, recent (explain), capture (captureHub.publish) and the
-//     congestion watch.
-//   - shield samples (readRateSamples): the 1-in-N ring into shieldRun.in.
+//   - samples (sampleRings.readDrops): the drop-sample ring; feeds top,
+//     recent (explain), the congestion watch and capture
+//     (captureHub.publish).
+//   - shield samples (sampleRings.readRates): the 1-in-N ring into
+//     shieldRun.in, and capture. sampleRings owns both readers and the
+//     sampler's counters; it reports the sampler settings of the
+//     generation it last followed (sampleRings.mu).
 //   - counters (sampleCounters): history, the counter lines on Out.
 //   - list expiry (expireLists), escalations (applyEscalations): run-time
 //     list entries, under mu.
@@ -72,7 +75,7 @@
 //     slots and ASN table; bgpRun.mu: the section wanted and running, the
 //     speaker, its passwords, error and asked fingerprints.
 //   - leaves, taken last and alone: history, topTalkers, recentSamples,
-//     standingWatch.mu, captureHub.mu and captureHub.genMu, the audit files' locks.
+//     standingWatch.mu, captureHub.mu and captureHub.genMu, sampleRings.mu, the audit files' locks.
 //
 // Lock order: changeMu → (shieldRun.turn | bgpRun.turn) → mu →
 // (fleetLink.mu | synStage.mu) → leaves. shieldRun.mu and bgpRun.mu are

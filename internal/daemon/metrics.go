@@ -39,7 +39,7 @@ func (d *Daemon) edgeguardCollectors() []prometheus.Collector {
 	out = append(out, d.controlCollectors()...)
 	out = append(out, newSynCollector(d), fleetCollector{d})
 	out = append(out, newShieldCollector(d)...)
-	out = append(out, newSamplerCollector(d), newBGPCollector(d))
+	out = append(out, newSamplerCollector(d.samples), newBGPCollector(d))
 	return append(out, d.capture.collectors()...)
 }
 

@@ -3,15 +3,12 @@ package daemon
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -163,7 +160,7 @@ func (d *Daemon) Stats() (control.Stats, error) {
 		st.Standing = s
 	}
 	st.SYN = d.synStats()
-	st.Sampler = d.samplerStats()
+	st.Sampler = d.samples.stats()
 	st.L7 = d.l7Stats()
 	st.L7Classes = d.l7Classes()
 	return st, nil
@@ -339,48 +336,4 @@ func topN(m map[[2]string]uint64, total uint64, n int) []control.TopEntry {
 		out = out[:n]
 	}
 	return out
-}
-
-// readSamples feeds drop samples from the ring buffer to the top-talker
-// counts.
-func (d *Daemon) readSamples(ctx context.Context) error {
-	r, err := d.m.Samples.NewDropReader()
-	if err != nil {
-		return err
-	}
-	return d.readRing(ctx, "drop samples", r, func(s maps.Sample) {
-		now := time.Now()
-		d.top.add(now, s)
-		d.recent.add(now, s)
-		d.standing.congestionSample(now, s)
-	})
-}
-
-// readRing hands each sample of r to each until ctx ends (which closes r)
-// or the ring fails. A record that is not a sample is skipped and logged
-// (the first, then every 1,000th): one bad record must not stop the reader.
-func (d *Daemon) readRing(ctx context.Context, ring string, r *maps.SampleReader, each func(maps.Sample)) error {
-	go func() {
-		<-ctx.Done()
-		r.Close()
-	}()
-	var bad uint64
-	for {
-		s, err := r.Read()
-		if errors.Is(err, maps.ErrBadSample) {
-			if bad%1000 == 0 {
-				d.log.Warn("skipped a ring buffer record that is not a sample", "ring", ring, "skipped", bad+1, "err", err)
-			}
-			bad++
-			continue
-		}
-		if err != nil {
-			if errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		each(s)
-		d.capture.publish(s, r.Frame())
-	}
 }

@@ -43,13 +43,15 @@ type subscriber struct {
 //     and the L7 classes read as they always do), and cannot fail.
 //  4. capture: the capture streams name their frames' rules and describe
 //     the sampling by the generation; it writes nothing and cannot fail.
-//  5. shield: it re-reads the new generation's rule slots and shapes and
+//  5. sampler: the sample readers report the generation's sampler
+//     settings (edgectl stats); it writes nothing and cannot fail.
+//  6. shield: it re-reads the new generation's rule slots and shapes and
 //     may change overrides and fingerprints; it goes before fleet and BGP,
 //     which share its aggregate watches (fleet) and announce its
 //     fingerprints (BGP), so they see the shield as this generation has it.
-//  6. fleet: budgets and lists shared through Redis; after the shield, so
+//  7. fleet: budgets and lists shared through Redis; after the shield, so
 //     a watch both need is handed over, never dropped between them.
-//  7. bgp: announcements leave the host: the most visible effect goes
+//  8. bgp: announcements leave the host: the most visible effect goes
 //     last, once everything it reports on (the shield's fingerprints, the
 //     destinations) follows the generation; a new speaker adopts the
 //     shield's actions in force.
@@ -62,6 +64,7 @@ func (d *Daemon) subscribers() []subscriber {
 		{"l7", followL7},
 		{"standing", d.standing.follow},
 		{"capture", d.capture.follow},
+		{"sampler", d.samples.follow},
 		{"shield", d.shield.follow},
 		{"fleet", d.fleet.follow},
 		{"bgp", d.bgp.follow},
