@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	stdmaps "maps"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -131,26 +130,17 @@ type Daemon struct {
 	// touches nothing.
 	afterStart []func()
 	starting   bool // start has not finished yet
-	// listsCorrupt: the start found a lists file that is not a list (set
-	// aside); the entries come back from the pinned data plane.
-	listsCorrupt bool
 
-	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
-	cur        running
-	origin     string // why the running policy is the one running
-	generation uint64
-	lastReload control.ReloadInfo
-	reloads    uint64
-	failures   uint64
-	dyn        map[control.ListKind]map[netip.Prefix]dynEntry
-	// listsUnsaved is why the run-time entries in force are not those in
-	// the state directory (nil: saved), since listsUnsavedAt;
-	// listsSaveFailures counts failed saves.
-	listsUnsaved      error
-	listsUnsavedAt    time.Time
-	listsSaveFailures uint64
-	reopenFailed      string // the last SIGUSR1 access log reopen failed: when and why ("" ok)
-	atts              map[string]*loader.Attachment
+	mu           sync.Mutex // guards what follows; held only to read it or commit a prepared change
+	cur          running
+	origin       string // why the running policy is the one running
+	generation   uint64
+	lastReload   control.ReloadInfo
+	reloads      uint64
+	failures     uint64
+	lists        *runLists // the run-time list entries (lists.go), under mu
+	reopenFailed string    // the last SIGUSR1 access log reopen failed: when and why ("" ok)
+	atts         map[string]*loader.Attachment
 
 	history *history
 	top     *topTalkers
@@ -207,7 +197,8 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.lockStateDir(); err != nil {
 		return nil, err
 	}
-	if err := d.loadLists(); err != nil {
+	later := func(f func()) { d.afterStart = append(d.afterStart, f) }
+	if err := d.lists.load(d.readStateFile, later); err != nil {
 		return nil, err
 	}
 	raw, source, err := d.choosePolicy()
@@ -242,8 +233,8 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.loadDatapath(next); err != nil {
 		return nil, err
 	}
-	if d.listsCorrupt && !undo.maps {
-		d.recoverLists(&next)
+	if d.lists.corrupt && !undo.maps {
+		d.lists.recover(next.pol, later)
 	}
 	if err := d.apply(ctx, next, "start"); err != nil {
 		return nil, err
@@ -308,6 +299,7 @@ func (d *Daemon) loadDatapath(next running) error {
 	d.shield.m = d.m
 	d.standing.useMaps(d.m)
 	d.capture.gens = d.m.Generations
+	d.lists.store = d.m.Lists
 	d.samples.store = d.m.Samples
 	d.syn = newSynStage(d.log, dp, d.opts.Keep, func(f func(map[string]*loader.Attachment)) {
 		d.mu.Lock()
@@ -331,7 +323,6 @@ func newDaemon(o Options) *Daemon {
 		opts:        o,
 		log:         log,
 		started:     time.Now(),
-		dyn:         map[control.ListKind]map[netip.Prefix]dynEntry{control.Deny: {}, control.Allow: {}},
 		atts:        map[string]*loader.Attachment{},
 		history:     newHistory(16),
 		top:         newTopTalkers(5 * time.Minute),
@@ -345,6 +336,11 @@ func newDaemon(o Options) *Daemon {
 		if err := d.unwatchFleet(nil); err != nil {
 			log.Warn("fleet stopped: let go of its aggregate watches", "err", err)
 		}
+	})
+	d.lists = newRunLists(log, d.statePath(listsFile), func(f func(*policy.Policy)) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		f(d.cur.pol)
 	})
 	d.capture = newCaptureHub(log, func() []string {
 		d.mu.Lock()
@@ -605,42 +601,6 @@ func (d *Daemon) fail(err error, trigger string) {
 	d.log.Error("policy rejected; the running policy stays in force", "trigger", trigger, "err", err)
 }
 
-// listEntries are the data plane's list entries for policy p merged with
-// the run-time entries, dropping expired run-time ones. Caller holds d.mu.
-func (d *Daemon) listEntries(p *policy.Policy) ([]maps.ListEntry, error) {
-	deny := slices.Clone(p.Deny)
-	allow := slices.Clone(p.Allow)
-	now := time.Now()
-	for kind, entries := range d.dyn {
-		for pfx, e := range entries {
-			if !e.expires.IsZero() && !e.expires.After(now) {
-				delete(entries, pfx)
-				continue
-			}
-			le := policy.ListEntry{Prefix: pfx, Expires: e.expires, Source: e.origin}
-			if kind == control.Deny {
-				deny = append(deny, le)
-			} else {
-				allow = append(allow, le)
-			}
-		}
-	}
-	return maps.ListEntries(policy.CompileLists(deny, allow))
-}
-
-// syncLists writes the running policy's lists merged with the run-time
-// entries. Caller holds d.mu.
-func (d *Daemon) syncLists() error {
-	entries, err := d.listEntries(d.cur.pol)
-	if err != nil {
-		return err
-	}
-	if err := d.m.Lists.Set(entries); err != nil {
-		return fmt.Errorf("write lists: %w", err)
-	}
-	return nil
-}
-
 // serve runs the daemon's loops until ctx ends, then stops.
 func (d *Daemon) serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -662,7 +622,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("samples", d.samples.readDrops)
 	run("counters", d.sampleCounters)
 	run("policy watch", d.watchPolicy)
-	run("list expiry", d.expireLists)
+	run("list expiry", d.lists.expire)
 	run("escalations", d.applyEscalations)
 	run("log reopen", d.reopenLogs)
 	run("standing", d.standing.run)
@@ -785,43 +745,6 @@ func (d *Daemon) watchPolicy(ctx context.Context) error {
 			// reload re-reads and compares the content with the running
 			// policy's file, so a file put back as it was changes nothing.
 			d.reload(ctx, "file-change")
-		}
-	}
-}
-
-// expireLists drops expired run-time list entries from the daemon's view.
-// The data plane already ignores them once past their expiry.
-func (d *Daemon) expireLists(ctx context.Context) error {
-	t := time.NewTicker(10 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			d.mu.Lock()
-			expired := false
-			now := time.Now()
-			for _, entries := range d.dyn {
-				for _, e := range entries {
-					if !e.expires.IsZero() && !e.expires.After(now) {
-						expired = true
-					}
-				}
-			}
-			if expired {
-				if err := d.syncLists(); err != nil {
-					d.log.Error("expire list entries", "err", err)
-				}
-			}
-			// A save that failed (a full or read-only state directory)
-			// is retried here until it succeeds.
-			if expired || d.listsUnsaved != nil {
-				if err := d.saveLists(); err != nil {
-					d.log.Error("save list entries", "err", err)
-				}
-			}
-			d.mu.Unlock()
 		}
 	}
 }

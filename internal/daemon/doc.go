@@ -32,8 +32,10 @@
 //     sampler's counters; it reports the sampler settings of the
 //     generation it last followed (sampleRings.mu).
 //   - counters (sampleCounters): history, the counter lines on Out.
-//   - list expiry (expireLists), escalations (applyEscalations): run-time
-//     list entries, under mu.
+//   - list expiry (runLists.expire), escalations (applyEscalations):
+//     run-time list entries, under mu. runLists owns them, their file in
+//     the state directory and the data plane's lists (maps.ListStore);
+//     they change only with the policy they merge with, so mu guards them.
 //   - log reopen (reopenLogs).
 //   - mptcp watch (synStage.watchMPTCP): re-applies the SYN services of
 //     the generation synStage last followed when a listener changes
@@ -64,7 +66,7 @@
 //     its own loop (shieldRun.follow vs shieldRun.tick; bgpRun.follow vs the password
 //     check), so a reconfiguration and a loop's writes never interleave.
 //   - mu: the running policy (cur, generation, origin, lastReload,
-//     counts), the run-time list entries (dyn), the attachments (atts) and
+//     counts), the run-time list entries (runLists), the attachments (atts) and
 //     the SYN path's loading. Held only to read them or to commit a
 //     prepared change (the flip, the lists, the SYN services): never across
 //     a slow step (a generation is staged without it; Explain copies its
