@@ -412,7 +412,7 @@ func (d *Daemon) Status() control.Status {
 	st.IPv4Direct = ipv4DirectInfo(d.m.Generations.V4Direct())
 	st.Congestion = d.standing.status(time.Now())
 	st.CongestedInstances = d.standing.instanceStatus(time.Now())
-	st.L7 = d.l7Status()
+	st.L7 = d.l7.status()
 	for name, a := range d.atts {
 		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode),
 			Problem: problems[name]})

@@ -61,7 +61,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 			return err
 		}
 	}
-	l7commit, l7abort, err := d.prepareL7(ctx, &next)
+	l7commit, l7abort, err := d.l7.prepare(ctx, &next)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"io"
 	"log/slog"
 	stdmaps "maps"
@@ -28,7 +27,6 @@ import (
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 	"github.com/edgeguard/edgeguard/internal/l7/rls"
-	"github.com/edgeguard/edgeguard/internal/l7/stage"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -131,16 +129,15 @@ type Daemon struct {
 	afterStart []func()
 	starting   bool // start has not finished yet
 
-	mu           sync.Mutex // guards what follows; held only to read it or commit a prepared change
-	cur          running
-	origin       string // why the running policy is the one running
-	generation   uint64
-	lastReload   control.ReloadInfo
-	reloads      uint64
-	failures     uint64
-	lists        *runLists // the run-time list entries (lists.go), under mu
-	reopenFailed string    // the last SIGUSR1 access log reopen failed: when and why ("" ok)
-	atts         map[string]*loader.Attachment
+	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
+	cur        running
+	origin     string // why the running policy is the one running
+	generation uint64
+	lastReload control.ReloadInfo
+	reloads    uint64
+	failures   uint64
+	lists      *runLists // the run-time list entries (lists.go), under mu
+	atts       map[string]*loader.Attachment
 
 	history *history
 	top     *topTalkers
@@ -152,9 +149,7 @@ type Daemon struct {
 	reg         *prometheus.Registry
 	metricsLn   net.Listener // bound at start, before anything is loaded
 	controlLn   net.Listener
-	l7          *stage.Stage
-	rls         *rls.Server
-	escalations chan control.ListChange
+	l7          *l7Run                 // the L7 stage and the rate-limit service (l7.go)
 	standing    *standingWatch         // congestion state (standing.go)
 	syn         *synStage              // the SYN path (syn.go); nil before the datapath loads
 	fleet       *fleetLink             // fleet mode (fleet.go)
@@ -327,7 +322,6 @@ func newDaemon(o Options) *Daemon {
 		history:     newHistory(16),
 		top:         newTopTalkers(5 * time.Minute),
 		recent:      newRecentSamples(),
-		escalations: make(chan control.ListChange, 256),
 		standing:    newStandingWatch(log),
 		subFailures: newSubscriberFailures(),
 	}
@@ -358,14 +352,11 @@ func newDaemon(o Options) *Daemon {
 	}
 	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shield.actions)
 	d.reg = d.newRegistry()
-	// One class table for the L7 stage and the rate-limit service: a
-	// client's history is one whichever way its requests come.
-	classes := class.NewTable(class.DefaultClients, classStandings{d}, nil, class.Config{})
-	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops,
-		Classes: classes})
-	d.reg.MustRegister(d.l7.Collector())
-	d.rls = rls.NewServer(rls.ServerOptions{Logger: log.With("stage", "l7-rls"), Escalator: d, Classes: classes})
-	d.reg.MustRegister(d.rls.Collector())
+	d.l7 = newL7Run(log, o.L7Loops, o.ReopenLogs, d.standing, classStandings{d.standing}, func(ch control.ListChange) error {
+		_, err := d.AddToList(control.Deny, ch)
+		return err
+	})
+	d.reg.MustRegister(d.l7.collectors()...)
 	return d
 }
 
@@ -623,8 +614,8 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("counters", d.sampleCounters)
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.lists.expire)
-	run("escalations", d.applyEscalations)
-	run("log reopen", d.reopenLogs)
+	run("escalations", d.l7.applyEscalations)
+	run("log reopen", d.l7.reopenLogs)
 	run("standing", d.standing.run)
 	run("mptcp watch", d.syn.watchMPTCP)
 	run("link watch", d.watchLinks)
@@ -651,8 +642,7 @@ func (d *Daemon) stop() {
 	d.bgp.stop()
 	// The L7 stage drains its requests without the daemon's locks held:
 	// status and scrapes answer meanwhile.
-	d.l7.Close()
-	d.rls.Close()
+	d.l7.close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	kept := true

@@ -32,11 +32,13 @@
 //     sampler's counters; it reports the sampler settings of the
 //     generation it last followed (sampleRings.mu).
 //   - counters (sampleCounters): history, the counter lines on Out.
-//   - list expiry (runLists.expire), escalations (applyEscalations):
-//     run-time list entries, under mu. runLists owns them, their file in
+//   - list expiry (runLists.expire), escalations
+//     (l7Run.applyEscalations, through AddToList): run-time list entries,
+//     under mu. runLists owns them, their file in
 //     the state directory and the data plane's lists (maps.ListStore);
 //     they change only with the policy they merge with, so mu guards them.
-//   - log reopen (reopenLogs).
+//   - log reopen (l7Run.reopenLogs): the L7 access log on SIGUSR1; its
+//     outcome under l7Run.mu.
 //   - mptcp watch (synStage.watchMPTCP): re-applies the SYN services of
 //     the generation synStage last followed when a listener changes
 //     between TCP and MPTCP, under mu (synStage borrows the daemon's
@@ -55,7 +57,10 @@
 //     files (under bgpRun.turn); closes the speaker at the end.
 //
 // The L7 stage and the rate-limit service run their own goroutines
-// (internal/l7/stage, internal/l7/rls); the daemon starts and stops them.
+// (internal/l7/stage, internal/l7/rls); l7Run prepares them on the apply
+// path, makes them live when the generation is pushed, and closes them at
+// stop. Their L7 promotions write the standing table through
+// standingWatch.Promote, their class ranking reads it (classStandings).
 //
 // # Locks, and what each guards
 //
@@ -77,7 +82,7 @@
 //     slots and ASN table; bgpRun.mu: the section wanted and running, the
 //     speaker, its passwords, error and asked fingerprints.
 //   - leaves, taken last and alone: history, topTalkers, recentSamples,
-//     standingWatch.mu, captureHub.mu and captureHub.genMu, sampleRings.mu, the audit files' locks.
+//     standingWatch.mu, captureHub.mu and captureHub.genMu, sampleRings.mu, l7Run.mu, the audit files' locks.
 //
 // Lock order: changeMu → (shieldRun.turn | bgpRun.turn) → mu →
 // (fleetLink.mu | synStage.mu) → leaves. shieldRun.mu and bgpRun.mu are

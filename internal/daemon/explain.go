@@ -241,7 +241,7 @@ func (d *Daemon) explain(p Probe, vw *explainView) (control.Explanation, error) 
 	}
 	e.Samples = d.recent.of(ip, 10, names)
 	e.Shield = d.shieldOnPath(vw, p, tr, rule)
-	e.L7 = d.explainL7(ip)
+	e.L7 = d.l7.explain(ip)
 	e.Why = explainWhy(e, v)
 	return e, nil
 }

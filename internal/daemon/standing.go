@@ -144,6 +144,9 @@ func newStandingWatch(log *slog.Logger) *standingWatch {
 	return &standingWatch{log: log}
 }
 
+// store is the standing table; nil before the data plane loads.
+func (w *standingWatch) store() *maps.StandingStore { return w.standing }
+
 // useMaps gives the watch the loaded data plane's stores.
 func (w *standingWatch) useMaps(m *maps.Maps) {
 	w.standing, w.lists, w.gens = m.Standing, m.Lists, m.Generations

@@ -161,8 +161,8 @@ func (d *Daemon) Stats() (control.Stats, error) {
 	}
 	st.SYN = d.synStats()
 	st.Sampler = d.samples.stats()
-	st.L7 = d.l7Stats()
-	st.L7Classes = d.l7Classes()
+	st.L7 = d.l7.stats()
+	st.L7Classes = d.l7.classes()
 	return st, nil
 }
 
