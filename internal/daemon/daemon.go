@@ -139,11 +139,11 @@ type Daemon struct {
 	lists      *runLists // the run-time list entries (lists.go), under mu
 	atts       map[string]*loader.Attachment
 
-	history *history
-	top     *topTalkers
-	recent  *recentSamples // last drop samples, for explain
-	capture *captureHub    // open captures (capture.go)
-	samples *sampleRings   // the sample ring readers (sampler.go)
+	counters *counterWatch // the counters' readings (stats.go)
+	top      *topTalkers
+	recent   *recentSamples // last drop samples, for explain
+	capture  *captureHub    // open captures (capture.go)
+	samples  *sampleRings   // the sample ring readers (sampler.go)
 
 	locks       []*os.File // flocks held while the daemon runs (pin dir, state dir)
 	reg         *prometheus.Registry
@@ -295,6 +295,7 @@ func (d *Daemon) loadDatapath(next running) error {
 	d.standing.useMaps(d.m)
 	d.capture.gens = d.m.Generations
 	d.lists.store = d.m.Lists
+	d.counters.store = d.m.Counters
 	d.samples.store = d.m.Samples
 	d.syn = newSynStage(d.log, dp, d.opts.Keep, func(f func(map[string]*loader.Attachment)) {
 		d.mu.Lock()
@@ -319,7 +320,7 @@ func newDaemon(o Options) *Daemon {
 		log:         log,
 		started:     time.Now(),
 		atts:        map[string]*loader.Attachment{},
-		history:     newHistory(16),
+		counters:    &counterWatch{log: log, history: newHistory(16), out: o.Out, interval: o.Interval},
 		top:         newTopTalkers(5 * time.Minute),
 		recent:      newRecentSamples(),
 		standing:    newStandingWatch(log),
@@ -350,7 +351,7 @@ func newDaemon(o Options) *Daemon {
 		rate:        func(s maps.Sample) { d.shield.sample(s) },
 		rateDropped: func() uint64 { return d.shield.dropped.Load() },
 	}
-	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shield.actions)
+	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.counters.offeredRate, d.shield.actions)
 	d.reg = d.newRegistry()
 	d.l7 = newL7Run(log, o.L7Loops, o.ReopenLogs, d.standing, classStandings{d.standing}, func(ch control.ListChange) error {
 		_, err := d.AddToList(control.Deny, ch)
@@ -611,7 +612,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	run("control socket", d.serveControl)
 	run("metrics", d.serveMetrics)
 	run("samples", d.samples.readDrops)
-	run("counters", d.sampleCounters)
+	run("counters", d.counters.run)
 	run("policy watch", d.watchPolicy)
 	run("list expiry", d.lists.expire)
 	run("escalations", d.l7.applyEscalations)

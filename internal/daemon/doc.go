@@ -11,7 +11,7 @@
 // generation staged into the inactive half, then committed under mu: the
 // flip, the lists, status), then publish: the committed generation is
 // handed to each subscriber in the one order subscribers() states (syn, l7,
-// standing, capture, sampler, shield, fleet, bgp). Nothing polls for a new policy.
+// standing, capture, sampler, counters, shield, fleet, bgp). Nothing polls for a new policy.
 //
 // # Goroutines (serve starts them; each ends with serve's context)
 //
@@ -31,7 +31,9 @@
 //     shieldRun.in, and capture. sampleRings owns both readers and the
 //     sampler's counters; it reports the sampler settings of the
 //     generation it last followed (sampleRings.mu).
-//   - counters (sampleCounters): history, the counter lines on Out.
+//   - counters (counterWatch.run): history (rates for stats, the offered
+//     rate for BGP), the counter lines on Out; reads the rules of the
+//     generation counterWatch last followed (counterWatch.mu).
 //   - list expiry (runLists.expire), escalations
 //     (l7Run.applyEscalations, through AddToList): run-time list entries,
 //     under mu. runLists owns them, their file in
@@ -82,7 +84,7 @@
 //     slots and ASN table; bgpRun.mu: the section wanted and running, the
 //     speaker, its passwords, error and asked fingerprints.
 //   - leaves, taken last and alone: history, topTalkers, recentSamples,
-//     standingWatch.mu, captureHub.mu and captureHub.genMu, sampleRings.mu, l7Run.mu, the audit files' locks.
+//     standingWatch.mu, captureHub.mu and captureHub.genMu, sampleRings.mu, counterWatch.mu, l7Run.mu, the audit files' locks.
 //
 // Lock order: changeMu → (shieldRun.turn | bgpRun.turn) → mu →
 // (fleetLink.mu | synStage.mu) → leaves. shieldRun.mu and bgpRun.mu are

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -58,10 +60,38 @@ func (h *history) span(window time.Duration) (old, cur snapshot, ok bool) {
 	return old, cur, true
 }
 
-func (d *Daemon) snapshot() (snapshot, error) {
+// counterWatch is the counters subsystem: a reading of the verdict
+// counters each second into history (rates for stats, the offered rate
+// for BGP's automatic blackhole), and the counter lines on Out. It
+// follows the committed generation for the rules whose counters it reads;
+// it writes no map.
+type counterWatch struct {
+	log      *slog.Logger
+	store    *maps.CounterStore // nil before the data plane loads
+	history  *history
+	out      io.Writer // counter lines every interval; nil: none
+	interval time.Duration
+
+	mu  sync.Mutex // guards ids; a leaf
+	ids []uint32   // the followed generation's rule ids
+}
+
+// follow takes the committed generation's rule ids. It cannot fail.
+func (c *counterWatch) follow(_ context.Context, gen committed) error {
+	ids := make([]uint32, 0, len(gen.run.names))
+	for id := range gen.run.names {
+		ids = append(ids, id)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ids = ids
+	return nil
+}
+
+func (c *counterWatch) snapshot() (snapshot, error) {
 	s := snapshot{at: time.Now()}
 	var err error
-	if s.slots, err = d.m.Counters.BySlot(); err != nil {
+	if s.slots, err = c.store.BySlot(); err != nil {
 		return s, err
 	}
 	for _, c := range s.slots {
@@ -72,50 +102,64 @@ func (d *Daemon) snapshot() (snapshot, error) {
 			}
 		}
 	}
-	d.mu.Lock()
-	ids := make([]uint32, 0, len(d.cur.names))
-	for id := range d.cur.names {
-		ids = append(ids, id)
-	}
-	d.mu.Unlock()
-	if s.rules, err = d.m.Counters.Rules(ids); err != nil {
+	c.mu.Lock()
+	ids := c.ids
+	c.mu.Unlock()
+	if s.rules, err = c.store.Rules(ids); err != nil {
 		return s, err
 	}
 	return s, nil
 }
 
-// sampleCounters reads the counters every second for rates, and prints a
-// counters line every Interval.
-func (d *Daemon) sampleCounters(ctx context.Context) error {
+// run reads the counters every second for rates, and prints a counters
+// line every interval.
+func (c *counterWatch) run(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastLine := time.Now()
-	out := d.opts.Out
+	out := c.out
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		s, err := d.snapshot()
+		s, err := c.snapshot()
 		if err != nil {
-			d.log.Error("read counters", "err", err)
+			c.log.Error("read counters", "err", err)
 			continue
 		}
-		d.history.add(s)
-		if d.opts.Interval > 0 && out != nil && time.Since(lastLine) >= d.opts.Interval {
-			if old, cur, ok := d.history.span(d.opts.Interval); ok {
-				occ, _ := d.m.Counters.Tables()
+		c.history.add(s)
+		if c.interval > 0 && out != nil && time.Since(lastLine) >= c.interval {
+			if old, cur, ok := c.history.span(c.interval); ok {
+				occ, _ := c.store.Tables()
 				if _, err := fmt.Fprintln(out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ)); err != nil {
 					// Stdout went away (edgectl run | head -1): the
 					// daemon goes on enforcing, without counter lines.
-					d.log.Warn("counter lines stopped: stdout is gone; the daemon keeps running", "err", err)
+					c.log.Warn("counter lines stopped: stdout is gone; the daemon keeps running", "err", err)
 					out = nil
 				}
 			}
 			lastLine = time.Now()
 		}
 	}
+}
+
+// offeredRate is every byte the data plane saw (passed, dropped, any
+// reason) per second over about the last second, from the counters.
+func (c *counterWatch) offeredRate() (float64, bool) {
+	old, cur, ok := c.history.span(time.Second)
+	dt := cur.at.Sub(old.at).Seconds()
+	if !ok || dt <= 0 {
+		return 0, false
+	}
+	var sum uint64
+	for a := range cur.total {
+		for r := range cur.total[a] {
+			sum += cur.total[a][r].Bytes - old.total[a][r].Bytes
+		}
+	}
+	return float64(sum) / dt, true
 }
 
 // CounterLine formats one line of rates between two counter readings.
@@ -147,15 +191,15 @@ func CounterLine(prev, cur maps.Counters, dt time.Duration, occ map[string]maps.
 // Stats builds the answer of `edgectl stats`.
 func (d *Daemon) Stats() (control.Stats, error) {
 	const window = 5 * time.Second
-	old, cur, ok := d.history.span(window)
+	old, cur, ok := d.counters.history.span(window)
 	if !ok {
-		s, err := d.snapshot()
+		s, err := d.counters.snapshot()
 		if err != nil {
 			return control.Stats{}, err
 		}
 		old, cur = s, s
 	}
-	st := buildStats(old, cur, d.ruleNames(), d.tables())
+	st := buildStats(old, cur, d.ruleNames(), d.counters.tables())
 	if s, err := d.standing.stats(); err == nil {
 		st.Standing = s
 	}
@@ -172,8 +216,9 @@ func (d *Daemon) ruleNames() map[uint32]string {
 	return d.cur.names
 }
 
-func (d *Daemon) tables() map[string]control.Fill {
-	occ, err := d.m.Counters.Tables()
+// tables are the data plane's tables' fill.
+func (c *counterWatch) tables() map[string]control.Fill {
+	occ, err := c.store.Tables()
 	if err != nil {
 		return nil
 	}

@@ -45,13 +45,15 @@ type subscriber struct {
 //     the sampling by the generation; it writes nothing and cannot fail.
 //  5. sampler: the sample readers report the generation's sampler
 //     settings (edgectl stats); it writes nothing and cannot fail.
-//  6. shield: it re-reads the new generation's rule slots and shapes and
+//  6. counters: the counter readings take the generation's rules'
+//     counters; it writes nothing and cannot fail.
+//  7. shield: it re-reads the new generation's rule slots and shapes and
 //     may change overrides and fingerprints; it goes before fleet and BGP,
 //     which share its aggregate watches (fleet) and announce its
 //     fingerprints (BGP), so they see the shield as this generation has it.
-//  7. fleet: budgets and lists shared through Redis; after the shield, so
+//  8. fleet: budgets and lists shared through Redis; after the shield, so
 //     a watch both need is handed over, never dropped between them.
-//  8. bgp: announcements leave the host: the most visible effect goes
+//  9. bgp: announcements leave the host: the most visible effect goes
 //     last, once everything it reports on (the shield's fingerprints, the
 //     destinations) follows the generation; a new speaker adopts the
 //     shield's actions in force.
@@ -65,6 +67,7 @@ func (d *Daemon) subscribers() []subscriber {
 		{"standing", d.standing.follow},
 		{"capture", d.capture.follow},
 		{"sampler", d.samples.follow},
+		{"counters", d.counters.follow},
 		{"shield", d.shield.follow},
 		{"fleet", d.fleet.follow},
 		{"bgp", d.bgp.follow},
@@ -100,7 +103,9 @@ func (d *Daemon) publish(ctx context.Context, c committed) []string {
 	return problems
 }
 
-// newSubscriberFailures is edgeguard_policy_subscriber_failures_total.
+// newSubscriberFailures is edgeguard_policy_subscriber_failures_total,
+// with a zero for each part that can fail (standing, capture, sampler and
+// counters only take what they report by, and cannot).
 func newSubscriberFailures() *prometheus.CounterVec {
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "edgeguard_policy_subscriber_failures_total",
