@@ -11,7 +11,21 @@
 // generation staged into the inactive half, then committed under mu: the
 // flip, the lists, status), then publish: the committed generation is
 // handed to each subscriber in the one order subscribers() states (syn, l7,
-// standing, capture, sampler, counters, shield, fleet, bgp). Nothing polls for a new policy.
+// standing, capture, sampler, counters, shield, fleet, bgp). Nothing polls
+// for a new policy.
+//
+// # Owners
+//
+// Each subsystem is a type that owns its state, its goroutines and the
+// maps store it writes, and is given what it needs at its making:
+// synStage (the SYN path, maps.Syn), runLists (the run-time list entries,
+// maps.ListStore), standingWatch (congestion, the standing sweep, L7
+// promotion; maps.StandingStore), captureHub (capture streams),
+// sampleRings (both sample rings, maps.SampleStore), counterWatch (the
+// counter readings), l7Run (the L7 stage and the rate-limit service),
+// shieldRun (maps.OverrideStore, maps.FingerprintStore), fleetLink,
+// bgpRun. *Daemon is the wiring, the apply path (maps.Generations, the
+// attachments) and the control API.
 //
 // # Goroutines (serve starts them; each ends with serve's context)
 //
@@ -36,9 +50,9 @@
 //     generation counterWatch last followed (counterWatch.mu).
 //   - list expiry (runLists.expire), escalations
 //     (l7Run.applyEscalations, through AddToList): run-time list entries,
-//     under mu. runLists owns them, their file in
-//     the state directory and the data plane's lists (maps.ListStore);
-//     they change only with the policy they merge with, so mu guards them.
+//     under mu. runLists owns them, their file in the state directory and
+//     the data plane's lists; they change only with the policy they merge
+//     with, so mu guards them.
 //   - log reopen (l7Run.reopenLogs): the L7 access log on SIGUSR1; its
 //     outcome under l7Run.mu.
 //   - mptcp watch (synStage.watchMPTCP): re-applies the SYN services of
@@ -70,11 +84,11 @@
 //     stopping, the ASN cache. Held across prepare, stage, commit and
 //     publish; never taken by a goroutine that holds another lock.
 //   - shieldRun.turn, bgpRun.turn: the subsystem's configuration against
-//     its own loop (shieldRun.follow vs shieldRun.tick; bgpRun.follow vs the password
-//     check), so a reconfiguration and a loop's writes never interleave.
+//     its own loop (shieldRun.follow vs shieldRun.tick; bgpRun.follow vs
+//     the password check), so a reconfiguration and a loop's writes never interleave.
 //   - mu: the running policy (cur, generation, origin, lastReload,
-//     counts), the run-time list entries (runLists), the attachments (atts) and
-//     the SYN path's loading. Held only to read them or to commit a
+//     counts), the run-time list entries (runLists), the attachments
+//     (atts), the SYN path's loading and the section it last followed. Held only to read them or to commit a
 //     prepared change (the flip, the lists, the SYN services): never across
 //     a slow step (a generation is staged without it; Explain copies its
 //     view under it and reads the maps after).
@@ -84,7 +98,8 @@
 //     slots and ASN table; bgpRun.mu: the section wanted and running, the
 //     speaker, its passwords, error and asked fingerprints.
 //   - leaves, taken last and alone: history, topTalkers, recentSamples,
-//     standingWatch.mu, captureHub.mu and captureHub.genMu, sampleRings.mu, counterWatch.mu, l7Run.mu, the audit files' locks.
+//     standingWatch.mu, captureHub.mu and captureHub.genMu,
+//     sampleRings.mu, counterWatch.mu, l7Run.mu, the audit files' locks.
 //
 // Lock order: changeMu → (shieldRun.turn | bgpRun.turn) → mu →
 // (fleetLink.mu | synStage.mu) → leaves. shieldRun.mu and bgpRun.mu are
