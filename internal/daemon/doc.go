@@ -85,12 +85,13 @@
 //     publish; never taken by a goroutine that holds another lock.
 //   - shieldRun.turn, bgpRun.turn: the subsystem's configuration against
 //     its own loop (shieldRun.follow vs shieldRun.tick; bgpRun.follow vs
-//     the password check), so a reconfiguration and a loop's writes never interleave.
+//     the password check), so a reconfiguration and a loop's writes never
+//     interleave.
 //   - mu: the running policy (cur, generation, origin, lastReload,
 //     counts), the run-time list entries (runLists), the attachments
-//     (atts), the SYN path's loading and the section it last followed. Held only to read them or to commit a
-//     prepared change (the flip, the lists, the SYN services): never across
-//     a slow step (a generation is staged without it; Explain copies its
+//     (atts), the SYN path's loading and the section it last followed.
+//     Held only to read them or to commit a prepared change (the flip, the
+//     lists, the SYN services): never across a slow step (a generation is staged without it; Explain copies its
 //     view under it and reads the maps after).
 //   - fleetLink.mu: the running fleet, its section, its error.
 //   - synStage.mu: the SYN services' names and modes (metrics, stats).
