@@ -547,7 +547,7 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 		notSaved = err.Error()
 		d.log.Error("list entry added and in force, but not saved: a restart forgets it", "list", kind, "prefix", p, "err", err)
 	}
-	d.publishList(fleet.OpAdd, kind, p, e)
+	d.fleet.publishList(fleet.OpAdd, kind, p, e)
 	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin,
 		"reason", e.reason, "forced", ch.Force, "refreshed", had)
 	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason, NotSaved: notSaved}
@@ -586,7 +586,7 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) (notSaved
 		notSaved = err.Error()
 		d.log.Error("list entry removed from the data plane, but not saved: a restart brings it back", "list", kind, "prefix", p, "err", err)
 	}
-	d.publishList(fleet.OpDel, kind, p, prev)
+	d.fleet.publishList(fleet.OpDel, kind, p, prev)
 	d.log.Info("list entry removed", "list", kind, "prefix", p)
 	return notSaved, nil
 }

@@ -251,8 +251,8 @@ func (d *Daemon) fleetRoutes(mux *http.ServeMux) {
 
 // publishList hands a local list change to the fleet (never blocks).
 // Caller may hold d.mu.
-func (d *Daemon) publishList(op fleet.Op, kind control.ListKind, p netip.Prefix, e dynEntry) {
-	f := d.fleet.get()
+func (l *fleetLink) publishList(op fleet.Op, kind control.ListKind, p netip.Prefix, e dynEntry) {
+	f := l.get()
 	if f == nil {
 		return
 	}
