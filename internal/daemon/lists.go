@@ -92,14 +92,21 @@ func (l *runLists) sync(p *policy.Policy) error {
 // every 10 seconds, and retries a failed save. The data plane already
 // ignores them once past their expiry.
 func (l *runLists) expire(ctx context.Context) error {
-	t := time.NewTicker(10 * time.Second)
+	return ticking(ctx, 10*time.Second, func() {
+		l.locked(func(cur *policy.Policy) { l.expireOnce(cur) })
+	})
+}
+
+// ticking runs f every interval until ctx ends.
+func ticking(ctx context.Context, interval time.Duration, f func()) error {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			l.locked(func(cur *policy.Policy) { l.expireOnce(cur) })
+			f()
 		}
 	}
 }

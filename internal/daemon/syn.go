@@ -250,47 +250,43 @@ func mptcpCovers(endpoints, listeners []netip.AddrPort) bool {
 // with MPTCP (a restarted server may change), and re-applies the SYN
 // services of the generation last followed when that changed.
 func (st *synStage) watchMPTCP(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
+	return ticking(ctx, 5*time.Second, st.checkMPTCP)
+}
+
+// checkMPTCP is one check of watchMPTCP.
+func (st *synStage) checkMPTCP() {
+	var svcs []maps.SynService
+	var was []bool
+	st.locked(func(map[string]*loader.Attachment) {
+		if st.path != nil {
+			svcs, _, _ = synServices(st.section)
+			st.mu.Lock()
+			was = slices.Clone(st.mptcp)
+			st.mu.Unlock()
 		}
-		var svcs []maps.SynService
-		var was []bool
-		st.locked(func(map[string]*loader.Attachment) {
-			if st.path != nil {
-				svcs, _, _ = synServices(st.section)
-				st.mu.Lock()
-				was = slices.Clone(st.mptcp)
-				st.mu.Unlock()
-			}
-		})
-		if len(svcs) == 0 {
-			continue
-		}
-		ls, err := sockdiag.MPTCPListeners()
-		if err != nil {
-			continue
-		}
-		changed := len(was) != len(svcs)
-		for i := range svcs {
-			if i < len(was) && mptcpCovers(svcs[i].Endpoints, ls) != was[i] {
-				changed = true
-			}
-		}
-		if !changed {
-			continue
-		}
-		st.locked(func(atts map[string]*loader.Attachment) {
-			st.log.Info("syn protection: a protected service's listener changed between TCP and MPTCP; re-applying")
-			if err := st.apply(st.section, atts); err != nil {
-				st.log.Error("syn protection: re-apply after a listener change", "err", err)
-			}
-		})
+	})
+	if len(svcs) == 0 {
+		return
 	}
+	ls, err := sockdiag.MPTCPListeners()
+	if err != nil {
+		return
+	}
+	changed := len(was) != len(svcs)
+	for i := range svcs {
+		if i < len(was) && mptcpCovers(svcs[i].Endpoints, ls) != was[i] {
+			changed = true
+		}
+	}
+	if !changed {
+		return
+	}
+	st.locked(func(atts map[string]*loader.Attachment) {
+		st.log.Info("syn protection: a protected service's listener changed between TCP and MPTCP; re-applying")
+		if err := st.apply(st.section, atts); err != nil {
+			st.log.Error("syn protection: re-apply after a listener change", "err", err)
+		}
+	})
 }
 
 // syncTC puts the tcx program on every attached interface. Caller holds
