@@ -176,7 +176,7 @@ func sampleWallTime(mono time.Duration) time.Time {
 	return now.Add(-age)
 }
 
-// serveCapture is POST /v1/capture: it streams the frames a capture
+// serve is POST /v1/capture: it streams the frames a capture
 // selects until the client goes, the daemon stops, or the client's
 // connection fails.
 func (h *captureHub) serve(w http.ResponseWriter, r *http.Request) {
@@ -267,7 +267,7 @@ func (h *captureHub) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// captureStart describes the samples the stream draws on.
+// start describes the samples the stream draws on.
 func (h *captureHub) start() *control.CaptureStart {
 	st := &control.CaptureStart{SnapLen: maps.SnapLen}
 	h.genMu.Lock()

@@ -306,7 +306,7 @@ func (w *standingWatch) ruleSlots() map[uint32]slotRule {
 }
 
 // tickInstances refreshes the rule slots and logs the instances'
-// congestion changes; one tick of watchStanding.
+// congestion changes; one tick of standingWatch.run.
 func (w *standingWatch) tickInstances(log *slog.Logger, slots map[uint32]slotRule, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -93,7 +93,7 @@ func (l *l7Run) close() {
 	l.rls.Close()
 }
 
-// prepareL7 readies the L7 stage (internal/l7/stage) for next without
+// prepare readies the L7 stage (internal/l7/stage) for next without
 // changing what serves now: it builds next's proxy and, when the stage is
 // new or its listen address changes, binds the new listener, so a taken
 // port fails here. commit makes it live and cannot fail (it does not wait

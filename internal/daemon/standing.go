@@ -187,7 +187,7 @@ func (w *standingWatch) run(ctx context.Context) error {
 	}
 }
 
-// sweepStanding removes entries that no longer carry anything (new sources
+// sweep removes entries that no longer carry anything (new sources
 // gone longer than established_after, whose history would start over
 // anyway; established and validated ones silent for standingRetention;
 // penalties that are over) and penalises sources the deny list holds.
