@@ -188,7 +188,7 @@ func (d *Daemon) controlMux() *http.ServeMux {
 		}
 		writeJSON(w, d.top.report(time.Now(), window, n, func(slot uint32) string { return bySlot[slot] }))
 	})
-	mux.HandleFunc("POST /v1/capture", d.serveCapture)
+	mux.HandleFunc("POST /v1/capture", d.capture.serve)
 	mux.HandleFunc("GET /v1/policy", func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
 		doc := control.PolicyDoc{Source: d.cur.source, Generation: d.generation, YAML: string(d.cur.raw)}
@@ -401,7 +401,7 @@ func (d *Daemon) Status() control.Status {
 		Version: d.opts.Build.Version, Build: d.opts.Build, Policy: d.cur.source, PolicyOrigin: d.origin, Generation: d.generation,
 		LastReload: d.lastReload, Mode: string(d.cur.pol.Mode), Clock: string(d.cur.pol.Clock), PinDir: d.opts.PinDir,
 		StateDir: d.opts.StateDir, Started: d.started, UptimeSeconds: int64(time.Since(d.started).Seconds()),
-		StateNotSaved: d.listsNotSaved(),
+		StateNotSaved: d.lists.notSaved(),
 	}
 	if d.metricsLn != nil {
 		st.MetricsAddr = d.metricsLn.Addr().String()
@@ -413,7 +413,7 @@ func (d *Daemon) Status() control.Status {
 	st.IPv4Direct = ipv4DirectInfo(d.m.Generations.V4Direct())
 	st.Congestion = d.standing.status(time.Now())
 	st.CongestedInstances = d.standing.instanceStatus(time.Now())
-	st.L7 = d.l7Status()
+	st.L7 = d.l7.status()
 	for name, a := range d.atts {
 		st.Interfaces = append(st.Interfaces, control.Interface{Name: name, Ifindex: a.Ifindex, XDPMode: string(a.Mode),
 			Problem: problems[name]})
@@ -473,7 +473,7 @@ func (d *Daemon) ListEntries(kind control.ListKind) []control.ListEntry {
 		out = append(out, le)
 	}
 	now := time.Now()
-	for p, e := range d.dyn[kind] {
+	for p, e := range d.lists.dyn[kind] {
 		if !e.expires.IsZero() && !e.expires.After(now) {
 			continue
 		}
@@ -529,26 +529,26 @@ func (d *Daemon) AddToList(kind control.ListKind, ch control.ListChange) (contro
 			return control.ListEntry{}, err
 		}
 	}
-	prev, had := d.dyn[kind][p]
+	prev, had := d.lists.dyn[kind][p]
 	if had && e.reason == "" {
 		// Refreshing an entry (a new TTL) keeps why it was added.
 		e.reason = prev.reason
 	}
-	d.dyn[kind][p] = e
-	if err := d.syncLists(); err != nil {
+	d.lists.dyn[kind][p] = e
+	if err := d.lists.sync(d.cur.pol); err != nil {
 		if had {
-			d.dyn[kind][p] = prev
+			d.lists.dyn[kind][p] = prev
 		} else {
-			delete(d.dyn[kind], p)
+			delete(d.lists.dyn[kind], p)
 		}
 		return control.ListEntry{}, err
 	}
 	var notSaved string
-	if err := d.saveLists(); err != nil {
+	if err := d.lists.save(); err != nil {
 		notSaved = err.Error()
 		d.log.Error("list entry added and in force, but not saved: a restart forgets it", "list", kind, "prefix", p, "err", err)
 	}
-	d.publishList(fleet.OpAdd, kind, p, e)
+	d.fleet.publishList(fleet.OpAdd, kind, p, e)
 	d.log.Info("list entry added", "list", kind, "prefix", p, "ttl", time.Duration(ch.TTL), "origin", origin,
 		"reason", e.reason, "forced", ch.Force, "refreshed", had)
 	le := control.ListEntry{Prefix: p, Origin: origin, Reason: e.reason, NotSaved: notSaved}
@@ -564,7 +564,7 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) (notSaved
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p = p.Masked()
-	prev, ok := d.dyn[kind][p]
+	prev, ok := d.lists.dyn[kind][p]
 	if !ok {
 		for _, e := range d.cur.pol.Deny {
 			if kind == control.Deny && e.Prefix.Masked() == p {
@@ -578,16 +578,16 @@ func (d *Daemon) RemoveFromList(kind control.ListKind, p netip.Prefix) (notSaved
 		}
 		return "", fmt.Errorf("%s is not on the %s list", p, kind)
 	}
-	delete(d.dyn[kind], p)
-	if err := d.syncLists(); err != nil {
-		d.dyn[kind][p] = prev
+	delete(d.lists.dyn[kind], p)
+	if err := d.lists.sync(d.cur.pol); err != nil {
+		d.lists.dyn[kind][p] = prev
 		return "", err
 	}
-	if err := d.saveLists(); err != nil {
+	if err := d.lists.save(); err != nil {
 		notSaved = err.Error()
 		d.log.Error("list entry removed from the data plane, but not saved: a restart brings it back", "list", kind, "prefix", p, "err", err)
 	}
-	d.publishList(fleet.OpDel, kind, p, prev)
+	d.fleet.publishList(fleet.OpDel, kind, p, prev)
 	d.log.Info("list entry removed", "list", kind, "prefix", p)
 	return notSaved, nil
 }

@@ -61,7 +61,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 			return err
 		}
 	}
-	l7commit, l7abort, err := d.prepareL7(ctx, &next)
+	l7commit, l7abort, err := d.l7.prepare(ctx, &next)
 	if err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	if err == nil {
 		if err = d.m.Generations.Commit(staged); err != nil {
 			err = fmt.Errorf("apply policy: %w", err)
-		} else if err = d.m.Lists.Set(lists); err != nil {
+		} else if err = d.lists.store.Set(lists); err != nil {
 			err = fmt.Errorf("write lists: %w", err)
 			// Back to the running generation (Stage wrote only the other
 			// half), and to the lists written last.
@@ -138,7 +138,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 				d.log.Error("roll back to the running policy's generation", "err", rerr)
 			}
 			if d.cur.pol != nil {
-				if rerr := d.syncLists(); rerr != nil {
+				if rerr := d.lists.sync(d.cur.pol); rerr != nil {
 					d.log.Error("roll back the lists", "err", rerr)
 				}
 			}
@@ -187,7 +187,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 	}
 	if len(drop) > 0 {
 		d.mu.Lock()
-		if err := d.syncSynTC(); err != nil {
+		if err := d.syn.syncTC(d.atts); err != nil {
 			d.log.Error("syn protection: tcx hand-off", "err", err)
 		}
 		d.mu.Unlock()
@@ -205,7 +205,7 @@ func (d *Daemon) apply(ctx context.Context, next running, trigger string) error 
 // lists and the run-time entries), or an error when they do not fit the
 // table. Caller holds d.mu (expired run-time entries are dropped).
 func (d *Daemon) fittingLists(next running) ([]maps.ListEntry, error) {
-	lists, err := d.listEntries(next.pol)
+	lists, err := d.lists.entries(next.pol)
 	if err != nil {
 		return nil, err
 	}

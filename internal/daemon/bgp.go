@@ -316,23 +316,6 @@ func (b *bgpRun) save(force bool) {
 	b.mu.Unlock()
 }
 
-// offeredRate is every byte the data plane saw (passed, dropped, any
-// reason) per second over about the last second, from the counters.
-func (d *Daemon) offeredRate() (float64, bool) {
-	old, cur, ok := d.history.span(time.Second)
-	dt := cur.at.Sub(old.at).Seconds()
-	if !ok || dt <= 0 {
-		return 0, false
-	}
-	var sum uint64
-	for a := range cur.total {
-		for r := range cur.total[a] {
-			sum += cur.total[a][r].Bytes - old.total[a][r].Bytes
-		}
-	}
-	return float64(sum) / dt, true
-}
-
 // uplink announces (or renews) a blackhole of each destination while
 // the offered rate is above uplink x fraction: the link is full before
 // the NIC, and only the upstream can drop it.

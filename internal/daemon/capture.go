@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/edgeguard/edgeguard/internal/capture"
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // Capture (docs/operations.md, "Capture"): the sample readers hand every
@@ -48,7 +51,22 @@ type captureSub struct {
 	lost  atomic.Uint64
 }
 
+// captureHub is the capture subsystem: the open captures, the frames the
+// sample readers offer them, and the streams to edgectl. It follows the
+// committed generation (its sampling settings and rule names, for the
+// stream's start and its frames' rule names); it writes no map.
 type captureHub struct {
+	log *slog.Logger
+	// gens reads the live rule slots; nil before the data plane loads
+	// (nothing to capture).
+	gens *maps.Generations
+	// ifaces are the interfaces attached now (the daemon's, under its mu).
+	ifaces func() []string
+
+	genMu sync.Mutex // guards gen and names; a leaf
+	gen   *policy.Compiled
+	names map[uint32]string // gen's rule id -> name
+
 	active atomic.Int32 // subscribers: the readers' fast path when 0
 	// Frames streamed and lost (a full queue), all captures together.
 	sent, lost atomic.Uint64
@@ -58,8 +76,17 @@ type captureHub struct {
 	once       sync.Once
 }
 
-func newCaptureHub() *captureHub {
-	return &captureHub{subs: map[*captureSub]struct{}{}, closed: make(chan struct{})}
+func newCaptureHub(log *slog.Logger, ifaces func() []string) *captureHub {
+	return &captureHub{log: log, ifaces: ifaces, subs: map[*captureSub]struct{}{}, closed: make(chan struct{})}
+}
+
+// follow takes the committed generation's sampling settings and rule
+// names. It cannot fail.
+func (h *captureHub) follow(_ context.Context, c committed) error {
+	h.genMu.Lock()
+	defer h.genMu.Unlock()
+	h.gen, h.names = c.run.compiled, c.run.names
+	return nil
 }
 
 func (h *captureHub) subscribe(sub *captureSub) error {
@@ -149,10 +176,10 @@ func sampleWallTime(mono time.Duration) time.Time {
 	return now.Add(-age)
 }
 
-// serveCapture is POST /v1/capture: it streams the frames a capture
+// serve is POST /v1/capture: it streams the frames a capture
 // selects until the client goes, the daemon stops, or the client's
 // connection fails.
-func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
+func (h *captureHub) serve(w http.ResponseWriter, r *http.Request) {
 	var req control.CaptureRequest
 	if !decodeBody(w, r, maxCaptureBody, "capture request", &req) {
 		return
@@ -175,7 +202,7 @@ func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
 	if req.SnapLen > 0 {
 		snap = min(snap, req.SnapLen)
 	}
-	if d.m == nil {
+	if h.gens == nil {
 		writeError(w, http.StatusServiceUnavailable, errors.New("no data plane: nothing to capture"))
 		return
 	}
@@ -185,24 +212,24 @@ func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sub := &captureSub{sel: sel, match: match, ch: make(chan *capturedFrame, captureQueue)}
-	if err := d.capture.subscribe(sub); err != nil {
+	if err := h.subscribe(sub); err != nil {
 		writeError(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	defer d.capture.unsubscribe(sub)
-	d.log.Info("capture started", "which", sel.Which, "reasons", req.Reasons, "filter", req.Filter, "snaplen", snap)
+	defer h.unsubscribe(sub)
+	h.log.Info("capture started", "which", sel.Which, "reasons", req.Reasons, "filter", req.Filter, "snaplen", snap)
 
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
-	if err := enc.Encode(control.CaptureEvent{Start: d.captureStart()}); err != nil {
+	if err := enc.Encode(control.CaptureEvent{Start: h.start()}); err != nil {
 		return
 	}
 	flusher.Flush()
-	names := d.slotNames()
+	names := h.slotNames()
 	var sent, lost uint64
 	defer func() {
-		d.log.Info("capture ended", "frames", sent, "lost", lost)
+		h.log.Info("capture ended", "frames", sent, "lost", lost)
 	}()
 	beat := time.NewTicker(captureHeartbeat)
 	defer beat.Stop()
@@ -210,7 +237,7 @@ func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-d.capture.closed:
+		case <-h.closed:
 			enc.Encode(control.CaptureEvent{Lost: sub.lost.Load(), End: "the daemon is stopping"})
 			flusher.Flush()
 			return
@@ -222,13 +249,13 @@ func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
 		case f := <-sub.ch:
 			// Everything queued now in one write and one flush.
 			for f != nil {
-				cf := d.captureFrame(f, snap, &names)
+				cf := h.frame(f, snap, &names)
 				lost = sub.lost.Load()
 				if err := enc.Encode(control.CaptureEvent{Frame: cf, Lost: lost}); err != nil {
 					return
 				}
 				sent++
-				d.capture.sent.Add(1)
+				h.sent.Add(1)
 				select {
 				case f = <-sub.ch:
 				default:
@@ -240,20 +267,19 @@ func (d *Daemon) serveCapture(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// captureStart describes the samples the stream draws on.
-func (d *Daemon) captureStart() *control.CaptureStart {
+// start describes the samples the stream draws on.
+func (h *captureHub) start() *control.CaptureStart {
 	st := &control.CaptureStart{SnapLen: maps.SnapLen}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if c := d.cur.compiled; c != nil {
+	h.genMu.Lock()
+	c := h.gen
+	h.genMu.Unlock()
+	if c != nil {
 		if c.Samples.Rate.Per > 0 {
 			st.DropBudget = uint64(float64(c.Samples.Rate.Count) * float64(time.Second) / float64(c.Samples.Rate.Per))
 		}
 		st.OneIn, st.MaxPerSecond = c.Sampling.OneIn, c.Sampling.MaxPerSecond
 	}
-	for name := range d.atts {
-		st.Interfaces = append(st.Interfaces, name)
-	}
+	st.Interfaces = h.ifaces()
 	slices.Sort(st.Interfaces)
 	return st
 }
@@ -265,10 +291,12 @@ type slotRules struct {
 	read   time.Time
 }
 
-func (d *Daemon) slotNames() slotRules {
+func (h *captureHub) slotNames() slotRules {
 	out := slotRules{bySlot: map[uint32]string{}, read: time.Now()}
-	names := d.ruleNames()
-	if slots, err := d.m.Generations.RuleSlots(); err == nil {
+	h.genMu.Lock()
+	names := h.names
+	h.genMu.Unlock()
+	if slots, err := h.gens.RuleSlots(); err == nil {
 		for id, slot := range slots {
 			out.bySlot[slot] = names[id]
 		}
@@ -276,11 +304,11 @@ func (d *Daemon) slotNames() slotRules {
 	return out
 }
 
-func (d *Daemon) captureFrame(f *capturedFrame, snap int, names *slotRules) *control.CaptureFrame {
+func (h *captureHub) frame(f *capturedFrame, snap int, names *slotRules) *control.CaptureFrame {
 	s := f.s
 	rule, ok := names.bySlot[s.RuleSlot]
 	if !ok && s.HasRule && time.Since(names.read) > time.Second {
-		*names = d.slotNames()
+		*names = h.slotNames()
 		rule, ok = names.bySlot[s.RuleSlot]
 	}
 	if !ok {

@@ -19,7 +19,7 @@ import (
 // anything streams: unknown words, reasons and hostile filter programs
 // are refused with 400 and say why.
 func TestCaptureRequestValidation(t *testing.T) {
-	d := &Daemon{log: slog.New(slog.NewTextHandler(io.Discard, nil)), capture: newCaptureHub()}
+	h := newCaptureHub(slog.New(slog.NewTextHandler(io.Discard, nil)), func() []string { return nil })
 	for name, tc := range map[string]struct {
 		body string
 		want string
@@ -35,7 +35,7 @@ func TestCaptureRequestValidation(t *testing.T) {
 		"too big program": {`{"program":[` + strings.Repeat(`[6,0,0,1],`, control.MaxCaptureProgram) + `[6,0,0,1]]}`, "at most 4096"},
 	} {
 		rec := httptest.NewRecorder()
-		d.serveCapture(rec, httptest.NewRequest(http.MethodPost, "/v1/capture", strings.NewReader(tc.body)))
+		h.serve(rec, httptest.NewRequest(http.MethodPost, "/v1/capture", strings.NewReader(tc.body)))
 		var e control.Error
 		json.Unmarshal(rec.Body.Bytes(), &e)
 		wantStatus := http.StatusBadRequest
@@ -53,7 +53,7 @@ func TestCaptureRequestValidation(t *testing.T) {
 // full queue loses frames, counted, without blocking the reader; at most
 // maxCaptures run at once.
 func TestCaptureHub(t *testing.T) {
-	h := newCaptureHub()
+	h := newCaptureHub(slog.New(slog.DiscardHandler), nil)
 	drop := maps.Sample{Kind: maps.SampleDrop, Action: maps.ActDrop, Reason: maps.ReasonSrcLimit}
 	pass := maps.Sample{Kind: maps.SampleRate, Action: maps.ActPass, Reason: maps.ReasonOK}
 	h.publish(drop, []byte{1}) // nobody listens: nothing happens

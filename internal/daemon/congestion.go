@@ -284,29 +284,29 @@ func (in *instances) congestedByKind() map[string]int {
 	return out
 }
 
-// ruleSlots is the live generation's rule table slots, for the instance
-// watch.
-func (d *Daemon) ruleSlots() map[uint32]slotRule {
-	slots, err := d.m.Generations.RuleSlots()
+// ruleSlots is the live generation's rule table slots, named by the
+// generation followed, for the instance watch.
+func (w *standingWatch) ruleSlots() map[uint32]slotRule {
+	slots, err := w.gens.RuleSlots()
 	if err != nil {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cur.compiled == nil {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gen == nil {
 		return nil
 	}
 	out := map[uint32]slotRule{}
-	for _, r := range d.cur.compiled.Rules {
+	for _, r := range w.gen.Rules {
 		if slot, ok := slots[r.ID]; ok {
-			out[slot] = slotRule{id: r.ID, name: cmp.Or(r.Name, d.cur.names[r.ID]), aggregate: r.Aggregate, key: r.AggregateKey}
+			out[slot] = slotRule{id: r.ID, name: cmp.Or(r.Name, w.names[r.ID]), aggregate: r.Aggregate, key: r.AggregateKey}
 		}
 	}
 	return out
 }
 
 // tickInstances refreshes the rule slots and logs the instances'
-// congestion changes; one tick of watchStanding.
+// congestion changes; one tick of standingWatch.run.
 func (w *standingWatch) tickInstances(log *slog.Logger, slots map[uint32]slotRule, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

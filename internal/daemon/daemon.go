@@ -9,12 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"io"
 	"log/slog"
 	stdmaps "maps"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,7 +27,6 @@ import (
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 	"github.com/edgeguard/edgeguard/internal/l7/rls"
-	"github.com/edgeguard/edgeguard/internal/l7/stage"
 	"github.com/edgeguard/edgeguard/internal/loader"
 	"github.com/edgeguard/edgeguard/internal/maps"
 	"github.com/edgeguard/edgeguard/internal/policy"
@@ -131,9 +128,6 @@ type Daemon struct {
 	// touches nothing.
 	afterStart []func()
 	starting   bool // start has not finished yet
-	// listsCorrupt: the start found a lists file that is not a list (set
-	// aside); the entries come back from the pinned data plane.
-	listsCorrupt bool
 
 	mu         sync.Mutex // guards what follows; held only to read it or commit a prepared change
 	cur        running
@@ -142,28 +136,20 @@ type Daemon struct {
 	lastReload control.ReloadInfo
 	reloads    uint64
 	failures   uint64
-	dyn        map[control.ListKind]map[netip.Prefix]dynEntry
-	// listsUnsaved is why the run-time entries in force are not those in
-	// the state directory (nil: saved), since listsUnsavedAt;
-	// listsSaveFailures counts failed saves.
-	listsUnsaved      error
-	listsUnsavedAt    time.Time
-	listsSaveFailures uint64
-	reopenFailed      string // the last SIGUSR1 access log reopen failed: when and why ("" ok)
-	atts              map[string]*loader.Attachment
+	lists      *runLists // the run-time list entries (lists.go), under mu
+	atts       map[string]*loader.Attachment
 
-	history *history
-	top     *topTalkers
-	recent  *recentSamples // last drop samples, for explain
-	capture *captureHub    // open captures (capture.go)
+	counters *counterWatch // the counters' readings (stats.go)
+	top      *topTalkers
+	recent   *recentSamples // last drop samples, for explain
+	capture  *captureHub    // open captures (capture.go)
+	samples  *sampleRings   // the sample ring readers (sampler.go)
 
 	locks       []*os.File // flocks held while the daemon runs (pin dir, state dir)
 	reg         *prometheus.Registry
 	metricsLn   net.Listener // bound at start, before anything is loaded
 	controlLn   net.Listener
-	l7          *stage.Stage
-	rls         *rls.Server
-	escalations chan control.ListChange
+	l7          *l7Run                 // the L7 stage and the rate-limit service (l7.go)
 	standing    *standingWatch         // congestion state (standing.go)
 	syn         *synStage              // the SYN path (syn.go); nil before the datapath loads
 	fleet       *fleetLink             // fleet mode (fleet.go)
@@ -206,7 +192,8 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.lockStateDir(); err != nil {
 		return nil, err
 	}
-	if err := d.loadLists(); err != nil {
+	later := func(f func()) { d.afterStart = append(d.afterStart, f) }
+	if err := d.lists.load(d.readStateFile, later); err != nil {
 		return nil, err
 	}
 	raw, source, err := d.choosePolicy()
@@ -241,8 +228,8 @@ func start(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := d.loadDatapath(next); err != nil {
 		return nil, err
 	}
-	if d.listsCorrupt && !undo.maps {
-		d.recoverLists(&next)
+	if d.lists.corrupt && !undo.maps {
+		d.lists.recover(next.pol, later)
 	}
 	if err := d.apply(ctx, next, "start"); err != nil {
 		return nil, err
@@ -305,7 +292,16 @@ func (d *Daemon) loadDatapath(next running) error {
 	}
 	d.dp, d.m = dp, maps.New(dp)
 	d.shield.m = d.m
-	d.startSyn()
+	d.standing.useMaps(d.m)
+	d.capture.gens = d.m.Generations
+	d.lists.store = d.m.Lists
+	d.counters.store = d.m.Counters
+	d.samples.store = d.m.Samples
+	d.syn = newSynStage(d.log, dp, d.opts.Keep, func(f func(map[string]*loader.Attachment)) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		f(d.atts)
+	})
 	return nil
 }
 
@@ -323,14 +319,11 @@ func newDaemon(o Options) *Daemon {
 		opts:        o,
 		log:         log,
 		started:     time.Now(),
-		dyn:         map[control.ListKind]map[netip.Prefix]dynEntry{control.Deny: {}, control.Allow: {}},
 		atts:        map[string]*loader.Attachment{},
-		history:     newHistory(16),
+		counters:    &counterWatch{log: log, history: newHistory(16), out: o.Out, interval: o.Interval},
 		top:         newTopTalkers(5 * time.Minute),
 		recent:      newRecentSamples(),
-		capture:     newCaptureHub(),
-		escalations: make(chan control.ListChange, 256),
-		standing:    &standingWatch{},
+		standing:    newStandingWatch(log),
 		subFailures: newSubscriberFailures(),
 	}
 	d.shield = newShieldRun(log, d.statePath, d.readStateFile, func(c shield.Change) { d.bgp.shieldChange(c) })
@@ -339,16 +332,32 @@ func newDaemon(o Options) *Daemon {
 			log.Warn("fleet stopped: let go of its aggregate watches", "err", err)
 		}
 	})
-	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.offeredRate, d.shield.actions)
+	d.lists = newRunLists(log, d.statePath(listsFile), func(f func(*policy.Policy)) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		f(d.cur.pol)
+	})
+	d.capture = newCaptureHub(log, func() []string {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return slices.Collect(stdmaps.Keys(d.atts))
+	})
+	d.samples = &sampleRings{log: log, capture: d.capture,
+		drop: func(now time.Time, s maps.Sample) {
+			d.top.add(now, s)
+			d.recent.add(now, s)
+			d.standing.congestionSample(now, s)
+		},
+		rate:        func(s maps.Sample) { d.shield.sample(s) },
+		rateDropped: func() uint64 { return d.shield.dropped.Load() },
+	}
+	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.counters.offeredRate, d.shield.actions)
 	d.reg = d.newRegistry()
-	// One class table for the L7 stage and the rate-limit service: a
-	// client's history is one whichever way its requests come.
-	classes := class.NewTable(class.DefaultClients, classStandings{d}, nil, class.Config{})
-	d.l7 = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: d, Promoter: d, Loops: o.L7Loops,
-		Classes: classes})
-	d.reg.MustRegister(d.l7.Collector())
-	d.rls = rls.NewServer(rls.ServerOptions{Logger: log.With("stage", "l7-rls"), Escalator: d, Classes: classes})
-	d.reg.MustRegister(d.rls.Collector())
+	d.l7 = newL7Run(log, o.L7Loops, o.ReopenLogs, d.standing, classStandings{d.standing}, func(ch control.ListChange) error {
+		_, err := d.AddToList(control.Deny, ch)
+		return err
+	})
+	d.reg.MustRegister(d.l7.collectors()...)
 	return d
 }
 
@@ -584,42 +593,6 @@ func (d *Daemon) fail(err error, trigger string) {
 	d.log.Error("policy rejected; the running policy stays in force", "trigger", trigger, "err", err)
 }
 
-// listEntries are the data plane's list entries for policy p merged with
-// the run-time entries, dropping expired run-time ones. Caller holds d.mu.
-func (d *Daemon) listEntries(p *policy.Policy) ([]maps.ListEntry, error) {
-	deny := slices.Clone(p.Deny)
-	allow := slices.Clone(p.Allow)
-	now := time.Now()
-	for kind, entries := range d.dyn {
-		for pfx, e := range entries {
-			if !e.expires.IsZero() && !e.expires.After(now) {
-				delete(entries, pfx)
-				continue
-			}
-			le := policy.ListEntry{Prefix: pfx, Expires: e.expires, Source: e.origin}
-			if kind == control.Deny {
-				deny = append(deny, le)
-			} else {
-				allow = append(allow, le)
-			}
-		}
-	}
-	return maps.ListEntries(policy.CompileLists(deny, allow))
-}
-
-// syncLists writes the running policy's lists merged with the run-time
-// entries. Caller holds d.mu.
-func (d *Daemon) syncLists() error {
-	entries, err := d.listEntries(d.cur.pol)
-	if err != nil {
-		return err
-	}
-	if err := d.m.Lists.Set(entries); err != nil {
-		return fmt.Errorf("write lists: %w", err)
-	}
-	return nil
-}
-
 // serve runs the daemon's loops until ctx ends, then stops.
 func (d *Daemon) serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -638,18 +611,18 @@ func (d *Daemon) serve(ctx context.Context) error {
 	}
 	run("control socket", d.serveControl)
 	run("metrics", d.serveMetrics)
-	run("samples", d.readSamples)
-	run("counters", d.sampleCounters)
+	run("samples", d.samples.readDrops)
+	run("counters", d.counters.run)
 	run("policy watch", d.watchPolicy)
-	run("list expiry", d.expireLists)
-	run("escalations", d.applyEscalations)
-	run("log reopen", d.reopenLogs)
-	run("standing", d.watchStanding)
-	run("mptcp watch", d.watchMPTCP)
+	run("list expiry", d.lists.expire)
+	run("escalations", d.l7.applyEscalations)
+	run("log reopen", d.l7.reopenLogs)
+	run("standing", d.standing.run)
+	run("mptcp watch", d.syn.watchMPTCP)
 	run("link watch", d.watchLinks)
 	run("fleet", d.fleet.run)
 	run("shield", d.shield.run)
-	run("shield samples", d.readRateSamples)
+	run("shield samples", d.samples.readRates)
 	run("bgp", d.bgp.run)
 	<-ctx.Done()
 	wg.Wait()
@@ -670,12 +643,11 @@ func (d *Daemon) stop() {
 	d.bgp.stop()
 	// The L7 stage drains its requests without the daemon's locks held:
 	// status and scrapes answer meanwhile.
-	d.l7.Close()
-	d.rls.Close()
+	d.l7.close()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	kept := true
-	d.stopSyn()
+	d.syn.stop()
 	for name, a := range d.atts {
 		if d.opts.Keep {
 			// The pin is what keeps the program attached after exit: one
@@ -764,43 +736,6 @@ func (d *Daemon) watchPolicy(ctx context.Context) error {
 			// reload re-reads and compares the content with the running
 			// policy's file, so a file put back as it was changes nothing.
 			d.reload(ctx, "file-change")
-		}
-	}
-}
-
-// expireLists drops expired run-time list entries from the daemon's view.
-// The data plane already ignores them once past their expiry.
-func (d *Daemon) expireLists(ctx context.Context) error {
-	t := time.NewTicker(10 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			d.mu.Lock()
-			expired := false
-			now := time.Now()
-			for _, entries := range d.dyn {
-				for _, e := range entries {
-					if !e.expires.IsZero() && !e.expires.After(now) {
-						expired = true
-					}
-				}
-			}
-			if expired {
-				if err := d.syncLists(); err != nil {
-					d.log.Error("expire list entries", "err", err)
-				}
-			}
-			// A save that failed (a full or read-only state directory)
-			// is retried here until it succeeds.
-			if expired || d.listsUnsaved != nil {
-				if err := d.saveLists(); err != nil {
-					d.log.Error("save list entries", "err", err)
-				}
-			}
-			d.mu.Unlock()
 		}
 	}
 }

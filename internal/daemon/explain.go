@@ -144,7 +144,7 @@ func (d *Daemon) explainView() explainView {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	v := explainView{cur: d.cur, gen: d.generation, dyn: map[control.ListKind]map[netip.Prefix]dynEntry{}, syn: d.syn}
-	for kind, entries := range d.dyn {
+	for kind, entries := range d.lists.dyn {
 		m := make(map[netip.Prefix]dynEntry, len(entries))
 		for pfx, e := range entries {
 			m[pfx] = e
@@ -241,7 +241,7 @@ func (d *Daemon) explain(p Probe, vw *explainView) (control.Explanation, error) 
 	}
 	e.Samples = d.recent.of(ip, 10, names)
 	e.Shield = d.shieldOnPath(vw, p, tr, rule)
-	e.L7 = d.explainL7(ip)
+	e.L7 = d.l7.explain(ip)
 	e.Why = explainWhy(e, v)
 	return e, nil
 }

@@ -251,8 +251,8 @@ func (d *Daemon) fleetRoutes(mux *http.ServeMux) {
 
 // publishList hands a local list change to the fleet (never blocks).
 // Caller may hold d.mu.
-func (d *Daemon) publishList(op fleet.Op, kind control.ListKind, p netip.Prefix, e dynEntry) {
-	f := d.fleet.get()
+func (l *fleetLink) publishList(op fleet.Op, kind control.ListKind, p netip.Prefix, e dynEntry) {
+	f := l.get()
 	if f == nil {
 		return
 	}
@@ -282,14 +282,14 @@ func (s fleetLists) ApplyRemote(entries []fleet.ListEntry, replace bool) (int, [
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	prev := map[control.ListKind]map[netip.Prefix]dynEntry{}
-	for k, m := range d.dyn {
+	for k, m := range d.lists.dyn {
 		prev[k] = make(map[netip.Prefix]dynEntry, len(m))
 		for p, e := range m {
 			prev[k][p] = e
 		}
 	}
 	if replace {
-		for _, m := range d.dyn {
+		for _, m := range d.lists.dyn {
 			for p, e := range m {
 				if e.origin == originFleet {
 					delete(m, p)
@@ -300,7 +300,7 @@ func (s fleetLists) ApplyRemote(entries []fleet.ListEntry, replace bool) (int, [
 	var refused []fleet.Refusal
 	for _, e := range entries {
 		kind := control.ListKind(e.List)
-		m, ok := d.dyn[kind]
+		m, ok := d.lists.dyn[kind]
 		if !ok {
 			refused = append(refused, fleet.Refusal{Entry: e, Err: fmt.Errorf("unknown list %q", e.List)})
 			continue
@@ -325,15 +325,15 @@ func (s fleetLists) ApplyRemote(entries []fleet.ListEntry, replace bool) (int, [
 		}
 		m[p] = dynEntry{expires: e.Expires, origin: originFleet, host: e.Host, reason: e.Origin + ": " + e.Reason}
 	}
-	if err := d.syncLists(); err != nil {
-		d.dyn = prev
+	if err := d.lists.sync(d.cur.pol); err != nil {
+		d.lists.dyn = prev
 		return 0, nil, err
 	}
-	if err := d.saveLists(); err != nil {
+	if err := d.lists.save(); err != nil {
 		d.log.Error("fleet list entries applied but not saved: a restart loads them from the fleet again", "err", err)
 	}
 	n := 0
-	for _, m := range d.dyn {
+	for _, m := range d.lists.dyn {
 		for _, e := range m {
 			if e.origin == originFleet {
 				n++
@@ -350,7 +350,7 @@ func (s fleetLists) Local() []fleet.ListEntry {
 	defer d.mu.Unlock()
 	now := time.Now()
 	var out []fleet.ListEntry
-	for kind, m := range d.dyn {
+	for kind, m := range d.lists.dyn {
 		for p, e := range m {
 			if e.origin == originFleet || (!e.expires.IsZero() && !e.expires.After(now)) {
 				continue

@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/edgeguard/edgeguard/internal/control"
@@ -58,16 +61,59 @@ func decodeL7(p *policy.Policy, source string) (*proxy.Config, *rls.Config, []by
 	return cfg, rc, raw, nil
 }
 
-// prepareL7 readies the L7 stage (internal/l7/stage) for next without
+// l7Run is the L7 hand-off: the L7 stage (internal/l7/stage) and the
+// rate-limit service (internal/l7/rls) the daemon runs, prepared on the
+// apply path and made live when the generation is pushed (followL7);
+// the escalations they send to the deny list; the access log's reopen.
+// The stage and the service run their own goroutines and locks.
+type l7Run struct {
+	log   *slog.Logger
+	stage *stage.Stage
+	rls   *rls.Server
+	// escalations queue the sources the stage and the service escalate;
+	// deny adds one to the deny list (the daemon's AddToList).
+	escalations chan control.ListChange
+	deny        func(control.ListChange) error
+	reopen      <-chan struct{} // SIGUSR1
+
+	mu           sync.Mutex // guards reopenFailed; a leaf
+	reopenFailed string     // the last SIGUSR1 access log reopen failed: when and why ("" ok)
+}
+
+// newL7Run makes the stage and the service, sharing one class table (a
+// client's history is one whichever way its requests come), promoting
+// through promoter and reading standing through standings.
+func newL7Run(log *slog.Logger, loops int, reopen <-chan struct{}, promoter proxy.Promoter, standings class.Standings,
+	deny func(control.ListChange) error) *l7Run {
+	l := &l7Run{log: log, escalations: make(chan control.ListChange, 256), deny: deny, reopen: reopen}
+	classes := class.NewTable(class.DefaultClients, standings, nil, class.Config{})
+	l.stage = stage.New(stage.Options{Logger: log.With("stage", "l7"), Escalator: l, Promoter: promoter, Loops: loops,
+		Classes: classes})
+	l.rls = rls.NewServer(rls.ServerOptions{Logger: log.With("stage", "l7-rls"), Escalator: l, Classes: classes})
+	return l
+}
+
+// collectors are the stage's and the service's metrics.
+func (l *l7Run) collectors() []prometheus.Collector {
+	return []prometheus.Collector{l.stage.Collector(), l.rls.Collector()}
+}
+
+// close drains the stage and the service.
+func (l *l7Run) close() {
+	l.stage.Close()
+	l.rls.Close()
+}
+
+// prepare readies the L7 stage (internal/l7/stage) for next without
 // changing what serves now: it builds next's proxy and, when the stage is
 // new or its listen address changes, binds the new listener, so a taken
 // port fails here. commit makes it live and cannot fail (it does not wait
 // for a replaced engine to drain); abort undoes prepare. next.l7 == nil
-// stops the stage at commit. Caller holds d.mu.
-func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort func(), err error) {
+// stops the stage at commit. Caller holds changeMu.
+func (l *l7Run) prepare(ctx context.Context, next *running) (commit, abort func(), err error) {
 	// An l7: section with only the rate-limit service serves no proxy; the
 	// stage still owns its access log.
-	ch, err := d.l7.Prepare(ctx, next.l7, next.l7raw, stage.Standing{Promotion: promotion(next.compiled),
+	ch, err := l.stage.Prepare(ctx, next.l7, next.l7raw, stage.Standing{Promotion: promotion(next.compiled),
 		EstablishedAfter: next.compiled.Standing.EstablishedAfter, ASN: next.asn})
 	if err != nil {
 		return nil, nil, fmt.Errorf("l7 stage: %w", err)
@@ -81,7 +127,7 @@ func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort fu
 		c.AccessLog = ch.AccessLog() // one writer per file: the stage's
 		rcfg = &c
 	}
-	rch, err := d.rls.Prepare(rcfg)
+	rch, err := l.rls.Prepare(rcfg)
 	if err != nil {
 		ch.Abort()
 		return nil, nil, fmt.Errorf("l7 rate-limit service: %w", err)
@@ -90,24 +136,26 @@ func (d *Daemon) prepareL7(ctx context.Context, next *running) (commit, abort fu
 }
 
 // l7Status is the L7 stage's part of the status (nil: not serving).
-func (d *Daemon) l7Status() *control.L7Status {
-	st := d.l7.Status()
-	addrs := d.rls.Addrs()
+func (l *l7Run) status() *control.L7Status {
+	st := l.stage.Status()
+	addrs := l.rls.Addrs()
 	if !st.Running && len(addrs) == 0 {
 		return nil
 	}
-	out := &control.L7Status{RLS: addrs, AccessLogReopenFailed: d.reopenFailed}
+	l.mu.Lock()
+	out := &control.L7Status{RLS: addrs, AccessLogReopenFailed: l.reopenFailed}
+	l.mu.Unlock()
 	if st.Running {
 		out.Engine, out.Listen, out.Upstream, out.Routes = string(st.Engine), st.Addr, st.Upstream, st.Routes
-		out.Classes = d.l7Classes()
+		out.Classes = l.classes()
 	}
 	return out
 }
 
 // l7Classes are the L7 stage's requests by client class since the daemon
 // started (nil: the ranking is off).
-func (d *Daemon) l7Classes() []control.L7ClassStat {
-	c, ok := d.l7.ClassCounts()
+func (l *l7Run) classes() []control.L7ClassStat {
+	c, ok := l.stage.ClassCounts()
 	if !ok {
 		return nil
 	}
@@ -120,8 +168,8 @@ func (d *Daemon) l7Classes() []control.L7ClassStat {
 
 // explainL7 is the L7 class table's view of ip as a TCP peer (nil: the
 // ranking is off).
-func (d *Daemon) explainL7(ip netip.Addr) *control.ExplainL7 {
-	x, ok := d.l7.ExplainClient(ip)
+func (l *l7Run) explain(ip netip.Addr) *control.ExplainL7 {
+	x, ok := l.stage.ExplainClient(ip)
 	if !ok {
 		return nil
 	}
@@ -135,14 +183,14 @@ func (d *Daemon) explainL7(ip netip.Addr) *control.ExplainL7 {
 // authenticated ones since route_passed was removed) is authenticated;
 // validated by a TCP handshake or a SYN cookie is an address, not intent:
 // none, as new.
-type classStandings struct{ d *Daemon }
+type classStandings struct{ w *standingWatch }
 
 func (s classStandings) Standing(a netip.Addr) (class.Standing, error) {
-	m := s.d.m
-	if m == nil {
+	st := s.w.store()
+	if st == nil {
 		return class.StandingNone, errors.New("no data plane loaded")
 	}
-	e, err := m.Standing.Lookup(a)
+	e, err := st.Lookup(a)
 	if err != nil {
 		return class.StandingNone, err
 	}
@@ -161,9 +209,9 @@ func (s classStandings) Standing(a netip.Addr) (class.Standing, error) {
 
 // l7Stats are the L7 stage's request counts by route and decision (nil:
 // not serving).
-func (d *Daemon) l7Stats() []control.L7RouteStat {
+func (l *l7Run) stats() []control.L7RouteStat {
 	var out []control.L7RouteStat
-	for _, r := range d.l7.Decisions() {
+	for _, r := range l.stage.Decisions() {
 		out = append(out, control.L7RouteStat{Route: r.Route, Allowed: r.Allowed, Limited: r.Limited, Shed: r.Shed, Escalated: r.Escalated})
 	}
 	return out
@@ -174,9 +222,9 @@ func (d *Daemon) l7Stats() []control.L7RouteStat {
 // lock (a reload may hold it while closing the proxy that is calling): the
 // request is queued for the daemon's escalation loop, or dropped with an
 // error when the queue is full.
-func (d *Daemon) Escalate(ctx context.Context, src netip.Prefix, ttl time.Duration, reason string) error {
+func (l *l7Run) Escalate(ctx context.Context, src netip.Prefix, ttl time.Duration, reason string) error {
 	select {
-	case d.escalations <- control.ListChange{Prefix: src, TTL: control.Duration(ttl), Reason: reason, Origin: "l7"}:
+	case l.escalations <- control.ListChange{Prefix: src, TTL: control.Duration(ttl), Reason: reason, Origin: "l7"}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -186,14 +234,14 @@ func (d *Daemon) Escalate(ctx context.Context, src netip.Prefix, ttl time.Durati
 }
 
 // applyEscalations adds the L7 stage's escalations to the deny list.
-func (d *Daemon) applyEscalations(ctx context.Context) error {
+func (l *l7Run) applyEscalations(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case ch := <-d.escalations:
-			if _, err := d.AddToList(control.Deny, ch); err != nil {
-				d.log.Error("escalate to the deny list", "prefix", ch.Prefix, "err", err)
+		case ch := <-l.escalations:
+			if err := l.deny(ch); err != nil {
+				l.log.Error("escalate to the deny list", "prefix", ch.Prefix, "err", err)
 			}
 		}
 	}
@@ -202,25 +250,25 @@ func (d *Daemon) applyEscalations(ctx context.Context) error {
 // reopenLogs reopens the L7 access log on ReopenLogs (SIGUSR1): logrotate
 // renames the file, then signals; the next lines go to a new file at the
 // configured path. A failure is logged and the old file kept.
-func (d *Daemon) reopenLogs(ctx context.Context) error {
+func (l *l7Run) reopenLogs(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-d.opts.ReopenLogs:
-			err := d.l7.ReopenAccessLog() // the rate-limit service writes through it
-			d.mu.Lock()
+		case <-l.reopen:
+			err := l.stage.ReopenAccessLog() // the rate-limit service writes through it
+			l.mu.Lock()
 			if err != nil {
-				d.reopenFailed = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)
+				l.reopenFailed = fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err)
 			} else {
-				d.reopenFailed = ""
+				l.reopenFailed = ""
 			}
-			d.mu.Unlock()
+			l.mu.Unlock()
 			if err != nil {
-				d.log.Error("reopen the l7 access log; still writing the old file", "err", err)
+				l.log.Error("reopen the l7 access log; still writing the old file", "err", err)
 				continue
 			}
-			d.log.Info("l7 access log reopened", "trigger", "sigusr1")
+			l.log.Info("l7 access log reopened", "trigger", "sigusr1")
 		}
 	}
 }

@@ -154,10 +154,8 @@ func (d *Daemon) tidyLinkPins() {
 		return
 	}
 	tc := map[string]bool{}
-	if d.syn != nil && d.syn.path != nil {
-		for _, name := range d.syn.path.TCIfaces() {
-			tc[name] = true
-		}
+	for _, name := range d.syn.tcIfaces() {
+		tc[name] = true
 	}
 	for _, pl := range pls {
 		if (pl.Kind == "xdp" && d.atts[pl.Name] != nil) || (pl.Kind == "tcx" && tc[pl.Name]) {

@@ -39,7 +39,7 @@ func (d *Daemon) edgeguardCollectors() []prometheus.Collector {
 	out = append(out, d.controlCollectors()...)
 	out = append(out, newSynCollector(d), fleetCollector{d})
 	out = append(out, newShieldCollector(d)...)
-	out = append(out, newSamplerCollector(d), newBGPCollector(d))
+	out = append(out, newSamplerCollector(d.samples), newBGPCollector(d))
 	return append(out, d.capture.collectors()...)
 }
 
@@ -68,7 +68,7 @@ func (d *Daemon) controlCollectors() []prometheus.Collector {
 	}, func() float64 {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		if d.listsUnsaved != nil {
+		if d.lists.unsaved != nil {
 			return 1
 		}
 		return 0
@@ -79,7 +79,7 @@ func (d *Daemon) controlCollectors() []prometheus.Collector {
 	}, func() float64 {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		return float64(d.listsSaveFailures)
+		return float64(d.lists.saveFailures)
 	})}
 }
 

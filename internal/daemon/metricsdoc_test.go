@@ -20,7 +20,7 @@ func TestEveryFamilyDocumented(t *testing.T) {
 	}
 	d := newDaemon(Options{})
 	var missing, names []string
-	for n := range testenv.DescribedNames(t, append(d.edgeguardCollectors(), d.l7.Collector())...) {
+	for n := range testenv.DescribedNames(t, append(d.edgeguardCollectors(), d.l7.stage.Collector())...) {
 		names = append(names, n)
 	}
 	// Families of collectors that describe nothing up front (the L7

@@ -18,8 +18,12 @@ import (
 // (other than by a TCP handshake, which gives no priority) is not written
 // again. The proxy rate-limits the calls
 // (standing.l7_promotion.rate); no daemon lock is taken.
-func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error {
-	e, err := d.m.Standing.Lookup(src)
+func (w *standingWatch) Promote(_ context.Context, src netip.Addr, reason string) error {
+	st := w.store()
+	if st == nil {
+		return fmt.Errorf("promote %s: no data plane loaded", src)
+	}
+	e, err := st.Lookup(src)
 	if err != nil {
 		return fmt.Errorf("promote %s: %w", src, err)
 	}
@@ -29,10 +33,10 @@ func (d *Daemon) Promote(_ context.Context, src netip.Addr, reason string) error
 		// ranking"): promotion still writes over it.
 		return nil
 	case e.Tracked && e.Standing == maps.StandingPenalised:
-		d.log.Debug("l7 promotion of a penalised source skipped", "src", src, "reason", reason)
+		w.log.Debug("l7 promotion of a penalised source skipped", "src", src, "reason", reason)
 		return nil
 	}
-	if err := d.m.Standing.Set(src, maps.StandingValidated); err != nil {
+	if err := st.Set(src, maps.StandingValidated); err != nil {
 		return fmt.Errorf("promote %s: %w", src, err)
 	}
 	return nil

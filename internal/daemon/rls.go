@@ -29,7 +29,7 @@ func (d *Daemon) rlsRoutes(mux *http.ServeMux) {
 			}
 			req.Descriptors = append(req.Descriptors, desc)
 		}
-		svc := d.rls.Service()
+		svc := d.l7.rls.Service()
 		if svc == nil {
 			writeError(w, http.StatusNotFound, errors.New("the rate-limit service is off (no l7 rls: section)"))
 			return

@@ -97,10 +97,10 @@ func TestSamplerCounters(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- d.readRateSamples(ctx) }()
+	go func() { done <- d.samples.readRates(ctx) }()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(20 * time.Second)
-	for d.shield.read.Load() < uint64(m[sent]) && time.Now().Before(deadline) {
+	for d.samples.read.Load() < uint64(m[sent]) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	m2 := scrape(t, d)

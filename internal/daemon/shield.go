@@ -48,7 +48,7 @@ type shieldRun struct {
 	// BGP speaker announces fingerprints as FlowSpec rules).
 	onChange func(shield.Change)
 
-	in chan shield.Sample // from readSamples; full: the sample is dropped and counted
+	in chan shield.Sample // from sampleRings.readRates; full: the sample is dropped and counted
 
 	// turn serializes the engine's two writers of the data plane: the
 	// interval's close (tick, the shield's loop) and a generation's
@@ -67,7 +67,6 @@ type shieldRun struct {
 
 	dropped, failed atomic.Uint64
 	noSlot          atomic.Uint64 // fingerprints not installed for lack of a mask slot
-	read            atomic.Uint64 // 1-in-N samples read from the ring buffer
 	auditMu         sync.Mutex
 	mitigate        prometheus.Histogram
 }

@@ -123,7 +123,7 @@ func BenchmarkShieldSamplePath(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		st.read.Add(1)
+		d.samples.read.Add(1)
 		d.shield.sample(s)
 		select {
 		case smp := <-st.in:

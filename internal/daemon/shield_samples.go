@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"time"
@@ -22,21 +21,6 @@ func sampleWeight(s maps.Sample) (float64, bool) {
 // sampleFields copies the header fields 1-in-N samples carry.
 func sampleFields(out *shield.Sample, s maps.Sample) {
 	out.TTL, out.TCPFlags, out.Passed = s.TTL, s.TCPFlags, s.Passed
-}
-
-// readRateSamples feeds the data plane's 1-in-N samples (their own ring
-// buffer, one reader) to the shield. Without the ring buffer the shield
-// learns from the aggregate counters alone.
-func (d *Daemon) readRateSamples(ctx context.Context) error {
-	r, err := d.m.Samples.NewRateReader()
-	if err != nil {
-		d.log.Warn("shield: no 1-in-N samples; it learns from the aggregate counters alone", "err", err)
-		return nil
-	}
-	return d.readRing(ctx, "1-in-N samples", r, func(s maps.Sample) {
-		d.shield.read.Add(1)
-		d.shield.sample(s)
-	})
 }
 
 // fieldMasks maps the shield's fingerprint fields to the data plane's.

@@ -100,7 +100,7 @@ func TestShieldTightensThroughOverride(t *testing.T) {
 	d := loadedDaemon(t, Options{StateDir: state}, shieldTestPolicy(asnPath))
 	ctx, cancel := context.WithCancel(context.Background())
 	readerDone := make(chan error, 1)
-	go func() { readerDone <- d.readRateSamples(ctx) }()
+	go func() { readerDone <- d.samples.readRates(ctx) }()
 	t.Cleanup(func() { cancel(); <-readerDone })
 	send := func(src string, n int) {
 		t.Helper()
@@ -335,7 +335,7 @@ func fingerprintFlood(t *testing.T, d *Daemon) func(frame []byte, n int) uint32 
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	readerDone := make(chan error, 1)
-	go func() { readerDone <- d.readRateSamples(ctx) }()
+	go func() { readerDone <- d.samples.readRates(ctx) }()
 	t.Cleanup(func() { cancel(); <-readerDone })
 	run := func(frame []byte, n int) uint32 {
 		t.Helper()

@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
+	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // How the daemon watches standing and congestion (docs/operations.md,
@@ -35,9 +37,23 @@ type congestion struct {
 	start [maps.ClassAggGlobal + 1][maps.ClassUnknown + 1][4]maps.Counter
 }
 
-// standingWatch keeps the congestion state the daemon reports.
+// standingWatch is the standing subsystem: the congestion watch (the
+// class counters each congestionTick, the instances from the drop
+// samples) and the standing table's sweep. It follows the committed
+// generation (its standing settings, its rules' names); it writes only
+// the standing table.
 type standingWatch struct {
-	mu    sync.Mutex
+	log *slog.Logger
+	// The data plane's stores, set once it is loaded: it writes standing
+	// and reads the lists (the sweep) and the live rule slots.
+	standing *maps.StandingStore
+	lists    *maps.ListStore
+	gens     *maps.Generations
+
+	mu sync.Mutex // guards what follows; a leaf
+	// gen is the generation last followed (nil before the first).
+	gen   *policy.Compiled
+	names map[uint32]string // its rule id -> name
 	state [maps.ClassAggGlobal + 1]congestion
 	last  maps.ClassCounters
 	have  bool
@@ -75,7 +91,7 @@ func classShares(from, to *maps.ClassCounters, agg maps.ClassAgg) map[string]uin
 // observe takes one reading of the class counters: an aggregate kind that
 // refused a new source since the last reading is congested; one that has
 // refused none for congestionCalm is not. Entering and leaving are logged.
-func (d *Daemon) observeCongestion(w *standingWatch, cur maps.ClassCounters, now time.Time) {
+func (w *standingWatch) observe(cur maps.ClassCounters, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.have {
@@ -90,14 +106,14 @@ func (d *Daemon) observeCongestion(w *standingWatch, cur maps.ClassCounters, now
 		case refused > 0 && st.since.IsZero():
 			st.since, st.lastSeen = now, now
 			st.start = cur[0]
-			d.log.Warn("aggregate congested: new and penalised sources are held to the budget less the reserve",
+			w.log.Warn("aggregate congested: new and penalised sources are held to the budget less the reserve",
 				"aggregate", name, "refused_new", refused)
 		case refused > 0:
 			st.lastSeen = now
 		case !st.since.IsZero() && now.Sub(st.lastSeen) >= congestionCalm:
 			from := maps.ClassCounters{cur[0]}
 			from[0] = st.start
-			d.log.Info("aggregate left congestion", "aggregate", name,
+			w.log.Info("aggregate left congestion", "aggregate", name,
 				"lasted", now.Sub(st.since).Round(time.Second), "admitted_by_class", classShares(&from, &cur, agg))
 			st.since = time.Time{}
 		}
@@ -124,9 +140,29 @@ func (w *standingWatch) status(now time.Time) []control.Congestion {
 	return out
 }
 
-// watchStanding runs the congestion watch and the standing sweep until ctx
-// ends.
-func (d *Daemon) watchStanding(ctx context.Context) error {
+func newStandingWatch(log *slog.Logger) *standingWatch {
+	return &standingWatch{log: log}
+}
+
+// store is the standing table; nil before the data plane loads.
+func (w *standingWatch) store() *maps.StandingStore { return w.standing }
+
+// useMaps gives the watch the loaded data plane's stores.
+func (w *standingWatch) useMaps(m *maps.Maps) {
+	w.standing, w.lists, w.gens = m.Standing, m.Lists, m.Generations
+}
+
+// follow takes the committed generation's standing settings and rule
+// names, for the next tick and sweep. It cannot fail.
+func (w *standingWatch) follow(_ context.Context, c committed) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gen, w.names = c.run.compiled, c.run.names
+	return nil
+}
+
+// run runs the congestion watch and the standing sweep until ctx ends.
+func (w *standingWatch) run(ctx context.Context) error {
 	tick := time.NewTicker(congestionTick)
 	defer tick.Stop()
 	lastSweep := time.Now()
@@ -135,35 +171,39 @@ func (d *Daemon) watchStanding(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-tick.C:
-			if c, err := d.m.Standing.ClassCounters(); err != nil {
-				d.log.Error("read class counters", "err", err)
+			if c, err := w.standing.ClassCounters(); err != nil {
+				w.log.Error("read class counters", "err", err)
 			} else {
-				d.observeCongestion(d.standing, c, now)
+				w.observe(c, now)
 			}
-			d.standing.tickInstances(d.log, d.ruleSlots(), now)
+			w.tickInstances(w.log, w.ruleSlots(), now)
 			if now.Sub(lastSweep) >= standingSweep {
 				lastSweep = now
-				if err := d.sweepStanding(); err != nil {
-					d.log.Error("sweep standing table", "err", err)
+				if err := w.sweep(); err != nil {
+					w.log.Error("sweep standing table", "err", err)
 				}
 			}
 		}
 	}
 }
 
-// sweepStanding removes entries that no longer carry anything (new sources
+// sweep removes entries that no longer carry anything (new sources
 // gone longer than established_after, whose history would start over
 // anyway; established and validated ones silent for standingRetention;
 // penalties that are over) and penalises sources the deny list holds.
-func (d *Daemon) sweepStanding() error {
-	entries, err := d.m.Standing.All()
+func (w *standingWatch) sweep() error {
+	entries, err := w.standing.All()
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	std := d.cur.compiled.Standing
-	d.mu.Unlock()
-	lists, err := d.m.Lists.All()
+	w.mu.Lock()
+	gen := w.gen
+	w.mu.Unlock()
+	if gen == nil {
+		return nil // no generation followed yet
+	}
+	std := gen.Standing
+	lists, err := w.lists.All()
 	if err != nil {
 		return err
 	}
@@ -182,10 +222,10 @@ func (d *Daemon) sweepStanding() error {
 		idle := time.Duration(mono - min(e.LastSeenNS, mono))
 		inForce := time.Duration(mono - min(e.SinceNS, mono))
 		if e.Standing != maps.StandingPenalised && coveredBy(denied, e.Addr) {
-			if err := d.m.Standing.SetWhy(e.Addr, maps.StandingPenalised, maps.WhyDeny); err != nil {
+			if err := w.standing.SetWhy(e.Addr, maps.StandingPenalised, maps.WhyDeny); err != nil {
 				return err
 			}
-			d.log.Debug("source penalised", "source", e.Addr, "was", maps.StandingName(e.Standing),
+			w.log.Debug("source penalised", "source", e.Addr, "was", maps.StandingName(e.Standing),
 				"why", maps.StandingWhyName(maps.WhyDeny))
 			penalised++
 			continue
@@ -200,14 +240,14 @@ func (d *Daemon) sweepStanding() error {
 			drop = idle > standingRetention
 		}
 		if drop {
-			if err := d.m.Standing.Delete(e.Addr); err != nil {
+			if err := w.standing.Delete(e.Addr); err != nil {
 				return err
 			}
 			removed++
 		}
 	}
 	if removed+penalised > 0 {
-		d.log.Debug("standing table swept", "entries", len(entries), "removed", removed, "penalised_deny_list", penalised)
+		w.log.Debug("standing table swept", "entries", len(entries), "removed", removed, "penalised_deny_list", penalised)
 	}
 	return nil
 }
@@ -222,19 +262,19 @@ func coveredBy(ps []netip.Prefix, a netip.Addr) bool {
 }
 
 // standingStats is the standing section of edgectl stats and status.
-func (d *Daemon) standingStats() (*control.StandingStats, error) {
-	c, err := d.m.Standing.ClassCounters()
+func (w *standingWatch) stats() (*control.StandingStats, error) {
+	c, err := w.standing.ClassCounters()
 	if err != nil {
 		return nil, err
 	}
-	ev, err := d.m.Standing.Counts()
+	ev, err := w.standing.Counts()
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
 	out := &control.StandingStats{
-		Congestion: d.standing.status(now),
-		Instances:  d.standing.instanceStatus(now),
+		Congestion: w.status(now),
+		Instances:  w.instanceStatus(now),
 		Events: map[string]uint64{"created": ev.Created, "table_full": ev.Full,
 			"established": ev.Established, "penalised": ev.Penalised, "validated_tcp": ev.Validated, "jumped": ev.Jumped},
 	}

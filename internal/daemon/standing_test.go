@@ -24,17 +24,17 @@ func TestCongestionEvents(t *testing.T) {
 	w := d.standing
 	t0 := time.Unix(1_000_000, 0)
 	var c maps.ClassCounters
-	d.observeCongestion(w, c, t0)
+	w.observe(c, t0)
 	if st := w.status(t0); len(st) != 3 || st[0].Congested || st[1].Congested || st[2].Congested {
 		t.Fatalf("first reading: %+v", st)
 	}
 	asn := maps.ClassAggASN
 	c[0][asn][maps.ClassNew][maps.OutcomeRefusedReserve].Packets = 500
-	d.observeCongestion(w, c, t0.Add(time.Second))
+	w.observe(c, t0.Add(time.Second))
 	c[0][asn][maps.ClassNew][maps.OutcomeRefusedReserve].Packets = 900
 	c[0][asn][maps.ClassEstablished][maps.OutcomeAdmittedReserve].Packets = 300
 	c[0][asn][maps.ClassNew][maps.OutcomeAdmitted].Packets = 100
-	d.observeCongestion(w, c, t0.Add(2*time.Second))
+	w.observe(c, t0.Add(2*time.Second))
 	st := w.status(t0.Add(2 * time.Second))
 	if !st[asn].Congested || st[maps.ClassAggPrefix].Congested || !st[asn].Since.Equal(t0.Add(time.Second)) ||
 		st[asn].AdmittedByClass["established"] != 300 || st[asn].AdmittedByClass["new"] != 100 {
@@ -44,11 +44,11 @@ func TestCongestionEvents(t *testing.T) {
 		t.Fatalf("%d congestion events logged, want 1:\n%s", n, buf.String())
 	}
 	// Quiet for less than congestionCalm: still congested.
-	d.observeCongestion(w, c, t0.Add(5*time.Second))
+	w.observe(c, t0.Add(5*time.Second))
 	if st := w.status(t0.Add(5 * time.Second)); !st[asn].Congested {
 		t.Fatal("left congestion before congestionCalm")
 	}
-	d.observeCongestion(w, c, t0.Add(2*time.Second+congestionCalm))
+	w.observe(c, t0.Add(2*time.Second+congestionCalm))
 	if st := w.status(t0.Add(8 * time.Second)); st[asn].Congested {
 		t.Fatal("still congested after congestionCalm without a refusal")
 	}
@@ -87,7 +87,7 @@ metrics: {listen: ""}
 	put("198.18.0.1", maps.StandingNew, mono-uint64(time.Minute)) // new, idle 1 min > 30 s
 	put("198.18.0.2", maps.StandingNew, mono)                     // new, active
 	put("198.18.0.3", maps.StandingEstablished, mono-uint64(time.Minute))
-	if err := d.sweepStanding(); err != nil {
+	if err := d.standing.sweep(); err != nil {
 		t.Fatal(err)
 	}
 	look := func(addr string) maps.StandingEntry {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/loader"
-	"github.com/edgeguard/edgeguard/internal/maps"
-	"github.com/edgeguard/edgeguard/internal/policy"
 )
 
 // The state directory (--state-dir, /var/lib/edgeguard under systemd's
@@ -161,187 +158,6 @@ func (d *Daemon) readStateFile(name string, decode func([]byte) error) (bool, er
 		return false, nil
 	}
 	return true, nil
-}
-
-// saveLists writes the run-time entries. Caller holds d.mu.
-func (d *Daemon) saveLists() error {
-	path := d.statePath(listsFile)
-	if path == "" {
-		return nil
-	}
-	out := []savedEntry{}
-	for kind, entries := range d.dyn {
-		for p, e := range entries {
-			out = append(out, savedEntry{List: kind, Prefix: p, Expires: e.expires, Origin: e.origin, Reason: e.reason, Host: e.host})
-		}
-	}
-	data, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := writeFileAtomic(path, data, 0o600); err != nil {
-		err = fmt.Errorf("save run-time list entries: %w", err)
-		d.listsSaveFailures++
-		if d.listsUnsaved == nil {
-			d.listsUnsavedAt = time.Now()
-		}
-		d.listsUnsaved = err
-		return err
-	}
-	if d.listsUnsaved != nil {
-		d.log.Info("run-time list entries saved again", "file", path, "unsaved_since", d.listsUnsavedAt)
-	}
-	d.listsUnsaved = nil
-	return nil
-}
-
-// listsNotSaved says why the run-time entries in force are not saved, for
-// status; "" when they are. Caller holds d.mu.
-func (d *Daemon) listsNotSaved() string {
-	if d.listsUnsaved == nil {
-		return ""
-	}
-	return fmt.Sprintf("run-time list entries NOT saved since %s (a restart loses the changes since): %v",
-		d.listsUnsavedAt.UTC().Format(time.RFC3339), d.listsUnsaved)
-}
-
-// loadLists reads the entries a previous run saved; expired ones are
-// dropped. Each entry is decoded on its own: one that does not parse or
-// makes no sense is skipped with an error naming it, the others load, and
-// the file as it was is copied aside as lists.json.corrupt once the start
-// succeeded (the next save rewrites lists.json without the bad entries). A
-// file that is not a list at all (truncated, null) is set aside whole;
-// start then recovers the run-time entries from the pinned data plane
-// (recoverLists).
-func (d *Daemon) loadLists() error {
-	var raws []json.RawMessage
-	ok, err := d.readStateFile(listsFile, func(b []byte) error {
-		if string(bytes.TrimSpace(b)) == "null" {
-			return errors.New("it holds null, not a list of entries")
-		}
-		return json.Unmarshal(b, &raws)
-	})
-	if err != nil {
-		return err
-	}
-	if !ok {
-		if path := d.statePath(listsFile); path != "" {
-			if _, serr := os.Stat(path); serr == nil {
-				d.listsCorrupt = true // present, and set aside (or about to be)
-			}
-		}
-		return nil
-	}
-	now := time.Now()
-	n, bad := 0, 0
-	for i, raw := range raws {
-		var e savedEntry
-		err := json.Unmarshal(raw, &e)
-		switch {
-		case err != nil:
-		case e.List != control.Deny && e.List != control.Allow:
-			err = fmt.Errorf("unknown list %q", e.List)
-		case !e.Prefix.IsValid():
-			err = errors.New("no prefix")
-		}
-		if err != nil {
-			bad++
-			text := string(raw)
-			if len(text) > 200 {
-				text = text[:200] + "..."
-			}
-			d.log.Error("saved list entry skipped: it does not parse; the others load", "file", d.statePath(listsFile),
-				"entry", i, "text", text, "err", err)
-			continue
-		}
-		if !e.Expires.IsZero() && !e.Expires.After(now) {
-			continue
-		}
-		d.dyn[e.List][e.Prefix.Masked()] = dynEntry{expires: e.Expires, origin: e.Origin, reason: e.Reason, host: e.Host}
-		n++
-	}
-	if bad > 0 {
-		path := d.statePath(listsFile)
-		d.afterStart = append(d.afterStart, func() {
-			data, err := os.ReadFile(path)
-			if err == nil {
-				err = writeFileAtomic(path+".corrupt", data, 0o600)
-			}
-			if err != nil {
-				d.log.Error("keep a copy of the lists file with the skipped entries", "err", err)
-				return
-			}
-			d.log.Error("lists file had entries that do not parse: a copy is kept", "file", path,
-				"copy", path+".corrupt", "skipped", bad)
-		})
-	}
-	if n > 0 {
-		d.log.Info("restored run-time list entries", "path", d.statePath(listsFile), "entries", n)
-	}
-	return nil
-}
-
-// recoverLists, at a start whose lists file was set aside, takes the
-// run-time entries the re-opened data plane still enforces as run-time
-// entries again, instead of removing them: every deny (allow) in force that
-// no policy deny (allow) entry covers. The data plane folds a covering
-// entry into the more specific ones under it, so a recovered wide entry
-// can also come back on a more specific prefix the policy lists (the same
-// verdicts while both stand). The data plane keeps no reason nor origin: they come back as
-// cli entries with the reason saying where they came from. Caller is
-// start, after the data plane loaded and before the policy is applied.
-func (d *Daemon) recoverLists(pol *running) {
-	have, err := d.m.Lists.All()
-	if err != nil {
-		d.log.Error("recover run-time list entries from the data plane", "err", err)
-		return
-	}
-	mono, err := maps.MonoNow()
-	if err != nil {
-		d.log.Error("recover run-time list entries from the data plane", "err", err)
-		return
-	}
-	wall := time.Now()
-	covered := func(entries []policy.ListEntry, p netip.Prefix) bool {
-		for _, e := range entries {
-			if e.Prefix.Masked().Overlaps(p) && e.Prefix.Bits() <= p.Bits() {
-				return true
-			}
-		}
-		return false
-	}
-	n := 0
-	for _, e := range have {
-		for _, l := range []struct {
-			kind   control.ListKind
-			until  uint64
-			policy []policy.ListEntry
-		}{{control.Deny, e.DenyUntil, pol.pol.Deny}, {control.Allow, e.AllowUntil, pol.pol.Allow}} {
-			if l.until == 0 || (l.until != maps.Forever && l.until <= mono) || covered(l.policy, e.Prefix) {
-				continue
-			}
-			if _, ok := d.dyn[l.kind][e.Prefix]; ok {
-				continue
-			}
-			de := dynEntry{origin: "cli", reason: "recovered from the data plane: " + listsFile + " was corrupt"}
-			if l.until != maps.Forever {
-				de.expires = wall.Add(time.Duration(l.until - mono))
-			}
-			d.dyn[l.kind][e.Prefix] = de
-			n++
-		}
-	}
-	d.log.Warn("lists file set aside: run-time entries recovered from the pinned data plane (reasons and origins are lost)",
-		"file", d.statePath(listsFile), "entries", n)
-	// Saved once the start succeeded (after the corrupt file was set
-	// aside), so a restart keeps them.
-	d.afterStart = append(d.afterStart, func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		if err := d.saveLists(); err != nil {
-			d.log.Error("save the recovered list entries", "err", err)
-		}
-	})
 }
 
 // loadApplied reads the policy a previous 'edgectl policy apply' saved.

@@ -3,15 +3,14 @@ package daemon
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/edgeguard/edgeguard/internal/control"
 	"github.com/edgeguard/edgeguard/internal/maps"
@@ -61,10 +60,38 @@ func (h *history) span(window time.Duration) (old, cur snapshot, ok bool) {
 	return old, cur, true
 }
 
-func (d *Daemon) snapshot() (snapshot, error) {
+// counterWatch is the counters subsystem: a reading of the verdict
+// counters each second into history (rates for stats, the offered rate
+// for BGP's automatic blackhole), and the counter lines on Out. It
+// follows the committed generation for the rules whose counters it reads;
+// it writes no map.
+type counterWatch struct {
+	log      *slog.Logger
+	store    *maps.CounterStore // nil before the data plane loads
+	history  *history
+	out      io.Writer // counter lines every interval; nil: none
+	interval time.Duration
+
+	mu  sync.Mutex // guards ids; a leaf
+	ids []uint32   // the followed generation's rule ids
+}
+
+// follow takes the committed generation's rule ids. It cannot fail.
+func (c *counterWatch) follow(_ context.Context, gen committed) error {
+	ids := make([]uint32, 0, len(gen.run.names))
+	for id := range gen.run.names {
+		ids = append(ids, id)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ids = ids
+	return nil
+}
+
+func (c *counterWatch) snapshot() (snapshot, error) {
 	s := snapshot{at: time.Now()}
 	var err error
-	if s.slots, err = d.m.Counters.BySlot(); err != nil {
+	if s.slots, err = c.store.BySlot(); err != nil {
 		return s, err
 	}
 	for _, c := range s.slots {
@@ -75,50 +102,64 @@ func (d *Daemon) snapshot() (snapshot, error) {
 			}
 		}
 	}
-	d.mu.Lock()
-	ids := make([]uint32, 0, len(d.cur.names))
-	for id := range d.cur.names {
-		ids = append(ids, id)
-	}
-	d.mu.Unlock()
-	if s.rules, err = d.m.Counters.Rules(ids); err != nil {
+	c.mu.Lock()
+	ids := c.ids
+	c.mu.Unlock()
+	if s.rules, err = c.store.Rules(ids); err != nil {
 		return s, err
 	}
 	return s, nil
 }
 
-// sampleCounters reads the counters every second for rates, and prints a
-// counters line every Interval.
-func (d *Daemon) sampleCounters(ctx context.Context) error {
+// run reads the counters every second for rates, and prints a counters
+// line every interval.
+func (c *counterWatch) run(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastLine := time.Now()
-	out := d.opts.Out
+	out := c.out
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		s, err := d.snapshot()
+		s, err := c.snapshot()
 		if err != nil {
-			d.log.Error("read counters", "err", err)
+			c.log.Error("read counters", "err", err)
 			continue
 		}
-		d.history.add(s)
-		if d.opts.Interval > 0 && out != nil && time.Since(lastLine) >= d.opts.Interval {
-			if old, cur, ok := d.history.span(d.opts.Interval); ok {
-				occ, _ := d.m.Counters.Tables()
+		c.history.add(s)
+		if c.interval > 0 && out != nil && time.Since(lastLine) >= c.interval {
+			if old, cur, ok := c.history.span(c.interval); ok {
+				occ, _ := c.store.Tables()
 				if _, err := fmt.Fprintln(out, CounterLine(old.total, cur.total, cur.at.Sub(old.at), occ)); err != nil {
 					// Stdout went away (edgectl run | head -1): the
 					// daemon goes on enforcing, without counter lines.
-					d.log.Warn("counter lines stopped: stdout is gone; the daemon keeps running", "err", err)
+					c.log.Warn("counter lines stopped: stdout is gone; the daemon keeps running", "err", err)
 					out = nil
 				}
 			}
 			lastLine = time.Now()
 		}
 	}
+}
+
+// offeredRate is every byte the data plane saw (passed, dropped, any
+// reason) per second over about the last second, from the counters.
+func (c *counterWatch) offeredRate() (float64, bool) {
+	old, cur, ok := c.history.span(time.Second)
+	dt := cur.at.Sub(old.at).Seconds()
+	if !ok || dt <= 0 {
+		return 0, false
+	}
+	var sum uint64
+	for a := range cur.total {
+		for r := range cur.total[a] {
+			sum += cur.total[a][r].Bytes - old.total[a][r].Bytes
+		}
+	}
+	return float64(sum) / dt, true
 }
 
 // CounterLine formats one line of rates between two counter readings.
@@ -150,22 +191,22 @@ func CounterLine(prev, cur maps.Counters, dt time.Duration, occ map[string]maps.
 // Stats builds the answer of `edgectl stats`.
 func (d *Daemon) Stats() (control.Stats, error) {
 	const window = 5 * time.Second
-	old, cur, ok := d.history.span(window)
+	old, cur, ok := d.counters.history.span(window)
 	if !ok {
-		s, err := d.snapshot()
+		s, err := d.counters.snapshot()
 		if err != nil {
 			return control.Stats{}, err
 		}
 		old, cur = s, s
 	}
-	st := buildStats(old, cur, d.ruleNames(), d.tables())
-	if s, err := d.standingStats(); err == nil {
+	st := buildStats(old, cur, d.ruleNames(), d.counters.tables())
+	if s, err := d.standing.stats(); err == nil {
 		st.Standing = s
 	}
 	st.SYN = d.synStats()
-	st.Sampler = d.samplerStats()
-	st.L7 = d.l7Stats()
-	st.L7Classes = d.l7Classes()
+	st.Sampler = d.samples.stats()
+	st.L7 = d.l7.stats()
+	st.L7Classes = d.l7.classes()
 	return st, nil
 }
 
@@ -175,8 +216,9 @@ func (d *Daemon) ruleNames() map[uint32]string {
 	return d.cur.names
 }
 
-func (d *Daemon) tables() map[string]control.Fill {
-	occ, err := d.m.Counters.Tables()
+// tables are the data plane's tables' fill.
+func (c *counterWatch) tables() map[string]control.Fill {
+	occ, err := c.store.Tables()
 	if err != nil {
 		return nil
 	}
@@ -339,48 +381,4 @@ func topN(m map[[2]string]uint64, total uint64, n int) []control.TopEntry {
 		out = out[:n]
 	}
 	return out
-}
-
-// readSamples feeds drop samples from the ring buffer to the top-talker
-// counts.
-func (d *Daemon) readSamples(ctx context.Context) error {
-	r, err := d.m.Samples.NewDropReader()
-	if err != nil {
-		return err
-	}
-	return d.readRing(ctx, "drop samples", r, func(s maps.Sample) {
-		now := time.Now()
-		d.top.add(now, s)
-		d.recent.add(now, s)
-		d.standing.congestionSample(now, s)
-	})
-}
-
-// readRing hands each sample of r to each until ctx ends (which closes r)
-// or the ring fails. A record that is not a sample is skipped and logged
-// (the first, then every 1,000th): one bad record must not stop the reader.
-func (d *Daemon) readRing(ctx context.Context, ring string, r *maps.SampleReader, each func(maps.Sample)) error {
-	go func() {
-		<-ctx.Done()
-		r.Close()
-	}()
-	var bad uint64
-	for {
-		s, err := r.Read()
-		if errors.Is(err, maps.ErrBadSample) {
-			if bad%1000 == 0 {
-				d.log.Warn("skipped a ring buffer record that is not a sample", "ring", ring, "skipped", bad+1, "err", err)
-			}
-			bad++
-			continue
-		}
-		if err != nil {
-			if errors.Is(err, ringbuf.ErrClosed) || ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		each(s)
-		d.capture.publish(s, r.Frame())
-	}
 }

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -38,13 +37,23 @@ type subscriber struct {
 //     the data plane is whole before anything reads it.
 //  2. l7: the L7 stage prepared for this generation (its listener bound,
 //     its proxy built, before the commit) is made live.
-//  3. shield: it re-reads the new generation's rule slots and shapes and
+//  3. standing: the congestion watch names congested instances by the
+//     generation's rules and the sweep keeps entries by its standing
+//     settings; it writes only the standing table (entries the data plane
+//     and the L7 classes read as they always do), and cannot fail.
+//  4. capture: the capture streams name their frames' rules and describe
+//     the sampling by the generation; it writes nothing and cannot fail.
+//  5. sampler: the sample readers report the generation's sampler
+//     settings (edgectl stats); it writes nothing and cannot fail.
+//  6. counters: the counter readings take the generation's rules'
+//     counters; it writes nothing and cannot fail.
+//  7. shield: it re-reads the new generation's rule slots and shapes and
 //     may change overrides and fingerprints; it goes before fleet and BGP,
 //     which share its aggregate watches (fleet) and announce its
 //     fingerprints (BGP), so they see the shield as this generation has it.
-//  4. fleet: budgets and lists shared through Redis; after the shield, so
+//  8. fleet: budgets and lists shared through Redis; after the shield, so
 //     a watch both need is handed over, never dropped between them.
-//  5. bgp: announcements leave the host: the most visible effect goes
+//  9. bgp: announcements leave the host: the most visible effect goes
 //     last, once everything it reports on (the shield's fingerprints, the
 //     destinations) follows the generation; a new speaker adopts the
 //     shield's actions in force.
@@ -53,8 +62,12 @@ type subscriber struct {
 // reaches a subsystem, the start's first included.
 func (d *Daemon) subscribers() []subscriber {
 	return []subscriber{
-		{"syn", d.followSyn},
+		{"syn", d.syn.follow},
 		{"l7", followL7},
+		{"standing", d.standing.follow},
+		{"capture", d.capture.follow},
+		{"sampler", d.samples.follow},
+		{"counters", d.counters.follow},
 		{"shield", d.shield.follow},
 		{"fleet", d.fleet.follow},
 		{"bgp", d.bgp.follow},
@@ -90,7 +103,9 @@ func (d *Daemon) publish(ctx context.Context, c committed) []string {
 	return problems
 }
 
-// newSubscriberFailures is edgeguard_policy_subscriber_failures_total.
+// newSubscriberFailures is edgeguard_policy_subscriber_failures_total,
+// with a zero for each part that can fail (standing, capture, sampler and
+// counters only take what they report by, and cannot).
 func newSubscriberFailures() *prometheus.CounterVec {
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "edgeguard_policy_subscriber_failures_total",
@@ -100,22 +115,6 @@ func newSubscriberFailures() *prometheus.CounterVec {
 		v.WithLabelValues(n)
 	}
 	return v
-}
-
-// followSyn writes the generation's SYN services. It keeps the limiter
-// running alone when the SYN path cannot be loaded or written ('edgectl
-// stats' says why).
-func (d *Daemon) followSyn(_ context.Context, c committed) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var errs []error
-	if err := d.applySyn(c.run.pol); err != nil {
-		errs = append(errs, fmt.Errorf("the policy's syn: section is not in force: %w", err))
-	}
-	if err := d.syncSynTC(); err != nil {
-		errs = append(errs, fmt.Errorf("tcx hand-off: %w", err))
-	}
-	return errors.Join(errs...)
 }
 
 // followL7 makes the L7 stage prepared for the generation live.

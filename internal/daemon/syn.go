@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"slices"
@@ -25,6 +26,15 @@ import (
 // front of the limiter when the kernel has what it needs, configured from
 // the policy's syn: section.
 type synStage struct {
+	log    *slog.Logger
+	dp     *loader.Datapath
+	keep   bool                                           // --keep: stop releases the path, pinned
+	locked func(func(atts map[string]*loader.Attachment)) // runs under the daemon's mu
+
+	// Under the daemon's mu: the path's loading, and the section of the
+	// generation last followed (watchMPTCP re-applies it).
+	section *policy.SYN
+
 	mu          sync.Mutex // guards names (read by metrics and stats)
 	path        *loader.SynPath
 	m           *maps.Syn
@@ -64,33 +74,55 @@ func checkSynSysctls(read func(string) ([]byte, error)) []string {
 	return bad
 }
 
-// startSyn makes the SYN stage. Nothing is probed or loaded until a
-// policy protects a service (applySyn): a policy without a syn: section
-// runs the limiter exactly as before, at no cost. Caller holds d.mu.
-func (d *Daemon) startSyn() {
-	d.syn = &synStage{}
+// newSynStage makes the SYN stage of a loaded data plane. Nothing is
+// probed or loaded until a policy protects a service (apply): a policy
+// without a syn: section runs the limiter exactly as before, at no cost.
+// locked runs a function with the daemon's attachments, under the
+// daemon's mu (the attachments are the daemon's; the SYN path follows
+// them); keep releases the path at stop instead of removing it (--keep).
+func newSynStage(log *slog.Logger, dp *loader.Datapath, keep bool, locked func(func(atts map[string]*loader.Attachment))) *synStage {
+	return &synStage{log: log, dp: dp, keep: keep, locked: locked}
 }
 
-// loadSyn puts the SYN path in front of the limiter: loaded, and swapped
+// follow writes the generation's SYN services. It keeps the limiter
+// running alone when the SYN path cannot be loaded or written ('edgectl
+// stats' says why).
+func (st *synStage) follow(_ context.Context, c committed) error {
+	if st == nil {
+		return nil // no data plane loaded
+	}
+	var errs []error
+	st.locked(func(atts map[string]*loader.Attachment) {
+		st.section = c.run.pol.SYN
+		if err := st.apply(c.run.pol.SYN, atts); err != nil {
+			errs = append(errs, fmt.Errorf("the policy's syn: section is not in force: %w", err))
+		}
+		if err := st.syncTC(atts); err != nil {
+			errs = append(errs, fmt.Errorf("tcx hand-off: %w", err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// load puts the SYN path in front of the limiter: loaded, and swapped
 // into every attached interface's link (atomic, no packet unseen). Caller
-// holds d.mu.
-func (d *Daemon) loadSyn() error {
-	st := d.syn
-	p, err := loader.LoadSyn(d.dp, loader.SynOptions{Logger: d.log})
+// holds the daemon's mu.
+func (st *synStage) load(atts map[string]*loader.Attachment) error {
+	p, err := loader.LoadSyn(st.dp, loader.SynOptions{Logger: st.log})
 	if err != nil {
 		st.unavailable = err
 		return err
 	}
 	if bad := checkSynSysctls(os.ReadFile); len(bad) > 0 {
-		d.log.Warn("syn protection: kernel settings differ from what it needs; "+
+		st.log.Warn("syn protection: kernel settings differ from what it needs; "+
 			"install deploy/sysctl.d/60-edgeguard-syn.conf (sysctl --system)", "sysctls", strings.Join(bad, ", "))
 	}
-	for name, a := range d.atts {
-		if err := a.Link.Update(d.dp.Entry()); err != nil {
+	for name, a := range atts {
+		if err := a.Link.Update(st.dp.Entry()); err != nil {
 			// Put back what was there; the limiter keeps running alone.
-			d.dp.ClearEntry()
-			for _, b := range d.atts {
-				b.Link.Update(d.dp.Entry())
+			st.dp.ClearEntry()
+			for _, b := range atts {
+				b.Link.Update(st.dp.Entry())
 			}
 			p.Close()
 			st.unavailable = err
@@ -99,7 +131,7 @@ func (d *Daemon) loadSyn() error {
 	}
 	st.path, st.m = p, maps.NewSyn(p)
 	st.unavailable = nil
-	d.log.Info("syn protection loaded (XDP SYN cookies, tcx request hand-off)")
+	st.log.Info("syn protection loaded (XDP SYN cookies, tcx request hand-off)")
 	return nil
 }
 
@@ -138,34 +170,31 @@ func synServices(s *policy.SYN) ([]maps.SynService, []string, []bool) {
 	return out, names, always
 }
 
-// applySyn writes the policy's protected services. Caller holds d.mu.
-func (d *Daemon) applySyn(p *policy.Policy) error {
-	st := d.syn
-	svcs, names, always := synServices(p.SYN)
-	if st == nil {
-		return nil
-	}
+// apply writes the section's protected services. Caller holds the
+// daemon's mu.
+func (st *synStage) apply(sec *policy.SYN, atts map[string]*loader.Attachment) error {
+	svcs, names, always := synServices(sec)
 	if st.path == nil {
 		if len(svcs) == 0 {
 			return nil
 		}
 		if st.unavailable != nil && errors.Is(st.unavailable, loader.ErrSynUnavailable) {
-			d.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", st.unavailable)
+			st.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", st.unavailable)
 			return nil
 		}
-		if err := d.loadSyn(); err != nil {
+		if err := st.load(atts); err != nil {
 			if errors.Is(err, loader.ErrSynUnavailable) {
-				d.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", err)
+				st.log.Warn("policy protects TCP services but syn protection is off on this kernel", "why", err)
 			} else {
-				d.log.Error("syn protection off: loading it failed; the limiter runs alone", "err", err)
+				st.log.Error("syn protection off: loading it failed; the limiter runs alone", "err", err)
 			}
 			return nil
 		}
-		if err := d.syncSynTC(); err != nil {
+		if err := st.syncTC(atts); err != nil {
 			return err
 		}
 	}
-	mptcp := d.passMPTCP(svcs, names)
+	mptcp := st.passMPTCP(svcs, names)
 	if err := st.m.ApplySyn(svcs); err != nil {
 		return fmt.Errorf("apply syn services: %w", err)
 	}
@@ -180,14 +209,14 @@ func (d *Daemon) applySyn(p *policy.Policy) error {
 // plain-TCP cookie SYN-ACK, which an MPTCP client's first connection does
 // not survive (it is reset). It asks the kernel (sock_diag) which sockets
 // listen with MPTCP; when it cannot, nothing changes and it says so.
-func (d *Daemon) passMPTCP(svcs []maps.SynService, names []string) []bool {
+func (st *synStage) passMPTCP(svcs []maps.SynService, names []string) []bool {
 	out := make([]bool, len(svcs))
 	if len(svcs) == 0 {
 		return out
 	}
 	ls, err := sockdiag.MPTCPListeners()
 	if err != nil {
-		d.log.Warn("syn protection: cannot tell whether protected services listen with MPTCP", "err", err)
+		st.log.Warn("syn protection: cannot tell whether protected services listen with MPTCP", "err", err)
 		return out
 	}
 	for i := range svcs {
@@ -196,7 +225,7 @@ func (d *Daemon) passMPTCP(svcs []maps.SynService, names []string) []bool {
 		}
 		out[i] = true
 		svcs[i].Mode = maps.SynOff
-		d.log.Warn("syn protection OFF for a service whose listener is MPTCP: its SYNs go to the kernel (the data "+
+		st.log.Warn("syn protection OFF for a service whose listener is MPTCP: its SYNs go to the kernel (the data "+
 			"plane's cookie SYN-ACK would reset every new MPTCP client's first connection); make the listener plain "+
 			"TCP (Go: ListenConfig.SetMultipathTCP(false), or GODEBUG=multipathtcp=0) to protect it",
 			"service", names[i], "endpoints", fmt.Sprint(svcs[i].Endpoints))
@@ -219,68 +248,61 @@ func mptcpCovers(endpoints, listeners []netip.AddrPort) bool {
 
 // watchMPTCP re-checks every 5 seconds whether protected services listen
 // with MPTCP (a restarted server may change), and re-applies the SYN
-// services when that changed.
-func (d *Daemon) watchMPTCP(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		d.mu.Lock()
-		st := d.syn
-		var svcs []maps.SynService
-		var was []bool
-		if st != nil && st.path != nil && d.cur.pol != nil {
-			svcs, _, _ = synServices(d.cur.pol.SYN)
+// services of the generation last followed when that changed.
+func (st *synStage) watchMPTCP(ctx context.Context) error {
+	return ticking(ctx, 5*time.Second, st.checkMPTCP)
+}
+
+// checkMPTCP is one check of watchMPTCP.
+func (st *synStage) checkMPTCP() {
+	var svcs []maps.SynService
+	var was []bool
+	st.locked(func(map[string]*loader.Attachment) {
+		if st.path != nil {
+			svcs, _, _ = synServices(st.section)
 			st.mu.Lock()
 			was = slices.Clone(st.mptcp)
 			st.mu.Unlock()
 		}
-		d.mu.Unlock()
-		if len(svcs) == 0 {
-			continue
-		}
-		ls, err := sockdiag.MPTCPListeners()
-		if err != nil {
-			continue
-		}
-		changed := len(was) != len(svcs)
-		for i := range svcs {
-			if i < len(was) && mptcpCovers(svcs[i].Endpoints, ls) != was[i] {
-				changed = true
-			}
-		}
-		if !changed {
-			continue
-		}
-		d.mu.Lock()
-		if d.cur.pol != nil {
-			d.log.Info("syn protection: a protected service's listener changed between TCP and MPTCP; re-applying")
-			if err := d.applySyn(d.cur.pol); err != nil {
-				d.log.Error("syn protection: re-apply after a listener change", "err", err)
-			}
-		}
-		d.mu.Unlock()
+	})
+	if len(svcs) == 0 {
+		return
 	}
+	ls, err := sockdiag.MPTCPListeners()
+	if err != nil {
+		return
+	}
+	changed := len(was) != len(svcs)
+	for i := range svcs {
+		if i < len(was) && mptcpCovers(svcs[i].Endpoints, ls) != was[i] {
+			changed = true
+		}
+	}
+	if !changed {
+		return
+	}
+	st.locked(func(atts map[string]*loader.Attachment) {
+		st.log.Info("syn protection: a protected service's listener changed between TCP and MPTCP; re-applying")
+		if err := st.apply(st.section, atts); err != nil {
+			st.log.Error("syn protection: re-apply after a listener change", "err", err)
+		}
+	})
 }
 
-// syncSynTC puts the tcx program on every attached interface. Caller holds
-// d.mu.
-func (d *Daemon) syncSynTC() error {
-	if d.syn == nil || d.syn.path == nil {
+// syncTC puts the tcx program on every attached interface. Caller holds
+// the daemon's mu.
+func (st *synStage) syncTC(atts map[string]*loader.Attachment) error {
+	if st == nil || st.path == nil {
 		return nil
 	}
-	for name := range d.atts {
-		if err := d.syn.path.AttachTC(name); err != nil {
+	for name := range atts {
+		if err := st.path.AttachTC(name); err != nil {
 			return err
 		}
 	}
-	for _, name := range d.syn.path.TCIfaces() {
-		if _, ok := d.atts[name]; !ok {
-			if err := d.syn.path.DetachTC(name); err != nil {
+	for _, name := range st.path.TCIfaces() {
+		if _, ok := atts[name]; !ok {
+			if err := st.path.DetachTC(name); err != nil {
 				return err
 			}
 		}
@@ -288,18 +310,27 @@ func (d *Daemon) syncSynTC() error {
 	return nil
 }
 
-// stopSyn releases the SYN path (kept, pinned, with --keep) or removes it.
-// Caller holds d.mu.
-func (d *Daemon) stopSyn() {
-	if d.syn == nil || d.syn.path == nil {
+// tcIfaces are the interfaces the tcx program is on. Caller holds the
+// daemon's mu.
+func (st *synStage) tcIfaces() []string {
+	if st == nil || st.path == nil {
+		return nil
+	}
+	return st.path.TCIfaces()
+}
+
+// stop releases the SYN path (kept, pinned, with --keep) or removes it.
+// Caller holds the daemon's mu.
+func (st *synStage) stop() {
+	if st == nil || st.path == nil {
 		return
 	}
-	if d.opts.Keep {
-		d.syn.path.Release()
+	if st.keep {
+		st.path.Release()
 		return
 	}
-	if err := d.syn.path.Close(); err != nil {
-		d.log.Error("syn path close", "err", err)
+	if err := st.path.Close(); err != nil {
+		st.log.Error("syn path close", "err", err)
 	}
 }
 

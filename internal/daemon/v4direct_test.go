@@ -96,7 +96,7 @@ func (d *Daemon) commitData(next running) error {
 	d.cur = next
 	d.generation++
 	c := committed{seq: d.generation, run: next, at: time.Now()}
-	err := d.syncLists()
+	err := d.lists.sync(d.cur.pol)
 	d.mu.Unlock()
 	if err != nil {
 		return err
