@@ -92,8 +92,8 @@
 //     (atts), the SYN path's loading and the section it last followed.
 //     Held only to read them or to commit a prepared change (the flip, the
 //     lists, the SYN services): never across a slow step (a generation is
-//     staged without it; Explain copies its view under it and reads the
-//     maps after).
+//     staged without it; Explain and the frame replay copy their view
+//     under it and read the maps after).
 //   - fleetLink.mu: the running fleet, its section, its error.
 //   - synStage.mu: the SYN services' names and modes (metrics, stats).
 //   - shieldRun.mu: the engine pointer, its section, generation, rule

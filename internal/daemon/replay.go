@@ -188,35 +188,51 @@ func replayFrame(m *refmodel.Model, f capture.Frame, nowNS uint64, names map[uin
 	return fv
 }
 
-// replayModel reads the live state into a model under the daemon's lock
-// and applies a candidate policy to it (nil: the running one); names are
+// replayModel reads the live state into a model (the daemon's lock held
+// only to copy the generation, names and lists) and applies a candidate policy to it (nil: the running one); names are
 // the deciding policy's rule names.
 func (d *Daemon) replayModel(cand *running) (*refmodel.Model, *maps.State, control.FrameReplay, map[uint32]string, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := control.FrameReplay{Generation: d.generation, Policy: "running",
-		Clock: "the data plane's clock now, plus each frame's capture time after the first frame's"}
-	st, err := d.m.ReadState()
-	if err != nil {
-		return nil, nil, out, nil, err
-	}
-	model, err := refmodel.FromState(st)
-	if err != nil {
-		return nil, nil, out, nil, fmt.Errorf("explain frames: %w", err)
-	}
-	names := d.cur.names
-	if cand != nil {
-		lists, err := d.fittingLists(*cand)
+	for attempt := 0; ; attempt++ {
+		// d.mu is held only to copy what the replay needs of the daemon
+		// (as Explain does), never across the map reads; a state read
+		// while the generation was replaced is read again (at most twice
+		// more), so the names and the maps are of one generation.
+		d.mu.Lock()
+		gen, names := d.generation, d.cur.names
+		var lists []maps.ListEntry
+		var listErr error
+		if cand != nil {
+			lists, listErr = d.fittingLists(*cand)
+		}
+		d.mu.Unlock()
+		out := control.FrameReplay{Generation: gen, Policy: "running",
+			Clock: "the data plane's clock now, plus each frame's capture time after the first frame's"}
+		if listErr != nil {
+			return nil, nil, out, nil, fmt.Errorf("%w: %w", errReplayInput, listErr)
+		}
+		st, err := d.m.ReadState()
 		if err != nil {
-			return nil, nil, out, nil, fmt.Errorf("%w: %w", errReplayInput, err)
+			return nil, nil, out, nil, err
 		}
-		if err := model.Apply(cand.compiled); err != nil {
-			return nil, nil, out, nil, fmt.Errorf("%w: candidate policy: %w", errReplayInput, err)
+		d.mu.Lock()
+		same := d.generation == gen
+		d.mu.Unlock()
+		if !same && attempt < 2 {
+			continue
 		}
-		if err := model.SetLists(lists); err != nil {
-			return nil, nil, out, nil, fmt.Errorf("%w: candidate policy's lists: %w", errReplayInput, err)
+		model, err := refmodel.FromState(st)
+		if err != nil {
+			return nil, nil, out, nil, fmt.Errorf("explain frames: %w", err)
 		}
-		out.Policy, names = cand.source, cand.names
+		if cand != nil {
+			if err := model.Apply(cand.compiled); err != nil {
+				return nil, nil, out, nil, fmt.Errorf("%w: candidate policy: %w", errReplayInput, err)
+			}
+			if err := model.SetLists(lists); err != nil {
+				return nil, nil, out, nil, fmt.Errorf("%w: candidate policy's lists: %w", errReplayInput, err)
+			}
+			out.Policy, names = cand.source, cand.names
+		}
+		return model, st, out, names, nil
 	}
-	return model, st, out, names, nil
 }
