@@ -316,15 +316,14 @@ func newDaemon(o Options) *Daemon {
 		o.PollInterval = 2 * time.Second
 	}
 	d := &Daemon{
-		opts:        o,
-		log:         log,
-		started:     time.Now(),
-		atts:        map[string]*loader.Attachment{},
-		counters:    &counterWatch{log: log, history: newHistory(16), out: o.Out, interval: o.Interval},
-		top:         newTopTalkers(5 * time.Minute),
-		recent:      newRecentSamples(),
-		standing:    newStandingWatch(log),
-		subFailures: newSubscriberFailures(),
+		opts:     o,
+		log:      log,
+		started:  time.Now(),
+		atts:     map[string]*loader.Attachment{},
+		counters: &counterWatch{log: log, history: newHistory(16), out: o.Out, interval: o.Interval},
+		top:      newTopTalkers(5 * time.Minute),
+		recent:   newRecentSamples(),
+		standing: newStandingWatch(log),
 	}
 	d.shield = newShieldRun(log, d.statePath, d.readStateFile, func(c shield.Change) { d.bgp.shieldChange(c) })
 	d.fleet = newFleetLink(log, d.newFleet, func() {
@@ -352,6 +351,7 @@ func newDaemon(o Options) *Daemon {
 		rateDropped: func() uint64 { return d.shield.dropped.Load() },
 	}
 	d.bgp = newBGPRun(log, d.statePath, d.readStateFile, d.counters.offeredRate, d.shield.actions)
+	d.subFailures = newSubscriberFailures(d.subscribers())
 	d.reg = d.newRegistry()
 	d.l7 = newL7Run(log, o.L7Loops, o.ReopenLogs, d.standing, classStandings{d.standing}, func(ch control.ListChange) error {
 		_, err := d.AddToList(control.Deny, ch)

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,9 @@ type committed struct {
 type subscriber struct {
 	name   string
 	follow func(ctx context.Context, c committed) error
+	// mayFail: follow can return an error (the others only take what
+	// they report or sweep by).
+	mayFail bool
 }
 
 // subscribers are the subsystems told of each committed generation, in
@@ -62,15 +66,15 @@ type subscriber struct {
 // reaches a subsystem, the start's first included.
 func (d *Daemon) subscribers() []subscriber {
 	return []subscriber{
-		{"syn", d.syn.follow},
-		{"l7", followL7},
-		{"standing", d.standing.follow},
-		{"capture", d.capture.follow},
-		{"sampler", d.samples.follow},
-		{"counters", d.counters.follow},
-		{"shield", d.shield.follow},
-		{"fleet", d.fleet.follow},
-		{"bgp", d.bgp.follow},
+		{"syn", d.syn.follow, true},
+		{"l7", followL7, true},
+		{"standing", d.standing.follow, false},
+		{"capture", d.capture.follow, false},
+		{"sampler", d.samples.follow, false},
+		{"counters", d.counters.follow, false},
+		{"shield", d.shield.follow, true},
+		{"fleet", d.fleet.follow, true},
+		{"bgp", d.bgp.follow, true},
 	}
 }
 
@@ -104,14 +108,19 @@ func (d *Daemon) publish(ctx context.Context, c committed) []string {
 }
 
 // newSubscriberFailures is edgeguard_policy_subscriber_failures_total,
-// with a zero for each part that can fail (standing, capture, sampler and
-// counters only take what they report by, and cannot).
-func newSubscriberFailures() *prometheus.CounterVec {
+// with a zero for each subscriber that may fail.
+func newSubscriberFailures(subs []subscriber) *prometheus.CounterVec {
+	var names []string
+	for _, s := range subs {
+		if s.mayFail {
+			names = append(names, s.name)
+		}
+	}
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "edgeguard_policy_subscriber_failures_total",
-		Help: "Committed policy generations a part (syn, l7, shield, fleet, bgp) did not follow; the policy applied, the part kept what it ran (status: last reload's problems).",
+		Help: "Committed policy generations a part (" + strings.Join(names, ", ") + ") did not follow; the policy applied, the part kept what it ran (status: last reload's problems).",
 	}, []string{"subscriber"})
-	for _, n := range []string{"syn", "l7", "shield", "fleet", "bgp"} {
+	for _, n := range names {
 		v.WithLabelValues(n)
 	}
 	return v
