@@ -23,7 +23,7 @@ enum eg_syn_counter {
 	EG_SYNC_ANSWERED = 1,       /* SYN-ACK with our cookie sent (XDP_TX) */
 	EG_SYNC_WOULD_ANSWER = 2,   /* monitor, or auto while off: would have answered */
 	EG_SYNC_ANSWER_LIMITED = 3, /* answer budget of the source's prefix spent: dropped */
-	EG_SYNC_BAD_SYN = 4,        /* IP options, extension headers, fragments, VLAN: dropped while on */
+	EG_SYNC_BAD_SYN = 4,        /* IPv4 options or first fragment, or no SYN-ACK built: dropped while on */
 	EG_SYNC_VALIDATED_PASS = 5, /* SYN from a validated source: to the kernel */
 	EG_SYNC_COOKIE_VALID = 6,   /* ACK whose cookie checked out: handed to the kernel */
 	EG_SYNC_COOKIE_INVALID = 7, /* ACK with no connection and a bad cookie: dropped */
