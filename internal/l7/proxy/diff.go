@@ -42,13 +42,34 @@ type limitList struct{ yamlcheck.Kind[[]Limit] }
 func (limitList) Diff(label string, a, b []Limit, emit func(op byte, text string)) {
 	spec := func(l Limit) limitSpec { return limitSpec{Limit: l, rate: requestRate{Count: l.Count, Per: l.Per}} }
 	var bad bool
-	diffNamed(a, b, func(l Limit) string { return l.Name }, func(l Limit) string {
-		s := spec(l)
-		return (&decoder{}).limitTable(&s, &bad).String(&s)
-	}, func(prefix string, x, y Limit) {
+	diffNamed(a, b, func(l Limit) string { return l.Name }, formatLimit, func(prefix string, x, y Limit) {
 		sx, sy := spec(x), spec(y)
 		(&decoder{}).limitTable(&sy, &bad).DiffWith(prefix, &sx, &sy, emit)
 	}, strings.TrimSuffix(label, "limits")+"limit ", emit)
+}
+
+// tierList is a route's (or an rls rule's) tiers levels, diffed level by
+// level (by name) and each level's limits limit by limit.
+type tierList struct{ yamlcheck.Kind[[]Tier] }
+
+// Diff implements yamlcheck.Differ.
+func (tierList) Diff(label string, a, b []Tier, emit func(op byte, text string)) {
+	diffNamed(a, b, func(t Tier) string { return t.Name }, func(t Tier) string {
+		parts := make([]string, len(t.Limits))
+		for i, l := range t.Limits {
+			parts[i] = "limit " + l.Name + " " + formatLimit(l)
+		}
+		return strings.Join(parts, "; ")
+	}, func(prefix string, x, y Tier) {
+		limitList{}.Diff(prefix+"limits", x.Limits, y.Limits, emit)
+	}, strings.TrimSuffix(label, "levels")+"level ", emit)
+}
+
+// formatLimit writes a limit's fields on one line.
+func formatLimit(l Limit) string {
+	s := limitSpec{Limit: l, rate: requestRate{Count: l.Count, Per: l.Per}}
+	var bad bool
+	return (&decoder{}).limitTable(&s, &bad).String(&s)
 }
 
 // diffNamed diffs two lists of named items: removed ones ('-' label name),

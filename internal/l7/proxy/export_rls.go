@@ -161,3 +161,7 @@ func DiffNamed[T any](a, b []T, name func(T) string, format func(T) string, diff
 // LimitList is k, a kind of a list of limits, diffed limit by limit (by
 // name) as a route's are.
 func LimitList(k yamlcheck.Kind[[]Limit]) yamlcheck.Kind[[]Limit] { return limitList{k} }
+
+// TierList is k, a kind of a tiers levels list, diffed level by level (by
+// name) as a route's are.
+func TierList(k yamlcheck.Kind[[]Tier]) yamlcheck.Kind[[]Tier] { return tierList{k} }

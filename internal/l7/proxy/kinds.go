@@ -810,7 +810,7 @@ func (rateKind) Format(r requestRate) string {
 	if r.Count == 0 {
 		return "required"
 	}
-	return fmt.Sprintf("%d/%s", r.Count, r.Per)
+	return policy.FormatRate(policy.Rate{Count: uint64(r.Count), Per: r.Per}, policy.Packets)
 }
 
 // Describe implements yamlcheck.Kind.

@@ -131,9 +131,9 @@ func (d *decoder) tiersSection(where func() string, rc *Redis) optional[Tiers] {
 			"the header naming the tier, set by a trusted auth layer").Formatted(required(func(t *Tiers) string { return t.Header })),
 		yamlcheck.Val("default", as("tiers default", nameKind{}), func(t *Tiers) *string { return &t.Default },
 			"the tier of a request without the header or with an unknown tier (none: no tier limits)"),
-		yamlcheck.Val("levels", as("tiers levels", custom("mapping of tier name to limits", func(c *yamlcheck.Checker, n *yaml.Node, _ string) ([]Tier, bool) {
+		yamlcheck.Val("levels", as("tiers levels", yamlcheck.Kind[[]Tier](tierList{custom("mapping of tier name to limits", func(c *yamlcheck.Checker, n *yaml.Node, _ string) ([]Tier, bool) {
 			return d.levels(n, where(), rc), true
-		})), func(t *Tiers) *[]Tier { return &t.Tiers },
+		})})), func(t *Tiers) *[]Tier { return &t.Tiers },
 			"each tier's limits, added to the route's"),
 	)
 	return optional[Tiers]{section[Tiers]{Table: t, Def: func() Tiers { return Tiers{} },

@@ -357,18 +357,35 @@ func ruleTable(ld *proxy.LimitDecoder, r *Rule, bad *bool, rc *proxy.Redis) *yam
 			return ld.Limits(n, where, rc, r.Aggregate()), true
 		}))), func(r *Rule) *[]proxy.Limit { return &r.Limits },
 			"route limits without `key`, `shape` refused; `reserve` defaults to 50% for a descriptor that counts an aggregate of clients (every entry a fixed value or one of `generic_key`, `header_match`, `destination_cluster`, `source_cluster`, `masked_remote_address`), 0% otherwise"),
-		yamlcheck.Val("tiers", proxy.At(where, "", proxy.Custom("mapping (below)", func(_ *yamlcheck.Checker, n *yaml.Node, where string) (*Tiers, bool) {
+		yamlcheck.Val("tiers", tiersKind{proxy.At(where, "", proxy.Custom("mapping (below)", func(_ *yamlcheck.Checker, n *yaml.Node, where string) (*Tiers, bool) {
 			t := decodeTiers(ld, n, where, rc, r.Entries)
 			return t, t != nil
-		})), func(r *Rule) **Tiers { return &r.Tiers },
-			"`{entry: KEY, default: NAME, levels: {NAME: [limits]}}`, `entry` one of the descriptor's keys without a fixed value").
-			Formatted(func(r *Rule) string {
-				if r.Tiers == nil {
-					return "none"
-				}
-				return "set"
-			}),
+		}))}, func(r *Rule) **Tiers { return &r.Tiers },
+			"`{entry: KEY, default: NAME, levels: {NAME: [limits]}}`, `entry` one of the descriptor's keys without a fixed value"),
 	)
+}
+
+// tiersKind is a rule's tiers: "none" or "set" on one line, diffed field
+// by field (levels by name, their limits by name).
+type tiersKind struct{ yamlcheck.Kind[*Tiers] }
+
+// Format implements yamlcheck.Kind.
+func (tiersKind) Format(t *Tiers) string {
+	if t == nil {
+		return "none"
+	}
+	return "set"
+}
+
+// Diff implements yamlcheck.Differ.
+func (k tiersKind) Diff(label string, a, b *Tiers, emit func(op byte, text string)) {
+	if a == nil || b == nil {
+		if x, y := k.Format(a), k.Format(b); x != y {
+			emit('~', label+" "+x+" -> "+y)
+		}
+		return
+	}
+	tiersTable(nil, "", nil, nil).DiffWith(label+".", a, b, emit)
 }
 
 // decodeDescriptor decodes a rule's descriptor (where: the rule).
@@ -430,7 +447,7 @@ func tiersTable(ld *proxy.LimitDecoder, where string, rc *proxy.Redis, entries [
 			Formatted(func(t *Tiers) string { return cmp.Or(t.Entry, "required") }),
 		yamlcheck.Val("default", proxy.Named("tiers default", proxy.NameKind), func(t *Tiers) *string { return &t.Default },
 			"the tier of a descriptor whose entry names no level (none: no tier limits)"),
-		yamlcheck.Val("levels", proxy.Custom("mapping of tier name to limits", func(c *yamlcheck.Checker, v *yaml.Node, _ string) ([]proxy.Tier, bool) {
+		yamlcheck.Val("levels", proxy.TierList(proxy.Custom("mapping of tier name to limits", func(c *yamlcheck.Checker, v *yaml.Node, _ string) ([]proxy.Tier, bool) {
 			v = yamlcheck.Resolve(v)
 			if v.Kind != yaml.MappingNode {
 				c.Errorf(v, "%s tiers levels must be a mapping of tier name to limits, got %s", where, yamlcheck.KindName(v))
@@ -450,7 +467,7 @@ func tiersTable(ld *proxy.LimitDecoder, where string, rc *proxy.Redis, entries [
 				}
 			}
 			return out, true
-		}), func(t *Tiers) *[]proxy.Tier { return &t.Levels }, "each tier's limits, added to the rule's"),
+		})), func(t *Tiers) *[]proxy.Tier { return &t.Levels }, "each tier's limits, added to the rule's"),
 	)
 }
 
