@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -107,7 +108,7 @@ func load(args []string) error {
 	target := fs.String("target", "127.0.0.1:8081", "RLS gRPC address")
 	domain := fs.String("domain", "bench", "domain")
 	conns := fs.Int("conns", 4, "gRPC connections")
-	workers := fs.Int("workers", 64, "concurrent requests")
+	workers := fs.Int("workers", 64, "requests in flight over all connections (h2: -workers ÷ -conns per connection, refilled in batches by one writer each; grpc: one goroutine each)")
 	keys := fs.Int("keys", 4096, "distinct remote_address values")
 	dur := fs.Duration("duration", 10*time.Second, "how long")
 	warm := fs.Duration("warmup", time.Second, "warm-up before measuring")
@@ -130,11 +131,12 @@ func load(args []string) error {
 			return err
 		}
 	}
-	// ask is one decision on worker w's connection: the request of key i,
-	// the response decoded into res.
-	var asks []func(i int, res *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error)
+	// run is one phase of d: the latencies (if record), the counts ok,
+	// over_limit and errors, and the first error.
+	var run func(d time.Duration, record bool) ([]time.Duration, [3]int64, error)
 	switch *client {
 	case "grpc":
+		var asks []func(i int) (*rlsv3.RateLimitResponse, error)
 		for range *conns {
 			cc, err := grpc.NewClient(*target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -142,72 +144,38 @@ func load(args []string) error {
 			}
 			defer cc.Close()
 			c := rlsv3.NewRateLimitServiceClient(cc)
-			asks = append(asks, func(i int, _ *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error) {
+			asks = append(asks, func(i int) (*rlsv3.RateLimitResponse, error) {
 				return c.ShouldRateLimit(context.Background(), reqs[i])
 			})
 		}
+		run = func(d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+			return runWorkers(asks, *workers, len(reqs), d, record)
+		}
 	case "h2":
-		for range *conns {
-			hc, err := dialH2(*target)
+		if *conns < 1 || *workers < *conns {
+			return fmt.Errorf("-workers %d on -conns %d: want at least one request in flight per connection", *workers, *conns)
+		}
+		var hcs []*h2conn
+		for i := range *conns {
+			// -workers requests in flight over all connections.
+			depth := *workers / *conns
+			if i < *workers%*conns {
+				depth++
+			}
+			hc, err := dialH2(*target, framed, depth)
 			if err != nil {
 				return err
 			}
 			defer hc.Close()
-			asks = append(asks, func(i int, res *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error) {
-				cl := &h2call{done: make(chan error, 1)}
-				return res, hc.call(framed[i], cl, res)
-			})
+			hcs = append(hcs, hc)
+		}
+		run = func(d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+			return runH2(hcs, d, record)
 		}
 	default:
 		return fmt.Errorf("-client %q: want h2 or grpc", *client)
 	}
 	// warm-up: connections, scripts, first keys
-	run := func(d time.Duration, record bool) ([][]time.Duration, [3]int64, error) {
-		var wg sync.WaitGroup
-		lat := make([][]time.Duration, *workers)
-		counts := make([][3]int64, *workers)
-		errs := make(chan error, *workers)
-		end := time.Now().Add(d)
-		for w := range *workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ask := asks[w%len(asks)]
-				rng := rand.New(rand.NewPCG(uint64(w), 26))
-				var buf rlsv3.RateLimitResponse
-				if record {
-					lat[w] = make([]time.Duration, 0, 1<<16)
-				}
-				for time.Now().Before(end) {
-					t0 := time.Now()
-					res, err := ask(rng.IntN(len(reqs)), &buf)
-					el := time.Since(t0)
-					if err != nil {
-						errs <- err
-						counts[w][2]++
-						return
-					}
-					if record {
-						lat[w] = append(lat[w], el)
-					}
-					if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
-						counts[w][0]++
-					} else {
-						counts[w][1]++
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		var total [3]int64
-		for _, c := range counts {
-			for i := range total {
-				total[i] += c[i]
-			}
-		}
-		return lat, total, <-errs
-	}
 	if _, _, err := run(*warm, false); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
@@ -215,14 +183,18 @@ func load(args []string) error {
 	if cerr != nil {
 		return cerr
 	}
+	self0, cerr := cpuTicks([]string{"self"})
+	if cerr != nil {
+		return cerr
+	}
 	t0 := time.Now()
-	lat, total, err := run(*dur, true)
+	all, total, err := run(*dur, true)
 	elapsed := time.Since(t0)
 	cpu1, _ := cpuTicks(pids)
-	if err != nil {
+	self1, _ := cpuTicks([]string{"self"})
+	if err != nil && total[2] == 0 {
 		return err
 	}
-	all := slices.Concat(lat...)
 	slices.Sort(all)
 	pct := func(p float64) time.Duration {
 		if len(all) == 0 {
@@ -236,9 +208,97 @@ func load(args []string) error {
 		// USER_HZ is 100 on Linux: a tick is 10ms.
 		cpu = fmt.Sprintf("  cpu/decision %6.1fus", float64(cpu1-cpu0)*1e4/float64(n))
 	}
+	if n+total[2] > 0 {
+		cpu += fmt.Sprintf("  client-cpu/request %5.1fus", float64(self1-self0)*1e4/float64(n+total[2]))
+	}
 	fmt.Printf("%-28s decisions/s %9.0f  p50 %8s  p99 %8s%s  ok %d over_limit %d errors %d\n", *label,
 		float64(n)/elapsed.Seconds(), pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), cpu, total[0], total[1], total[2])
+	if err != nil {
+		return fmt.Errorf("%d requests failed, the first: %w", total[2], err)
+	}
 	return nil
+}
+
+// runWorkers is one phase of grpc-go's client: workers goroutines, each one
+// request at a time on connection w % len(asks); a worker stops at its
+// first error.
+func runWorkers(asks []func(i int) (*rlsv3.RateLimitResponse, error), workers, keys int, d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+	var wg sync.WaitGroup
+	lat := make([][]time.Duration, workers)
+	counts := make([][3]int64, workers)
+	errs := make(chan error, workers)
+	end := time.Now().Add(d)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ask := asks[w%len(asks)]
+			rng := rand.New(rand.NewPCG(uint64(w), 26))
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				res, err := ask(rng.IntN(keys))
+				el := time.Since(t0)
+				if err != nil {
+					errs <- err
+					counts[w][2]++
+					return
+				}
+				if record {
+					lat[w] = append(lat[w], el)
+				}
+				if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+					counts[w][0]++
+				} else {
+					counts[w][1]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return slices.Concat(lat...), sumCounts(counts), <-errs
+}
+
+// runH2 is one phase on the h2 connections, each driven by one goroutine
+// (its writer) with its own key order. A connection that fails ends the
+// phase with its error; failed requests are counted and the first one's
+// error returned.
+func runH2(hcs []*h2conn, d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+	end := time.Now().Add(d)
+	sts := make([]phaseStats, len(hcs))
+	errs := make([]error, len(hcs))
+	var wg sync.WaitGroup
+	for i, hc := range hcs {
+		sts[i].record = record
+		if record {
+			sts[i].lat = make([]time.Duration, 0, 1<<18)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = hc.run(end, &sts[i], rand.New(rand.NewPCG(uint64(i), 26)))
+		}()
+	}
+	wg.Wait()
+	var lat [][]time.Duration
+	counts := make([][3]int64, len(hcs))
+	var first error
+	for i, st := range sts {
+		lat = append(lat, st.lat)
+		counts[i] = [3]int64{st.ok, st.over, st.errors}
+		first = cmp.Or(first, errs[i], st.firstErr)
+	}
+	return slices.Concat(lat...), sumCounts(counts), first
+}
+
+func sumCounts(counts [][3]int64) [3]int64 {
+	var total [3]int64
+	for _, c := range counts {
+		for i := range total {
+			total[i] += c[i]
+		}
+	}
+	return total
 }
 
 // cpuTicks is the summed utime+stime of pids, in clock ticks.
