@@ -60,17 +60,11 @@ func serve(args []string) error {
 	path := fs.String("policy", "", "policy file with an l7: rls: section")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the serving to this file")
 	_ = fs.Parse(args)
-	if *prof != "" {
-		f, err := os.Create(*prof)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := profile(*prof)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	raw, err := os.ReadFile(*path)
 	if err != nil {
 		return err
@@ -114,8 +108,14 @@ func load(args []string) error {
 	warm := fs.Duration("warmup", time.Second, "warm-up before measuring")
 	label := fs.String("label", "", "name printed with the result")
 	client := fs.String("client", "h2", "h2: pre-encoded requests on multiplexed HTTP/2 connections, every response decoded (h2client.go); grpc: grpc-go's generated client")
+	prof := fs.String("cpuprofile", "", "write a CPU profile of the load client to this file")
 	pidList := fs.String("cpu-pids", "", "comma-separated pids whose CPU time (utime+stime) is charged to the decisions measured (the service, its redis-server)")
 	_ = fs.Parse(args)
+	stop, err := profile(*prof)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	var pids []string
 	if *pidList != "" {
 		pids = strings.Split(*pidList, ",")
@@ -299,6 +299,23 @@ func sumCounts(counts [][3]int64) [3]int64 {
 		}
 	}
 	return total
+}
+
+// profile starts a CPU profile into path (none if path is empty); stop
+// ends it.
+func profile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // cpuTicks is the summed utime+stime of pids, in clock ticks.
