@@ -19,16 +19,17 @@ import (
 )
 
 // h2conn is the load client's HTTP/2 connection: a minimal gRPC client that
-// keeps depth requests in flight without a goroutine or a channel per
-// request. Every request is a pre-encoded HEADERS block and a pre-encoded
-// DATA frame (the gRPC message as Envoy's types marshal it, built once per
-// key). One writer (run) fills every free slot at once and sends the batch
-// (many HEADERS+DATA pairs, and any acks and window updates the reader
-// queued) in one Write; one reader goroutine reads frames through a large
-// buffer, reads every response whole (headers, the message, the trailers),
-// checks :status and grpc-status, decodes the message with Envoy's types,
-// counts its overall_code and its latency, and frees the slot; it wakes the
-// writer once per read, not per response.
+// keeps depth requests in flight without a goroutine, a channel or an
+// allocation per request (but the decoded message's). Every request is a
+// pre-encoded HEADERS block and a pre-encoded DATA frame (the gRPC message
+// as Envoy's types marshal it, built once per key). One goroutine per
+// connection reads frames through a large buffer: it reads every response
+// whole (headers, the message, the trailers), checks :status and
+// grpc-status, decodes the message with Envoy's types, counts its
+// overall_code and latency, and frees its slot; when its buffer is empty,
+// before it blocks in read, it fills every free slot and sends the batch
+// (many HEADERS+DATA pairs, with any SETTINGS ack, PING ack or
+// WINDOW_UPDATE due) in one Write.
 //
 // HTTP/2 as a real client: stream ids odd and increasing; the connection's
 // send window and the server's initial stream window and
@@ -42,8 +43,6 @@ type h2conn struct {
 	reqs  [][]byte // per key: the gRPC message in its 5-byte envelope
 	depth int      // requests kept in flight
 
-	kick chan struct{} // cap 1: the reader freed slots, or queued a frame to send
-
 	mu           sync.Mutex
 	slots        []slot // by (stream id >> 1) & mask
 	mask         uint32
@@ -52,12 +51,17 @@ type h2conn struct {
 	sendWindow   int64  // connection-level, for our DATA
 	streamWindow int64  // the server's SETTINGS_INITIAL_WINDOW_SIZE
 	maxStreams   uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS
-	ctl          []byte // encoded control frames waiting for the writer
-	ctlFr        *http2.Framer
-	st           *phaseStats // where completions are counted
-	err          error       // the connection failed
+	out          []byte // frames encoded and not yet written
+	fw           *http2.Framer
+	err          error // the connection failed
 
-	// reader-owned
+	// the phase running (nil between phases)
+	st   *phaseStats
+	end  time.Time
+	rng  *rand.Rand
+	done chan struct{} // closed when the phase's last answer is in
+
+	// the reader's
 	br       *bufio.Reader
 	fr       *http2.Framer
 	dec      *hpack.Decoder
@@ -70,10 +74,10 @@ type h2conn struct {
 }
 
 // slot is one stream in flight. id, start and busy are set by the writer
-// and read by the reader under mu; the rest is the reader's.
+// under mu; the rest is the reader's.
 type slot struct {
 	id    uint32
-	start int64 // ns since the connection's epoch, when its batch was written
+	start int64 // ns since the client's epoch, when its batch was written
 	busy  bool
 
 	blocks   int    // header blocks received
@@ -84,7 +88,7 @@ type slot struct {
 	data     []byte
 }
 
-// phaseStats are one run's counts, filled by the connections' readers.
+// phaseStats are one phase's counts on one connection.
 type phaseStats struct {
 	ok, over, errors int64
 	record           bool
@@ -112,14 +116,14 @@ func dialH2(target string, reqs [][]byte, depth int) (*h2conn, error) {
 	for n < 4*depth {
 		n <<= 1
 	}
-	h := &h2conn{c: c, reqs: reqs, depth: depth, kick: make(chan struct{}, 1),
+	h := &h2conn{c: c, reqs: reqs, depth: depth,
 		slots: make([]slot, n), mask: uint32(n - 1), nextID: 1,
 		sendWindow: 65535, streamWindow: 65535, maxStreams: ^uint32(0), recvLeft: recvWindow,
 		br: bufio.NewReaderSize(c, 256<<10)}
 	h.fr = http2.NewFramer(nil, h.br)
 	h.fr.SetReuseFrames()
 	h.dec = hpack.NewDecoder(4096, h.emit)
-	h.ctlFr = http2.NewFramer((*appendWriter)(&h.ctl), nil)
+	h.fw = http2.NewFramer((*appendWriter)(&h.out), nil)
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	enc.SetMaxDynamicTableSizeLimit(0) // every block the same bytes
@@ -177,111 +181,94 @@ const drainTimeout = 5 * time.Second
 // answers; completions are counted in st (the connection's own). rng picks
 // the keys.
 func (h *h2conn) run(end time.Time, st *phaseStats, rng *rand.Rand) error {
+	done := make(chan struct{})
 	h.mu.Lock()
-	h.st = st
-	h.mu.Unlock()
-	defer func() {
-		h.mu.Lock()
-		h.st = nil
+	if h.err != nil {
 		h.mu.Unlock()
-	}()
-	timer := time.NewTimer(time.Until(end))
-	defer timer.Stop()
-	draining := false
-	var buf []byte
-	fw := http2.NewFramer((*appendWriter)(&buf), nil)
-	var ids []uint32
-	var keys []int
-	for {
-		now := nowNS()
-		issuing := time.Now().Before(end)
-		buf, ids, keys = buf[:0], ids[:0], keys[:0]
-		h.mu.Lock()
-		if h.err != nil {
-			err := h.err
-			h.mu.Unlock()
-			return err
-		}
-		buf = append(buf, h.ctl...)
-		h.ctl = h.ctl[:0]
-		for issuing && h.inflight < h.depth && uint32(h.inflight) < h.maxStreams {
-			k := rng.IntN(len(h.reqs))
-			size := int64(len(h.reqs[k]))
-			if size > h.streamWindow {
-				h.mu.Unlock()
-				return fmt.Errorf("the server's initial stream window (%d) is smaller than one request (%d bytes)", h.streamWindow, size)
-			}
-			if size > h.sendWindow {
-				break // wait for the server's WINDOW_UPDATE
-			}
-			id := h.nextID
-			s := &h.slots[(id>>1)&h.mask]
-			if s.busy {
-				break // a straggler from len(slots) streams ago holds its slot
-			}
-			h.nextID += 2
-			*s = slot{id: id, start: now, busy: true, data: s.data[:0]}
-			h.inflight++
-			h.sendWindow -= size
-			ids, keys = append(ids, id), append(keys, k)
-		}
-		idle := !issuing && h.inflight == 0
-		h.mu.Unlock()
-		for i, id := range ids {
-			// An error here is encoding into memory: none happens.
-			_ = fw.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block, EndHeaders: true})
-			_ = fw.WriteData(id, true, h.reqs[keys[i]])
-		}
-		if len(buf) > 0 {
-			if _, err := h.c.Write(buf); err != nil {
-				h.fail(fmt.Errorf("write: %w", err))
-				continue
-			}
-		}
-		if idle {
-			return nil
-		}
-		if !issuing && !draining {
-			draining = true
-			timer.Reset(drainTimeout)
-		}
-		select {
-		case <-h.kick:
-		case <-timer.C:
-			if draining {
-				h.mu.Lock()
-				n := h.inflight
-				h.mu.Unlock()
-				err := fmt.Errorf("%d requests unanswered %s after the run's end", n, drainTimeout)
-				h.fail(err)
-				return err
-			}
-		}
+		return h.err
 	}
+	h.st, h.end, h.rng, h.done = st, end, rng, done
+	h.flushLocked()
+	h.mu.Unlock()
+	timer := time.NewTimer(time.Until(end) + drainTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		h.mu.Lock()
+		n := h.inflight
+		h.mu.Unlock()
+		h.fail(fmt.Errorf("%d requests unanswered %s after the run's end", n, drainTimeout))
+		<-done
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.st, h.rng = nil, nil
+	return h.err
 }
 
-func (h *h2conn) wake() {
-	select {
-	case h.kick <- struct{}{}:
-	default:
+// flushLocked fills every free slot while the phase lasts, writes what is
+// pending in one Write, and ends the phase once its last answer is in;
+// the caller holds mu.
+func (h *h2conn) flushLocked() {
+	if h.err != nil {
+		return
+	}
+	issuing := h.done != nil && time.Now().Before(h.end)
+	now := nowNS()
+	for issuing && h.inflight < h.depth && uint32(h.inflight) < h.maxStreams {
+		k := h.rng.IntN(len(h.reqs))
+		size := int64(len(h.reqs[k]))
+		if size > h.streamWindow {
+			h.failLocked(fmt.Errorf("the server's initial stream window (%d) is smaller than one request (%d bytes)", h.streamWindow, size))
+			return
+		}
+		if size > h.sendWindow {
+			break // wait for the server's WINDOW_UPDATE
+		}
+		id := h.nextID
+		s := &h.slots[(id>>1)&h.mask]
+		if s.busy {
+			break // a straggler from len(slots) streams ago holds its slot
+		}
+		h.nextID += 2
+		*s = slot{id: id, start: now, busy: true, data: s.data[:0]}
+		h.inflight++
+		h.sendWindow -= size
+		// An error here is encoding into memory: none happens.
+		_ = h.fw.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block, EndHeaders: true})
+		_ = h.fw.WriteData(id, true, h.reqs[k])
+	}
+	if len(h.out) > 0 {
+		_, err := h.c.Write(h.out)
+		h.out = h.out[:0]
+		if err != nil {
+			h.failLocked(fmt.Errorf("write: %w", err))
+			return
+		}
+	}
+	if h.done != nil && !issuing && h.inflight == 0 {
+		close(h.done)
+		h.done = nil
 	}
 }
 
 // fail ends the connection with err (the first error wins).
 func (h *h2conn) fail(err error) {
 	h.mu.Lock()
-	if h.err == nil {
-		h.err = err
-	}
+	h.failLocked(err)
 	h.mu.Unlock()
-	h.wake()
-	h.c.Close()
 }
 
-// control queues a control frame for the writer; the caller holds mu.
-func (h *h2conn) control(f func(*http2.Framer) error) {
-	_ = f(h.ctlFr)
-	h.wake()
+func (h *h2conn) failLocked(err error) {
+	if h.err == nil {
+		h.err = err
+		h.c.Close()
+	}
+	if h.done != nil {
+		close(h.done)
+		h.done = nil
+	}
 }
 
 // emit is HPACK's callback for each header field of the block being
@@ -316,12 +303,12 @@ func (h *h2conn) read() {
 }
 
 func (h *h2conn) readLoop() error {
-	freed := false
 	for {
-		if freed && h.br.Buffered() == 0 {
-			// About to block in read: let the writer refill the slots.
-			freed = false
-			h.wake()
+		if h.br.Buffered() == 0 {
+			// About to block in read: refill the slots, send what is due.
+			h.mu.Lock()
+			h.flushLocked()
+			h.mu.Unlock()
 		}
 		f, err := h.fr.ReadFrame()
 		if err != nil {
@@ -346,16 +333,15 @@ func (h *h2conn) readLoop() error {
 				}
 				return nil
 			})
-			h.control((*http2.Framer).WriteSettingsAck)
+			_ = h.fw.WriteSettingsAck()
 			h.mu.Unlock()
 			if err != nil {
 				return err
 			}
 		case *http2.PingFrame:
 			if !f.IsAck() {
-				data := f.Data
 				h.mu.Lock()
-				h.control(func(fw *http2.Framer) error { return fw.WritePing(true, data) })
+				_ = h.fw.WritePing(true, f.Data)
 				h.mu.Unlock()
 			}
 		case *http2.WindowUpdateFrame:
@@ -367,7 +353,6 @@ func (h *h2conn) readLoop() error {
 				if over {
 					return errors.New("the server's WINDOW_UPDATE overflows the connection window")
 				}
-				h.wake()
 			}
 			// A stream's window: ours send their one message at once,
 			// within the initial window (run checks it).
@@ -380,15 +365,15 @@ func (h *h2conn) readLoop() error {
 			if err := h.headerBlock(id, f.HeaderBlockFragment(), f.HeadersEnded()); err != nil {
 				return err
 			}
-			if f.HeadersEnded() && h.finish(id, h.cur, h.hdrEnd, nil) {
-				freed = true
+			if f.HeadersEnded() {
+				h.finish(id, h.cur, h.hdrEnd, nil)
 			}
 		case *http2.ContinuationFrame:
 			if err := h.headerBlock(id, f.HeaderBlockFragment(), f.HeadersEnded()); err != nil {
 				return err
 			}
-			if f.HeadersEnded() && h.finish(id, h.cur, h.hdrEnd, nil) {
-				freed = true
+			if f.HeadersEnded() {
+				h.finish(id, h.cur, h.hdrEnd, nil)
 			}
 		case *http2.DataFrame:
 			n := int64(f.Length)
@@ -400,7 +385,7 @@ func (h *h2conn) readLoop() error {
 				h.recvLeft += h.unacked
 				h.unacked = 0
 				h.mu.Lock()
-				h.control(func(fw *http2.Framer) error { return fw.WriteWindowUpdate(0, inc) })
+				_ = h.fw.WriteWindowUpdate(0, inc)
 				h.mu.Unlock()
 			}
 			s := h.stream(id)
@@ -415,12 +400,12 @@ func (h *h2conn) readLoop() error {
 			if len(s.data) > recvWindow {
 				bad = errors.New("a stream's DATA past its receive window")
 			}
-			if (f.StreamEnded() || bad != nil) && h.finish(id, s, true, bad) {
-				freed = true
+			if f.StreamEnded() || bad != nil {
+				h.finish(id, s, true, bad)
 			}
 		case *http2.RSTStreamFrame:
-			if s := h.stream(id); s != nil && h.finish(id, s, true, fmt.Errorf("stream reset: %v", f.ErrCode)) {
-				freed = true
+			if s := h.stream(id); s != nil {
+				h.finish(id, s, true, fmt.Errorf("stream reset: %v", f.ErrCode))
 			}
 		case *http2.GoAwayFrame:
 			return fmt.Errorf("goaway: %v", f.ErrCode)
@@ -444,14 +429,14 @@ func (h *h2conn) headerBlock(id uint32, frag []byte, end bool) error {
 }
 
 // finish counts stream id's answer when it ended (or failed), and frees
-// its slot; it reports whether it did.
-func (h *h2conn) finish(id uint32, s *slot, ended bool, bad error) bool {
-	if s == &h.discard || s == nil {
+// its slot.
+func (h *h2conn) finish(id uint32, s *slot, ended bool, bad error) {
+	if s == &h.discard {
 		*s = slot{}
-		return false
+		return
 	}
 	if !ended {
-		return false // the response's headers; the message and trailers follow
+		return // the response's headers; the message and trailers follow
 	}
 	if bad == nil {
 		bad = h.decode(s)
@@ -477,7 +462,6 @@ func (h *h2conn) finish(id uint32, s *slot, ended bool, bad error) bool {
 	s.busy = false
 	h.inflight--
 	h.mu.Unlock()
-	return true
 }
 
 // decode checks a whole response and decodes its message into h.res.
