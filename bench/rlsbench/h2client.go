@@ -16,6 +16,8 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/edgeguard/edgeguard/bench/rlsbench/rlsvt"
 )
 
 // h2conn is the load client's HTTP/2 connection: a minimal gRPC client that
@@ -25,7 +27,7 @@ import (
 // as Envoy's types marshal it, built once per key). One goroutine per
 // connection reads frames through a large buffer: it reads every response
 // whole (headers, the message, the trailers), checks :status and
-// grpc-status, decodes the message with Envoy's types, counts its
+// grpc-status, decodes the message into Envoy's type (rlsvt), counts its
 // overall_code and latency, and frees its slot; when its buffer is empty,
 // before it blocks in read, it fills every free slot and sends the batch
 // (many HEADERS+DATA pairs, with any SETTINGS ack, PING ack or
@@ -71,10 +73,10 @@ type h2conn struct {
 	recvLeft int64 // what the server may still send on the connection
 	unacked  int64 // received and not yet returned by WINDOW_UPDATE
 	res      rlsv3.RateLimitResponse
+	now      int64 // when the last read returned (ns since the epoch)
 }
 
-// slot is one stream in flight. id, start and busy are set by the writer
-// under mu; the rest is the reader's.
+// slot is one stream in flight (under mu).
 type slot struct {
 	id    uint32
 	start int64 // ns since the client's epoch, when its batch was written
@@ -195,11 +197,14 @@ func (h *h2conn) run(end time.Time, st *phaseStats, rng *rand.Rand) error {
 	select {
 	case <-done:
 	case <-timer.C:
+		// The reader may hold mu in a Write the server does not read:
+		// the deadline unblocks it, and it fails the connection.
+		_ = h.c.SetDeadline(time.Now())
+		<-done
 		h.mu.Lock()
 		n := h.inflight
+		h.err = fmt.Errorf("%d requests unanswered %s after the run's end (%w)", n, drainTimeout, h.err)
 		h.mu.Unlock()
-		h.fail(fmt.Errorf("%d requests unanswered %s after the run's end", n, drainTimeout))
-		<-done
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -288,8 +293,6 @@ func (h *h2conn) emit(hf hpack.HeaderField) {
 
 // stream is the slot of stream id in flight, or nil.
 func (h *h2conn) stream(id uint32) *slot {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	s := &h.slots[(id>>1)&h.mask]
 	if s.busy && s.id == id {
 		return s
@@ -297,20 +300,30 @@ func (h *h2conn) stream(id uint32) *slot {
 	return nil
 }
 
+// read is the connection's reader. It holds mu but while it waits in
+// read: one lock per read, not per frame.
 func (h *h2conn) read() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	err := h.readLoop()
-	h.fail(fmt.Errorf("read: %w", err))
+	h.failLocked(fmt.Errorf("read: %w", err))
 }
 
 func (h *h2conn) readLoop() error {
 	for {
+		var f http2.Frame
+		var err error
 		if h.br.Buffered() == 0 {
-			// About to block in read: refill the slots, send what is due.
-			h.mu.Lock()
+			// About to block in read: refill the slots, send what is
+			// due, and let go of mu while waiting.
 			h.flushLocked()
 			h.mu.Unlock()
+			f, err = h.fr.ReadFrame()
+			h.mu.Lock()
+			h.now = nowNS()
+		} else {
+			f, err = h.fr.ReadFrame()
 		}
-		f, err := h.fr.ReadFrame()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return errors.New("the server closed the connection")
@@ -323,7 +336,6 @@ func (h *h2conn) readLoop() error {
 			if f.IsAck() {
 				break
 			}
-			h.mu.Lock()
 			err := f.ForeachSetting(func(s http2.Setting) error {
 				switch s.ID {
 				case http2.SettingInitialWindowSize:
@@ -334,22 +346,17 @@ func (h *h2conn) readLoop() error {
 				return nil
 			})
 			_ = h.fw.WriteSettingsAck()
-			h.mu.Unlock()
 			if err != nil {
 				return err
 			}
 		case *http2.PingFrame:
 			if !f.IsAck() {
-				h.mu.Lock()
 				_ = h.fw.WritePing(true, f.Data)
-				h.mu.Unlock()
 			}
 		case *http2.WindowUpdateFrame:
 			if id == 0 {
-				h.mu.Lock()
 				h.sendWindow += int64(f.Increment)
 				over := h.sendWindow > 1<<31-1
-				h.mu.Unlock()
 				if over {
 					return errors.New("the server's WINDOW_UPDATE overflows the connection window")
 				}
@@ -384,9 +391,7 @@ func (h *h2conn) readLoop() error {
 				inc := uint32(h.unacked)
 				h.recvLeft += h.unacked
 				h.unacked = 0
-				h.mu.Lock()
 				_ = h.fw.WriteWindowUpdate(0, inc)
-				h.mu.Unlock()
 			}
 			s := h.stream(id)
 			if s == nil {
@@ -429,7 +434,7 @@ func (h *h2conn) headerBlock(id uint32, frag []byte, end bool) error {
 }
 
 // finish counts stream id's answer when it ended (or failed), and frees
-// its slot.
+// its slot; the caller holds mu.
 func (h *h2conn) finish(id uint32, s *slot, ended bool, bad error) {
 	if s == &h.discard {
 		*s = slot{}
@@ -441,8 +446,7 @@ func (h *h2conn) finish(id uint32, s *slot, ended bool, bad error) {
 	if bad == nil {
 		bad = h.decode(s)
 	}
-	done := nowNS()
-	h.mu.Lock()
+	done := h.now
 	if st := h.st; st != nil {
 		switch {
 		case bad != nil:
@@ -461,7 +465,6 @@ func (h *h2conn) finish(id uint32, s *slot, ended bool, bad error) {
 	}
 	s.busy = false
 	h.inflight--
-	h.mu.Unlock()
 }
 
 // decode checks a whole response and decodes its message into h.res.
@@ -478,7 +481,9 @@ func (h *h2conn) decode(s *slot) error {
 	case len(s.data) < 5 || s.data[0] != 0 || int(binary.BigEndian.Uint32(s.data[1:5])) != len(s.data)-5:
 		return fmt.Errorf("response message: %d bytes, not one uncompressed gRPC message", len(s.data))
 	}
-	return proto.Unmarshal(s.data[5:], &h.res)
+	// Envoy's type, decoded by vtprotobuf's code (rlsvt); its strings
+	// alias s.data, which stays unchanged until h.res is read.
+	return rlsvt.UnmarshalUnsafe(s.data[5:], &h.res)
 }
 
 func (h *h2conn) Close() { h.fail(errors.New("closed")) }
