@@ -44,6 +44,7 @@ type h2conn struct {
 	block []byte   // the request's header block (no dynamic table)
 	reqs  [][]byte // per key: the gRPC message in its 5-byte envelope
 	depth int      // requests kept in flight
+	drain time.Duration
 
 	mu           sync.Mutex
 	slots        []slot // by (stream id >> 1) & mask
@@ -118,7 +119,7 @@ func dialH2(target string, reqs [][]byte, depth int) (*h2conn, error) {
 	for n < 4*depth {
 		n <<= 1
 	}
-	h := &h2conn{c: c, reqs: reqs, depth: depth,
+	h := &h2conn{c: c, reqs: reqs, depth: depth, drain: defaultDrain,
 		slots: make([]slot, n), mask: uint32(n - 1), nextID: 1,
 		sendWindow: 65535, streamWindow: 65535, maxStreams: ^uint32(0), recvLeft: recvWindow,
 		br: bufio.NewReaderSize(c, 256<<10)}
@@ -174,10 +175,10 @@ func grpcFrame(m proto.Message) ([]byte, error) {
 	return append(out, b...), nil
 }
 
-// drainTimeout is how long run waits, after its end, for the requests
+// defaultDrain is how long run waits, after its end, for the requests
 // still in flight: a server that stops answering ends the run with an
 // error instead of a hang.
-const drainTimeout = 5 * time.Second
+const defaultDrain = 5 * time.Second
 
 // run keeps depth requests in flight until end, then waits for the last
 // answers; completions are counted in st (the connection's own). rng picks
@@ -192,7 +193,7 @@ func (h *h2conn) run(end time.Time, st *phaseStats, rng *rand.Rand) error {
 	h.st, h.end, h.rng, h.done = st, end, rng, done
 	h.flushLocked()
 	h.mu.Unlock()
-	timer := time.NewTimer(time.Until(end) + drainTimeout)
+	timer := time.NewTimer(time.Until(end) + h.drain)
 	defer timer.Stop()
 	select {
 	case <-done:
@@ -203,7 +204,7 @@ func (h *h2conn) run(end time.Time, st *phaseStats, rng *rand.Rand) error {
 		<-done
 		h.mu.Lock()
 		n := h.inflight
-		h.err = fmt.Errorf("%d requests unanswered %s after the run's end (%w)", n, drainTimeout, h.err)
+		h.err = fmt.Errorf("%d requests unanswered %s after the run's end (%w)", n, h.drain, h.err)
 		h.mu.Unlock()
 	}
 	h.mu.Lock()

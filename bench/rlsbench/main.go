@@ -69,19 +69,9 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	var doc struct {
-		L7 yaml.Node `yaml:"l7"`
-	}
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
+	rc, err := decodePolicy(raw, *path)
+	if err != nil {
 		return err
-	}
-	pc, probs := proxy.Decode(&doc.L7, *path)
-	if len(probs) > 0 {
-		return fmt.Errorf("%v", probs)
-	}
-	rc, probs := rls.Decode(pc, *path)
-	if len(probs) > 0 {
-		return fmt.Errorf("%v", probs)
 	}
 	s := rls.NewServer(rls.ServerOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	ch, err := s.Prepare(rc)
@@ -95,6 +85,26 @@ func serve(args []string) error {
 	<-sig
 	s.Close()
 	return nil
+}
+
+// decodePolicy is a policy file's rate-limit service configuration, as the
+// daemon decodes it.
+func decodePolicy(raw []byte, path string) (*rls.Config, error) {
+	var doc struct {
+		L7 yaml.Node `yaml:"l7"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, err
+	}
+	pc, probs := proxy.Decode(&doc.L7, path)
+	if len(probs) > 0 {
+		return nil, fmt.Errorf("%v", probs)
+	}
+	rc, probs := rls.Decode(pc, path)
+	if len(probs) > 0 {
+		return nil, fmt.Errorf("%v", probs)
+	}
+	return rc, nil
 }
 
 func load(args []string) error {
@@ -121,15 +131,9 @@ func load(args []string) error {
 		pids = strings.Split(*pidList, ",")
 	}
 
-	reqs := make([]*rlsv3.RateLimitRequest, *keys)
-	framed := make([][]byte, *keys)
-	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: *domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("198.18.%d.%d", i/256%256, i%256)}}}}}
-		var err error
-		if framed[i], err = grpcFrame(reqs[i]); err != nil {
-			return err
-		}
+	reqs, framed, err := requests(*domain, *keys)
+	if err != nil {
+		return err
 	}
 	// run is one phase of d: the latencies (if record), the counts ok,
 	// over_limit and errors, and the first error.
@@ -152,22 +156,12 @@ func load(args []string) error {
 			return runWorkers(asks, *workers, len(reqs), d, record)
 		}
 	case "h2":
-		if *conns < 1 || *workers < *conns {
-			return fmt.Errorf("-workers %d on -conns %d: want at least one request in flight per connection", *workers, *conns)
+		hcs, err := dialH2s(*target, framed, *workers, *conns)
+		if err != nil {
+			return err
 		}
-		var hcs []*h2conn
-		for i := range *conns {
-			// -workers requests in flight over all connections.
-			depth := *workers / *conns
-			if i < *workers%*conns {
-				depth++
-			}
-			hc, err := dialH2(*target, framed, depth)
-			if err != nil {
-				return err
-			}
+		for _, hc := range hcs {
 			defer hc.Close()
-			hcs = append(hcs, hc)
 		}
 		run = func(d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
 			return runH2(hcs, d, record)
@@ -217,6 +211,46 @@ func load(args []string) error {
 		return fmt.Errorf("%d requests failed, the first: %w", total[2], err)
 	}
 	return nil
+}
+
+// requests are the load's requests: [remote_address=198.18.X.Y] over keys
+// distinct addresses, as Envoy's types and pre-encoded in gRPC's envelope.
+func requests(domain string, keys int) ([]*rlsv3.RateLimitRequest, [][]byte, error) {
+	reqs := make([]*rlsv3.RateLimitRequest, keys)
+	framed := make([][]byte, keys)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("198.18.%d.%d", i/256%256, i%256)}}}}}
+		var err error
+		if framed[i], err = grpcFrame(reqs[i]); err != nil {
+			return nil, nil, err
+		}
+	}
+	return reqs, framed, nil
+}
+
+// dialH2s opens conns h2 connections to target that keep workers requests
+// in flight between them.
+func dialH2s(target string, framed [][]byte, workers, conns int) ([]*h2conn, error) {
+	if conns < 1 || workers < conns {
+		return nil, fmt.Errorf("-workers %d on -conns %d: want at least one request in flight per connection", workers, conns)
+	}
+	var hcs []*h2conn
+	for i := range conns {
+		depth := workers / conns
+		if i < workers%conns {
+			depth++
+		}
+		hc, err := dialH2(target, framed, depth)
+		if err != nil {
+			for _, hc := range hcs {
+				hc.Close()
+			}
+			return nil, err
+		}
+		hcs = append(hcs, hc)
+	}
+	return hcs, nil
 }
 
 // runWorkers is one phase of grpc-go's client: workers goroutines, each one
