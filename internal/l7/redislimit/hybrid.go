@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -19,10 +20,24 @@ import (
 // instance whose last sync s_j came last. Redis had every other instance's
 // counts up to its own last sync, so admitted ≤ C(s_j) + g_j + Σ_{i≠j} g_i
 // ≤ C(s_j) + (limit − C(s_j)) + (N−1)·L = limit + (N−1)·L.
+//
+// A single host (Share 1) has no one to share the window with: its grant is
+// not a fixed count but the window itself. A sync also returns the window's
+// state (its counts and position, in Redis's time), and until the lease
+// expires the host decides each request with the sliding window's own
+// arithmetic (package l7, the same as the scripts') on that state, moved on
+// by the time passed and charged with what it admitted since: what the
+// window frees as it slides is admitted without a round trip. MaxLease
+// still caps what it admits between two syncs (what a crash loses). With
+// N = 1 the bound above is the limit itself: the host admits what the
+// window admits, as the local backend would.
 type hybridRule struct {
 	rule  Rule
 	index int
 	share int64
+	// window is the sliding window a single host (share 1) decides with,
+	// on the script's µs-aligned windows; nil when hosts share the rule.
+	window *l7.SlidingWindow
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -38,16 +53,31 @@ type lease struct {
 	syncedAt    int64
 	expires     int64
 	syncing     chan struct{} // closed when the sync in flight ends
+	// A single host's view of the window (hybridRule.window): the state
+	// Redis returned, charged with what was admitted since, and offset,
+	// the clock's time minus Redis's at the sync.
+	state  l7.State
+	offset int64
 }
 
 func newHybridRule(r Rule, index int) *hybridRule {
-	return &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{}}
+	h := &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{}}
+	if h.share == 1 {
+		// The script's window, in whole µs; NewSlidingWindow fails only
+		// for a limit the rule's own validation refuses.
+		if w, err := l7.NewSlidingWindow(r.Limit, time.Duration(r.windowMicros())*time.Microsecond); err == nil {
+			h.window = w
+		}
+	}
+	return h
 }
 
 // leaseReply is one sync's outcome; needRetry is when the cost of the
-// request that synced fits (0 if it fits now).
+// request that synced fits (0 if it fits now); idx, pos (µs), prev and curr
+// are the window's state after the sync.
 type leaseReply struct {
 	grant, remaining, retry, reset, needRetry int64
+	idx, pos, prev, curr                      int64
 	err                                       error
 }
 
@@ -77,10 +107,17 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 				return rd, nil, fmt.Errorf("redis limiter: wait for hybrid sync: %w", ctx.Err())
 			}
 		}
+		if h.window != nil && now < ls.expires {
+			if rd, refund, ok := h.decideSingle(l, ls, now, n, synced != nil); ok {
+				h.mu.Unlock()
+				rd.Rule, rd.Source = r.Name, SourceLease
+				return rd, refund, nil
+			}
+		}
 		// After its own sync, a request that does not fit a grant sized
 		// for it (grant < n: the window has fewer than n left) is refused.
 		short := synced != nil && synced.needRetry > 0 && ls.used+n > ls.grant
-		if now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
+		if h.window == nil && now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
 			d := l7.Decision{Limit: r.Limit, Window: r.Window, Reset: time.Duration(max(ls.reset-(now-ls.syncedAt), 0))}
 			verdict := "deny"
 			var refund func()
@@ -123,6 +160,48 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 	}
 }
 
+// decideSingle decides n units at now for a single host from its view of
+// the window; the caller holds h.mu and the lease is valid. ok is false
+// when the host must sync first: it admitted its cap (max(MaxLease, the
+// grant)) since the last sync. After the request's own sync (synced) the
+// window alone decides (a cost above MaxLease passes when the window has
+// room for it, as with hosts sharing the rule).
+func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bool) (RuleDecision, func(), bool) {
+	limitCap := max(h.rule.Hybrid.MaxLease, ls.grant)
+	if ls.used+n > limitCap && !synced {
+		return RuleDecision{}, nil, false
+	}
+	at := now - ls.offset // Redis's time, moved on by the clock
+	before := ls.state
+	next, d := h.window.Take(before, at, n)
+	verdict := "deny"
+	var refund func()
+	if d.Allowed {
+		ls.state = next
+		ls.used += n
+		ls.unsynced += n
+		verdict = "allow"
+		refund = func() { h.giveBackSingle(ls, n, before, next, at) }
+	}
+	// The rule's window is the script's (whole µs): report the limit's.
+	d.Window = h.rule.Window
+	l.metrics.hybridLocal.WithLabelValues(h.rule.Name, verdict).Inc()
+	return RuleDecision{Decision: d}, refund, true
+}
+
+// giveBackSingle is giveBack for a single host: the units also leave its
+// view of the window.
+func (h *hybridRule) giveBackSingle(ls *lease, n int64, before, after l7.State, at int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := min(n, ls.used, ls.unsynced)
+	if k > 0 {
+		ls.used -= k
+		ls.unsynced -= k
+		ls.state = h.window.Refund(ls.state, before, after, at)
+	}
+}
+
 // giveBack returns n reserved units to their lease, as many as are still
 // unsynced (units a sync already reported stay counted: the strict side).
 func (h *hybridRule) giveBack(ls *lease, n int64) {
@@ -148,6 +227,16 @@ func (h *hybridRule) applySync(ls *lease, used int64, rep leaseReply, now int64)
 	ls.grant, ls.used = rep.grant, 0
 	ls.remaining, ls.retry, ls.reset, ls.syncedAt = rep.remaining, rep.retry, rep.reset, now
 	ls.expires = now + int64(h.rule.Hybrid.SyncInterval)
+	if h.window != nil {
+		// Redis's window as of the sync (counts over 2^32 cannot occur
+		// under a limit below it, but clamp rather than wrap).
+		w := int64(h.window.Window())
+		c := func(v int64) int64 { return min(max(v, 0), math.MaxUint32) }
+		ls.state = l7.State{rep.idx * w, c(rep.prev)<<32 | c(rep.curr)}
+		ls.offset = now - (rep.idx*w + rep.pos*int64(time.Microsecond))
+		// The window frees capacity as it slides: no early expiry.
+		return
+	}
 	if rep.grant == 0 && rep.retry > 0 {
 		ls.expires = now + min(int64(h.rule.Hybrid.SyncInterval), rep.retry)
 	}
@@ -218,11 +307,12 @@ func decodeLease(c *call) leaseReply {
 	if c.err != nil {
 		return leaseReply{err: c.err}
 	}
-	v, err := intReply(c.reply, 5)
+	v, err := intReply(c.reply, 9)
 	if err != nil {
 		return leaseReply{err: err}
 	}
-	return leaseReply{grant: v[0], remaining: v[1], retry: v[2], reset: v[3], needRetry: v[4]}
+	return leaseReply{grant: v[0], remaining: v[1], retry: v[2], reset: v[3], needRetry: v[4],
+		idx: v[5], pos: v[6], prev: v[7], curr: v[8]}
 }
 
 // Sync reports every hybrid key's unsynced count to Redis now, in pipelined

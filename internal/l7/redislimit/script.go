@@ -268,9 +268,12 @@ return given
 // covers need (a request costing more than L still passes while the window
 // has room for it), and is not charged: it is paid for by the counts the
 // next sync brings.
-// Reply: {grant, remaining, retry_ns, reset_ns, need_retry_ns}: retry_ns is
-// when one more request fits (0 unless nothing does), need_retry_ns when
-// need more fit (0 unless remaining < need).
+// Reply: {grant, remaining, retry_ns, reset_ns, need_retry_ns, idx, r, prev,
+// curr}: retry_ns is when one more request fits (0 unless nothing does),
+// need_retry_ns when need more fit (0 unless remaining < need); then the
+// window's state after the count was added (window index, position in it
+// in µs, the previous and current windows' counts), from which a single
+// host (S = 1) decides between syncs as the window slides.
 const leaseSource = luaPrelude + `
 local W = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
@@ -295,12 +298,12 @@ local function retry_for(cost)
   return ((W - r) + W - fdiv((limit - cost) * W, curr)) * 1000
 end
 if rem <= 0 then
-  return {0, 0, retry_for(1), (2 * W - r) * 1000, retry_for(need)}
+  return {0, 0, retry_for(1), (2 * W - r) * 1000, retry_for(need), idx, r, prev, curr}
 end
 local reset = 0
 if curr > 0 then reset = 2 * W - r elseif prev > 0 then reset = W - r end
 local grant = fdiv(rem + share - 1, share)
 if grant > maxLease then grant = maxLease end
 if grant < need and rem >= need then grant = need end
-return {grant, rem, 0, reset * 1000, retry_for(need)}
+return {grant, rem, 0, reset * 1000, retry_for(need), idx, r, prev, curr}
 `
