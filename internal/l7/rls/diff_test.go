@@ -43,7 +43,7 @@ func TestDiffL7(t *testing.T) {
 		{"routes", r1, r2, `~ l7 route api match {host: "", methods: [], path_prefix: /api, path_pattern: "", path_case: sensitive, header: none} -> {host: "", methods: [], path_prefix: /v2, path_pattern: "", path_case: sensitive, header: none}
 ~ l7 route api limit a rate 10/1s -> 20/1s
 ~ l7 route api limit a reserve 0% -> 10%
-+ l7 route api limit b {name: b, key: user, rate: 1/1s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉, capacity: 65536, reserve: 0%}
++ l7 route api limit b {name: b, key: user, rate: 1/1s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉; hosts 1: count, capacity: 65536, reserve: 0%}
 + l7 route web {name: web, match: every request, exempt_paths: [], limits: [], tiers: none, concurrency: none}
 `},
 		{"routes removed", r2, r1, "- l7 route web\n~ l7 route api match {host: \"\", methods: [], path_prefix: /v2, path_pattern: \"\", path_case: sensitive, header: none} -> {host: \"\", methods: [], path_prefix: /api, path_pattern: \"\", path_case: sensitive, header: none}\n- l7 route api limit b\n~ l7 route api limit a rate 20/1s -> 10/1s\n~ l7 route api limit a reserve 10% -> 0%\n"},
