@@ -58,6 +58,41 @@ type lease struct {
 	// the clock's time minus Redis's at the sync.
 	state  l7.State
 	offset int64
+	// A single host's unsynced admissions by window (in Redis's time):
+	// uCurr in window uIdx, uPrev in the one before (older ones no longer
+	// weigh in the window).
+	uIdx, uCurr, uPrev int64
+}
+
+// report is what a sync sends: used admitted in window idx (-1: count them
+// in Redis's current window) and prev in the window before.
+type report struct{ used, idx, prev int64 }
+
+// addUnsynced counts n admitted in window idx; the caller holds h.mu.
+func (ls *lease) addUnsynced(idx, n int64) {
+	switch {
+	case n == 0:
+	case idx == ls.uIdx:
+		ls.uCurr += n
+	case idx == ls.uIdx-1:
+		ls.uPrev += n
+	case idx == ls.uIdx+1:
+		ls.uIdx, ls.uPrev, ls.uCurr = idx, ls.uCurr, n
+	case idx > ls.uIdx:
+		ls.uIdx, ls.uPrev, ls.uCurr = idx, 0, n
+	}
+}
+
+// takeReport is the report of everything unsynced, which it clears; the
+// caller holds h.mu.
+func (h *hybridRule) takeReport(ls *lease) report {
+	rep := report{used: ls.unsynced, idx: -1}
+	if h.window != nil {
+		rep = report{used: ls.uCurr, idx: ls.uIdx, prev: ls.uPrev}
+		ls.uCurr, ls.uPrev = 0, 0
+	}
+	ls.unsynced = 0
+	return rep
 }
 
 func newHybridRule(r Rule, index int) *hybridRule {
@@ -143,12 +178,12 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 		ch := make(chan struct{})
 		ls.syncing = ch
 		used := ls.unsynced
-		ls.unsynced = 0
+		sent := h.takeReport(ls)
 		h.mu.Unlock()
 
-		rep := l.syncOne(ctx, h, key, used, n)
+		rep := l.syncOne(ctx, h, key, sent, n)
 		h.mu.Lock()
-		h.applySync(ls, used, rep, l.cfg.Clock.Now())
+		h.applySync(ls, used, sent, rep, l.cfg.Clock.Now())
 		h.mu.Unlock()
 		if rep.err != nil {
 			if ctx.Err() != nil {
@@ -180,8 +215,10 @@ func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bo
 		ls.state = next
 		ls.used += n
 		ls.unsynced += n
+		widx := next[0] / int64(h.window.Window())
+		ls.addUnsynced(widx, n)
 		verdict = "allow"
-		refund = func() { h.giveBackSingle(ls, n, before, next, at) }
+		refund = func() { h.giveBackSingle(ls, n, before, next, at, widx) }
 	}
 	// The rule's window is the script's (whole µs): report the limit's.
 	d.Window = h.rule.Window
@@ -191,10 +228,20 @@ func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bo
 
 // giveBackSingle is giveBack for a single host: the units also leave its
 // view of the window.
-func (h *hybridRule) giveBackSingle(ls *lease, n int64, before, after l7.State, at int64) {
+func (h *hybridRule) giveBackSingle(ls *lease, n int64, before, after l7.State, at, widx int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	k := min(n, ls.used, ls.unsynced)
+	switch widx {
+	case ls.uIdx:
+		k = min(k, ls.uCurr)
+		ls.uCurr -= k
+	case ls.uIdx - 1:
+		k = min(k, ls.uPrev)
+		ls.uPrev -= k
+	default:
+		k = 0 // its window slid out (or was synced): nothing weighs
+	}
 	if k > 0 {
 		ls.used -= k
 		ls.unsynced -= k
@@ -216,11 +263,15 @@ func (h *hybridRule) giveBack(ls *lease, n int64) {
 
 // applySync installs a sync's outcome; the caller holds h.mu. On failure
 // the counts stay unsynced (they are not lost) and the lease is void.
-func (h *hybridRule) applySync(ls *lease, used int64, rep leaseReply, now int64) {
+func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) {
 	close(ls.syncing)
 	ls.syncing = nil
 	if rep.err != nil {
 		ls.unsynced += used
+		if h.window != nil {
+			ls.addUnsynced(sent.idx-1, sent.prev)
+			ls.addUnsynced(sent.idx, sent.used)
+		}
 		ls.grant, ls.used, ls.expires = 0, 0, 0
 		return
 	}
@@ -275,7 +326,7 @@ func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error, n int64
 }
 
 // syncOne sends one key's count and asks for a new grant that fits need.
-func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, need int64) leaseReply {
+func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, sent report, need int64) leaseReply {
 	ok, probe := l.breaker.allow()
 	if probe {
 		l.startProbe()
@@ -286,7 +337,7 @@ func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, 
 	}
 	// Through the batch queue: concurrent syncs (and decisions) share
 	// pipelined round trips; a sync is never merged into a decide run.
-	c := l.leaseCall(h, key, used, need)
+	c := l.leaseCall(h, key, sent, need)
 	c.custom = true
 	if err := l.roundTrip(ctx, c); err != nil {
 		return leaseReply{err: err}
@@ -294,12 +345,12 @@ func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, 
 	return decodeLease(c)
 }
 
-func (l *Limiter) leaseCall(h *hybridRule, key string, used, need int64) *call {
+func (l *Limiter) leaseCall(h *hybridRule, key string, sent report, need int64) *call {
 	r := h.rule
 	return &call{
 		script: l.leaseSH, src: leaseSource,
 		keys: []string{redisKey(l.cfg.Prefix, key, r.Name)},
-		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, used, r.Hybrid.MaxLease, h.share, need}),
+		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, sent.used, r.Hybrid.MaxLease, h.share, need, sent.idx, sent.prev}),
 	}
 }
 
@@ -330,6 +381,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 			key  string
 			ls   *lease
 			used int64
+			sent report
 		}
 		var todo []pending
 		now := l.cfg.Clock.Now()
@@ -339,8 +391,8 @@ func (l *Limiter) Sync(ctx context.Context) {
 			case ls.syncing != nil:
 			case ls.unsynced > 0:
 				ls.syncing = make(chan struct{})
-				todo = append(todo, pending{key, ls, ls.unsynced})
-				ls.unsynced = 0
+				used := ls.unsynced
+				todo = append(todo, pending{key, ls, used, h.takeReport(ls)})
 			case now >= ls.expires:
 				delete(h.leases, key)
 			}
@@ -350,7 +402,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 			part := todo[start:min(start+l.cfg.MaxBatch, len(todo))]
 			calls := make([]*call, len(part))
 			for i, p := range part {
-				calls[i] = l.leaseCall(h, p.key, p.used, 1)
+				calls[i] = l.leaseCall(h, p.key, p.sent, 1)
 			}
 			if ctx.Err() == nil {
 				l.runBatch(calls, "lease")
@@ -362,7 +414,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 			now := l.cfg.Clock.Now()
 			h.mu.Lock()
 			for i, p := range part {
-				h.applySync(p.ls, p.used, decodeLease(calls[i]), now)
+				h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now)
 			}
 			h.mu.Unlock()
 		}

@@ -262,7 +262,11 @@ return given
 // ARGV[3] W (µs), ARGV[4] limit, ARGV[5] used: requests this instance admitted
 // since its last sync (a count, added unconditionally: they happened),
 // ARGV[6] max lease L, ARGV[7] share S, ARGV[8] need: the cost of the
-// request that asked (its hits_addend; 1 for background syncs).
+// request that asked (its hits_addend; 1 for background syncs), ARGV[9]
+// the window index the used count was admitted in (-1: count it in now's
+// window) and ARGV[10] a count admitted in the window before that one: a
+// single host reports its admissions in the windows they happened in
+// (counts of a window that has slid out are dropped: they no longer weigh).
 //
 // The grant is min(L, ceil(remaining / S)), raised to need when remaining
 // covers need (a request costing more than L still passes while the window
@@ -281,9 +285,16 @@ local used = tonumber(ARGV[5])
 local maxLease = tonumber(ARGV[6])
 local share = tonumber(ARGV[7])
 local need = tonumber(ARGV[8])
+local uidx = tonumber(ARGV[9])
+local uprev = tonumber(ARGV[10])
 local idx, r, prev, curr = swc_load(redis.call("GET", KEYS[1]), W)
-if used > 0 then
-  curr = curr + used
+if used > 0 or uprev > 0 then
+  if uidx < 0 or uidx >= idx then
+    curr = curr + used
+    prev = prev + uprev
+  elseif uidx == idx - 1 then
+    prev = prev + used
+  end
   swc_store(KEYS[1], W, idx, r, prev, curr)
 end
 local rem = swc_remaining(limit, W, r, prev, curr)
