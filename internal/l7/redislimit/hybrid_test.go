@@ -121,11 +121,21 @@ func TestHybridOvershootConcurrent(t *testing.T) {
 	}
 }
 
-// A request a plain rule refuses gives its lease reservation back.
+// A request a plain rule refuses gives its lease reservation back, with
+// hosts sharing the rule (share 2) and on a single host (share 1, whose
+// view of the window gives the units back too).
 func TestHybridRefundWhenAnotherRuleRefuses(t *testing.T) {
+	for _, share := range []int64{2, 1} {
+		t.Run(fmt.Sprintf("share %d", share), func(t *testing.T) { testHybridRefund(t, share) })
+	}
+}
+
+func testHybridRefund(t *testing.T, share int64) {
 	f := newFixture(t)
+	r := hybridRuleFor(1000)
+	r.Hybrid.Share = share
 	l := f.limiter(t, Config{SyncEvery: -1, Rules: []Rule{
-		hybridRuleFor(1000),
+		r,
 		{Name: "strict", Algorithm: GCRA, Limit: 2, Window: time.Hour},
 	}})
 	var allowed int
