@@ -6,7 +6,6 @@ package rlsvt
 
 import (
 	fmt "fmt"
-	v32 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	v3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	protohelpers "github.com/planetscale/vtprotobuf/protohelpers"
@@ -601,7 +600,7 @@ func (m *RateLimitResponse) UnmarshalVT(dAtA []byte) error {
 			if postIndex > l {
 				return io.ErrUnexpectedEOF
 			}
-			m.Statuses = append(m.Statuses, &v3.RateLimitResponse_DescriptorStatus{})
+			m.Statuses = grow(m.Statuses)
 			if err := unmarshalVT(m.Statuses[len(m.Statuses)-1], dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
@@ -635,7 +634,7 @@ func (m *RateLimitResponse) UnmarshalVT(dAtA []byte) error {
 			if postIndex > l {
 				return io.ErrUnexpectedEOF
 			}
-			m.ResponseHeadersToAdd = append(m.ResponseHeadersToAdd, &v32.HeaderValue{})
+			m.ResponseHeadersToAdd = grow(m.ResponseHeadersToAdd)
 			if err := unmarshalVT(m.ResponseHeadersToAdd[len(m.ResponseHeadersToAdd)-1], dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
@@ -669,7 +668,7 @@ func (m *RateLimitResponse) UnmarshalVT(dAtA []byte) error {
 			if postIndex > l {
 				return io.ErrUnexpectedEOF
 			}
-			m.RequestHeadersToAdd = append(m.RequestHeadersToAdd, &v32.HeaderValue{})
+			m.RequestHeadersToAdd = grow(m.RequestHeadersToAdd)
 			if err := unmarshalVT(m.RequestHeadersToAdd[len(m.RequestHeadersToAdd)-1], dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
@@ -1381,7 +1380,7 @@ func (m *RateLimitResponse) UnmarshalVTUnsafe(dAtA []byte) error {
 			if postIndex > l {
 				return io.ErrUnexpectedEOF
 			}
-			m.Statuses = append(m.Statuses, &v3.RateLimitResponse_DescriptorStatus{})
+			m.Statuses = grow(m.Statuses)
 			if err := unmarshalVTUnsafe(m.Statuses[len(m.Statuses)-1], dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
@@ -1415,7 +1414,7 @@ func (m *RateLimitResponse) UnmarshalVTUnsafe(dAtA []byte) error {
 			if postIndex > l {
 				return io.ErrUnexpectedEOF
 			}
-			m.ResponseHeadersToAdd = append(m.ResponseHeadersToAdd, &v32.HeaderValue{})
+			m.ResponseHeadersToAdd = grow(m.ResponseHeadersToAdd)
 			if err := unmarshalVTUnsafe(m.ResponseHeadersToAdd[len(m.ResponseHeadersToAdd)-1], dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
@@ -1449,7 +1448,7 @@ func (m *RateLimitResponse) UnmarshalVTUnsafe(dAtA []byte) error {
 			if postIndex > l {
 				return io.ErrUnexpectedEOF
 			}
-			m.RequestHeadersToAdd = append(m.RequestHeadersToAdd, &v32.HeaderValue{})
+			m.RequestHeadersToAdd = grow(m.RequestHeadersToAdd)
 			if err := unmarshalVTUnsafe(m.RequestHeadersToAdd[len(m.RequestHeadersToAdd)-1], dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}

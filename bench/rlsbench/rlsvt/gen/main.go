@@ -212,6 +212,28 @@ func prune(content string, keep map[string]bool) ([]byte, error) {
 		}
 		return true
 	})
+	// append(s, &T{}) -> grow(s): a repeated message field reuses the
+	// elements its slice still holds from an earlier message (Unmarshal
+	// keeps them, truncated), reset, instead of allocating new ones.
+	ast.Inspect(f, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok || len(call.Args) != 2 {
+			return true
+		}
+		if id, ok := call.Fun.(*ast.Ident); !ok || id.Name != "append" {
+			return true
+		}
+		u, ok := call.Args[1].(*ast.UnaryExpr)
+		if !ok || u.Op != token.AND {
+			return true
+		}
+		if lit, ok := u.X.(*ast.CompositeLit); !ok || len(lit.Elts) != 0 {
+			return true
+		}
+		call.Fun = ast.NewIdent("grow")
+		call.Args = call.Args[:1]
+		return true
+	})
 	// Imports still used.
 	used := map[string]bool{}
 	ast.Inspect(f, func(n ast.Node) bool {
