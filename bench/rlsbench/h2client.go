@@ -36,6 +36,8 @@ import (
 // HTTP/2 as a real client: stream ids odd and increasing; the connection's
 // send window and the server's initial stream window and
 // SETTINGS_MAX_CONCURRENT_STREAMS honoured; SETTINGS acked, PING answered;
+// push disabled (a PUSH_PROMISE is a connection error, as is a frame over
+// the default 16 KiB we announce);
 // received DATA returned to the server by WINDOW_UPDATE, and a server that
 // sends past our window is a connection error. It is used identically for
 // every peer.
@@ -125,6 +127,7 @@ func dialH2(target string, reqs [][]byte, depth int) (*h2conn, error) {
 		br: bufio.NewReaderSize(c, 256<<10)}
 	h.fr = http2.NewFramer(nil, h.br)
 	h.fr.SetReuseFrames()
+	h.fr.SetMaxReadFrameSize(16384) // SETTINGS_MAX_FRAME_SIZE: we announce the default
 	h.dec = hpack.NewDecoder(4096, h.emit)
 	h.fw = http2.NewFramer((*appendWriter)(&h.out), nil)
 	var hb bytes.Buffer
@@ -143,7 +146,8 @@ func dialH2(target string, reqs [][]byte, depth int) (*h2conn, error) {
 	// connection's window raised to match.
 	out := append([]byte(nil), http2.ClientPreface...)
 	fw := http2.NewFramer((*appendWriter)(&out), nil)
-	if err := fw.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: recvWindow}); err != nil {
+	if err := fw.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: recvWindow}); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -415,6 +419,8 @@ func (h *h2conn) readLoop() error {
 			}
 		case *http2.GoAwayFrame:
 			return fmt.Errorf("goaway: %v", f.ErrCode)
+		case *http2.PushPromiseFrame:
+			return errors.New("PUSH_PROMISE after SETTINGS_ENABLE_PUSH 0")
 		}
 	}
 }
