@@ -66,6 +66,8 @@ type h2conn struct {
 	rng  *rand.Rand
 	done chan struct{} // closed when the phase's last answer is in
 
+	settled chan struct{} // closed once the server's first SETTINGS is applied
+
 	// the reader's
 	br       *bufio.Reader
 	fr       *http2.Framer
@@ -121,7 +123,7 @@ func dialH2(target string, reqs [][]byte, depth int) (*h2conn, error) {
 	for n < 4*depth {
 		n <<= 1
 	}
-	h := &h2conn{c: c, reqs: reqs, depth: depth, drain: defaultDrain,
+	h := &h2conn{c: c, reqs: reqs, depth: depth, drain: defaultDrain, settled: make(chan struct{}),
 		slots: make([]slot, n), mask: uint32(n - 1), nextID: 1,
 		sendWindow: 65535, streamWindow: 65535, maxStreams: ^uint32(0), recvLeft: recvWindow,
 		br: bufio.NewReaderSize(c, 256<<10)}
@@ -160,6 +162,21 @@ func dialH2(target string, reqs [][]byte, depth int) (*h2conn, error) {
 		return nil, err
 	}
 	go h.read()
+	// The server's SETTINGS (its stream limit and windows) before the
+	// first request, as grpc-go's client waits for the server preface.
+	select {
+	case <-h.settled:
+	case <-time.After(defaultDrain):
+		h.Close()
+		return nil, fmt.Errorf("%s: no SETTINGS from the server within %s", target, defaultDrain)
+	}
+	h.mu.Lock()
+	err = h.err
+	h.mu.Unlock()
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
 	return h, nil
 }
 
@@ -312,6 +329,11 @@ func (h *h2conn) read() {
 	defer h.mu.Unlock()
 	err := h.readLoop()
 	h.failLocked(fmt.Errorf("read: %w", err))
+	select {
+	case <-h.settled:
+	default:
+		close(h.settled)
+	}
 }
 
 func (h *h2conn) readLoop() error {
@@ -353,6 +375,11 @@ func (h *h2conn) readLoop() error {
 			_ = h.fw.WriteSettingsAck()
 			if err != nil {
 				return err
+			}
+			select {
+			case <-h.settled:
+			default:
+				close(h.settled)
 			}
 		case *http2.PingFrame:
 			if !f.IsAck() {

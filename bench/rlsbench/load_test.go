@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 
 	"github.com/edgeguard/edgeguard/internal/l7/rls"
 )
@@ -263,4 +265,62 @@ func forwarder(t *testing.T, target string) (addr string, freeze func()) {
 		}
 	}()
 	return ln.Addr().String(), func() { frozen.Store(true) }
+}
+
+// countingRLS answers every request OK through grpc-go's own server
+// transport and records how many calls were in its handler at once.
+type countingRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	calls, in, maxIn atomic.Int64
+}
+
+func (c *countingRLS) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	c.calls.Add(1)
+	n := c.in.Add(1)
+	defer c.in.Add(-1)
+	for {
+		m := c.maxIn.Load()
+		if n <= m || c.maxIn.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(50 * time.Microsecond) // let requests pile up against the limit
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+// The client honours a server's SETTINGS_MAX_CONCURRENT_STREAMS (3, below
+// its depth of 16: grpc-go refuses a stream over it) and its smallest
+// windows (64 KiB for the connection and each stream: the client sends
+// past them only on the server's WINDOW_UPDATEs), through grpc-go's server
+// transport.
+func TestLoadHonoursServerLimits(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.MaxConcurrentStreams(3), grpc.InitialConnWindowSize(1<<16), grpc.InitialWindowSize(1<<16))
+	svc := &countingRLS{}
+	rlsv3.RegisterRateLimitServiceServer(srv, svc)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	_, framed, err := requests("bench", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hcs := dialTest(t, ln.Addr().String(), framed, 16, 1)
+	_, got, err := runWithin(t, hcs, 500*time.Millisecond, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := got[0] * int64(len(framed[0]))
+	t.Logf("ok %d errors %d; the handler saw %d calls, at most %d at once; %d bytes of messages sent", got[0], got[2], svc.calls.Load(), svc.maxIn.Load(), sent)
+	if got[2] != 0 || got[0] != svc.calls.Load() {
+		t.Fatalf("ok %d errors %d for %d calls: refused streams or lost answers", got[0], got[2], svc.calls.Load())
+	}
+	if m := svc.maxIn.Load(); m > 3 {
+		t.Fatalf("%d calls at once, over the server's limit of 3 streams", m)
+	}
+	if sent <= 1<<16 {
+		t.Fatalf("only %d bytes sent: the window was never exhausted, the test proves nothing", sent)
+	}
 }
