@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 
 	"github.com/edgeguard/edgeguard/internal/l7/rls"
@@ -322,5 +324,30 @@ func TestLoadHonoursServerLimits(t *testing.T) {
 	}
 	if sent <= 1<<16 {
 		t.Fatalf("only %d bytes sent: the window was never exhausted, the test proves nothing", sent)
+	}
+}
+
+// appendFrame writes the bytes http2.Framer writes for the requests'
+// HEADERS and DATA frames.
+func TestAppendFrame(t *testing.T) {
+	var want []byte
+	fw := http2.NewFramer((*appendWriter)(&want), nil)
+	block := []byte("header block")
+	msg := []byte{0, 0, 0, 0, 3, 1, 2, 3}
+	for _, id := range []uint32{1, 3, 1<<31 - 1} {
+		if err := fw.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := fw.WriteData(id, true, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []byte
+	for _, id := range []uint32{1, 3, 1<<31 - 1} {
+		got = appendFrame(got, http2.FrameHeaders, http2.FlagHeadersEndHeaders, id, block)
+		got = appendFrame(got, http2.FrameData, http2.FlagDataEndStream, id, msg)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("appendFrame\n% x\nhttp2.Framer\n% x", got, want)
 	}
 }
