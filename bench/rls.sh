@@ -20,13 +20,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
-WORKERS=${WORKERS:-64}
+WORKERS=${WORKERS:-64} # requests in flight over all connections (WORKERS ÷ CONNS on each)
 CONNS=${CONNS:-4}
 ROUNDS=${ROUNDS:-3}
 # PIN=1: the load client on CPU 0, every service and the redis-server on CPU 1
 # (taskset; the same for every peer; Go sizes GOMAXPROCS to the CPUs it may use).
 PIN=${PIN:-}
-CLIENT=${CLIENT:-h2} # h2: pre-encoded requests, multiplexed (bench/rlsbench/h2client.go); grpc: grpc-go's client
+CLIENT=${CLIENT:-h2} # h2: pre-encoded requests, batched writes, multiplexed (bench/rlsbench/h2client.go; prints client-cpu/request); grpc: grpc-go's client
 BASE_PORT=${BASE_PORT:-19080}
 RATELIMIT_VERSION=${RATELIMIT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}
 

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -59,34 +61,18 @@ func serve(args []string) error {
 	path := fs.String("policy", "", "policy file with an l7: rls: section")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the serving to this file")
 	_ = fs.Parse(args)
-	if *prof != "" {
-		f, err := os.Create(*prof)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := profile(*prof)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	raw, err := os.ReadFile(*path)
 	if err != nil {
 		return err
 	}
-	var doc struct {
-		L7 yaml.Node `yaml:"l7"`
-	}
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
+	rc, err := decodePolicy(raw, *path)
+	if err != nil {
 		return err
-	}
-	pc, probs := proxy.Decode(&doc.L7, *path)
-	if len(probs) > 0 {
-		return fmt.Errorf("%v", probs)
-	}
-	rc, probs := rls.Decode(pc, *path)
-	if len(probs) > 0 {
-		return fmt.Errorf("%v", probs)
 	}
 	s := rls.NewServer(rls.ServerOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	ch, err := s.Prepare(rc)
@@ -102,39 +88,60 @@ func serve(args []string) error {
 	return nil
 }
 
+// decodePolicy is a policy file's rate-limit service configuration, as the
+// daemon decodes it.
+func decodePolicy(raw []byte, path string) (*rls.Config, error) {
+	var doc struct {
+		L7 yaml.Node `yaml:"l7"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, err
+	}
+	pc, probs := proxy.Decode(&doc.L7, path)
+	if len(probs) > 0 {
+		return nil, fmt.Errorf("%v", probs)
+	}
+	rc, probs := rls.Decode(pc, path)
+	if len(probs) > 0 {
+		return nil, fmt.Errorf("%v", probs)
+	}
+	return rc, nil
+}
+
 func load(args []string) error {
 	fs := flag.NewFlagSet("load", flag.ExitOnError)
 	target := fs.String("target", "127.0.0.1:8081", "RLS gRPC address")
 	domain := fs.String("domain", "bench", "domain")
 	conns := fs.Int("conns", 4, "gRPC connections")
-	workers := fs.Int("workers", 64, "concurrent requests")
+	workers := fs.Int("workers", 64, "requests in flight over all connections (h2: -workers ÷ -conns per connection, refilled in batches by one writer each; grpc: one goroutine each)")
 	keys := fs.Int("keys", 4096, "distinct remote_address values")
 	dur := fs.Duration("duration", 10*time.Second, "how long")
 	warm := fs.Duration("warmup", time.Second, "warm-up before measuring")
 	label := fs.String("label", "", "name printed with the result")
 	client := fs.String("client", "h2", "h2: pre-encoded requests on multiplexed HTTP/2 connections, every response decoded (h2client.go); grpc: grpc-go's generated client")
+	prof := fs.String("cpuprofile", "", "write a CPU profile of the load client to this file")
 	pidList := fs.String("cpu-pids", "", "comma-separated pids whose CPU time (utime+stime) is charged to the decisions measured (the service, its redis-server)")
 	_ = fs.Parse(args)
+	stop, err := profile(*prof)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	var pids []string
 	if *pidList != "" {
 		pids = strings.Split(*pidList, ",")
 	}
 
-	reqs := make([]*rlsv3.RateLimitRequest, *keys)
-	framed := make([][]byte, *keys)
-	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: *domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("198.18.%d.%d", i/256%256, i%256)}}}}}
-		var err error
-		if framed[i], err = grpcFrame(reqs[i]); err != nil {
-			return err
-		}
+	reqs, framed, err := requests(*domain, *keys)
+	if err != nil {
+		return err
 	}
-	// ask is one decision on worker w's connection: the request of key i,
-	// the response decoded into res.
-	var asks []func(i int, res *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error)
+	// run is one phase of d: the latencies (if record), the counts ok,
+	// over_limit and errors, and the first error.
+	var run func(d time.Duration, record bool) ([]time.Duration, [3]int64, error)
 	switch *client {
 	case "grpc":
+		var asks []func(i int) (*rlsv3.RateLimitResponse, error)
 		for range *conns {
 			cc, err := grpc.NewClient(*target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -142,72 +149,35 @@ func load(args []string) error {
 			}
 			defer cc.Close()
 			c := rlsv3.NewRateLimitServiceClient(cc)
-			asks = append(asks, func(i int, _ *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error) {
+			asks = append(asks, func(i int) (*rlsv3.RateLimitResponse, error) {
 				return c.ShouldRateLimit(context.Background(), reqs[i])
 			})
 		}
+		run = func(d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+			return runWorkers(asks, *workers, len(reqs), d, record)
+		}
 	case "h2":
-		for range *conns {
-			hc, err := dialH2(*target)
-			if err != nil {
-				return err
-			}
+		// One P: the client's goroutines (one per connection) block in
+		// read most of the time, and with more Ps the runtime spins and
+		// wakes threads between them (measured: ~0.5 µs less CPU per
+		// request on 2 cores with one). GOMAXPROCS in the environment wins.
+		if os.Getenv("GOMAXPROCS") == "" {
+			runtime.GOMAXPROCS(1)
+		}
+		hcs, err := dialH2s(*target, framed, *workers, *conns)
+		if err != nil {
+			return err
+		}
+		for _, hc := range hcs {
 			defer hc.Close()
-			asks = append(asks, func(i int, res *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, error) {
-				cl := &h2call{done: make(chan error, 1)}
-				return res, hc.call(framed[i], cl, res)
-			})
+		}
+		run = func(d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+			return runH2(hcs, d, record)
 		}
 	default:
 		return fmt.Errorf("-client %q: want h2 or grpc", *client)
 	}
 	// warm-up: connections, scripts, first keys
-	run := func(d time.Duration, record bool) ([][]time.Duration, [3]int64, error) {
-		var wg sync.WaitGroup
-		lat := make([][]time.Duration, *workers)
-		counts := make([][3]int64, *workers)
-		errs := make(chan error, *workers)
-		end := time.Now().Add(d)
-		for w := range *workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ask := asks[w%len(asks)]
-				rng := rand.New(rand.NewPCG(uint64(w), 26))
-				var buf rlsv3.RateLimitResponse
-				if record {
-					lat[w] = make([]time.Duration, 0, 1<<16)
-				}
-				for time.Now().Before(end) {
-					t0 := time.Now()
-					res, err := ask(rng.IntN(len(reqs)), &buf)
-					el := time.Since(t0)
-					if err != nil {
-						errs <- err
-						counts[w][2]++
-						return
-					}
-					if record {
-						lat[w] = append(lat[w], el)
-					}
-					if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
-						counts[w][0]++
-					} else {
-						counts[w][1]++
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		var total [3]int64
-		for _, c := range counts {
-			for i := range total {
-				total[i] += c[i]
-			}
-		}
-		return lat, total, <-errs
-	}
 	if _, _, err := run(*warm, false); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
@@ -215,14 +185,18 @@ func load(args []string) error {
 	if cerr != nil {
 		return cerr
 	}
+	self0, cerr := cpuTicks([]string{"self"})
+	if cerr != nil {
+		return cerr
+	}
 	t0 := time.Now()
-	lat, total, err := run(*dur, true)
+	all, total, err := run(*dur, true)
 	elapsed := time.Since(t0)
 	cpu1, _ := cpuTicks(pids)
-	if err != nil {
+	self1, _ := cpuTicks([]string{"self"})
+	if err != nil && total[2] == 0 {
 		return err
 	}
-	all := slices.Concat(lat...)
 	slices.Sort(all)
 	pct := func(p float64) time.Duration {
 		if len(all) == 0 {
@@ -236,9 +210,154 @@ func load(args []string) error {
 		// USER_HZ is 100 on Linux: a tick is 10ms.
 		cpu = fmt.Sprintf("  cpu/decision %6.1fus", float64(cpu1-cpu0)*1e4/float64(n))
 	}
+	if n+total[2] > 0 {
+		cpu += fmt.Sprintf("  client-cpu/request %5.1fus", float64(self1-self0)*1e4/float64(n+total[2]))
+	}
 	fmt.Printf("%-28s decisions/s %9.0f  p50 %8s  p99 %8s%s  ok %d over_limit %d errors %d\n", *label,
 		float64(n)/elapsed.Seconds(), pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), cpu, total[0], total[1], total[2])
+	if err != nil {
+		return fmt.Errorf("%d requests failed, the first: %w", total[2], err)
+	}
 	return nil
+}
+
+// requests are the load's requests: [remote_address=198.18.X.Y] over keys
+// distinct addresses, as Envoy's types and pre-encoded in gRPC's envelope.
+func requests(domain string, keys int) ([]*rlsv3.RateLimitRequest, [][]byte, error) {
+	reqs := make([]*rlsv3.RateLimitRequest, keys)
+	framed := make([][]byte, keys)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("198.18.%d.%d", i/256%256, i%256)}}}}}
+		var err error
+		if framed[i], err = grpcFrame(reqs[i]); err != nil {
+			return nil, nil, err
+		}
+	}
+	return reqs, framed, nil
+}
+
+// dialH2s opens conns h2 connections to target that keep workers requests
+// in flight between them.
+func dialH2s(target string, framed [][]byte, workers, conns int) ([]*h2conn, error) {
+	if conns < 1 || workers < conns {
+		return nil, fmt.Errorf("-workers %d on -conns %d: want at least one request in flight per connection", workers, conns)
+	}
+	var hcs []*h2conn
+	for i := range conns {
+		depth := workers / conns
+		if i < workers%conns {
+			depth++
+		}
+		hc, err := dialH2(target, framed, depth)
+		if err != nil {
+			for _, hc := range hcs {
+				hc.Close()
+			}
+			return nil, err
+		}
+		hcs = append(hcs, hc)
+	}
+	return hcs, nil
+}
+
+// runWorkers is one phase of grpc-go's client: workers goroutines, each one
+// request at a time on connection w % len(asks); a worker stops at its
+// first error.
+func runWorkers(asks []func(i int) (*rlsv3.RateLimitResponse, error), workers, keys int, d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+	var wg sync.WaitGroup
+	lat := make([][]time.Duration, workers)
+	counts := make([][3]int64, workers)
+	errs := make(chan error, workers)
+	end := time.Now().Add(d)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ask := asks[w%len(asks)]
+			rng := rand.New(rand.NewPCG(uint64(w), 26))
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				res, err := ask(rng.IntN(keys))
+				el := time.Since(t0)
+				if err != nil {
+					errs <- err
+					counts[w][2]++
+					return
+				}
+				if record {
+					lat[w] = append(lat[w], el)
+				}
+				if res.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+					counts[w][0]++
+				} else {
+					counts[w][1]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return slices.Concat(lat...), sumCounts(counts), <-errs
+}
+
+// runH2 is one phase on the h2 connections, each driven by one goroutine
+// (its writer) with its own key order. A connection that fails ends the
+// phase with its error; failed requests are counted and the first one's
+// error returned.
+func runH2(hcs []*h2conn, d time.Duration, record bool) ([]time.Duration, [3]int64, error) {
+	end := time.Now().Add(d)
+	sts := make([]phaseStats, len(hcs))
+	errs := make([]error, len(hcs))
+	var wg sync.WaitGroup
+	for i, hc := range hcs {
+		sts[i].record = record
+		if record {
+			sts[i].lat = make([]time.Duration, 0, 1<<18)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = hc.run(end, &sts[i], rand.New(rand.NewPCG(uint64(i), 26)))
+		}()
+	}
+	wg.Wait()
+	var lat [][]time.Duration
+	counts := make([][3]int64, len(hcs))
+	var first error
+	for i, st := range sts {
+		lat = append(lat, st.lat)
+		counts[i] = [3]int64{st.ok, st.over, st.errors}
+		first = cmp.Or(first, errs[i], st.firstErr)
+	}
+	return slices.Concat(lat...), sumCounts(counts), first
+}
+
+func sumCounts(counts [][3]int64) [3]int64 {
+	var total [3]int64
+	for _, c := range counts {
+		for i := range total {
+			total[i] += c[i]
+		}
+	}
+	return total
+}
+
+// profile starts a CPU profile into path (none if path is empty); stop
+// ends it.
+func profile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // cpuTicks is the summed utime+stime of pids, in clock ticks.

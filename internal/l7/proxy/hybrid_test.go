@@ -94,3 +94,24 @@ l7:
 		t.Fatalf("fallback allow decisions %v, want %d", v, limit/hosts)
 	}
 }
+
+// The default lease: a tenth of the rate's count shared by the hosts, but a
+// single host's is the count itself (it decides from the window; the lease
+// bounds only what a crash loses); an explicit lease wins.
+func TestHybridLeaseDefault(t *testing.T) {
+	for _, tc := range []struct {
+		count, lease, hosts, want int64
+	}{
+		{count: 2, hosts: 1, want: 2},
+		{count: 6000, hosts: 1, want: 6000},
+		{count: 6000, hosts: 4, want: 150},
+		{count: 2, hosts: 2, want: 1},
+		{count: 200, hosts: 2, want: 10},
+		{count: 6000, lease: 7, hosts: 1, want: 7},
+		{count: 6000, lease: 7, hosts: 4, want: 7},
+	} {
+		if got := HybridLease(Limit{Count: tc.count, Lease: tc.lease}, tc.hosts); got != tc.want {
+			t.Errorf("count %d, lease %d, hosts %d: lease %d, want %d", tc.count, tc.lease, tc.hosts, got, tc.want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -19,10 +20,24 @@ import (
 // instance whose last sync s_j came last. Redis had every other instance's
 // counts up to its own last sync, so admitted ≤ C(s_j) + g_j + Σ_{i≠j} g_i
 // ≤ C(s_j) + (limit − C(s_j)) + (N−1)·L = limit + (N−1)·L.
+//
+// A single host (Share 1) has no one to share the window with: its grant is
+// not a fixed count but the window itself. A sync also returns the window's
+// state (its counts and position, in Redis's time), and until the lease
+// expires the host decides each request with the sliding window's own
+// arithmetic (package l7, the same as the scripts') on that state, moved on
+// by the time passed and charged with what it admitted since: what the
+// window frees as it slides is admitted without a round trip. MaxLease
+// still caps what it admits between two syncs (what a crash loses). With
+// N = 1 the bound above is the limit itself: the host admits what the
+// window admits, as the local backend would.
 type hybridRule struct {
 	rule  Rule
 	index int
 	share int64
+	// window is the sliding window a single host (share 1) decides with,
+	// on the script's µs-aligned windows; nil when hosts share the rule.
+	window *l7.SlidingWindow
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -38,16 +53,66 @@ type lease struct {
 	syncedAt    int64
 	expires     int64
 	syncing     chan struct{} // closed when the sync in flight ends
+	// A single host's view of the window (hybridRule.window): the state
+	// Redis returned, charged with what was admitted since, and offset,
+	// the clock's time minus Redis's at the sync.
+	state  l7.State
+	offset int64
+	// A single host's unsynced admissions by window (in Redis's time):
+	// uCurr in window uIdx, uPrev in the one before (older ones no longer
+	// weigh in the window).
+	uIdx, uCurr, uPrev int64
+}
+
+// report is what a sync sends: used admitted in window idx (-1: count them
+// in Redis's current window) and prev in the window before.
+type report struct{ used, idx, prev int64 }
+
+// addUnsynced counts n admitted in window idx; the caller holds h.mu.
+func (ls *lease) addUnsynced(idx, n int64) {
+	switch {
+	case n == 0:
+	case idx == ls.uIdx:
+		ls.uCurr += n
+	case idx == ls.uIdx-1:
+		ls.uPrev += n
+	case idx == ls.uIdx+1:
+		ls.uIdx, ls.uPrev, ls.uCurr = idx, ls.uCurr, n
+	case idx > ls.uIdx:
+		ls.uIdx, ls.uPrev, ls.uCurr = idx, 0, n
+	}
+}
+
+// takeReport is the report of everything unsynced, which it clears; the
+// caller holds h.mu.
+func (h *hybridRule) takeReport(ls *lease) report {
+	rep := report{used: ls.unsynced, idx: -1}
+	if h.window != nil {
+		rep = report{used: ls.uCurr, idx: ls.uIdx, prev: ls.uPrev}
+		ls.uCurr, ls.uPrev = 0, 0
+	}
+	ls.unsynced = 0
+	return rep
 }
 
 func newHybridRule(r Rule, index int) *hybridRule {
-	return &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{}}
+	h := &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{}}
+	if h.share == 1 {
+		// The script's window, in whole µs; NewSlidingWindow fails only
+		// for a limit the rule's own validation refuses.
+		if w, err := l7.NewSlidingWindow(r.Limit, time.Duration(r.windowMicros())*time.Microsecond); err == nil {
+			h.window = w
+		}
+	}
+	return h
 }
 
 // leaseReply is one sync's outcome; needRetry is when the cost of the
-// request that synced fits (0 if it fits now).
+// request that synced fits (0 if it fits now); idx, pos (µs), prev and curr
+// are the window's state after the sync.
 type leaseReply struct {
 	grant, remaining, retry, reset, needRetry int64
+	idx, pos, prev, curr                      int64
 	err                                       error
 }
 
@@ -77,10 +142,17 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 				return rd, nil, fmt.Errorf("redis limiter: wait for hybrid sync: %w", ctx.Err())
 			}
 		}
+		if h.window != nil && now < ls.expires {
+			if rd, refund, ok := h.decideSingle(l, ls, now, n, synced != nil); ok {
+				h.mu.Unlock()
+				rd.Rule, rd.Source = r.Name, SourceLease
+				return rd, refund, nil
+			}
+		}
 		// After its own sync, a request that does not fit a grant sized
 		// for it (grant < n: the window has fewer than n left) is refused.
 		short := synced != nil && synced.needRetry > 0 && ls.used+n > ls.grant
-		if now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
+		if h.window == nil && now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
 			d := l7.Decision{Limit: r.Limit, Window: r.Window, Reset: time.Duration(max(ls.reset-(now-ls.syncedAt), 0))}
 			verdict := "deny"
 			var refund func()
@@ -106,12 +178,12 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 		ch := make(chan struct{})
 		ls.syncing = ch
 		used := ls.unsynced
-		ls.unsynced = 0
+		sent := h.takeReport(ls)
 		h.mu.Unlock()
 
-		rep := l.syncOne(ctx, h, key, used, n)
+		rep := l.syncOne(ctx, h, key, sent, n)
 		h.mu.Lock()
-		h.applySync(ls, used, rep, l.cfg.Clock.Now())
+		h.applySync(ls, used, sent, rep, l.cfg.Clock.Now())
 		h.mu.Unlock()
 		if rep.err != nil {
 			if ctx.Err() != nil {
@@ -120,6 +192,60 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 			return l.hybridFallback(h, key, rep.err, n)
 		}
 		synced = &rep
+	}
+}
+
+// decideSingle decides n units at now for a single host from its view of
+// the window; the caller holds h.mu and the lease is valid. ok is false
+// when the host must sync first: it admitted its cap (max(MaxLease, the
+// grant)) since the last sync. After the request's own sync (synced) the
+// window alone decides (a cost above MaxLease passes when the window has
+// room for it, as with hosts sharing the rule).
+func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bool) (RuleDecision, func(), bool) {
+	limitCap := max(h.rule.Hybrid.MaxLease, ls.grant)
+	if ls.used+n > limitCap && !synced {
+		return RuleDecision{}, nil, false
+	}
+	at := now - ls.offset // Redis's time, moved on by the clock
+	before := ls.state
+	next, d := h.window.Take(before, at, n)
+	verdict := "deny"
+	var refund func()
+	if d.Allowed {
+		ls.state = next
+		ls.used += n
+		ls.unsynced += n
+		widx := next[0] / int64(h.window.Window())
+		ls.addUnsynced(widx, n)
+		verdict = "allow"
+		refund = func() { h.giveBackSingle(ls, n, before, next, at, widx) }
+	}
+	// The rule's window is the script's (whole µs): report the limit's.
+	d.Window = h.rule.Window
+	l.metrics.hybridLocal.WithLabelValues(h.rule.Name, verdict).Inc()
+	return RuleDecision{Decision: d}, refund, true
+}
+
+// giveBackSingle is giveBack for a single host: the units also leave its
+// view of the window.
+func (h *hybridRule) giveBackSingle(ls *lease, n int64, before, after l7.State, at, widx int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := min(n, ls.used, ls.unsynced)
+	switch widx {
+	case ls.uIdx:
+		k = min(k, ls.uCurr)
+		ls.uCurr -= k
+	case ls.uIdx - 1:
+		k = min(k, ls.uPrev)
+		ls.uPrev -= k
+	default:
+		k = 0 // its window slid out (or was synced): nothing weighs
+	}
+	if k > 0 {
+		ls.used -= k
+		ls.unsynced -= k
+		ls.state = h.window.Refund(ls.state, before, after, at)
 	}
 }
 
@@ -137,17 +263,31 @@ func (h *hybridRule) giveBack(ls *lease, n int64) {
 
 // applySync installs a sync's outcome; the caller holds h.mu. On failure
 // the counts stay unsynced (they are not lost) and the lease is void.
-func (h *hybridRule) applySync(ls *lease, used int64, rep leaseReply, now int64) {
+func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) {
 	close(ls.syncing)
 	ls.syncing = nil
 	if rep.err != nil {
 		ls.unsynced += used
+		if h.window != nil {
+			ls.addUnsynced(sent.idx-1, sent.prev)
+			ls.addUnsynced(sent.idx, sent.used)
+		}
 		ls.grant, ls.used, ls.expires = 0, 0, 0
 		return
 	}
 	ls.grant, ls.used = rep.grant, 0
 	ls.remaining, ls.retry, ls.reset, ls.syncedAt = rep.remaining, rep.retry, rep.reset, now
 	ls.expires = now + int64(h.rule.Hybrid.SyncInterval)
+	if h.window != nil {
+		// Redis's window as of the sync (counts over 2^32 cannot occur
+		// under a limit below it, but clamp rather than wrap).
+		w := int64(h.window.Window())
+		c := func(v int64) int64 { return min(max(v, 0), math.MaxUint32) }
+		ls.state = l7.State{rep.idx * w, c(rep.prev)<<32 | c(rep.curr)}
+		ls.offset = now - (rep.idx*w + rep.pos*int64(time.Microsecond))
+		// The window frees capacity as it slides: no early expiry.
+		return
+	}
 	if rep.grant == 0 && rep.retry > 0 {
 		ls.expires = now + min(int64(h.rule.Hybrid.SyncInterval), rep.retry)
 	}
@@ -186,7 +326,7 @@ func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error, n int64
 }
 
 // syncOne sends one key's count and asks for a new grant that fits need.
-func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, need int64) leaseReply {
+func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, sent report, need int64) leaseReply {
 	ok, probe := l.breaker.allow()
 	if probe {
 		l.startProbe()
@@ -197,7 +337,7 @@ func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, 
 	}
 	// Through the batch queue: concurrent syncs (and decisions) share
 	// pipelined round trips; a sync is never merged into a decide run.
-	c := l.leaseCall(h, key, used, need)
+	c := l.leaseCall(h, key, sent, need)
 	c.custom = true
 	if err := l.roundTrip(ctx, c); err != nil {
 		return leaseReply{err: err}
@@ -205,12 +345,12 @@ func (l *Limiter) syncOne(ctx context.Context, h *hybridRule, key string, used, 
 	return decodeLease(c)
 }
 
-func (l *Limiter) leaseCall(h *hybridRule, key string, used, need int64) *call {
+func (l *Limiter) leaseCall(h *hybridRule, key string, sent report, need int64) *call {
 	r := h.rule
 	return &call{
 		script: l.leaseSH, src: leaseSource,
 		keys: []string{redisKey(l.cfg.Prefix, key, r.Name)},
-		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, used, r.Hybrid.MaxLease, h.share, need}),
+		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, sent.used, r.Hybrid.MaxLease, h.share, need, sent.idx, sent.prev}),
 	}
 }
 
@@ -218,11 +358,12 @@ func decodeLease(c *call) leaseReply {
 	if c.err != nil {
 		return leaseReply{err: c.err}
 	}
-	v, err := intReply(c.reply, 5)
+	v, err := intReply(c.reply, 9)
 	if err != nil {
 		return leaseReply{err: err}
 	}
-	return leaseReply{grant: v[0], remaining: v[1], retry: v[2], reset: v[3], needRetry: v[4]}
+	return leaseReply{grant: v[0], remaining: v[1], retry: v[2], reset: v[3], needRetry: v[4],
+		idx: v[5], pos: v[6], prev: v[7], curr: v[8]}
 }
 
 // Sync reports every hybrid key's unsynced count to Redis now, in pipelined
@@ -240,6 +381,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 			key  string
 			ls   *lease
 			used int64
+			sent report
 		}
 		var todo []pending
 		now := l.cfg.Clock.Now()
@@ -249,8 +391,8 @@ func (l *Limiter) Sync(ctx context.Context) {
 			case ls.syncing != nil:
 			case ls.unsynced > 0:
 				ls.syncing = make(chan struct{})
-				todo = append(todo, pending{key, ls, ls.unsynced})
-				ls.unsynced = 0
+				used := ls.unsynced
+				todo = append(todo, pending{key, ls, used, h.takeReport(ls)})
 			case now >= ls.expires:
 				delete(h.leases, key)
 			}
@@ -260,7 +402,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 			part := todo[start:min(start+l.cfg.MaxBatch, len(todo))]
 			calls := make([]*call, len(part))
 			for i, p := range part {
-				calls[i] = l.leaseCall(h, p.key, p.used, 1)
+				calls[i] = l.leaseCall(h, p.key, p.sent, 1)
 			}
 			if ctx.Err() == nil {
 				l.runBatch(calls, "lease")
@@ -272,7 +414,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 			now := l.cfg.Clock.Now()
 			h.mu.Lock()
 			for i, p := range part {
-				h.applySync(p.ls, p.used, decodeLease(calls[i]), now)
+				h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now)
 			}
 			h.mu.Unlock()
 		}

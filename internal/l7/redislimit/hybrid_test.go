@@ -2,6 +2,8 @@ package redislimit
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
@@ -118,11 +121,21 @@ func TestHybridOvershootConcurrent(t *testing.T) {
 	}
 }
 
-// A request a plain rule refuses gives its lease reservation back.
+// A request a plain rule refuses gives its lease reservation back, with
+// hosts sharing the rule (share 2) and on a single host (share 1, whose
+// view of the window gives the units back too).
 func TestHybridRefundWhenAnotherRuleRefuses(t *testing.T) {
+	for _, share := range []int64{2, 1} {
+		t.Run(fmt.Sprintf("share %d", share), func(t *testing.T) { testHybridRefund(t, share) })
+	}
+}
+
+func testHybridRefund(t *testing.T, share int64) {
 	f := newFixture(t)
+	r := hybridRuleFor(1000)
+	r.Hybrid.Share = share
 	l := f.limiter(t, Config{SyncEvery: -1, Rules: []Rule{
-		hybridRuleFor(1000),
+		r,
 		{Name: "strict", Algorithm: GCRA, Limit: 2, Window: time.Hour},
 	}})
 	var allowed int
@@ -174,5 +187,163 @@ func TestHybridRedisDown(t *testing.T) {
 	// flushed with the one after it.
 	if got := redisCount(t, f, "k", "hot"); got != 6 {
 		t.Fatalf("count after recovery %d, want 6", got)
+	}
+}
+
+// offered is a bursty timeline: per 50 ms step, a clump of 0-7 requests
+// (the same pseudo-random clumps for every run), about 3.5× a rate of
+// 20/s.
+func offered(steps int) []int {
+	rng := rand.New(rand.NewPCG(26, 2))
+	out := make([]int, steps)
+	for i := range out {
+		out[i] = rng.IntN(8)
+	}
+	return out
+}
+
+// hybridTimeline runs limiters over the offered timeline for one key, the
+// clumps dealt round-robin over the limiters, every limiter flushed every
+// syncEvery as the background loop does. Each admitted request is checked
+// against truth, the sliding window at bound per window over what was
+// really admitted and when: a request truth refuses was admitted over the
+// bound. It returns the admitted count and the sliding window's counts
+// (previous, current) of what was admitted, at the end.
+func hybridTimeline(t *testing.T, f *fixture, ls []*Limiter, window time.Duration, bound int64, syncEvery time.Duration, steps []int) (admitted, prev, curr int64) {
+	t.Helper()
+	truth, err := l7.NewSlidingWindow(bound, window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var state l7.State
+	const step = 50 * time.Millisecond
+	var sinceSync time.Duration
+	i := 0
+	for s, clump := range steps {
+		for range clump {
+			l := ls[i%len(ls)]
+			i++
+			if !allow(t, l, "k").Decision.Allowed {
+				continue
+			}
+			admitted++
+			var d l7.Decision
+			state, d = truth.Take(state, f.script.Now(), 1)
+			if !d.Allowed {
+				t.Fatalf("step %d: admitted the request the sliding window at %d/%s over all admissions refuses (admitted so far %d)", s, bound, window, admitted)
+			}
+		}
+		f.advance(step)
+		if sinceSync += step; sinceSync >= syncEvery {
+			sinceSync = 0
+			for _, l := range ls {
+				l.Sync(context.Background())
+			}
+		}
+	}
+	for _, l := range ls {
+		l.Sync(context.Background())
+	}
+	_, prev, curr = truth.Counts(state, f.script.Now())
+	return admitted, prev, curr
+}
+
+// redisWindow reads a sliding-window state's (previous, current) counts as
+// of the scripts' clock now.
+func redisWindow(t *testing.T, f *fixture, key, rule string, window time.Duration) (prev, curr int64) {
+	t.Helper()
+	v, err := f.rdb.Get(context.Background(), redisKey("eg:l7:", key, rule)).Result()
+	if err != nil {
+		t.Fatalf("read state of %q: %v", key, err)
+	}
+	var idx int64
+	if _, err := fmt.Sscanf(v, "%d:%d:%d", &idx, &prev, &curr); err != nil {
+		t.Fatalf("state %q: %v", v, err)
+	}
+	now := f.script.Now() / int64(time.Microsecond) / int64(window/time.Microsecond)
+	switch idx {
+	case now:
+		return prev, curr
+	case now - 1:
+		return curr, 0
+	}
+	return 0, 0
+}
+
+// One host (share 1, the policy's hosts: 1) with the policy's default lease
+// (the rate's count): over 10 windows of bursty traffic it never admits what
+// the sliding window over its true admissions refuses (the bound is the
+// limit itself), it admits about what the local backend admits on the same
+// timeline, every admission reaches Redis, and it needs a few round trips
+// per window instead of one per admitted request.
+func TestHybridSingleHost(t *testing.T) {
+	f := newFixture(t)
+	const limit, window = 20, time.Second
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: limit, Share: 1}}
+	reg := prometheus.NewRegistry()
+	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1})
+	steps := offered(200) // 10 s
+	admitted, prev, curr := hybridTimeline(t, f, []*Limiter{l}, window, limit, time.Second, steps)
+
+	// The local backend on the same timeline: the reference.
+	local, err := l7.NewSlidingWindow(limit, window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st l7.State
+	var ref, total int64
+	now := f.script.Now() - int64(len(steps))*int64(50*time.Millisecond)
+	for _, clump := range steps {
+		for range clump {
+			total++
+			var d l7.Decision
+			if st, d = local.Take(st, now, 1); d.Allowed {
+				ref++
+			}
+		}
+		now += int64(50 * time.Millisecond)
+	}
+	trips := roundTrips(t, reg, "lease")
+	t.Logf("offered %d over 10 s; admitted %d, the local backend %d (%.0f%%); %d lease round trips (%.2f per admitted request)",
+		total, admitted, ref, 100*float64(admitted)/float64(ref), trips, float64(trips)/float64(admitted))
+	if admitted < ref*85/100 {
+		t.Fatalf("admitted %d, under 85%% of the local backend's %d on the same timeline", admitted, ref)
+	}
+	// Counts reach Redis in the windows they were admitted in.
+	if rp, rc := redisWindow(t, f, "k", "hot", window); rp != prev || rc != curr {
+		t.Fatalf("Redis's window holds %d, %d; admitted %d, %d in the last two windows", rp, rc, prev, curr)
+	}
+	if trips > uint64(admitted)/4 {
+		t.Fatalf("%d lease round trips for %d admitted requests: want at most one per 4", trips, admitted)
+	}
+}
+
+// Three hosts share a key (share 3, the policy's default lease for hosts: 3,
+// ⌈count ÷ 30⌉): over 10 windows of bursty traffic dealt round-robin they
+// never exceed the sliding window at limit + (hosts − 1) × lease over their
+// true admissions, admit at least the limit's worth, and Redis counts
+// every admission.
+func TestHybridThreeHosts(t *testing.T) {
+	f := newFixture(t)
+	const limit, hosts, window = 60, 3, time.Second
+	const lease = (limit + 10*hosts - 1) / (10 * hosts)
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: hosts}}
+	var ls []*Limiter
+	for range hosts {
+		ls = append(ls, f.limiter(t, Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(),
+			Rules: []Rule{rule}, SyncEvery: -1}))
+	}
+	// 3 × the single host's clumps: about 3.5× the limit.
+	base := offered(200)
+	steps := make([]int, len(base))
+	for i, c := range base {
+		steps[i] = 3 * c
+	}
+	admitted, _, _ := hybridTimeline(t, f, ls, window, limit+(hosts-1)*lease, time.Second, steps)
+	t.Logf("admitted %d over 10 s (%d windows of %d; bound %d per window)", admitted, 10, limit, limit+(hosts-1)*lease)
+	if admitted < 8*limit {
+		t.Fatalf("admitted %d in 10 windows of %d: leases wasted the quota", admitted, limit)
 	}
 }

@@ -262,15 +262,22 @@ return given
 // ARGV[3] W (µs), ARGV[4] limit, ARGV[5] used: requests this instance admitted
 // since its last sync (a count, added unconditionally: they happened),
 // ARGV[6] max lease L, ARGV[7] share S, ARGV[8] need: the cost of the
-// request that asked (its hits_addend; 1 for background syncs).
+// request that asked (its hits_addend; 1 for background syncs), ARGV[9]
+// the window index the used count was admitted in (-1: count it in now's
+// window) and ARGV[10] a count admitted in the window before that one: a
+// single host reports its admissions in the windows they happened in
+// (counts of a window that has slid out are dropped: they no longer weigh).
 //
 // The grant is min(L, ceil(remaining / S)), raised to need when remaining
 // covers need (a request costing more than L still passes while the window
 // has room for it), and is not charged: it is paid for by the counts the
 // next sync brings.
-// Reply: {grant, remaining, retry_ns, reset_ns, need_retry_ns}: retry_ns is
-// when one more request fits (0 unless nothing does), need_retry_ns when
-// need more fit (0 unless remaining < need).
+// Reply: {grant, remaining, retry_ns, reset_ns, need_retry_ns, idx, r, prev,
+// curr}: retry_ns is when one more request fits (0 unless nothing does),
+// need_retry_ns when need more fit (0 unless remaining < need); then the
+// window's state after the count was added (window index, position in it
+// in µs, the previous and current windows' counts), from which a single
+// host (S = 1) decides between syncs as the window slides.
 const leaseSource = luaPrelude + `
 local W = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
@@ -278,9 +285,16 @@ local used = tonumber(ARGV[5])
 local maxLease = tonumber(ARGV[6])
 local share = tonumber(ARGV[7])
 local need = tonumber(ARGV[8])
+local uidx = tonumber(ARGV[9])
+local uprev = tonumber(ARGV[10])
 local idx, r, prev, curr = swc_load(redis.call("GET", KEYS[1]), W)
-if used > 0 then
-  curr = curr + used
+if used > 0 or uprev > 0 then
+  if uidx < 0 or uidx >= idx then
+    curr = curr + used
+    prev = prev + uprev
+  elseif uidx == idx - 1 then
+    prev = prev + used
+  end
   swc_store(KEYS[1], W, idx, r, prev, curr)
 end
 local rem = swc_remaining(limit, W, r, prev, curr)
@@ -295,12 +309,12 @@ local function retry_for(cost)
   return ((W - r) + W - fdiv((limit - cost) * W, curr)) * 1000
 end
 if rem <= 0 then
-  return {0, 0, retry_for(1), (2 * W - r) * 1000, retry_for(need)}
+  return {0, 0, retry_for(1), (2 * W - r) * 1000, retry_for(need), idx, r, prev, curr}
 end
 local reset = 0
 if curr > 0 then reset = 2 * W - r elseif prev > 0 then reset = W - r end
 local grant = fdiv(rem + share - 1, share)
 if grant > maxLease then grant = maxLease end
 if grant < need and rem >= need then grant = need end
-return {grant, rem, 0, reset * 1000, retry_for(need)}
+return {grant, rem, 0, reset * 1000, retry_for(need), idx, r, prev, curr}
 `
