@@ -2,19 +2,24 @@ package rls
 
 import (
 	"fmt"
+	"slices"
 
-	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/encoding/proto"
-	"google.golang.org/grpc/mem"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 )
 
-// vtCodec is gRPC's "proto" codec with the responses marshalled by the
-// vtprotobuf code go-control-plane ships beside Envoy's types
-// (rls_vtproto.pb.go: generated, reflection-free, the same wire bytes).
-// Requests are unmarshalled by protobuf-go, as before: the envoy module
-// ships no vtproto unmarshaller, and protobuf-go's checks on hostile input
-// (UTF-8 of proto3 strings, lengths) stay as they were.
-type vtCodec struct{ proto encoding.CodecV2 }
+// The gRPC messages' codec. Responses are marshalled by the vtprotobuf
+// code go-control-plane ships beside Envoy's types when the build has it
+// (rls_vtproto.pb.go, build tag vtprotobuf: generated, reflection-free,
+// the same wire bytes), by protobuf-go otherwise.
+// Requests are unmarshalled by protobuf-go, as grpc-go's proto codec
+// does: the envoy module ships no vtproto unmarshaller, and protobuf-go's
+// checks on hostile input (UTF-8 of proto3 strings, lengths) stay.
+
+// unmarshalRequest decodes a request message.
+func unmarshalRequest(msg []byte, in *rlsv3.RateLimitRequest) error {
+	return proto.Unmarshal(msg, in)
+}
 
 // vtMarshaler is what rls_vtproto.pb.go adds to a message.
 type vtMarshaler interface {
@@ -22,30 +27,20 @@ type vtMarshaler interface {
 	MarshalToSizedBufferVTStrict([]byte) (int, error)
 }
 
-func newVTCodec() vtCodec { return vtCodec{proto: encoding.GetCodecV2(proto.Name)} }
-
-func (c vtCodec) Name() string { return proto.Name }
-
-func (c vtCodec) Marshal(v any) (mem.BufferSlice, error) {
-	m, ok := v.(vtMarshaler)
+// appendResponse appends res's wire bytes to dst.
+func appendResponse(dst []byte, res *rlsv3.RateLimitResponse) ([]byte, error) {
+	m, ok := any(res).(vtMarshaler)
 	if !ok {
-		return c.proto.Marshal(v)
+		out, err := proto.MarshalOptions{}.MarshalAppend(dst, res)
+		if err != nil {
+			return dst, fmt.Errorf("marshal %T: %w", res, err)
+		}
+		return out, nil
 	}
 	size := m.SizeVT()
-	if mem.IsBelowBufferPoolingThreshold(size) {
-		buf := make([]byte, size)
-		if _, err := m.MarshalToSizedBufferVTStrict(buf); err != nil {
-			return nil, fmt.Errorf("marshal %T: %w", v, err)
-		}
-		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
+	dst = slices.Grow(dst, size)
+	if _, err := m.MarshalToSizedBufferVTStrict(dst[len(dst) : len(dst)+size]); err != nil {
+		return dst, fmt.Errorf("marshal %T: %w", res, err)
 	}
-	pool := mem.DefaultBufferPool()
-	buf := pool.Get(size)
-	if _, err := m.MarshalToSizedBufferVTStrict(*buf); err != nil {
-		pool.Put(buf)
-		return nil, fmt.Errorf("marshal %T: %w", v, err)
-	}
-	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+	return dst[:len(dst)+size], nil
 }
-
-func (c vtCodec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }

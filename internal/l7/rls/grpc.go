@@ -11,25 +11,57 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/edgeguard/edgeguard/internal/grpcunary"
 )
 
-// grpcService is envoy.service.ratelimit.v3.RateLimitService on the
-// Service that serves now (swapped by a reload).
-type grpcService struct {
-	rlsv3.UnimplementedRateLimitServiceServer
-	srv *Server
+// shouldRateLimitPath is the method the gRPC listeners serve.
+const shouldRateLimitPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// grpcMethod is ShouldRateLimit on the gRPC transport (grpcunary): a
+// Service without Redis limits decides on the connection's reader (its
+// decisions never wait on the network); one with Redis limits on
+// workers, with the call's grpc-timeout as the context's deadline.
+func (s *Server) grpcMethod() grpcunary.Method {
+	return grpcunary.Method{
+		Path: shouldRateLimitPath,
+		Inline: func() bool {
+			svc := s.acquire()
+			return svc == nil || !svc.waits()
+		},
+		Call: s.callShouldRateLimit,
+	}
 }
 
-// ShouldRateLimit answers one of Envoy's questions. A malformed request
+// callShouldRateLimit decodes a request message, decides it and appends
+// the response message to dst.
+func (s *Server) callShouldRateLimit(ctx context.Context, msg, dst []byte) ([]byte, codes.Code, string) {
+	var in rlsv3.RateLimitRequest
+	if err := unmarshalRequest(msg, &in); err != nil {
+		return dst, codes.Internal, "grpc: error unmarshalling request: " + err.Error()
+	}
+	res, err := s.shouldRateLimit(ctx, &in)
+	if err != nil {
+		st := status.Convert(err)
+		return dst, st.Code(), st.Message()
+	}
+	out, err := appendResponse(dst, res)
+	if err != nil {
+		return dst, codes.Internal, err.Error()
+	}
+	return out, codes.OK, ""
+}
+
+// shouldRateLimit answers one of Envoy's questions. A malformed request
 // is InvalidArgument; a decision that could not be made (the deadline
 // passed while Redis was asked) is Unavailable: Envoy then applies its
 // failure_mode_deny.
-func (g *grpcService) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	svc := g.srv.acquire()
+func (s *Server) shouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	svc := s.acquire()
 	if svc == nil {
 		return nil, status.Error(codes.Unavailable, "rate-limit service is not configured")
 	}
-	defer g.srv.release(svc)
+	defer s.release(svc)
 	start := time.Now()
 	req := Request{Domain: in.GetDomain(), HitsAddend: uint64(in.GetHitsAddend()), Descriptors: make([]Descriptor, len(in.GetDescriptors()))}
 	for i, d := range in.GetDescriptors() {
