@@ -85,15 +85,12 @@ type conn struct {
 	lastPing    time.Time
 	// deadlines set (only moved when they change by more than a second)
 	readDL, writeDL time.Time
-	partial         bool // reader: a frame is incomplete in br
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
 	return &conn{s: s, raw: nc, nc: nc, streams: map[uint32]*stream{}, peerInitWin: 65535, sendWin: 65535,
 		peerMaxFrame: 16384, abuse: abuseBudget}
 }
-
-var errStalled = errors.New("grpcunary: stalled")
 
 // serve runs the connection's reader until it ends.
 func (c *conn) serve() {
@@ -158,6 +155,16 @@ func (c *conn) serve() {
 				c.closeGracefully()
 				return
 			}
+			if _, err := c.br.Peek(1); err != nil {
+				c.readFailed(err, false)
+				return
+			}
+			if !c.frameBuffered() {
+				// A frame has begun: the rest within FrameTimeout.
+				c.mu.Lock()
+				c.armRead(c.s.opts.FrameTimeout)
+				c.mu.Unlock()
+			}
 		}
 		f, err := c.fr.ReadFrame()
 		if err != nil {
@@ -170,7 +177,7 @@ func (c *conn) serve() {
 					continue
 				}
 			}
-			c.readFailed(err)
+			c.readFailed(err, true)
 			return
 		}
 		c.mu.Lock()
@@ -206,7 +213,6 @@ func (c *conn) closeGracefully() {
 // ReadFrame will not block); otherwise it is time to flush.
 func (c *conn) frameBuffered() bool {
 	n := c.br.Buffered()
-	c.partial = n > 0
 	if n < 9 {
 		return false
 	}
@@ -214,14 +220,11 @@ func (c *conn) frameBuffered() bool {
 	return n >= 9+int(h[0])<<16|int(h[1])<<8|int(h[2])
 }
 
-// readTimeout is how long the reader may wait for the next bytes.
+// readTimeout is how long the reader may wait for the next frame.
 func (c *conn) readTimeout() time.Duration {
 	o := &c.s.opts
-	switch {
-	case len(c.blocked) > 0:
+	if len(c.blocked) > 0 {
 		return o.WriteTimeout - time.Since(c.blockedSince)
-	case c.partial:
-		return o.FrameTimeout
 	}
 	for _, st := range c.streams {
 		if st.state == receiving {
@@ -232,18 +235,20 @@ func (c *conn) readTimeout() time.Duration {
 }
 
 // armRead sets the read deadline d from now, moving it only when it
-// shortens or when it has grown by more than a second (a deadline costs
-// a timer update). Under mu: goAway may move it to now.
+// shortens or grows by more than an eighth of d (a deadline costs a timer
+// update: a connection that keeps reading moves it a few times per d).
+// Under mu: goAway may move it to now.
 func (c *conn) armRead(d time.Duration) {
 	want := time.Now().Add(d)
-	if want.Before(c.readDL) || want.Sub(c.readDL) > time.Second {
+	if want.Before(c.readDL) || want.Sub(c.readDL) > d/8 {
 		c.readDL = want
 		_ = c.nc.SetReadDeadline(want)
 	}
 }
 
-// readFailed ends the connection after a read error.
-func (c *conn) readFailed(err error) {
+// readFailed ends the connection after a read error (midFrame: while a
+// frame was being read).
+func (c *conn) readFailed(err error, midFrame bool) {
 	var ce http2.ConnectionError
 	var ne net.Error
 	switch {
@@ -253,7 +258,7 @@ func (c *conn) readFailed(err error) {
 		c.fail(connError{http2.ErrCodeFrameSize, "frame larger than SETTINGS_MAX_FRAME_SIZE"})
 	case errors.As(err, &ne) && ne.Timeout():
 		c.mu.Lock()
-		graceful := c.away || c.active == 0 && !c.partial
+		graceful := c.away || c.active == 0 && !midFrame
 		if !c.away && graceful {
 			// Idle: a GOAWAY NO_ERROR, as on a graceful stop.
 			c.away, c.lastID = true, c.maxID
@@ -264,7 +269,7 @@ func (c *conn) readFailed(err error) {
 		if graceful {
 			c.closeGracefully()
 		} else {
-			c.fail(connError{http2.ErrCodeProtocol, errStalled.Error()})
+			c.fail(connError{http2.ErrCodeProtocol, "stalled: no bytes within FrameTimeout or WriteTimeout"})
 		}
 	default:
 		// EOF, a reset connection, or a close by Stop.
@@ -327,10 +332,12 @@ func (c *conn) flush() {
 		c.wbuf = c.wbuf[:0]
 		return
 	}
-	now := time.Now()
-	if want := now.Add(c.s.opts.WriteTimeout); want.Sub(c.writeDL) > time.Second {
-		c.writeDL = want
-		_ = c.nc.SetWriteDeadline(want)
+	// The write deadline moves when less than 7/8 of WriteTimeout is
+	// left (a deadline costs a timer update).
+	wt := c.s.opts.WriteTimeout
+	if now := time.Now(); c.writeDL.Sub(now) < wt-wt/8 {
+		c.writeDL = now.Add(wt)
+		_ = c.nc.SetWriteDeadline(c.writeDL)
 	}
 	_, err := c.nc.Write(c.wbuf)
 	c.wbuf = c.wbuf[:0]
@@ -565,7 +572,8 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 			}
 			return c.streamError(id, http2.ErrCodeProtocol)
 		}
-		return connError{http2.ErrCodeStreamClosed, "HEADERS on a closed stream"}
+		// A stream id not above the last one (RFC 9113 §5.1.1).
+		return connError{http2.ErrCodeProtocol, "HEADERS on a closed stream"}
 	}
 	c.maxID = id
 	if c.away {
@@ -765,17 +773,15 @@ func (c *conn) complete(st *stream, body []byte) {
 	}
 	st.cancel = cancel
 	c.s.run(func() {
+		// The answer goes as the call gave it, past its deadline too
+		// (what it decided is charged; the client may still read it).
 		out, code, text := m.Call(ctx, msg, nil)
-		expired := ctx.Err() != nil
 		cancel()
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		switch {
-		case st.reset:
+		if st.reset {
 			c.active--
-		case expired && code == codes.OK:
-			c.respond(st, nil, codes.DeadlineExceeded, "context deadline exceeded")
-		default:
+		} else {
 			c.respond(st, out, code, text)
 		}
 		c.flush()
