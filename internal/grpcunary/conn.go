@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 )
 
@@ -59,6 +58,12 @@ type conn struct {
 	nc  net.Conn // raw, or TLS over it
 	br  *bufio.Reader
 	fr  *http2.Framer
+	hd  *headerDecoder
+	// a header block being assembled from HEADERS and CONTINUATION
+	hdrBlock         []byte
+	hdrStream        uint32
+	hdrEnd           bool
+	hdrContinuations int
 
 	mu      sync.Mutex
 	wbuf    []byte
@@ -117,8 +122,7 @@ func (c *conn) serve() {
 	}
 	c.fr = http2.NewFramer(nil, c.br)
 	c.fr.SetMaxReadFrameSize(16384) // what SETTINGS say (the default)
-	c.fr.MaxHeaderListSize = o.MaxHeaderListSize
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.hd = newHeaderDecoder(o.MaxHeaderListSize)
 	c.fr.SetReuseFrames()
 	c.mu.Lock()
 	if c.away {
@@ -403,8 +407,26 @@ func (c *conn) writeHeaders(id uint32, block []byte, end bool) {
 // handle handles one frame; an error is a connection error.
 func (c *conn) handle(f http2.Frame) error {
 	switch f := f.(type) {
-	case *http2.MetaHeadersFrame:
-		return c.onHeaders(f)
+	case *http2.HeadersFrame:
+		if f.HeadersEnded() {
+			return c.onHeaders(f.StreamID, f.StreamEnded(), f.HeaderBlockFragment())
+		}
+		c.hdrBlock = append(c.hdrBlock[:0], f.HeaderBlockFragment()...)
+		c.hdrStream, c.hdrEnd, c.hdrContinuations = f.StreamID, f.StreamEnded(), 0
+	case *http2.ContinuationFrame:
+		// The Framer checks that CONTINUATION follows its HEADERS; the
+		// block and the number of frames are bounded here.
+		c.hdrBlock = append(c.hdrBlock, f.HeaderBlockFragment()...)
+		if c.hdrContinuations++; len(c.hdrBlock) > 2*int(c.s.opts.MaxHeaderListSize) || c.hdrContinuations > maxContinuations {
+			return connError{http2.ErrCodeProtocol, "CONTINUATION flood"}
+		}
+		if f.HeadersEnded() {
+			err := c.onHeaders(c.hdrStream, c.hdrEnd, c.hdrBlock)
+			if cap(c.hdrBlock) > 64<<10 {
+				c.hdrBlock = nil
+			}
+			return err
+		}
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.SettingsFrame:
@@ -558,8 +580,13 @@ func (c *conn) streamError(id uint32, code http2.ErrCode) error {
 	return c.charge(1, "too many stream errors")
 }
 
-func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+func (c *conn) onHeaders(id uint32, ended bool, block []byte) error {
+	// The block is decoded whatever becomes of the stream: HPACK's state
+	// is the connection's.
+	h, err := c.hd.decode(block)
+	if err != nil {
+		return connError{http2.ErrCodeCompression, "HPACK: " + err.Error()}
+	}
 	if id%2 == 0 {
 		return connError{http2.ErrCodeProtocol, "a client stream id must be odd"}
 	}
@@ -583,28 +610,18 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		c.writeRST(id, http2.ErrCodeRefusedStream)
 		return c.charge(1, "too many streams refused")
 	}
-	st := &stream{id: id, sendWin: c.peerInitWin, ended: f.StreamEnded()}
+	if h.invalid != "" {
+		c.writeRST(id, http2.ErrCodeProtocol)
+		return c.charge(1, "too many malformed header lists")
+	}
+	st := &stream{id: id, sendWin: c.peerInitWin, ended: ended, compress: h.encoding}
 	c.streams[id] = st
 	c.active++
-	if f.Truncated {
+	if h.truncated {
 		c.abort(st, 431, codes.ResourceExhausted, fmt.Sprintf("header list larger than %d bytes", c.s.opts.MaxHeaderListSize))
 		return c.charge(1, "too many oversized header lists")
 	}
-	var method, path, ctype, timeout string
-	for _, hf := range f.Fields {
-		switch hf.Name {
-		case ":method":
-			method = hf.Value
-		case ":path":
-			path = hf.Value
-		case "content-type":
-			ctype = hf.Value
-		case "grpc-timeout":
-			timeout = hf.Value
-		case "grpc-encoding":
-			st.compress = hf.Value
-		}
-	}
+	method, path, ctype, timeout := h.method, h.path, h.ctype, h.timeout
 	if ctype != "application/grpc" && !strings.HasPrefix(ctype, "application/grpc+") && !strings.HasPrefix(ctype, "application/grpc;") {
 		c.abort(st, 415, codes.InvalidArgument, fmt.Sprintf("invalid gRPC request content-type %q", ctype))
 		return nil

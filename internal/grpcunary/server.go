@@ -110,6 +110,10 @@ const (
 	// third strike is GOAWAY ENHANCE_YOUR_CALM "too_many_pings".
 	pingMinInterval = 10 * time.Second
 	maxPingStrikes  = 2
+	// maxContinuations bounds the CONTINUATION frames of one header
+	// block (empty ones included: x/net's Framer would take them
+	// without end).
+	maxContinuations = 64
 	// maxStatusMessage bounds a grpc-message sent.
 	maxStatusMessage = 1024
 	// workerIdle is how long an idle worker waits for another call.
