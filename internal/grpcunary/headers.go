@@ -21,11 +21,12 @@ type reqHeaders struct {
 
 // headerDecoder decodes a connection's request header blocks (one HPACK
 // decoder per connection, as its dynamic table is). A block that leaves
-// the dynamic table as it was (only indexed fields and literals without
-// indexing) means the same while the table does not change: the last
-// such block and what it held are kept, and the same bytes again are
-// not decoded again. Clients send the same block for every call of one
-// method (Envoy's indexed fields, or literals without indexing).
+// the dynamic table as it was (only indexed fields, literals without
+// indexing and size updates to the size the table has) means the same
+// while the table does not change: the last such block and what it held
+// are kept, and the same bytes again are not decoded again. Clients send
+// the same block for every call of one method (Envoy's indexed fields,
+// or literals without indexing).
 type headerDecoder struct {
 	dec  *hpack.Decoder
 	max  uint32
@@ -36,10 +37,13 @@ type headerDecoder struct {
 	last   []byte
 	lastH  reqHeaders
 	lastOK bool
+	// tableSize is the dynamic table's maximum size (size updates
+	// decoded so far; SETTINGS_HEADER_TABLE_SIZE's default before).
+	tableSize uint64
 }
 
 func newHeaderDecoder(max uint32) *headerDecoder {
-	d := &headerDecoder{max: max}
+	d := &headerDecoder{max: max, tableSize: 4096}
 	d.dec = hpack.NewDecoder(4096, d.emit)
 	d.dec.SetMaxStringLength(int(max))
 	return d
@@ -65,8 +69,10 @@ func (d *headerDecoder) decode(block []byte) (reqHeaders, error) {
 			h.invalid = "no :method or :path"
 		}
 	}
+	neutral, size := tableNeutral(block, d.tableSize)
+	d.tableSize = size
 	switch {
-	case !tableNeutral(block):
+	case !neutral:
 		d.lastOK = false
 	case h.invalid == "" && !h.truncated:
 		d.last, d.lastH, d.lastOK = append(d.last[:0], block...), h, true
@@ -151,18 +157,25 @@ func validName(s string) bool {
 	return true
 }
 
-// tableNeutral reports whether an HPACK block leaves the dynamic table as
-// it was: indexed fields and literals without (or never) indexing only,
-// no size update (RFC 7541 §6). Malformed blocks are not neutral.
-func tableNeutral(b []byte) bool {
+// tableNeutral reports whether an HPACK block (decoded without error)
+// leaves the dynamic table as it was: indexed fields, literals without
+// (or never) indexing, and size updates to the size the table has (RFC
+// 7541 §6); and the table's size after it.
+func tableNeutral(b []byte, size uint64) (bool, uint64) {
+	neutral := true
 	for len(b) > 0 {
 		c := b[0]
 		var ok bool
 		switch {
 		case c&0x80 != 0: // indexed
 			_, b, ok = hpackInt(7, b)
-		case c&0xc0 == 0x40, c&0xe0 == 0x20: // incremental indexing, size update
-			return false
+		case c&0xc0 == 0x40: // incremental indexing
+			return false, size
+		case c&0xe0 == 0x20: // size update
+			var v uint64
+			if v, b, ok = hpackInt(5, b); ok && v != size {
+				neutral, size = false, v
+			}
 		default: // without indexing (0000), never indexed (0001)
 			var idx uint64
 			if idx, b, ok = hpackInt(4, b); ok && idx == 0 {
@@ -173,10 +186,10 @@ func tableNeutral(b []byte) bool {
 			}
 		}
 		if !ok {
-			return false
+			return false, size
 		}
 	}
-	return true
+	return neutral, size
 }
 
 // hpackInt reads an integer with an n-bit prefix (RFC 7541 §5.1).

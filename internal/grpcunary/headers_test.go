@@ -23,7 +23,7 @@ func TestHeaderDecoderCache(t *testing.T) {
 	d := newHeaderDecoder(4096)
 	req := []string{":method", "POST", ":path", "/a.B/C", "content-type", "application/grpc"}
 	first := block(req...) // indexes the fields: not neutral
-	if tableNeutral(first) {
+	if ok, _ := tableNeutral(first, 4096); ok {
 		t.Fatal("a block with incremental indexing is neutral")
 	}
 	h, err := d.decode(first)
@@ -31,7 +31,7 @@ func TestHeaderDecoderCache(t *testing.T) {
 		t.Fatalf("first: %+v %v cached %v", h, err, d.lastOK)
 	}
 	indexed := block(req...) // the dynamic table's entries: neutral
-	if !tableNeutral(indexed) {
+	if ok, _ := tableNeutral(indexed, 4096); !ok {
 		t.Fatalf("an all-indexed block %x is not neutral", indexed)
 	}
 	if h, err = d.decode(indexed); err != nil || h.path != "/a.B/C" || !d.lastOK {
@@ -53,6 +53,35 @@ func TestHeaderDecoderCache(t *testing.T) {
 		t.Fatalf("the old indexed bytes after the table changed still read as the old fields: %+v", h)
 	}
 	t.Logf("the old bytes under the new table: %+v", h)
+	// Size updates: to the size the table has, neutral; to another, not.
+	for _, tc := range []struct {
+		block   []byte
+		size    uint64
+		neutral bool
+		after   uint64
+	}{
+		{[]byte{0x20, 0x82}, 0, true, 0},
+		{[]byte{0x20, 0x82}, 4096, false, 0},
+		{[]byte{0x3f, 0xe1, 0x1f, 0x82}, 4096, true, 4096},
+		{[]byte{0x3f, 0xe1, 0x1f, 0x82}, 100, false, 4096},
+	} {
+		if n, after := tableNeutral(tc.block, tc.size); n != tc.neutral || after != tc.after {
+			t.Errorf("%x at size %d: neutral %v size %d, want %v %d", tc.block, tc.size, n, after, tc.neutral, tc.after)
+		}
+	}
+	// A client that sets its table to 0 and sends that update with every
+	// block (bench/rlsbench's h2 client): remembered after the first.
+	var b0 bytes.Buffer
+	e0 := hpack.NewEncoder(&b0)
+	e0.SetMaxDynamicTableSizeLimit(0)
+	_ = e0.WriteField(hpack.HeaderField{Name: ":method", Value: "POST"})
+	_ = e0.WriteField(hpack.HeaderField{Name: ":path", Value: "/a.B/C"})
+	d0 := newHeaderDecoder(4096)
+	for i := range 3 {
+		if h, err := d0.decode(b0.Bytes()); err != nil || h.path != "/a.B/C" || d0.lastOK != (i > 0) {
+			t.Fatalf("size-0 client, block %d: %+v %v cached %v", i, h, err, d0.lastOK)
+		}
+	}
 	// Malformed lists.
 	enc2 := hpack.NewEncoder(&buf)
 	for _, tc := range []struct {
