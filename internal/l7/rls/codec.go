@@ -1,23 +1,130 @@
 package rls
 
 import (
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 )
 
-// The gRPC messages' codec. Requests are unmarshalled by protobuf-go, as
-// grpc-go's proto codec does: protobuf-go's checks on hostile input
-// (UTF-8 of proto3 strings, lengths) stay. Responses are written from the
-// Verdict directly (appendResponse).
+// The gRPC messages' codec: requests are read from their wire bytes into
+// a Request (decodeRequest), responses written from the Verdict
+// (appendResponse), both as protobuf-go reads and writes Envoy's messages.
 
-// unmarshalRequest decodes a request message.
-func unmarshalRequest(msg []byte, in *rlsv3.RateLimitRequest) error {
-	return proto.Unmarshal(msg, in)
+// errRequest is a request message that is not Envoy's RateLimitRequest
+// (what protobuf-go refuses).
+var errRequest = errors.New("not a RateLimitRequest")
+
+// decodeRequest decodes Envoy's RateLimitRequest from its wire bytes into
+// req, as protobuf-go would decode the message (proto3: the last value of
+// a scalar field wins, a message field seen twice is merged, strings must
+// be UTF-8, unknown fields and known ones of another wire type are
+// skipped) and the service reads it (TestDecodeRequest holds the two
+// equal). The strings share one copy of msg.
+func decodeRequest(msg []byte, req *Request) error {
+	all := string(msg)
+	at := func(b []byte) string { // b is a subslice of msg: its offset is what cap lost
+		off := cap(msg) - cap(b)
+		return all[off : off+len(b)]
+	}
+	*req = Request{}
+	err := eachField(msg, func(num protowire.Number, typ protowire.Type, v uint64, b []byte) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			if !utf8.Valid(b) {
+				return errRequest
+			}
+			req.Domain = at(b)
+		case num == 2 && typ == protowire.BytesType:
+			var d Descriptor
+			if err := readDescriptor(b, &d, at); err != nil {
+				return err
+			}
+			req.Descriptors = append(req.Descriptors, d)
+		case num == 3 && typ == protowire.VarintType:
+			req.HitsAddend = uint64(uint32(v))
+		}
+		return nil
+	})
+	if err != nil {
+		*req = Request{}
+	}
+	return err
+}
+
+func readDescriptor(msg []byte, d *Descriptor, at func([]byte) string) error {
+	return eachField(msg, func(num protowire.Number, typ protowire.Type, _ uint64, b []byte) error {
+		if typ != protowire.BytesType {
+			return nil
+		}
+		switch num {
+		case 1: // entries
+			var e Entry
+			err := eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, b []byte) error {
+				if typ != protowire.BytesType || num != 1 && num != 2 {
+					return nil
+				}
+				if !utf8.Valid(b) {
+					return errRequest
+				}
+				if num == 1 {
+					e.Key = at(b)
+				} else {
+					e.Value = at(b)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			d.Entries = append(d.Entries, e)
+		case 2: // limit (RateLimitOverride): ignored, but it must be a message
+			return eachField(b, func(protowire.Number, protowire.Type, uint64, []byte) error { return nil })
+		case 3: // hits_addend (UInt64Value), merged
+			d.HasHits = true
+			return eachField(b, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
+				if num == 1 && typ == protowire.VarintType {
+					d.Hits = v
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+}
+
+// eachField calls f for each field of a message: a varint's value, or a
+// length-delimited field's bytes; other wire types are checked and
+// skipped.
+func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, b []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || !num.IsValid() {
+			return errRequest
+		}
+		b = b[n:]
+		var v uint64
+		var val []byte
+		switch typ {
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			val, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return errRequest
+		}
+		b = b[n:]
+		if err := f(num, typ, v, val); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // appendResponse appends v as Envoy's RateLimitResponse to dst: the

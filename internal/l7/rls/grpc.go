@@ -33,11 +33,11 @@ func (s *Server) grpcMethod() grpcunary.Method {
 // callShouldRateLimit decodes a request message, decides it and appends
 // the response message to dst.
 func (s *Server) callShouldRateLimit(ctx context.Context, msg, dst []byte) ([]byte, codes.Code, string) {
-	var in rlsv3.RateLimitRequest
-	if err := unmarshalRequest(msg, &in); err != nil {
+	var req Request
+	if err := decodeRequest(msg, &req); err != nil {
 		return dst, codes.Internal, "grpc: error unmarshalling request: " + err.Error()
 	}
-	v, err := s.shouldRateLimit(ctx, &in)
+	v, err := s.shouldRateLimit(ctx, &req)
 	if err != nil {
 		st := status.Convert(err)
 		return dst, st.Code(), st.Message()
@@ -53,29 +53,15 @@ func (s *Server) callShouldRateLimit(ctx context.Context, msg, dst []byte) ([]by
 // is InvalidArgument; a decision that could not be made (the deadline
 // passed while Redis was asked) is Unavailable: Envoy then applies its
 // failure_mode_deny.
-func (s *Server) shouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (Verdict, error) {
+func (s *Server) shouldRateLimit(ctx context.Context, req *Request) (Verdict, error) {
 	svc := s.acquire()
 	if svc == nil {
 		return Verdict{}, status.Error(codes.Unavailable, "rate-limit service is not configured")
 	}
 	defer s.release(svc)
 	start := time.Now()
-	req := Request{Domain: in.GetDomain(), HitsAddend: uint64(in.GetHitsAddend()), Descriptors: make([]Descriptor, len(in.GetDescriptors()))}
-	for i, d := range in.GetDescriptors() {
-		if d == nil {
-			return Verdict{}, status.Errorf(codes.InvalidArgument, "descriptor %d is empty", i)
-		}
-		es := make([]Entry, len(d.GetEntries()))
-		for j, e := range d.GetEntries() {
-			es[j] = Entry{Key: e.GetKey(), Value: e.GetValue()}
-		}
-		req.Descriptors[i].Entries = es
-		if h := d.GetHitsAddend(); h != nil {
-			req.Descriptors[i].Hits, req.Descriptors[i].HasHits = h.GetValue(), true
-		}
-	}
-	v, err := svc.Decide(ctx, &req)
-	svc.logDecision("grpc", &req, &v, err, time.Since(start))
+	v, err := svc.Decide(ctx, req)
+	svc.logDecision("grpc", req, &v, err, time.Since(start))
 	if err != nil {
 		if errors.Is(err, ErrInvalid) {
 			return Verdict{}, status.Error(codes.InvalidArgument, err.Error())
