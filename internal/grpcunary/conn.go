@@ -65,9 +65,12 @@ type conn struct {
 	hdrEnd           bool
 	hdrContinuations int
 
-	mu      sync.Mutex
-	wbuf    []byte
-	ready   bool // the preface was read and SETTINGS sent
+	mu    sync.Mutex
+	wbuf  []byte
+	ready bool // the preface was read and SETTINGS sent
+	// waiting: the reader has flushed and waits for bytes; otherwise it
+	// flushes what workers write when its batch is done
+	waiting bool
 	dead    bool // a write failed or the connection was closed
 	streams map[uint32]*stream
 	active  int    // streams whose call or response is not done
@@ -154,6 +157,7 @@ func (c *conn) serve() {
 			if !closing {
 				c.armRead(c.readTimeout())
 			}
+			c.waiting = true
 			c.mu.Unlock()
 			if closing {
 				c.closeGracefully()
@@ -185,6 +189,7 @@ func (c *conn) serve() {
 			return
 		}
 		c.mu.Lock()
+		c.waiting = false
 		err = c.handle(f)
 		done := c.away && c.active == 0
 		if done {
@@ -801,7 +806,9 @@ func (c *conn) complete(st *stream, body []byte) {
 		} else {
 			c.respond(st, out, code, text)
 		}
-		c.flush()
+		if c.waiting {
+			c.flush()
+		}
 		c.wakeIfDone()
 	})
 }
