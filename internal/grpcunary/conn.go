@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -70,13 +71,14 @@ type conn struct {
 	ready bool // the preface was read and SETTINGS sent
 	// waiting: the reader has flushed and waits for bytes; otherwise it
 	// flushes what workers write when its batch is done
-	waiting bool
-	dead    bool // a write failed or the connection was closed
-	streams map[uint32]*stream
-	active  int    // streams whose call or response is not done
-	maxID   uint32 // the highest client stream id seen
-	away    bool   // a GOAWAY was sent; streams after lastID are ignored
-	lastID  uint32
+	waiting  bool
+	flushing bool // a worker is about to flush
+	dead     bool // a write failed or the connection was closed
+	streams  map[uint32]*stream
+	active   int    // streams whose call or response is not done
+	maxID    uint32 // the highest client stream id seen
+	away     bool   // a GOAWAY was sent; streams after lastID are ignored
+	lastID   uint32
 	// flow control of what the server sends
 	sendWin      int64
 	peerInitWin  int64
@@ -806,8 +808,18 @@ func (c *conn) complete(st *stream, body []byte) {
 		} else {
 			c.respond(st, out, code, text)
 		}
-		if c.waiting {
-			c.flush()
+		if c.waiting && !c.flushing {
+			// One flush for the responses of the workers that are
+			// ready now (Redis answers a pipeline's calls together):
+			// the others append theirs while this one yields.
+			c.flushing = true
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+			c.flushing = false
+			if c.waiting {
+				c.flush()
+			}
 		}
 		c.wakeIfDone()
 	})
