@@ -144,8 +144,13 @@ func appendResponse(dst []byte, v *Verdict) ([]byte, error) {
 			return dst, fmt.Errorf("limit name %q is not UTF-8", c.Name)
 		}
 		dst = protowire.AppendTag(dst, 2, protowire.BytesType)
-		dst = protowire.AppendVarint(dst, uint64(statusSize(st)))
-		dst = appendStatus(dst, st)
+		var unit rlsv3.RateLimitResponse_RateLimit_Unit
+		var mult uint32
+		if st.Current != nil {
+			unit, mult = limitUnit(st.Current.Per)
+		}
+		dst = protowire.AppendVarint(dst, uint64(statusSize(st, unit, mult)))
+		dst = appendStatus(dst, st, unit, mult)
 	}
 	for _, h := range v.Headers {
 		if !utf8.ValidString(h[0]) || !utf8.ValidString(h[1]) {
@@ -176,18 +181,20 @@ func statusParts(st *Status) (code rlsv3.RateLimitResponse_Code, remaining uint3
 	return code, remaining, reset
 }
 
-func statusSize(st *Status) int {
+func statusSize(st *Status, unit rlsv3.RateLimitResponse_RateLimit_Unit, mult uint32) int {
 	code, remaining, reset := statusParts(st)
 	n := varintFieldSize(1, uint64(code))
 	if c := st.Current; c != nil {
-		n += messageFieldSize(2, rateLimitSize(c))
+		n += messageFieldSize(2, rateLimitSize(c, unit, mult))
 		n += varintFieldSize(3, uint64(remaining))
 		n += messageFieldSize(4, durationSize(reset))
 	}
 	return n
 }
 
-func appendStatus(dst []byte, st *Status) []byte {
+// appendStatus appends a DescriptorStatus (unit and mult: its limit's
+// window, limitUnit's).
+func appendStatus(dst []byte, st *Status, unit rlsv3.RateLimitResponse_RateLimit_Unit, mult uint32) []byte {
 	code, remaining, reset := statusParts(st)
 	dst = appendVarintField(dst, 1, uint64(code))
 	c := st.Current
@@ -195,8 +202,7 @@ func appendStatus(dst []byte, st *Status) []byte {
 		return dst
 	}
 	dst = protowire.AppendTag(dst, 2, protowire.BytesType)
-	dst = protowire.AppendVarint(dst, uint64(rateLimitSize(c)))
-	unit, mult := limitUnit(c.Per)
+	dst = protowire.AppendVarint(dst, uint64(rateLimitSize(c, unit, mult)))
 	dst = appendVarintField(dst, 1, uint64(uint32(min(c.Count, 1<<32-1))))
 	dst = appendVarintField(dst, 2, uint64(unit))
 	dst = appendStringField(dst, 3, c.Name)
@@ -212,8 +218,7 @@ func appendStatus(dst []byte, st *Status) []byte {
 	return appendVarintField(dst, 2, uint64(int64(int32(reset%time.Second))))
 }
 
-func rateLimitSize(c *LimitStatus) int {
-	unit, mult := limitUnit(c.Per)
+func rateLimitSize(c *LimitStatus, unit rlsv3.RateLimitResponse_RateLimit_Unit, mult uint32) int {
 	n := varintFieldSize(1, uint64(uint32(min(c.Count, 1<<32-1)))) + varintFieldSize(2, uint64(unit)) + stringFieldSize(3, c.Name)
 	if mult != 0 {
 		n += messageFieldSize(4, varintFieldSize(1, uint64(mult)))
