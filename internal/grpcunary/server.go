@@ -187,14 +187,15 @@ func (s *Server) Serve(ln net.Listener) error {
 			if stopping {
 				return ErrServerStopped
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Out of descriptors and alike: back off, as net/http.
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			// Out of descriptors and alike: back off and go on (as
+			// net/http), the listener stays.
+			s.log.Warn("rls grpc: accept", "err", err)
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			time.Sleep(delay)
+			continue
 		}
 		delay = 0
 		c := newConn(s, nc)
@@ -233,8 +234,10 @@ func (s *Server) GracefulStop(ctx context.Context) {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
+	// Concurrently: a connection whose client does not read holds its
+	// lock up to WriteTimeout.
 	for _, c := range conns {
-		c.goAway()
+		go c.goAway()
 	}
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
