@@ -28,6 +28,7 @@ type stream struct {
 	ended    bool // the client's END_STREAM arrived
 	reset    bool // the client reset it while its call ran
 	compress string
+	length   int64     // content-length, -1: none
 	deadline time.Time // zero: none
 	recvd    int       // flow-controlled bytes received (padding included)
 	sendWin  int64
@@ -415,6 +416,9 @@ func (c *conn) writeHeaders(id uint32, block []byte, end bool) {
 func (c *conn) handle(f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.HeadersFrame:
+		if f.HasPriority() && f.Priority.StreamDep == f.StreamID {
+			return c.streamError(f.StreamID, http2.ErrCodeProtocol)
+		}
 		if f.HeadersEnded() {
 			return c.onHeaders(f.StreamID, f.StreamEnded(), f.HeaderBlockFragment())
 		}
@@ -459,7 +463,11 @@ func (c *conn) handle(f http2.Frame) error {
 		// The client goes away: it sends no new streams; the ones it has
 		// are answered, then it closes.
 	case *http2.PriorityFrame:
-		// Priorities do not matter to one method's calls.
+		// Priorities do not matter to one method's calls; a stream that
+		// depends on itself is an error all the same (RFC 9113 §5.3.1).
+		if f.StreamDep == f.StreamID {
+			return c.streamError(f.StreamID, http2.ErrCodeProtocol)
+		}
 	case *http2.PushPromiseFrame:
 		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE from a client"}
 	default:
@@ -490,6 +498,9 @@ func (c *conn) onSettings(f *http2.SettingsFrame) error {
 		return err
 	}
 	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return connError{http2.ErrCodeProtocol, err.Error()}
+		}
 		switch s.ID {
 		case http2.SettingInitialWindowSize:
 			delta := int64(s.Val) - c.peerInitWin
@@ -621,7 +632,7 @@ func (c *conn) onHeaders(id uint32, ended bool, block []byte) error {
 		c.writeRST(id, http2.ErrCodeProtocol)
 		return c.charge(1, "too many malformed header lists")
 	}
-	st := &stream{id: id, sendWin: c.peerInitWin, ended: ended, compress: h.encoding}
+	st := &stream{id: id, sendWin: c.peerInitWin, ended: ended, compress: h.encoding, length: h.contentLength}
 	c.streams[id] = st
 	c.active++
 	if h.truncated {
@@ -650,6 +661,9 @@ func (c *conn) onHeaders(id uint32, ended bool, block []byte) error {
 		st.deadline = time.Now().Add(d)
 	}
 	if st.ended {
+		if st.length > 0 {
+			return c.streamError(id, http2.ErrCodeProtocol) // content-length says more
+		}
 		c.complete(st, nil)
 	}
 	return nil
@@ -729,6 +743,9 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	st.ended = f.StreamEnded()
 	if len(data) == 0 && !st.ended {
 		return c.charge(1, "empty DATA frames")
+	}
+	if st.length >= 0 && (int64(len(st.body)+len(data)) > st.length || st.ended && int64(len(st.body)+len(data)) != st.length) {
+		return c.streamError(id, http2.ErrCodeProtocol) // DATA and content-length disagree (RFC 9113 §8.1.1)
 	}
 	max := c.s.opts.MaxRecvMsgSize
 	if len(st.body) == 0 && st.ended && len(data) >= 5 && binary.BigEndian.Uint32(data[1:5]) <= uint32(max) {

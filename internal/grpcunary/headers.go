@@ -2,6 +2,7 @@ package grpcunary
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
@@ -11,6 +12,7 @@ import (
 // reqHeaders is what the server reads of a request's header list.
 type reqHeaders struct {
 	method, path, ctype, timeout, encoding string
+	contentLength                          int64 // -1: none
 	// truncated: the list is over MaxHeaderListSize (RFC 9113 §6.5.2
 	// sizes); what follows the bound was decoded for HPACK's state only.
 	truncated bool
@@ -55,7 +57,7 @@ func (d *headerDecoder) decode(block []byte) (reqHeaders, error) {
 	if d.lastOK && bytes.Equal(block, d.last) {
 		return d.lastH, nil
 	}
-	d.cur, d.size, d.seen = reqHeaders{}, 0, 0
+	d.cur, d.size, d.seen = reqHeaders{contentLength: -1}, 0, 0
 	d.dec.SetEmitEnabled(true)
 	if _, err := d.dec.Write(block); err != nil {
 		return reqHeaders{}, err
@@ -64,9 +66,9 @@ func (d *headerDecoder) decode(block []byte) (reqHeaders, error) {
 		return reqHeaders{}, err
 	}
 	h := d.cur
-	if d.seen&(1<<pMethod) == 0 || d.seen&(1<<pPath) == 0 {
+	if d.seen&(1<<pMethod) == 0 || d.seen&(1<<pPath) == 0 || d.seen&(1<<pScheme) == 0 || h.path == "" {
 		if h.invalid == "" && !h.truncated {
-			h.invalid = "no :method or :path"
+			h.invalid = "no :method, :scheme or :path" // RFC 9113 §8.3.1
 		}
 	}
 	neutral, size := tableNeutral(block, d.tableSize)
@@ -134,6 +136,13 @@ func (d *headerDecoder) emit(f hpack.HeaderField) {
 		h.timeout = f.Value
 	case "grpc-encoding":
 		h.encoding = f.Value
+	case "content-length":
+		n, err := strconv.ParseInt(f.Value, 10, 64)
+		if err != nil || n < 0 || h.contentLength >= 0 || f.Value[0] == '+' {
+			h.invalid = "a malformed or repeated content-length"
+			return
+		}
+		h.contentLength = n
 	case "te":
 		if f.Value != "trailers" {
 			h.invalid = "te other than trailers"

@@ -21,7 +21,7 @@ func TestHeaderDecoderCache(t *testing.T) {
 		return bytes.Clone(buf.Bytes())
 	}
 	d := newHeaderDecoder(4096)
-	req := []string{":method", "POST", ":path", "/a.B/C", "content-type", "application/grpc"}
+	req := []string{":method", "POST", ":scheme", "http", ":path", "/a.B/C", "content-type", "application/grpc"}
 	first := block(req...) // indexes the fields: not neutral
 	if ok, _ := tableNeutral(first, 4096); ok {
 		t.Fatal("a block with incremental indexing is neutral")
@@ -42,7 +42,7 @@ func TestHeaderDecoderCache(t *testing.T) {
 	}
 	// Another path is indexed: the entries move by one, so the same
 	// indexed bytes now name other fields.
-	if h, _ = d.decode(block(":method", "POST", ":path", "/x.Y/Z", "content-type", "application/grpc")); h.path != "/x.Y/Z" || d.lastOK {
+	if h, _ = d.decode(block(":method", "POST", ":scheme", "http", ":path", "/x.Y/Z", "content-type", "application/grpc")); h.path != "/x.Y/Z" || d.lastOK {
 		t.Fatalf("a new path: %+v cached %v", h, d.lastOK)
 	}
 	h, err = d.decode(indexed)
@@ -75,6 +75,7 @@ func TestHeaderDecoderCache(t *testing.T) {
 	e0 := hpack.NewEncoder(&b0)
 	e0.SetMaxDynamicTableSizeLimit(0)
 	_ = e0.WriteField(hpack.HeaderField{Name: ":method", Value: "POST"})
+	_ = e0.WriteField(hpack.HeaderField{Name: ":scheme", Value: "http"})
 	_ = e0.WriteField(hpack.HeaderField{Name: ":path", Value: "/a.B/C"})
 	d0 := newHeaderDecoder(4096)
 	for i := range 3 {
@@ -95,7 +96,11 @@ func TestHeaderDecoderCache(t *testing.T) {
 		{[]string{":method", "POST", ":path", "/a", "te", "gzip"}, "te other than trailers"},
 		{[]string{":method", "POST", ":path", "/a", "X-Up", "1"}, "an invalid header field"},
 		{[]string{":method", "POST", ":path", "/a", "x", "a\x00b"}, "an invalid header field"},
-		{[]string{":method", "POST"}, "no :method or :path"},
+		{[]string{":method", "POST", ":scheme", "http"}, "no :method, :scheme or :path"},
+		{[]string{":method", "POST", ":path", "/a"}, "no :method, :scheme or :path"},
+		{[]string{":method", "POST", ":scheme", "http", ":path", ""}, "no :method, :scheme or :path"},
+		{[]string{":method", "POST", ":scheme", "http", ":path", "/a", "content-length", "+5"}, "a malformed or repeated content-length"},
+		{[]string{":method", "POST", ":scheme", "http", ":path", "/a", "content-length", "5", "content-length", "5"}, "a malformed or repeated content-length"},
 	} {
 		buf.Reset()
 		for i := 0; i+1 < len(tc.fields); i += 2 {

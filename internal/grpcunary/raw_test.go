@@ -341,6 +341,10 @@ func TestConnectionErrors(t *testing.T) {
 				}
 			}
 		}, http2.ErrCodeProtocol},
+		{"SETTINGS_ENABLE_PUSH 2", func(rc *rawConn) { _ = rc.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 2}) }, http2.ErrCodeProtocol},
+		{"SETTINGS_MAX_FRAME_SIZE below 16384", func(rc *rawConn) {
+			_ = rc.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 100})
+		}, http2.ErrCodeProtocol},
 		{"HPACK garbage", func(rc *rawConn) {
 			_ = rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, EndHeaders: true})
 		}, http2.ErrCodeCompression},
@@ -386,9 +390,28 @@ func TestStreamErrors(t *testing.T) {
 	if a, _ := rc.until(done(7)); a[7].rst != http2.ErrCodeProtocol {
 		t.Errorf("an invalid field name: %+v, want RST_STREAM PROTOCOL_ERROR", a[7])
 	}
-	rc.call(9, msg(0, "ok"))
-	if a, _ := rc.until(done(9)); a[9].grpcStatus != "0" || string(a[9].data) != string(msg(0, "OK")) {
-		t.Errorf("after the stream errors: %+v, want an answer", a[9])
+	// DATA that disagrees with content-length (RFC 9113 §8.1.1).
+	rc.call(9, msg(0, "abc"), "content-length", "9")
+	if a, _ := rc.until(done(9)); a[9].rst != http2.ErrCodeProtocol {
+		t.Errorf("content-length 9 with 8 bytes: %+v, want RST_STREAM PROTOCOL_ERROR", a[9])
+	}
+	rc.call(11, msg(0, "abc"), "content-length", "8")
+	if a, _ := rc.until(done(11)); a[11].grpcStatus != "0" {
+		t.Errorf("content-length 8 with 8 bytes: %+v, want an answer", a[11])
+	}
+	// A stream that depends on itself (RFC 9113 §5.3.1).
+	_ = rc.fr.WritePriority(13, http2.PriorityParam{StreamDep: 13})
+	if a, _ := rc.until(done(13)); a[13].rst != http2.ErrCodeProtocol {
+		t.Errorf("PRIORITY on itself: %+v, want RST_STREAM PROTOCOL_ERROR", a[13])
+	}
+	// No :scheme.
+	rc.headers(15, true, ":method", "POST", ":path", testPath, "content-type", "application/grpc")
+	if a, _ := rc.until(done(15)); a[15].rst != http2.ErrCodeProtocol {
+		t.Errorf("no :scheme: %+v, want RST_STREAM PROTOCOL_ERROR", a[15])
+	}
+	rc.call(17, msg(0, "ok"))
+	if a, _ := rc.until(done(17)); a[17].grpcStatus != "0" || string(a[17].data) != string(msg(0, "OK")) {
+		t.Errorf("after the stream errors: %+v, want an answer", a[17])
 	}
 }
 
