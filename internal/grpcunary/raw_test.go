@@ -680,6 +680,8 @@ func FuzzFrames(f *testing.F) {
 		go func() {
 			_, _ = client.Write([]byte(http2.ClientPreface))
 			_, _ = client.Write(in)
+			// Read by the server (net.Pipe is unbuffered): the end.
+			_ = client.Close()
 		}()
 		go func() { _, _ = bytes.NewBuffer(nil).ReadFrom(client) }()
 		select {
@@ -687,6 +689,5 @@ func FuzzFrames(f *testing.F) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the connection neither answered nor ended")
 		}
-		_ = client.Close()
 	})
 }
