@@ -684,23 +684,11 @@ func decodeTimeout(s string) (time.Duration, error) {
 	if len(s) < 2 || len(s) > 9 {
 		return 0, fmt.Errorf("%q: want 1 to 8 digits and a unit", s)
 	}
-	var unit time.Duration
-	switch s[len(s)-1] {
-	case 'H':
-		unit = time.Hour
-	case 'M':
-		unit = time.Minute
-	case 'S':
-		unit = time.Second
-	case 'm':
-		unit = time.Millisecond
-	case 'u':
-		unit = time.Microsecond
-	case 'n':
-		unit = time.Nanosecond
-	default:
+	i := strings.IndexByte("HMSmun", s[len(s)-1])
+	if i < 0 {
 		return 0, fmt.Errorf("%q: unknown unit", s)
 	}
+	unit := [...]time.Duration{time.Hour, time.Minute, time.Second, time.Millisecond, time.Microsecond, time.Nanosecond}[i]
 	var n int64
 	for _, ch := range []byte(s[:len(s)-1]) {
 		if ch < '0' || ch > '9' {
