@@ -132,7 +132,9 @@ type Server struct {
 	stopping bool
 	wg       sync.WaitGroup // connections
 
-	work chan func() // idle workers wait here
+	work     chan func()   // idle workers wait here
+	stopped  chan struct{} // closed by Stop: idle workers leave
+	stopOnce sync.Once
 }
 
 // NewServer returns a Server for m.
@@ -160,7 +162,7 @@ func NewServer(m Method, opts Options) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Server{m: m, opts: opts, log: log, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
-		work: make(chan func())}
+		work: make(chan func()), stopped: make(chan struct{})}
 }
 
 // ErrServerStopped is Serve's error once the Server stopped.
@@ -244,9 +246,9 @@ func (s *Server) GracefulStop(ctx context.Context) {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		s.Stop()
-		<-done
 	}
+	s.Stop()
+	<-done
 }
 
 // Stop closes the listeners and every connection now.
@@ -260,6 +262,7 @@ func (s *Server) Stop() {
 		_ = c.raw.Close()
 	}
 	s.mu.Unlock()
+	s.stopOnce.Do(func() { close(s.stopped) })
 }
 
 // run runs f on an idle worker, or a new one. Workers are bounded by the
@@ -282,6 +285,8 @@ func (s *Server) worker(f func()) {
 			f()
 			t.Reset(workerIdle)
 		case <-t.C:
+			return
+		case <-s.stopped:
 			return
 		}
 	}
