@@ -23,6 +23,7 @@ needs=(
   "iptables:iptables"
   "wrk:wrk"
   "nginx:nginx"
+  "nghttp:nghttp2-client"
   "ethtool:ethtool"
   "timeout:coreutils"
   "sysctl:procps"

@@ -12,16 +12,11 @@ import (
 	"net/http"
 	"os"
 	"reflect"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
-
+	"github.com/edgeguard/edgeguard/internal/grpcunary"
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/l7/class"
 	"github.com/edgeguard/edgeguard/internal/l7/proxy"
@@ -240,35 +235,26 @@ func loadTLS(t *TLS) (*tls.Config, error) {
 	return tc, nil
 }
 
-func (s *Server) grpcServer(secure bool) *grpc.Server {
-	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
-		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
-		// Streams are served by a pool of goroutines whose stacks have
-		// grown already (a new goroutine per stream grows, copying, its
-		// stack on every request); beyond the pool, new goroutines.
-		// Enough of them for every stream a busy Envoy keeps in flight
-		// (64 per core: 128 on 2 cores, a few MiB of stacks).
-		grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))),
-		// One write buffer per connection only while it writes.
-		grpc.SharedWriteBuffer(true),
-		// Responses marshalled by go-control-plane's vtproto code.
-		grpc.ForceServerCodecV2(newVTCodec()),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+// grpcServer serves ShouldRateLimit on one listener (grpcunary: unary
+// gRPC over HTTP/2). With TLS the certificate is read per handshake: a
+// reload with new files rotates it without dropping connections.
+func (s *Server) grpcServer(secure bool) *grpcunary.Server {
+	opts := grpcunary.Options{
+		MaxRecvMsgSize:       MaxRecvMsgSize,
+		MaxConcurrentStreams: MaxConcurrentStreams,
+		MaxHeaderListSize:    MaxHeaderBytes,
+		Logger:               s.log,
 	}
 	if secure {
-		// The certificate is read per handshake: a reload with new files
-		// rotates it without dropping connections.
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
+		opts.TLS = &tls.Config{
 			MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"h2"},
 			GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 				return s.cert.Load(), nil
 			},
-		})))
+		}
 	}
-	gs := grpc.NewServer(opts...)
-	rlsv3.RegisterRateLimitServiceServer(gs, &grpcService{srv: s})
-	return gs
+	return grpcunary.NewServer(s.grpcMethod(), opts)
 }
 
 func (s *Server) bind(key, addr string) (*endpoint, error) {
@@ -304,16 +290,7 @@ func (s *Server) bind(key, addr string) (*endpoint, error) {
 	default:
 		gs := s.grpcServer(ep.kind == "grpc+tls")
 		ep.serve = func() { _ = gs.Serve(ep.ln) }
-		ep.stop = func(ctx context.Context) {
-			done := make(chan struct{})
-			go func() { gs.GracefulStop(); close(done) }()
-			select {
-			case <-done:
-			case <-ctx.Done():
-				gs.Stop()
-				<-done
-			}
-		}
+		ep.stop = gs.GracefulStop
 	}
 	return ep, nil
 }

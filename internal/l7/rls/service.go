@@ -504,6 +504,9 @@ func (s *Service) Decide(ctx context.Context, req *Request) (Verdict, error) {
 	return v, err
 }
 
+// waits reports whether a decision may wait on the network (Redis limits).
+func (s *Service) waits() bool { return len(s.redis) > 0 }
+
 // Explain is Decide without charging anything: every limit's state for
 // req's descriptors now (Redis limits are not read: their Decision is
 // empty and Backend says redis).

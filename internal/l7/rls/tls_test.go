@@ -19,6 +19,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 )
@@ -150,5 +151,19 @@ l7:
 	}
 	if cn, err := call([]tls.Certificate{clientCert}); err != nil || cn != "rls-2" {
 		t.Fatalf("after the failed reload: server %q, %v; want rls-2", cn, err)
+	}
+	// ALPN h2 is required: a client offering only http/1.1 fails the
+	// handshake; one offering nothing is closed after it, unanswered.
+	for _, protos := range [][]string{{"http/1.1"}, nil} {
+		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{clientCert}, NextProtos: protos})
+		if err != nil {
+			continue // refused in the handshake
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = c.Write([]byte(http2.ClientPreface))
+		if n, err := c.Read(make([]byte, 64)); err == nil {
+			t.Errorf("ALPN %q: the server answered %d bytes, want the connection closed", protos, n)
+		}
+		_ = c.Close()
 	}
 }
