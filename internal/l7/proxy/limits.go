@@ -99,7 +99,7 @@ func HybridLease(l Limit, hosts int64) int64 {
 	if hosts <= 1 {
 		return max(l.Count, 1)
 	}
-	return max((l.Count+10*hosts-1)/(10*hosts), 1)
+	return redislimit.FleetLease(l.Count, hosts)
 }
 
 // keyMaker turns Key expressions into l7.KeyFuncs (local limits: 64-bit

@@ -65,8 +65,20 @@ type Hybrid struct {
 	// (instances − 1) × MaxLease.
 	MaxLease int64
 	// Share (S) divides the remaining quota: a grant is min(L, ⌈remaining/S⌉).
-	// Set it to the expected number of instances. Default 1.
+	// Set it to the expected number of instances. Default 1: a single
+	// instance, which decides from the window itself while its syncs find
+	// only its own counts there, and with grants of at most
+	// min(L, FleetLease(limit, 1)) and Share 2 while they find others'.
 	Share int64
+}
+
+// FleetLease is the default largest grant of a hybrid rule shared by
+// hosts instances: ⌈limit ÷ (10 × hosts)⌉, at least 1, so that together
+// they exceed the limit by at most a tenth of it in a window
+// ((hosts − 1) × lease).
+func FleetLease(limit, hosts int64) int64 {
+	hosts = max(hosts, 1)
+	return max((limit+10*hosts-1)/(10*hosts), 1)
 }
 
 // Rule is one limit applied to every request's key.
