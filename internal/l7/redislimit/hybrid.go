@@ -80,9 +80,11 @@ type lease struct {
 	// Redis's window mine.idx and the one before; seen, the foreign counts
 	// already found there (each is counted in the metric once); foreign,
 	// whether the last sync found any (the key then decides with fixed
-	// grants, as hosts sharing it do).
-	mine, seen tally
-	foreign    bool
+	// grants, as hosts sharing it do); watched, whether a sync succeeded
+	// before (foreign counts found later were written while this host
+	// held the key: another host, not its own previous run).
+	mine, seen       tally
+	foreign, watched bool
 }
 
 // tally is a count in window idx (curr) and in the one before (prev).
@@ -340,7 +342,7 @@ func (h *hybridRule) takeBack(ls *lease, n, widx int64) int64 {
 // found that no earlier sync of the key had; the caller holds h.mu. On
 // failure the counts stay unsynced (they are not lost) and the lease is
 // void.
-func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) int64 {
+func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) foreignFound {
 	close(ls.syncing)
 	ls.syncing = nil
 	if rep.err != nil {
@@ -350,7 +352,7 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 			ls.addUnsynced(sent.idx, sent.used)
 		}
 		ls.grant, ls.used, ls.expires = 0, 0, 0
-		return 0
+		return foreignFound{}
 	}
 	ls.grant, ls.used = rep.grant, 0
 	ls.remaining, ls.retry, ls.reset, ls.syncedAt = rep.remaining, rep.retry, rep.reset, now
@@ -378,14 +380,23 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 	if rep.grant == 0 && rep.retry > 0 {
 		ls.expires = now + min(int64(h.rule.Hybrid.SyncInterval), rep.retry)
 	}
-	return 0
+	return foreignFound{}
+}
+
+// foreignFound is what syncs found in a single host's windows that it did
+// not report: counts, all new ones; written, those written while it
+// held the key (found after its first sync of it).
+type foreignFound struct{ counts, written int64 }
+
+func (a foreignFound) add(b foreignFound) foreignFound {
+	return foreignFound{a.counts + b.counts, a.written + b.written}
 }
 
 // tell adds what a sync reported to the host's own tally (where the lease
 // script added it) and compares the window's counts with it: the excess is
 // foreign. It sets ls.foreign and returns the foreign counts not seen
 // before; the caller holds h.mu.
-func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply) int64 {
+func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply) foreignFound {
 	ls.mine.moveTo(rep.idx)
 	ls.seen.moveTo(rep.idx)
 	if sent.used > 0 || sent.prev > 0 {
@@ -401,20 +412,31 @@ func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply) int64 {
 	fresh := max(curr-ls.seen.curr, 0) + max(prev-ls.seen.prev, 0)
 	ls.seen.curr, ls.seen.prev = max(ls.seen.curr, curr), max(ls.seen.prev, prev)
 	ls.foreign = curr > 0 || prev > 0
-	return fresh
+	found := foreignFound{counts: fresh}
+	if ls.watched {
+		found.written = fresh
+	}
+	ls.watched = true
+	return found
 }
 
-// foreignCounts records n foreign counts a single host's syncs of h found:
-// the metric, and a warning (one per rule and LogEvery) that the rule's
-// hosts: 1 is not true.
-func (l *Limiter) foreignCounts(h *hybridRule, n int64) {
-	if n <= 0 {
+// foreignCounts records the foreign counts a single host's syncs of h
+// found: the metric, and when some were written while the host held the
+// key, a warning (one per rule and LogEvery) that the rule's hosts: 1 is
+// not true. Counts found by a key's first sync may be this host's own
+// before a restart: they make the key decide with fixed grants, and are
+// counted, but do not warn.
+func (l *Limiter) foreignCounts(h *hybridRule, found foreignFound) {
+	if found.counts <= 0 {
 		return
 	}
-	l.metrics.hybridForeign.WithLabelValues(h.rule.Name).Add(float64(n))
+	l.metrics.hybridForeign.WithLabelValues(h.rule.Name).Add(float64(found.counts))
+	if found.written <= 0 {
+		return
+	}
 	l.warn.warnFor("foreign:"+h.rule.Name, "redis limiter: l7.redis.hosts is 1 but another host writes this hybrid limit's keys; "+
 		"its keys decide with fixed grants while it does (the bound is the limit + (hosts − 1) × lease); set l7.redis.hosts to the number of hosts sharing the limit",
-		slog.String("rule", h.rule.Name), slog.Int64("foreign_counts", n), slog.Int64("lease", h.foreignLease))
+		slog.String("rule", h.rule.Name), slog.Int64("foreign_counts", found.written), slog.Int64("lease", h.foreignLease))
 }
 
 func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error, n int64) (RuleDecision, func(), error) {
@@ -536,10 +558,10 @@ func (l *Limiter) Sync(ctx context.Context) {
 				}
 			}
 			now := l.cfg.Clock.Now()
-			var fresh int64
+			var fresh foreignFound
 			h.mu.Lock()
 			for i, p := range part {
-				fresh += h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now)
+				fresh = fresh.add(h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now))
 			}
 			h.mu.Unlock()
 			l.foreignCounts(h, fresh)

@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -203,23 +204,34 @@ func offered(steps int) []int {
 }
 
 // hybridTimeline runs limiters over the offered timeline for one key, the
-// clumps dealt round-robin over the limiters, every limiter flushed every
-// syncEvery as the background loop does. Each admitted request is checked
-// against truth, the sliding window at bound per window over what was
-// really admitted and when: a request truth refuses was admitted over the
-// bound. It returns the admitted count and the sliding window's counts
-// (previous, current) of what was admitted, at the end.
-func hybridTimeline(t *testing.T, f *fixture, ls []*Limiter, window time.Duration, bound int64, syncEvery time.Duration, steps []int) (admitted, prev, curr int64) {
+// clumps of step s dealt round-robin over hosts(s), every limiter flushed
+// every syncEvery as the background loop does. Each admitted request is
+// checked against truth, the sliding window at bound(s) per window over
+// what was really admitted and when: a request truth refuses was admitted
+// over the bound. It returns the admitted count and the sliding window's
+// counts (previous, current) of what was admitted, at the end.
+func hybridTimeline(t *testing.T, f *fixture, hosts func(s int) []*Limiter, window time.Duration, bound func(s int) int64, syncEvery time.Duration, steps []int) (admitted, prev, curr int64) {
 	t.Helper()
-	truth, err := l7.NewSlidingWindow(bound, window)
+	// record keeps every admission; a window at the step's bound judges
+	// the next one from the same state.
+	record, err := l7.NewSlidingWindow(1<<20, window)
 	if err != nil {
 		t.Fatal(err)
 	}
+	judges := map[int64]*l7.SlidingWindow{}
 	var state l7.State
 	const step = 50 * time.Millisecond
 	var sinceSync time.Duration
 	i := 0
+	var ls []*Limiter
 	for s, clump := range steps {
+		ls = hosts(s)
+		b := bound(s)
+		if judges[b] == nil {
+			if judges[b], err = l7.NewSlidingWindow(b, window); err != nil {
+				t.Fatal(err)
+			}
+		}
 		for range clump {
 			l := ls[i%len(ls)]
 			i++
@@ -227,11 +239,10 @@ func hybridTimeline(t *testing.T, f *fixture, ls []*Limiter, window time.Duratio
 				continue
 			}
 			admitted++
-			var d l7.Decision
-			state, d = truth.Take(state, f.script.Now(), 1)
-			if !d.Allowed {
-				t.Fatalf("step %d: admitted the request the sliding window at %d/%s over all admissions refuses (admitted so far %d)", s, bound, window, admitted)
+			if _, d := judges[b].Take(state, f.script.Now(), 1); !d.Allowed {
+				t.Fatalf("step %d: admitted the request the sliding window at %d/%s over all admissions refuses (admitted so far %d)", s, b, window, admitted)
 			}
+			state, _ = record.Take(state, f.script.Now(), 1)
 		}
 		f.advance(step)
 		if sinceSync += step; sinceSync >= syncEvery {
@@ -244,9 +255,12 @@ func hybridTimeline(t *testing.T, f *fixture, ls []*Limiter, window time.Duratio
 	for _, l := range ls {
 		l.Sync(context.Background())
 	}
-	_, prev, curr = truth.Counts(state, f.script.Now())
+	_, prev, curr = record.Counts(state, f.script.Now())
 	return admitted, prev, curr
 }
+
+// always is a timeline's unchanging hosts or bound.
+func always[T any](v T) func(int) T { return func(int) T { return v } }
 
 // redisWindow reads a sliding-window state's (previous, current) counts as
 // of the scripts' clock now.
@@ -282,9 +296,10 @@ func TestHybridSingleHost(t *testing.T) {
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
 		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: limit, Share: 1}}
 	reg := prometheus.NewRegistry()
-	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1})
+	logs := &syncBuffer{}
+	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	steps := offered(200) // 10 s
-	admitted, prev, curr := hybridTimeline(t, f, []*Limiter{l}, window, limit, time.Second, steps)
+	admitted, prev, curr := hybridTimeline(t, f, always([]*Limiter{l}), window, always[int64](limit), time.Second, steps)
 
 	// The local backend on the same timeline: the reference.
 	local, err := l7.NewSlidingWindow(limit, window)
@@ -317,6 +332,160 @@ func TestHybridSingleHost(t *testing.T) {
 	if trips > uint64(admitted)/4 {
 		t.Fatalf("%d lease round trips for %d admitted requests: want at most one per 4", trips, admitted)
 	}
+	// Alone, it never finds counts it did not report.
+	if n := foreignCounts(t, reg, "hot"); n != 0 || strings.Contains(logs.String(), foreignWarning) {
+		t.Fatalf("a host alone found %v foreign counts; log:\n%s", n, logs)
+	}
+}
+
+// foreignWarning is the start of the warning a host at hosts: 1 logs when
+// another host writes its keys.
+const foreignWarning = "l7.redis.hosts is 1 but another host writes"
+
+// foreignCounts reads edgeguard_l7_redis_hybrid_foreign_counts_total for a
+// rule.
+func foreignCounts(t *testing.T, reg *prometheus.Registry, rule string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "edgeguard_l7_redis_hybrid_foreign_counts_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelIs(m, "rule", rule) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// foreignMode reports whether l's lease of key decides with fixed grants
+// because its window held foreign counts at the last sync.
+func foreignMode(l *Limiter, key string) bool {
+	h := l.hybrid[0]
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ls := h.leases[key]
+	return ls != nil && ls.foreign
+}
+
+// Three hosts share a key, each left at hosts: 1 (Share 1, the policy's
+// default lease for it): each decides from the window as if alone until a
+// sync shows it counts it did not report, then with fixed grants of at
+// most ⌈count ÷ 10⌉. Over 10 windows of bursty traffic dealt round-robin,
+// every admission is within the sliding window at Limit + 2 × lease over
+// all true admissions until every host has seen the others and two windows
+// have passed (what they admitted alone has slid out), and within
+// Limit + 2 × ⌈count ÷ 10⌉ after; each host counts foreign counts and
+// warns once.
+func TestHybridForeignHosts(t *testing.T) {
+	f := newFixture(t)
+	const limit, hosts, window = 60, 3, time.Second
+	lease, fleet := int64(limit), FleetLease(limit, 1)
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
+	var ls []*Limiter
+	var regs []*prometheus.Registry
+	var logs []*syncBuffer
+	for range hosts {
+		reg, buf := prometheus.NewRegistry(), &syncBuffer{}
+		regs, logs = append(regs, reg), append(logs, buf)
+		ls = append(ls, f.limiter(t, Config{Client: f.srv.Client(t), Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1,
+			Logger: slog.New(slog.NewTextHandler(buf, nil)), LogEvery: time.Minute}))
+	}
+	base := offered(200)
+	steps := make([]int, len(base))
+	for i, c := range base {
+		steps[i] = 3 * c
+	}
+	const stepsPerWindow = int(window / (50 * time.Millisecond))
+	seen := -1 // the first step at which every host decides with fixed grants
+	bound := func(s int) int64 {
+		if seen < 0 {
+			all := true
+			for _, l := range ls {
+				all = all && foreignMode(l, "k")
+			}
+			if all {
+				seen = s
+			}
+		}
+		if seen < 0 || s < seen+2*stepsPerWindow {
+			return limit + (hosts-1)*lease
+		}
+		return limit + (hosts-1)*fleet
+	}
+	admitted, _, _ := hybridTimeline(t, f, always(ls), window, bound, time.Second, steps)
+	t.Logf("admitted %d over 10 s (10 windows of %d); every host on fixed grants from %.2f s; bound %d per window until %.2f s, %d after",
+		admitted, limit, float64(seen)/float64(stepsPerWindow), limit+(hosts-1)*lease,
+		float64(seen+2*stepsPerWindow)/float64(stepsPerWindow), limit+(hosts-1)*fleet)
+	if seen < 0 || seen > 3*stepsPerWindow {
+		t.Fatalf("every host on fixed grants from step %d, want by 3 s (step %d)", seen, 3*stepsPerWindow)
+	}
+	if admitted < 8*limit {
+		t.Fatalf("admitted %d in 10 windows of %d: fixed grants wasted the quota", admitted, limit)
+	}
+	for i, l := range ls {
+		n := foreignCounts(t, regs[i], "hot")
+		warnings := strings.Count(logs[i].String(), foreignWarning)
+		t.Logf("host %d: %.0f foreign counts, %d warning(s)", i, n, warnings)
+		if n == 0 || warnings != 1 || !strings.Contains(logs[i].String(), "rule=hot") {
+			t.Fatalf("host %d: %.0f foreign counts, %d warnings, want > 0 and 1 for rule hot; log:\n%s", i, n, warnings, logs[i])
+		}
+		if !foreignMode(l, "k") {
+			t.Fatalf("host %d decides from the window as if alone at the end, with two others writing the key", i)
+		}
+	}
+}
+
+// A host restarted (a new limiter on the same keys, after the old one
+// flushed): the first sync finds the old run's counts, which it cannot
+// tell from another host's, so the key decides with fixed grants until
+// they slide out of the window (two windows at most), then from the
+// window again; it counts them, warns not (no count was written while it
+// held the key), and admits within the limit itself across the restart.
+func TestHybridSingleHostRestart(t *testing.T) {
+	f := newFixture(t)
+	const limit, window = 20, time.Second
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: limit, Share: 1}}
+	const restartAt, stepsPerWindow = 60, int(window / (50 * time.Millisecond)) // 3 s: just after a flush
+	old := f.limiter(t, Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
+	reg, logs := prometheus.NewRegistry(), &syncBuffer{}
+	var nu *Limiter
+	last := -1 // the last step at which the new host decided with fixed grants
+	hosts := func(s int) []*Limiter {
+		if s < restartAt {
+			return []*Limiter{old}
+		}
+		if nu == nil {
+			old.Close()
+			nu = f.limiter(t, Config{Client: f.srv.Client(t), Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1,
+				Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		}
+		if foreignMode(nu, "k") {
+			last = s
+		}
+		return []*Limiter{nu}
+	}
+	steps := offered(200)
+	admitted, _, _ := hybridTimeline(t, f, hosts, window, always[int64](limit), time.Second, steps)
+	n := foreignCounts(t, reg, "hot")
+	t.Logf("admitted %d over 10 s, restarted at 3 s; the new host found %.0f foreign counts and decided with fixed grants until %.2f s",
+		admitted, n, float64(last+1)/float64(stepsPerWindow))
+	if n == 0 {
+		t.Fatalf("the restarted host found no foreign counts; the old run's were in the window")
+	}
+	if last < restartAt || last >= restartAt+3*stepsPerWindow {
+		t.Fatalf("fixed grants until step %d, want from the restart (step %d) for at most 2 windows and a sync (step %d)", last, restartAt, restartAt+3*stepsPerWindow)
+	}
+	if foreignMode(nu, "k") || strings.Contains(logs.String(), foreignWarning) {
+		t.Fatalf("restarted host: foreign mode at the end %v; log:\n%s", foreignMode(nu, "k"), logs)
+	}
 }
 
 // Three hosts share a key (share 3, the policy's default lease for hosts: 3,
@@ -341,7 +510,7 @@ func TestHybridThreeHosts(t *testing.T) {
 	for i, c := range base {
 		steps[i] = 3 * c
 	}
-	admitted, _, _ := hybridTimeline(t, f, ls, window, limit+(hosts-1)*lease, time.Second, steps)
+	admitted, _, _ := hybridTimeline(t, f, always(ls), window, always[int64](limit+(hosts-1)*lease), time.Second, steps)
 	t.Logf("admitted %d over 10 s (%d windows of %d; bound %d per window)", admitted, 10, limit, limit+(hosts-1)*lease)
 	if admitted < 8*limit {
 		t.Fatalf("admitted %d in 10 windows of %d: leases wasted the quota", admitted, limit)
