@@ -102,8 +102,9 @@ func TestHybridLeaseDefault(t *testing.T) {
 	for _, tc := range []struct {
 		count, lease, hosts, want int64
 	}{
-		{count: 2, hosts: 1, want: 2},
-		{count: 6000, hosts: 1, want: 6000},
+		{count: 2, hosts: 1, want: 1},
+		{count: 6000, hosts: 1, want: 1500},
+		{count: 6001, hosts: 1, want: 1501},
 		{count: 6000, hosts: 4, want: 150},
 		{count: 2, hosts: 2, want: 1},
 		{count: 200, hosts: 2, want: 10},

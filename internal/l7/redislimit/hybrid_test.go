@@ -284,17 +284,26 @@ func redisWindow(t *testing.T, f *fixture, key, rule string, window time.Duratio
 	return 0, 0
 }
 
-// One host (share 1, the policy's hosts: 1) with the policy's default lease
-// (the rate's count): over 10 windows of bursty traffic it never admits what
-// the sliding window over its true admissions refuses (the bound is the
-// limit itself), it admits about what the local backend admits on the same
-// timeline, every admission reaches Redis, and it needs a few round trips
-// per window instead of one per admitted request.
+// One host (share 1, the policy's hosts: 1), with the policy's default
+// lease (⌈count ÷ 4⌉) and with a lease of the rate's count (the default
+// before hosts at hosts: 1 checked for each other): over 10 windows of
+// bursty traffic it never admits what the sliding window over its true
+// admissions refuses (the bound is the limit itself), it admits about what
+// the local backend admits on the same timeline, every admission reaches
+// Redis, it needs a few round trips per window instead of one per admitted
+// request, and it never finds counts it did not report.
 func TestHybridSingleHost(t *testing.T) {
+	const limit = 20
+	for _, lease := range []int64{SingleLease(limit), limit} {
+		t.Run(fmt.Sprintf("lease %d", lease), func(t *testing.T) { testHybridSingleHost(t, limit, lease) })
+	}
+}
+
+func testHybridSingleHost(t *testing.T, limit, lease int64) {
 	f := newFixture(t)
-	const limit, window = 20, time.Second
+	const window = time.Second
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
-		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: limit, Share: 1}}
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
 	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
@@ -374,7 +383,7 @@ func foreignMode(l *Limiter, key string) bool {
 }
 
 // Three hosts share a key, each left at hosts: 1 (Share 1, the policy's
-// default lease for it): each decides from the window as if alone until a
+// default lease for it, ⌈count ÷ 4⌉): each decides from the window as if alone until a
 // sync shows it counts it did not report, then with fixed grants of at
 // most ⌈count ÷ 10⌉. Over 10 windows of bursty traffic dealt round-robin,
 // every admission is within the sliding window at Limit + 2 × lease over
@@ -385,7 +394,7 @@ func foreignMode(l *Limiter, key string) bool {
 func TestHybridForeignHosts(t *testing.T) {
 	f := newFixture(t)
 	const limit, hosts, window = 60, 3, time.Second
-	lease, fleet := int64(limit), FleetLease(limit, 1)
+	lease, fleet := SingleLease(limit), FleetLease(limit, 1)
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
 		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
 	var ls []*Limiter
@@ -452,7 +461,7 @@ func TestHybridSingleHostRestart(t *testing.T) {
 	f := newFixture(t)
 	const limit, window = 20, time.Second
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
-		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: limit, Share: 1}}
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: SingleLease(limit), Share: 1}}
 	const restartAt, stepsPerWindow = 60, int(window / (50 * time.Millisecond)) // 3 s: just after a flush
 	old := f.limiter(t, Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
 	reg, logs := prometheus.NewRegistry(), &syncBuffer{}

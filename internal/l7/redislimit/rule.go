@@ -81,6 +81,16 @@ func FleetLease(limit, hosts int64) int64 {
 	return max((limit+10*hosts-1)/(10*hosts), 1)
 }
 
+// SingleLease is the default largest grant of a hybrid rule on a single
+// instance (Share 1): ⌈limit ÷ 4⌉, at least 1. It decides from the window
+// itself, so the lease costs it round trips only (about one per lease of
+// admissions), and bounds what it admits before a sync can show it that
+// another instance writes its keys: with N instances all at Share 1 a
+// key's window admits at most limit + (N − 1) × lease until each has seen
+// the others (then FleetLease(limit, 1) takes its place), and a crash
+// loses at most the lease.
+func SingleLease(limit int64) int64 { return max((limit+3)/4, 1) }
+
 // Rule is one limit applied to every request's key.
 type Rule struct {
 	// Name is part of the Redis key and a metric label: [A-Za-z0-9_.-]{1,64}.
