@@ -219,6 +219,17 @@ func hybridTimeline(t *testing.T, f *fixture, hosts func(s int) []*Limiter, wind
 		t.Fatal(err)
 	}
 	judges := map[int64]*l7.SlidingWindow{}
+	judge := func(b int64) *l7.SlidingWindow {
+		if judges[b] == nil {
+			if judges[b], err = l7.NewSlidingWindow(b, window); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return judges[b]
+	}
+	// margins: per bound, the least by which it exceeded the smallest
+	// limit whose window would still admit an admission.
+	margins := map[int64]int64{}
 	var state l7.State
 	const step = 50 * time.Millisecond
 	var sinceSync time.Duration
@@ -227,11 +238,6 @@ func hybridTimeline(t *testing.T, f *fixture, hosts func(s int) []*Limiter, wind
 	for s, clump := range steps {
 		ls = hosts(s)
 		b := bound(s)
-		if judges[b] == nil {
-			if judges[b], err = l7.NewSlidingWindow(b, window); err != nil {
-				t.Fatal(err)
-			}
-		}
 		for range clump {
 			l := ls[i%len(ls)]
 			i++
@@ -239,8 +245,20 @@ func hybridTimeline(t *testing.T, f *fixture, hosts func(s int) []*Limiter, wind
 				continue
 			}
 			admitted++
-			if _, d := judges[b].Take(state, f.script.Now(), 1); !d.Allowed {
+			now := f.script.Now()
+			if _, d := judge(b).Take(state, now, 1); !d.Allowed {
 				t.Fatalf("step %d: admitted the request the sliding window at %d/%s over all admissions refuses (admitted so far %d)", s, b, window, admitted)
+			}
+			lo, hi := int64(1), b // the smallest admitting limit is in [lo, hi]
+			for lo < hi {
+				if mid := (lo + hi) / 2; func() bool { _, d := judge(mid).Take(state, now, 1); return d.Allowed }() {
+					hi = mid
+				} else {
+					lo = mid + 1
+				}
+			}
+			if m, ok := margins[b]; !ok || b-lo < m {
+				margins[b] = b - lo
 			}
 			state, _ = record.Take(state, f.script.Now(), 1)
 		}
@@ -254,6 +272,9 @@ func hybridTimeline(t *testing.T, f *fixture, hosts func(s int) []*Limiter, wind
 	}
 	for _, l := range ls {
 		l.Sync(context.Background())
+	}
+	for b, m := range margins {
+		t.Logf("margin: at bound %d the tightest admission was %d under it (a window of %d would have admitted it)", b, m, b-m)
 	}
 	_, prev, curr = record.Counts(state, f.script.Now())
 	return admitted, prev, curr
