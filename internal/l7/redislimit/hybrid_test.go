@@ -376,21 +376,7 @@ const foreignWarning = "l7.redis.hosts is 1 but another host writes"
 // rule.
 func foreignCounts(t *testing.T, reg *prometheus.Registry, rule string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "edgeguard_l7_redis_hybrid_foreign_counts_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelIs(m, "rule", rule) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return gathered(t, reg, "edgeguard_l7_redis_hybrid_foreign_counts_total", "rule", rule).GetCounter().GetValue()
 }
 
 // foreignMode reports whether l's lease of key decides with fixed grants
