@@ -419,8 +419,17 @@ func TestHybridForeignHosts(t *testing.T) {
 		steps[i] = 3 * c
 	}
 	const stepsPerWindow = int(window / (50 * time.Millisecond))
-	seen := -1 // the first step at which every host decides with fixed grants
+	seen := -1           // the first step at which every host decides with fixed grants
+	maxGrant := int64(0) // the largest grant a host held while deciding with them
 	bound := func(s int) int64 {
+		for _, l := range ls {
+			h := l.hybrid[0]
+			h.mu.Lock()
+			if ls := h.leases["k"]; ls != nil && ls.foreign {
+				maxGrant = max(maxGrant, ls.grant)
+			}
+			h.mu.Unlock()
+		}
 		if seen < 0 {
 			all := true
 			for _, l := range ls {
@@ -445,6 +454,9 @@ func TestHybridForeignHosts(t *testing.T) {
 	if admitted < 8*limit {
 		t.Fatalf("admitted %d in 10 windows of %d: fixed grants wasted the quota", admitted, limit)
 	}
+	if maxGrant > fleet {
+		t.Fatalf("a host held a grant of %d with others writing the key, want at most ⌈count ÷ 10⌉ = %d", maxGrant, fleet)
+	}
 	for i, l := range ls {
 		n := foreignCounts(t, regs[i], "hot")
 		warnings := strings.Count(logs[i].String(), foreignWarning)
@@ -455,6 +467,7 @@ func TestHybridForeignHosts(t *testing.T) {
 		if !foreignMode(l, "k") {
 			t.Fatalf("host %d decides from the window as if alone at the end, with two others writing the key", i)
 		}
+
 	}
 }
 
