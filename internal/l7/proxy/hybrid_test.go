@@ -122,6 +122,10 @@ l7:
 	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
 	_, a := startProxy(t, cfg, Options{Registerer: regs[0]})
 	_, b := startProxy(t, cfg, Options{Registerer: regs[1]})
+	// A host counts (and warns of) another's counts once its limiter has
+	// run two sync intervals: before, they may be a replaced limiter's
+	// (a reload's) late flush.
+	time.Sleep(250 * time.Millisecond)
 	total := 0
 	for i := range offered {
 		base := a

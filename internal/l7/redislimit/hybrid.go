@@ -49,6 +49,10 @@ type hybridRule struct {
 	// foreignLease caps a single host's grant while its key's window holds
 	// foreign counts: min(MaxLease, FleetLease(Limit, 1)).
 	foreignLease int64
+	// settled is when a Limiter replaced by this one (a reload, a restart)
+	// has flushed what it admitted before: its start plus two
+	// SyncIntervals (tell).
+	settled int64
 	// window is the sliding window a single host (share 1) decides with,
 	// on the script's µs-aligned windows; nil when hosts share the rule.
 	window *l7.SlidingWindow
@@ -80,11 +84,11 @@ type lease struct {
 	// Redis's window mine.idx and the one before; seen, the foreign counts
 	// already found there (each is counted in the metric once); foreign,
 	// whether the last sync found any (the key then decides with fixed
-	// grants, as hosts sharing it do); watched, whether a sync succeeded
-	// before (foreign counts found later were written while this host
-	// held the key: another host, not its own previous run).
+	// grants, as hosts sharing it do); since, the window of the lease's
+	// first successful sync (watched).
 	mine, seen       tally
 	foreign, watched bool
+	since            int64
 }
 
 // tally is a count in window idx (curr) and in the one before (prev).
@@ -156,9 +160,9 @@ func (h *hybridRule) takeReport(ls *lease) report {
 // single host whose last sync found no foreign counts.
 func (h *hybridRule) single(ls *lease) bool { return h.window != nil && !ls.foreign }
 
-func newHybridRule(r Rule, index int) *hybridRule {
+func newHybridRule(r Rule, index int, now int64) *hybridRule {
 	h := &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{},
-		foreignLease: min(r.Hybrid.MaxLease, FleetLease(r.Limit, 1))}
+		foreignLease: min(r.Hybrid.MaxLease, FleetLease(r.Limit, 1)), settled: now + 2*int64(r.Hybrid.SyncInterval)}
 	if h.share == 1 {
 		// The script's window, in whole µs; NewSlidingWindow fails only
 		// for a limit the rule's own validation refuses.
@@ -339,10 +343,11 @@ func (h *hybridRule) takeBack(ls *lease, n, widx int64) int64 {
 }
 
 // applySync installs a sync's outcome and returns the foreign counts it
-// found that no earlier sync of the key had; the caller holds h.mu. On
+// found written while this host held the key (tell); the caller holds
+// h.mu. On
 // failure the counts stay unsynced (they are not lost) and the lease is
 // void.
-func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) foreignFound {
+func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) int64 {
 	close(ls.syncing)
 	ls.syncing = nil
 	if rep.err != nil {
@@ -352,7 +357,7 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 			ls.addUnsynced(sent.idx, sent.used)
 		}
 		ls.grant, ls.used, ls.expires = 0, 0, 0
-		return foreignFound{}
+		return 0
 	}
 	ls.grant, ls.used = rep.grant, 0
 	ls.remaining, ls.retry, ls.reset, ls.syncedAt = rep.remaining, rep.retry, rep.reset, now
@@ -364,7 +369,7 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 		c := func(v int64) int64 { return min(max(v, 0), math.MaxUint32) }
 		ls.state = l7.State{rep.idx * w, c(rep.prev)<<32 | c(rep.curr)}
 		ls.offset = now - (rep.idx*w + rep.pos*int64(time.Microsecond))
-		fresh := h.tell(ls, sent, rep)
+		fresh := h.tell(ls, sent, rep, now)
 		if !ls.foreign {
 			// The window frees capacity as it slides: no early expiry.
 			return fresh
@@ -380,23 +385,20 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 	if rep.grant == 0 && rep.retry > 0 {
 		ls.expires = now + min(int64(h.rule.Hybrid.SyncInterval), rep.retry)
 	}
-	return foreignFound{}
-}
-
-// foreignFound is what syncs found in a single host's windows that it did
-// not report: counts, all new ones; written, those written while it
-// held the key (found after its first sync of it).
-type foreignFound struct{ counts, written int64 }
-
-func (a foreignFound) add(b foreignFound) foreignFound {
-	return foreignFound{a.counts + b.counts, a.written + b.written}
+	return 0
 }
 
 // tell adds what a sync reported to the host's own tally (where the lease
 // script added it) and compares the window's counts with it: the excess is
-// foreign. It sets ls.foreign and returns the foreign counts not seen
-// before; the caller holds h.mu.
-func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply) foreignFound {
+// foreign. It sets ls.foreign (any foreign count, whoever wrote it) and
+// returns the foreign counts another host wrote while this one held the
+// key: those not seen before, found once the Limiter has settled or in
+// windows after the lease's first sync. A previous Limiter on the same
+// keys (before a restart or a reload) admitted its counts before this one
+// took over, in windows up to the first sync's, and flushes them within
+// a SyncInterval (its background flush; a restart's at its Close): they
+// are foreign, not another host's. The caller holds h.mu.
+func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply, now int64) int64 {
 	ls.mine.moveTo(rep.idx)
 	ls.seen.moveTo(rep.idx)
 	if sent.used > 0 || sent.prev > 0 {
@@ -409,34 +411,32 @@ func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply) foreignFound {
 		}
 	}
 	curr, prev := max(rep.curr-ls.mine.curr, 0), max(rep.prev-ls.mine.prev, 0)
-	fresh := max(curr-ls.seen.curr, 0) + max(prev-ls.seen.prev, 0)
+	if !ls.watched {
+		ls.watched, ls.since = true, rep.idx
+	}
+	var written int64
+	if now >= h.settled || rep.idx > ls.since {
+		written += max(curr-ls.seen.curr, 0)
+	}
+	if now >= h.settled || rep.idx-1 > ls.since {
+		written += max(prev-ls.seen.prev, 0)
+	}
 	ls.seen.curr, ls.seen.prev = max(ls.seen.curr, curr), max(ls.seen.prev, prev)
 	ls.foreign = curr > 0 || prev > 0
-	found := foreignFound{counts: fresh}
-	if ls.watched {
-		found.written = fresh
-	}
-	ls.watched = true
-	return found
+	return written
 }
 
-// foreignCounts records the foreign counts a single host's syncs of h
-// found: the metric, and when some were written while the host held the
-// key, a warning (one per rule and LogEvery) that the rule's hosts: 1 is
-// not true. Counts found by a key's first sync may be this host's own
-// before a restart: they make the key decide with fixed grants, and are
-// counted, but do not warn.
-func (l *Limiter) foreignCounts(h *hybridRule, found foreignFound) {
-	if found.counts <= 0 {
+// foreignCounts records n foreign counts a single host's syncs of h found
+// written while it held their keys: the metric, and a warning (one per
+// rule and LogEvery) that the rule's hosts: 1 is not true.
+func (l *Limiter) foreignCounts(h *hybridRule, n int64) {
+	if n <= 0 {
 		return
 	}
-	l.metrics.hybridForeign.WithLabelValues(h.rule.Name).Add(float64(found.counts))
-	if found.written <= 0 {
-		return
-	}
+	l.metrics.hybridForeign.WithLabelValues(h.rule.Name).Add(float64(n))
 	l.warn.warnFor("foreign:"+h.rule.Name, "redis limiter: l7.redis.hosts is 1 but another host writes this hybrid limit's keys; "+
 		"its keys decide with fixed grants while it does (the bound is the limit + (hosts − 1) × lease); set l7.redis.hosts to the number of hosts sharing the limit",
-		slog.String("rule", h.rule.Name), slog.Int64("foreign_counts", found.written), slog.Int64("lease", h.foreignLease))
+		slog.String("rule", h.rule.Name), slog.Int64("foreign_counts", n), slog.Int64("lease", h.foreignLease))
 }
 
 func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error, n int64) (RuleDecision, func(), error) {
@@ -558,10 +558,10 @@ func (l *Limiter) Sync(ctx context.Context) {
 				}
 			}
 			now := l.cfg.Clock.Now()
-			var fresh foreignFound
+			var fresh int64
 			h.mu.Lock()
 			for i, p := range part {
-				fresh = fresh.add(h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now))
+				fresh += h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now)
 			}
 			h.mu.Unlock()
 			l.foreignCounts(h, fresh)

@@ -22,7 +22,7 @@ type metrics struct {
 	batchSize    prometheus.Histogram
 	hybridLocal  *prometheus.CounterVec
 	// hybridForeign counts what a single host (hosts: 1) found in its
-	// keys' windows that it did not report.
+	// keys' windows that it did not report, admitted while it held them.
 	hybridForeign *prometheus.CounterVec
 	refunds       prometheus.Counter
 }
@@ -61,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"rule", "verdict"}),
 		hybridForeign: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgeguard_l7_redis_hybrid_foreign_counts_total",
-			Help: "Counts a hybrid rule with hosts: 1 found in its keys' Redis windows that this host did not report (another host writes them, or this host before a restart), by rule.",
+			Help: "Counts a hybrid rule with hosts: 1 found in its keys' Redis windows that this host did not report and that were admitted while it held the key: another host writes them, by rule.",
 		}, []string{"rule"}),
 		refunds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgeguard_l7_redis_refunds_total",
