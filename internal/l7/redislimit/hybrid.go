@@ -392,8 +392,8 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 // script added it) and compares the window's counts with it: the excess is
 // foreign. It sets ls.foreign (any foreign count, whoever wrote it) and
 // returns the foreign counts another host wrote while this one held the
-// key: those not seen before, found once the Limiter has settled or in
-// windows after the lease's first sync. A previous Limiter on the same
+// key: those not seen before, found by a later sync than the key's first,
+// once the Limiter has settled or in windows after the first sync's. A previous Limiter on the same
 // keys (before a restart or a reload) admitted its counts before this one
 // took over, in windows up to the first sync's, and flushes them within
 // a SyncInterval (its background flush; a restart's at its Close): they
@@ -411,15 +411,17 @@ func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply, now int64) int
 		}
 	}
 	curr, prev := max(rep.curr-ls.mine.curr, 0), max(rep.prev-ls.mine.prev, 0)
-	if !ls.watched {
-		ls.watched, ls.since = true, rep.idx
-	}
 	var written int64
-	if now >= h.settled || rep.idx > ls.since {
-		written += max(curr-ls.seen.curr, 0)
-	}
-	if now >= h.settled || rep.idx-1 > ls.since {
-		written += max(prev-ls.seen.prev, 0)
+	switch {
+	case !ls.watched: // the key's first sync: they were there before it
+		ls.watched, ls.since = true, rep.idx
+	default:
+		if now >= h.settled || rep.idx > ls.since {
+			written += max(curr-ls.seen.curr, 0)
+		}
+		if now >= h.settled || rep.idx-1 > ls.since {
+			written += max(prev-ls.seen.prev, 0)
+		}
 	}
 	ls.seen.curr, ls.seen.prev = max(ls.seen.curr, curr), max(ls.seen.prev, prev)
 	ls.foreign = curr > 0 || prev > 0
@@ -570,14 +572,13 @@ func (l *Limiter) Sync(ctx context.Context) {
 }
 
 // remembers reports whether an idle lease must be kept: a single host's
-// own or foreign counts still weigh in the window, and a new lease would
-// take its own for another host's.
+// own counts still weigh in the window, and a new lease would take them
+// for another host's (and decide with fixed grants until they slide out).
 func (h *hybridRule) remembers(ls *lease, now int64) bool {
 	if h.window == nil {
 		return false
 	}
-	idx := (now - ls.offset) / int64(h.window.Window())
-	return ls.mine.weighs(idx) || ls.seen.weighs(idx)
+	return ls.mine.weighs((now - ls.offset) / int64(h.window.Window()))
 }
 
 func (l *Limiter) syncLoop(every time.Duration) {

@@ -471,6 +471,37 @@ func TestHybridForeignHosts(t *testing.T) {
 	}
 }
 
+// A single host keeps an idle key's lease while its own counts weigh in the
+// window (a new lease would take them for another host's), and drops it
+// once they have slid out.
+func TestHybridSingleHostIdleKey(t *testing.T) {
+	f := newFixture(t)
+	const limit = 20
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: time.Second,
+		Hybrid: &Hybrid{SyncInterval: 100 * time.Millisecond, MaxLease: SingleLease(limit), Share: 1}}
+	l := f.limiter(t, Config{Rules: []Rule{rule}, SyncEvery: -1})
+	for range 5 {
+		allow(t, l, "k")
+	}
+	f.advance(1200 * time.Millisecond) // the lease expired; its 5 weigh as the previous window
+	l.Sync(context.Background())
+	l.Sync(context.Background()) // the first flush reported the 5; the second finds the lease idle
+	if !allow(t, l, "k").Decision.Allowed || foreignMode(l, "k") {
+		t.Fatalf("an idle key's return: foreign mode %v, want its own counts recognised", foreignMode(l, "k"))
+	}
+	f.advance(2500 * time.Millisecond) // every count slid out
+	l.Sync(context.Background())       // reports the last one (its window has slid out: dropped)
+	f.advance(200 * time.Millisecond)  // the lease that flush renewed expired
+	l.Sync(context.Background())
+	h := l.hybrid[0]
+	h.mu.Lock()
+	n := len(h.leases)
+	h.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d leases kept after their counts slid out of the window, want 0", n)
+	}
+}
+
 // A host restarted or reloaded: a new limiter on the same keys takes over
 // mid-window, and the old one flushes its unsynced counts a few steps
 // later, after the new one's first syncs (as a reload closes the old proxy
