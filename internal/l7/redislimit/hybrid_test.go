@@ -483,9 +483,10 @@ func TestHybridSingleHostIdleKey(t *testing.T) {
 	for range 5 {
 		allow(t, l, "k")
 	}
-	f.advance(1200 * time.Millisecond) // the lease expired; its 5 weigh as the previous window
-	l.Sync(context.Background())
-	l.Sync(context.Background()) // the first flush reported the 5; the second finds the lease idle
+	f.advance(1100 * time.Millisecond) // its 5 weigh as the previous window
+	l.Sync(context.Background())       // reports them and renews the lease
+	f.advance(200 * time.Millisecond)  // the lease expired
+	l.Sync(context.Background())       // finds it idle: kept
 	if !allow(t, l, "k").Decision.Allowed || foreignMode(l, "k") {
 		t.Fatalf("an idle key's return: foreign mode %v, want its own counts recognised", foreignMode(l, "k"))
 	}
