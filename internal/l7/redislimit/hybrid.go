@@ -393,11 +393,12 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 // foreign. It sets ls.foreign (any foreign count, whoever wrote it) and
 // returns the foreign counts another host wrote while this one held the
 // key: those not seen before, found by a later sync than the key's first,
-// once the Limiter has settled or in windows after the first sync's. A previous Limiter on the same
-// keys (before a restart or a reload) admitted its counts before this one
-// took over, in windows up to the first sync's, and flushes them within
-// a SyncInterval (its background flush; a restart's at its Close): they
-// are foreign, not another host's. The caller holds h.mu.
+// once the Limiter has settled or in windows after the first sync's. A
+// previous Limiter on the same keys (before a restart or a reload)
+// admitted its counts before this one took over, in windows up to the
+// first sync's, and flushes them within a SyncInterval (its background
+// flush; a restart's at its Close): they are foreign, not another host's.
+// The caller holds h.mu.
 func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply, now int64) int64 {
 	ls.mine.moveTo(rep.idx)
 	ls.seen.moveTo(rep.idx)
