@@ -95,6 +95,63 @@ l7:
 	}
 }
 
+// TestHybridHostsLeftAtOne: two proxies share a `backend: hybrid` limit with
+// l7.redis.hosts left at its default, 1. Each decides from the window as if
+// alone only until a sync shows it the other's counts, then with fixed
+// grants: together they admit at most limit + (hosts − 1) × ⌈count ÷ 4⌉
+// (the single host's default lease) in the window, not hosts × limit, and
+// both count what they found in edgeguard_l7_redis_hybrid_foreign_counts_total.
+func TestHybridHostsLeftAtOne(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	up := startUpstream(t)
+	const limit, hosts, offered = 200, 2, 500
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  redis: {addr: `+srv.Addr()+`, prefix: "eg:hybrid1:", sync_interval: 100ms}
+  routes:
+    - name: api
+      limits:
+        - {name: shared, key: "header:X-API-Key", rate: 200/h, algorithm: sliding-window, backend: hybrid}
+`, up.srv.URL)
+	lease := HybridLease(cfg.Routes[0].Limits[0], cfg.Redis.Hosts)
+	if cfg.Redis.Hosts > 1 || lease != (limit+3)/4 {
+		t.Fatalf("decoded hosts %d, lease %d: want the defaults 1 and ⌈%d ÷ 4⌉", cfg.Redis.Hosts, lease, limit)
+	}
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	_, a := startProxy(t, cfg, Options{Registerer: regs[0]})
+	_, b := startProxy(t, cfg, Options{Registerer: regs[1]})
+	// A host counts (and warns of) another's counts once its limiter has
+	// run two sync intervals: before, they may be a replaced limiter's
+	// (a reload's) late flush.
+	time.Sleep(250 * time.Millisecond)
+	total := 0
+	for i := range offered {
+		base := a
+		if i%2 == 1 {
+			base = b
+		}
+		switch s := status(t, "GET", base+"/x", withHeader("X-API-Key", "k1")); s {
+		case 200:
+			total++
+		case 429:
+		default:
+			t.Fatalf("request %d: status %d", i, s)
+		}
+	}
+	bound := limit + (hosts-1)*int(lease)
+	t.Logf("two hosts at hosts: 1 admitted %d of %d; limit %d, bound %d (each deciding as if alone: %d)", total, offered, limit, bound, hosts*limit)
+	if total < limit || total > bound {
+		t.Fatalf("two hosts at hosts: 1 admitted %d, want within [%d, %d]", total, limit, bound)
+	}
+	for i, reg := range regs {
+		if v := gather(t, reg)[`edgeguard_l7_redis_hybrid_foreign_counts_total{limiter="api:header:X-Api-Key",rule="shared"}`]; v == 0 {
+			t.Fatalf("host %d found no foreign counts, with the other host writing the key", i)
+		}
+	}
+}
+
 // The default lease: a tenth of the rate's count shared by the hosts, but a
 // single host's is the count itself (it decides from the window; the lease
 // bounds only what a crash loses); an explicit lease wins.
@@ -102,8 +159,9 @@ func TestHybridLeaseDefault(t *testing.T) {
 	for _, tc := range []struct {
 		count, lease, hosts, want int64
 	}{
-		{count: 2, hosts: 1, want: 2},
-		{count: 6000, hosts: 1, want: 6000},
+		{count: 2, hosts: 1, want: 1},
+		{count: 6000, hosts: 1, want: 1500},
+		{count: 6001, hosts: 1, want: 1501},
 		{count: 6000, hosts: 4, want: 150},
 		{count: 2, hosts: 2, want: 1},
 		{count: 200, hosts: 2, want: 10},

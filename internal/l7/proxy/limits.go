@@ -88,18 +88,19 @@ func redisRule(l Limit, rc *Redis) (redislimit.Rule, error) {
 // HybridLease is a hybrid limit's largest grant: its lease, or by default
 // ⌈Count ÷ (10 × hosts)⌉, so that hosts together exceed the limit by at
 // most a tenth of it in a window ((hosts − 1) × lease). A single host
-// shares with no one (the overshoot is 0 whatever the lease) and decides
-// from the window itself (redislimit's hybridRule): its default is Count,
-// a window's worth, which bounds only what a crash loses (the admissions
-// not yet synced) and what it admits between two syncs.
+// decides from the window itself (redislimit's hybridRule), so its lease
+// costs only round trips: its default is ⌈Count ÷ 4⌉
+// (redislimit.SingleLease), which bounds what hosts all left at hosts: 1
+// admit before each has seen the others' counts (Count + (N − 1) × lease
+// in that window) and what a crash loses.
 func HybridLease(l Limit, hosts int64) int64 {
 	if l.Lease > 0 {
 		return l.Lease
 	}
 	if hosts <= 1 {
-		return max(l.Count, 1)
+		return redislimit.SingleLease(l.Count)
 	}
-	return max((l.Count+10*hosts-1)/(10*hosts), 1)
+	return redislimit.FleetLease(l.Count, hosts)
 }
 
 // keyMaker turns Key expressions into l7.KeyFuncs (local limits: 64-bit

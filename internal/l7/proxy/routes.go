@@ -340,8 +340,8 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			Formatted(unsetSays("l7.redis.failure; hybrid: local", func(l *limitSpec) string { return l.Failure })),
 		yamlcheck.Val("lease", as("limit lease", yamlcheck.Kind[int64](yamlcheck.Uint[int64]{Min: 1, Max: 1 << 40})),
 			func(l *limitSpec) *int64 { return &l.Lease },
-			"hybrid only: the largest grant, the requests one host admits between two syncs; with several hosts the default keeps their overshoot under a tenth of the rate; a single host decides from the shared window itself, and the lease bounds what a crash loses").
-			Formatted(unsetSays("⌈count ÷ (10 × hosts)⌉; hosts 1: count", func(l *limitSpec) string { return yamlcheck.Uint[int64]{}.Format(l.Lease) })),
+			"hybrid only: the largest grant, the requests one host admits between two syncs; with several hosts the default keeps their overshoot under a tenth of the rate; a single host decides from the shared window itself, and the lease bounds what a crash loses and what hosts all left at hosts: 1 admit before they see each other (docs/l7-redis.md)").
+			Formatted(unsetSays("⌈count ÷ (10 × hosts)⌉; hosts 1: ⌈count ÷ 4⌉", func(l *limitSpec) string { return yamlcheck.Uint[int64]{}.Format(l.Lease) })),
 		yamlcheck.Val("capacity", as("limit capacity", yamlcheck.Kind[int](yamlcheck.Uint[int]{Min: 1, Max: maxCapacity})),
 			func(l *limitSpec) *int { return &l.Capacity }, "keys per local limit (24 bytes each, allocated up front)"),
 		yamlcheck.Val("reserve", marking(bad, at(named("reserve"), "", yamlcheck.Kind[int](percent{Single: "limit reserve"}))), func(l *limitSpec) *int { return &l.Reserve },

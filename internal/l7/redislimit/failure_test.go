@@ -41,21 +41,28 @@ func (s *syncBuffer) String() string {
 // roundTrips counts decide round trips attempted (the latency histogram).
 func roundTrips(t *testing.T, reg *prometheus.Registry, op string) uint64 {
 	t.Helper()
+	return gathered(t, reg, "edgeguard_l7_redis_roundtrip_seconds", "op", op).GetHistogram().GetSampleCount()
+}
+
+// gathered is reg's series of the family name whose label is value, or nil
+// (whose getters read zeros).
+func gathered(t *testing.T, reg *prometheus.Registry, name, label, value string) *dto.Metric {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "edgeguard_l7_redis_roundtrip_seconds" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if labelIs(m, "op", op) {
-				return m.GetHistogram().GetSampleCount()
+			if labelIs(m, label, value) {
+				return m
 			}
 		}
 	}
-	return 0
+	return nil
 }
 
 func labelIs(m *dto.Metric, name, value string) bool {

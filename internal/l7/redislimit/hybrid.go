@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -31,10 +32,27 @@ import (
 // still caps what it admits between two syncs (what a crash loses). With
 // N = 1 the bound above is the limit itself: the host admits what the
 // window admits, as the local backend would.
+//
+// Share 1 is a claim the host checks on every sync: it knows what it
+// reported into the window's two counts, so counts beyond those are
+// foreign (another host writes the key, or this host's previous run). A
+// key whose window holds foreign counts decides as hosts sharing it do
+// (fixed grants, Share foreignShare, at most foreignLease) until a sync
+// finds none in either count, so with N hosts all left at Share 1 the
+// bound is Limit + (N−1)·foreignLease once each has seen the others, and
+// Limit + (N−1)·MaxLease before (each admits at most MaxLease between the
+// sync that could not yet see the others and the one that does).
 type hybridRule struct {
 	rule  Rule
 	index int
 	share int64
+	// foreignLease caps a single host's grant while its key's window holds
+	// foreign counts: min(MaxLease, FleetLease(Limit, 1)).
+	foreignLease int64
+	// settled is when a Limiter replaced by this one (a reload, a restart)
+	// has flushed what it admitted before: its start plus two
+	// SyncIntervals (tell).
+	settled int64
 	// window is the sliding window a single host (share 1) decides with,
 	// on the script's µs-aligned windows; nil when hosts share the rule.
 	window *l7.SlidingWindow
@@ -62,11 +80,51 @@ type lease struct {
 	// uCurr in window uIdx, uPrev in the one before (older ones no longer
 	// weigh in the window).
 	uIdx, uCurr, uPrev int64
+	// A single host's tally of the window: mine, what it reported into
+	// Redis's window mine.idx and the one before; seen, the foreign counts
+	// already found there (each is counted in the metric once); foreign,
+	// whether the last sync found any (the key then decides with fixed
+	// grants, as hosts sharing it do); since, the window of the lease's
+	// first successful sync (watched).
+	mine, seen       tally
+	foreign, watched bool
+	since            int64
 }
 
+// tally is a count in window idx (curr) and in the one before (prev).
+type tally struct{ idx, curr, prev int64 }
+
+// moveTo rolls the tally to window idx: counts older than the window
+// before it no longer weigh. A window index that goes back (Redis's clock
+// stepped back) clears it.
+func (t *tally) moveTo(idx int64) {
+	switch {
+	case idx == t.idx:
+		return
+	case idx == t.idx+1:
+		t.prev, t.curr = t.curr, 0
+	default:
+		t.prev, t.curr = 0, 0
+	}
+	t.idx = idx
+}
+
+// weighs reports whether the tally's counts still weigh in window idx.
+func (t tally) weighs(idx int64) bool {
+	return (t.curr > 0 && idx <= t.idx+1) || (t.prev > 0 && idx <= t.idx)
+}
+
+// foreignShare is the Share a single host's key decides with while another
+// writer is seen: the fleet is at least two hosts (the fewest that explain
+// a foreign count), and grants never exceed foreignLease whatever N is, so
+// the bound does not depend on it; it only halves the grants as the window
+// runs out.
+const foreignShare = 2
+
 // report is what a sync sends: used admitted in window idx (-1: count them
-// in Redis's current window) and prev in the window before.
-type report struct{ used, idx, prev int64 }
+// in Redis's current window) and prev in the window before, and the grant
+// it asks for: at most lease, a share of remaining.
+type report struct{ used, idx, prev, lease, share int64 }
 
 // addUnsynced counts n admitted in window idx; the caller holds h.mu.
 func (ls *lease) addUnsynced(idx, n int64) {
@@ -86,17 +144,25 @@ func (ls *lease) addUnsynced(idx, n int64) {
 // takeReport is the report of everything unsynced, which it clears; the
 // caller holds h.mu.
 func (h *hybridRule) takeReport(ls *lease) report {
-	rep := report{used: ls.unsynced, idx: -1}
+	rep := report{used: ls.unsynced, idx: -1, lease: h.rule.Hybrid.MaxLease, share: h.share}
 	if h.window != nil {
-		rep = report{used: ls.uCurr, idx: ls.uIdx, prev: ls.uPrev}
+		rep.used, rep.idx, rep.prev = ls.uCurr, ls.uIdx, ls.uPrev
 		ls.uCurr, ls.uPrev = 0, 0
+		if ls.foreign {
+			rep.lease, rep.share = h.foreignLease, foreignShare
+		}
 	}
 	ls.unsynced = 0
 	return rep
 }
 
-func newHybridRule(r Rule, index int) *hybridRule {
-	h := &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{}}
+// single reports whether key's lease decides from the window itself: a
+// single host whose last sync found no foreign counts.
+func (h *hybridRule) single(ls *lease) bool { return h.window != nil && !ls.foreign }
+
+func newHybridRule(r Rule, index int, now int64) *hybridRule {
+	h := &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{},
+		foreignLease: min(r.Hybrid.MaxLease, FleetLease(r.Limit, 1)), settled: now + 2*int64(r.Hybrid.SyncInterval)}
 	if h.share == 1 {
 		// The script's window, in whole µs; NewSlidingWindow fails only
 		// for a limit the rule's own validation refuses.
@@ -142,7 +208,7 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 				return rd, nil, fmt.Errorf("redis limiter: wait for hybrid sync: %w", ctx.Err())
 			}
 		}
-		if h.window != nil && now < ls.expires {
+		if h.single(ls) && now < ls.expires {
 			if rd, refund, ok := h.decideSingle(l, ls, now, n, synced != nil); ok {
 				h.mu.Unlock()
 				rd.Rule, rd.Source = r.Name, SourceLease
@@ -152,7 +218,7 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 		// After its own sync, a request that does not fit a grant sized
 		// for it (grant < n: the window has fewer than n left) is refused.
 		short := synced != nil && synced.needRetry > 0 && ls.used+n > ls.grant
-		if h.window == nil && now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
+		if !h.single(ls) && now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
 			d := l7.Decision{Limit: r.Limit, Window: r.Window, Reset: time.Duration(max(ls.reset-(now-ls.syncedAt), 0))}
 			verdict := "deny"
 			var refund func()
@@ -160,10 +226,17 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 			case ls.used+n <= ls.grant:
 				ls.used += n
 				ls.unsynced += n
+				widx := int64(-1)
+				if h.window != nil {
+					// A single host's key with foreign counts: its
+					// admissions are still reported by window.
+					widx = (now - ls.offset) / int64(h.window.Window())
+					ls.addUnsynced(widx, n)
+				}
 				d.Allowed = true
 				d.Remaining = max(ls.remaining-ls.used, 0)
 				verdict = "allow"
-				refund = func() { h.giveBack(ls, n) }
+				refund = func() { h.giveBack(ls, n, widx) }
 			case short:
 				d.Remaining = max(ls.remaining-ls.used, 0)
 				d.RetryAfter = time.Duration(max(synced.needRetry-(now-ls.syncedAt), 1))
@@ -183,8 +256,9 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 
 		rep := l.syncOne(ctx, h, key, sent, n)
 		h.mu.Lock()
-		h.applySync(ls, used, sent, rep, l.cfg.Clock.Now())
+		fresh := h.applySync(ls, used, sent, rep, l.cfg.Clock.Now())
 		h.mu.Unlock()
+		l.foreignCounts(h, fresh)
 		if rep.err != nil {
 			if ctx.Err() != nil {
 				return rd, nil, fmt.Errorf("redis limiter: hybrid sync: %w", ctx.Err())
@@ -226,44 +300,54 @@ func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bo
 	return RuleDecision{Decision: d}, refund, true
 }
 
-// giveBackSingle is giveBack for a single host: the units also leave its
-// view of the window.
+// giveBackSingle is giveBack for a single host deciding from its view of
+// the window: the units also leave that view.
 func (h *hybridRule) giveBackSingle(ls *lease, n int64, before, after l7.State, at, widx int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	k := min(n, ls.used, ls.unsynced)
-	switch widx {
-	case ls.uIdx:
-		k = min(k, ls.uCurr)
-		ls.uCurr -= k
-	case ls.uIdx - 1:
-		k = min(k, ls.uPrev)
-		ls.uPrev -= k
-	default:
-		k = 0 // its window slid out (or was synced): nothing weighs
-	}
-	if k > 0 {
-		ls.used -= k
-		ls.unsynced -= k
+	if h.takeBack(ls, n, widx) > 0 {
 		ls.state = h.window.Refund(ls.state, before, after, at)
 	}
 }
 
-// giveBack returns n reserved units to their lease, as many as are still
-// unsynced (units a sync already reported stay counted: the strict side).
-func (h *hybridRule) giveBack(ls *lease, n int64) {
+// giveBack returns n reserved units, admitted in window widx (-1: not
+// tracked by window), to their lease.
+func (h *hybridRule) giveBack(ls *lease, n, widx int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	k := min(n, ls.used, ls.unsynced)
-	if k > 0 {
-		ls.used -= k
-		ls.unsynced -= k
-	}
+	h.takeBack(ls, n, widx)
 }
 
-// applySync installs a sync's outcome; the caller holds h.mu. On failure
-// the counts stay unsynced (they are not lost) and the lease is void.
-func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) {
+// takeBack removes up to n units admitted in window widx from the unsynced
+// counts, as many as are still unsynced (units a sync already reported
+// stay counted: the strict side), and returns how many; the caller holds
+// h.mu.
+func (h *hybridRule) takeBack(ls *lease, n, widx int64) int64 {
+	k := min(n, ls.used, ls.unsynced)
+	if h.window != nil {
+		switch widx {
+		case ls.uIdx:
+			k = min(k, ls.uCurr)
+			ls.uCurr -= k
+		case ls.uIdx - 1:
+			k = min(k, ls.uPrev)
+			ls.uPrev -= k
+		default:
+			k = 0 // its window slid out (or was synced): nothing weighs
+		}
+	}
+	k = max(k, 0)
+	ls.used -= k
+	ls.unsynced -= k
+	return k
+}
+
+// applySync installs a sync's outcome and returns the foreign counts it
+// found written while this host held the key (tell); the caller holds
+// h.mu. On
+// failure the counts stay unsynced (they are not lost) and the lease is
+// void.
+func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseReply, now int64) int64 {
 	close(ls.syncing)
 	ls.syncing = nil
 	if rep.err != nil {
@@ -273,7 +357,7 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 			ls.addUnsynced(sent.idx, sent.used)
 		}
 		ls.grant, ls.used, ls.expires = 0, 0, 0
-		return
+		return 0
 	}
 	ls.grant, ls.used = rep.grant, 0
 	ls.remaining, ls.retry, ls.reset, ls.syncedAt = rep.remaining, rep.retry, rep.reset, now
@@ -285,12 +369,77 @@ func (h *hybridRule) applySync(ls *lease, used int64, sent report, rep leaseRepl
 		c := func(v int64) int64 { return min(max(v, 0), math.MaxUint32) }
 		ls.state = l7.State{rep.idx * w, c(rep.prev)<<32 | c(rep.curr)}
 		ls.offset = now - (rep.idx*w + rep.pos*int64(time.Microsecond))
-		// The window frees capacity as it slides: no early expiry.
-		return
+		fresh := h.tell(ls, sent, rep, now)
+		if !ls.foreign {
+			// The window frees capacity as it slides: no early expiry.
+			return fresh
+		}
+		// A grant asked for as the only host is cut to what hosts
+		// sharing the key would be granted.
+		ls.grant = min(ls.grant, h.foreignLease)
+		if rep.grant == 0 && rep.retry > 0 {
+			ls.expires = now + min(int64(h.rule.Hybrid.SyncInterval), rep.retry)
+		}
+		return fresh
 	}
 	if rep.grant == 0 && rep.retry > 0 {
 		ls.expires = now + min(int64(h.rule.Hybrid.SyncInterval), rep.retry)
 	}
+	return 0
+}
+
+// tell adds what a sync reported to the host's own tally (where the lease
+// script added it) and compares the window's counts with it: the excess is
+// foreign. It sets ls.foreign (any foreign count, whoever wrote it) and
+// returns the foreign counts another host wrote while this one held the
+// key: those not seen before, found by a later sync than the key's first,
+// once the Limiter has settled or in windows after the first sync's. A
+// previous Limiter on the same keys (before a restart or a reload)
+// admitted its counts before this one took over, in windows up to the
+// first sync's, and flushes them within a SyncInterval (its background
+// flush; a restart's at its Close): they are foreign, not another host's.
+// The caller holds h.mu.
+func (h *hybridRule) tell(ls *lease, sent report, rep leaseReply, now int64) int64 {
+	ls.mine.moveTo(rep.idx)
+	ls.seen.moveTo(rep.idx)
+	if sent.used > 0 || sent.prev > 0 {
+		switch {
+		case sent.idx < 0 || sent.idx >= rep.idx:
+			ls.mine.curr += sent.used
+			ls.mine.prev += sent.prev
+		case sent.idx == rep.idx-1:
+			ls.mine.prev += sent.used
+		}
+	}
+	curr, prev := max(rep.curr-ls.mine.curr, 0), max(rep.prev-ls.mine.prev, 0)
+	var written int64
+	switch {
+	case !ls.watched: // the key's first sync: they were there before it
+		ls.watched, ls.since = true, rep.idx
+	default:
+		if now >= h.settled || rep.idx > ls.since {
+			written += max(curr-ls.seen.curr, 0)
+		}
+		if now >= h.settled || rep.idx-1 > ls.since {
+			written += max(prev-ls.seen.prev, 0)
+		}
+	}
+	ls.seen.curr, ls.seen.prev = max(ls.seen.curr, curr), max(ls.seen.prev, prev)
+	ls.foreign = curr > 0 || prev > 0
+	return written
+}
+
+// foreignCounts records n foreign counts a single host's syncs of h found
+// written while it held their keys: the metric, and a warning (one per
+// rule and LogEvery) that the rule's hosts: 1 is not true.
+func (l *Limiter) foreignCounts(h *hybridRule, n int64) {
+	if n <= 0 {
+		return
+	}
+	l.metrics.hybridForeign.WithLabelValues(h.rule.Name).Add(float64(n))
+	l.warn.warnFor("foreign:"+h.rule.Name, "redis limiter: l7.redis.hosts is 1 but another host writes this hybrid limit's keys; "+
+		"its keys decide with fixed grants while it does (the bound is the limit + (hosts − 1) × lease); set l7.redis.hosts to the number of hosts sharing the limit",
+		slog.String("rule", h.rule.Name), slog.Int64("foreign_counts", n), slog.Int64("lease", h.foreignLease))
 }
 
 func (l *Limiter) hybridFallback(h *hybridRule, key string, cause error, n int64) (RuleDecision, func(), error) {
@@ -350,7 +499,7 @@ func (l *Limiter) leaseCall(h *hybridRule, key string, sent report, need int64) 
 	return &call{
 		script: l.leaseSH, src: leaseSource,
 		keys: []string{redisKey(l.cfg.Prefix, key, r.Name)},
-		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, sent.used, r.Hybrid.MaxLease, h.share, need, sent.idx, sent.prev}),
+		args: l.scriptArgs([]any{r.windowMicros(), r.Limit, sent.used, sent.lease, sent.share, need, sent.idx, sent.prev}),
 	}
 }
 
@@ -393,7 +542,7 @@ func (l *Limiter) Sync(ctx context.Context) {
 				ls.syncing = make(chan struct{})
 				used := ls.unsynced
 				todo = append(todo, pending{key, ls, used, h.takeReport(ls)})
-			case now >= ls.expires:
+			case now >= ls.expires && !h.remembers(ls, now):
 				delete(h.leases, key)
 			}
 		}
@@ -412,13 +561,25 @@ func (l *Limiter) Sync(ctx context.Context) {
 				}
 			}
 			now := l.cfg.Clock.Now()
+			var fresh int64
 			h.mu.Lock()
 			for i, p := range part {
-				h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now)
+				fresh += h.applySync(p.ls, p.used, p.sent, decodeLease(calls[i]), now)
 			}
 			h.mu.Unlock()
+			l.foreignCounts(h, fresh)
 		}
 	}
+}
+
+// remembers reports whether an idle lease must be kept: a single host's
+// own counts still weigh in the window, and a new lease would take them
+// for another host's (and decide with fixed grants until they slide out).
+func (h *hybridRule) remembers(ls *lease, now int64) bool {
+	if h.window == nil {
+		return false
+	}
+	return ls.mine.weighs((now - ls.offset) / int64(h.window.Window()))
 }
 
 func (l *Limiter) syncLoop(every time.Duration) {

@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -203,23 +204,40 @@ func offered(steps int) []int {
 }
 
 // hybridTimeline runs limiters over the offered timeline for one key, the
-// clumps dealt round-robin over the limiters, every limiter flushed every
-// syncEvery as the background loop does. Each admitted request is checked
-// against truth, the sliding window at bound per window over what was
-// really admitted and when: a request truth refuses was admitted over the
-// bound. It returns the admitted count and the sliding window's counts
-// (previous, current) of what was admitted, at the end.
-func hybridTimeline(t *testing.T, f *fixture, ls []*Limiter, window time.Duration, bound int64, syncEvery time.Duration, steps []int) (admitted, prev, curr int64) {
+// clumps of step s dealt round-robin over hosts(s), every limiter flushed
+// every syncEvery as the background loop does. Each admitted request is
+// checked against truth, the sliding window at bound(s) per window over
+// what was really admitted and when: a request truth refuses was admitted
+// over the bound. It returns the admitted count and the sliding window's
+// counts (previous, current) of what was admitted, at the end.
+func hybridTimeline(t *testing.T, f *fixture, hosts func(s int) []*Limiter, window time.Duration, bound func(s int) int64, syncEvery time.Duration, steps []int) (admitted, prev, curr int64) {
 	t.Helper()
-	truth, err := l7.NewSlidingWindow(bound, window)
+	// record keeps every admission; a window at the step's bound judges
+	// the next one from the same state.
+	record, err := l7.NewSlidingWindow(1<<20, window)
 	if err != nil {
 		t.Fatal(err)
 	}
+	judges := map[int64]*l7.SlidingWindow{}
+	judge := func(b int64) *l7.SlidingWindow {
+		if judges[b] == nil {
+			if judges[b], err = l7.NewSlidingWindow(b, window); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return judges[b]
+	}
+	// margins: per bound, the least by which it exceeded the smallest
+	// limit whose window would still admit an admission.
+	margins := map[int64]int64{}
 	var state l7.State
 	const step = 50 * time.Millisecond
 	var sinceSync time.Duration
 	i := 0
+	var ls []*Limiter
 	for s, clump := range steps {
+		ls = hosts(s)
+		b := bound(s)
 		for range clump {
 			l := ls[i%len(ls)]
 			i++
@@ -227,11 +245,22 @@ func hybridTimeline(t *testing.T, f *fixture, ls []*Limiter, window time.Duratio
 				continue
 			}
 			admitted++
-			var d l7.Decision
-			state, d = truth.Take(state, f.script.Now(), 1)
-			if !d.Allowed {
-				t.Fatalf("step %d: admitted the request the sliding window at %d/%s over all admissions refuses (admitted so far %d)", s, bound, window, admitted)
+			now := f.script.Now()
+			if _, d := judge(b).Take(state, now, 1); !d.Allowed {
+				t.Fatalf("step %d: admitted the request the sliding window at %d/%s over all admissions refuses (admitted so far %d)", s, b, window, admitted)
 			}
+			lo, hi := int64(1), b // the smallest admitting limit is in [lo, hi]
+			for lo < hi {
+				if mid := (lo + hi) / 2; func() bool { _, d := judge(mid).Take(state, now, 1); return d.Allowed }() {
+					hi = mid
+				} else {
+					lo = mid + 1
+				}
+			}
+			if m, ok := margins[b]; !ok || b-lo < m {
+				margins[b] = b - lo
+			}
+			state, _ = record.Take(state, f.script.Now(), 1)
 		}
 		f.advance(step)
 		if sinceSync += step; sinceSync >= syncEvery {
@@ -244,9 +273,15 @@ func hybridTimeline(t *testing.T, f *fixture, ls []*Limiter, window time.Duratio
 	for _, l := range ls {
 		l.Sync(context.Background())
 	}
-	_, prev, curr = truth.Counts(state, f.script.Now())
+	for b, m := range margins {
+		t.Logf("margin: at bound %d the tightest admission was %d under it (a window of %d would have admitted it)", b, m, b-m)
+	}
+	_, prev, curr = record.Counts(state, f.script.Now())
 	return admitted, prev, curr
 }
+
+// always is a timeline's unchanging hosts or bound.
+func always[T any](v T) func(int) T { return func(int) T { return v } }
 
 // redisWindow reads a sliding-window state's (previous, current) counts as
 // of the scripts' clock now.
@@ -270,21 +305,31 @@ func redisWindow(t *testing.T, f *fixture, key, rule string, window time.Duratio
 	return 0, 0
 }
 
-// One host (share 1, the policy's hosts: 1) with the policy's default lease
-// (the rate's count): over 10 windows of bursty traffic it never admits what
-// the sliding window over its true admissions refuses (the bound is the
-// limit itself), it admits about what the local backend admits on the same
-// timeline, every admission reaches Redis, and it needs a few round trips
-// per window instead of one per admitted request.
+// One host (share 1, the policy's hosts: 1), with the policy's default
+// lease (⌈count ÷ 4⌉) and with a lease of the rate's count (the default
+// before hosts at hosts: 1 checked for each other): over 10 windows of
+// bursty traffic it never admits what the sliding window over its true
+// admissions refuses (the bound is the limit itself), it admits about what
+// the local backend admits on the same timeline, every admission reaches
+// Redis, it needs a few round trips per window instead of one per admitted
+// request, and it never finds counts it did not report.
 func TestHybridSingleHost(t *testing.T) {
+	const limit = 20
+	for _, lease := range []int64{SingleLease(limit), limit} {
+		t.Run(fmt.Sprintf("lease %d", lease), func(t *testing.T) { testHybridSingleHost(t, limit, lease) })
+	}
+}
+
+func testHybridSingleHost(t *testing.T, limit, lease int64) {
 	f := newFixture(t)
-	const limit, window = 20, time.Second
+	const window = time.Second
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
-		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: limit, Share: 1}}
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
 	reg := prometheus.NewRegistry()
-	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1})
+	logs := &syncBuffer{}
+	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	steps := offered(200) // 10 s
-	admitted, prev, curr := hybridTimeline(t, f, []*Limiter{l}, window, limit, time.Second, steps)
+	admitted, prev, curr := hybridTimeline(t, f, always([]*Limiter{l}), window, always[int64](limit), time.Second, steps)
 
 	// The local backend on the same timeline: the reference.
 	local, err := l7.NewSlidingWindow(limit, window)
@@ -317,6 +362,204 @@ func TestHybridSingleHost(t *testing.T) {
 	if trips > uint64(admitted)/4 {
 		t.Fatalf("%d lease round trips for %d admitted requests: want at most one per 4", trips, admitted)
 	}
+	// Alone, it never finds counts it did not report.
+	if n := foreignCounts(t, reg, "hot"); n != 0 || strings.Contains(logs.String(), foreignWarning) {
+		t.Fatalf("a host alone found %v foreign counts; log:\n%s", n, logs)
+	}
+}
+
+// foreignWarning is the start of the warning a host at hosts: 1 logs when
+// another host writes its keys.
+const foreignWarning = "l7.redis.hosts is 1 but another host writes"
+
+// foreignCounts reads edgeguard_l7_redis_hybrid_foreign_counts_total for a
+// rule.
+func foreignCounts(t *testing.T, reg *prometheus.Registry, rule string) float64 {
+	t.Helper()
+	return gathered(t, reg, "edgeguard_l7_redis_hybrid_foreign_counts_total", "rule", rule).GetCounter().GetValue()
+}
+
+// foreignMode reports whether l's lease of key decides with fixed grants
+// because its window held foreign counts at the last sync.
+func foreignMode(l *Limiter, key string) bool {
+	h := l.hybrid[0]
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ls := h.leases[key]
+	return ls != nil && ls.foreign
+}
+
+// Three hosts share a key, each left at hosts: 1 (Share 1, the policy's
+// default lease for it, ⌈count ÷ 4⌉): each decides from the window as if alone until a
+// sync shows it counts it did not report, then with fixed grants of at
+// most ⌈count ÷ 10⌉. Over 10 windows of bursty traffic dealt round-robin,
+// every admission is within the sliding window at Limit + 2 × lease over
+// all true admissions until every host has seen the others and two windows
+// have passed (what they admitted alone has slid out), and within
+// Limit + 2 × ⌈count ÷ 10⌉ after; each host counts foreign counts and
+// warns once.
+func TestHybridForeignHosts(t *testing.T) {
+	f := newFixture(t)
+	const limit, hosts, window = 60, 3, time.Second
+	lease, fleet := SingleLease(limit), FleetLease(limit, 1)
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
+	var ls []*Limiter
+	var regs []*prometheus.Registry
+	var logs []*syncBuffer
+	for range hosts {
+		reg, buf := prometheus.NewRegistry(), &syncBuffer{}
+		regs, logs = append(regs, reg), append(logs, buf)
+		ls = append(ls, f.limiter(t, Config{Client: f.srv.Client(t), Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1,
+			Logger: slog.New(slog.NewTextHandler(buf, nil)), LogEvery: time.Minute}))
+	}
+	base := offered(200)
+	steps := make([]int, len(base))
+	for i, c := range base {
+		steps[i] = 3 * c
+	}
+	const stepsPerWindow = int(window / (50 * time.Millisecond))
+	seen := -1           // the first step at which every host decides with fixed grants
+	maxGrant := int64(0) // the largest grant a host held while deciding with them
+	bound := func(s int) int64 {
+		for _, l := range ls {
+			h := l.hybrid[0]
+			h.mu.Lock()
+			if ls := h.leases["k"]; ls != nil && ls.foreign {
+				maxGrant = max(maxGrant, ls.grant)
+			}
+			h.mu.Unlock()
+		}
+		if seen < 0 {
+			all := true
+			for _, l := range ls {
+				all = all && foreignMode(l, "k")
+			}
+			if all {
+				seen = s
+			}
+		}
+		if seen < 0 || s < seen+2*stepsPerWindow {
+			return limit + (hosts-1)*lease
+		}
+		return limit + (hosts-1)*fleet
+	}
+	admitted, _, _ := hybridTimeline(t, f, always(ls), window, bound, time.Second, steps)
+	t.Logf("admitted %d over 10 s (10 windows of %d); every host on fixed grants from %.2f s; bound %d per window until %.2f s, %d after",
+		admitted, limit, float64(seen)/float64(stepsPerWindow), limit+(hosts-1)*lease,
+		float64(seen+2*stepsPerWindow)/float64(stepsPerWindow), limit+(hosts-1)*fleet)
+	if seen < 0 || seen > 3*stepsPerWindow {
+		t.Fatalf("every host on fixed grants from step %d, want by 3 s (step %d)", seen, 3*stepsPerWindow)
+	}
+	if admitted < 8*limit {
+		t.Fatalf("admitted %d in 10 windows of %d: fixed grants wasted the quota", admitted, limit)
+	}
+	if maxGrant > fleet {
+		t.Fatalf("a host held a grant of %d with others writing the key, want at most ⌈count ÷ 10⌉ = %d", maxGrant, fleet)
+	}
+	for i, l := range ls {
+		n := foreignCounts(t, regs[i], "hot")
+		warnings := strings.Count(logs[i].String(), foreignWarning)
+		t.Logf("host %d: %.0f foreign counts, %d warning(s)", i, n, warnings)
+		if n == 0 || warnings != 1 || !strings.Contains(logs[i].String(), "rule=hot") {
+			t.Fatalf("host %d: %.0f foreign counts, %d warnings, want > 0 and 1 for rule hot; log:\n%s", i, n, warnings, logs[i])
+		}
+		if !foreignMode(l, "k") {
+			t.Fatalf("host %d decides from the window as if alone at the end, with two others writing the key", i)
+		}
+
+	}
+}
+
+// A single host keeps an idle key's lease while its own counts weigh in the
+// window (a new lease would take them for another host's), and drops it
+// once they have slid out.
+func TestHybridSingleHostIdleKey(t *testing.T) {
+	f := newFixture(t)
+	const limit = 20
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: time.Second,
+		Hybrid: &Hybrid{SyncInterval: 100 * time.Millisecond, MaxLease: SingleLease(limit), Share: 1}}
+	l := f.limiter(t, Config{Rules: []Rule{rule}, SyncEvery: -1})
+	for range 5 {
+		allow(t, l, "k")
+	}
+	f.advance(1100 * time.Millisecond) // its 5 weigh as the previous window
+	l.Sync(context.Background())       // reports them and renews the lease
+	f.advance(200 * time.Millisecond)  // the lease expired
+	l.Sync(context.Background())       // finds it idle: kept
+	if !allow(t, l, "k").Decision.Allowed || foreignMode(l, "k") {
+		t.Fatalf("an idle key's return: foreign mode %v, want its own counts recognised", foreignMode(l, "k"))
+	}
+	f.advance(2500 * time.Millisecond) // every count slid out
+	l.Sync(context.Background())       // reports the last one (its window has slid out: dropped)
+	f.advance(200 * time.Millisecond)  // the lease that flush renewed expired
+	l.Sync(context.Background())
+	h := l.hybrid[0]
+	h.mu.Lock()
+	n := len(h.leases)
+	h.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d leases kept after their counts slid out of the window, want 0", n)
+	}
+}
+
+// A host restarted or reloaded: a new limiter on the same keys takes over
+// mid-window, and the old one flushes its unsynced counts a few steps
+// later, after the new one's first syncs (as a reload closes the old proxy
+// after ShutdownTimeout). The new host finds the old one's counts, which it
+// cannot tell from another host's, so the key decides with fixed grants
+// until they slide out of the window (two windows at most), then from the
+// window again. The old counts were admitted before it took the key over:
+// it neither counts them as another host's nor warns. Every admission is
+// within the limit + lease (what the new host cannot see until the old
+// flushes) until two windows after that flush, and within the limit after.
+func TestHybridSingleHostRestart(t *testing.T) {
+	f := newFixture(t)
+	const limit, window = 20, time.Second
+	lease := SingleLease(limit)
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
+	const stepsPerWindow = int(window / (50 * time.Millisecond))
+	const restartAt, closeAt = 50, 56 // 2.5 s, 2.8 s: between two flushes
+	old := f.limiter(t, Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
+	reg, logs := prometheus.NewRegistry(), &syncBuffer{}
+	var nu *Limiter
+	last := -1 // the last step at which the new host decided with fixed grants
+	hosts := func(s int) []*Limiter {
+		if s < restartAt {
+			return []*Limiter{old}
+		}
+		if nu == nil {
+			nu = f.limiter(t, Config{Client: f.srv.Client(t), Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1,
+				Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		}
+		if s == closeAt {
+			old.Close() // flushes what it admitted since its last sync
+		}
+		if foreignMode(nu, "k") {
+			last = s
+		}
+		return []*Limiter{nu}
+	}
+	bound := func(s int) int64 {
+		if s < closeAt+2*stepsPerWindow {
+			return limit + lease
+		}
+		return limit
+	}
+	steps := offered(200)
+	admitted, _, _ := hybridTimeline(t, f, hosts, window, bound, time.Second, steps)
+	n := foreignCounts(t, reg, "hot")
+	t.Logf("admitted %d over 10 s, the new host from 2.5 s, the old one flushed at 2.8 s; the new host decided with fixed grants until %.2f s; %.0f foreign counts",
+		admitted, float64(last+1)/float64(stepsPerWindow), n)
+	if last < restartAt || last >= closeAt+2*stepsPerWindow+stepsPerWindow {
+		t.Fatalf("fixed grants until step %d, want from the restart (step %d) to at most two windows and a sync after the old host's flush (step %d)",
+			last, restartAt, closeAt+3*stepsPerWindow)
+	}
+	if foreignMode(nu, "k") || n != 0 || strings.Contains(logs.String(), foreignWarning) {
+		t.Fatalf("restarted host: foreign mode at the end %v, %.0f foreign counts (want 0: the old host's were admitted before); log:\n%s",
+			foreignMode(nu, "k"), n, logs)
+	}
 }
 
 // Three hosts share a key (share 3, the policy's default lease for hosts: 3,
@@ -341,7 +584,7 @@ func TestHybridThreeHosts(t *testing.T) {
 	for i, c := range base {
 		steps[i] = 3 * c
 	}
-	admitted, _, _ := hybridTimeline(t, f, ls, window, limit+(hosts-1)*lease, time.Second, steps)
+	admitted, _, _ := hybridTimeline(t, f, always(ls), window, always[int64](limit+(hosts-1)*lease), time.Second, steps)
 	t.Logf("admitted %d over 10 s (%d windows of %d; bound %d per window)", admitted, 10, limit, limit+(hosts-1)*lease)
 	if admitted < 8*limit {
 		t.Fatalf("admitted %d in 10 windows of %d: leases wasted the quota", admitted, limit)

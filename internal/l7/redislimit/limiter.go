@@ -229,7 +229,7 @@ func New(cfg Config) (*Limiter, error) {
 			}
 		}
 		if r.Hybrid != nil {
-			l.hybrid = append(l.hybrid, newHybridRule(r, i))
+			l.hybrid = append(l.hybrid, newHybridRule(r, i, cfg.Clock.Now()))
 			if minSync == 0 || r.Hybrid.SyncInterval < minSync {
 				minSync = r.Hybrid.SyncInterval
 			}

@@ -21,7 +21,10 @@ type metrics struct {
 	fallback     *prometheus.CounterVec
 	batchSize    prometheus.Histogram
 	hybridLocal  *prometheus.CounterVec
-	refunds      prometheus.Counter
+	// hybridForeign counts what a single host (hosts: 1) found in its
+	// keys' windows that it did not report, admitted while it held them.
+	hybridForeign *prometheus.CounterVec
+	refunds       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -56,6 +59,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "edgeguard_l7_redis_hybrid_local_decisions_total",
 			Help: "Hybrid-mode decisions made from a local lease, by rule and verdict.",
 		}, []string{"rule", "verdict"}),
+		hybridForeign: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeguard_l7_redis_hybrid_foreign_counts_total",
+			Help: "Counts a hybrid rule with hosts: 1 found in its keys' Redis windows that this host did not report and that were admitted while it held the key: another host writes them, by rule.",
+		}, []string{"rule"}),
 		refunds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgeguard_l7_redis_refunds_total",
 			Help: "Charges given back in Redis because another limit refused the request.",
@@ -64,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.latency, m.errors, m.breakerState, m.transitions, m.fallback, m.batchSize, m.hybridLocal, m.refunds} {
+	for _, c := range []prometheus.Collector{m.latency, m.errors, m.breakerState, m.transitions, m.fallback, m.batchSize, m.hybridLocal, m.hybridForeign, m.refunds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -93,18 +100,22 @@ func newLogThrottle(log *slog.Logger, clock l7.Clock, interval int64) *logThrott
 	return &logThrottle{log: log, clock: clock, interval: interval, last: map[string]int64{}, held: map[string]int64{}}
 }
 
-func (t *logThrottle) warn(msg string, args ...any) {
+func (t *logThrottle) warn(msg string, args ...any) { t.warnFor(msg, msg, args...) }
+
+// warnFor is warn throttled by key instead of the message: one line per
+// key (a rule's name in it) and interval.
+func (t *logThrottle) warnFor(key, msg string, args ...any) {
 	now := t.clock.Now()
 	t.mu.Lock()
-	last, seen := t.last[msg]
+	last, seen := t.last[key]
 	if seen && now-last < t.interval {
-		t.held[msg]++
+		t.held[key]++
 		t.mu.Unlock()
 		return
 	}
-	suppressed := t.held[msg]
-	t.last[msg] = now
-	t.held[msg] = 0
+	suppressed := t.held[key]
+	t.last[key] = now
+	t.held[key] = 0
 	t.mu.Unlock()
 	t.log.Warn(msg, append(args, slog.Int64("suppressed", suppressed))...)
 }

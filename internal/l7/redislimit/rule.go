@@ -65,9 +65,31 @@ type Hybrid struct {
 	// (instances − 1) × MaxLease.
 	MaxLease int64
 	// Share (S) divides the remaining quota: a grant is min(L, ⌈remaining/S⌉).
-	// Set it to the expected number of instances. Default 1.
+	// Set it to the expected number of instances. Default 1: a single
+	// instance, which decides from the window itself while its syncs find
+	// only its own counts there, and with grants of at most
+	// min(L, FleetLease(limit, 1)) and Share 2 while they find others'.
 	Share int64
 }
+
+// FleetLease is the default largest grant of a hybrid rule shared by
+// hosts instances: ⌈limit ÷ (10 × hosts)⌉, at least 1, so that together
+// they exceed the limit by at most a tenth of it in a window
+// ((hosts − 1) × lease).
+func FleetLease(limit, hosts int64) int64 {
+	hosts = max(hosts, 1)
+	return max((limit+10*hosts-1)/(10*hosts), 1)
+}
+
+// SingleLease is the default largest grant of a hybrid rule on a single
+// instance (Share 1): ⌈limit ÷ 4⌉, at least 1. It decides from the window
+// itself, so the lease costs it round trips only (about one per lease of
+// admissions), and bounds what it admits before a sync can show it that
+// another instance writes its keys: with N instances all at Share 1 a
+// key's window admits at most limit + (N − 1) × lease until each has seen
+// the others (then FleetLease(limit, 1) takes its place), and a crash
+// loses at most the lease.
+func SingleLease(limit int64) int64 { return max((limit+3)/4, 1) }
 
 // Rule is one limit applied to every request's key.
 type Rule struct {

@@ -53,17 +53,17 @@ func TestDiffL7(t *testing.T) {
 		{"routes", r1, r2, `~ l7 route api match {host: "", methods: [], path_prefix: /api, path_pattern: "", path_case: sensitive, header: none} -> {host: "", methods: [], path_prefix: /v2, path_pattern: "", path_case: sensitive, header: none}
 ~ l7 route api limit a rate 10/s -> 20/s
 ~ l7 route api limit a reserve 0% -> 10%
-+ l7 route api limit b {name: b, key: user, rate: 1/s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉; hosts 1: count, capacity: 65536, reserve: 0%}
++ l7 route api limit b {name: b, key: user, rate: 1/s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉; hosts 1: ⌈count ÷ 4⌉, capacity: 65536, reserve: 0%}
 + l7 route web {name: web, match: every request, exempt_paths: [], limits: [], tiers: none, concurrency: none}
 `},
 		{"routes removed", r2, r1, "- l7 route web\n~ l7 route api match {host: \"\", methods: [], path_prefix: /v2, path_pattern: \"\", path_case: sensitive, header: none} -> {host: \"\", methods: [], path_prefix: /api, path_pattern: \"\", path_case: sensitive, header: none}\n- l7 route api limit b\n~ l7 route api limit a rate 20/s -> 10/s\n~ l7 route api limit a reserve 10% -> 0%\n"},
 		{"rls added", a, s1, "~ l7 rls none -> set\n"},
 		{"tiers", t1, t2, `~ l7 route api tiers.level pro limit p rate 10/s -> 20/s
-+ l7 route api tiers.level pro limit q {name: q, key: user, rate: 2/s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉; hosts 1: count, capacity: 65536, reserve: 0%}
++ l7 route api tiers.level pro limit q {name: q, key: user, rate: 2/s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉; hosts 1: ⌈count ÷ 4⌉, capacity: 65536, reserve: 0%}
 ~ l7 rls.rule r tiers.level pro limit rp rate 10/s -> 20/s
 `},
 		{"tiers levels", t1, t3, `- l7 route api tiers.level pro
-+ l7 route api tiers.level gold limit g {name: g, key: ip, rate: 1k/s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉; hosts 1: count, capacity: 65536, reserve: 0%}
++ l7 route api tiers.level gold limit g {name: g, key: ip, rate: 1k/s, burst: the rate's count, algorithm: gcra, shape: false, shadow: false, backend: local, failure: l7.redis.failure; hybrid: local, lease: ⌈count ÷ (10 × hosts)⌉; hosts 1: ⌈count ÷ 4⌉, capacity: 65536, reserve: 0%}
 - l7 rls.rule r tiers.level pro
 `},
 		{"rls", s1, s2, "~ l7 rls.listen 127.0.0.1:8083 -> 127.0.0.1:8084\n~ l7 rls.rule r limit c rate 5/s -> 6/s\n"},
