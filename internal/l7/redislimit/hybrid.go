@@ -1,6 +1,7 @@
 package redislimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,10 @@ type hybridRule struct {
 	// on the script's µs-aligned windows; nil when hosts share the rule.
 	window *l7.SlidingWindow
 
+	// capacity caps the leases (Hybrid.Capacity): a new key at capacity
+	// evicts one (hybrid_cap.go).
+	capacity int
+
 	mu     sync.Mutex
 	leases map[string]*lease
 }
@@ -70,6 +75,7 @@ type lease struct {
 	retry       int64 // Redis's retry-after (ns) when grant is 0
 	syncedAt    int64
 	expires     int64
+	last        int64         // the clock's time of its last request (eviction)
 	syncing     chan struct{} // closed when the sync in flight ends
 	// A single host's view of the window (hybridRule.window): the state
 	// Redis returned, charged with what was admitted since, and offset,
@@ -162,7 +168,8 @@ func (h *hybridRule) single(ls *lease) bool { return h.window != nil && !ls.fore
 
 func newHybridRule(r Rule, index int, now int64) *hybridRule {
 	h := &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{},
-		foreignLease: min(r.Hybrid.MaxLease, FleetLease(r.Limit, 1)), settled: now + 2*int64(r.Hybrid.SyncInterval)}
+		foreignLease: min(r.Hybrid.MaxLease, FleetLease(r.Limit, 1)), settled: now + 2*int64(r.Hybrid.SyncInterval),
+		capacity: cmp.Or(r.Hybrid.Capacity, defaultHybridCapacity)}
 	if h.share == 1 {
 		// The script's window, in whole µs; NewSlidingWindow fails only
 		// for a limit the rule's own validation refuses.
@@ -194,10 +201,15 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 	for {
 		now := l.cfg.Clock.Now()
 		h.mu.Lock()
-		ls := h.leases[key]
-		if ls == nil {
-			ls = &lease{}
-			h.leases[key] = ls
+		ls, vkey, victim := l.leaseFor(h, key, now)
+		if victim != nil {
+			if err := l.evictFlush(ctx, h, vkey, victim); err != nil {
+				if ctx.Err() != nil {
+					return rd, nil, fmt.Errorf("redis limiter: hybrid sync: %w", ctx.Err())
+				}
+				return l.hybridFallback(h, key, err, n)
+			}
+			continue
 		}
 		if ch := ls.syncing; ch != nil {
 			h.mu.Unlock()

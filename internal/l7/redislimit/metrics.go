@@ -24,7 +24,9 @@ type metrics struct {
 	// hybridForeign counts what a single host (hosts: 1) found in its
 	// keys' windows that it did not report, admitted while it held them.
 	hybridForeign *prometheus.CounterVec
-	refunds       prometheus.Counter
+	// hybridEvictions counts leases evicted for a new key at capacity.
+	hybridEvictions *prometheus.CounterVec
+	refunds         prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -63,6 +65,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "edgeguard_l7_redis_hybrid_foreign_counts_total",
 			Help: "Counts a hybrid rule with hosts: 1 found in its keys' Redis windows that this host did not report and that were admitted while it held the key: another host writes them, by rule.",
 		}, []string{"rule"}),
+		hybridEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeguard_l7_redis_hybrid_evictions_total",
+			Help: "Hybrid leases evicted to make room for a new key when the rule held its capacity of leases (their unsynced counts reported to Redis first), by rule.",
+		}, []string{"rule"}),
 		refunds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edgeguard_l7_redis_refunds_total",
 			Help: "Charges given back in Redis because another limit refused the request.",
@@ -71,7 +77,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.latency, m.errors, m.breakerState, m.transitions, m.fallback, m.batchSize, m.hybridLocal, m.hybridForeign, m.refunds} {
+	for _, c := range []prometheus.Collector{m.latency, m.errors, m.breakerState, m.transitions, m.fallback, m.batchSize, m.hybridLocal, m.hybridForeign, m.hybridEvictions, m.refunds} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -70,6 +70,10 @@ type Hybrid struct {
 	// only its own counts there, and with grants of at most
 	// min(L, FleetLease(limit, 1)) and Share 2 while they find others'.
 	Share int64
+	// Capacity caps the keys this instance holds a lease for (0: 65,536).
+	// A new key at capacity evicts the least recently used of a sample of
+	// leases, after reporting its unsynced counts to Redis.
+	Capacity int
 }
 
 // FleetLease is the default largest grant of a hybrid rule shared by
@@ -166,8 +170,8 @@ func (r Rule) validate() error {
 		return fail("unknown failure policy %d", int(r.Failure))
 	}
 	if h := r.Hybrid; h != nil {
-		if h.SyncInterval <= 0 || h.MaxLease < 1 || h.Share < 0 {
-			return fail("hybrid mode needs SyncInterval > 0, MaxLease ≥ 1, Share ≥ 0")
+		if h.SyncInterval <= 0 || h.MaxLease < 1 || h.Share < 0 || h.Capacity < 0 {
+			return fail("hybrid mode needs SyncInterval > 0, MaxLease ≥ 1, Share ≥ 0, Capacity ≥ 0")
 		}
 	}
 	return nil
