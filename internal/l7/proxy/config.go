@@ -315,7 +315,8 @@ type Limit struct {
 	// Lease caps a hybrid limit's grant: the requests one host admits
 	// between two syncs (default ⌈Count ÷ (10 × Redis.Hosts)⌉).
 	Lease int64
-	// Capacity bounds the keys of a local limit (default 1<<16).
+	// Capacity bounds the keys of a local limit and the leases a hybrid
+	// limit keeps on a host (default 1<<16).
 	Capacity int
 	// Reserve is the percentage of the limit (rounded down, at most all
 	// but one request) that only the first class of the L7 ranking may

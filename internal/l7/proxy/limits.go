@@ -80,7 +80,8 @@ func redisRule(l Limit, rc *Redis) (redislimit.Rule, error) {
 		if r.Algorithm != redislimit.SlidingWindow {
 			return r, fmt.Errorf("backend hybrid needs algorithm sliding-window (its leases share a sliding window counter), not %s", l.Algorithm)
 		}
-		r.Hybrid = &redislimit.Hybrid{SyncInterval: sync, MaxLease: HybridLease(l, hosts), Share: hosts}
+		r.Hybrid = &redislimit.Hybrid{SyncInterval: sync, MaxLease: HybridLease(l, hosts), Share: hosts,
+			Capacity: cmp.Or(l.Capacity, DefaultLocalCapacity)}
 	}
 	return r, nil
 }

@@ -343,7 +343,7 @@ func (d *decoder) limitTable(l *limitSpec, bad *bool) *yamlcheck.Table[limitSpec
 			"hybrid only: the largest grant, the requests one host admits between two syncs; with several hosts the default keeps their overshoot under a tenth of the rate; a single host decides from the shared window itself, and the lease bounds what a crash loses and what hosts all left at hosts: 1 admit before they see each other (docs/l7-redis.md)").
 			Formatted(unsetSays("⌈count ÷ (10 × hosts)⌉; hosts 1: ⌈count ÷ 4⌉", func(l *limitSpec) string { return yamlcheck.Uint[int64]{}.Format(l.Lease) })),
 		yamlcheck.Val("capacity", as("limit capacity", yamlcheck.Kind[int](yamlcheck.Uint[int]{Min: 1, Max: maxCapacity})),
-			func(l *limitSpec) *int { return &l.Capacity }, "keys per local limit (24 bytes each, allocated up front)"),
+			func(l *limitSpec) *int { return &l.Capacity }, "keys per limit: a local limit's store (24 bytes each, allocated up front); a hybrid limit's leases on each host (about 150 bytes each, as keys arrive; a new key at capacity evicts the least recently used lease after reporting its counts to Redis: docs/l7-redis.md, \"Memory\"); backend redis keeps none"),
 		yamlcheck.Val("reserve", marking(bad, at(named("reserve"), "", yamlcheck.Kind[int](percent{Single: "limit reserve"}))), func(l *limitSpec) *int { return &l.Reserve },
 			"local only: the share of the limit (of its burst, else of the rate's count; rounded down, at most all but one request) only the first class of the L7 ranking may use; unset: 50% for a key of only `global`, `endpoint`, `prefix` and `asn` (an aggregate), else 0%").
 			Formatted(func(l *limitSpec) string {
