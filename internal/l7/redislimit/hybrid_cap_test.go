@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,5 +103,138 @@ func testHybridCapacitySpray(t *testing.T, share int64) {
 	}
 	if share == 1 && foreign == 0 {
 		t.Fatalf("no returning key decided in foreign mode: the test does not exercise what it claims")
+	}
+}
+
+// A hot key evicted every half window by a spray of capacity fresh keys
+// returns within its window, over 10 windows of bursty clumps: every
+// admission is within the documented bound over all true admissions (one
+// host at hosts: 1: the limit; two hosts at share 2: limit + lease), and
+// Redis's window equals what was admitted. A single host's returning key
+// finds its own counts, takes them as foreign (fixed grants until they
+// slide out), and neither counts nor warns of them.
+func TestHybridCapacityEvictedKeyReturns(t *testing.T) {
+	for _, hosts := range []int64{1, 2} {
+		t.Run(fmt.Sprintf("hosts %d", hosts), func(t *testing.T) { testHybridCapacityReturns(t, hosts) })
+	}
+}
+
+func testHybridCapacityReturns(t *testing.T, hosts int64) {
+	f := newFixture(t)
+	const limit, capacity, window = 20, 8, time.Second
+	lease := SingleLease(limit)
+	if hosts > 1 {
+		lease = FleetLease(limit, hosts)
+	}
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
+		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: hosts, Capacity: capacity}}
+	reg, logs := prometheus.NewRegistry(), &syncBuffer{}
+	var ls []*Limiter
+	for i := range hosts {
+		cfg := Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1}
+		if i == 0 {
+			cfg.Registerer, cfg.Logger = reg, slog.New(slog.NewTextHandler(logs, nil))
+		}
+		ls = append(ls, f.limiter(t, cfg))
+	}
+	sprays, evicted, foreign := 0, 0, 0
+	spray := func(s int) []*Limiter {
+		if s%10 == 5 { // every half window: the first host's key k is evicted
+			for i := range capacity {
+				allow(t, ls[0], fmt.Sprintf("spray-%d-%d", s, i))
+			}
+			sprays++
+			h := ls[0].hybrid[0]
+			h.mu.Lock()
+			if h.leases["k"] == nil {
+				evicted++
+			}
+			h.mu.Unlock()
+		}
+		if foreignMode(ls[0], "k") {
+			foreign++
+		}
+		return ls
+	}
+	bound := limit + (hosts-1)*lease
+	admitted, prev, curr := hybridTimeline(t, f, spray, window, always(bound), time.Second, offered(200))
+	ev, fc := evictions(t, reg, "hot"), foreignCounts(t, reg, "hot")
+	t.Logf("hosts %d: admitted %d in 10 windows (bound %d per window); k evicted by %d of %d sprays; %.0f evictions; k in foreign mode at %d of 200 steps; %.0f foreign counts; %d lease round trips (the sprays' included)",
+		hosts, admitted, bound, evicted, sprays, ev, foreign, fc, roundTrips(t, reg, "lease"))
+	if evicted != sprays || ev < float64(sprays*capacity) {
+		t.Fatalf("k evicted by %d of %d sprays, %.0f evictions counted (want at least %d)", evicted, sprays, ev, sprays*capacity)
+	}
+	if rp, rc := redisWindow(t, f, "k", "hot", window); rp != prev || rc != curr {
+		t.Fatalf("Redis's window holds %d, %d; admitted %d, %d in the last two windows", rp, rc, prev, curr)
+	}
+	if admitted < 10*limit*85/100 {
+		t.Fatalf("admitted %d in 10 windows, under 85%% of the limit's %d: eviction lost quota", admitted, 10*limit)
+	}
+	if hosts == 1 {
+		if fc != 0 || strings.Contains(logs.String(), foreignWarning) {
+			t.Fatalf("a host alone counted %.0f foreign counts across evictions; log:\n%s", fc, logs)
+		}
+		if foreign == 0 {
+			t.Fatalf("k never decided in foreign mode after a return: the test does not exercise it")
+		}
+	}
+}
+
+// Goroutines race a spray of distinct keys (each asked twice, the second
+// time after others evicted it) against a moving clock at a capacity of
+// 16: the leases never exceed it, and after a flush Redis holds exactly
+// what was admitted (evictions that wait for a sync in flight, and flushes
+// that race requests for the victim's key, lose nothing).
+func TestHybridCapacityConcurrent(t *testing.T) {
+	f := newFixture(t)
+	const capacity, workers, perWorker = 16, 8, 200
+	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: 1000, Window: time.Hour,
+		Hybrid: &Hybrid{SyncInterval: 10 * time.Millisecond, MaxLease: 4, Share: 1, Capacity: capacity}}
+	reg := prometheus.NewRegistry()
+	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1})
+	var mu sync.Mutex
+	admitted := map[string]int64{}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWorker {
+				f.advance(time.Millisecond)
+				// Keys shared by neighbouring workers: requests for a
+				// victim's key race its flush.
+				key := fmt.Sprintf("src-%d", (w/2*perWorker+i)/2)
+				res, err := l.Allow(context.Background(), key)
+				if err != nil {
+					t.Errorf("Allow(%q): %v", key, err)
+					return
+				}
+				if n := leaseCount(l); n > capacity {
+					t.Errorf("%d leases, over the capacity %d", n, capacity)
+					return
+				}
+				if res.Decision.Allowed {
+					mu.Lock()
+					admitted[key]++
+					mu.Unlock()
+				}
+				if i%50 == 49 {
+					l.Sync(context.Background())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	l.Sync(context.Background())
+	var total int64
+	for key, n := range admitted {
+		total += n
+		if got := redisCount(t, f, key, "hot"); got != n {
+			t.Fatalf("key %s: Redis counted %d, admitted %d", key, got, n)
+		}
+	}
+	t.Logf("%d keys, %d admitted, %.0f evictions, %d leases at the end", len(admitted), total, evictions(t, reg, "hot"), leaseCount(l))
+	if total != workers*perWorker {
+		t.Fatalf("admitted %d of %d under a limit of 1000 per key", total, workers*perWorker)
 	}
 }
