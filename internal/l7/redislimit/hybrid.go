@@ -59,8 +59,9 @@ type hybridRule struct {
 	window *l7.SlidingWindow
 
 	// capacity caps the leases (Hybrid.Capacity): a new key at capacity
-	// evicts one (hybrid_cap.go).
-	capacity int
+	// evicts one (hybrid_cap.go); evictions counts them (under mu).
+	capacity  int
+	evictions int64
 
 	mu     sync.Mutex
 	leases map[string]*lease

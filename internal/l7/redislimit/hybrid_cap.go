@@ -66,7 +66,28 @@ func (h *hybridRule) leastRecent() (string, *lease) {
 // holds h.mu.
 func (l *Limiter) dropLease(h *hybridRule, key string) {
 	delete(h.leases, key)
+	h.evictions++
 	l.metrics.hybridEvictions.WithLabelValues(h.rule.Name).Inc()
+}
+
+// HybridLeases is one hybrid rule's lease map: the leases held, its
+// capacity, and the leases evicted so far.
+type HybridLeases struct {
+	Rule             string
+	Leases, Capacity int
+	Evictions        int64
+}
+
+// HybridLeases reads every hybrid rule's lease map (for a caller that
+// exports it without a Registerer: the rate-limit service).
+func (l *Limiter) HybridLeases() []HybridLeases {
+	out := make([]HybridLeases, 0, len(l.hybrid))
+	for _, h := range l.hybrid {
+		h.mu.Lock()
+		out = append(out, HybridLeases{Rule: h.rule.Name, Leases: len(h.leases), Capacity: h.capacity, Evictions: h.evictions})
+		h.mu.Unlock()
+	}
+	return out
 }
 
 // evictFlush makes room for a new key: it waits for the victim's sync in

@@ -2,8 +2,10 @@ package rls
 
 import (
 	"errors"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,6 +85,12 @@ var (
 		[]string{"class", "result"}, nil)
 	descKeys = prometheus.NewDesc("edgeguard_l7_rls_store_keys",
 		"Keys held by a local limit's store (and its capacity).", []string{"rule", "limit", "what"}, nil)
+	descLeases = prometheus.NewDesc("edgeguard_l7_rls_hybrid_leases",
+		"Leases a hybrid limit holds on this host (and its capacity), summed over the rule's tiers (each tier's limiter holds its own).",
+		[]string{"rule", "limit", "what"}, nil)
+	descEvictions = prometheus.NewDesc("edgeguard_l7_rls_hybrid_evictions_total",
+		"Leases a hybrid limit evicted for a new key at capacity (their unsynced counts reported to Redis first), summed over the rule's tiers.",
+		[]string{"rule", "limit"}, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -91,6 +99,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descEscalated
 	ch <- descKeys
 	ch <- descClass
+	ch <- descLeases
+	ch <- descEvictions
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -123,5 +133,35 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Capacity), r.Name, l.Name, "capacity")
 			}
 		}
+		collectLeases(ch, r)
+	}
+}
+
+// collectLeases sums r's hybrid limits' lease maps over its sets (the
+// base and each tier: each set's limiter holds its own leases).
+func collectLeases(ch chan<- prometheus.Metric, r *rule) {
+	type sum struct {
+		leases, capacity int
+		evictions        int64
+	}
+	var names []string
+	sums := map[string]*sum{}
+	for _, set := range append([]*limitSet{r.base}, slices.Collect(maps.Values(r.tiers))...) {
+		for _, g := range set.groups {
+			for _, st := range g.lim.HybridLeases() {
+				if sums[st.Rule] == nil {
+					sums[st.Rule] = &sum{}
+					names = append(names, st.Rule)
+				}
+				s := sums[st.Rule]
+				s.leases, s.capacity, s.evictions = s.leases+st.Leases, s.capacity+st.Capacity, s.evictions+st.Evictions
+			}
+		}
+	}
+	for _, n := range names {
+		s := sums[n]
+		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(s.leases), r.Name, n, "leases")
+		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(s.capacity), r.Name, n, "capacity")
+		ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(s.evictions), r.Name, n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/edgeguard/edgeguard/internal/testenv"
@@ -207,5 +208,71 @@ l7:
 	}
 	if local != limit/hosts {
 		t.Fatalf("redis down: %d of 120 admitted on a fresh tenant, want %d (limit ÷ hosts, locally)", local, limit/hosts)
+	}
+}
+
+// TestHybridCapacity: an rls rule's hybrid limit keeps at most capacity
+// leases (here 4). A spray of 10 × capacity tenants, each asked three
+// times in rounds against a rate of 2/h (every request a new key at
+// capacity), admits exactly 2 per tenant, and the service exports the
+// leases held, the capacity and every eviction.
+func TestHybridCapacity(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	const capacity, tenants, rounds = 4, 40, 3
+	policy := strings.ReplaceAll(`
+l7:
+  redis: {addr: REDIS, prefix: "eg:rlscap:", sync_interval: 100ms}
+  rls:
+    listen: 127.0.0.1:0
+    rules:
+      - name: per-tenant
+        domain: edge
+        descriptor: [tenant]
+        limits:
+          - {name: capped, rate: 2/h, algorithm: sliding-window, backend: hybrid, capacity: 4}
+`, "REDIS", rs.Addr())
+	srv, _ := startServer(t, policy, nil, nil)
+	c, _ := dial(t, srv.Addrs()["grpc"])
+	ok := make([]int, tenants)
+	for range rounds {
+		for i := range tenants {
+			if ask(t, c, "edge", desc(fmt.Sprintf("tenant=t%d", i))).GetOverallCode() == rlsv3.RateLimitResponse_OK {
+				ok[i]++
+			}
+		}
+	}
+	for i, n := range ok {
+		if n != 2 {
+			t.Fatalf("tenant t%d admitted %d of %d, want 2 (the rate) across evictions", i, n, rounds)
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(srv.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "what" {
+					name += "/" + lp.GetValue()
+				}
+			}
+			got[name] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"edgeguard_l7_rls_hybrid_leases/leases":   capacity,
+		"edgeguard_l7_rls_hybrid_leases/capacity": capacity,
+		"edgeguard_l7_rls_hybrid_evictions_total": tenants*rounds - capacity,
+	}
+	t.Logf("%d tenants × %d requests at capacity %d: %v", tenants, rounds, capacity, got)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
 	}
 }
