@@ -21,16 +21,7 @@ func TestHybridBackend(t *testing.T) {
 	up := startUpstream(t)
 	const limit, hosts = 200, 2
 	lease := int64(limit / (10 * hosts)) // the default: ⌈200 ÷ 20⌉
-	cfg := decodeYAML(t, `
-l7:
-  listen: 127.0.0.1:0
-  upstream: UPSTREAM
-  redis: {addr: `+srv.Addr()+`, prefix: "eg:hybrid:", hosts: 2, sync_interval: 100ms}
-  routes:
-    - name: api
-      limits:
-        - {name: shared, key: "header:X-API-Key", rate: 200/h, algorithm: sliding-window, backend: hybrid}
-`, up.srv.URL)
+	cfg := apiRouteConfig(t, up, `{addr: `+srv.Addr()+`, prefix: "eg:hybrid:", hosts: 2, sync_interval: 100ms}`, `{name: shared, key: "header:X-API-Key", rate: 200/h, algorithm: sliding-window, backend: hybrid}`)
 	if l := cfg.Routes[0].Limits[0]; l.Failure != FailureLocal || HybridLease(l, cfg.Redis.Hosts) != lease {
 		t.Fatalf("decoded %+v: want failure local and lease %d by default", l, lease)
 	}
@@ -106,16 +97,7 @@ func TestHybridHostsLeftAtOne(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	up := startUpstream(t)
 	const limit, hosts, offered = 200, 2, 500
-	cfg := decodeYAML(t, `
-l7:
-  listen: 127.0.0.1:0
-  upstream: UPSTREAM
-  redis: {addr: `+srv.Addr()+`, prefix: "eg:hybrid1:", sync_interval: 100ms}
-  routes:
-    - name: api
-      limits:
-        - {name: shared, key: "header:X-API-Key", rate: 200/h, algorithm: sliding-window, backend: hybrid}
-`, up.srv.URL)
+	cfg := apiRouteConfig(t, up, `{addr: `+srv.Addr()+`, prefix: "eg:hybrid1:", sync_interval: 100ms}`, `{name: shared, key: "header:X-API-Key", rate: 200/h, algorithm: sliding-window, backend: hybrid}`)
 	lease := HybridLease(cfg.Routes[0].Limits[0], cfg.Redis.Hosts)
 	if cfg.Redis.Hosts > 1 || lease != (limit+3)/4 {
 		t.Fatalf("decoded hosts %d, lease %d: want the defaults 1 and ⌈%d ÷ 4⌉", cfg.Redis.Hosts, lease, limit)
@@ -185,17 +167,7 @@ func TestHybridCapacity(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	up := startUpstream(t)
 	const capacity, keys, rounds = 4, 40, 3
-	cfg := decodeYAML(t, `
-l7:
-  listen: 127.0.0.1:0
-  upstream: UPSTREAM
-  redis: {addr: `+srv.Addr()+`, prefix: "eg:hybridcap:", sync_interval: 100ms}
-  routes:
-    - name: api
-      limits:
-        - {name: capped, key: "header:X-API-Key", rate: 2/h, algorithm: sliding-window, backend: hybrid, capacity: 4}
-        - {name: default, key: "header:X-API-Key", rate: 1000/h, algorithm: sliding-window, backend: hybrid}
-`, up.srv.URL)
+	cfg := apiRouteConfig(t, up, `{addr: `+srv.Addr()+`, prefix: "eg:hybridcap:", sync_interval: 100ms}`, `{name: capped, key: "header:X-API-Key", rate: 2/h, algorithm: sliding-window, backend: hybrid, capacity: 4}`, `{name: default, key: "header:X-API-Key", rate: 1000/h, algorithm: sliding-window, backend: hybrid}`)
 	for i, want := range []int{capacity, DefaultLocalCapacity} {
 		r, err := RedisRule(cfg.Routes[0].Limits[i], cfg.Redis)
 		if err != nil || r.Hybrid == nil || r.Hybrid.Capacity != want {
@@ -228,4 +200,15 @@ l7:
 	if want := float64(keys*rounds - capacity); ev != want {
 		t.Fatalf("%.0f evictions, want %.0f (every request after the first %d is a new key at capacity)", ev, want, capacity)
 	}
+}
+
+// apiRouteConfig decodes an l7 section with redis and one route, api, of
+// limits (flow maps), in front of up.
+func apiRouteConfig(t *testing.T, up *upstream, redis string, limits ...string) *Config {
+	t.Helper()
+	src := "l7:\n  listen: 127.0.0.1:0\n  upstream: UPSTREAM\n  redis: " + redis + "\n  routes:\n    - name: api\n      limits:\n"
+	for _, l := range limits {
+		src += "        - " + l + "\n"
+	}
+	return decodeYAML(t, src, up.srv.URL)
 }

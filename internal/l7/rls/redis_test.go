@@ -142,18 +142,7 @@ l7:
 func TestHybridBackend(t *testing.T) {
 	rs := testenv.StartRedis(t)
 	const limit, hosts, lease = 200, 2, 10 // lease: the default ⌈200 ÷ (10 × 2)⌉
-	policy := strings.ReplaceAll(`
-l7:
-  redis: {addr: REDIS, prefix: "eg:rlshybrid:", hosts: 2, sync_interval: 100ms}
-  rls:
-    listen: 127.0.0.1:0
-    rules:
-      - name: per-tenant
-        domain: edge
-        descriptor: [tenant]
-        limits:
-          - {name: tenant-hybrid, rate: 200/h, algorithm: sliding-window, backend: hybrid}
-`, "REDIS", rs.Addr())
+	policy := tenantPolicy(rs, `{addr: REDIS, prefix: "eg:rlshybrid:", hosts: 2, sync_interval: 100ms}`, `{name: tenant-hybrid, rate: 200/h, algorithm: sliding-window, backend: hybrid}`)
 	a, _ := startServer(t, policy, nil, nil)
 	b, _ := startServer(t, policy, nil, nil)
 	ca, _ := dial(t, a.Addrs()["grpc"])
@@ -219,18 +208,7 @@ l7:
 func TestHybridCapacity(t *testing.T) {
 	rs := testenv.StartRedis(t)
 	const capacity, tenants, rounds = 4, 40, 3
-	policy := strings.ReplaceAll(`
-l7:
-  redis: {addr: REDIS, prefix: "eg:rlscap:", sync_interval: 100ms}
-  rls:
-    listen: 127.0.0.1:0
-    rules:
-      - name: per-tenant
-        domain: edge
-        descriptor: [tenant]
-        limits:
-          - {name: capped, rate: 2/h, algorithm: sliding-window, backend: hybrid, capacity: 4}
-`, "REDIS", rs.Addr())
+	policy := tenantPolicy(rs, `{addr: REDIS, prefix: "eg:rlscap:", sync_interval: 100ms}`, `{name: capped, rate: 2/h, algorithm: sliding-window, backend: hybrid, capacity: 4}`)
 	srv, _ := startServer(t, policy, nil, nil)
 	c, _ := dial(t, srv.Addrs()["grpc"])
 	ok := make([]int, tenants)
@@ -275,4 +253,11 @@ l7:
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
 	}
+}
+
+// tenantPolicy is an l7 section with redis (REDIS: rs's address) and one
+// rls rule, per-tenant (domain edge, descriptor tenant), of one limit.
+func tenantPolicy(rs *testenv.Redis, redis, limit string) string {
+	return strings.ReplaceAll("l7:\n  redis: "+redis+"\n  rls:\n    listen: 127.0.0.1:0\n    rules:\n      - name: per-tenant\n"+
+		"        domain: edge\n        descriptor: [tenant]\n        limits:\n          - "+limit+"\n", "REDIS", rs.Addr())
 }
