@@ -93,8 +93,8 @@ func testHybridCapacitySpray(t *testing.T, share int64) {
 		}
 	}
 	ev := evictions(t, reg, "hot")
-	t.Logf("share %d: %d keys × %d requests, capacity %d: %d leases at the end, %.0f evictions, %d decisions in foreign mode, %.0f foreign counts",
-		share, keys, limit+1, capacity, leaseCount(l), ev, foreign, foreignCounts(t, reg, "hot"))
+	t.Logf("share %d: %d keys × %d requests, capacity %d: %d leases at the end, %.0f evictions, %d decisions in foreign mode, %.0f foreign counts, %.2f lease round trips per request",
+		share, keys, limit+1, capacity, leaseCount(l), ev, foreign, foreignCounts(t, reg, "hot"), float64(roundTrips(t, reg, "lease"))/float64(requests))
 	if want := float64(requests - capacity); ev != want {
 		t.Fatalf("%.0f evictions, want %.0f (every request after the first %d was a new key at capacity)", ev, want, capacity)
 	}
