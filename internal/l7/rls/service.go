@@ -131,6 +131,7 @@ type Service struct {
 	rules    []*rule
 	rc       *redis.Client
 	redis    []*redislimit.Limiter
+	tries    bool // a Redis group may decide without a round trip (tryDecide)
 	esc      *proxy.Escalations
 	alog     *accesslog.Log
 	draft10  bool
@@ -343,6 +344,7 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 			return nil, fmt.Errorf("rls: rule %q: %w", ruleName, err)
 		}
 		grp.lim = lim
+		s.tries = s.tries || lim.Inline()
 		s.redis = append(s.redis, lim)
 		set.groups = append(set.groups, grp)
 	}
@@ -490,7 +492,13 @@ type prepared struct {
 // request takes nothing (as a proxy route's limits). Shadow limits are
 // charged on their own and never refuse.
 func (s *Service) Decide(ctx context.Context, req *Request) (Verdict, error) {
-	v, err := s.decide(ctx, req, false)
+	v, err := s.decide(ctx, req, false, false)
+	s.count(v, err)
+	return v, err
+}
+
+// count counts a decided request in the service's requests.
+func (s *Service) count(v Verdict, err error) {
 	switch {
 	case err != nil && errors.Is(err, ErrInvalid):
 		s.requests[2].Add(1)
@@ -501,7 +509,6 @@ func (s *Service) Decide(ctx context.Context, req *Request) (Verdict, error) {
 	default:
 		s.requests[1].Add(1)
 	}
-	return v, err
 }
 
 // waits reports whether a decision may wait on the network (Redis limits).
@@ -511,10 +518,14 @@ func (s *Service) waits() bool { return len(s.redis) > 0 }
 // req's descriptors now (Redis limits are not read: their Decision is
 // empty and Backend says redis).
 func (s *Service) Explain(req *Request) (Verdict, error) {
-	return s.decide(context.Background(), req, true)
+	return s.decide(context.Background(), req, true, false)
 }
 
-func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict, error) {
+// decide decides req (peek: Explain). With try it first asks every Redis
+// group it would charge whether it decides without a round trip
+// (redislimit.Limiter.Ready), and returns errWouldWait, having charged,
+// ranked and counted nothing, when one would not.
+func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Verdict, error) {
 	if err := Validate(req); err != nil {
 		return Verdict{}, err
 	}
@@ -574,6 +585,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		}
 		p.hkey = maphash.String(s.seed, key)
 		matched = true
+	}
+	if try && !s.ready(ps) {
+		return Verdict{}, errWouldWait
 	}
 	// The request's class: the client is the first remote_address of its
 	// descriptors. The address is the calling proxy's claim: the ranking
