@@ -118,6 +118,10 @@ type Options struct {
 	// (shared, so a client's history is one whichever way its requests
 	// come); used while Config.Classes is enabled.
 	Classes *class.Table
+
+	// limiterConfig, in tests, adjusts each Redis limiter's configuration
+	// (the scripts' clock, the background flush).
+	limiterConfig func(*redislimit.Config)
 }
 
 // Service decides rate-limit requests with one configuration. A reload
@@ -138,6 +142,8 @@ type Service struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	done     chan struct{}
+	// limiterConfig: Options.limiterConfig
+	limiterConfig func(*redislimit.Config)
 
 	scratch   sync.Pool       // *scratch
 	requests  [3]atomic.Int64 // ok, over_limit, error
@@ -192,7 +198,7 @@ type group struct {
 func New(cfg *Config, opts Options) (*Service, error) {
 	s := &Service{cfg: cfg, log: opts.Logger, clock: opts.Clock, seed: maphash.MakeSeed(),
 		byDomain: map[string][]*rule{}, alog: opts.AccessLog, draft10: cfg.Headers.Draft == 10,
-		done: make(chan struct{})}
+		done: make(chan struct{}), limiterConfig: opts.limiterConfig}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -332,14 +338,18 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 			rules = append(rules, rr)
 			grp.limits[l.Name] = l
 		}
-		lim, err := redislimit.New(redislimit.Config{
+		lc := redislimit.Config{
 			Client:  s.rc,
 			Rules:   rules,
 			Prefix:  s.cfg.Redis.Prefix,
 			Timeout: s.cfg.Redis.Timeout,
 			Clock:   s.clock,
 			Logger:  s.log.With("rls_rule", ruleName, "tier", tier),
-		})
+		}
+		if s.limiterConfig != nil {
+			s.limiterConfig(&lc)
+		}
+		lim, err := redislimit.New(lc)
 		if err != nil {
 			return nil, fmt.Errorf("rls: rule %q: %w", ruleName, err)
 		}
