@@ -785,7 +785,10 @@ func (c *conn) complete(st *stream, body []byte) {
 	}
 	m := &c.s.m
 	if m.Inline == nil || m.Inline() {
-		c.callInline(st, msg)
+		c.callInline(st, msg, c.s.call)
+		return
+	}
+	if m.Try != nil && c.callInline(st, msg, m.Try) {
 		return
 	}
 	// A worker: the request is copied out of the frame.
@@ -830,18 +833,23 @@ func (c *conn) complete(st *stream, body []byte) {
 	})
 }
 
-// callInline answers st on the reader, marshalling the response into the
-// write buffer after its HEADERS and DATA frame headers.
-func (c *conn) callInline(st *stream, msg []byte) {
+// callInline answers st on the reader with call, marshalling the response
+// into the write buffer after its HEADERS and DATA frame headers. It
+// reports false, having written nothing, when call did not answer.
+func (c *conn) callInline(st *stream, msg []byte, call func(req, dst []byte) ([]byte, codes.Code, string, bool)) bool {
 	start := len(c.wbuf)
 	c.writeHeaders(st.id, headersOK, false)
 	data := len(c.wbuf)
 	c.wbuf = append(c.wbuf, make([]byte, 9+5)...)
-	out, code, text := c.s.m.Call(context.Background(), msg, c.wbuf)
+	out, code, text, done := call(msg, c.wbuf)
+	if !done {
+		c.wbuf = c.wbuf[:start]
+		return false
+	}
 	if code != codes.OK {
 		c.wbuf = c.wbuf[:start]
 		c.respond(st, nil, code, text)
-		return
+		return true
 	}
 	c.wbuf = out
 	n := len(out) - data - 9
@@ -852,7 +860,7 @@ func (c *conn) callInline(st *stream, msg []byte) {
 		st.pending[0] = 0
 		c.wbuf = c.wbuf[:data]
 		c.sendPending(st)
-		return
+		return true
 	}
 	appendFrameHeader(c.wbuf[data:data], n, http2.FrameData, 0, st.id)
 	c.wbuf[data+9] = 0
@@ -861,6 +869,7 @@ func (c *conn) callInline(st *stream, msg []byte) {
 	st.sendWin -= int64(n)
 	c.writeHeaders(st.id, trailersOK, true)
 	c.finish(st)
+	return true
 }
 
 // respond writes a call's response: HEADERS, DATA and trailers, or a

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,19 +20,26 @@ import (
 const testPath = "/test.Echo/Call"
 
 // testServer serves an echo method: the request upper-cased; "fail" is
-// an InvalidArgument; "block" waits for release (or its context).
+// an InvalidArgument; "block" waits for release (or its context). With
+// try set, Method.Try answers on the reader the requests "try:X" (TRY:X
+// upper-cased; "try:fail" an InvalidArgument) and declines the others;
+// tries and calls count Try's answers and Call's calls.
 type testServer struct {
 	*Server
 	addr    string
 	inline  bool
+	try     bool
 	release chan struct{}
 	started chan struct{}
+
+	tries, calls atomic.Int64
 }
 
 func startTest(t *testing.T, inline bool, opts Options) *testServer {
 	t.Helper()
 	ts := &testServer{inline: inline, release: make(chan struct{}), started: make(chan struct{}, 64)}
 	m := Method{Path: testPath, Inline: func() bool { return ts.inline }, Call: func(ctx context.Context, req, dst []byte) ([]byte, codes.Code, string) {
+		ts.calls.Add(1)
 		switch string(req) {
 		case "fail":
 			return dst, codes.InvalidArgument, "failed: 100%"
@@ -47,6 +55,15 @@ func startTest(t *testing.T, inline bool, opts Options) *testServer {
 			}
 		}
 		return append(dst, bytes.ToUpper(req)...), codes.OK, ""
+	}, Try: func(req, dst []byte) ([]byte, codes.Code, string, bool) {
+		if !ts.try || !bytes.HasPrefix(req, []byte("try:")) {
+			return append(dst, "garbage"...), codes.OK, "", false
+		}
+		ts.tries.Add(1)
+		if string(req) == "try:fail" {
+			return dst, codes.InvalidArgument, "tried: 100%", true
+		}
+		return append(dst, bytes.ToUpper(req)...), codes.OK, "", true
 	}}
 	ts.Server = NewServer(m, opts)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -221,9 +238,11 @@ func (rc *rawConn) expectClosed(d time.Duration) {
 // TestRawCalls: answers, statuses and refusals of single streams, and
 // the connection goes on serving after each.
 func TestRawCalls(t *testing.T) {
-	for _, inline := range []bool{true, false} {
-		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+	for _, mode := range []struct{ inline, try bool }{{true, false}, {false, false}, {false, true}} {
+		inline := mode.inline
+		t.Run(fmt.Sprintf("inline=%v try=%v", inline, mode.try), func(t *testing.T) {
 			ts := startTest(t, inline, Options{MaxRecvMsgSize: 1000})
+			ts.try = mode.try // Try declines every call below: they run on workers
 			rc := dialRaw(t, ts.addr)
 			id := uint32(1)
 			type want struct{ status, grpc, msgHas, data string }
@@ -690,4 +709,40 @@ func FuzzFrames(f *testing.F) {
 			t.Fatal("the connection neither answered nor ended")
 		}
 	})
+}
+
+// TestTry: Method.Try answers on the reader the calls it can while a call
+// it declined runs on a worker; a declined call leaves nothing of Try's in
+// the connection's output; Try's errors and its answers larger than the
+// client's window go as Call's do.
+func TestTry(t *testing.T) {
+	ts := startTest(t, false, Options{WriteTimeout: 2 * time.Second})
+	ts.try = true
+	rc := dialRaw(t, ts.addr)
+	rc.call(1, msg(0, "block")) // declined: a worker holds it
+	<-ts.started
+	rc.call(3, msg(0, "try:hello"))
+	if a, _ := rc.until(done(3)); a[3].grpcStatus != "0" || string(a[3].data) != string(msg(0, "TRY:HELLO")) {
+		t.Fatalf("a call Try answers, while a declined one waits on a worker: %+v", a[3])
+	}
+	rc.call(5, msg(0, "try:fail"))
+	if a, _ := rc.until(done(5)); a[5].grpcStatus != "3" || a[5].grpcMessage != "tried: 100%25" || len(a[5].data) != 0 {
+		t.Fatalf("Try's error status: %+v", a[5])
+	}
+	close(ts.release)
+	if a, _ := rc.until(done(1)); a[1].grpcStatus != "0" || string(a[1].data) != string(msg(0, "BLOCK")) {
+		t.Fatalf("the declined call, answered by Call on its worker: %+v", a[1])
+	}
+	if tries, calls := ts.tries.Load(), ts.calls.Load(); tries != 2 || calls != 1 {
+		t.Fatalf("Try answered %d and Call ran %d times, want 2 and 1", tries, calls)
+	}
+
+	// An answer larger than the client's window waits for it.
+	rc2 := dialRaw(t, ts.addr, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 3})
+	rc2.call(1, msg(0, "try:window"))
+	rc2.until(func(a map[uint32]*answer, _ *http2.GoAwayFrame) bool { return a[1] != nil && len(a[1].data) == 3 })
+	_ = rc2.fr.WriteWindowUpdate(1, 100)
+	if a, _ := rc2.until(done(1)); a[1].grpcStatus != "0" || string(a[1].data) != string(msg(0, "TRY:WINDOW")[3:]) {
+		t.Fatalf("Try's answer over the window, after WINDOW_UPDATE: %+v", a[1])
+	}
 }

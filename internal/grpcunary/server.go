@@ -39,6 +39,12 @@ type Method struct {
 	// call): it appends the response message to dst and returns it with
 	// codes.OK, or returns another code and its message.
 	Call func(ctx context.Context, req, dst []byte) ([]byte, codes.Code, string)
+	// Try, when set, is offered on the reader each call Inline sends to a
+	// worker: it answers as Call does (req valid only during the call,
+	// the response appended to dst) and returns done, or returns done
+	// false having decided nothing (it would wait on the network): the
+	// call then runs on a worker with Call.
+	Try func(req, dst []byte) (out []byte, code codes.Code, text string, done bool)
 }
 
 // Options bound a Server. Zero fields take the defaults below.
@@ -123,6 +129,7 @@ const (
 // Server serves Method on listeners.
 type Server struct {
 	m    Method
+	call func(req, dst []byte) ([]byte, codes.Code, string, bool) // m.Call on the reader
 	opts Options
 	log  *slog.Logger
 
@@ -161,8 +168,13 @@ func NewServer(m Method, opts Options) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{m: m, opts: opts, log: log, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
+	s := &Server{m: m, opts: opts, log: log, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
 		work: make(chan func()), stopped: make(chan struct{})}
+	s.call = func(req, dst []byte) ([]byte, codes.Code, string, bool) {
+		out, code, text := m.Call(context.Background(), req, dst)
+		return out, code, text, true
+	}
+	return s
 }
 
 // ErrServerStopped is Serve's error once the Server stopped.

@@ -7,7 +7,6 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/edgeguard/edgeguard/internal/grpcunary"
 )
@@ -17,8 +16,10 @@ const shouldRateLimitPath = "/envoy.service.ratelimit.v3.RateLimitService/Should
 
 // grpcMethod is ShouldRateLimit on the gRPC transport (grpcunary): a
 // Service without Redis limits decides on the connection's reader (its
-// decisions never wait on the network); one with Redis limits on
-// workers, with the call's grpc-timeout as the context's deadline.
+// decisions never wait on the network); one with Redis limits decides a
+// call on the reader too when every Redis group it charges answers from
+// its hybrid leases (tryShouldRateLimit), and on a worker otherwise, with
+// the call's grpc-timeout as the context's deadline.
 func (s *Server) grpcMethod() grpcunary.Method {
 	return grpcunary.Method{
 		Path: shouldRateLimitPath,
@@ -27,7 +28,30 @@ func (s *Server) grpcMethod() grpcunary.Method {
 			return svc == nil || !svc.waits()
 		},
 		Call: s.callShouldRateLimit,
+		Try:  s.tryShouldRateLimit,
 	}
+}
+
+// tryShouldRateLimit is callShouldRateLimit on the reader, for a Service
+// with Redis limits: done is false, nothing decided, when the decision
+// would wait on Redis (Service.tryDecide).
+func (s *Server) tryShouldRateLimit(msg, dst []byte) ([]byte, codes.Code, string, bool) {
+	svc := s.acquire()
+	if svc == nil || !svc.tries {
+		return dst, codes.OK, "", false
+	}
+	defer s.release(svc)
+	var req Request
+	if err := decodeRequest(msg, &req); err != nil {
+		return dst, codes.Internal, "grpc: error unmarshalling request: " + err.Error(), true
+	}
+	start := time.Now()
+	v, done, err := svc.tryDecide(&req)
+	if !done {
+		return dst, codes.OK, "", false
+	}
+	out, code, text := answer(svc, dst, &req, v, err, start)
+	return out, code, text, true
 }
 
 // callShouldRateLimit decodes a request message, decides it and appends
@@ -37,38 +61,34 @@ func (s *Server) callShouldRateLimit(ctx context.Context, msg, dst []byte) ([]by
 	if err := decodeRequest(msg, &req); err != nil {
 		return dst, codes.Internal, "grpc: error unmarshalling request: " + err.Error()
 	}
-	v, err := s.shouldRateLimit(ctx, &req)
+	svc := s.acquire()
+	if svc == nil {
+		return dst, codes.Unavailable, "rate-limit service is not configured"
+	}
+	defer s.release(svc)
+	start := time.Now()
+	v, err := svc.Decide(ctx, &req)
+	return answer(svc, dst, &req, v, err, start)
+}
+
+// answer logs a decision made since start and appends its response
+// message to dst, or returns its status: a malformed request is
+// InvalidArgument; a decision that could not be made (the deadline passed
+// while Redis was asked) is Unavailable: Envoy then applies its
+// failure_mode_deny.
+func answer(svc *Service, dst []byte, req *Request, v Verdict, err error, start time.Time) ([]byte, codes.Code, string) {
+	svc.logDecision("grpc", req, &v, err, time.Since(start))
 	if err != nil {
-		st := status.Convert(err)
-		return dst, st.Code(), st.Message()
+		if errors.Is(err, ErrInvalid) {
+			return dst, codes.InvalidArgument, err.Error()
+		}
+		return dst, codes.Unavailable, err.Error()
 	}
 	out, err := appendResponse(dst, &v)
 	if err != nil {
 		return dst, codes.Internal, err.Error()
 	}
 	return out, codes.OK, ""
-}
-
-// shouldRateLimit answers one of Envoy's questions. A malformed request
-// is InvalidArgument; a decision that could not be made (the deadline
-// passed while Redis was asked) is Unavailable: Envoy then applies its
-// failure_mode_deny.
-func (s *Server) shouldRateLimit(ctx context.Context, req *Request) (Verdict, error) {
-	svc := s.acquire()
-	if svc == nil {
-		return Verdict{}, status.Error(codes.Unavailable, "rate-limit service is not configured")
-	}
-	defer s.release(svc)
-	start := time.Now()
-	v, err := svc.Decide(ctx, req)
-	svc.logDecision("grpc", req, &v, err, time.Since(start))
-	if err != nil {
-		if errors.Is(err, ErrInvalid) {
-			return Verdict{}, status.Error(codes.InvalidArgument, err.Error())
-		}
-		return Verdict{}, status.Error(codes.Unavailable, err.Error())
-	}
-	return v, nil
 }
 
 // limitUnit is a window as Envoy's RateLimit says it: the largest unit

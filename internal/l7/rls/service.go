@@ -118,6 +118,10 @@ type Options struct {
 	// (shared, so a client's history is one whichever way its requests
 	// come); used while Config.Classes is enabled.
 	Classes *class.Table
+
+	// limiterConfig, in tests, adjusts each Redis limiter's configuration
+	// (the scripts' clock, the background flush).
+	limiterConfig func(*redislimit.Config)
 }
 
 // Service decides rate-limit requests with one configuration. A reload
@@ -131,12 +135,15 @@ type Service struct {
 	rules    []*rule
 	rc       *redis.Client
 	redis    []*redislimit.Limiter
+	tries    bool // a Redis group may decide without a round trip (tryDecide)
 	esc      *proxy.Escalations
 	alog     *accesslog.Log
 	draft10  bool
 	ctx      context.Context
 	cancel   context.CancelFunc
 	done     chan struct{}
+	// limiterConfig: Options.limiterConfig
+	limiterConfig func(*redislimit.Config)
 
 	scratch   sync.Pool       // *scratch
 	requests  [3]atomic.Int64 // ok, over_limit, error
@@ -191,7 +198,7 @@ type group struct {
 func New(cfg *Config, opts Options) (*Service, error) {
 	s := &Service{cfg: cfg, log: opts.Logger, clock: opts.Clock, seed: maphash.MakeSeed(),
 		byDomain: map[string][]*rule{}, alog: opts.AccessLog, draft10: cfg.Headers.Draft == 10,
-		done: make(chan struct{})}
+		done: make(chan struct{}), limiterConfig: opts.limiterConfig}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -331,18 +338,23 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 			rules = append(rules, rr)
 			grp.limits[l.Name] = l
 		}
-		lim, err := redislimit.New(redislimit.Config{
+		lc := redislimit.Config{
 			Client:  s.rc,
 			Rules:   rules,
 			Prefix:  s.cfg.Redis.Prefix,
 			Timeout: s.cfg.Redis.Timeout,
 			Clock:   s.clock,
 			Logger:  s.log.With("rls_rule", ruleName, "tier", tier),
-		})
+		}
+		if s.limiterConfig != nil {
+			s.limiterConfig(&lc)
+		}
+		lim, err := redislimit.New(lc)
 		if err != nil {
 			return nil, fmt.Errorf("rls: rule %q: %w", ruleName, err)
 		}
 		grp.lim = lim
+		s.tries = s.tries || lim.Inline()
 		s.redis = append(s.redis, lim)
 		set.groups = append(set.groups, grp)
 	}
@@ -490,7 +502,13 @@ type prepared struct {
 // request takes nothing (as a proxy route's limits). Shadow limits are
 // charged on their own and never refuse.
 func (s *Service) Decide(ctx context.Context, req *Request) (Verdict, error) {
-	v, err := s.decide(ctx, req, false)
+	v, err := s.decide(ctx, req, false, false)
+	s.count(v, err)
+	return v, err
+}
+
+// count counts a decided request in the service's requests.
+func (s *Service) count(v Verdict, err error) {
 	switch {
 	case err != nil && errors.Is(err, ErrInvalid):
 		s.requests[2].Add(1)
@@ -501,7 +519,6 @@ func (s *Service) Decide(ctx context.Context, req *Request) (Verdict, error) {
 	default:
 		s.requests[1].Add(1)
 	}
-	return v, err
 }
 
 // waits reports whether a decision may wait on the network (Redis limits).
@@ -511,10 +528,14 @@ func (s *Service) waits() bool { return len(s.redis) > 0 }
 // req's descriptors now (Redis limits are not read: their Decision is
 // empty and Backend says redis).
 func (s *Service) Explain(req *Request) (Verdict, error) {
-	return s.decide(context.Background(), req, true)
+	return s.decide(context.Background(), req, true, false)
 }
 
-func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict, error) {
+// decide decides req (peek: Explain). With try it first asks every Redis
+// group it would charge whether it decides without a round trip
+// (redislimit.Limiter.Ready), and returns errWouldWait, having charged,
+// ranked and counted nothing, when one would not.
+func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Verdict, error) {
 	if err := Validate(req); err != nil {
 		return Verdict{}, err
 	}
@@ -574,6 +595,9 @@ func (s *Service) decide(ctx context.Context, req *Request, peek bool) (Verdict,
 		}
 		p.hkey = maphash.String(s.seed, key)
 		matched = true
+	}
+	if try && !s.ready(ps) {
+		return Verdict{}, errWouldWait
 	}
 	// The request's class: the client is the first remote_address of its
 	// descriptors. The address is the calling proxy's claim: the ranking

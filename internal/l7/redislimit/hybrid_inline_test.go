@@ -1,0 +1,92 @@
+package redislimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// commandCounter counts the commands a client sends.
+type commandCounter struct{ n atomic.Int64 }
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// TestReady: Ready is true only when AllowN then decides without a round
+// trip (no command reaches Redis), it charges nothing, and it is true for
+// most requests of a hot key: a single host (Share 1) and hosts sharing a
+// rule (Share 3), costs 1 to 3, a clock that moves past SyncInterval. A
+// Limiter with a rule Redis decides is never Ready.
+func TestReady(t *testing.T) {
+	for _, share := range []int64{1, 3} {
+		t.Run(fmt.Sprintf("share %d", share), func(t *testing.T) {
+			f := newFixture(t)
+			client := f.srv.Client(t)
+			cc := &commandCounter{}
+			client.AddHook(cc)
+			rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: 300, Window: time.Minute,
+				Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: 10, Share: share}}
+			l := f.limiter(t, Config{Client: client, Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
+			rng := rand.New(rand.NewPCG(uint64(share), 1))
+			var ready, notReady, admitted int
+			for i := range 3000 {
+				if rng.IntN(20) == 0 {
+					f.advance(time.Duration(rng.IntN(1500)) * time.Millisecond)
+				}
+				key, n := fmt.Sprint("k", rng.IntN(3)), int64(1+rng.IntN(3))
+				r := l.Ready(key, n)
+				if r2 := l.Ready(key, n); r2 != r {
+					t.Fatalf("step %d: Ready changed from %v to %v when asked again: it charged", i, r, r2)
+				}
+				before := cc.n.Load()
+				res, err := l.AllowN(context.Background(), key, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Decision.Allowed {
+					admitted++
+				}
+				if r {
+					ready++
+					if sent := cc.n.Load() - before; sent != 0 {
+						t.Fatalf("step %d: Ready(%s, %d) but AllowN sent %d commands", i, key, n, sent)
+					}
+				} else {
+					notReady++
+				}
+			}
+			t.Logf("share %d: %d requests Ready, %d not; %d admitted", share, ready, notReady, admitted)
+			if ready < 2*notReady {
+				t.Fatalf("%d Ready, %d not: most requests of a hot key should decide without a round trip", ready, notReady)
+			}
+		})
+	}
+	t.Run("a rule Redis decides", func(t *testing.T) {
+		f := newFixture(t)
+		l := f.limiter(t, Config{Registerer: prometheus.NewRegistry(), SyncEvery: -1, Rules: []Rule{hybridRuleFor(100),
+			{Name: "remote", Algorithm: SlidingWindow, Limit: 100, Window: time.Minute}}})
+		for range 5 {
+			allow(t, l, "k")
+			if l.Ready("k", 1) || l.Inline() {
+				t.Fatal("a Limiter with a rule Redis decides is Ready: its decisions always make a round trip")
+			}
+		}
+	})
+}
