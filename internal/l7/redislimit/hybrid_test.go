@@ -590,3 +590,26 @@ func TestHybridThreeHosts(t *testing.T) {
 		t.Fatalf("admitted %d in 10 windows of %d: leases wasted the quota", admitted, limit)
 	}
 }
+
+// TestHybridGrantReset: a fixed grant's first admission in a fresh window
+// reports the reset the Redis-backed sliding window reports after the
+// same charge (it reported 0: the lease script took the reset before the
+// request's own charge).
+func TestHybridGrantReset(t *testing.T) {
+	f := newFixture(t)
+	f.script.Advance(1234 * time.Second) // a position inside the hour
+	remote := Rule{Name: "remote", Algorithm: SlidingWindow, Limit: 100, Window: time.Hour}
+	hl := f.limiter(t, Config{Registerer: prometheus.NewRegistry(), Rules: []Rule{hybridRuleFor(100)}, SyncEvery: -1})
+	rl := f.limiter(t, Config{Registerer: prometheus.NewRegistry(), Rules: []Rule{remote}})
+	h, err := hl.AllowN(context.Background(), "fresh-h", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := rl.AllowN(context.Background(), "fresh-r", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Decision.Allowed || !r.Decision.Allowed || h.Decision.Reset != r.Decision.Reset || h.Decision.Reset == 0 {
+		t.Errorf("first admission in a fresh window: hybrid %+v, redis %+v; want the same non-zero reset", h.Decision, r.Decision)
+	}
+}

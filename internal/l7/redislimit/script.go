@@ -311,8 +311,11 @@ end
 if rem <= 0 then
   return {0, 0, retry_for(1), (2 * W - r) * 1000, retry_for(need), idx, r, prev, curr}
 end
+-- The reset the grant's requests see: the request that asked for it
+-- (need > 0) is charged in this window, as the local sliding window
+-- reports it after its charge.
 local reset = 0
-if curr > 0 then reset = 2 * W - r elseif prev > 0 then reset = W - r end
+if curr > 0 or need > 0 then reset = 2 * W - r elseif prev > 0 then reset = W - r end
 local grant = fdiv(rem + share - 1, share)
 if grant > maxLease then grant = maxLease end
 if grant < need and rem >= need then grant = need end
