@@ -637,14 +637,17 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 	// One set of groups per tier a request can be decided in: the route's
 	// redis limits plus the tier's, grouped by key so each key is one
 	// EVALSHA. A route limit has the same Redis state in every tier (its
-	// Redis key is the rule name and the client key).
+	// Redis key is the rule name and the client key), and a hybrid one
+	// one lease state on this host whatever tier decides the request:
+	// every group of the route shares it (redislimit.HybridStates).
 	counters := map[string]*redisCounters{}
+	states := redislimit.NewHybridStates()
 	rt.redisCounters = counters
 	rt.redis = map[string][]*redisGroup{}
 	var base []*redisGroup
 	var err error
 	if rc.Tiers == nil || rc.Tiers.Default == "" || len(tierRedis) < len(rc.Tiers.Tiers) {
-		if base, err = p.redisGroups(rc.Name, "", routeRedis, counters, reg); err != nil {
+		if base, err = p.redisGroups(rc.Name, "", routeRedis, counters, states, reg); err != nil {
 			return nil, err
 		}
 		rt.redis[""] = base
@@ -656,7 +659,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 				rt.redis[t.Name] = base
 				continue
 			}
-			gs, err := p.redisGroups(rc.Name, t.Name, append(append([]Limit{}, routeRedis...), own...), counters, reg)
+			gs, err := p.redisGroups(rc.Name, t.Name, append(append([]Limit{}, routeRedis...), own...), counters, states, reg)
 			if err != nil {
 				return nil, err
 			}
@@ -668,7 +671,7 @@ func (p *Proxy) newRoute(rc Route, reg prometheus.Registerer) (*route, error) {
 
 // redisGroups builds one redislimit.Limiter per (key, shadow) of limits,
 // in the order the keys first appear.
-func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[string]*redisCounters, reg prometheus.Registerer) ([]*redisGroup, error) {
+func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[string]*redisCounters, states *redislimit.HybridStates, reg prometheus.Registerer) ([]*redisGroup, error) {
 	var groups []*redisGroup
 	var labels []string
 	var rules [][]redislimit.Rule
@@ -711,13 +714,14 @@ func (p *Proxy) redisGroups(route, tier string, limits []Limit, counters map[str
 			r = prometheus.WrapRegistererWith(prometheus.Labels{"limiter": labels[i]}, reg)
 		}
 		lim, err := redislimit.New(redislimit.Config{
-			Client:     p.rc,
-			Rules:      rules[i],
-			Prefix:     p.cfg.Redis.Prefix,
-			Timeout:    p.cfg.Redis.Timeout,
-			Clock:      p.clock,
-			Logger:     p.log.With("route", route, "tier", tier, "group", i),
-			Registerer: r,
+			Client:       p.rc,
+			Rules:        rules[i],
+			Prefix:       p.cfg.Redis.Prefix,
+			Timeout:      p.cfg.Redis.Timeout,
+			Clock:        p.clock,
+			Logger:       p.log.With("route", route, "tier", tier, "group", i),
+			Registerer:   r,
+			HybridStates: states,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("proxy: route %q: %w", route, err)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // TestRefusedFailsAtOnce: with the client the proxy builds
@@ -31,7 +33,7 @@ func TestRefusedFailsAtOnce(t *testing.T) {
 	}
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { _ = rdb.Close() })
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	l := f.limiter(t, Config{Client: rdb, Registerer: prometheus.NewRegistry(), Timeout: 2 * time.Second,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
 		Rules:  []Rule{{Name: "r", Algorithm: GCRA, Limit: 100, Window: time.Second}}})

@@ -1,13 +1,11 @@
 package redislimit
 
 import (
-	"bytes"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,24 +17,6 @@ import (
 	"github.com/edgeguard/edgeguard/internal/l7"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
-
-// syncBuffer is a log destination safe for the probe goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // roundTrips counts decide round trips attempted (the latency histogram).
 func roundTrips(t *testing.T, reg *prometheus.Registry, op string) uint64 {
@@ -76,7 +56,7 @@ func labelIs(m *dto.Metric, name, value string) bool {
 
 func TestRedisKilledAndRestarted(t *testing.T) {
 	f := newFixture(t)
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	// A: fail-open and degrade (10 per second ÷ 2 instances = 5 locally).
 	regA := prometheus.NewRegistry()

@@ -43,9 +43,8 @@ import (
 // bound is Limit + (N−1)·foreignLease once each has seen the others, and
 // Limit + (N−1)·MaxLease before (each admits at most MaxLease between the
 // sync that could not yet see the others and the one that does).
-type hybridRule struct {
+type hybridState struct {
 	rule  Rule
-	index int
 	share int64
 	// foreignLease caps a single host's grant while its key's window holds
 	// foreign counts: min(MaxLease, FleetLease(Limit, 1)).
@@ -65,6 +64,12 @@ type hybridRule struct {
 
 	mu     sync.Mutex
 	leases map[string]*lease
+
+	// users are the Limiters deciding with this state (under usersMu):
+	// one, or a limit's limiters in every tier (HybridStates); the first
+	// flushes it in the background (hybrid_shared.go).
+	usersMu sync.Mutex
+	users   []*Limiter
 }
 
 // lease is one key's local allowance (about 100 bytes with its map entry).
@@ -167,8 +172,8 @@ func (h *hybridRule) takeReport(ls *lease) report {
 // single host whose last sync found no foreign counts.
 func (h *hybridRule) single(ls *lease) bool { return h.window != nil && !ls.foreign }
 
-func newHybridRule(r Rule, index int, now int64) *hybridRule {
-	h := &hybridRule{rule: r, index: index, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{},
+func newHybridState(r Rule, now int64) *hybridState {
+	h := &hybridState{rule: r, share: max(r.Hybrid.Share, 1), leases: map[string]*lease{},
 		foreignLease: min(r.Hybrid.MaxLease, FleetLease(r.Limit, 1)), settled: now + 2*int64(r.Hybrid.SyncInterval),
 		capacity: cmp.Or(r.Hybrid.Capacity, defaultHybridCapacity)}
 	if h.share == 1 {
@@ -531,7 +536,10 @@ func decodeLease(c *call) leaseReply {
 // Sync reports every hybrid key's unsynced count to Redis now, in pipelined
 // batches of MaxBatch, and renews those keys' leases. Idle expired leases
 // are dropped. The background loop calls it every SyncEvery.
-func (l *Limiter) Sync(ctx context.Context) {
+func (l *Limiter) Sync(ctx context.Context) { l.sync(ctx, nil) }
+
+// sync is Sync for the hybrid rules flush selects (nil: all).
+func (l *Limiter) sync(ctx context.Context, flush func(*hybridRule) bool) {
 	if ok, probe := l.breaker.allow(); !ok {
 		if probe {
 			l.startProbe()
@@ -539,6 +547,9 @@ func (l *Limiter) Sync(ctx context.Context) {
 		return // counts stay unsynced until Redis is back
 	}
 	for _, h := range l.hybrid {
+		if flush != nil && !flush(h) {
+			continue
+		}
 		type pending struct {
 			key  string
 			ls   *lease
@@ -602,7 +613,7 @@ func (l *Limiter) syncLoop(every time.Duration) {
 	for {
 		select {
 		case <-t.C:
-			l.Sync(l.ctx)
+			l.backgroundSync(l.ctx)
 		case <-l.ctx.Done():
 			return
 		}

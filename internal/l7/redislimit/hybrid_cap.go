@@ -79,10 +79,15 @@ type HybridLeases struct {
 }
 
 // HybridLeases reads every hybrid rule's lease map (for a caller that
-// exports it without a Registerer: the rate-limit service).
+// exports it without a Registerer: the rate-limit service). A state shared
+// with other Limiters (HybridStates) is read by the one that flushes it,
+// so a sum over the Limiters counts it once.
 func (l *Limiter) HybridLeases() []HybridLeases {
 	out := make([]HybridLeases, 0, len(l.hybrid))
 	for _, h := range l.hybrid {
+		if !h.flusher(l) {
+			continue
+		}
 		h.mu.Lock()
 		out = append(out, HybridLeases{Rule: h.rule.Name, Leases: len(h.leases), Capacity: h.capacity, Evictions: h.evictions})
 		h.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
+	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
 // evictions reads edgeguard_l7_redis_hybrid_evictions_total for a rule.
@@ -51,7 +52,7 @@ func testHybridCapacitySpray(t *testing.T, share int64) {
 	const window = time.Second
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
 		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: SingleLease(limit), Share: share, Capacity: capacity}}
-	reg, logs := prometheus.NewRegistry(), &syncBuffer{}
+	reg, logs := prometheus.NewRegistry(), &testenv.SyncBuffer{}
 	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	judge, err := l7.NewSlidingWindow(limit, window)
 	if err != nil {
@@ -128,7 +129,7 @@ func testHybridCapacityReturns(t *testing.T, hosts int64) {
 	}
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
 		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: hosts, Capacity: capacity}}
-	reg, logs := prometheus.NewRegistry(), &syncBuffer{}
+	reg, logs := prometheus.NewRegistry(), &testenv.SyncBuffer{}
 	var ls []*Limiter
 	for i := range hosts {
 		cfg := Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1}

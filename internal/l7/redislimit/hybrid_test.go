@@ -326,7 +326,7 @@ func testHybridSingleHost(t *testing.T, limit, lease int64) {
 	rule := Rule{Name: "hot", Algorithm: SlidingWindow, Limit: limit, Window: window,
 		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	l := f.limiter(t, Config{Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	steps := offered(200) // 10 s
 	admitted, prev, curr := hybridTimeline(t, f, always([]*Limiter{l}), window, always[int64](limit), time.Second, steps)
@@ -406,9 +406,9 @@ func TestHybridForeignHosts(t *testing.T) {
 		Hybrid: &Hybrid{SyncInterval: time.Second, MaxLease: lease, Share: 1}}
 	var ls []*Limiter
 	var regs []*prometheus.Registry
-	var logs []*syncBuffer
+	var logs []*testenv.SyncBuffer
 	for range hosts {
-		reg, buf := prometheus.NewRegistry(), &syncBuffer{}
+		reg, buf := prometheus.NewRegistry(), &testenv.SyncBuffer{}
 		regs, logs = append(regs, reg), append(logs, buf)
 		ls = append(ls, f.limiter(t, Config{Client: f.srv.Client(t), Registerer: reg, Rules: []Rule{rule}, SyncEvery: -1,
 			Logger: slog.New(slog.NewTextHandler(buf, nil)), LogEvery: time.Minute}))
@@ -522,7 +522,7 @@ func TestHybridSingleHostRestart(t *testing.T) {
 	const stepsPerWindow = int(window / (50 * time.Millisecond))
 	const restartAt, closeAt = 50, 56 // 2.5 s, 2.8 s: between two flushes
 	old := f.limiter(t, Config{Client: f.srv.Client(t), Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
-	reg, logs := prometheus.NewRegistry(), &syncBuffer{}
+	reg, logs := prometheus.NewRegistry(), &testenv.SyncBuffer{}
 	var nu *Limiter
 	last := -1 // the last step at which the new host decided with fixed grants
 	hosts := func(s int) []*Limiter {

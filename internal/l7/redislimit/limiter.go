@@ -66,6 +66,10 @@ type Config struct {
 	// Default: the smallest SyncInterval; negative disables the background
 	// flush (call Sync yourself).
 	SyncEvery time.Duration
+	// HybridStates, when set, shares hybrid rules' lease state with the
+	// other Limiters given the same set (a limit decided in several
+	// tiers: one lease per host and key). Nil: each rule its own.
+	HybridStates *HybridStates
 }
 
 // Source says who decided a rule.
@@ -225,11 +229,14 @@ func New(cfg Config) (*Limiter, error) {
 		if r.Failure == Degrade {
 			if l.local[i], err = newLocalRule(r, cfg.LocalMaxKeys); err != nil {
 				cancel()
+				for _, h := range l.hybrid {
+					h.release(l)
+				}
 				return nil, fmt.Errorf("redis limiter: %w", err)
 			}
 		}
 		if r.Hybrid != nil {
-			l.hybrid = append(l.hybrid, newHybridRule(r, i, cfg.Clock.Now()))
+			l.hybrid = append(l.hybrid, &hybridRule{index: i, hybridState: cfg.HybridStates.state(r, l, cfg.Clock.Now())})
 			if minSync == 0 || r.Hybrid.SyncInterval < minSync {
 				minSync = r.Hybrid.SyncInterval
 			}
@@ -267,7 +274,9 @@ func New(cfg Config) (*Limiter, error) {
 }
 
 // Close flushes hybrid counts (bounded by Timeout per batch), then stops
-// the workers and background sync. It does not close Client.
+// the workers and background sync. It does not close Client. A hybrid
+// state shared with other Limiters (HybridStates) keeps its leases for
+// them, and the next of them flushes it in the background.
 func (l *Limiter) Close() {
 	l.closeMu.Do(func() {
 		if len(l.hybrid) > 0 {
@@ -275,6 +284,9 @@ func (l *Limiter) Close() {
 		}
 		l.cancel()
 		l.wg.Wait()
+		for _, h := range l.hybrid {
+			h.release(l)
+		}
 	})
 }
 

@@ -161,6 +161,9 @@ type rule struct {
 	deflt     *limitSet
 	tiers     map[string]*limitSet
 	all       []*limit
+	// hybrid is the lease state of its hybrid limits, one per limit
+	// whatever set decides it (newSet).
+	hybrid *redislimit.HybridStates
 }
 
 // limitSet is what applies to a descriptor in one tier.
@@ -244,7 +247,7 @@ func New(cfg *Config, opts Options) (*Service, error) {
 }
 
 func (s *Service) newRule(rc Rule) (*rule, error) {
-	r := &rule{Rule: rc, tierEntry: -1}
+	r := &rule{Rule: rc, tierEntry: -1, hybrid: redislimit.NewHybridStates()}
 	base, err := s.newSet(rc.Name, "", rc.Limits, r)
 	if err != nil {
 		return nil, err
@@ -273,7 +276,9 @@ func (s *Service) newRule(rc Rule) (*rule, error) {
 }
 
 // newSet builds the limits of one tier of a rule. A rule limit in several
-// tiers is one limit (one store, one Redis key): built once, in base.
+// tiers is one limit (one store, one Redis key): built once, in base; a
+// hybrid one is decided in each tier's limiter with one lease state
+// (r.hybrid, redislimit.HybridStates).
 func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*limitSet, error) {
 	set := &limitSet{tier: tier}
 	var enforced, shadow []*limit
@@ -345,6 +350,8 @@ func (s *Service) newSet(ruleName, tier string, ls []proxy.Limit, r *rule) (*lim
 			Timeout: s.cfg.Redis.Timeout,
 			Clock:   s.clock,
 			Logger:  s.log.With("rls_rule", ruleName, "tier", tier),
+
+			HybridStates: r.hybrid,
 		}
 		if s.limiterConfig != nil {
 			s.limiterConfig(&lc)

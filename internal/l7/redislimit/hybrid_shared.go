@@ -1,0 +1,88 @@
+package redislimit
+
+import (
+	"context"
+	"slices"
+	"sync"
+)
+
+// hybridRule is a hybrid rule as one Limiter decides it: its index among
+// the Limiter's rules, and its lease state, which Limiters deciding the
+// same limit share (HybridStates).
+type hybridRule struct {
+	index int
+	*hybridState
+}
+
+// HybridStates holds hybrid rules' lease state by rule name, for Limiters
+// that decide the same limit on the same Redis keys: a route's (or an
+// rls rule's) limit built into the route's limiter and into each tier's.
+// A Limiter given it (Config.HybridStates) decides a hybrid rule with the
+// state of an identical rule of the same name an earlier Limiter left
+// there, so one host holds one lease per key and limit, whatever tier
+// decides the request (two states on one key would take each other's
+// counts for another host's). A rule that differs from the one of its
+// name already there keeps a state of its own. The first Limiter still
+// open that uses a state flushes it in the background; Close of one does
+// not drop the leases the others use. Safe for concurrent use.
+type HybridStates struct {
+	mu sync.Mutex
+	by map[string]*hybridState
+}
+
+// NewHybridStates returns an empty set of shared hybrid states.
+func NewHybridStates() *HybridStates { return &HybridStates{by: map[string]*hybridState{}} }
+
+// state is the state l decides rule r with: the one r's name has in s if
+// its rule is r, else a new one (kept in s if the name is free). l is
+// added to its users.
+func (s *HybridStates) state(r Rule, l *Limiter, now int64) *hybridState {
+	var h *hybridState
+	if s != nil {
+		s.mu.Lock()
+		if have, ok := s.by[r.Name]; ok && sameRule(have.rule, r) {
+			h = have
+		} else if !ok {
+			h = newHybridState(r, now)
+			s.by[r.Name] = h
+		}
+		s.mu.Unlock()
+	}
+	if h == nil {
+		h = newHybridState(r, now)
+	}
+	h.usersMu.Lock()
+	h.users = append(h.users, l)
+	h.usersMu.Unlock()
+	return h
+}
+
+// sameRule reports whether a and b are the same hybrid rule.
+func sameRule(a, b Rule) bool {
+	if a.Hybrid == nil || b.Hybrid == nil || *a.Hybrid != *b.Hybrid {
+		return false
+	}
+	a.Hybrid, b.Hybrid = nil, nil
+	return a == b
+}
+
+// flusher reports whether l flushes h in the background: the first of its
+// users still open.
+func (h *hybridState) flusher(l *Limiter) bool {
+	h.usersMu.Lock()
+	defer h.usersMu.Unlock()
+	return len(h.users) > 0 && h.users[0] == l
+}
+
+// release removes l from h's users (its Close).
+func (h *hybridState) release(l *Limiter) {
+	h.usersMu.Lock()
+	defer h.usersMu.Unlock()
+	h.users = slices.DeleteFunc(h.users, func(u *Limiter) bool { return u == l })
+}
+
+// backgroundSync is Sync for the hybrid states l flushes (the background
+// flush: a shared state is flushed by one of its Limiters, not by each).
+func (l *Limiter) backgroundSync(ctx context.Context) {
+	l.sync(ctx, func(h *hybridRule) bool { return h.flusher(l) })
+}
