@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -211,4 +213,71 @@ func apiRouteConfig(t *testing.T, up *upstream, redis string, limits ...string) 
 		src += "        - " + l + "\n"
 	}
 	return decodeYAML(t, src, up.srv.URL)
+}
+
+// TestHybridTiersOneHost: a route's `backend: hybrid` limit is decided in
+// the route's limiter and in each tier's that has redis limits of its own
+// (three here), with one lease state on the host: a client alternating its
+// tier (X-Plan: none, free, pro) on one host at hosts: 1 is admitted
+// exactly the limit, and no limiter takes another's counts for a foreign
+// host's (no foreign counts, no warning). With a lease state per limiter
+// each would see the others' counts as another host's, and admit up to
+// limit + 2 × lease.
+func TestHybridTiersOneHost(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	up := startUpstream(t)
+	const limit, offered = 200, 450
+	cfg := decodeYAML(t, `
+l7:
+  listen: 127.0.0.1:0
+  upstream: UPSTREAM
+  redis: {addr: `+srv.Addr()+`, prefix: "eg:hybridtiers:", sync_interval: 100ms}
+  routes:
+    - name: api
+      limits:
+        - {name: shared, key: "header:X-API-Key", rate: 200/h, algorithm: sliding-window, backend: hybrid}
+      tiers:
+        header: X-Plan
+        levels:
+          free: [{name: free-h, key: "header:X-API-Key", rate: 1000/h, algorithm: sliding-window, backend: hybrid}]
+          pro: [{name: pro-h, key: "header:X-API-Key", rate: 2000/h, algorithm: sliding-window, backend: hybrid}]
+`, up.srv.URL)
+	logs := &testenv.SyncBuffer{}
+	reg := prometheus.NewRegistry()
+	_, base := startProxy(t, cfg, Options{Registerer: reg, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	// Foreign counts are counted once a limiter has run two sync
+	// intervals (TestHybridHostsLeftAtOne).
+	time.Sleep(250 * time.Millisecond)
+	plans := []string{"", "free", "pro"}
+	admitted := 0
+	for i := range offered {
+		opts := []reqOpt{withHeader("X-API-Key", "k1")}
+		if p := plans[i%len(plans)]; p != "" {
+			opts = append(opts, withHeader("X-Plan", p))
+		}
+		switch s := status(t, "GET", base+"/x", opts...); s {
+		case 200:
+			admitted++
+		case 429:
+		default:
+			t.Fatalf("request %d: status %d", i, s)
+		}
+	}
+	// Let the background flush report the last admissions.
+	time.Sleep(250 * time.Millisecond)
+	foreign := 0.0
+	for series, v := range gather(t, reg) {
+		if strings.HasPrefix(series, "edgeguard_l7_redis_hybrid_foreign_counts_total{") {
+			foreign += v
+		}
+	}
+	lease := HybridLease(cfg.Routes[0].Limits[0], cfg.Redis.Hosts)
+	t.Logf("one host, three tiers' limiters: %d admitted of %d (limit %d; a lease state per limiter: up to %d), %.0f foreign counts",
+		admitted, offered, limit, limit+2*int(lease), foreign)
+	if admitted != limit {
+		t.Fatalf("one host admitted %d alternating tiers, want the limit %d", admitted, limit)
+	}
+	if foreign != 0 || strings.Contains(logs.String(), "hosts is 1 but another host") {
+		t.Fatalf("one host found %.0f foreign counts across its tiers' limiters; log:\n%s", foreign, logs)
+	}
 }
