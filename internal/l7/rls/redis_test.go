@@ -3,14 +3,17 @@ package rls
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/edgeguard/edgeguard/internal/l7/proxy"
 	"github.com/edgeguard/edgeguard/internal/testenv"
 )
 
@@ -224,6 +227,24 @@ func TestHybridCapacity(t *testing.T) {
 			t.Fatalf("tenant t%d admitted %d of %d, want 2 (the rate) across evictions", i, n, rounds)
 		}
 	}
+	got := hybridGauges(t, srv)
+	want := map[string]float64{
+		"edgeguard_l7_rls_hybrid_leases/leases":   capacity,
+		"edgeguard_l7_rls_hybrid_leases/capacity": capacity,
+		"edgeguard_l7_rls_hybrid_evictions_total": tenants*rounds - capacity,
+	}
+	t.Logf("%d tenants × %d requests at capacity %d: %v", tenants, rounds, capacity, got)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+// hybridGauges gathers srv's series, summed by name and "what" label
+// (edgeguard_l7_rls_hybrid_leases/leases, .../capacity).
+func hybridGauges(t *testing.T, srv *Server) map[string]float64 {
+	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(srv.Collector())
 	mfs, err := reg.Gather()
@@ -242,16 +263,80 @@ func TestHybridCapacity(t *testing.T) {
 			got[name] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
-	want := map[string]float64{
-		"edgeguard_l7_rls_hybrid_leases/leases":   capacity,
-		"edgeguard_l7_rls_hybrid_leases/capacity": capacity,
-		"edgeguard_l7_rls_hybrid_evictions_total": tenants*rounds - capacity,
+	return got
+}
+
+// TestHybridTiers: an rls rule's `backend: hybrid` limit is decided in the
+// base set's limiter and in each tier's with hybrid limits of its own
+// (three here), with one lease state on the host (one map of capacity
+// leases, not one per limiter). One host at hosts: 1, one tenant
+// alternating its plan (the tier entry; an unknown plan is decided by the
+// base set): the rule counts per descriptor value, the plan included, so
+// each (tenant, plan) is admitted exactly the limit, and no limiter takes
+// another's counts for a foreign host's (no warning).
+func TestHybridTiers(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	const limit, capacity, perPlan = 200, 16, 250
+	policy := strings.ReplaceAll(`
+l7:
+  redis: {addr: REDIS, prefix: "eg:rlstiers:", sync_interval: 100ms}
+  rls:
+    listen: 127.0.0.1:0
+    rules:
+      - name: per-tenant
+        domain: edge
+        descriptor: [tenant, plan]
+        limits: [{name: tenant-hybrid, rate: 200/h, algorithm: sliding-window, backend: hybrid, capacity: 16}]
+        tiers:
+          entry: plan
+          levels:
+            free: [{name: free-h, rate: 1000/h, algorithm: sliding-window, backend: hybrid}]
+            pro: [{name: pro-h, rate: 2000/h, algorithm: sliding-window, backend: hybrid}]
+`, "REDIS", rs.Addr())
+	_, cfg := decodeL7(t, policy)
+	logs := &testenv.SyncBuffer{}
+	srv := NewServer(ServerOptions{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	t.Cleanup(srv.Close)
+	ch, err := srv.Prepare(cfg)
+	if err != nil {
+		t.Fatalf("prepare: %v", err)
 	}
-	t.Logf("%d tenants × %d requests at capacity %d: %v", tenants, rounds, capacity, got)
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s = %v, want %v", k, got[k], v)
+	ch.Commit()
+	// Foreign counts are counted once a limiter has run two sync
+	// intervals (redislimit's TestHybridSingleHostRestart).
+	time.Sleep(250 * time.Millisecond)
+	plans := []string{"basic", "free", "pro"}
+	admitted := map[string]int{}
+	for i := range perPlan * len(plans) {
+		plan := plans[i%len(plans)]
+		v, err := srv.Service().Decide(context.Background(), &Request{Domain: "edge",
+			Descriptors: []Descriptor{{Entries: []Entry{{"tenant", "acme"}, {"plan", plan}}}}})
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
 		}
+		if v.Allowed {
+			admitted[plan]++
+		}
+	}
+	time.Sleep(250 * time.Millisecond) // the background flush reports the last admissions
+	got := hybridGauges(t, srv)
+	t.Logf("one host, three sets' limiters, one tenant alternating plans: admitted %v (limit %d each); leases %v, capacity %v",
+		admitted, limit, got["edgeguard_l7_rls_hybrid_leases/leases"], got["edgeguard_l7_rls_hybrid_leases/capacity"])
+	for _, plan := range plans {
+		if admitted[plan] != limit {
+			t.Fatalf("plan %s admitted %d of %d, want the limit %d", plan, admitted[plan], perPlan, limit)
+		}
+	}
+	if strings.Contains(logs.String(), "hosts is 1 but another host") {
+		t.Fatalf("one host warned of another host's counts; log:\n%s", logs)
+	}
+	// tenant-hybrid: one map (3 keys) of capacity 16; free-h and pro-h: one
+	// key each, of the default capacity.
+	if c, want := got["edgeguard_l7_rls_hybrid_leases/capacity"], float64(capacity+2*proxy.DefaultLocalCapacity); c != want {
+		t.Fatalf("hybrid lease capacity %v, want %v (tenant-hybrid's one map of %d, free-h's and pro-h's)", c, want, capacity)
+	}
+	if n := got["edgeguard_l7_rls_hybrid_leases/leases"]; n != 5 {
+		t.Fatalf("%v hybrid leases, want 5 (tenant-hybrid: three keys; free-h, pro-h: one each)", n)
 	}
 }
 
