@@ -86,7 +86,7 @@ var (
 	descKeys = prometheus.NewDesc("edgeguard_l7_rls_store_keys",
 		"Keys held by a local limit's store (and its capacity).", []string{"rule", "limit", "what"}, nil)
 	descLeases = prometheus.NewDesc("edgeguard_l7_rls_hybrid_leases",
-		"Leases a hybrid limit holds on this host (and its capacity), summed over the rule's tiers (each tier's limiter holds its own).",
+		"Leases a hybrid limit holds on this host (and its capacity): one lease map per limit, shared by the rule's tiers.",
 		[]string{"rule", "limit", "what"}, nil)
 	descEvictions = prometheus.NewDesc("edgeguard_l7_rls_hybrid_evictions_total",
 		"Leases a hybrid limit evicted for a new key at capacity (their unsynced counts reported to Redis first), summed over the rule's tiers.",
@@ -138,7 +138,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectLeases sums r's hybrid limits' lease maps over its sets (the
-// base and each tier: each set's limiter holds its own leases).
+// base and each tier): a map its sets' limiters share (one lease state per
+// limit, r.hybrid) is reported once, by the limiter that flushes it.
 func collectLeases(ch chan<- prometheus.Metric, r *rule) {
 	type sum struct {
 		leases, capacity int
