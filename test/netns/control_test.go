@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -349,7 +348,7 @@ func TestClosedStdoutDoesNotKillTheDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuf
+	var logs testenv.SyncBuffer
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -382,18 +381,6 @@ func TestClosedStdoutDoesNotKillTheDaemon(t *testing.T) {
 		t.Errorf("daemon does not answer after its stdout closed: %v", err)
 	}
 }
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 // TestInterfaceRecreatedIsReattached: an interface deleted while the
 // daemon runs is reported (/readyz 503, edgeguard_interfaces_unprotected)
