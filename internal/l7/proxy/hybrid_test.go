@@ -222,7 +222,8 @@ func apiRouteConfig(t *testing.T, up *upstream, redis string, limits ...string) 
 // exactly the limit, and no limiter takes another's counts for a foreign
 // host's (no foreign counts, no warning). With a lease state per limiter
 // each would see the others' counts as another host's, and admit up to
-// limit + 2 × lease.
+// limit + 2 × lease. With Redis down, the limit's local fallback is one
+// too: the limit on a fresh key, not one limit per limiter.
 func TestHybridTiersOneHost(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	up := startUpstream(t)
@@ -279,5 +280,27 @@ l7:
 	}
 	if foreign != 0 || strings.Contains(logs.String(), "hosts is 1 but another host") {
 		t.Fatalf("one host found %.0f foreign counts across its tiers' limiters; log:\n%s", foreign, logs)
+	}
+
+	// Redis down: the limit's local fallback (failure: local) is one too,
+	// rate ÷ hosts on a fresh key whatever tier decides.
+	srv.Stop()
+	local := 0
+	for i := range offered {
+		opts := []reqOpt{withHeader("X-API-Key", "k2")}
+		if p := plans[i%len(plans)]; p != "" {
+			opts = append(opts, withHeader("X-Plan", p))
+		}
+		switch s := status(t, "GET", base+"/x", opts...); s {
+		case 200:
+			local++
+		case 429:
+		default:
+			t.Fatalf("redis down, request %d: status %d", i, s)
+		}
+	}
+	t.Logf("redis down: %d admitted locally of %d alternating tiers (limit ÷ hosts %d)", local, offered, limit)
+	if local != limit {
+		t.Fatalf("redis down: %d admitted alternating tiers, want %d (the limit's one local fallback)", local, limit)
 	}
 }

@@ -70,6 +70,9 @@ type hybridState struct {
 	// flushes it in the background (hybrid_shared.go).
 	usersMu sync.Mutex
 	users   []*Limiter
+	// local is the Degrade fallback's local limit, shared as the leases
+	// are (degrade; under usersMu).
+	local *localRule
 }
 
 // lease is one key's local allowance (about 100 bytes with its map entry).

@@ -66,6 +66,18 @@ func sameRule(a, b Rule) bool {
 	return a == b
 }
 
+// degrade is the local limit the rule falls back to (Degrade) with this
+// state: the first user's lr, so every Limiter sharing the leases also
+// shares the fallback (one host's rate ÷ hosts, whatever tier decides).
+func (h *hybridState) degrade(lr *localRule) *localRule {
+	h.usersMu.Lock()
+	defer h.usersMu.Unlock()
+	if h.local == nil {
+		h.local = lr
+	}
+	return h.local
+}
+
 // flusher reports whether l flushes h in the background: the first of its
 // users still open.
 func (h *hybridState) flusher(l *Limiter) bool {

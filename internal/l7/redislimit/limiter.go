@@ -236,7 +236,11 @@ func New(cfg Config) (*Limiter, error) {
 			}
 		}
 		if r.Hybrid != nil {
-			l.hybrid = append(l.hybrid, &hybridRule{index: i, hybridState: cfg.HybridStates.state(r, l, cfg.Clock.Now())})
+			h := &hybridRule{index: i, hybridState: cfg.HybridStates.state(r, l, cfg.Clock.Now())}
+			if l.local[i] != nil {
+				l.local[i] = h.degrade(l.local[i])
+			}
+			l.hybrid = append(l.hybrid, h)
 			if minSync == 0 || r.Hybrid.SyncInterval < minSync {
 				minSync = r.Hybrid.SyncInterval
 			}
