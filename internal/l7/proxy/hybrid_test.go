@@ -249,21 +249,26 @@ l7:
 	// Foreign counts are counted once a limiter has run two sync
 	// intervals (TestHybridHostsLeftAtOne).
 	time.Sleep(250 * time.Millisecond)
-	plans := []string{"", "free", "pro"}
-	admitted := 0
-	for i := range offered {
-		opts := []reqOpt{withHeader("X-API-Key", "k1")}
-		if p := plans[i%len(plans)]; p != "" {
-			opts = append(opts, withHeader("X-Plan", p))
+	// alternate offers key's requests, the plan alternating (none, free,
+	// pro), and counts those admitted.
+	alternate := func(key string) int {
+		n := 0
+		for i := range offered {
+			opts := []reqOpt{withHeader("X-API-Key", key)}
+			if p := []string{"", "free", "pro"}[i%3]; p != "" {
+				opts = append(opts, withHeader("X-Plan", p))
+			}
+			switch s := status(t, "GET", base+"/x", opts...); s {
+			case 200:
+				n++
+			case 429:
+			default:
+				t.Fatalf("%s, request %d: status %d", key, i, s)
+			}
 		}
-		switch s := status(t, "GET", base+"/x", opts...); s {
-		case 200:
-			admitted++
-		case 429:
-		default:
-			t.Fatalf("request %d: status %d", i, s)
-		}
+		return n
 	}
+	admitted := alternate("k1")
 	// Let the background flush report the last admissions.
 	time.Sleep(250 * time.Millisecond)
 	foreign := 0.0
@@ -285,20 +290,7 @@ l7:
 	// Redis down: the limit's local fallback (failure: local) is one too,
 	// rate ÷ hosts on a fresh key whatever tier decides.
 	srv.Stop()
-	local := 0
-	for i := range offered {
-		opts := []reqOpt{withHeader("X-API-Key", "k2")}
-		if p := plans[i%len(plans)]; p != "" {
-			opts = append(opts, withHeader("X-Plan", p))
-		}
-		switch s := status(t, "GET", base+"/x", opts...); s {
-		case 200:
-			local++
-		case 429:
-		default:
-			t.Fatalf("redis down, request %d: status %d", i, s)
-		}
-	}
+	local := alternate("k2")
 	t.Logf("redis down: %d admitted locally of %d alternating tiers (limit ÷ hosts %d)", local, offered, limit)
 	if local != limit {
 		t.Fatalf("redis down: %d admitted alternating tiers, want %d (the limit's one local fallback)", local, limit)
