@@ -297,13 +297,15 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 // window alone decides (a cost above MaxLease passes when the window has
 // room for it, as with hosts sharing the rule).
 func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bool) (RuleDecision, func(), bool) {
-	limitCap := max(h.rule.Hybrid.MaxLease, ls.grant)
-	if ls.used+n > limitCap && !synced {
-		return RuleDecision{}, nil, false
-	}
 	at := now - ls.offset // Redis's time, moved on by the clock
 	before := ls.state
 	next, d := h.window.Take(before, at, n)
+	// The lease bounds admissions between syncs; a request the window
+	// refuses admits nothing, and a sync could only add counts (another
+	// host's) that refuse it too: it is refused without one.
+	if d.Allowed && ls.used+n > max(h.rule.Hybrid.MaxLease, ls.grant) && !synced {
+		return RuleDecision{}, nil, false
+	}
 	verdict := "deny"
 	var refund func()
 	if d.Allowed {

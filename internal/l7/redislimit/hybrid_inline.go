@@ -34,7 +34,12 @@ func (h *hybridRule) ready(key string, n, now int64) bool {
 		return false
 	}
 	if h.single(ls) {
-		return ls.used+n <= max(h.rule.Hybrid.MaxLease, ls.grant)
+		if ls.used+n <= max(h.rule.Hybrid.MaxLease, ls.grant) {
+			return true
+		}
+		// decideSingle refuses without a sync what the window refuses.
+		_, d := h.window.Take(ls.state, now-ls.offset, n)
+		return !d.Allowed
 	}
 	return ls.used+n <= ls.grant || ls.grant == 0
 }

@@ -90,3 +90,49 @@ func TestReady(t *testing.T) {
 		}
 	})
 }
+
+// TestSingleHostRefusesWithoutSync: a single host whose lease is used up
+// refuses what the window refuses without a round trip (and is Ready for
+// it); the request the window would admit syncs first, as before.
+func TestSingleHostRefusesWithoutSync(t *testing.T) {
+	f := newFixture(t)
+	client := f.srv.Client(t)
+	cc := &commandCounter{}
+	client.AddHook(cc)
+	rule := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: 2, Window: time.Second,
+		Hybrid: &Hybrid{SyncInterval: 10 * time.Second, MaxLease: 1, Share: 1}}
+	l := f.limiter(t, Config{Client: client, Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
+	allow := func() (bool, int64) {
+		t.Helper()
+		before := cc.n.Load()
+		res, err := l.AllowN(context.Background(), "k", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Decision.Allowed, cc.n.Load() - before
+	}
+	// Two admissions (the second after a sync: the lease holds 1), then
+	// the window is full.
+	if ok, _ := allow(); !ok {
+		t.Fatal("first request refused")
+	}
+	if ok, sent := allow(); !ok || sent == 0 {
+		t.Fatalf("second request: allowed %v after %d commands; want allowed after a sync (the lease of 1 was used)", ok, sent)
+	}
+	for i := range 20 {
+		if !l.Ready("k", 1) {
+			t.Fatalf("refusal %d: not Ready with the window full", i)
+		}
+		if ok, sent := allow(); ok || sent != 0 {
+			t.Fatalf("refusal %d: allowed %v, %d commands sent; want refused without a round trip", i, ok, sent)
+		}
+	}
+	// A window later the window admits again: the used-up lease syncs.
+	f.advance(2 * time.Second)
+	if l.Ready("k", 1) {
+		t.Fatal("Ready for a request the window admits with the lease used up")
+	}
+	if ok, sent := allow(); !ok || sent == 0 {
+		t.Fatalf("after the window: allowed %v after %d commands; want allowed after a sync", ok, sent)
+	}
+}
