@@ -229,8 +229,11 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 				return rd, nil, fmt.Errorf("redis limiter: wait for hybrid sync: %w", ctx.Err())
 			}
 		}
-		if h.single(ls) && now < ls.expires {
-			if rd, refund, ok := h.decideSingle(l, ls, now, n, synced != nil); ok {
+		// A single host's view of the window, from a sync that did not
+		// fail, decides until its lease expires, and after it refuses
+		// what the window refuses (decideSingle).
+		if h.single(ls) && ls.expires > 0 {
+			if rd, refund, ok := h.decideSingle(ls, now, n, synced != nil); ok {
 				h.mu.Unlock()
 				rd.Rule, rd.Source = r.Name, SourceLease
 				return rd, refund, nil
@@ -241,7 +244,6 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 		short := synced != nil && synced.needRetry > 0 && ls.used+n > ls.grant
 		if !h.single(ls) && now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0 || short) {
 			d := l7.Decision{Limit: r.Limit, Window: r.Window, Reset: time.Duration(max(ls.reset-(now-ls.syncedAt), 0))}
-			verdict := "deny"
 			var refund func()
 			switch {
 			case ls.used+n <= ls.grant:
@@ -256,7 +258,6 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 				}
 				d.Allowed = true
 				d.Remaining = max(ls.remaining-ls.used, 0)
-				verdict = "allow"
 				refund = func() { h.giveBack(ls, n, widx) }
 			case short:
 				d.Remaining = max(ls.remaining-ls.used, 0)
@@ -265,7 +266,7 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 				d.RetryAfter = time.Duration(max(ls.retry-(now-ls.syncedAt), 1))
 			}
 			h.mu.Unlock()
-			l.metrics.hybridLocal.WithLabelValues(r.Name, verdict).Inc()
+			h.countDecided(d.Allowed)
 			rd.Decision = d
 			return rd, refund, nil
 		}
@@ -291,22 +292,26 @@ func (l *Limiter) hybridReserve(ctx context.Context, h *hybridRule, key string, 
 }
 
 // decideSingle decides n units at now for a single host from its view of
-// the window; the caller holds h.mu and the lease is valid. ok is false
-// when the host must sync first: it admitted its cap (max(MaxLease, the
-// grant)) since the last sync. After the request's own sync (synced) the
-// window alone decides (a cost above MaxLease passes when the window has
-// room for it, as with hosts sharing the rule).
-func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bool) (RuleDecision, func(), bool) {
+// the window; the caller holds h.mu and the view comes from a sync that
+// did not fail (ls.expires > 0). ok is false when the host must sync
+// first: the window admits the request, and the lease has expired or the
+// host admitted its cap (max(MaxLease, the grant)) since the last sync.
+// After the request's own sync (synced) the window alone decides (a cost
+// above MaxLease passes when the window has room for it, as with hosts
+// sharing the rule).
+func (h *hybridRule) decideSingle(ls *lease, now, n int64, synced bool) (RuleDecision, func(), bool) {
 	at := now - ls.offset // Redis's time, moved on by the clock
 	before := ls.state
 	next, d := h.window.Take(before, at, n)
-	// The lease bounds admissions between syncs; a request the window
-	// refuses admits nothing, and a sync could only add counts (another
-	// host's) that refuse it too: it is refused without one.
-	if d.Allowed && ls.used+n > max(h.rule.Hybrid.MaxLease, ls.grant) && !synced {
+	// The lease bounds admissions between syncs and how long the view
+	// admits; a request the window refuses admits nothing, and a sync
+	// could only add counts (another host's) that refuse it too: it is
+	// refused without one, expired lease or not. (A window Redis lost
+	// would admit more; the host's own counts in its view slide out
+	// within two windows.)
+	if d.Allowed && !synced && (now >= ls.expires || ls.used+n > max(h.rule.Hybrid.MaxLease, ls.grant)) {
 		return RuleDecision{}, nil, false
 	}
-	verdict := "deny"
 	var refund func()
 	if d.Allowed {
 		ls.state = next
@@ -314,12 +319,11 @@ func (h *hybridRule) decideSingle(l *Limiter, ls *lease, now, n int64, synced bo
 		ls.unsynced += n
 		widx := next[0] / int64(h.window.Window())
 		ls.addUnsynced(widx, n)
-		verdict = "allow"
 		refund = func() { h.giveBackSingle(ls, n, before, next, at, widx) }
 	}
 	// The rule's window is the script's (whole µs): report the limit's.
 	d.Window = h.rule.Window
-	l.metrics.hybridLocal.WithLabelValues(h.rule.Name, verdict).Inc()
+	h.countDecided(d.Allowed)
 	return RuleDecision{Decision: d}, refund, true
 }
 

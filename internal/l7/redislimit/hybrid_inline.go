@@ -30,16 +30,17 @@ func (h *hybridRule) ready(key string, n, now int64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ls := h.leases[key]
-	if ls == nil || ls.syncing != nil || now >= ls.expires {
+	if ls == nil || ls.syncing != nil {
 		return false
 	}
-	if h.single(ls) {
-		if ls.used+n <= max(h.rule.Hybrid.MaxLease, ls.grant) {
+	if h.single(ls) && ls.expires > 0 {
+		if now < ls.expires && ls.used+n <= max(h.rule.Hybrid.MaxLease, ls.grant) {
 			return true
 		}
-		// decideSingle refuses without a sync what the window refuses.
+		// decideSingle refuses without a sync what the window refuses,
+		// its lease expired or not.
 		_, d := h.window.Take(ls.state, now-ls.offset, n)
 		return !d.Allowed
 	}
-	return ls.used+n <= ls.grant || ls.grant == 0
+	return now < ls.expires && (ls.used+n <= ls.grant || ls.grant == 0)
 }

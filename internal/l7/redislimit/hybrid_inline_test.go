@@ -136,3 +136,50 @@ func TestSingleHostRefusesWithoutSync(t *testing.T) {
 		t.Fatalf("after the window: allowed %v after %d commands; want allowed after a sync", ok, sent)
 	}
 }
+
+// TestSingleHostExpiredLeaseRefusesWithoutSync: a single host's lease
+// that expired still refuses, without a round trip, what its view of the
+// window refuses (a sync could only add another host's counts); a request
+// the window admits syncs first, and a lease whose sync failed decides
+// nothing from its view.
+func TestSingleHostExpiredLeaseRefusesWithoutSync(t *testing.T) {
+	f := newFixture(t)
+	client := f.srv.Client(t)
+	cc := &commandCounter{}
+	client.AddHook(cc)
+	rule := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: 2, Window: 10 * time.Second,
+		Hybrid: &Hybrid{SyncInterval: 100 * time.Millisecond, MaxLease: 1, Share: 1}}
+	l := f.limiter(t, Config{Client: client, Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
+	allow := func() (bool, int64) {
+		t.Helper()
+		before := cc.n.Load()
+		res, err := l.AllowN(context.Background(), "k", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Decision.Allowed, cc.n.Load() - before
+	}
+	for i := range 2 {
+		if ok, _ := allow(); !ok {
+			t.Fatalf("request %d refused", i)
+		}
+	}
+	// Ten lease lifetimes, the window still full: refused from the view.
+	for i := range 10 {
+		f.advance(150 * time.Millisecond)
+		if !l.Ready("k", 1) {
+			t.Fatalf("refusal %d: not Ready with the lease expired and the window full", i)
+		}
+		if ok, sent := allow(); ok || sent != 0 {
+			t.Fatalf("refusal %d: allowed %v, %d commands sent; want refused without a round trip", i, ok, sent)
+		}
+	}
+	// Two windows later the window admits again: the expired lease syncs.
+	f.advance(20 * time.Second)
+	if l.Ready("k", 1) {
+		t.Fatal("Ready for a request the window admits with the lease expired")
+	}
+	if ok, sent := allow(); !ok || sent == 0 {
+		t.Fatalf("after the window: allowed %v after %d commands; want allowed after a sync", ok, sent)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // hybridRule is a hybrid rule as one Limiter decides it: its index among
@@ -12,6 +14,18 @@ import (
 type hybridRule struct {
 	index int
 	*hybridState
+	// decided counts the lease's own decisions (the metric's children
+	// for this rule, looked up once): [0] allow, [1] deny.
+	decided [2]prometheus.Counter
+}
+
+// countDecided counts one decision from the lease.
+func (h *hybridRule) countDecided(allowed bool) {
+	if allowed {
+		h.decided[0].Inc()
+	} else {
+		h.decided[1].Inc()
+	}
 }
 
 // HybridStates holds hybrid rules' lease state by rule name, for Limiters

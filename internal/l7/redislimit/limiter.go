@@ -236,7 +236,8 @@ func New(cfg Config) (*Limiter, error) {
 			}
 		}
 		if r.Hybrid != nil {
-			h := &hybridRule{index: i, hybridState: cfg.HybridStates.state(r, l, cfg.Clock.Now())}
+			h := &hybridRule{index: i, hybridState: cfg.HybridStates.state(r, l, cfg.Clock.Now()),
+				decided: [2]prometheus.Counter{m.hybridLocal.WithLabelValues(r.Name, "allow"), m.hybridLocal.WithLabelValues(r.Name, "deny")}}
 			if l.local[i] != nil {
 				l.local[i] = h.degrade(l.local[i])
 			}
@@ -315,16 +316,18 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 	if n < 1 {
 		return Result{}, fmt.Errorf("redis limiter: cost %d: want at least 1", n)
 	}
-	res := Result{Rules: make([]RuleDecision, len(l.rules)), charge: &charge{key: key, n: n}}
+	res := Result{Rules: make([]RuleDecision, len(l.rules))}
 	for i, r := range l.rules {
 		res.Rules[i].Rule = r.Name
 	}
 	// Hybrid rules first: they reserve from local leases, and give the
-	// reservation back below if another rule refuses.
-	var refunds []func()
+	// reservation back below if another rule refuses. The charge is made
+	// when something is taken (a refused request takes nothing).
 	refund := func() {
-		for _, f := range refunds {
-			f()
+		if res.charge != nil {
+			for _, f := range res.charge.hybrid {
+				f()
+			}
 		}
 	}
 	hybridOK := true
@@ -336,7 +339,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 		}
 		res.Rules[h.index] = rd
 		if undo != nil {
-			refunds = append(refunds, undo)
+			if res.charge == nil {
+				res.charge = &charge{key: key, n: n}
+			}
 			res.charge.hybrid = append(res.charge.hybrid, undo)
 		}
 		hybridOK = hybridOK && rd.Decision.Allowed
@@ -352,6 +357,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int64) (Result, erro
 		return combine(res), nil
 	}
 	if len(l.remote) > 0 {
+		if res.charge == nil {
+			res.charge = &charge{key: key, n: n}
+		}
 		if err := l.decideRemote(ctx, key, &res, n); err != nil {
 			refund()
 			return Result{}, err

@@ -488,8 +488,17 @@ type scratch struct {
 	owner   [l7.MaxChecks]*limit
 	charges l7.Charges
 	ps      []prepared
+	results []redisResult // decide's enforced redis results and those taken
+	taken   []redisResult
 	policy  []byte // the RateLimit-Policy and RateLimit values being built
 	limit   []byte
+}
+
+// redisResult is a Redis group's result for descriptor desc.
+type redisResult struct {
+	desc int
+	g    *group
+	res  redislimit.Result
 }
 
 // prepared is one matched descriptor.
@@ -666,15 +675,15 @@ func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Ver
 			}
 		}
 	}
-	type took struct {
-		g   *group
-		res redislimit.Result
-	}
-	var taken []took
-	// per descriptor, its enforced redis results (their Rules share the
-	// backing arrays that Refund rewrites to the state without this
-	// request); nil while no descriptor has any
-	var redisRes [][]redislimit.Result
+	// The enforced redis results, in descriptor order (their Rules share
+	// the backing arrays that Refund rewrites to the state without this
+	// request), and those that took something.
+	results, taken := sc.results[:0], sc.taken[:0]
+	defer func() {
+		clear(results)
+		clear(taken)
+		sc.results, sc.taken = results[:0], taken[:0]
+	}()
 	undo := func() {
 		charges.Refund(s.clock, out[:nc])
 		for _, t := range taken {
@@ -707,7 +716,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Ver
 					continue
 				}
 				if res.Decision.Allowed {
-					taken = append(taken, took{g, res})
+					taken = append(taken, redisResult{g: g, res: res})
 				} else {
 					v.Allowed = false
 					for _, rd := range res.Rules {
@@ -716,10 +725,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Ver
 						}
 					}
 				}
-				if redisRes == nil {
-					redisRes = make([][]redislimit.Result, len(ps))
-				}
-				redisRes[i] = append(redisRes[i], res)
+				results = append(results, redisResult{desc: i, res: res})
 				if !v.Allowed {
 					break redisLoop
 				}
@@ -739,6 +745,7 @@ func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Ver
 			}
 		}
 	}
+	pending := results // those of the descriptors not yet listed
 	// Statuses, in descriptor order: local then redis limits.
 	hdrPolicy, hdrLimit := sc.policy[:0], sc.limit[:0]
 	defer func() { sc.policy, sc.limit = hdrPolicy[:0], hdrLimit[:0] }()
@@ -749,13 +756,16 @@ func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Ver
 			continue
 		}
 		st := &v.Statuses[i]
-		var rres []redislimit.Result
-		if redisRes != nil {
-			rres = redisRes[i]
+		// this descriptor's results: results are in descriptor order
+		end := 0
+		for end < len(pending) && pending[end].desc == i {
+			end++
 		}
+		rres := pending[:end]
+		pending = pending[end:]
 		size := p.hi - p.lo + len(st.Limits)
-		for _, res := range rres {
-			size += len(res.Rules)
+		for _, r := range rres {
+			size += len(r.res.Rules)
 		}
 		if peek {
 			for _, g := range p.set.groups {
@@ -767,12 +777,14 @@ func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Ver
 			l := owner[ci]
 			enforced = append(enforced, LimitStatus{Name: l.Name, Count: l.Count, Per: l.Per, Backend: proxy.BackendLocal, Reserve: l.reserve, Decision: out[ci]})
 		}
-		for _, rd := range redisRules(rres) {
-			if rd.Source == redislimit.SourceSkipped {
-				continue
+		for _, r := range rres {
+			for _, rd := range r.res.Rules {
+				if rd.Source == redislimit.SourceSkipped {
+					continue
+				}
+				l := p.findRedis(rd.Rule)
+				enforced = append(enforced, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: l.Backend, Decision: rd.Decision})
 			}
-			l := p.findRedis(rd.Rule)
-			enforced = append(enforced, LimitStatus{Name: rd.Rule, Count: l.Count, Per: l.Per, Backend: l.Backend, Decision: rd.Decision})
 		}
 		if peek {
 			for _, g := range p.set.groups {
@@ -868,14 +880,6 @@ func client(req *Request) (netip.Addr, bool) {
 		}
 	}
 	return netip.Addr{}, false
-}
-
-func redisRules(rs []redislimit.Result) []redislimit.RuleDecision {
-	var out []redislimit.RuleDecision
-	for _, r := range rs {
-		out = append(out, r.Rules...)
-	}
-	return out
 }
 
 func (p *prepared) findRedis(name string) *limit {
