@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -433,20 +432,20 @@ func (s *Service) match(domain string, d *Descriptor) *rule {
 	return nil
 }
 
-// key is the counting key of d under r: the rule and every entry, with
-// remote_address grouped by the l7 client_prefix as the proxy's ip key.
-// ok is false for a remote_address that is not an address.
-func (s *Service) key(r *rule, d *Descriptor) (string, bool) {
-	var b strings.Builder
-	b.WriteString(r.Name)
+// appendKey appends the counting key of d under r to b: the rule and
+// every entry, with remote_address grouped by the l7 client_prefix as the
+// proxy's ip key. ok is false for a remote_address that is not an
+// address.
+func (s *Service) appendKey(b []byte, r *rule, d *Descriptor) ([]byte, bool) {
+	b = append(b, r.Name...)
 	for _, e := range d.Entries {
-		b.WriteByte('|')
-		b.WriteString(e.Key)
-		b.WriteByte('=')
+		b = append(b, '|')
+		b = append(b, e.Key...)
+		b = append(b, '=')
 		if e.Key == "remote_address" {
 			a, err := netip.ParseAddr(e.Value)
 			if err != nil {
-				return "", false
+				return b, false
 			}
 			src := a.Unmap()
 			bits := s.cfg.ClientPrefixV6
@@ -454,21 +453,24 @@ func (s *Service) key(r *rule, d *Descriptor) (string, bool) {
 				bits = s.cfg.ClientPrefixV4
 			}
 			p, _ := src.Prefix(bits)
-			b.WriteString(p.String())
+			b = p.AppendTo(b)
 			continue
 		}
-		b.WriteString(stableValue(e.Value))
+		b = appendStable(b, e.Value)
 	}
-	return b.String(), true
+	return b, true
 }
 
-// stableValue keeps keys short: long values are replaced by a hash (as
+// appendStable keeps keys short: long values are replaced by a hash (as
 // the proxy's Redis keys).
-func stableValue(v string) string {
+func appendStable(b []byte, v string) []byte {
 	if len(v) <= 64 {
-		return v
+		return append(b, v...)
 	}
-	return "h:" + strconv.FormatUint(fnv64(v), 16) + ":" + strconv.Itoa(len(v))
+	b = append(b, "h:"...)
+	b = strconv.AppendUint(b, fnv64(v), 16)
+	b = append(b, ':')
+	return strconv.AppendInt(b, int64(len(v)), 10)
 }
 
 // fnv64 is FNV-1a: stable across processes (Redis keys are shared).
@@ -490,6 +492,7 @@ type scratch struct {
 	ps      []prepared
 	results []redisResult // decide's enforced redis results and those taken
 	taken   []redisResult
+	key     []byte // a descriptor's key being built
 	policy  []byte // the RateLimit-Policy and RateLimit values being built
 	limit   []byte
 }
@@ -583,11 +586,13 @@ func (s *Service) decide(ctx context.Context, req *Request, peek, try bool) (Ver
 		if r == nil {
 			continue
 		}
-		key, ok := s.key(r, d)
+		kb, ok := s.appendKey(sc.key[:0], r, d)
+		sc.key = kb
 		if !ok {
 			return Verdict{}, fmt.Errorf("%w: descriptor %d: remote_address is not an IP address", ErrInvalid, i)
 		}
 		p := &ps[i]
+		key := string(kb)
 		p.r, p.key, p.n = r, key, base
 		if d.HasHits {
 			p.n = int64(d.Hits)
