@@ -45,7 +45,7 @@ func (s *Server) tryShouldRateLimit(msg, dst []byte) ([]byte, codes.Code, string
 	if err := decodeRequest(msg, &req); err != nil {
 		return dst, codes.Internal, "grpc: error unmarshalling request: " + err.Error(), true
 	}
-	start := time.Now()
+	start := svc.logStart()
 	v, done, err := svc.tryDecide(&req)
 	if !done {
 		return dst, codes.OK, "", false
@@ -66,7 +66,7 @@ func (s *Server) callShouldRateLimit(ctx context.Context, msg, dst []byte) ([]by
 		return dst, codes.Unavailable, "rate-limit service is not configured"
 	}
 	defer s.release(svc)
-	start := time.Now()
+	start := svc.logStart()
 	v, err := svc.Decide(ctx, &req)
 	return answer(svc, dst, &req, v, err, start)
 }
@@ -77,7 +77,7 @@ func (s *Server) callShouldRateLimit(ctx context.Context, msg, dst []byte) ([]by
 // while Redis was asked) is Unavailable: Envoy then applies its
 // failure_mode_deny.
 func answer(svc *Service, dst []byte, req *Request, v Verdict, err error, start time.Time) ([]byte, codes.Code, string) {
-	svc.logDecision("grpc", req, &v, err, time.Since(start))
+	svc.logDecision("grpc", req, &v, err, start)
 	if err != nil {
 		if errors.Is(err, ErrInvalid) {
 			return dst, codes.InvalidArgument, err.Error()

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/edgeguard/edgeguard/internal/l7"
 )
@@ -36,7 +35,7 @@ func (s *Server) HTTPHandler() http.Handler {
 			http.Error(w, "rate-limit service is not configured", http.StatusServiceUnavailable)
 			return
 		}
-		start := time.Now()
+		start := svc.logStart()
 		refuse := http.StatusTooManyRequests
 		switch q := r.URL.Query().Get("refuse"); q {
 		case "", "429":
@@ -51,7 +50,7 @@ func (s *Server) HTTPHandler() http.Handler {
 		if err == nil {
 			v, err = svc.Decide(r.Context(), &req)
 		}
-		svc.logDecision("http", &req, &v, err, time.Since(start))
+		svc.logDecision("http", &req, &v, err, start)
 		if err != nil {
 			code := http.StatusServiceUnavailable
 			if errors.Is(err, ErrInvalid) {

@@ -15,17 +15,27 @@ import (
 	"github.com/edgeguard/edgeguard/internal/l7/class"
 )
 
+// logStart is when a decision starts, for its access-log line: the zero
+// time without an access log (the clock is not read for nothing).
+func (s *Service) logStart() time.Time {
+	if s.alog == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
 // logDecision writes one access-log line for a decision (nothing without
 // an access log): route "rls:RULE" (the first matched rule), decision
 // allowed, limited, escalated, invalid or unavailable, the refusing limit,
 // the status the client sees (200, 429, 400, 503), method the transport
 // (grpc, http), host the domain, path the descriptors ("k=v,k=v|k=v") and
-// peer the first remote_address.
-func (s *Service) logDecision(via string, req *Request, v *Verdict, err error, took time.Duration) {
+// peer the first remote_address. start is the decision's (logStart).
+func (s *Service) logDecision(via string, req *Request, v *Verdict, err error, start time.Time) {
 	if s.alog == nil {
 		return
 	}
-	e := accesslog.Entry{Time: time.Now(), Total: took, Decision: "allowed", Status: http.StatusOK}
+	now := time.Now()
+	e := accesslog.Entry{Time: now, Total: now.Sub(start), Decision: "allowed", Status: http.StatusOK}
 	switch {
 	case errors.Is(err, ErrInvalid):
 		e.Decision, e.Status = "invalid", http.StatusBadRequest
