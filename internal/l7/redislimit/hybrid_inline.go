@@ -1,10 +1,10 @@
 package redislimit
 
 // Ready reports whether AllowN(ctx, key, n) would decide now without a
-// round trip or a wait: every rule is hybrid and each holds a valid lease
-// for key that covers n (a grant with room for it, or a single host's
-// view of the window below its cap between two syncs), with no sync in
-// flight. It charges nothing. A concurrent call may use the lease up
+// round trip or a wait: every rule is hybrid and each holds a lease for
+// key that decides n (a grant with room for it before it expires; a
+// single host's view of the window below its cap before the lease
+// expires, or refusing n, expired or not), with no sync in flight. It charges nothing. A concurrent call may use the lease up
 // between Ready and AllowN: AllowN then syncs as always (its decision is
 // the same either way; only where it waits differs).
 func (l *Limiter) Ready(key string, n int64) bool {
