@@ -572,16 +572,35 @@ func (l *Limiter) sync(ctx context.Context, flush func(*hybridRule) bool) {
 			switch {
 			case ls.syncing != nil:
 			case ls.unsynced > 0:
-				ls.syncing = make(chan struct{})
-				used := ls.unsynced
-				todo = append(todo, pending{key, ls, used, h.takeReport(ls)})
+				todo = append(todo, pending{key: key, ls: ls})
 			case now >= ls.expires && !h.remembers(ls, now):
 				delete(h.leases, key)
 			}
 		}
 		h.mu.Unlock()
 		for start := 0; start < len(todo); start += l.cfg.MaxBatch {
+			// A batch's leases are taken when it is sent: a key's
+			// requests wait for its own batch's round trip only, not
+			// for the batches before it. A lease a request has synced
+			// since (or is syncing) is left out.
 			part := todo[start:min(start+l.cfg.MaxBatch, len(todo))]
+			h.mu.Lock()
+			n := 0
+			for _, p := range part {
+				if p.ls.syncing != nil || p.ls.unsynced == 0 {
+					continue
+				}
+				p.ls.syncing = make(chan struct{})
+				p.used = p.ls.unsynced
+				p.sent = h.takeReport(p.ls)
+				part[n] = p
+				n++
+			}
+			h.mu.Unlock()
+			if n == 0 {
+				continue
+			}
+			part = part[:n]
 			calls := make([]*call, len(part))
 			for i, p := range part {
 				calls[i] = l.leaseCall(h, p.key, p.sent, 1)

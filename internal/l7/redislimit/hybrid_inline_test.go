@@ -183,3 +183,78 @@ func TestSingleHostExpiredLeaseRefusesWithoutSync(t *testing.T) {
 		t.Fatalf("after the window: allowed %v after %d commands; want allowed after a sync", ok, sent)
 	}
 }
+
+// roundTripGate holds the first round trip (a command or a pipeline) sent
+// after it is armed until the test releases it.
+type roundTripGate struct {
+	armed            atomic.Bool
+	entered, release chan struct{}
+}
+
+func (g *roundTripGate) hold() {
+	if g.armed.CompareAndSwap(true, false) {
+		close(g.entered)
+		<-g.release
+	}
+}
+
+func (g *roundTripGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *roundTripGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		g.hold()
+		return next(ctx, cmd)
+	}
+}
+func (g *roundTripGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.hold()
+		return next(ctx, cmds)
+	}
+}
+
+// TestSyncHoldsOneBatch: the background flush takes a key's lease when
+// its own batch is sent, so while one batch's round trip is in flight
+// the keys of the batches after it still decide from their leases (their
+// requests do not wait for every batch before theirs).
+func TestSyncHoldsOneBatch(t *testing.T) {
+	f := newFixture(t)
+	client := f.srv.Client(t)
+	gate := &roundTripGate{entered: make(chan struct{}), release: make(chan struct{})}
+	client.AddHook(gate)
+	rule := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: 100, Window: time.Minute,
+		Hybrid: &Hybrid{SyncInterval: time.Minute, MaxLease: 10, Share: 1}}
+	l := f.limiter(t, Config{Client: client, Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1, MaxBatch: 1})
+	keys := []string{"a", "b", "c"}
+	for _, k := range keys {
+		for range 2 { // the first syncs, the second is unsynced
+			if res, err := l.AllowN(context.Background(), k, 1); err != nil || !res.Decision.Allowed {
+				t.Fatalf("%s: allowed %v, err %v", k, res.Decision.Allowed, err)
+			}
+		}
+	}
+	gate.armed.Store(true)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Sync(context.Background()) }()
+	select {
+	case <-gate.entered:
+	case <-time.After(10 * time.Second):
+		gate.armed.Store(false)
+		t.Fatal("the flush sent nothing in 10 s")
+	}
+	ready := 0
+	for _, k := range keys {
+		if l.Ready(k, 1) {
+			ready++
+		}
+	}
+	close(gate.release)
+	<-done
+	if ready != len(keys)-1 {
+		t.Fatalf("%d of %d keys decide from their leases while the first batch (one key) is in flight; want %d", ready, len(keys), len(keys)-1)
+	}
+	for _, k := range keys {
+		if !l.Ready(k, 1) {
+			t.Fatalf("%s: not Ready after the flush", k)
+		}
+	}
+}
