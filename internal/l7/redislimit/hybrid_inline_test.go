@@ -2,6 +2,7 @@ package redislimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
@@ -12,19 +13,35 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// commandCounter counts the commands a client sends.
-type commandCounter struct{ n atomic.Int64 }
+// commandCounter counts the commands a client sends, and fails them
+// (without sending) while fail is set.
+type commandCounter struct {
+	n    atomic.Int64
+	fail atomic.Bool
+}
+
+var errInjected = errors.New("redis down (injected)")
 
 func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.n.Add(1)
+		if c.fail.Load() {
+			cmd.SetErr(errInjected)
+			return errInjected
+		}
 		return next(ctx, cmd)
 	}
 }
 func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		c.n.Add(int64(len(cmds)))
+		if c.fail.Load() {
+			for _, cmd := range cmds {
+				cmd.SetErr(errInjected)
+			}
+			return errInjected
+		}
 		return next(ctx, cmds)
 	}
 }
@@ -91,18 +108,18 @@ func TestReady(t *testing.T) {
 	})
 }
 
-// TestSingleHostRefusesWithoutSync: a single host whose lease is used up
-// refuses what the window refuses without a round trip (and is Ready for
-// it); the request the window would admit syncs first, as before.
-func TestSingleHostRefusesWithoutSync(t *testing.T) {
-	f := newFixture(t)
+// singleHost is a single host's hybrid limiter of 2 requests per window
+// on key "k", its client's command counter, and allow: one request, and
+// how many commands it sent.
+func singleHost(t *testing.T, f *fixture, window, syncInterval time.Duration) (*Limiter, *commandCounter, func() (bool, int64)) {
+	t.Helper()
 	client := f.srv.Client(t)
 	cc := &commandCounter{}
 	client.AddHook(cc)
-	rule := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: 2, Window: time.Second,
-		Hybrid: &Hybrid{SyncInterval: 10 * time.Second, MaxLease: 1, Share: 1}}
+	rule := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: 2, Window: window,
+		Hybrid: &Hybrid{SyncInterval: syncInterval, MaxLease: 1, Share: 1}}
 	l := f.limiter(t, Config{Client: client, Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
-	allow := func() (bool, int64) {
+	return l, cc, func() (bool, int64) {
 		t.Helper()
 		before := cc.n.Load()
 		res, err := l.AllowN(context.Background(), "k", 1)
@@ -111,6 +128,14 @@ func TestSingleHostRefusesWithoutSync(t *testing.T) {
 		}
 		return res.Decision.Allowed, cc.n.Load() - before
 	}
+}
+
+// TestSingleHostRefusesWithoutSync: a single host whose lease is used up
+// refuses what the window refuses without a round trip (and is Ready for
+// it); the request the window would admit syncs first, as before.
+func TestSingleHostRefusesWithoutSync(t *testing.T) {
+	f := newFixture(t)
+	l, _, allow := singleHost(t, f, time.Second, 10*time.Second)
 	// Two admissions (the second after a sync: the lease holds 1), then
 	// the window is full.
 	if ok, _ := allow(); !ok {
@@ -140,25 +165,12 @@ func TestSingleHostRefusesWithoutSync(t *testing.T) {
 // TestSingleHostExpiredLeaseRefusesWithoutSync: a single host's lease
 // that expired still refuses, without a round trip, what its view of the
 // window refuses (a sync could only add another host's counts); a request
-// the window admits syncs first, and a lease whose sync failed decides
-// nothing from its view.
+// the window admits syncs first; and a lease whose sync failed decides
+// nothing from its view (the request asks Redis, then the rule's failure
+// policy decides).
 func TestSingleHostExpiredLeaseRefusesWithoutSync(t *testing.T) {
 	f := newFixture(t)
-	client := f.srv.Client(t)
-	cc := &commandCounter{}
-	client.AddHook(cc)
-	rule := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: 2, Window: 10 * time.Second,
-		Hybrid: &Hybrid{SyncInterval: 100 * time.Millisecond, MaxLease: 1, Share: 1}}
-	l := f.limiter(t, Config{Client: client, Registerer: prometheus.NewRegistry(), Rules: []Rule{rule}, SyncEvery: -1})
-	allow := func() (bool, int64) {
-		t.Helper()
-		before := cc.n.Load()
-		res, err := l.AllowN(context.Background(), "k", 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res.Decision.Allowed, cc.n.Load() - before
-	}
+	l, cc, allow := singleHost(t, f, 10*time.Second, 100*time.Millisecond)
 	for i := range 2 {
 		if ok, _ := allow(); !ok {
 			t.Fatalf("request %d refused", i)
@@ -173,6 +185,17 @@ func TestSingleHostExpiredLeaseRefusesWithoutSync(t *testing.T) {
 		if ok, sent := allow(); ok || sent != 0 {
 			t.Fatalf("refusal %d: allowed %v, %d commands sent; want refused without a round trip", i, ok, sent)
 		}
+	}
+	// A flush that fails voids the lease: its view no longer refuses.
+	cc.fail.Store(true)
+	l.Sync(context.Background())
+	if l.Ready("k", 1) {
+		t.Fatal("Ready after the lease's sync failed")
+	}
+	ok, sent := allow()
+	cc.fail.Store(false)
+	if sent == 0 || !ok {
+		t.Fatalf("after a failed sync: allowed %v after %d commands; want a round trip, then fail-open's admission", ok, sent)
 	}
 	// Two windows later the window admits again: the expired lease syncs.
 	f.advance(20 * time.Second)
