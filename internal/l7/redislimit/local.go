@@ -15,13 +15,24 @@ import (
 // Memory: one l7.State (16 bytes, ~80 with its map entry and key) per client
 // key, at most maxKeys. When full, idle keys are swept; if none is idle, new
 // keys share one overflow state, so a flood of new keys is limited as one.
+// A sweep that frees less than a sweepShare of the map is not repeated
+// for the next that many new keys (they share the overflow state): a
+// spray of new keys into a full map of busy ones costs a sweep per
+// sweepShare of it, not one per request.
 type localRule struct {
 	alg     l7.Algorithm
 	maxKeys int
 
 	mu     sync.Mutex
 	states map[string]*l7.State
+	// unswept is how many more new keys arriving at a full map go to the
+	// overflow state before the next sweep; sweeps counts them (tests).
+	unswept, sweeps int
 }
+
+// sweepShare: a sweep that frees under 1/sweepShare of the map waits for
+// that many new keys (maxKeys/sweepShare) before the next.
+const sweepShare = 16
 
 const overflowKey = "\x00overflow"
 
@@ -75,7 +86,11 @@ func (l *localRule) stateLocked(key string, now int64) *l7.State {
 		return st
 	}
 	if len(l.states) >= l.maxKeys {
-		l.sweepLocked(now)
+		if l.unswept > 0 {
+			l.unswept--
+		} else if freed := l.sweepLocked(now); freed < l.maxKeys/sweepShare {
+			l.unswept = l.maxKeys / sweepShare
+		}
 		if len(l.states) >= l.maxKeys {
 			key = overflowKey
 			if st, ok := l.states[key]; ok {
@@ -88,11 +103,16 @@ func (l *localRule) stateLocked(key string, now int64) *l7.State {
 	return st
 }
 
-// sweepLocked drops states that no longer limit anything.
-func (l *localRule) sweepLocked(now int64) {
+// sweepLocked drops states that no longer limit anything and returns
+// how many.
+func (l *localRule) sweepLocked(now int64) int {
+	l.sweeps++
+	freed := 0
 	for k, st := range l.states {
 		if l.alg.Idle(*st, now) {
 			delete(l.states, k)
+			freed++
 		}
 	}
+	return freed
 }

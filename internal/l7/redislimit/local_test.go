@@ -1,6 +1,7 @@
 package redislimit
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -76,5 +77,52 @@ func TestLocalDegradeShareAndOverflow(t *testing.T) {
 	}
 	if len(l.states) != 3 {
 		t.Fatalf("%d states, want 2 + overflow", len(l.states))
+	}
+}
+
+// TestLocalSprayIntoFullMap: new keys sprayed at a full map of busy keys
+// (a key spray during a Redis outage) share the overflow state, and cost a
+// sweep of the map per 1/16 of it, not one per request; once the busy
+// keys go idle, a sweep frees them and new keys get their own states.
+func TestLocalSprayIntoFullMap(t *testing.T) {
+	const maxKeys = 1024
+	lr, err := newLocalRule(Rule{Name: "swc", Algorithm: SlidingWindow, Limit: 100, Window: time.Minute, DegradeShards: 1}, maxKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	take := func(key string, now int64) l7.Decision {
+		lr.mu.Lock()
+		defer lr.mu.Unlock()
+		c := lr.check(key, now, 1)
+		if c.decision.Allowed {
+			c.commit()
+		}
+		return c.decision
+	}
+	now := int64(time.Hour)
+	for i := range maxKeys {
+		take(fmt.Sprint("busy", i), now)
+	}
+	const spray = 100_000
+	for i := range spray {
+		take(fmt.Sprint("new", i), now)
+	}
+	if len(lr.states) != maxKeys+1 {
+		t.Fatalf("%d states after the spray, want the %d busy ones and the overflow state", len(lr.states), maxKeys)
+	}
+	if d := take("new-again", now); d.Allowed {
+		t.Fatal("a new key was admitted with the overflow state used up: the spray is limited as one client")
+	}
+	if limit := spray/(maxKeys/sweepShare) + 1; lr.sweeps > limit {
+		t.Fatalf("%d sweeps of the full map for %d new keys, want at most %d", lr.sweeps, spray, limit)
+	}
+	// Two windows later every state is idle: the next sweep (after at
+	// most maxKeys/16 more new keys) frees them.
+	now += int64(2 * time.Minute)
+	for i := range maxKeys / sweepShare {
+		take(fmt.Sprint("later", i), now)
+	}
+	if d := take("fresh", now); !d.Allowed || len(lr.states) > maxKeys/2 {
+		t.Fatalf("after the busy keys went idle: allowed %v with %d states; want a state of its own in a swept map", d.Allowed, len(lr.states))
 	}
 }
